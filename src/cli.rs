@@ -1,0 +1,199 @@
+//! Command-line interface: clap arguments for every mode, and dispatch.
+//! Every server flag has an environment-variable twin so MCP client configs can use either.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::commands;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "mcp-sandbox-repl",
+    version,
+    about = "MCP server: a persistent Python REPL and shell jobs, every process locked in by the kernel",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// With no subcommand the server starts (same as `serve`).
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the MCP server (the default).
+    Serve(ServeArgs),
+    /// Run one command under a policy and report how it ended (the CI runner).
+    Run(RunArgs),
+    /// Report what this kernel supports and what each shipped policy enforces here.
+    Doctor(DoctorArgs),
+    /// Inspect policies.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Write MCP client configuration for this server.
+    Install(InstallArgs),
+}
+
+/// The coarse sandbox choice, as in other MCP REPL servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SandboxState {
+    ReadOnly,
+    WorkspaceWrite,
+    DangerFullAccess,
+    /// Use what the client asks for; behaves as workspace-write until it does.
+    Inherit,
+}
+
+impl SandboxState {
+    /// The shipped policy this state stands for.
+    pub fn policy_name(self) -> &'static str {
+        match self {
+            SandboxState::ReadOnly => "read-only",
+            SandboxState::WorkspaceWrite | SandboxState::Inherit => "workspace-write",
+            SandboxState::DangerFullAccess => "danger-full-access",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    Stdio,
+    Http,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Coarse sandbox choice; `--policy` wins over it.
+    #[arg(long, value_enum, env = "MCP_SANDBOX_STATE", default_value = "workspace-write")]
+    pub sandbox_state: SandboxState,
+    /// A shipped policy name or a policy file path.
+    #[arg(long, env = "MCP_SANDBOX_POLICY")]
+    pub policy: Option<String>,
+    /// The directory sandboxed code may write to (default: the current directory).
+    #[arg(long, env = "MCP_SANDBOX_WORKSPACE")]
+    pub workspace: Option<PathBuf>,
+    /// Python interpreter for workers (default: nearest `.venv` upward from the workspace, else `python3` on PATH).
+    #[arg(long, env = "MCP_SANDBOX_PYTHON")]
+    pub python: Option<PathBuf>,
+    /// Where job tables, spooled output and session venvs live (default: $XDG_STATE_HOME/mcp-sandbox-repl).
+    #[arg(long, env = "MCP_SANDBOX_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// `uv` executable (default: `uv` on PATH).
+    #[arg(long, env = "MCP_SANDBOX_UV")]
+    pub uv: Option<PathBuf>,
+    /// stdio (default) or streamable HTTP.
+    #[arg(long, value_enum, env = "MCP_SANDBOX_TRANSPORT", default_value = "stdio")]
+    pub transport: Transport,
+    /// Address for the HTTP transport (loopback by default).
+    #[arg(long, env = "MCP_SANDBOX_LISTEN", default_value = "127.0.0.1:8765")]
+    pub listen: SocketAddr,
+    /// Bearer token required by the HTTP transport (required unless bound to loopback).
+    #[arg(long, env = "MCP_SANDBOX_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Maximum number of live Python sessions.
+    #[arg(long, env = "MCP_SANDBOX_MAX_SESSIONS", default_value_t = 8)]
+    pub max_sessions: usize,
+    /// Idle seconds after which a session is closed.
+    #[arg(long, env = "MCP_SANDBOX_SESSION_TTL", default_value_t = 3600)]
+    pub session_ttl: u64,
+    /// Approximate cap, in bytes, on the text of one tool response.
+    #[arg(long, env = "MCP_SANDBOX_RESPONSE_BYTES", default_value_t = 20_000)]
+    pub response_bytes: usize,
+    /// Cap, in bytes, on disk used by spooled job output (oldest finished jobs are evicted).
+    #[arg(long, env = "MCP_SANDBOX_DISK_CAP", default_value_t = 2 * 1024 * 1024 * 1024)]
+    pub disk_cap: u64,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// A shipped policy name or a policy file path.
+    #[arg(long, default_value = "workspace-write")]
+    pub policy: String,
+    /// The workspace directory (default: the current directory).
+    #[arg(long)]
+    pub workspace: Option<PathBuf>,
+    /// Print a machine-readable JSON report on stdout after the command ends
+    /// (the command's own stdout is still passed through before it).
+    #[arg(long)]
+    pub json: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DoctorArgs {
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Workspace used to resolve policies (default: the current directory).
+    #[arg(long)]
+    pub workspace: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum PolicyCommand {
+    /// Print a policy fully resolved for a workspace.
+    Show {
+        /// A shipped policy name or a policy file path.
+        name: String,
+        #[arg(long)]
+        workspace: Option<PathBuf>,
+    },
+    /// Validate a policy file.
+    Check { file: PathBuf },
+    /// List the shipped policies.
+    List,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Client {
+    Claude,
+    Codex,
+    Cursor,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct InstallArgs {
+    /// Which client's configuration to write.
+    #[arg(long, value_enum)]
+    pub client: Client,
+    /// Print the configuration instead of writing it.
+    #[arg(long)]
+    pub print: bool,
+    /// Name of the server entry in the client configuration.
+    #[arg(long, default_value = "sandbox-repl")]
+    pub name: String,
+    /// Sandbox state passed to the server.
+    #[arg(long, value_enum, default_value = "workspace-write")]
+    pub sandbox_state: SandboxState,
+    /// Workspace passed to the server (default: the client's working directory).
+    #[arg(long)]
+    pub workspace: Option<PathBuf>,
+}
+
+/// Parse arguments, run the chosen mode, turn errors into one clear line and a non-zero exit.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => commands::serve::serve(cli.serve),
+        Some(Command::Serve(args)) => commands::serve::serve(args),
+        Some(Command::Run(args)) => commands::run::run(args),
+        Some(Command::Doctor(args)) => commands::doctor::doctor(args),
+        Some(Command::Policy(cmd)) => commands::policy::policy(cmd),
+        Some(Command::Install(args)) => commands::install::install(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("mcp-sandbox-repl: error: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! uv-managed environments: per-session venvs, package installs, one-off scripts.

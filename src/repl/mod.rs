@@ -1,0 +1,2 @@
+//! The persistent Python worker: spawn through the launcher, the typed worker
+//! protocol, execution, input bridging, interrupt/restart, crash detection.
