@@ -46,11 +46,17 @@ impl SessionManager {
 
     /// The interpreter workers run (discovered and probed once).
     pub async fn python(&self) -> Result<&PythonInfo, ReplError> {
-        self.python.get_or_try_init(|| discover_python(self.cfg.python.as_deref(), &self.cfg.workspace)).await
+        self.python
+            .get_or_try_init(|| discover_python(self.cfg.python.as_deref(), &self.cfg.workspace))
+            .await
     }
 
     fn open_names(map: &BTreeMap<String, Arc<Session>>) -> String {
-        if map.is_empty() { "none".to_string() } else { map.keys().cloned().collect::<Vec<_>>().join(", ") }
+        if map.is_empty() {
+            "none".to_string()
+        } else {
+            map.keys().cloned().collect::<Vec<_>>().join(", ")
+        }
     }
 
     /// The session called `name`; error if there is none.
@@ -58,7 +64,10 @@ impl SessionManager {
         let map = self.sessions();
         map.get(name)
             .cloned()
-            .ok_or_else(|| ReplError::NoSuchSession { name: name.to_string(), open: Self::open_names(&map) })
+            .ok_or_else(|| ReplError::NoSuchSession {
+                name: name.to_string(),
+                open: Self::open_names(&map),
+            })
     }
 
     /// The session called `name`, started (with its worker) if it does not exist yet.
@@ -80,8 +89,10 @@ impl SessionManager {
             });
         }
         let tmp = self.session_dir(name).join("tmp");
-        std::fs::create_dir_all(&tmp)
-            .map_err(|source| ReplError::Io { what: format!("create the session directory {}", tmp.display()), source })?;
+        std::fs::create_dir_all(&tmp).map_err(|source| ReplError::Io {
+            what: format!("create the session directory {}", tmp.display()),
+            source,
+        })?;
         let placeholders = Placeholders {
             workspace: self.cfg.workspace.clone(),
             tmp: tmp.clone(),
@@ -91,7 +102,13 @@ impl SessionManager {
         };
         let policy = Arc::new(self.cfg.policy.resolve(&placeholders)?);
         let env = SessionEnv {
-            spec: SpawnSpec { python: python.executable.clone(), workspace: self.cfg.workspace.clone(), tmp, policy },
+            spec: SpawnSpec {
+                python: python.executable.clone(),
+                workspace: self.cfg.workspace.clone(),
+                tmp,
+                policy,
+                code: python.worker_code.clone(),
+            },
             policy_name: self.cfg.policy.name.clone(),
             python,
             repr_limit: self.cfg.repr_limit,
@@ -116,8 +133,10 @@ impl SessionManager {
     pub fn close(&self, name: &str) -> Result<(), ReplError> {
         let session = {
             let mut map = self.sessions();
-            map.remove(name)
-                .ok_or_else(|| ReplError::NoSuchSession { name: name.to_string(), open: Self::open_names(&map) })?
+            map.remove(name).ok_or_else(|| ReplError::NoSuchSession {
+                name: name.to_string(),
+                open: Self::open_names(&map),
+            })?
         };
         session.close();
         let dir = self.session_dir(name);
@@ -144,7 +163,9 @@ impl SessionManager {
         let idle: Vec<String> = self
             .sessions()
             .iter()
-            .filter(|(_, s)| s.idle_for() > ttl && s.info().state != super::SessionState::AwaitingInput)
+            .filter(|(_, s)| {
+                s.idle_for() > ttl && s.info().state != super::SessionState::AwaitingInput
+            })
             .map(|(n, _)| n.clone())
             .collect();
         for name in &idle {
@@ -169,8 +190,16 @@ fn validate_name(name: &str) -> Result<(), ReplError> {
         && name.len() <= 64
         && name != "."
         && name != ".."
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok { Ok(()) } else { Err(ReplError::InvalidSessionName { name: name.to_string() }) }
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ReplError::InvalidSessionName {
+            name: name.to_string(),
+        })
+    }
 }
 
 #[cfg(test)]

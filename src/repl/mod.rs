@@ -165,24 +165,37 @@ pub enum ReplError {
         "session {session:?} is busy running cell {cell}; wait for its job to finish, interrupt it, or restart the session"
     )]
     Busy { session: String, cell: u64 },
-    #[error("session {session:?} is not waiting for input; input can only be sent while a cell waits in input()")]
+    #[error(
+        "session {session:?} is not waiting for input; input can only be sent while a cell waits in input()"
+    )]
     NotAwaitingInput { session: String },
-    #[error("cannot start session {name:?}: the limit of {max} sessions is reached (open: {open}); close one first")]
-    TooManySessions { name: String, max: usize, open: String },
+    #[error(
+        "cannot start session {name:?}: the limit of {max} sessions is reached (open: {open}); close one first"
+    )]
+    TooManySessions {
+        name: String,
+        max: usize,
+        open: String,
+    },
     #[error("invalid session name {name:?}: use 1-64 letters, digits, '-', '_' or '.'")]
     InvalidSessionName { name: String },
     #[error("no session named {name:?}; open sessions: {open}")]
     NoSuchSession { name: String, open: String },
     #[error("no Python interpreter found: {detail}; pass --python PATH")]
     PythonNotFound { detail: String },
-    #[error("the Python interpreter {python:?} does not work: {detail}; pass a working one with --python PATH")]
+    #[error(
+        "the Python interpreter {python:?} does not work: {detail}; pass a working one with --python PATH"
+    )]
     PythonProbe { python: PathBuf, detail: String },
     #[error("cannot apply the sandbox policy: {0}")]
     Policy(#[from] PolicyError),
     #[error("cannot start the Python worker: {0}")]
     Launch(#[from] LaunchError),
     #[error("could not {what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
     #[error("{message}; the session's state is lost, the next call starts a fresh worker")]
     WorkerDied { message: String },
     #[error("{message}")]
@@ -237,11 +250,20 @@ mod tests {
 
     #[test]
     fn exit_words_name_signal_code_and_limit() {
-        let mut r = ExitReport { termination: Termination::Signaled("SIGSEGV".into()), ..Default::default() };
-        assert_eq!(exit_words(&r), "the Python worker was killed by SIGSEGV (segmentation fault)");
+        let mut r = ExitReport {
+            termination: Termination::Signaled("SIGSEGV".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            exit_words(&r),
+            "the Python worker was killed by SIGSEGV (segmentation fault)"
+        );
         r.termination = Termination::Exited(3);
         assert_eq!(exit_words(&r), "the Python worker exited with code 3");
         r.limit = Some(LimitHit::Memory);
-        assert_eq!(exit_words(&r), "the Python worker was killed: memory limit reached");
+        assert_eq!(
+            exit_words(&r),
+            "the Python worker was killed: memory limit reached"
+        );
     }
 }

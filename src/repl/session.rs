@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use super::protocol::{Event, Request, WireStatus};
 use super::worker::{Reply, SpawnSpec, Worker};
 use super::{
-    CellOutcome, CellSink, CellStatus, HistoryEntry, PythonInfo, ReplError, SessionInfo, SessionState, VariableDetail,
-    VariableInfo,
+    CellOutcome, CellSink, CellStatus, HistoryEntry, PythonInfo, ReplError, SessionInfo,
+    SessionState, VariableDetail, VariableInfo,
 };
 
 const HISTORY_CAP: usize = 1000;
@@ -86,7 +86,10 @@ impl Session {
     }
 
     fn busy(&self) -> ReplError {
-        ReplError::Busy { session: self.name.clone(), cell: self.inner().running_cell }
+        ReplError::Busy {
+            session: self.name.clone(),
+            cell: self.inner().running_cell,
+        }
     }
 
     /// The live worker, starting a fresh one if there is none or it died. The flag says
@@ -110,7 +113,11 @@ impl Session {
     }
 
     /// Run `code` as the next cell; output goes to `sink` as it is printed.
-    pub async fn execute(&self, code: &str, sink: Arc<dyn CellSink>) -> Result<CellOutcome, ReplError> {
+    pub async fn execute(
+        &self,
+        code: &str,
+        sink: Arc<dyn CellSink>,
+    ) -> Result<CellOutcome, ReplError> {
         let repr_limit = self.env.repr_limit;
         self.run_cell(code.to_string(), sink, |id, cell| Request::Execute {
             id,
@@ -131,10 +138,19 @@ impl Session {
     ) -> Result<CellOutcome, ReplError> {
         let full: PathBuf = self.env.spec.workspace.join(path);
         let full = full.to_string_lossy().into_owned();
-        let label = std::iter::once(format!("run_file {path}")).chain(argv.iter().cloned()).collect::<Vec<_>>().join(" ");
+        let label = std::iter::once(format!("run_file {path}"))
+            .chain(argv.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(" ");
         let repr_limit = self.env.repr_limit;
-        self.run_cell(label, sink, |id, cell| Request::RunFile { id, cell, path: full.clone(), argv: argv.clone(), repr_limit })
-            .await
+        self.run_cell(label, sink, |id, cell| Request::RunFile {
+            id,
+            cell,
+            path: full.clone(),
+            argv: argv.clone(),
+            repr_limit,
+        })
+        .await
     }
 
     async fn run_cell(
@@ -143,7 +159,11 @@ impl Session {
         sink: Arc<dyn CellSink>,
         request: impl FnOnce(u64, u64) -> Request,
     ) -> Result<CellOutcome, ReplError> {
-        let guard = self.op_lock.clone().try_lock_owned().map_err(|_| self.busy())?;
+        let guard = self
+            .op_lock
+            .clone()
+            .try_lock_owned()
+            .map_err(|_| self.busy())?;
         let (worker, state_lost) = self.live_worker(true)?;
         let cell = {
             let mut inner = self.inner();
@@ -154,7 +174,9 @@ impl Session {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let rx = worker.call(id, &request(id, cell), Some(sink), Some(guard));
-        let reply = rx.await.unwrap_or_else(|_| Reply::Died("the Python worker's I/O task ended".into()));
+        let reply = rx
+            .await
+            .unwrap_or_else(|_| Reply::Died("the Python worker's I/O task ended".into()));
         let elapsed = started.elapsed();
         let mut out = CellOutcome {
             cell,
@@ -169,7 +191,13 @@ impl Session {
             elapsed,
         };
         match reply {
-            Reply::Event(Event::Done { status, value, error, display, .. }) => {
+            Reply::Event(Event::Done {
+                status,
+                value,
+                error,
+                display,
+                ..
+            }) => {
                 out.status = match status {
                     WireStatus::Ok => CellStatus::Ok,
                     WireStatus::Error => CellStatus::Error,
@@ -184,14 +212,20 @@ impl Session {
                 out.display = display;
             }
             Reply::Event(other) => {
-                return Err(ReplError::Protocol { detail: format!("expected `done` for a cell, got {other:?}") });
+                return Err(ReplError::Protocol {
+                    detail: format!("expected `done` for a cell, got {other:?}"),
+                });
             }
             Reply::Died(message) => {
                 out.status = CellStatus::WorkerDied;
                 out.worker_exit = Some(message.to_string());
                 out.state_lost = true;
                 let mut inner = self.inner();
-                if inner.worker.as_ref().is_some_and(|w| Arc::ptr_eq(w, &worker)) {
+                if inner
+                    .worker
+                    .as_ref()
+                    .is_some_and(|w| Arc::ptr_eq(w, &worker))
+                {
                     inner.worker = None;
                     inner.state_lost = true;
                 }
@@ -229,10 +263,16 @@ impl Session {
     /// Answer the pending `input()`: `eof` makes it raise EOFError instead.
     pub fn send_input(&self, text: &str, eof: bool) -> Result<(), ReplError> {
         let worker = self.inner().worker.clone();
-        let not_waiting = || ReplError::NotAwaitingInput { session: self.name.clone() };
+        let not_waiting = || ReplError::NotAwaitingInput {
+            session: self.name.clone(),
+        };
         let worker = worker.ok_or_else(not_waiting)?;
         let text = (!eof).then(|| text.to_string());
-        if worker.reply_input(text) { Ok(()) } else { Err(not_waiting()) }
+        if worker.reply_input(text) {
+            Ok(())
+        } else {
+            Err(not_waiting())
+        }
     }
 
     /// Kill the worker's whole process group and start a fresh one; waits until it is
@@ -261,7 +301,11 @@ impl Session {
     }
 
     async fn call(&self, request: impl FnOnce(u64) -> Request) -> Result<Event, ReplError> {
-        let guard = self.op_lock.clone().try_lock_owned().map_err(|_| self.busy())?;
+        let guard = self
+            .op_lock
+            .clone()
+            .try_lock_owned()
+            .map_err(|_| self.busy())?;
         let (worker, _) = self.live_worker(false)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let rx = worker.call(id, &request(id), None, Some(guard));
@@ -269,8 +313,12 @@ impl Session {
         match rx.await {
             Ok(Reply::Event(Event::Failed { message, .. })) => Err(ReplError::Python { message }),
             Ok(Reply::Event(ev)) => Ok(ev),
-            Ok(Reply::Died(message)) => Err(ReplError::WorkerDied { message: message.to_string() }),
-            Err(_) => Err(ReplError::WorkerDied { message: "the Python worker's I/O task ended".into() }),
+            Ok(Reply::Died(message)) => Err(ReplError::WorkerDied {
+                message: message.to_string(),
+            }),
+            Err(_) => Err(ReplError::WorkerDied {
+                message: "the Python worker's I/O task ended".into(),
+            }),
         }
     }
 
@@ -285,23 +333,47 @@ impl Session {
     /// One variable in full: repr (cut at the session's repr limit) and JSON if possible.
     pub async fn get_variable(&self, name: &str) -> Result<VariableDetail, ReplError> {
         let repr_limit = self.env.repr_limit;
-        match self.call(|id| Request::GetVariable { id, name: name.to_string(), repr_limit }).await? {
+        match self
+            .call(|id| Request::GetVariable {
+                id,
+                name: name.to_string(),
+                repr_limit,
+            })
+            .await?
+        {
             Event::Variable { detail, .. } => Ok(detail),
             other => Err(unexpected("variable", &other)),
         }
     }
 
-    pub async fn set_variable(&self, name: &str, value: serde_json::Value) -> Result<(), ReplError> {
-        self.call(|id| Request::SetVariable { id, name: name.to_string(), value }).await.and_then(expect_ok)
+    pub async fn set_variable(
+        &self,
+        name: &str,
+        value: serde_json::Value,
+    ) -> Result<(), ReplError> {
+        self.call(|id| Request::SetVariable {
+            id,
+            name: name.to_string(),
+            value,
+        })
+        .await
+        .and_then(expect_ok)
     }
 
     pub async fn delete_variable(&self, name: &str) -> Result<(), ReplError> {
-        self.call(|id| Request::DeleteVariable { id, name: name.to_string() }).await.and_then(expect_ok)
+        self.call(|id| Request::DeleteVariable {
+            id,
+            name: name.to_string(),
+        })
+        .await
+        .and_then(expect_ok)
     }
 
     /// Remove every variable (builtins stay).
     pub async fn clear_variables(&self) -> Result<(), ReplError> {
-        self.call(|id| Request::ClearVariables { id }).await.and_then(expect_ok)
+        self.call(|id| Request::ClearVariables { id })
+            .await
+            .and_then(expect_ok)
     }
 
     /// The cells run since the session started or was last restarted (last 1000).
@@ -331,10 +403,18 @@ impl Session {
             name: self.name.clone(),
             state,
             policy: self.env.policy_name.clone(),
-            python: format!("{} ({})", self.env.python.executable.display(), self.env.python.version),
+            python: format!(
+                "{} ({})",
+                self.env.python.executable.display(),
+                self.env.python.version
+            ),
             worker_pid: pid,
             memory_bytes: pid.and_then(rss_bytes),
-            idle_seconds: if busy { 0 } else { inner.last_active.elapsed().as_secs() },
+            idle_seconds: if busy {
+                0
+            } else {
+                inner.last_active.elapsed().as_secs()
+            },
             cells: inner.cells,
         }
     }
@@ -355,7 +435,9 @@ fn expect_ok(ev: Event) -> Result<(), ReplError> {
 }
 
 fn unexpected(wanted: &str, got: &Event) -> ReplError {
-    ReplError::Protocol { detail: format!("expected `{wanted}`, got {got:?}") }
+    ReplError::Protocol {
+        detail: format!("expected `{wanted}`, got {got:?}"),
+    }
 }
 
 /// VmRSS of `pid` in bytes, from /proc.
@@ -368,6 +450,9 @@ fn rss_bytes(pid: u32) -> Option<u64> {
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session").field("name", &self.name).field("policy", &self.env.policy_name).finish()
+        f.debug_struct("Session")
+            .field("name", &self.name)
+            .field("policy", &self.env.policy_name)
+            .finish()
     }
 }
