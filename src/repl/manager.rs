@@ -113,6 +113,7 @@ impl SessionManager {
             python,
             repr_limit: self.cfg.repr_limit,
             start_timeout: self.cfg.start_timeout,
+            spare: self.cfg.spare_worker,
         };
         let session = Session::start(name.to_string(), env)?;
         map.insert(name.to_string(), session.clone());

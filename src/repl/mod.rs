@@ -67,6 +67,10 @@ pub struct ReplConfig {
     pub repr_limit: usize,
     /// How long a new worker may take to report `ready`.
     pub start_timeout: Duration,
+    /// Keep one started, idle worker per session (after its first cell) so a restart or
+    /// the cell after a crash does not wait for an interpreter to start. Costs one idle
+    /// Python process (~10 MB) per session.
+    pub spare_worker: bool,
 }
 
 impl ReplConfig {
@@ -81,6 +85,7 @@ impl ReplConfig {
             idle_ttl: Duration::from_secs(3600),
             repr_limit: 20_000,
             start_timeout: Duration::from_secs(20),
+            spare_worker: true,
         }
     }
 }

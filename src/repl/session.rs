@@ -30,10 +30,16 @@ pub(crate) struct SessionEnv {
     pub python: PythonInfo,
     pub repr_limit: usize,
     pub start_timeout: Duration,
+    /// Keep a started, idle worker in reserve for restarts and crash recovery.
+    pub spare: bool,
 }
 
 struct Inner {
     worker: Option<Arc<Worker>>,
+    /// A started worker nobody has used yet: a restart or the cell after a crash takes
+    /// it instead of waiting for a new interpreter to start.
+    spare: Option<Arc<Worker>>,
+    closed: bool,
     /// A worker died on its own: the next cell is told its state was lost.
     state_lost: bool,
     cells: u64,
@@ -49,6 +55,8 @@ pub struct Session {
     op_lock: Arc<tokio::sync::Mutex<()>>,
     inner: Mutex<Inner>,
     next_id: AtomicU64,
+    /// For background tasks that refill the spare worker.
+    me: std::sync::Weak<Session>,
 }
 
 impl Session {
@@ -56,12 +64,15 @@ impl Session {
     /// pay for the interpreter's start).
     pub(crate) fn start(name: String, env: SessionEnv) -> Result<Arc<Session>, ReplError> {
         let worker = Worker::spawn(&env.spec)?;
-        Ok(Arc::new(Session {
+        Ok(Arc::new_cyclic(|me| Session {
             name,
             env,
+            me: me.clone(),
             op_lock: Arc::new(tokio::sync::Mutex::new(())),
             inner: Mutex::new(Inner {
                 worker: Some(Arc::new(worker)),
+                spare: None,
+                closed: false,
                 state_lost: false,
                 cells: 0,
                 running_cell: 0,
@@ -106,10 +117,45 @@ impl Session {
         if inner.worker.take().is_some() {
             inner.state_lost = true;
         }
-        let worker = Arc::new(Worker::spawn(&self.env.spec)?);
+        let worker = self.fresh_worker(&mut inner)?;
         inner.worker = Some(worker.clone());
         let lost = report_loss && std::mem::take(&mut inner.state_lost);
+        drop(inner);
+        self.refill_spare();
         Ok((worker, lost))
+    }
+
+    /// The spare worker if it is alive, else a newly started one.
+    fn fresh_worker(&self, inner: &mut Inner) -> Result<Arc<Worker>, ReplError> {
+        match inner.spare.take() {
+            Some(w) if w.death().is_none() => Ok(w),
+            _ => Ok(Arc::new(Worker::spawn(&self.env.spec)?)),
+        }
+    }
+
+    /// Start a spare worker in the background if the session keeps one and has none.
+    fn refill_spare(&self) {
+        if !self.env.spare {
+            return;
+        }
+        {
+            let inner = self.inner();
+            if inner.closed || inner.spare.as_ref().is_some_and(|w| w.death().is_none()) {
+                return;
+            }
+        }
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            let Some(session) = me.upgrade() else { return };
+            let mut inner = session.inner();
+            if inner.closed || inner.spare.as_ref().is_some_and(|w| w.death().is_none()) {
+                return;
+            }
+            match Worker::spawn(&session.env.spec) {
+                Ok(w) => inner.spare = Some(Arc::new(w)),
+                Err(e) => tracing::warn!(session = %session.name, error = %e, "could not start a spare worker"),
+            }
+        });
     }
 
     /// Run `code` as the next cell; output goes to `sink` as it is printed.
@@ -242,6 +288,8 @@ impl Session {
         if inner.history.len() > HISTORY_CAP {
             inner.history.pop_front();
         }
+        drop(inner);
+        self.refill_spare();
         Ok(out)
     }
 
@@ -287,10 +335,11 @@ impl Session {
             inner.cells = 0;
             inner.history.clear();
             inner.last_active = Instant::now();
-            let worker = Arc::new(Worker::spawn(&self.env.spec)?);
+            let worker = self.fresh_worker(&mut inner)?;
             inner.worker = Some(worker.clone());
             worker
         };
+        self.refill_spare();
         worker.wait_ready(self.env.start_timeout).await
     }
 
@@ -421,7 +470,12 @@ impl Session {
 
     /// Kill the worker (the session object is being dropped by its manager).
     pub(crate) fn close(&self) {
-        if let Some(w) = self.inner().worker.take() {
+        let mut inner = self.inner();
+        inner.closed = true;
+        if let Some(w) = inner.worker.take() {
+            w.kill("the session was closed");
+        }
+        if let Some(w) = inner.spare.take() {
             w.kill("the session was closed");
         }
     }
