@@ -77,17 +77,7 @@ impl SessionManager {
         }
         validate_name(name)?;
         let python = self.python().await?.clone();
-        let mut map = self.sessions();
-        if let Some(s) = map.get(name) {
-            return Ok(s.clone());
-        }
-        if map.len() >= self.cfg.max_sessions {
-            return Err(ReplError::TooManySessions {
-                name: name.to_string(),
-                max: self.cfg.max_sessions,
-                open: Self::open_names(&map),
-            });
-        }
+        self.check_room(name, &self.sessions())?;
         let tmp = self.session_dir(name).join("tmp");
         std::fs::create_dir_all(&tmp).map_err(|source| ReplError::Io {
             what: format!("create the session directory {}", tmp.display()),
@@ -115,9 +105,43 @@ impl SessionManager {
             start_timeout: self.cfg.start_timeout,
             spare: self.cfg.spare_worker,
         };
-        let session = Session::start(name.to_string(), env)?;
-        map.insert(name.to_string(), session.clone());
-        Ok(session)
+        // Start the worker without holding the map: other sessions stay reachable while
+        // the launcher sets up. A concurrent start of the same name wins; ours is closed.
+        let started = {
+            let name = name.to_string();
+            tokio::task::spawn_blocking(move || Session::start(name, env))
+                .await
+                .map_err(|e| ReplError::Io {
+                    what: "start the worker".into(),
+                    source: std::io::Error::other(e),
+                })??
+        };
+        let mut map = self.sessions();
+        if let Some(existing) = map.get(name) {
+            started.close();
+            return Ok(existing.clone());
+        }
+        if let Err(e) = self.check_room(name, &map) {
+            started.close();
+            return Err(e);
+        }
+        map.insert(name.to_string(), started.clone());
+        Ok(started)
+    }
+
+    fn check_room(
+        &self,
+        name: &str,
+        map: &BTreeMap<String, Arc<Session>>,
+    ) -> Result<(), ReplError> {
+        if map.len() >= self.cfg.max_sessions {
+            return Err(ReplError::TooManySessions {
+                name: name.to_string(),
+                max: self.cfg.max_sessions,
+                open: Self::open_names(map),
+            });
+        }
+        Ok(())
     }
 
     fn session_dir(&self, name: &str) -> PathBuf {

@@ -27,7 +27,9 @@ pub use protocol::{DisplayItem, PyError, VariableDetail, VariableInfo};
 pub use python::{PythonInfo, discover_python};
 pub use session::Session;
 
-use crate::sandbox::{ExitReport, LaunchError, LimitHit, Policy, PolicyError, Termination};
+use crate::sandbox::{
+    ExitReport, LaunchError, LimitHit, Policy, PolicyError, ResolvedPolicy, Termination,
+};
 
 /// Which of the worker's output streams a chunk came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -210,8 +212,9 @@ pub enum ReplError {
 }
 
 /// How a worker ended, in words: "the Python worker was killed by SIGSEGV
-/// (segmentation fault)", "... exited with code 3", "... killed: memory limit reached".
-pub fn exit_words(report: &ExitReport) -> String {
+/// (segmentation fault)", "... exited with code 3", "... killed: memory limit (512 MiB)
+/// reached". `policy` supplies the amount of the limit that was hit.
+pub fn exit_words(report: &ExitReport, policy: &ResolvedPolicy) -> String {
     if let Some(limit) = report.limit {
         let what = match limit {
             LimitHit::Memory => "memory limit",
@@ -220,7 +223,10 @@ pub fn exit_words(report: &ExitReport) -> String {
             LimitHit::FileSize => "file size limit",
             LimitHit::Processes => "process count limit",
         };
-        return format!("the Python worker was killed: {what} reached");
+        return match limit_amount(policy, limit) {
+            Some(amount) => format!("the Python worker was killed: {what} ({amount}) reached"),
+            None => format!("the Python worker was killed: {what} reached"),
+        };
     }
     match &report.termination {
         Termination::Exited(code) => format!("the Python worker exited with code {code}"),
@@ -230,6 +236,28 @@ pub fn exit_words(report: &ExitReport) -> String {
         },
         Termination::Unknown => "the Python worker ended (exit status unknown)".to_string(),
     }
+}
+
+/// The amount of a policy limit, in words ("512 MiB", "60 s").
+fn limit_amount(policy: &ResolvedPolicy, limit: LimitHit) -> Option<String> {
+    // The interface stub of the sandbox carries no limits yet.
+    let _ = (policy, limit);
+    None
+}
+
+/// "512 MiB", "4 GiB", "1500 bytes".
+#[allow(dead_code, reason = "used once the sandbox's limits are available")]
+fn bytes_words(n: u64) -> String {
+    const KIB: u64 = 1024;
+    for (unit, size) in [("GiB", KIB * KIB * KIB), ("MiB", KIB * KIB), ("KiB", KIB)] {
+        if n >= size && n.is_multiple_of(size) {
+            return format!("{} {unit}", n / size);
+        }
+    }
+    if n >= KIB * KIB {
+        return format!("{:.1} MiB", n as f64 / (KIB * KIB) as f64);
+    }
+    format!("{n} bytes")
 }
 
 fn signal_meaning(sig: &str) -> Option<&'static str> {
@@ -255,6 +283,14 @@ mod tests {
 
     #[test]
     fn exit_words_name_signal_code_and_limit() {
+        let policy = Policy::load("workspace-write")
+            .unwrap()
+            .resolve(&Default::default())
+            .unwrap();
+        let exit_words = |r: &ExitReport| exit_words(r, &policy);
+        assert_eq!(bytes_words(512 << 20), "512 MiB");
+        assert_eq!(bytes_words(4 << 30), "4 GiB");
+        assert_eq!(bytes_words(1500), "1500 bytes");
         let mut r = ExitReport {
             termination: Termination::Signaled("SIGSEGV".into()),
             ..Default::default()

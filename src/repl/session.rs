@@ -145,16 +145,21 @@ impl Session {
             }
         }
         let me = self.me.clone();
-        tokio::spawn(async move {
+        // Starting a process blocks for the launcher's setup: keep it off the async threads.
+        tokio::task::spawn_blocking(move || {
             let Some(session) = me.upgrade() else { return };
+            let worker = match Worker::spawn(&session.env.spec) {
+                Ok(w) => Arc::new(w),
+                Err(e) => {
+                    tracing::warn!(session = %session.name, error = %e, "could not start a spare worker");
+                    return;
+                }
+            };
             let mut inner = session.inner();
-            if inner.closed || inner.spare.as_ref().is_some_and(|w| w.death().is_none()) {
-                return;
+            if !inner.closed && inner.spare.as_ref().is_none_or(|w| w.death().is_some()) {
+                inner.spare = Some(worker);
             }
-            match Worker::spawn(&session.env.spec) {
-                Ok(w) => inner.spare = Some(Arc::new(w)),
-                Err(e) => tracing::warn!(session = %session.name, error = %e, "could not start a spare worker"),
-            }
+            // Otherwise `worker` is dropped here, which kills it.
         });
     }
 

@@ -79,6 +79,8 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
+    /// For the amounts of limits in death messages.
+    policy: Arc<ResolvedPolicy>,
     /// `None` once reaped; kill only signals a child that has not been reaped, so a
     /// recycled pid is never hit.
     child: Mutex<Option<SandboxedChild>>,
@@ -130,6 +132,7 @@ impl Worker {
         let (ready, ready_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             state: Mutex::default(),
+            policy: spec.policy.clone(),
             child: Mutex::new(Some(child)),
             ready,
         });
@@ -466,7 +469,7 @@ async fn pump(
     let mut st = lock(&shared.state);
     let mut message = match (st.kill_reason, &report) {
         (Some(reason), _) => format!("the Python worker was stopped: {reason}"),
-        (None, Some(report)) => exit_words(report),
+        (None, Some(report)) => exit_words(report, &shared.policy),
         (None, None) => "the Python worker ended".to_string(),
     };
     if !st.ready && !st.startup_stderr.is_empty() {

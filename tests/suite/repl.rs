@@ -593,20 +593,37 @@ async fn top_level_await_and_odd_text() {
 #[tokio::test]
 #[ignore = "needs a Python with matplotlib in SANDBOX_REPL_MPL_PYTHON"]
 async fn matplotlib_show_emits_png_display_items() {
-    let python = std::env::var("SANDBOX_REPL_MPL_PYTHON").expect("set SANDBOX_REPL_MPL_PYTHON to a python with matplotlib");
+    let python = std::env::var("SANDBOX_REPL_MPL_PYTHON")
+        .expect("set SANDBOX_REPL_MPL_PYTHON to a python with matplotlib");
     let dir = std::env::temp_dir().join(format!("repl-suite-mpl-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("ws")).unwrap();
-    let mut cfg = ReplConfig::new(dir.join("ws"), Policy::load("workspace-write").unwrap(), dir.join("state"));
+    let mut cfg = ReplConfig::new(
+        dir.join("ws"),
+        Policy::load("workspace-write").unwrap(),
+        dir.join("state"),
+    );
     cfg.python = Some(python.into());
-    let f = Fixture { manager: SessionManager::new(cfg), dir };
+    let f = Fixture {
+        manager: SessionManager::new(cfg),
+        dir,
+    };
     let (o, s) = run(&f.manager, "default", "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()\nprint(plt.get_backend())").await;
     assert_eq!(o.status, CellStatus::Ok, "{:?}", o.error);
     assert_eq!(s.out(), "module://_sandbox_repl_mpl\n");
     assert_eq!(o.display.len(), 1);
     assert_eq!(o.display[0].mime, "image/png");
     assert!(o.display[0].data.starts_with("iVBORw0KGgo"), "not a PNG");
-    let (o, _) = run(&f.manager, "default", "fig, ax = plt.subplots()\nax.plot([3, 1])").await;
-    assert_eq!(o.display.iter().filter(|d| d.mime == "image/png").count(), 1, "open figure shown at cell end");
+    let (o, _) = run(
+        &f.manager,
+        "default",
+        "fig, ax = plt.subplots()\nax.plot([3, 1])",
+    )
+    .await;
+    assert_eq!(
+        o.display.iter().filter(|d| d.mime == "image/png").count(),
+        1,
+        "open figure shown at cell end"
+    );
     let (o, _) = run(&f.manager, "default", "plt.get_fignums()").await;
     assert_eq!(o.value.as_deref(), Some("[]"));
 }
