@@ -624,6 +624,15 @@ async fn matplotlib_show_emits_png_display_items() {
         1,
         "open figure shown at cell end"
     );
-    let (o, _) = run(&f.manager, "default", "plt.get_fignums()").await;
-    assert_eq!(o.value.as_deref(), Some("[]"));
+    let (o, _) = run(
+        &f.manager,
+        "default",
+        "import os\n(plt.get_fignums(), os.environ.get('MPLBACKEND'))",
+    )
+    .await;
+    assert_eq!(
+        o.value.as_deref(),
+        Some("([], None)"),
+        "figures closed; children get no backend override"
+    );
 }
