@@ -186,6 +186,8 @@ pub enum ReplError {
     },
     #[error("invalid session name {name:?}: use 1-64 letters, digits, '-', '_' or '.'")]
     InvalidSessionName { name: String },
+    #[error("session {session:?} was closed; start it again by using its name in a new call")]
+    Closed { session: String },
     #[error("no session named {name:?}; open sessions: {open}")]
     NoSuchSession { name: String, open: String },
     #[error("no Python interpreter found: {detail}; pass --python PATH")]

@@ -636,3 +636,43 @@ async fn matplotlib_show_emits_png_display_items() {
         "figures closed; children get no backend override"
     );
 }
+
+/// Idle sessions are closed after the TTL; a busy one is not. A closed session's handle
+/// refuses work with words.
+#[tokio::test]
+async fn idle_sessions_are_reaped_after_the_ttl() {
+    let dir = std::env::temp_dir().join(format!("repl-suite-ttl-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("ws")).unwrap();
+    let mut cfg = ReplConfig::new(
+        dir.join("ws"),
+        Policy::load("workspace-write").unwrap(),
+        dir.join("state"),
+    );
+    cfg.idle_ttl = Duration::from_millis(800);
+    let f = Fixture {
+        manager: SessionManager::new(cfg),
+        dir,
+    };
+    let idle = f.manager.get_or_start("idle").await.unwrap();
+    let busy = f.manager.get_or_start("busy").await.unwrap();
+    let task = tokio::spawn(async move {
+        busy.execute("import time; time.sleep(2.5)", Arc::new(Sink::default()))
+            .await
+    });
+    wait_for(|| f.manager.list().iter().all(|i| i.name != "idle")).await;
+    assert_eq!(
+        f.manager
+            .list()
+            .iter()
+            .map(|i| i.name.as_str())
+            .collect::<Vec<_>>(),
+        vec!["busy"]
+    );
+    let err = idle
+        .execute("1", Arc::new(Sink::default()))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("was closed"), "{err}");
+    assert_eq!(task.await.unwrap().unwrap().status, CellStatus::Ok);
+}
