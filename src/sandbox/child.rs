@@ -9,6 +9,7 @@ use std::process::{ChildStderr, ChildStdin, ChildStdout};
 use std::time::{Duration, Instant};
 
 use super::isolation::JobCgroupHandle;
+use super::resolve::Limits;
 
 /// How a sandboxed process ended.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -52,7 +53,7 @@ pub struct SandboxedChild {
     cgroup: Option<JobCgroupHandle>,
     started: Instant,
     wall_limit: Option<Duration>,
-    cpu_limit: Option<u64>,
+    limits: Limits,
     unenforced: Vec<String>,
     reaped: bool,
 }
@@ -64,7 +65,7 @@ impl SandboxedChild {
         cgroup: Option<JobCgroupHandle>,
         started: Instant,
         wall_limit: Option<Duration>,
-        cpu_limit: Option<u64>,
+        limits: Limits,
         unenforced: Vec<String>,
     ) -> std::io::Result<SandboxedChild> {
         // SAFETY: pidfd_open on our own unreaped child; returns a fresh fd or -1.
@@ -84,7 +85,7 @@ impl SandboxedChild {
             cgroup,
             started,
             wall_limit,
-            cpu_limit,
+            limits,
             unenforced,
             reaped: false,
         })
@@ -208,7 +209,16 @@ impl SandboxedChild {
         } else {
             Termination::Unknown
         };
-        let signal = libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status));
+        // A shell reports a child killed by signal N as exit 128+N: count that too.
+        let signal = if libc::WIFSIGNALED(status) {
+            Some(libc::WTERMSIG(status))
+        } else {
+            match libc::WEXITSTATUS(status) - 128 {
+                libc::SIGXCPU if self.limits.cpu_seconds.is_some() => Some(libc::SIGXCPU),
+                libc::SIGXFSZ if self.limits.file_size_bytes.is_some() => Some(libc::SIGXFSZ),
+                _ => None,
+            }
+        };
         let cpu_spent = user_cpu + system_cpu;
         let cg = self.cgroup.as_ref();
         let limit = if wall_hit {
@@ -217,7 +227,7 @@ impl SandboxedChild {
             Some(LimitHit::Memory)
         } else if signal == Some(libc::SIGXCPU)
             || (signal == Some(libc::SIGKILL)
-                && self.cpu_limit.is_some_and(|l| cpu_spent >= Duration::from_secs(l)))
+                && self.limits.cpu_seconds.is_some_and(|l| cpu_spent >= Duration::from_secs(l)))
         {
             Some(LimitHit::Cpu)
         } else if signal == Some(libc::SIGXFSZ) {

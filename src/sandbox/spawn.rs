@@ -199,7 +199,7 @@ impl SandboxCommand {
             cgroup,
             started,
             wall_limit,
-            limits.cpu_seconds,
+            limits.clone(),
             unenforced,
         )
         .map_err(spawn_err)
