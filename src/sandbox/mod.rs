@@ -8,3 +8,7 @@ pub mod policy;
 
 pub use launcher::{ExitReport, LaunchError, LimitHit, SandboxCommand, SandboxedChild, Termination};
 pub use policy::{Placeholders, Policy, PolicyError, ResolvedPolicy};
+pub mod cgroup;
+pub mod mounts;
+pub mod netns;
+pub mod probe;
