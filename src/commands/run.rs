@@ -43,9 +43,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     w.display()
                 );
             }
-            abs.canonicalize().with_context(|| format!("cannot resolve workspace {}", w.display()))?
+            abs.canonicalize()
+                .with_context(|| format!("cannot resolve workspace {}", w.display()))?
         }
-        None => cwd.canonicalize().context("cannot resolve the current directory")?,
+        None => cwd
+            .canonicalize()
+            .context("cannot resolve the current directory")?,
     };
     let Some((program, rest)) = args.command.split_first() else {
         bail!("no command given; usage: mcp-sandbox-repl run [--policy NAME] -- CMD [ARGS]");
@@ -59,7 +62,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         uv_cache: None,
     };
     let resolved = Arc::new(policy.resolve(&placeholders)?);
-    let dir = if cwd.starts_with(&workspace) { cwd } else { workspace };
+    let dir = if cwd.starts_with(&workspace) {
+        cwd
+    } else {
+        workspace
+    };
     let mut cmd = SandboxCommand::new(resolved.clone(), program);
     cmd.args(rest).current_dir(dir);
     let child = cmd.spawn()?;

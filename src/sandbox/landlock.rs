@@ -63,7 +63,9 @@ impl LandlockPlan {
             out.push(format!("TCP port rules (Landlock ABI {abi} < 4)"));
         }
         if abi < 6 && self.scope_abstract_unix {
-            out.push(format!("abstract unix socket scoping (Landlock ABI {abi} < 6)"));
+            out.push(format!(
+                "abstract unix socket scoping (Landlock ABI {abi} < 6)"
+            ));
         }
         if abi < 6 && self.scope_signals {
             out.push(format!("signal scoping (Landlock ABI {abi} < 6)"));
@@ -126,7 +128,9 @@ pub fn install_landlock_on_current_thread(
     let missing = plan.unenforced(abi);
     if !missing.is_empty() && !best_effort {
         if abi == 0 {
-            return Err(format!("this kernel has no Landlock; policy {policy_name} requires it"));
+            return Err(format!(
+                "this kernel has no Landlock; policy {policy_name} requires it"
+            ));
         }
         return Err(format!(
             "this kernel's Landlock ABI is {abi}; policy {policy_name} needs ABI {} for: {}",
@@ -141,10 +145,14 @@ pub fn install_landlock_on_current_thread(
     let err = |e: landlock::RulesetError| format!("Landlock: {e}");
     let mut ruleset = Ruleset::default().set_compatibility(CompatLevel::BestEffort);
     if plan.fs.is_some() {
-        ruleset = ruleset.handle_access(AccessFs::from_all(target)).map_err(err)?;
+        ruleset = ruleset
+            .handle_access(AccessFs::from_all(target))
+            .map_err(err)?;
     }
     if plan.tcp.is_some() && abi >= 4 {
-        ruleset = ruleset.handle_access(AccessNet::from_all(target)).map_err(err)?;
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(target))
+            .map_err(err)?;
     }
     if abi >= 6 {
         let mut scopes = BitFlags::<Scope>::EMPTY;
@@ -170,21 +178,28 @@ pub fn install_landlock_on_current_thread(
             let read = AccessFs::ReadFile | AccessFs::ReadDir;
             let mut access = match grant {
                 FsGrant::Read => read,
-                FsGrant::Write => AccessFs::from_all(target),
+                // Writing does not imply executing: that is the `execute` set's job.
+                FsGrant::Write => AccessFs::from_all(target) & !AccessFs::Execute,
                 FsGrant::Execute => read | AccessFs::Execute,
             };
             if !path.is_dir() {
                 access &= AccessFs::from_file(target);
             }
-            created = created.add_rule(PathBeneath::new(fd, access)).map_err(err)?;
+            created = created
+                .add_rule(PathBeneath::new(fd, access))
+                .map_err(err)?;
         }
     }
     if let (Some((connect, bind)), true) = (&plan.tcp, abi >= 4) {
         for &port in connect {
-            created = created.add_rule(NetPort::new(port, AccessNet::ConnectTcp)).map_err(err)?;
+            created = created
+                .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
+                .map_err(err)?;
         }
         for &port in bind {
-            created = created.add_rule(NetPort::new(port, AccessNet::BindTcp)).map_err(err)?;
+            created = created
+                .add_rule(NetPort::new(port, AccessNet::BindTcp))
+                .map_err(err)?;
         }
     }
     let status = created.restrict_self().map_err(err)?;
@@ -210,7 +225,11 @@ mod tests {
     use crate::sandbox::{Placeholders, Policy};
 
     fn resolved(name: &str) -> ResolvedPolicy {
-        let ph = Placeholders { workspace: "/w".into(), tmp: "/t".into(), ..Default::default() };
+        let ph = Placeholders {
+            workspace: "/w".into(),
+            tmp: "/t".into(),
+            ..Default::default()
+        };
         Policy::load(name).unwrap().resolve(&ph).unwrap()
     }
 
@@ -220,7 +239,10 @@ mod tests {
         let fs = plan.fs.as_ref().unwrap();
         assert!(fs.contains(&("/w".into(), FsGrant::Write)));
         assert!(fs.contains(&("/etc".into(), FsGrant::Read)));
-        assert!(!fs.iter().any(|(p, _)| p.starts_with("/root") || p.starts_with("/tmp")));
+        assert!(
+            !fs.iter()
+                .any(|(p, _)| p.starts_with("/root") || p.starts_with("/tmp"))
+        );
         assert!(plan.scope_abstract_unix && plan.scope_signals && plan.tcp.is_none());
         assert_eq!(plan.required_abi(), 6);
         assert!(plan.unenforced(7).is_empty());
@@ -229,8 +251,10 @@ mod tests {
 
     #[test]
     fn ports_plan() {
-        let p = resolved("workspace-write")
-            .with_network(NetworkPolicy::Ports { connect: vec![443], bind: vec![8080] });
+        let p = resolved("workspace-write").with_network(NetworkPolicy::Ports {
+            connect: vec![443],
+            bind: vec![8080],
+        });
         let plan = landlock_rules(&p);
         assert_eq!(plan.tcp, Some((vec![443], vec![8080])));
         assert!(plan.unenforced(3).iter().any(|m| m.contains("TCP port")));

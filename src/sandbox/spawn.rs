@@ -126,7 +126,10 @@ impl SandboxCommand {
         let spec = LaunchSpec {
             policy: (**policy).clone(),
             argv,
-            env: env.iter().map(|(k, v)| (os_bytes(k), os_bytes(v))).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (os_bytes(k), os_bytes(v)))
+                .collect(),
             cwd: self.cwd.clone().or_else(|| Some(policy.workspace.clone())),
             keep_fds: self.fds.iter().map(|(_, t)| *t).collect(),
             status_fd: status_target,
@@ -141,13 +144,21 @@ impl SandboxCommand {
         for (fd, target) in &self.fds {
             moves.push((dup_above(fd.as_raw_fd(), high).map_err(spawn_err)?, *target));
         }
-        moves.push((dup_above(spec_fd.as_raw_fd(), high).map_err(spawn_err)?, spec_target));
-        moves.push((dup_above(status_w.as_raw_fd(), high).map_err(spawn_err)?, status_target));
+        moves.push((
+            dup_above(spec_fd.as_raw_fd(), high).map_err(spawn_err)?,
+            spec_target,
+        ));
+        moves.push((
+            dup_above(status_w.as_raw_fd(), high).map_err(spawn_err)?,
+            status_target,
+        ));
         drop(status_w);
         let pairs: Vec<(RawFd, RawFd)> = moves.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
 
         let mut cmd = std::process::Command::new("/proc/self/exe");
-        cmd.arg(LAUNCHER_ARG).arg(spec_target.to_string()).env_clear();
+        cmd.arg(LAUNCHER_ARG)
+            .arg(spec_target.to_string())
+            .env_clear();
         if let Some(s) = self.stdin {
             cmd.stdin(s);
         }
@@ -208,7 +219,11 @@ impl SandboxCommand {
 
 fn job_name() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!("msr-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "msr-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn pipe_cloexec() -> std::io::Result<(OwnedFd, OwnedFd)> {
