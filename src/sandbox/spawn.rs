@@ -19,6 +19,7 @@ use super::child::SandboxedChild;
 use super::error::LaunchError;
 use super::isolation::JobCgroupHandle;
 use super::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes};
+use super::policy::KernelSupportMode;
 use super::resolve::ResolvedPolicy;
 
 /// Builder for one sandboxed process, like `std::process::Command`.
@@ -106,8 +107,27 @@ impl SandboxCommand {
         }
         let policy = &self.policy;
         let limits = &policy.limits;
+        let mut unenforced = Vec::new();
         let cgroup = if limits.memory_bytes.is_some() || limits.processes.is_some() {
-            JobCgroupHandle::create(&job_name(), limits.memory_bytes, limits.processes).ok()
+            match JobCgroupHandle::create(&job_name(), limits.memory_bytes, limits.processes) {
+                Ok(cg) => Some(cg),
+                Err(e) => {
+                    // Without a cgroup, RLIMIT_AS caps memory and RLIMIT_NPROC caps processes
+                    // — but RLIMIT_NPROC never binds root, so root must fail closed.
+                    // SAFETY: getuid cannot fail.
+                    let root = unsafe { libc::getuid() } == 0;
+                    let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
+                    if root && limits.processes.is_some() && !best_effort {
+                        return Err(LaunchError::Setup(format!(
+                            "cannot create the job's cgroup ({e}); as root the process limit of \
+                             policy {} holds only through a pids cgroup",
+                            policy.name
+                        )));
+                    }
+                    unenforced.push(format!("cgroup limits, using rlimits instead ({e})"));
+                    None
+                }
+            }
         } else {
             None
         };
@@ -189,7 +209,6 @@ impl SandboxCommand {
         let mut report = String::new();
         let mut status_r = std::fs::File::from(status_r);
         let _ = status_r.read_to_string(&mut report);
-        let mut unenforced = Vec::new();
         for line in report.lines() {
             if let Some(msg) = line.strip_prefix("error: ") {
                 let _ = child.wait();

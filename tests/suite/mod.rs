@@ -3,3 +3,4 @@
 mod policy_cli;
 mod run_cli;
 mod run_limits;
+mod run_network;
