@@ -152,12 +152,13 @@ fn python_prefixes() -> Vec<PathBuf> {
         } else if let Some(root) = parent.parent() {
             out.push(root.to_path_buf());
         }
-    } else if let Ok(real) = found.canonicalize() {
-        if let Some(prefix) = real.parent().and_then(Path::parent) {
-            if prefix != Path::new("/usr") && prefix != Path::new("/") {
-                out.push(prefix.to_path_buf());
-            }
-        }
+    } else if let Some(prefix) = found
+        .canonicalize()
+        .ok()
+        .and_then(|real| real.parent().and_then(Path::parent).map(Path::to_path_buf))
+        .filter(|p| p != Path::new("/usr") && p != Path::new("/"))
+    {
+        out.push(prefix);
     }
     out
 }

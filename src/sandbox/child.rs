@@ -100,10 +100,8 @@ impl SandboxedChild {
     /// Send `signal` to the whole process group (and, for SIGKILL, every process of
     /// its cgroup).
     pub fn signal_group(&self, signal: i32) -> std::io::Result<()> {
-        if signal == libc::SIGKILL {
-            if let Some(cg) = &self.cgroup {
-                cg.kill_all();
-            }
+        if let (libc::SIGKILL, Some(cg)) = (signal, &self.cgroup) {
+            cg.kill_all();
         }
         // SAFETY: kill(2) on our own process group.
         if unsafe { libc::kill(-(self.pid as libc::pid_t), signal) } != 0 {

@@ -92,7 +92,7 @@ fn danger_full_access_allows_outside_writes() {
     let out = sh(
         "danger-full-access",
         &ws.path,
-        &probe_writes(&[target.clone()]),
+        &probe_writes(std::slice::from_ref(&target)),
     );
     assert_eq!(stdout(&out), format!("WROTE {target}\n"));
     let out = sh(
