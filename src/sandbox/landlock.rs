@@ -114,6 +114,30 @@ pub fn kernel_abi() -> i32 {
     if v < 0 { 0 } else { v as i32 }
 }
 
+/// What of `plan` a kernel with Landlock ABI `abi` leaves unenforced; an error in words
+/// unless the policy allows best effort.
+pub fn check_support(
+    plan: &LandlockPlan,
+    abi: i32,
+    policy_name: &str,
+    best_effort: bool,
+) -> Result<Vec<String>, String> {
+    let missing = plan.unenforced(abi);
+    if missing.is_empty() || best_effort {
+        return Ok(missing);
+    }
+    if abi == 0 {
+        return Err(format!(
+            "this kernel has no Landlock; policy {policy_name} requires it"
+        ));
+    }
+    Err(format!(
+        "this kernel's Landlock ABI is {abi}; policy {policy_name} needs ABI {} for: {}",
+        plan.required_abi(),
+        missing.join(", ")
+    ))
+}
+
 /// Apply `plan` to the calling thread. `best_effort`: enforce what the kernel supports
 /// and return what it does not; otherwise anything unenforced is an error in words.
 pub fn install_landlock_on_current_thread(
@@ -125,19 +149,7 @@ pub fn install_landlock_on_current_thread(
         return Ok(Vec::new());
     }
     let abi = kernel_abi();
-    let missing = plan.unenforced(abi);
-    if !missing.is_empty() && !best_effort {
-        if abi == 0 {
-            return Err(format!(
-                "this kernel has no Landlock; policy {policy_name} requires it"
-            ));
-        }
-        return Err(format!(
-            "this kernel's Landlock ABI is {abi}; policy {policy_name} needs ABI {} for: {}",
-            plan.required_abi(),
-            missing.join(", ")
-        ));
-    }
+    let missing = check_support(plan, abi, policy_name, best_effort)?;
     if abi == 0 {
         return Ok(missing);
     }
@@ -258,6 +270,22 @@ mod tests {
         let plan = landlock_rules(&p);
         assert_eq!(plan.tcp, Some((vec![443], vec![8080])));
         assert!(plan.unenforced(3).iter().any(|m| m.contains("TCP port")));
+    }
+
+    #[test]
+    fn missing_kernel_support_fails_closed_in_words() {
+        let plan = landlock_rules(&resolved("workspace-write"));
+        assert_eq!(
+            check_support(&plan, 0, "workspace-write", false).unwrap_err(),
+            "this kernel has no Landlock; policy workspace-write requires it"
+        );
+        let e = check_support(&plan, 5, "ci", false).unwrap_err();
+        assert!(
+            e.contains("ABI is 5") && e.contains("needs ABI 6") && e.contains("signal"),
+            "{e}"
+        );
+        assert_eq!(check_support(&plan, 5, "ci", true).unwrap().len(), 2);
+        assert!(check_support(&plan, 7, "ci", false).unwrap().is_empty());
     }
 
     #[test]

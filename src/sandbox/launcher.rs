@@ -25,6 +25,11 @@ use super::resolve::{NetworkPolicy, ResolvedPolicy};
 use super::rlimits::{apply_rlimits, rlimit_plan};
 use super::seccomp::{install_seccomp_filter_on_current_thread, seccomp_rules};
 
+// Where the interface stub had them, for callers that name these paths.
+pub use super::child::{ExitReport, LimitHit, SandboxedChild, Termination};
+pub use super::error::LaunchError;
+pub use super::spawn::SandboxCommand;
+
 /// argv[1] that selects launcher mode.
 pub const LAUNCHER_ARG: &str = "__sandbox-launch";
 

@@ -7,7 +7,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::PolicyError;
+pub use super::error::PolicyError;
+// Where the interface stub had them, for callers that name these paths.
+pub use super::resolve::{Placeholders, ResolvedPolicy};
 
 /// The shipped policies, embedded so that a spawn never touches the disk for them.
 pub const SHIPPED: &[(&str, &str)] = &[
