@@ -1,0 +1,6 @@
+//! Integration suites, one file per area.
+
+mod policy_cli;
+mod run_cli;
+mod run_limits;
+mod run_network;
