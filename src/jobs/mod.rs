@@ -26,6 +26,8 @@ pub mod search;
 pub mod shell;
 pub mod spool;
 pub mod store;
+#[cfg(test)]
+mod tests;
 
 use std::path::PathBuf;
 use std::time::Duration;
