@@ -1,6 +1,7 @@
-//! The job table on disk: `<state_dir>/jobs/table.json` (written atomically: temp
-//! file, fsync, rename), one directory per job holding its spools and result, and
-//! the lock that keeps two servers from sharing one table.
+//! The job table on disk: `<state_dir>/jobs/table.json`, written atomically (temp
+//! file, then rename; no fsync: it must survive a server restart, not a power cut),
+//! one directory per job holding its spools and result, and the lock that keeps two
+//! servers from sharing one table.
 //!
 //! Layout of a store directory:
 //! ```text
@@ -159,13 +160,13 @@ fn set_aside(path: &Path) {
 }
 
 /// Write the table atomically: readers see the old or the new table, never a mix.
+/// (No fsync: this runs on every job start and end, and must stay cheap.)
 pub(crate) fn save(store_dir: &Path, table: &Table) -> io::Result<()> {
     let path = store_dir.join("table.json");
     let tmp = store_dir.join("table.json.tmp");
     let bytes = serde_json::to_vec(table).map_err(io::Error::other)?;
     let mut file = File::create(&tmp)?;
     file.write_all(&bytes)?;
-    file.sync_data()?;
     drop(file);
     std::fs::rename(&tmp, &path)
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::excerpt::{make_excerpt, read_text, split_budget};
 pub use super::job::JobHandle;
-use super::job::{Job, JobState, lock, now_unix_ms};
+use super::job::{Job, JobMeta, JobState, lock, now_unix_ms};
 use super::persist::{self, StoreDir, Table};
 use super::spool::Spool;
 use super::{
@@ -103,16 +103,15 @@ impl JobStore {
                 has_result: rec.has_result,
             };
             next_id = next_id.max(seq + 1);
-            let job = Job::new(
+            let meta = JobMeta {
                 seq,
-                rec.kind,
-                rec.session,
-                rec.label,
-                rec.created_unix_ms,
-                job_dir,
-                state,
-                spools,
-            );
+                kind: rec.kind,
+                session: rec.session,
+                label: rec.label,
+                created_unix_ms: rec.created_unix_ms,
+                dir: job_dir,
+            };
+            let job = Job::new(meta, state, spools);
             map.insert(seq, Arc::new(job));
         }
         remove_stray_dirs(&dir.path, &map);
@@ -172,16 +171,15 @@ impl JobStore {
             shutting_down: false,
             has_result: false,
         };
-        let job = Arc::new(Job::new(
+        let meta = JobMeta {
             seq,
             kind,
-            session.map(str::to_string),
-            shorten_label(label),
-            now_unix_ms(),
-            job_dir,
-            state,
-            spools,
-        ));
+            session: session.map(str::to_string),
+            label: shorten_label(label),
+            created_unix_ms: now_unix_ms(),
+            dir: job_dir,
+        };
+        let job = Arc::new(Job::new(meta, state, spools));
         lock(&self.jobs).map.insert(seq, job.clone());
         self.save();
         Ok(JobHandle {

@@ -1,3 +1,4 @@
 //! Integration suites, one module per area.
 
 mod jobs;
+mod jobs_bench;
