@@ -113,6 +113,7 @@ impl Job {
     pub(crate) fn record(&self) -> JobRecord {
         let st = lock(&self.state);
         JobRecord {
+            version: persist::RECORD_VERSION,
             id: self.id.clone(),
             kind: self.kind,
             session: self.session.clone(),
@@ -319,7 +320,7 @@ impl JobHandle {
     /// a `Failed` outcome is recorded as `Cancelled`.
     pub fn finish(&self, outcome: JobOutcome) {
         if self.job.finish(outcome, self.store.disk_cap()) {
-            self.store.save();
+            self.store.save_job(&self.job);
         }
     }
 }

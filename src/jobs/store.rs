@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::excerpt::{make_excerpt, read_text, split_budget};
 pub use super::job::JobHandle;
 use super::job::{Job, JobMeta, JobState, lock, now_unix_ms};
-use super::persist::{self, StoreDir, Table};
+use super::persist::{self, StoreDir, parse_id};
 use super::spool::Spool;
 use super::{
     Excerpt, JobError, JobFilter, JobId, JobKind, JobOutcome, JobSnapshot, JobStatus, JobSummary,
@@ -45,8 +45,6 @@ pub struct JobStore {
     cfg: StoreConfig,
     dir: StoreDir,
     jobs: Mutex<Jobs>,
-    /// Serialises table writes so an older table never overwrites a newer one.
-    save_lock: Mutex<()>,
     /// Bytes of spooled output on disk, for the disk cap.
     disk_used: AtomicU64,
 }
@@ -64,16 +62,16 @@ impl JobStore {
     /// jobs that were running when the previous server stopped as `lost`.
     pub fn open(cfg: StoreConfig) -> Result<Arc<JobStore>, JobError> {
         let dir = persist::open_dir(&cfg.state_dir)?;
-        let table = persist::load(&dir.path);
+        let (records, next_id) = persist::load(&dir.path);
         let mut map = BTreeMap::new();
+        let mut lost = Vec::new();
         let mut disk_used = 0;
-        let mut next_id = table.next_id.max(1);
-        for rec in table.jobs {
+        for rec in records {
             let Some(seq) = parse_id(&rec.id) else {
-                tracing::warn!(id = %rec.id, "skipping a job with a malformed id in the job table");
                 continue;
             };
-            let (status, message) = if rec.status.is_finished() {
+            let was_running = !rec.status.is_finished();
+            let (status, message) = if !was_running {
                 (rec.status, rec.message)
             } else {
                 (
@@ -102,7 +100,6 @@ impl JobStore {
                 shutting_down: false,
                 has_result: rec.has_result,
             };
-            next_id = next_id.max(seq + 1);
             let meta = JobMeta {
                 seq,
                 kind: rec.kind,
@@ -111,19 +108,22 @@ impl JobStore {
                 created_unix_ms: rec.created_unix_ms,
                 dir: job_dir,
             };
-            let job = Job::new(meta, state, spools);
-            map.insert(seq, Arc::new(job));
+            let job = Arc::new(Job::new(meta, state, spools));
+            if was_running {
+                lost.push(job.clone());
+            }
+            map.insert(seq, job);
         }
-        remove_stray_dirs(&dir.path, &map);
         let store = Arc::new(JobStore {
             cfg,
             dir,
             jobs: Mutex::new(Jobs { map, next_id }),
-            save_lock: Mutex::new(()),
             disk_used: AtomicU64::new(disk_used),
         });
+        for job in &lost {
+            store.save_job(job);
+        }
         store.make_room(0);
-        store.save();
         Ok(store)
     }
 
@@ -180,8 +180,8 @@ impl JobStore {
             dir: job_dir,
         };
         let job = Arc::new(Job::new(meta, state, spools));
+        self.save_job(&job);
         lock(&self.jobs).map.insert(seq, job.clone());
-        self.save();
         Ok(JobHandle {
             store: self.clone(),
             job,
@@ -425,7 +425,7 @@ impl JobStore {
             self.forget_files(job);
         }
         if !removed.is_empty() {
-            self.save();
+            self.save_next_id();
         }
         Ok(removed.iter().map(|j| j.id.clone()).collect())
     }
@@ -524,7 +524,12 @@ impl JobStore {
                 self.cfg.disk_cap,
             );
         }
-        self.save();
+        // Record the delivered cursors of every job for the next start.
+        let all: Vec<Arc<Job>> = lock(&self.jobs).map.values().cloned().collect();
+        for job in &all {
+            self.save_job(job);
+        }
+        self.save_next_id();
     }
 
     // ----- internals -----
@@ -604,7 +609,7 @@ impl JobStore {
             persist::remove_job_files(&job.dir);
         }
         if !evicted.is_empty() {
-            self.save();
+            self.save_next_id();
         }
         self.disk_used.load(Ordering::Relaxed).saturating_add(need) <= cap
     }
@@ -618,32 +623,20 @@ impl JobStore {
         persist::remove_job_files(&job.dir);
     }
 
-    /// Write the job table (errors are logged: the table is a convenience for the
-    /// next start, never a reason to fail a job).
-    pub(crate) fn save(&self) {
-        let _serial = lock(&self.save_lock);
-        let table = {
-            let jobs = lock(&self.jobs);
-            Table {
-                next_id: jobs.next_id,
-                jobs: jobs.map.values().map(|j| j.record()).collect(),
-                ..Table::default()
-            }
-        };
-        if let Err(e) = persist::save(&self.dir.path, &table) {
-            tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not write the job table");
+    /// Write one job's record (errors are logged: the record is for the next start,
+    /// never a reason to fail a job).
+    pub(crate) fn save_job(&self, job: &Job) {
+        if let Err(e) = persist::save_record(&job.dir, &job.record()) {
+            tracing::warn!(job = %job.id, error = %e, "could not write the job's record");
         }
     }
-}
 
-/// `"j12"` (also `"J12"`, `"12"`) → 12.
-fn parse_id(id: &str) -> Option<u64> {
-    let id = id.trim();
-    let digits = id.strip_prefix(['j', 'J']).unwrap_or(id);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+    fn save_next_id(&self) {
+        let next_id = lock(&self.jobs).next_id;
+        if let Err(e) = persist::save_next_id(&self.dir.path, next_id) {
+            tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not write next_id");
+        }
     }
-    digits.parse().ok()
 }
 
 fn matches(filter: &JobFilter, s: &JobSummary, now_ms: u64) -> bool {
@@ -670,23 +663,4 @@ fn shorten_label(label: &str) -> String {
     let mut s: String = label.chars().take(MAX_LABEL - 1).collect();
     s.push('…');
     s
-}
-
-/// Remove job directories the table does not know (a crash between creating a job's
-/// files and writing the table).
-fn remove_stray_dirs(store_dir: &Path, map: &BTreeMap<u64, Arc<Job>>) {
-    let Ok(entries) = std::fs::read_dir(store_dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if name.starts_with('j')
-            && let Some(seq) = parse_id(name)
-            && !map.contains_key(&seq)
-            && entry.path().is_dir()
-        {
-            persist::remove_job_files(&entry.path());
-        }
-    }
 }

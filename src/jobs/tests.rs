@@ -421,3 +421,19 @@ async fn disk_cap_evicts_oldest_finished_jobs_first() {
             .contains("500 bytes of stdout were not kept")
     );
 }
+
+#[tokio::test]
+#[ignore = "timing probe"]
+async fn probe_create_finish_cost() {
+    let store = open("probe", 20_000, 1 << 30);
+    for n in [10usize, 100, 300] {
+        let t = Instant::now();
+        for _ in 0..n {
+            let h = store.create(JobKind::Shell, None, "true").unwrap();
+            h.append(Stream::Stdout, b"x\n");
+            h.finish(done());
+            let _ = store.wait(h.id(), Duration::from_secs(1)).await.unwrap();
+        }
+        eprintln!("{n} jobs: {:?} per job", t.elapsed() / n as u32);
+    }
+}
