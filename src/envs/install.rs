@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::policy::{self, Grants};
-use super::{Canceller, EnvConfig, EnvError, EnvSink, Progress, Uv, Venv, process, uv};
+use super::{Canceller, EnvConfig, EnvError, EnvSink, Progress, Uv, Venv, process};
 use crate::sandbox::{ResolvedPolicy, SandboxCommand};
 
 /// Longest explanation kept from uv's stderr.
@@ -86,11 +86,11 @@ pub async fn install(
     std::fs::create_dir_all(&cache)
         .map_err(|e| EnvError::io(format!("creating {}", cache.display()), e))?;
     let mut read = vec![uv.path.clone()];
-    read.extend(uv::find_links_dirs());
+    read.extend(cfg.sources.local_dirs());
     let grants = Grants {
         write: vec![venv.root().to_path_buf(), cache],
         read,
-        network: true,
+        network: cfg.sources.needs_network(),
     };
     let policy = Arc::new(policy::extend(session_policy, &grants));
 
@@ -99,7 +99,7 @@ pub async fn install(
     if req.upgrade {
         cmd.arg("--upgrade");
     }
-    cmd.args(&req.packages);
+    cmd.args(cfg.sources.args()).args(&req.packages);
     uv.apply_env(&mut cmd, cfg);
 
     sink.progress(&Progress {

@@ -52,6 +52,51 @@ pub struct EnvConfig {
     /// Let uv download Python builds (into `<state_dir>/uv-python`) when a requested
     /// version is not installed. Off by default: a missing version is a clear error.
     pub python_downloads: bool,
+    /// Package sources beyond uv's defaults. The server's own `UV_*` variables
+    /// (`UV_INDEX_URL`, `UV_FIND_LINKS`, `UV_OFFLINE`, ...) are forwarded too.
+    pub sources: PackageSources,
+}
+
+/// Where packages come from, as uv flags (tests and air-gapped machines use these to
+/// install from a local directory of wheels without touching any index).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PackageSources {
+    /// `--find-links <dir>` for each (read access is granted to the installer).
+    pub find_links: Vec<PathBuf>,
+    /// `--no-index`: ignore the package index, use only `find_links`.
+    pub no_index: bool,
+    /// `--offline`: no network at all; the installer gets no network access either.
+    pub offline: bool,
+}
+
+impl PackageSources {
+    /// The uv flags for these sources.
+    pub fn args(&self) -> Vec<std::ffi::OsString> {
+        let mut args = Vec::new();
+        for dir in &self.find_links {
+            args.push("--find-links".into());
+            args.push(dir.clone().into_os_string());
+        }
+        if self.no_index {
+            args.push("--no-index".into());
+        }
+        if self.offline {
+            args.push("--offline".into());
+        }
+        args
+    }
+    /// Whether uv will need the network (no `--offline` here or in `UV_OFFLINE`).
+    pub fn needs_network(&self) -> bool {
+        let env_offline =
+            std::env::var("UV_OFFLINE").is_ok_and(|v| matches!(v.as_str(), "1" | "true" | "yes"));
+        !(self.offline || env_offline)
+    }
+    /// Local directories packages are read from (granted read access).
+    pub fn local_dirs(&self) -> Vec<PathBuf> {
+        let mut dirs = self.find_links.clone();
+        dirs.extend(uv::find_links_dirs());
+        dirs
+    }
 }
 
 impl EnvConfig {

@@ -122,8 +122,12 @@ pub async fn run(
             () = &mut deadline, if !timed_out => { timed_out = true; kill_group(pid); }
         }
     };
+    let drain_until = tokio::time::Instant::now() + DRAIN_GRACE;
     for task in [out_task, err_task].into_iter().flatten() {
-        let _ = tokio::time::timeout(DRAIN_GRACE, task).await;
+        let abort = task.abort_handle();
+        if tokio::time::timeout_at(drain_until, task).await.is_err() {
+            abort.abort();
+        }
     }
     if report.wall.is_zero() {
         report.wall = started.elapsed();

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::install::{duration_ms, uv_explanation};
 use super::policy::{self, Grants};
-use super::{Canceller, EnvConfig, EnvError, EnvSink, Uv, process, uv};
+use super::{Canceller, EnvConfig, EnvError, EnvSink, Uv, process};
 use crate::sandbox::{ExitReport, ResolvedPolicy, SandboxCommand};
 
 /// The script to run.
@@ -163,19 +163,20 @@ pub async fn run_script(
         write.push(dir);
     }
     let mut read = vec![uv.path.clone(), script.clone()];
-    read.extend(uv::find_links_dirs());
-    let offline = std::env::var_os("UV_OFFLINE").is_some_and(|v| v == "1" || v == "true");
+    read.extend(cfg.sources.local_dirs());
+    let network = cfg.sources.needs_network();
     let policy = Arc::new(policy::extend(
         session_policy,
         &Grants {
             write,
             read,
-            network: !offline,
+            network,
         },
     ));
 
     let mut cmd = SandboxCommand::new(policy, &uv.path);
-    cmd.args(["run", "--quiet", "--no-project"]);
+    cmd.args(["run", "--quiet", "--no-project"])
+        .args(cfg.sources.args());
     if let Some(v) = &req.python_version {
         cmd.arg("--python").arg(v);
     }

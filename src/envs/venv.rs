@@ -203,6 +203,7 @@ mod tests {
             uv: None,
             uv_cache: None,
             python_downloads: false,
+            sources: Default::default(),
         }
     }
 

@@ -1,0 +1,3 @@
+//! Integration test suites, one module per subsystem.
+
+mod envs;
