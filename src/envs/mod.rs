@@ -1,6 +1,8 @@
 //! uv-managed environments: per-session venvs, package installs, one-off scripts.
 //!
 //! Map of this subsystem:
+//! - [`manager`]: [`EnvManager`], what the server holds: uv found once, each
+//!   session's venv, installs serialized per venv.
 //! - [`uv`]: finding the real `uv` binary and the environment every uv process gets.
 //! - [`venv`]: a session's virtual environment (created by `uv venv` on first need).
 //! - [`install`]: `uv pip install` into a venv, with progress parsed from uv's stderr.
@@ -15,6 +17,7 @@
 //! [`Canceller`] (the server's `JobControl::cancel` calls [`Canceller::cancel`]).
 
 pub mod install;
+pub mod manager;
 pub mod policy;
 pub mod process;
 pub mod script;
@@ -28,6 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::Notify;
 
 pub use install::{InstallReport, InstallRequest, ProgressParser};
+pub use manager::EnvManager;
 pub use process::RunOutcome;
 pub use script::{Benchmark, ScriptReport, ScriptRequest, ScriptSource};
 pub use uv::Uv;

@@ -415,3 +415,34 @@ async fn real_index_install_opt_in() {
         "{report:?}"
     );
 }
+
+/// Proves: the manager gives a session one venv (managed by default), finds it again,
+/// refuses to switch it to another path, and installs through it.
+#[tokio::test(flavor = "multi_thread")]
+async fn manager_keeps_one_venv_per_session() {
+    let scratch = Scratch::new("manager");
+    let cfg = offline_config(&scratch.0);
+    let policy = session_policy(&cfg);
+    let manager = envs::EnvManager::new(cfg.clone());
+    assert!(manager.session_venv("m").await.is_none());
+    let req = InstallRequest {
+        packages: vec!["otherpkg".into()],
+        upgrade: false,
+    };
+    let sink = Arc::new(Collect::default());
+    let (venv, report) = manager
+        .install("m", None, &req, &policy, sink, &Canceller::new())
+        .await
+        .unwrap();
+    assert!(report.ok, "{report:?}");
+    assert_eq!(manager.session_venv("m").await, Some(venv.clone()));
+    let other = VenvLocation::Path(scratch.0.join("elsewhere"));
+    let err = manager
+        .ensure_session_venv("m", Some(&other), &policy)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("already uses"), "{err}");
+    let placeholders = manager.placeholders("m", Placeholders::default()).await;
+    assert_eq!(placeholders.venv.as_deref(), Some(venv.root()));
+    assert_eq!(placeholders.uv_cache, Some(cfg.uv_cache_dir()));
+}
