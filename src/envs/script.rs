@@ -32,7 +32,7 @@ pub struct ScriptRequest {
     pub source: ScriptSource,
     /// PEP 508 requirement strings added with `--with` (on top of any PEP 723 block).
     pub dependencies: Vec<String>,
-    /// e.g. "3.11"; anything `uv run --python` accepts. `None`: uv's default choice.
+    /// e.g. "3.11"; anything `uv run --python` accepts. `None`: the REPL's interpreter.
     pub python_version: Option<String>,
     pub args: Vec<String>,
     /// Extra environment variables for the script.
@@ -162,7 +162,7 @@ pub async fn run_script(
             .map_err(|e| EnvError::io(format!("creating {}", dir.display()), e))?;
         write.push(dir);
     }
-    let mut read = vec![uv.path.clone(), script.clone()];
+    let mut read = vec![uv.path.clone(), script.clone(), cfg.python.clone()];
     read.extend(cfg.sources.local_dirs());
     let network = cfg.sources.needs_network();
     let policy = Arc::new(policy::extend(
@@ -177,9 +177,12 @@ pub async fn run_script(
     let mut cmd = SandboxCommand::new(policy, &uv.path);
     cmd.args(["run", "--quiet", "--no-project"])
         .args(cfg.sources.args());
-    if let Some(v) = &req.python_version {
-        cmd.arg("--python").arg(v);
-    }
+    // Default: the REPL's own interpreter (already resolved past any PATH shim),
+    // rather than whatever `python3` uv would find on PATH.
+    match &req.python_version {
+        Some(v) => cmd.arg("--python").arg(v),
+        None => cmd.arg("--python").arg(&cfg.python),
+    };
     for d in &req.dependencies {
         cmd.arg("--with").arg(d);
     }
