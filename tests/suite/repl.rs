@@ -42,6 +42,13 @@ impl Sink {
     }
 }
 
+/// Workers start through the real binary's launcher mode (this test binary is not it).
+fn use_real_launcher() {
+    mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(
+        env!("CARGO_BIN_EXE_mcp-sandbox-repl").into(),
+    );
+}
+
 struct Fixture {
     manager: Arc<SessionManager>,
     dir: std::path::PathBuf,
@@ -55,6 +62,7 @@ impl Drop for Fixture {
 }
 
 fn fixture(tag: &str, max_sessions: usize) -> Fixture {
+    use_real_launcher();
     let dir = std::env::temp_dir().join(format!("repl-suite-{tag}-{}", std::process::id()));
     let workspace = dir.join("ws");
     std::fs::create_dir_all(&workspace).unwrap();
@@ -595,6 +603,7 @@ async fn top_level_await_and_odd_text() {
 async fn matplotlib_show_emits_png_display_items() {
     let python = std::env::var("SANDBOX_REPL_MPL_PYTHON")
         .expect("set SANDBOX_REPL_MPL_PYTHON to a python with matplotlib");
+    use_real_launcher();
     let dir = std::env::temp_dir().join(format!("repl-suite-mpl-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("ws")).unwrap();
     let mut cfg = ReplConfig::new(
@@ -641,6 +650,7 @@ async fn matplotlib_show_emits_png_display_items() {
 /// refuses work with words.
 #[tokio::test]
 async fn idle_sessions_are_reaped_after_the_ttl() {
+    use_real_launcher();
     let dir = std::env::temp_dir().join(format!("repl-suite-ttl-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("ws")).unwrap();
     let mut cfg = ReplConfig::new(
@@ -675,4 +685,54 @@ async fn idle_sessions_are_reaped_after_the_ttl() {
         .to_string();
     assert!(err.contains("was closed"), "{err}");
     assert_eq!(task.await.unwrap().unwrap().status, CellStatus::Ok);
+}
+/// The sandbox applies to the worker: under workspace-write a write outside the
+/// workspace fails, inside it works; the memory cap ends the worker with words.
+#[tokio::test]
+async fn the_policy_confines_the_worker_and_its_memory_cap_is_reported() {
+    let f = fixture("policy", 4);
+    let (o, _) = run(
+        &f.manager,
+        "default",
+        "open('/etc/sandbox-repl-probe', 'w')",
+    )
+    .await;
+    assert_eq!(o.status, CellStatus::Error);
+    let e = o.error.unwrap();
+    assert!(
+        e.ename == "PermissionError" || e.ename == "OSError",
+        "{e:?}"
+    );
+    let (o, _) = run(&f.manager, "default", "open('inside.txt', 'w').write('ok')").await;
+    assert_eq!(o.value.as_deref(), Some("2"), "{:?}", o.error);
+    assert!(f.dir.join("ws/inside.txt").exists());
+
+    let policy_file = f.dir.join("small.toml");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/policies/workspace-write.toml"
+    ))
+    .unwrap();
+    std::fs::write(
+        &policy_file,
+        text.replace("memory = \"4GiB\"", "memory = \"256MiB\""),
+    )
+    .unwrap();
+    let mut cfg = ReplConfig::new(
+        f.dir.join("ws"),
+        Policy::load(policy_file.to_str().unwrap()).unwrap(),
+        f.dir.join("state2"),
+    );
+    cfg.spare_worker = false;
+    let small = SessionManager::new(cfg);
+    let (o, _) = run(&small, "default", "x = bytearray(1 << 30)").await;
+    small.shutdown();
+    match o.status {
+        CellStatus::WorkerDied => assert_eq!(
+            o.worker_exit.as_deref(),
+            Some("the Python worker was killed: memory limit (256 MiB) reached")
+        ),
+        CellStatus::Error => assert_eq!(o.error.unwrap().ename, "MemoryError"),
+        other => panic!("a 1 GiB allocation under a 256 MiB cap gave {other:?}"),
+    }
 }

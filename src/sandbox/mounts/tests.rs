@@ -25,14 +25,29 @@ fn run_in_view(view: MountView, script: &str) -> (String, String) {
     let mut cmd = Command::new("/bin/sh");
     cmd.arg("-c").arg(script);
     // SAFETY: test only; glibc keeps malloc usable in the forked child.
-    unsafe { cmd.pre_exec(move || apply_mount_view(&view).map_err(|e| io::Error::other(e.to_string()))) };
+    unsafe {
+        cmd.pre_exec(move || apply_mount_view(&view).map_err(|e| io::Error::other(e.to_string())))
+    };
     let out = cmd.output().expect("spawn");
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn view(d: &Dirs) -> MountView {
     MountView {
-        read: ["/usr", "/bin", "/lib", "/lib64", "/etc", "/nonexistent-path"].iter().map(PathBuf::from).collect(),
+        read: [
+            "/usr",
+            "/bin",
+            "/lib",
+            "/lib64",
+            "/etc",
+            "/nonexistent-path",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect(),
         write: vec![],
         tmp: d.tmp.clone(),
         workspace: d.ws.clone(),
@@ -66,9 +81,19 @@ fn view_has_only_listed_paths_with_their_modes() {
     let (out, err) = run_in_view(view(&d), &script);
     let expect = "read_etc=ok write_etc=no chmod_etc=no touch_root=no mkdir_usr=no write_ws=ok write_tmp=ok \
                   home_exists=no run_exists=no work_exists=no dev_null=ok dev_urandom=ok proc_self=ok proc_ro=no cwd_is_ws=ok";
-    assert_eq!(out.split_whitespace().collect::<Vec<_>>().join(" "), expect, "stderr: {err}");
-    assert!(d.ws.join("made-in-ws").exists(), "workspace writes reach the host");
-    assert!(d.tmp.join("made-in-tmp").exists(), "/tmp is the private tmp");
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>().join(" "),
+        expect,
+        "stderr: {err}"
+    );
+    assert!(
+        d.ws.join("made-in-ws").exists(),
+        "workspace writes reach the host"
+    );
+    assert!(
+        d.tmp.join("made-in-tmp").exists(),
+        "/tmp is the private tmp"
+    );
     assert!(!Path::new("/etc/mcp-escape").exists());
     std::fs::remove_dir_all(&d.root).unwrap();
 }
@@ -77,7 +102,14 @@ fn view_has_only_listed_paths_with_their_modes() {
 #[test]
 fn workspace_under_tmp_alias_is_reachable() {
     let d = dirs("nested");
-    let (out, err) = run_in_view(view(&d), "echo ok > ./f && cat ./f && ls /tmp >/dev/null && echo listed");
-    assert_eq!(out.split_whitespace().collect::<Vec<_>>(), ["ok", "listed"], "stderr: {err}");
+    let (out, err) = run_in_view(
+        view(&d),
+        "echo ok > ./f && cat ./f && ls /tmp >/dev/null && echo listed",
+    );
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["ok", "listed"],
+        "stderr: {err}"
+    );
     std::fs::remove_dir_all(&d.root).unwrap();
 }
