@@ -103,6 +103,21 @@ def _move_fd_out_of_reach(fd):
     return new
 
 
+def _allow_sigint(on):
+    """SIGINT reaches the worker only while user code runs: otherwise it is blocked in
+    every worker thread, and one that arrived meanwhile is discarded when the next cell
+    starts (an interrupt between cells interrupts nothing)."""
+    try:
+        if on:
+            if _signal.SIGINT in _signal.sigpending():
+                _signal.sigtimedwait((_signal.SIGINT,), 0)
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, (_signal.SIGINT,))
+        else:
+            _signal.pthread_sigmask(_signal.SIG_BLOCK, (_signal.SIGINT,))
+    except (AttributeError, OSError):
+        pass
+
+
 def _block_sigint():
     """Block SIGINT on this thread; True if it was not blocked before."""
     try:
@@ -302,6 +317,46 @@ class _MplBackendFinder:
         module.show = lambda *args, **kwargs: _emit_figures()
 
 
+class _Flusher:
+    """Flushes stdout every 50 ms while a cell runs, so output streams live without
+    line buffering (a write per line halves the speed of print-heavy loops and floods
+    the server with tiny chunks). Between cells the thread blocks on `gate`."""
+
+    INTERVAL = 0.05
+    gate = _thread.allocate_lock()  # held by the main thread while no cell runs
+    open = False  # changed by the main thread only
+
+    @classmethod
+    def start(cls):
+        cls.gate.acquire()
+        _thread.start_new_thread(cls.run, ())
+
+    @classmethod
+    def run(cls):
+        import time
+
+        while True:
+            with cls.gate:  # waits here between cells
+                pass
+            time.sleep(cls.INTERVAL)
+            try:
+                sys.stdout.flush()
+            except Exception:
+                pass
+
+    @classmethod
+    def cell_started(cls):
+        if not cls.open:
+            cls.open = True
+            cls.gate.release()
+
+    @classmethod
+    def cell_ended(cls):
+        if cls.open:
+            cls.open = False
+            cls.gate.acquire()
+
+
 def _flush_std():
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
@@ -404,19 +459,26 @@ class Worker:
                 saved_path0 = os.path.dirname(os.path.abspath(filename))
                 sys.path.insert(0, saved_path0)
                 self.ns["__file__"] = filename
-            _State.running_user_code = True
-            self.run_code(body)
-            if tail is not None:
-                value = self.run_code(tail)
-                has_value = True
-            _State.running_user_code = False
+            _Flusher.cell_started()
+            try:
+                _State.running_user_code = True
+                _allow_sigint(True)
+                self.run_code(body)
+                if tail is not None:
+                    value = self.run_code(tail)
+                    has_value = True
+            finally:
+                _State.running_user_code = False
+                _allow_sigint(False)
             status, error = "ok", None
         except BaseException as e:
             _State.running_user_code = False
+            _allow_sigint(False)
             status = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
             error = self.describe_error(e)
         finally:
             _State.running_user_code = False
+            _Flusher.cell_ended()
             if saved_argv is not None:
                 sys.argv = saved_argv
                 try:
@@ -604,6 +666,7 @@ def _on_sigint(signum, frame):
 
 def main():
     _signal.signal(_signal.SIGINT, _on_sigint)
+    _allow_sigint(False)  # before any thread starts: threads inherit the blocked mask
     rfd = _move_fd_out_of_reach(3)
     wfd = _move_fd_out_of_reach(4)
     chan = _Channel(rfd, wfd)
@@ -612,7 +675,7 @@ def main():
         sys.path.insert(0, "")
     sys.meta_path.insert(0, _MplBackendFinder)
     try:
-        sys.stdout.reconfigure(line_buffering=True, errors="backslashreplace")
+        sys.stdout.reconfigure(line_buffering=False, errors="backslashreplace")
         sys.stderr.reconfigure(line_buffering=True, errors="backslashreplace")
     except Exception:
         pass
@@ -620,6 +683,7 @@ def main():
     builtins.input = worker.input
     builtins.display = display
     _thread.start_new_thread(worker.read_requests, ())
+    _Flusher.start()
     worker.serve()
 
 

@@ -273,12 +273,21 @@ impl Worker {
         true
     }
 
-    /// SIGINT to the worker process (not its children): KeyboardInterrupt in running code.
+    /// SIGINT to the worker's main thread (not its children): KeyboardInterrupt in running code.
     pub fn interrupt(&self) {
         let child = lock(&self.shared.child);
         if child.is_some() {
+            // To the main thread (tid == pid), where user code runs; process-directed it
+            // could land on another thread and not wake a blocking call in the main one.
             // SAFETY: plain syscall on a pid we have not reaped yet (checked above).
-            unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGINT) };
+            unsafe {
+                libc::syscall(
+                    libc::SYS_tgkill,
+                    self.pid as libc::pid_t,
+                    self.pid as libc::pid_t,
+                    libc::SIGINT,
+                )
+            };
         }
     }
 

@@ -587,7 +587,7 @@ async fn top_level_await_and_odd_text() {
     let (o, s) = run(
         &f.manager,
         "default",
-        "import os\nprint('\\udcff')\nos.write(1, b'\\xff\\n')\nraise ValueError('\\udcff')",
+        "import os\nprint('\\udcff', flush=True)\nos.write(1, b'\\xff\\n')\nraise ValueError('\\udcff')",
     )
     .await;
     assert_eq!(o.status, CellStatus::Error);
@@ -757,4 +757,68 @@ async fn a_crash_takes_the_workers_children_along() {
     let (o, _) = run(&f.manager, "default", "import os; os._exit(1)").await;
     assert_eq!(o.status, CellStatus::WorkerDied);
     wait_for(|| !alive(child)).await;
+}
+
+/// Output of a running cell streams (flushed every 50 ms) before the cell ends.
+#[tokio::test]
+async fn output_streams_while_the_cell_runs() {
+    let f = fixture("stream", 4);
+    let s = f.manager.get_or_start("default").await.unwrap();
+    let sink = Arc::new(Sink::default());
+    let t0 = Instant::now();
+    let task = {
+        let (s, sink) = (s.clone(), sink.clone());
+        tokio::spawn(async move {
+            s.execute("import time\nprint('tick')\ntime.sleep(3)", sink)
+                .await
+        })
+    };
+    wait_for(|| sink.out() == "tick\n").await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "output arrived only after {:?}",
+        t0.elapsed()
+    );
+    assert!(!task.is_finished());
+    s.interrupt();
+    task.await.unwrap().unwrap();
+}
+
+/// A SIGINT that arrives between cells interrupts nothing — not even with the default
+/// handler installed by user code — and interrupts still work afterwards.
+#[tokio::test]
+async fn a_sigint_between_cells_is_discarded() {
+    let f = fixture("idlesig", 4);
+    let (o, _) = run(
+        &f.manager,
+        "default",
+        "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\nx = 1",
+    )
+    .await;
+    assert_eq!(o.status, CellStatus::Ok);
+    let s = f.manager.get("default").unwrap();
+    let pid = s.info().worker_pid.unwrap();
+    for _ in 0..3 {
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (o, _) = run(&f.manager, "default", "import time; time.sleep(0.2); x + 1").await;
+    assert_eq!(
+        (o.status, o.value.as_deref()),
+        (CellStatus::Ok, Some("2")),
+        "{:?}",
+        o.error
+    );
+    let sink = Arc::new(Sink::default());
+    let task = {
+        let (s, sink) = (s.clone(), sink.clone());
+        tokio::spawn(async move {
+            s.execute("print('go', flush=True)\nwhile True: pass", sink)
+                .await
+        })
+    };
+    wait_for(|| sink.out().contains("go")).await;
+    assert!(s.interrupt());
+    assert_eq!(task.await.unwrap().unwrap().status, CellStatus::Interrupted);
 }
