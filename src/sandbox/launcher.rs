@@ -18,7 +18,9 @@ use super::policy::ResolvedPolicy;
 pub const LAUNCHER_ARG: &str = "__sandbox-launch";
 
 pub fn is_launcher_invocation() -> bool {
-    std::env::args_os().nth(1).is_some_and(|a| a == LAUNCHER_ARG)
+    std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == LAUNCHER_ARG)
 }
 
 /// Launcher mode: apply the sandbox, exec the target. Never returns.
@@ -30,7 +32,10 @@ pub fn launcher_main() -> ! {
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
     #[error("could not start {program:?}: {source}")]
-    Spawn { program: OsString, source: std::io::Error },
+    Spawn {
+        program: OsString,
+        source: std::io::Error,
+    },
     /// The launcher reported a failure before exec (message in words).
     #[error("sandbox setup failed: {0}")]
     Setup(String),
@@ -111,7 +116,8 @@ impl SandboxCommand {
     pub fn spawn(self) -> Result<SandboxedChild, LaunchError> {
         let _ = (&self.policy, &self.fds, self.enforce_wall_time);
         let mut cmd = std::process::Command::new(&self.program);
-        cmd.args(&self.args).envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd.args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         if let Some(dir) = &self.cwd {
             cmd.current_dir(dir);
         }
@@ -124,9 +130,10 @@ impl SandboxCommand {
         if let Some(s) = self.stderr {
             cmd.stderr(s);
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|source| LaunchError::Spawn { program: self.program.clone(), source })?;
+        let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+            program: self.program.clone(),
+            source,
+        })?;
         Ok(SandboxedChild {
             pid: child.id(),
             stdin: child.stdin.take(),

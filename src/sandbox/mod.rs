@@ -6,5 +6,7 @@
 pub mod launcher;
 pub mod policy;
 
-pub use launcher::{ExitReport, LaunchError, LimitHit, SandboxCommand, SandboxedChild, Termination};
+pub use launcher::{
+    ExitReport, LaunchError, LimitHit, SandboxCommand, SandboxedChild, Termination,
+};
 pub use policy::{Placeholders, Policy, PolicyError, ResolvedPolicy};

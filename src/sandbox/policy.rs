@@ -35,12 +35,16 @@ pub struct Policy {
 impl Policy {
     /// Load a shipped policy by name, or a policy file by path.
     pub fn load(name_or_path: &str) -> Result<Policy, PolicyError> {
-        Ok(Policy { name: name_or_path.to_string() })
+        Ok(Policy {
+            name: name_or_path.to_string(),
+        })
     }
 
     /// Resolve placeholders into absolute paths; the result is what the launcher enforces.
     pub fn resolve(&self, _placeholders: &Placeholders) -> Result<ResolvedPolicy, PolicyError> {
-        Ok(ResolvedPolicy { name: self.name.clone() })
+        Ok(ResolvedPolicy {
+            name: self.name.clone(),
+        })
     }
 }
 
