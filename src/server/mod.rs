@@ -48,7 +48,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let backend = Arc::new(backend::Backend::new());
+    let backend = Arc::new(backend::Backend::new(&args).map_err(ServerError::Config)?);
     let shutdown = CancellationToken::new();
     spawn_signal_watch(shutdown.clone());
     let served = match args.transport {
