@@ -6,7 +6,7 @@
 //! public signatures; extending them is fine).
 
 use std::ffi::OsString;
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::process::{ChildStderr, ChildStdin, ChildStdout, Stdio};
 use std::sync::Arc;
@@ -18,9 +18,7 @@ use super::policy::ResolvedPolicy;
 pub const LAUNCHER_ARG: &str = "__sandbox-launch";
 
 pub fn is_launcher_invocation() -> bool {
-    std::env::args_os()
-        .nth(1)
-        .is_some_and(|a| a == LAUNCHER_ARG)
+    std::env::args_os().nth(1).is_some_and(|a| a == LAUNCHER_ARG)
 }
 
 /// Launcher mode: apply the sandbox, exec the target. Never returns.
@@ -32,10 +30,7 @@ pub fn launcher_main() -> ! {
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
     #[error("could not start {program:?}: {source}")]
-    Spawn {
-        program: OsString,
-        source: std::io::Error,
-    },
+    Spawn { program: OsString, source: std::io::Error },
     /// The launcher reported a failure before exec (message in words).
     #[error("sandbox setup failed: {0}")]
     Setup(String),
@@ -114,10 +109,31 @@ impl SandboxCommand {
     /// Start the process. Returns once the target has been exec'd (or the launcher
     /// reported why it could not be).
     pub fn spawn(self) -> Result<SandboxedChild, LaunchError> {
-        let _ = (&self.policy, &self.fds, self.enforce_wall_time);
+        let _ = (&self.policy, self.enforce_wall_time);
         let mut cmd = std::process::Command::new(&self.program);
-        cmd.args(&self.args)
-            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        // STUB (repl helper): own process group + pass_fd, so the REPL works before the
+        // real launcher lands. Only async-signal-safe calls between fork and exec.
+        let fds: Vec<(RawFd, RawFd)> = self.fds.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
+        // SAFETY: setpgid, fcntl and dup2 are async-signal-safe; no allocation happens.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(move || {
+                if libc::setpgid(0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let mut moved = [0 as RawFd; 16];
+                for (i, (fd, _)) in fds.iter().enumerate().take(16) {
+                    moved[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 64);
+                }
+                for (i, (_, target)) in fds.iter().enumerate().take(16) {
+                    if libc::dup2(moved[i], *target) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        cmd.args(&self.args).envs(self.env.iter().map(|(k, v)| (k, v)));
         if let Some(dir) = &self.cwd {
             cmd.current_dir(dir);
         }
@@ -130,10 +146,9 @@ impl SandboxCommand {
         if let Some(s) = self.stderr {
             cmd.stderr(s);
         }
-        let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
-            program: self.program.clone(),
-            source,
-        })?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|source| LaunchError::Spawn { program: self.program.clone(), source })?;
         Ok(SandboxedChild {
             pid: child.id(),
             stdin: child.stdin.take(),
@@ -156,16 +171,44 @@ pub struct SandboxedChild {
 impl SandboxedChild {
     /// Send `signal` to the whole process group (and every process of its cgroup).
     pub fn signal_group(&self, signal: i32) -> std::io::Result<()> {
-        let _ = signal;
+        // SAFETY: plain syscall (STUB: process group only, no cgroup).
+        if unsafe { libc::killpg(self.pid as libc::pid_t, signal) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
         Ok(())
     }
     /// SIGKILL everything the child started.
-    pub fn kill_all(&self) {}
+    pub fn kill_all(&self) {
+        let _ = self.signal_group(libc::SIGKILL);
+    }
     /// Wait for the process to end (async; never blocks the runtime) and report how.
     pub async fn wait(mut self) -> ExitReport {
-        let status = self.child.wait();
-        let _ = status;
-        ExitReport::default()
+        // STUB: blocking wait on a helper thread.
+        let status = tokio::task::spawn_blocking(move || self.child.wait()).await;
+        let termination = match status {
+            Ok(Ok(st)) => {
+                use std::os::unix::process::ExitStatusExt;
+                match (st.code(), st.signal()) {
+                    (Some(code), _) => Termination::Exited(code),
+                    (None, Some(sig)) => Termination::Signaled(
+                        match sig {
+                            libc::SIGSEGV => "SIGSEGV",
+                            libc::SIGKILL => "SIGKILL",
+                            libc::SIGABRT => "SIGABRT",
+                            libc::SIGTERM => "SIGTERM",
+                            libc::SIGINT => "SIGINT",
+                            libc::SIGBUS => "SIGBUS",
+                            libc::SIGXCPU => "SIGXCPU",
+                            _ => "a signal",
+                        }
+                        .to_string(),
+                    ),
+                    _ => Termination::Unknown,
+                }
+            }
+            _ => Termination::Unknown,
+        };
+        ExitReport { termination, ..ExitReport::default() }
     }
 }
 

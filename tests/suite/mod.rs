@@ -1,0 +1,3 @@
+//! Integration suites, one module per area.
+
+mod repl;
