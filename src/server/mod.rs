@@ -35,6 +35,11 @@ pub enum ServerError {
 /// Run the MCP server until the client leaves or a signal arrives.
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging();
+    // Sandboxed code runs as our uid: it must not read our memory, environment (the HTTP
+    // token) or ptrace us.
+    if let Err(e) = crate::sandbox::harden_current_process() {
+        tracing::warn!("cannot make the server non-dumpable: {e}");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -44,21 +44,21 @@ class Client:
         self.harness = harness
         self.server_pid = proc_pid
 
-    async def call(self, name: str, timeout: float = 60, progress=None, **args: Any):
+    async def call(self, tool: str, timeout: float = 60, progress=None, **args: Any):
         """Call a tool; return the raw CallToolResult (may be an error result)."""
-        return await self.session.call_tool(name, args, read_timeout_seconds=timeout, progress_callback=progress)
+        return await self.session.call_tool(tool, args, read_timeout_seconds=timeout, progress_callback=progress)
 
-    async def ok(self, name: str, timeout: float = 60, **args: Any) -> dict:
+    async def ok(self, tool: str, timeout: float = 60, **args: Any) -> dict:
         """Call a tool that must succeed; return its structured content (or {'text': ...})."""
-        res = await self.call(name, timeout=timeout, **args)
+        res = await self.call(tool, timeout=timeout, **args)
         if res.is_error:
-            raise ToolFailed(f"{name}({args}) failed: {text_of(res)}")
+            raise ToolFailed(f"{tool}({args}) failed: {text_of(res)}")
         return res.structured_content if res.structured_content is not None else {"text": text_of(res)}
 
-    async def err(self, name: str, **args: Any) -> str:
+    async def err(self, tool: str, **args: Any) -> str:
         """Call a tool that must fail with a tool error; return the error text."""
-        res = await self.call(name, **args)
-        assert res.is_error, f"{name}({args}) unexpectedly succeeded: {text_of(res)}"
+        res = await self.call(tool, **args)
+        assert res.is_error, f"{tool}({args}) unexpectedly succeeded: {text_of(res)}"
         return text_of(res)
 
     async def py(self, code: str, **args: Any) -> dict:
@@ -82,6 +82,12 @@ class Client:
         job["all_stdout"] = "".join(out)
         job["all_stderr"] = "".join(err)
         return job
+
+
+def first_leaf(e: BaseException) -> BaseException:
+    while isinstance(e, BaseExceptionGroup):
+        e = e.exceptions[0]
+    return e
 
 
 def text_of(res) -> str:
@@ -131,7 +137,10 @@ class Harness:
                 async with self.connect(*args) as c:
                     return await scenario(c)
 
-        return anyio.run(main)
+        try:
+            return anyio.run(main)
+        except BaseExceptionGroup as group:  # show the test's own failure, not the task-group wrapper
+            raise first_leaf(group) from None
 
     def stderr_log(self) -> str:
         p = self.root / "server-stderr.log"
