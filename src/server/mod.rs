@@ -7,6 +7,7 @@
 //! and every job's process group before the runtime is dropped, so nothing outlives the
 //! server.
 
+mod args_check;
 pub mod backend;
 pub mod handler;
 pub mod progress;
