@@ -13,15 +13,17 @@ main thread, which handles one request at a time.
 Keep this module import-light: every import here is paid on every worker start.
 """
 
-import ast
+import _ast
+import _queue
+import _signal
+import _thread
 import builtins
-import json
 import os
-import queue
-import signal
 import sys
-import threading
-import time
+
+# Flag of a code object compiled from top-level `await` (stable across CPython versions;
+# avoids importing `inspect`).
+CO_COROUTINE = 0x0080
 
 PROTOCOL_VERSION = 1
 # The server compiles this file under a fixed name; frames with it are the worker's own
@@ -30,6 +32,54 @@ WORKER_FILENAME = sys._getframe().f_code.co_filename
 REPR_LIMIT_DEFAULT = 20_000
 SHORT_REPR = 120
 JSON_LIMIT = 1_000_000
+
+
+def _json_codec():
+    """(dumps, loads) on the C accelerator `_json`, without importing `json` (which pulls
+    in `re`: several milliseconds of every worker start). Falls back to `json` when the
+    accelerator's interface differs from what this file expects."""
+    try:
+        import _json
+
+        class Ctx:
+            strict = True
+            object_hook = None
+            object_pairs_hook = None
+            parse_float = float
+            parse_int = int
+            parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+            memo = {}
+
+        scan = _json.make_scanner(Ctx())
+
+        def default(o):
+            raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+        encode = _json.make_encoder(None, default, _json.encode_basestring, None, ":", ",", False, False, True)
+
+        def dumps(obj):
+            return "".join(encode(obj, 0))
+
+        def loads(text):
+            obj, end = scan(text, 0)
+            if text[end:].strip():
+                raise ValueError("extra data after the JSON value")
+            return obj
+
+        probe = {"a": [1, 2.5, None, True, "\u00e9\n"], "b": {}}
+        if loads(dumps(probe)) == probe and dumps(probe) == '{"a":[1,2.5,null,true,"\u00e9\\n"],"b":{}}':
+            return dumps, loads
+    except Exception:
+        pass
+    import json
+
+    return (
+        lambda obj: json.dumps(obj, ensure_ascii=False, separators=(",", ":")),
+        json.loads,
+    )
+
+
+_dumps, _loads = _json_codec()
 
 
 def _move_fd_out_of_reach(fd):
@@ -59,12 +109,11 @@ class _Channel:
     def __init__(self, rfd, wfd):
         self._rfd = rfd
         self._wfd = wfd
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
 
     def send(self, msg):
-        data = (json.dumps(msg, ensure_ascii=False, separators=(",", ":")) + "\n").encode(
-            "utf-8", "surrogatepass"
-        )
+        # 'replace': a lone surrogate in user text must not make the line invalid UTF-8.
+        data = (_dumps(msg) + "\n").encode("utf-8", "replace")
         with self._lock:
             view = memoryview(data)
             while view:
@@ -84,7 +133,7 @@ class _Channel:
                     break
                 line, buf = buf[:nl], buf[nl + 1 :]
                 if line.strip():
-                    yield json.loads(line)
+                    yield _loads(line.decode("utf-8", "replace"))
 
 
 class _State:
@@ -218,17 +267,17 @@ def _flush_std():
 class Worker:
     def __init__(self, channel):
         self.chan = channel
-        self.requests = queue.Queue()
-        self.inputs = queue.Queue()
-        import types
-
+        # C-level queues: get() blocks interruptibly (SIGINT raises KeyboardInterrupt there).
+        self.requests = _queue.SimpleQueue()
+        self.inputs = _queue.SimpleQueue()
         # User code runs in the namespace of a fresh `__main__` module, so pickle,
         # multiprocessing and `__name__ == "__main__"` checks behave as in a script.
-        self.main_module = types.ModuleType("__main__")
+        self.main_module = type(sys)("__main__")
         sys.modules["__main__"] = self.main_module
         self.ns = self.main_module.__dict__
         self.reset_namespace()
         self.loop = None
+        self.sources = {}
 
     # ---- namespace -------------------------------------------------------------
     def reset_namespace(self):
@@ -238,10 +287,8 @@ class Worker:
         )
 
     def user_names(self):
-        import types
-
         for name, value in self.ns.items():
-            if name.startswith("_") or isinstance(value, types.ModuleType):
+            if name.startswith("_") or isinstance(value, type(sys)):
                 continue
             yield name, value
 
@@ -257,7 +304,7 @@ class Worker:
         while True:  # drop replies meant for an earlier, interrupted input()
             try:
                 self.inputs.get_nowait()
-            except queue.Empty:
+            except _queue.Empty:
                 break
         _State.waiting_input_id = call
         self.chan.send({"ev": "input_request", "id": call, "prompt": prompt})
@@ -290,19 +337,18 @@ class Worker:
     # ---- cells -----------------------------------------------------------------------
     def run_cell(self, req, source, filename, argv=None):
         """Run one cell on the main thread; returns the `done` event."""
-        import linecache
-
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        self.sources[filename] = source
+        self.publish_sources()
         _State.display = []
         value = None
         has_value = False
         saved_argv = saved_path0 = None
         try:
-            flags = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
-            tree = ast.parse(source, filename, "exec")
+            flags = getattr(_ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
+            tree = compile(source, filename, "exec", _ast.PyCF_ONLY_AST | flags, dont_inherit=True)
             last = None
-            if argv is None and tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = ast.Expression(tree.body.pop().value)
+            if argv is None and tree.body and isinstance(tree.body[-1], _ast.Expr):
+                last = _ast.Expression(tree.body.pop().value)
             body = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
             tail = compile(last, filename, "eval", flags=flags, dont_inherit=True) if last else None
             if argv is not None:
@@ -347,11 +393,19 @@ class Worker:
         _State.display = []
         return done
 
-    def run_code(self, code):
-        import inspect
+    def publish_sources(self):
+        """Give tracebacks the source of cells, once something has imported linecache
+        (importing it ourselves would slow every worker start)."""
+        linecache = sys.modules.get("linecache")
+        if linecache is None:
+            return
+        for name, text in self.sources.items():
+            if name.startswith("<cell-"):
+                linecache.cache[name] = (len(text), None, text.splitlines(True), name)
 
+    def run_code(self, code):
         result = eval(code, self.ns)
-        if code.co_flags & inspect.CO_COROUTINE:
+        if code.co_flags & CO_COROUTINE:
             import asyncio
 
             if self.loop is None:
@@ -359,9 +413,10 @@ class Worker:
             result = self.loop.run_until_complete(result)
         return result
 
-    @staticmethod
-    def describe_error(exc):
+    def describe_error(self, exc):
         import traceback
+
+        self.publish_sources()
 
         # Drop the worker's own frames: the first entries belong to run_cell/run_code.
         tb = exc.__traceback__
@@ -391,6 +446,8 @@ class Worker:
         shown, cut = _truncate(text, req.get("repr_limit") or REPR_LIMIT_DEFAULT)
         as_json = None
         try:
+            import json
+
             encoded = json.dumps(value, allow_nan=False)
             if len(encoded) <= JSON_LIMIT:
                 as_json = value
@@ -499,7 +556,7 @@ def _on_sigint(signum, frame):
 
 
 def main():
-    signal.signal(signal.SIGINT, _on_sigint)
+    _signal.signal(_signal.SIGINT, _on_sigint)
     rfd = _move_fd_out_of_reach(3)
     wfd = _move_fd_out_of_reach(4)
     chan = _Channel(rfd, wfd)
@@ -516,8 +573,7 @@ def main():
     worker = Worker(chan)
     builtins.input = worker.input
     builtins.display = display
-    reader = threading.Thread(target=worker.read_requests, name="sandbox-repl-reader", daemon=True)
-    reader.start()
+    _thread.start_new_thread(worker.read_requests, ())
     worker.serve()
 
 

@@ -46,11 +46,17 @@ impl SessionManager {
 
     /// The interpreter workers run (discovered and probed once).
     pub async fn python(&self) -> Result<&PythonInfo, ReplError> {
-        self.python.get_or_try_init(|| discover_python(self.cfg.python.as_deref(), &self.cfg.workspace)).await
+        self.python
+            .get_or_try_init(|| discover_python(self.cfg.python.as_deref(), &self.cfg.workspace))
+            .await
     }
 
     fn open_names(map: &BTreeMap<String, Arc<Session>>) -> String {
-        if map.is_empty() { "none".to_string() } else { map.keys().cloned().collect::<Vec<_>>().join(", ") }
+        if map.is_empty() {
+            "none".to_string()
+        } else {
+            map.keys().cloned().collect::<Vec<_>>().join(", ")
+        }
     }
 
     /// The session called `name`; error if there is none.
@@ -58,7 +64,10 @@ impl SessionManager {
         let map = self.sessions();
         map.get(name)
             .cloned()
-            .ok_or_else(|| ReplError::NoSuchSession { name: name.to_string(), open: Self::open_names(&map) })
+            .ok_or_else(|| ReplError::NoSuchSession {
+                name: name.to_string(),
+                open: Self::open_names(&map),
+            })
     }
 
     /// The session called `name`, started (with its worker) if it does not exist yet.
@@ -68,20 +77,12 @@ impl SessionManager {
         }
         validate_name(name)?;
         let python = self.python().await?.clone();
-        let mut map = self.sessions();
-        if let Some(s) = map.get(name) {
-            return Ok(s.clone());
-        }
-        if map.len() >= self.cfg.max_sessions {
-            return Err(ReplError::TooManySessions {
-                name: name.to_string(),
-                max: self.cfg.max_sessions,
-                open: Self::open_names(&map),
-            });
-        }
+        self.check_room(name, &self.sessions())?;
         let tmp = self.session_dir(name).join("tmp");
-        std::fs::create_dir_all(&tmp)
-            .map_err(|source| ReplError::Io { what: format!("create the session directory {}", tmp.display()), source })?;
+        std::fs::create_dir_all(&tmp).map_err(|source| ReplError::Io {
+            what: format!("create the session directory {}", tmp.display()),
+            source,
+        })?;
         let placeholders = Placeholders {
             workspace: self.cfg.workspace.clone(),
             tmp: tmp.clone(),
@@ -91,15 +92,56 @@ impl SessionManager {
         };
         let policy = Arc::new(self.cfg.policy.resolve(&placeholders)?);
         let env = SessionEnv {
-            spec: SpawnSpec { python: python.executable.clone(), workspace: self.cfg.workspace.clone(), tmp, policy },
+            spec: SpawnSpec {
+                python: python.executable.clone(),
+                workspace: self.cfg.workspace.clone(),
+                tmp,
+                policy,
+                code: python.worker_code.clone(),
+            },
             policy_name: self.cfg.policy.name.clone(),
             python,
             repr_limit: self.cfg.repr_limit,
             start_timeout: self.cfg.start_timeout,
+            spare: self.cfg.spare_worker,
         };
-        let session = Session::start(name.to_string(), env)?;
-        map.insert(name.to_string(), session.clone());
-        Ok(session)
+        // Start the worker without holding the map: other sessions stay reachable while
+        // the launcher sets up. A concurrent start of the same name wins; ours is closed.
+        let started = {
+            let name = name.to_string();
+            tokio::task::spawn_blocking(move || Session::start(name, env))
+                .await
+                .map_err(|e| ReplError::Io {
+                    what: "start the worker".into(),
+                    source: std::io::Error::other(e),
+                })??
+        };
+        let mut map = self.sessions();
+        if let Some(existing) = map.get(name) {
+            started.close();
+            return Ok(existing.clone());
+        }
+        if let Err(e) = self.check_room(name, &map) {
+            started.close();
+            return Err(e);
+        }
+        map.insert(name.to_string(), started.clone());
+        Ok(started)
+    }
+
+    fn check_room(
+        &self,
+        name: &str,
+        map: &BTreeMap<String, Arc<Session>>,
+    ) -> Result<(), ReplError> {
+        if map.len() >= self.cfg.max_sessions {
+            return Err(ReplError::TooManySessions {
+                name: name.to_string(),
+                max: self.cfg.max_sessions,
+                open: Self::open_names(map),
+            });
+        }
+        Ok(())
     }
 
     fn session_dir(&self, name: &str) -> PathBuf {
@@ -116,8 +158,10 @@ impl SessionManager {
     pub fn close(&self, name: &str) -> Result<(), ReplError> {
         let session = {
             let mut map = self.sessions();
-            map.remove(name)
-                .ok_or_else(|| ReplError::NoSuchSession { name: name.to_string(), open: Self::open_names(&map) })?
+            map.remove(name).ok_or_else(|| ReplError::NoSuchSession {
+                name: name.to_string(),
+                open: Self::open_names(&map),
+            })?
         };
         session.close();
         let dir = self.session_dir(name);
@@ -144,7 +188,9 @@ impl SessionManager {
         let idle: Vec<String> = self
             .sessions()
             .iter()
-            .filter(|(_, s)| s.idle_for() > ttl && s.info().state != super::SessionState::AwaitingInput)
+            .filter(|(_, s)| {
+                s.idle_for() > ttl && s.info().state != super::SessionState::AwaitingInput
+            })
             .map(|(n, _)| n.clone())
             .collect();
         for name in &idle {
@@ -169,8 +215,16 @@ fn validate_name(name: &str) -> Result<(), ReplError> {
         && name.len() <= 64
         && name != "."
         && name != ".."
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok { Ok(()) } else { Err(ReplError::InvalidSessionName { name: name.to_string() }) }
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ReplError::InvalidSessionName {
+            name: name.to_string(),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -27,7 +27,9 @@ pub use protocol::{DisplayItem, PyError, VariableDetail, VariableInfo};
 pub use python::{PythonInfo, discover_python};
 pub use session::Session;
 
-use crate::sandbox::{ExitReport, LaunchError, LimitHit, Policy, PolicyError, Termination};
+use crate::sandbox::{
+    ExitReport, LaunchError, LimitHit, Policy, PolicyError, ResolvedPolicy, Termination,
+};
 
 /// Which of the worker's output streams a chunk came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -67,6 +69,10 @@ pub struct ReplConfig {
     pub repr_limit: usize,
     /// How long a new worker may take to report `ready`.
     pub start_timeout: Duration,
+    /// Keep one started, idle worker per session (after its first cell) so a restart or
+    /// the cell after a crash does not wait for an interpreter to start. Costs one idle
+    /// Python process (~10 MB) per session.
+    pub spare_worker: bool,
 }
 
 impl ReplConfig {
@@ -81,6 +87,7 @@ impl ReplConfig {
             idle_ttl: Duration::from_secs(3600),
             repr_limit: 20_000,
             start_timeout: Duration::from_secs(20),
+            spare_worker: true,
         }
     }
 }
@@ -165,24 +172,37 @@ pub enum ReplError {
         "session {session:?} is busy running cell {cell}; wait for its job to finish, interrupt it, or restart the session"
     )]
     Busy { session: String, cell: u64 },
-    #[error("session {session:?} is not waiting for input; input can only be sent while a cell waits in input()")]
+    #[error(
+        "session {session:?} is not waiting for input; input can only be sent while a cell waits in input()"
+    )]
     NotAwaitingInput { session: String },
-    #[error("cannot start session {name:?}: the limit of {max} sessions is reached (open: {open}); close one first")]
-    TooManySessions { name: String, max: usize, open: String },
+    #[error(
+        "cannot start session {name:?}: the limit of {max} sessions is reached (open: {open}); close one first"
+    )]
+    TooManySessions {
+        name: String,
+        max: usize,
+        open: String,
+    },
     #[error("invalid session name {name:?}: use 1-64 letters, digits, '-', '_' or '.'")]
     InvalidSessionName { name: String },
     #[error("no session named {name:?}; open sessions: {open}")]
     NoSuchSession { name: String, open: String },
     #[error("no Python interpreter found: {detail}; pass --python PATH")]
     PythonNotFound { detail: String },
-    #[error("the Python interpreter {python:?} does not work: {detail}; pass a working one with --python PATH")]
+    #[error(
+        "the Python interpreter {python:?} does not work: {detail}; pass a working one with --python PATH"
+    )]
     PythonProbe { python: PathBuf, detail: String },
     #[error("cannot apply the sandbox policy: {0}")]
     Policy(#[from] PolicyError),
     #[error("cannot start the Python worker: {0}")]
     Launch(#[from] LaunchError),
     #[error("could not {what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
     #[error("{message}; the session's state is lost, the next call starts a fresh worker")]
     WorkerDied { message: String },
     #[error("{message}")]
@@ -192,8 +212,9 @@ pub enum ReplError {
 }
 
 /// How a worker ended, in words: "the Python worker was killed by SIGSEGV
-/// (segmentation fault)", "... exited with code 3", "... killed: memory limit reached".
-pub fn exit_words(report: &ExitReport) -> String {
+/// (segmentation fault)", "... exited with code 3", "... killed: memory limit (512 MiB)
+/// reached". `policy` supplies the amount of the limit that was hit.
+pub fn exit_words(report: &ExitReport, policy: &ResolvedPolicy) -> String {
     if let Some(limit) = report.limit {
         let what = match limit {
             LimitHit::Memory => "memory limit",
@@ -202,7 +223,10 @@ pub fn exit_words(report: &ExitReport) -> String {
             LimitHit::FileSize => "file size limit",
             LimitHit::Processes => "process count limit",
         };
-        return format!("the Python worker was killed: {what} reached");
+        return match limit_amount(policy, limit) {
+            Some(amount) => format!("the Python worker was killed: {what} ({amount}) reached"),
+            None => format!("the Python worker was killed: {what} reached"),
+        };
     }
     match &report.termination {
         Termination::Exited(code) => format!("the Python worker exited with code {code}"),
@@ -212,6 +236,28 @@ pub fn exit_words(report: &ExitReport) -> String {
         },
         Termination::Unknown => "the Python worker ended (exit status unknown)".to_string(),
     }
+}
+
+/// The amount of a policy limit, in words ("512 MiB", "60 s").
+fn limit_amount(policy: &ResolvedPolicy, limit: LimitHit) -> Option<String> {
+    // The interface stub of the sandbox carries no limits yet.
+    let _ = (policy, limit);
+    None
+}
+
+/// "512 MiB", "4 GiB", "1500 bytes".
+#[allow(dead_code, reason = "used once the sandbox's limits are available")]
+fn bytes_words(n: u64) -> String {
+    const KIB: u64 = 1024;
+    for (unit, size) in [("GiB", KIB * KIB * KIB), ("MiB", KIB * KIB), ("KiB", KIB)] {
+        if n >= size && n.is_multiple_of(size) {
+            return format!("{} {unit}", n / size);
+        }
+    }
+    if n >= KIB * KIB {
+        return format!("{:.1} MiB", n as f64 / (KIB * KIB) as f64);
+    }
+    format!("{n} bytes")
 }
 
 fn signal_meaning(sig: &str) -> Option<&'static str> {
@@ -237,11 +283,28 @@ mod tests {
 
     #[test]
     fn exit_words_name_signal_code_and_limit() {
-        let mut r = ExitReport { termination: Termination::Signaled("SIGSEGV".into()), ..Default::default() };
-        assert_eq!(exit_words(&r), "the Python worker was killed by SIGSEGV (segmentation fault)");
+        let policy = Policy::load("workspace-write")
+            .unwrap()
+            .resolve(&Default::default())
+            .unwrap();
+        let exit_words = |r: &ExitReport| exit_words(r, &policy);
+        assert_eq!(bytes_words(512 << 20), "512 MiB");
+        assert_eq!(bytes_words(4 << 30), "4 GiB");
+        assert_eq!(bytes_words(1500), "1500 bytes");
+        let mut r = ExitReport {
+            termination: Termination::Signaled("SIGSEGV".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            exit_words(&r),
+            "the Python worker was killed by SIGSEGV (segmentation fault)"
+        );
         r.termination = Termination::Exited(3);
         assert_eq!(exit_words(&r), "the Python worker exited with code 3");
         r.limit = Some(LimitHit::Memory);
-        assert_eq!(exit_words(&r), "the Python worker was killed: memory limit reached");
+        assert_eq!(
+            exit_words(&r),
+            "the Python worker was killed: memory limit reached"
+        );
     }
 }

@@ -10,17 +10,36 @@ use serde::{Deserialize, Serialize};
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
     /// Run `code` as cell number `cell`; answered by `done`.
-    Execute { id: u64, cell: u64, code: String, repr_limit: usize },
+    Execute {
+        id: u64,
+        cell: u64,
+        code: String,
+        repr_limit: usize,
+    },
     /// Run the file at `path` as `__main__` with `sys.argv = [path, *argv]`; answered by `done`.
-    RunFile { id: u64, cell: u64, path: String, argv: Vec<String>, repr_limit: usize },
+    RunFile {
+        id: u64,
+        cell: u64,
+        path: String,
+        argv: Vec<String>,
+        repr_limit: usize,
+    },
     /// Answer to `input_request` number `id`; `text: null` means end of input (EOFError).
     InputReply { id: u64, text: Option<String> },
     /// Answered by `variables`.
     ListVariables { id: u64 },
     /// Answered by `variable` or `failed`.
-    GetVariable { id: u64, name: String, repr_limit: usize },
+    GetVariable {
+        id: u64,
+        name: String,
+        repr_limit: usize,
+    },
     /// Answered by `ok` or `failed`.
-    SetVariable { id: u64, name: String, value: serde_json::Value },
+    SetVariable {
+        id: u64,
+        name: String,
+        value: serde_json::Value,
+    },
     /// Answered by `ok` or `failed`.
     DeleteVariable { id: u64, name: String },
     /// Answered by `ok`.
@@ -34,9 +53,17 @@ pub enum Request {
 #[serde(tag = "ev", rename_all = "snake_case")]
 pub enum Event {
     /// Sent once, before anything else, when the worker is ready for requests.
-    Ready { protocol: u32, pid: u32, version: String, executable: String },
+    Ready {
+        protocol: u32,
+        pid: u32,
+        version: String,
+        executable: String,
+    },
     /// The running cell `id` called `input(prompt)` and blocks until `input_reply`.
-    InputRequest { id: u64, prompt: String },
+    InputRequest {
+        id: u64,
+        prompt: String,
+    },
     /// Cell `id` finished. Everything it printed was flushed to fds 1/2 before this line.
     Done {
         id: u64,
@@ -48,15 +75,23 @@ pub enum Event {
         #[serde(default)]
         display: Vec<DisplayItem>,
     },
-    Variables { id: u64, variables: Vec<VariableInfo> },
+    Variables {
+        id: u64,
+        variables: Vec<VariableInfo>,
+    },
     Variable {
         id: u64,
         #[serde(flatten)]
         detail: VariableDetail,
     },
-    Ok { id: u64 },
+    Ok {
+        id: u64,
+    },
     /// A non-cell request failed; `message` says why in words.
-    Failed { id: u64, message: String },
+    Failed {
+        id: u64,
+        message: String,
+    },
 }
 
 impl Event {
@@ -176,8 +211,14 @@ mod tests {
     #[test]
     fn requests_encode_with_op_tag() {
         let line = encode(&Request::InputReply { id: 3, text: None });
-        assert_eq!(line, b"{\"op\":\"input_reply\",\"id\":3,\"text\":null}\n".to_vec());
-        assert_eq!(encode(&Request::Shutdown), b"{\"op\":\"shutdown\"}\n".to_vec());
+        assert_eq!(
+            line,
+            b"{\"op\":\"input_reply\",\"id\":3,\"text\":null}\n".to_vec()
+        );
+        assert_eq!(
+            encode(&Request::Shutdown),
+            b"{\"op\":\"shutdown\"}\n".to_vec()
+        );
     }
 
     #[test]
@@ -189,7 +230,11 @@ mod tests {
             Event::Done {
                 id: 7,
                 status: WireStatus::Ok,
-                value: Some(WireValue { repr: "2".into(), chars: 1, truncated: false }),
+                value: Some(WireValue {
+                    repr: "2".into(),
+                    chars: 1,
+                    truncated: false
+                }),
                 error: None,
                 display: vec![],
             }
@@ -202,23 +247,51 @@ mod tests {
     fn every_tag_is_listed_and_documented() {
         let doc = include_str!("../../docs/worker-protocol.md");
         for tag in ALL_TAGS {
-            assert!(doc.contains(&format!("`{tag}`")), "docs/worker-protocol.md does not describe `{tag}`");
+            assert!(
+                doc.contains(&format!("`{tag}`")),
+                "docs/worker-protocol.md does not describe `{tag}`"
+            );
         }
         // Each listed tag round-trips through the enums (catches renamed variants).
         let samples = [
-            encode(&Request::Execute { id: 1, cell: 1, code: String::new(), repr_limit: 1 }),
-            encode(&Request::RunFile { id: 1, cell: 1, path: String::new(), argv: vec![], repr_limit: 1 }),
+            encode(&Request::Execute {
+                id: 1,
+                cell: 1,
+                code: String::new(),
+                repr_limit: 1,
+            }),
+            encode(&Request::RunFile {
+                id: 1,
+                cell: 1,
+                path: String::new(),
+                argv: vec![],
+                repr_limit: 1,
+            }),
             encode(&Request::InputReply { id: 1, text: None }),
             encode(&Request::ListVariables { id: 1 }),
-            encode(&Request::GetVariable { id: 1, name: String::new(), repr_limit: 1 }),
-            encode(&Request::SetVariable { id: 1, name: String::new(), value: serde_json::Value::Null }),
-            encode(&Request::DeleteVariable { id: 1, name: String::new() }),
+            encode(&Request::GetVariable {
+                id: 1,
+                name: String::new(),
+                repr_limit: 1,
+            }),
+            encode(&Request::SetVariable {
+                id: 1,
+                name: String::new(),
+                value: serde_json::Value::Null,
+            }),
+            encode(&Request::DeleteVariable {
+                id: 1,
+                name: String::new(),
+            }),
             encode(&Request::ClearVariables { id: 1 }),
             encode(&Request::Shutdown),
         ];
         for (line, tag) in samples.iter().zip(ALL_TAGS) {
             let text = String::from_utf8_lossy(line);
-            assert!(text.contains(&format!("\"op\":\"{tag}\"")), "{text} lacks {tag}");
+            assert!(
+                text.contains(&format!("\"op\":\"{tag}\"")),
+                "{text} lacks {tag}"
+            );
         }
     }
 }

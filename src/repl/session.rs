@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use super::protocol::{Event, Request, WireStatus};
 use super::worker::{Reply, SpawnSpec, Worker};
 use super::{
-    CellOutcome, CellSink, CellStatus, HistoryEntry, PythonInfo, ReplError, SessionInfo, SessionState, VariableDetail,
-    VariableInfo,
+    CellOutcome, CellSink, CellStatus, HistoryEntry, PythonInfo, ReplError, SessionInfo,
+    SessionState, VariableDetail, VariableInfo,
 };
 
 const HISTORY_CAP: usize = 1000;
@@ -30,10 +30,16 @@ pub(crate) struct SessionEnv {
     pub python: PythonInfo,
     pub repr_limit: usize,
     pub start_timeout: Duration,
+    /// Keep a started, idle worker in reserve for restarts and crash recovery.
+    pub spare: bool,
 }
 
 struct Inner {
     worker: Option<Arc<Worker>>,
+    /// A started worker nobody has used yet: a restart or the cell after a crash takes
+    /// it instead of waiting for a new interpreter to start.
+    spare: Option<Arc<Worker>>,
+    closed: bool,
     /// A worker died on its own: the next cell is told its state was lost.
     state_lost: bool,
     cells: u64,
@@ -49,6 +55,8 @@ pub struct Session {
     op_lock: Arc<tokio::sync::Mutex<()>>,
     inner: Mutex<Inner>,
     next_id: AtomicU64,
+    /// For background tasks that refill the spare worker.
+    me: std::sync::Weak<Session>,
 }
 
 impl Session {
@@ -56,12 +64,15 @@ impl Session {
     /// pay for the interpreter's start).
     pub(crate) fn start(name: String, env: SessionEnv) -> Result<Arc<Session>, ReplError> {
         let worker = Worker::spawn(&env.spec)?;
-        Ok(Arc::new(Session {
+        Ok(Arc::new_cyclic(|me| Session {
             name,
             env,
+            me: me.clone(),
             op_lock: Arc::new(tokio::sync::Mutex::new(())),
             inner: Mutex::new(Inner {
                 worker: Some(Arc::new(worker)),
+                spare: None,
+                closed: false,
                 state_lost: false,
                 cells: 0,
                 running_cell: 0,
@@ -86,7 +97,10 @@ impl Session {
     }
 
     fn busy(&self) -> ReplError {
-        ReplError::Busy { session: self.name.clone(), cell: self.inner().running_cell }
+        ReplError::Busy {
+            session: self.name.clone(),
+            cell: self.inner().running_cell,
+        }
     }
 
     /// The live worker, starting a fresh one if there is none or it died. The flag says
@@ -103,14 +117,58 @@ impl Session {
         if inner.worker.take().is_some() {
             inner.state_lost = true;
         }
-        let worker = Arc::new(Worker::spawn(&self.env.spec)?);
+        let worker = self.fresh_worker(&mut inner)?;
         inner.worker = Some(worker.clone());
         let lost = report_loss && std::mem::take(&mut inner.state_lost);
+        drop(inner);
+        self.refill_spare();
         Ok((worker, lost))
     }
 
+    /// The spare worker if it is alive, else a newly started one.
+    fn fresh_worker(&self, inner: &mut Inner) -> Result<Arc<Worker>, ReplError> {
+        match inner.spare.take() {
+            Some(w) if w.death().is_none() => Ok(w),
+            _ => Ok(Arc::new(Worker::spawn(&self.env.spec)?)),
+        }
+    }
+
+    /// Start a spare worker in the background if the session keeps one and has none.
+    fn refill_spare(&self) {
+        if !self.env.spare {
+            return;
+        }
+        {
+            let inner = self.inner();
+            if inner.closed || inner.spare.as_ref().is_some_and(|w| w.death().is_none()) {
+                return;
+            }
+        }
+        let me = self.me.clone();
+        // Starting a process blocks for the launcher's setup: keep it off the async threads.
+        tokio::task::spawn_blocking(move || {
+            let Some(session) = me.upgrade() else { return };
+            let worker = match Worker::spawn(&session.env.spec) {
+                Ok(w) => Arc::new(w),
+                Err(e) => {
+                    tracing::warn!(session = %session.name, error = %e, "could not start a spare worker");
+                    return;
+                }
+            };
+            let mut inner = session.inner();
+            if !inner.closed && inner.spare.as_ref().is_none_or(|w| w.death().is_some()) {
+                inner.spare = Some(worker);
+            }
+            // Otherwise `worker` is dropped here, which kills it.
+        });
+    }
+
     /// Run `code` as the next cell; output goes to `sink` as it is printed.
-    pub async fn execute(&self, code: &str, sink: Arc<dyn CellSink>) -> Result<CellOutcome, ReplError> {
+    pub async fn execute(
+        &self,
+        code: &str,
+        sink: Arc<dyn CellSink>,
+    ) -> Result<CellOutcome, ReplError> {
         let repr_limit = self.env.repr_limit;
         self.run_cell(code.to_string(), sink, |id, cell| Request::Execute {
             id,
@@ -131,10 +189,19 @@ impl Session {
     ) -> Result<CellOutcome, ReplError> {
         let full: PathBuf = self.env.spec.workspace.join(path);
         let full = full.to_string_lossy().into_owned();
-        let label = std::iter::once(format!("run_file {path}")).chain(argv.iter().cloned()).collect::<Vec<_>>().join(" ");
+        let label = std::iter::once(format!("run_file {path}"))
+            .chain(argv.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(" ");
         let repr_limit = self.env.repr_limit;
-        self.run_cell(label, sink, |id, cell| Request::RunFile { id, cell, path: full.clone(), argv: argv.clone(), repr_limit })
-            .await
+        self.run_cell(label, sink, |id, cell| Request::RunFile {
+            id,
+            cell,
+            path: full.clone(),
+            argv: argv.clone(),
+            repr_limit,
+        })
+        .await
     }
 
     async fn run_cell(
@@ -143,7 +210,11 @@ impl Session {
         sink: Arc<dyn CellSink>,
         request: impl FnOnce(u64, u64) -> Request,
     ) -> Result<CellOutcome, ReplError> {
-        let guard = self.op_lock.clone().try_lock_owned().map_err(|_| self.busy())?;
+        let guard = self
+            .op_lock
+            .clone()
+            .try_lock_owned()
+            .map_err(|_| self.busy())?;
         let (worker, state_lost) = self.live_worker(true)?;
         let cell = {
             let mut inner = self.inner();
@@ -154,7 +225,9 @@ impl Session {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let rx = worker.call(id, &request(id, cell), Some(sink), Some(guard));
-        let reply = rx.await.unwrap_or_else(|_| Reply::Died("the Python worker's I/O task ended".into()));
+        let reply = rx
+            .await
+            .unwrap_or_else(|_| Reply::Died("the Python worker's I/O task ended".into()));
         let elapsed = started.elapsed();
         let mut out = CellOutcome {
             cell,
@@ -169,7 +242,13 @@ impl Session {
             elapsed,
         };
         match reply {
-            Reply::Event(Event::Done { status, value, error, display, .. }) => {
+            Reply::Event(Event::Done {
+                status,
+                value,
+                error,
+                display,
+                ..
+            }) => {
                 out.status = match status {
                     WireStatus::Ok => CellStatus::Ok,
                     WireStatus::Error => CellStatus::Error,
@@ -184,14 +263,20 @@ impl Session {
                 out.display = display;
             }
             Reply::Event(other) => {
-                return Err(ReplError::Protocol { detail: format!("expected `done` for a cell, got {other:?}") });
+                return Err(ReplError::Protocol {
+                    detail: format!("expected `done` for a cell, got {other:?}"),
+                });
             }
             Reply::Died(message) => {
                 out.status = CellStatus::WorkerDied;
                 out.worker_exit = Some(message.to_string());
                 out.state_lost = true;
                 let mut inner = self.inner();
-                if inner.worker.as_ref().is_some_and(|w| Arc::ptr_eq(w, &worker)) {
+                if inner
+                    .worker
+                    .as_ref()
+                    .is_some_and(|w| Arc::ptr_eq(w, &worker))
+                {
                     inner.worker = None;
                     inner.state_lost = true;
                 }
@@ -208,6 +293,8 @@ impl Session {
         if inner.history.len() > HISTORY_CAP {
             inner.history.pop_front();
         }
+        drop(inner);
+        self.refill_spare();
         Ok(out)
     }
 
@@ -229,10 +316,16 @@ impl Session {
     /// Answer the pending `input()`: `eof` makes it raise EOFError instead.
     pub fn send_input(&self, text: &str, eof: bool) -> Result<(), ReplError> {
         let worker = self.inner().worker.clone();
-        let not_waiting = || ReplError::NotAwaitingInput { session: self.name.clone() };
+        let not_waiting = || ReplError::NotAwaitingInput {
+            session: self.name.clone(),
+        };
         let worker = worker.ok_or_else(not_waiting)?;
         let text = (!eof).then(|| text.to_string());
-        if worker.reply_input(text) { Ok(()) } else { Err(not_waiting()) }
+        if worker.reply_input(text) {
+            Ok(())
+        } else {
+            Err(not_waiting())
+        }
     }
 
     /// Kill the worker's whole process group and start a fresh one; waits until it is
@@ -247,10 +340,11 @@ impl Session {
             inner.cells = 0;
             inner.history.clear();
             inner.last_active = Instant::now();
-            let worker = Arc::new(Worker::spawn(&self.env.spec)?);
+            let worker = self.fresh_worker(&mut inner)?;
             inner.worker = Some(worker.clone());
             worker
         };
+        self.refill_spare();
         worker.wait_ready(self.env.start_timeout).await
     }
 
@@ -261,7 +355,11 @@ impl Session {
     }
 
     async fn call(&self, request: impl FnOnce(u64) -> Request) -> Result<Event, ReplError> {
-        let guard = self.op_lock.clone().try_lock_owned().map_err(|_| self.busy())?;
+        let guard = self
+            .op_lock
+            .clone()
+            .try_lock_owned()
+            .map_err(|_| self.busy())?;
         let (worker, _) = self.live_worker(false)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let rx = worker.call(id, &request(id), None, Some(guard));
@@ -269,8 +367,12 @@ impl Session {
         match rx.await {
             Ok(Reply::Event(Event::Failed { message, .. })) => Err(ReplError::Python { message }),
             Ok(Reply::Event(ev)) => Ok(ev),
-            Ok(Reply::Died(message)) => Err(ReplError::WorkerDied { message: message.to_string() }),
-            Err(_) => Err(ReplError::WorkerDied { message: "the Python worker's I/O task ended".into() }),
+            Ok(Reply::Died(message)) => Err(ReplError::WorkerDied {
+                message: message.to_string(),
+            }),
+            Err(_) => Err(ReplError::WorkerDied {
+                message: "the Python worker's I/O task ended".into(),
+            }),
         }
     }
 
@@ -285,23 +387,47 @@ impl Session {
     /// One variable in full: repr (cut at the session's repr limit) and JSON if possible.
     pub async fn get_variable(&self, name: &str) -> Result<VariableDetail, ReplError> {
         let repr_limit = self.env.repr_limit;
-        match self.call(|id| Request::GetVariable { id, name: name.to_string(), repr_limit }).await? {
+        match self
+            .call(|id| Request::GetVariable {
+                id,
+                name: name.to_string(),
+                repr_limit,
+            })
+            .await?
+        {
             Event::Variable { detail, .. } => Ok(detail),
             other => Err(unexpected("variable", &other)),
         }
     }
 
-    pub async fn set_variable(&self, name: &str, value: serde_json::Value) -> Result<(), ReplError> {
-        self.call(|id| Request::SetVariable { id, name: name.to_string(), value }).await.and_then(expect_ok)
+    pub async fn set_variable(
+        &self,
+        name: &str,
+        value: serde_json::Value,
+    ) -> Result<(), ReplError> {
+        self.call(|id| Request::SetVariable {
+            id,
+            name: name.to_string(),
+            value,
+        })
+        .await
+        .and_then(expect_ok)
     }
 
     pub async fn delete_variable(&self, name: &str) -> Result<(), ReplError> {
-        self.call(|id| Request::DeleteVariable { id, name: name.to_string() }).await.and_then(expect_ok)
+        self.call(|id| Request::DeleteVariable {
+            id,
+            name: name.to_string(),
+        })
+        .await
+        .and_then(expect_ok)
     }
 
     /// Remove every variable (builtins stay).
     pub async fn clear_variables(&self) -> Result<(), ReplError> {
-        self.call(|id| Request::ClearVariables { id }).await.and_then(expect_ok)
+        self.call(|id| Request::ClearVariables { id })
+            .await
+            .and_then(expect_ok)
     }
 
     /// The cells run since the session started or was last restarted (last 1000).
@@ -331,17 +457,30 @@ impl Session {
             name: self.name.clone(),
             state,
             policy: self.env.policy_name.clone(),
-            python: format!("{} ({})", self.env.python.executable.display(), self.env.python.version),
+            python: format!(
+                "{} ({})",
+                self.env.python.executable.display(),
+                self.env.python.version
+            ),
             worker_pid: pid,
             memory_bytes: pid.and_then(rss_bytes),
-            idle_seconds: if busy { 0 } else { inner.last_active.elapsed().as_secs() },
+            idle_seconds: if busy {
+                0
+            } else {
+                inner.last_active.elapsed().as_secs()
+            },
             cells: inner.cells,
         }
     }
 
     /// Kill the worker (the session object is being dropped by its manager).
     pub(crate) fn close(&self) {
-        if let Some(w) = self.inner().worker.take() {
+        let mut inner = self.inner();
+        inner.closed = true;
+        if let Some(w) = inner.worker.take() {
+            w.kill("the session was closed");
+        }
+        if let Some(w) = inner.spare.take() {
             w.kill("the session was closed");
         }
     }
@@ -355,7 +494,9 @@ fn expect_ok(ev: Event) -> Result<(), ReplError> {
 }
 
 fn unexpected(wanted: &str, got: &Event) -> ReplError {
-    ReplError::Protocol { detail: format!("expected `{wanted}`, got {got:?}") }
+    ReplError::Protocol {
+        detail: format!("expected `{wanted}`, got {got:?}"),
+    }
 }
 
 /// VmRSS of `pid` in bytes, from /proc.
@@ -368,6 +509,9 @@ fn rss_bytes(pid: u32) -> Option<u64> {
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session").field("name", &self.name).field("policy", &self.env.policy_name).finish()
+        f.debug_struct("Session")
+            .field("name", &self.name)
+            .field("policy", &self.env.policy_name)
+            .finish()
     }
 }

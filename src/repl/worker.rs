@@ -25,9 +25,13 @@ use super::{CellSink, OutStream, ReplError, exit_words};
 use crate::sandbox::{ResolvedPolicy, SandboxCommand, SandboxedChild};
 
 /// The worker driver, embedded so the binary is self-contained.
-const WORKER_SOURCE: &str = include_str!("../../python/sandbox_repl_worker.py");
+pub(crate) const WORKER_SOURCE: &str = include_str!("../../python/sandbox_repl_worker.py");
 /// Compiles the driver (passed as argv[1]) under a fixed name its tracebacks filter on.
-const BOOTSTRAP: &str = "import sys;_s=sys.argv.pop(1);exec(compile(_s,'<sandbox-repl-worker>','exec'))";
+const BOOTSTRAP: &str =
+    "import sys;_s=sys.argv.pop(1);exec(compile(_s,'<sandbox-repl-worker>','exec'))";
+/// Runs the driver precompiled by the same interpreter (argv[1]: base64 of marshal data).
+const BOOTSTRAP_MARSHAL: &str =
+    "import sys,marshal,binascii;exec(marshal.loads(binascii.a2b_base64(sys.argv.pop(1))))";
 /// Output that arrives while no cell runs is kept (up to this much) for the next cell.
 const ORPHAN_CAP: usize = 1 << 20;
 /// How much of stderr to keep for the death message of a worker that never got ready.
@@ -39,6 +43,8 @@ pub(crate) struct SpawnSpec {
     pub workspace: PathBuf,
     pub tmp: PathBuf,
     pub policy: Arc<ResolvedPolicy>,
+    /// The driver precompiled by this interpreter, if the probe managed to.
+    pub code: Option<Arc<str>>,
 }
 
 /// The answer to one call: the matching event, or the words saying how the worker died.
@@ -73,6 +79,8 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
+    /// For the amounts of limits in death messages.
+    policy: Arc<ResolvedPolicy>,
     /// `None` once reaped; kill only signals a child that has not been reaped, so a
     /// recycled pid is never hit.
     child: Mutex<Option<SandboxedChild>>,
@@ -95,14 +103,20 @@ impl Worker {
     /// Start the worker; returns as soon as the process exists (it reports `ready` later;
     /// requests sent before then are queued in the pipe).
     pub fn spawn(spec: &SpawnSpec) -> Result<Worker, ReplError> {
-        let io_err = |what: &'static str| move |source| ReplError::Io { what: what.into(), source };
+        let io_err = |what: &'static str| {
+            move |source| ReplError::Io {
+                what: what.into(),
+                source,
+            }
+        };
         let (req_r, req_w) = std::io::pipe().map_err(io_err("create the worker request pipe"))?;
         let (ev_r, ev_w) = std::io::pipe().map_err(io_err("create the worker event pipe"))?;
         let mut cmd = SandboxCommand::new(spec.policy.clone(), &spec.python);
-        cmd.arg("-c")
-            .arg(BOOTSTRAP)
-            .arg(WORKER_SOURCE)
-            .current_dir(&spec.workspace)
+        match &spec.code {
+            Some(code) => cmd.arg("-c").arg(BOOTSTRAP_MARSHAL).arg(&**code),
+            None => cmd.arg("-c").arg(BOOTSTRAP).arg(WORKER_SOURCE),
+        };
+        cmd.current_dir(&spec.workspace)
             .env("PYTHONIOENCODING", "utf-8")
             .env("TMPDIR", &spec.tmp)
             .stdin(Stdio::null())
@@ -116,9 +130,19 @@ impl Worker {
         let stdout = child.stdout.take().map(OwnedFd::from);
         let stderr = child.stderr.take().map(OwnedFd::from);
         let (ready, ready_rx) = watch::channel(false);
-        let shared = Arc::new(Shared { state: Mutex::default(), child: Mutex::new(Some(child)), ready });
+        let shared = Arc::new(Shared {
+            state: Mutex::default(),
+            policy: spec.policy.clone(),
+            child: Mutex::new(Some(child)),
+            ready,
+        });
         let (tx, rx) = mpsc::unbounded_channel();
-        let worker = Worker { pid, requests: tx, shared: shared.clone(), ready_rx };
+        let worker = Worker {
+            pid,
+            requests: tx,
+            shared: shared.clone(),
+            ready_rx,
+        };
         let pipes = (|| -> std::io::Result<_> {
             let out = stdout.ok_or_else(|| std::io::Error::other("no stdout pipe"))?;
             let err = stderr.ok_or_else(|| std::io::Error::other("no stderr pipe"))?;
@@ -134,7 +158,10 @@ impl Worker {
             Ok(p) => p,
             Err(source) => {
                 worker.kill("setup failed");
-                return Err(ReplError::Io { what: "attach to the worker's pipes".into(), source });
+                return Err(ReplError::Io {
+                    what: "attach to the worker's pipes".into(),
+                    source,
+                });
             }
         };
         tokio::spawn(write_requests(rx, req_tx));
@@ -160,7 +187,10 @@ impl Worker {
         if let Some(sink) = &sink {
             // Output printed between cells belongs to this one, in front of its own.
             if st.orphan_dropped > 0 {
-                let note = format!("[{} bytes of output printed between cells were dropped]\n", st.orphan_dropped);
+                let note = format!(
+                    "[{} bytes of output printed between cells were dropped]\n",
+                    st.orphan_dropped
+                );
                 sink.output(OutStream::Stderr, note.as_bytes());
                 st.orphan_dropped = 0;
             }
@@ -170,7 +200,14 @@ impl Worker {
             st.orphan_bytes = 0;
             st.current = Some(id);
         }
-        st.pending.insert(id, Pending { tx, sink, _guard: guard });
+        st.pending.insert(
+            id,
+            Pending {
+                tx,
+                sink,
+                _guard: guard,
+            },
+        );
         drop(st);
         let _ = self.requests.send(protocol::encode(req));
         rx
@@ -191,18 +228,24 @@ impl Worker {
                     return Ok(());
                 }
                 if let Some(d) = died(&self.shared) {
-                    return Err(ReplError::WorkerDied { message: d.to_string() });
+                    return Err(ReplError::WorkerDied {
+                        message: d.to_string(),
+                    });
                 }
                 if rx.changed().await.is_err() {
                     return Err(ReplError::WorkerDied {
-                        message: died(&self.shared).map(|d| d.to_string()).unwrap_or_default(),
+                        message: died(&self.shared)
+                            .map(|d| d.to_string())
+                            .unwrap_or_default(),
                     });
                 }
             }
         })
         .await;
         waited.unwrap_or_else(|_| {
-            Err(ReplError::WorkerDied { message: format!("the Python worker did not start within {timeout:?}") })
+            Err(ReplError::WorkerDied {
+                message: format!("the Python worker did not start within {timeout:?}"),
+            })
         })
     }
 
@@ -218,7 +261,9 @@ impl Worker {
     /// Answer the pending `input()` (`None` = end of input). False if none is pending.
     pub fn reply_input(&self, text: Option<String>) -> bool {
         let mut st = lock(&self.shared.state);
-        let Some((id, _)) = st.awaiting_input.take() else { return false };
+        let Some((id, _)) = st.awaiting_input.take() else {
+            return false;
+        };
         let sink = st.pending.get(&id).and_then(|p| p.sink.clone());
         drop(st);
         self.send(&Request::InputReply { id, text });
@@ -265,7 +310,8 @@ fn pidfd_open(pid: u32) -> std::io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
     let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     // SAFETY: `owned` is a valid descriptor the AsyncFd owns until it is dropped.
-    unsafe { AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }.map_err(|e| e.into())
+    unsafe { AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }
+        .map_err(|e| e.into())
 }
 
 async fn write_requests(mut rx: mpsc::UnboundedReceiver<Vec<u8>>, mut pipe: pipe::Sender) {
@@ -285,7 +331,10 @@ impl Shared {
             let excess = st.startup_stderr.len().saturating_sub(STARTUP_TAIL);
             st.startup_stderr.drain(..excess);
         }
-        let sink = st.current.and_then(|id| st.pending.get(&id)).and_then(|p| p.sink.clone());
+        let sink = st
+            .current
+            .and_then(|id| st.pending.get(&id))
+            .and_then(|p| p.sink.clone());
         match sink {
             Some(sink) => {
                 drop(st);
@@ -296,7 +345,10 @@ impl Shared {
                 st.orphan.push_back((stream, data.to_vec()));
             }
             None => {
-                tracing::warn!(bytes = data.len(), "dropping worker output printed between cells (buffer full)");
+                tracing::warn!(
+                    bytes = data.len(),
+                    "dropping worker output printed between cells (buffer full)"
+                );
                 st.orphan_dropped += data.len();
             }
         }
@@ -417,7 +469,7 @@ async fn pump(
     let mut st = lock(&shared.state);
     let mut message = match (st.kill_reason, &report) {
         (Some(reason), _) => format!("the Python worker was stopped: {reason}"),
-        (None, Some(report)) => exit_words(report),
+        (None, Some(report)) => exit_words(report, &shared.policy),
         (None, None) => "the Python worker ended".to_string(),
     };
     if !st.ready && !st.startup_stderr.is_empty() {
@@ -450,7 +502,13 @@ fn drain_all(rx: &pipe::Receiver, into: &mut Vec<u8>) -> std::io::Result<()> {
     }
 }
 
-fn handle_line(shared: &Shared, line: &[u8], out: &pipe::Receiver, err: &pipe::Receiver, buf: &mut [u8]) {
+fn handle_line(
+    shared: &Shared,
+    line: &[u8],
+    out: &pipe::Receiver,
+    err: &pipe::Receiver,
+    buf: &mut [u8],
+) {
     let ev = match protocol::decode(line) {
         Ok(ev) => ev,
         Err(e) => {
