@@ -51,6 +51,16 @@ pub(crate) struct JobState {
     pub has_result: bool,
 }
 
+/// The fixed facts of a job, to build it.
+pub(crate) struct JobMeta {
+    pub seq: u64,
+    pub kind: JobKind,
+    pub session: Option<String>,
+    pub label: String,
+    pub created_unix_ms: u64,
+    pub dir: PathBuf,
+}
+
 pub(crate) struct Job {
     pub id: JobId,
     pub kind: JobKind,
@@ -68,26 +78,16 @@ pub(crate) struct Job {
 }
 
 impl Job {
-    pub(crate) fn new(
-        seq: u64,
-        kind: JobKind,
-        session: Option<String>,
-        label: String,
-        created_unix_ms: u64,
-        dir: PathBuf,
-        state: JobState,
-        spools: [Spool; 2],
-    ) -> Job {
+    pub(crate) fn new(meta: JobMeta, state: JobState, spools: [Spool; 2]) -> Job {
         let [out, err] = spools;
         Job {
-            id: format!("j{seq}"),
-
-            kind,
-            session,
-            label,
-            created_unix_ms,
+            id: format!("j{}", meta.seq),
+            kind: meta.kind,
+            session: meta.session,
+            label: meta.label,
+            created_unix_ms: meta.created_unix_ms,
             started: Instant::now(),
-            dir,
+            dir: meta.dir,
             state: Mutex::new(state),
             spools: [Mutex::new(out), Mutex::new(err)],
             version: watch::Sender::new(0),
@@ -113,6 +113,7 @@ impl Job {
     pub(crate) fn record(&self) -> JobRecord {
         let st = lock(&self.state);
         JobRecord {
+            version: persist::RECORD_VERSION,
             id: self.id.clone(),
             kind: self.kind,
             session: self.session.clone(),
@@ -319,7 +320,7 @@ impl JobHandle {
     /// a `Failed` outcome is recorded as `Cancelled`.
     pub fn finish(&self, outcome: JobOutcome) {
         if self.job.finish(outcome, self.store.disk_cap()) {
-            self.store.save();
+            self.store.save_job(&self.job);
         }
     }
 }

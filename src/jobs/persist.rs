@@ -1,12 +1,15 @@
-//! The job table on disk: `<state_dir>/jobs/table.json` (written atomically: temp
-//! file, fsync, rename), one directory per job holding its spools and result, and
-//! the lock that keeps two servers from sharing one table.
+//! The job table on disk: one record per job (`<job>/job.json`, written atomically:
+//! temp file, then rename; no fsync: it must survive a server restart, not a power
+//! cut), the spools and result next to it, and the lock that keeps two servers from
+//! sharing one store directory. Writing one small record per change keeps the cost of
+//! starting and finishing a job constant however many jobs the store holds.
 //!
 //! Layout of a store directory:
 //! ```text
 //! <state_dir>/jobs/            (or jobs.2, jobs.3, ... when another server holds jobs/)
 //!   .lock                      flock held for the life of the store
-//!   table.json                 Table (below)
+//!   next_id                    the next job number (so pruned ids are not reused)
+//!   j12/job.json               JobRecord (below)
 //!   j12/stdout, j12/stderr     spools
 //!   j12/result.json            the job's structured result, if any
 //! ```
@@ -20,14 +23,15 @@ use serde::{Deserialize, Serialize};
 
 use super::{JobError, JobKind, JobStatus};
 
-/// Current table format.
-const TABLE_VERSION: u32 = 1;
+/// Current record format.
+pub(crate) const RECORD_VERSION: u32 = 1;
 /// How many store directories to try when others are locked by running servers.
 const MAX_SLOTS: u32 = 16;
 
 /// One job as stored on disk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct JobRecord {
+    pub version: u32,
     pub id: String,
     pub kind: JobKind,
     pub session: Option<String>,
@@ -43,25 +47,6 @@ pub(crate) struct JobRecord {
     pub delivered: [u64; 2],
     /// Whether `result.json` exists.
     pub has_result: bool,
-}
-
-/// The whole table.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Table {
-    pub version: u32,
-    /// Next job number, so ids are never reused within a store directory.
-    pub next_id: u64,
-    pub jobs: Vec<JobRecord>,
-}
-
-impl Default for Table {
-    fn default() -> Self {
-        Table {
-            version: TABLE_VERSION,
-            next_id: 1,
-            jobs: Vec::new(),
-        }
-    }
 }
 
 /// An open store directory, locked for this process.
@@ -124,50 +109,71 @@ pub(crate) fn job_dir(store_dir: &Path, id: &str) -> PathBuf {
     store_dir.join(id)
 }
 
-/// Load the table. A missing table is empty; an unreadable one is set aside (renamed
-/// to `table.json.corrupt`) with a warning so the server still starts.
-pub(crate) fn load(store_dir: &Path) -> Table {
-    let path = store_dir.join("table.json");
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Table::default(),
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "could not read the job table; starting empty");
-            return Table::default();
-        }
+/// Every job record under `store_dir`, and the next job number. A job directory
+/// without a readable record (a crash between creating it and writing the record, or
+/// a damaged file) is removed with a warning.
+pub(crate) fn load(store_dir: &Path) -> (Vec<JobRecord>, u64) {
+    let mut records = Vec::new();
+    let mut next_id = std::fs::read_to_string(store_dir.join("next_id"))
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .unwrap_or(1);
+    let Ok(entries) = std::fs::read_dir(store_dir) else {
+        return (records, next_id);
     };
-    match serde_json::from_str::<Table>(&text) {
-        Ok(t) if t.version == TABLE_VERSION => t,
-        Ok(t) => {
-            tracing::warn!(
-                version = t.version,
-                "job table has an unknown format version; setting it aside"
-            );
-            set_aside(&path);
-            Table::default()
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let Some(seq) = name.to_str().and_then(parse_id) else {
+            continue;
+        };
+        if !path.is_dir() {
+            continue;
         }
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "job table does not parse; setting it aside");
-            set_aside(&path);
-            Table::default()
+        next_id = next_id.max(seq + 1);
+        let rec = std::fs::read(path.join("job.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<JobRecord>(&b).ok())
+            .filter(|r| r.version == RECORD_VERSION && parse_id(&r.id) == Some(seq));
+        match rec {
+            Some(rec) => records.push(rec),
+            None => {
+                tracing::warn!(dir = %path.display(), "job directory without a valid record; removing it");
+                remove_job_files(&path);
+            }
         }
     }
+    records.sort_by_key(|r| parse_id(&r.id));
+    (records, next_id)
 }
 
-fn set_aside(path: &Path) {
-    let _ = std::fs::rename(path, path.with_extension("json.corrupt"));
+/// Write one job's record atomically: readers see the old or the new record.
+pub(crate) fn save_record(job_dir: &Path, rec: &JobRecord) -> io::Result<()> {
+    let bytes = serde_json::to_vec(rec).map_err(io::Error::other)?;
+    write_atomic(&job_dir.join("job.json"), &bytes)
 }
 
-/// Write the table atomically: readers see the old or the new table, never a mix.
-pub(crate) fn save(store_dir: &Path, table: &Table) -> io::Result<()> {
-    let path = store_dir.join("table.json");
-    let tmp = store_dir.join("table.json.tmp");
-    let bytes = serde_json::to_vec(table).map_err(io::Error::other)?;
+/// Remember the next job number (after prune or eviction removed the newest jobs).
+pub(crate) fn save_next_id(store_dir: &Path, next_id: u64) -> io::Result<()> {
+    write_atomic(&store_dir.join("next_id"), next_id.to_string().as_bytes())
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
     let mut file = File::create(&tmp)?;
-    file.write_all(&bytes)?;
-    file.sync_data()?;
+    file.write_all(bytes)?;
     drop(file);
-    std::fs::rename(&tmp, &path)
+    std::fs::rename(&tmp, path)
+}
+
+/// `"j12"` (also `"J12"`, `"12"`) → 12.
+pub(crate) fn parse_id(id: &str) -> Option<u64> {
+    let id = id.trim();
+    let digits = id.strip_prefix(['j', 'J']).unwrap_or(id);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 /// Write a job's structured result next to its spools.
@@ -201,40 +207,49 @@ mod tests {
         p
     }
 
+    fn record(id: &str) -> JobRecord {
+        JobRecord {
+            version: RECORD_VERSION,
+            id: id.into(),
+            kind: JobKind::Shell,
+            session: None,
+            label: "echo hi".into(),
+            status: JobStatus::Completed,
+            prompt: None,
+            exit_code: Some(0),
+            signal: None,
+            message: None,
+            created_unix_ms: 5,
+            elapsed_ms: 7,
+            delivered: [3, 0],
+            has_result: false,
+        }
+    }
+
     #[test]
     fn save_then_load_round_trips() {
         let s = state("roundtrip");
         let dir = open_dir(&s).unwrap();
-        let table = Table {
-            version: TABLE_VERSION,
-            next_id: 3,
-            jobs: vec![JobRecord {
-                id: "j2".into(),
-                kind: JobKind::Shell,
-                session: None,
-                label: "echo hi".into(),
-                status: JobStatus::Completed,
-                prompt: None,
-                exit_code: Some(0),
-                signal: None,
-                message: None,
-                created_unix_ms: 5,
-                elapsed_ms: 7,
-                delivered: [3, 0],
-                has_result: false,
-            }],
-        };
-        save(&dir.path, &table).unwrap();
-        assert_eq!(load(&dir.path), table);
+        for id in ["j10", "j2"] {
+            std::fs::create_dir_all(job_dir(&dir.path, id)).unwrap();
+            save_record(&job_dir(&dir.path, id), &record(id)).unwrap();
+        }
+        assert_eq!(load(&dir.path), (vec![record("j2"), record("j10")], 11));
+        save_next_id(&dir.path, 20).unwrap();
+        assert_eq!(load(&dir.path).1, 20);
     }
 
     #[test]
-    fn corrupt_table_is_set_aside() {
+    fn directories_without_a_valid_record_are_removed() {
         let s = state("corrupt");
         let dir = open_dir(&s).unwrap();
-        std::fs::write(dir.path.join("table.json"), "{not json").unwrap();
-        assert_eq!(load(&dir.path), Table::default());
-        assert!(dir.path.join("table.json.corrupt").exists());
+        let broken = job_dir(&dir.path, "j3");
+        std::fs::create_dir_all(&broken).unwrap();
+        std::fs::write(broken.join("job.json"), "{not json").unwrap();
+        let bare = job_dir(&dir.path, "j4");
+        std::fs::create_dir_all(&bare).unwrap();
+        assert_eq!(load(&dir.path), (vec![], 5));
+        assert!(!broken.exists() && !bare.exists());
     }
 
     #[test]

@@ -7,15 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::excerpt::{make_excerpt, read_text, split_budget};
+use super::excerpt::{make_excerpt, split_budget};
 pub use super::job::JobHandle;
-use super::job::{Job, JobState, lock, now_unix_ms};
-use super::persist::{self, StoreDir, Table};
+use super::job::{Job, JobMeta, JobState, lock, now_unix_ms};
+use super::persist::{self, StoreDir, parse_id};
 use super::spool::Spool;
-use super::{
-    Excerpt, JobError, JobFilter, JobId, JobKind, JobOutcome, JobSnapshot, JobStatus, JobSummary,
-    OutputChunk, SearchHit, StoreConfig, Stream, search,
-};
+use super::{Excerpt, JobError, JobKind, JobOutcome, JobSnapshot, JobStatus, StoreConfig};
 
 /// Longest label kept for a job (labels are for display).
 const MAX_LABEL: usize = 200;
@@ -35,18 +32,16 @@ pub enum WaitFor {
     Settled,
 }
 
-struct Jobs {
-    map: BTreeMap<u64, Arc<Job>>,
-    next_id: u64,
+pub(super) struct Jobs {
+    pub(super) map: BTreeMap<u64, Arc<Job>>,
+    pub(super) next_id: u64,
 }
 
 /// All jobs of this server. See the module docs of [`crate::jobs`].
 pub struct JobStore {
-    cfg: StoreConfig,
+    pub(super) cfg: StoreConfig,
     dir: StoreDir,
-    jobs: Mutex<Jobs>,
-    /// Serialises table writes so an older table never overwrites a newer one.
-    save_lock: Mutex<()>,
+    pub(super) jobs: Mutex<Jobs>,
     /// Bytes of spooled output on disk, for the disk cap.
     disk_used: AtomicU64,
 }
@@ -64,16 +59,16 @@ impl JobStore {
     /// jobs that were running when the previous server stopped as `lost`.
     pub fn open(cfg: StoreConfig) -> Result<Arc<JobStore>, JobError> {
         let dir = persist::open_dir(&cfg.state_dir)?;
-        let table = persist::load(&dir.path);
+        let (records, next_id) = persist::load(&dir.path);
         let mut map = BTreeMap::new();
+        let mut lost = Vec::new();
         let mut disk_used = 0;
-        let mut next_id = table.next_id.max(1);
-        for rec in table.jobs {
+        for rec in records {
             let Some(seq) = parse_id(&rec.id) else {
-                tracing::warn!(id = %rec.id, "skipping a job with a malformed id in the job table");
                 continue;
             };
-            let (status, message) = if rec.status.is_finished() {
+            let was_running = !rec.status.is_finished();
+            let (status, message) = if !was_running {
                 (rec.status, rec.message)
             } else {
                 (
@@ -102,29 +97,30 @@ impl JobStore {
                 shutting_down: false,
                 has_result: rec.has_result,
             };
-            next_id = next_id.max(seq + 1);
-            let job = Job::new(
+            let meta = JobMeta {
                 seq,
-                rec.kind,
-                rec.session,
-                rec.label,
-                rec.created_unix_ms,
-                job_dir,
-                state,
-                spools,
-            );
-            map.insert(seq, Arc::new(job));
+                kind: rec.kind,
+                session: rec.session,
+                label: rec.label,
+                created_unix_ms: rec.created_unix_ms,
+                dir: job_dir,
+            };
+            let job = Arc::new(Job::new(meta, state, spools));
+            if was_running {
+                lost.push(job.clone());
+            }
+            map.insert(seq, job);
         }
-        remove_stray_dirs(&dir.path, &map);
         let store = Arc::new(JobStore {
             cfg,
             dir,
             jobs: Mutex::new(Jobs { map, next_id }),
-            save_lock: Mutex::new(()),
             disk_used: AtomicU64::new(disk_used),
         });
+        for job in &lost {
+            store.save_job(job);
+        }
         store.make_room(0);
-        store.save();
         Ok(store)
     }
 
@@ -172,18 +168,17 @@ impl JobStore {
             shutting_down: false,
             has_result: false,
         };
-        let job = Arc::new(Job::new(
+        let meta = JobMeta {
             seq,
             kind,
-            session.map(str::to_string),
-            shorten_label(label),
-            now_unix_ms(),
-            job_dir,
-            state,
-            spools,
-        ));
+            session: session.map(str::to_string),
+            label: shorten_label(label),
+            created_unix_ms: now_unix_ms(),
+            dir: job_dir,
+        };
+        let job = Arc::new(Job::new(meta, state, spools));
+        self.save_job(&job);
         lock(&self.jobs).map.insert(seq, job.clone());
-        self.save();
         Ok(JobHandle {
             store: self.clone(),
             job,
@@ -311,127 +306,6 @@ impl JobStore {
         })
     }
 
-    /// Read bytes `[offset, offset + len)` of a stream (at most `response_bytes`; the
-    /// end never splits a character). `offset == total` gives an empty chunk (with
-    /// `eof` once the job finished); `offset > total` is an error.
-    pub fn read(
-        &self,
-        id: &str,
-        stream: Stream,
-        offset: u64,
-        len: u64,
-    ) -> Result<OutputChunk, JobError> {
-        let job = self.get(id)?;
-        let finished = job.is_finished();
-        let (path, total) = {
-            let spool = lock(&job.spools[stream.index()]);
-            (spool.path().to_path_buf(), spool.len())
-        };
-        if offset > total {
-            return Err(JobError::PastEnd {
-                id: job.id.clone(),
-                stream,
-                offset,
-                total,
-                more: if finished {
-                    ""
-                } else {
-                    " so far (it is still running)"
-                },
-            });
-        }
-        let len = len.min(self.cfg.response_bytes as u64);
-        let (text, end) = read_text(&path, offset, len, total)
-            .map_err(|e| JobError::io(format!("could not read {stream} of job {}", job.id), e))?;
-        Ok(OutputChunk {
-            id: job.id.clone(),
-            stream,
-            offset,
-            end,
-            total,
-            eof: finished && end == total,
-            text,
-        })
-    }
-
-    /// Lines of a stream matching `pattern` (regex), with `context_lines` lines around
-    /// each (at most 20), at most `max_hits` hits (1..=1000). Reads the spool
-    /// sequentially without loading it; call from a blocking-friendly context for
-    /// very large outputs.
-    pub fn search(
-        &self,
-        id: &str,
-        stream: Stream,
-        pattern: &str,
-        context_lines: usize,
-        max_hits: usize,
-    ) -> Result<Vec<SearchHit>, JobError> {
-        let job = self.get(id)?;
-        let re = search::compile(pattern).map_err(|reason| JobError::Pattern {
-            pattern: pattern.into(),
-            reason,
-        })?;
-        let (path, total) = {
-            let spool = lock(&job.spools[stream.index()]);
-            (spool.path().to_path_buf(), spool.len())
-        };
-        search::search_file(&path, total, &re, context_lines, max_hits)
-            .map_err(|e| JobError::io(format!("could not search {stream} of job {}", job.id), e))
-    }
-
-    /// Jobs matching `filter`, newest first.
-    pub fn list(&self, filter: &JobFilter) -> Vec<JobSummary> {
-        let jobs: Vec<Arc<Job>> = lock(&self.jobs).map.values().rev().cloned().collect();
-        let now = now_unix_ms();
-        let mut out = Vec::new();
-        for job in jobs {
-            if filter.limit.is_some_and(|l| out.len() >= l) {
-                break;
-            }
-            let summary = job.summary();
-            if matches(filter, &summary, now) {
-                out.push(summary);
-            }
-        }
-        out
-    }
-
-    /// Summary of one job.
-    pub fn summary(&self, id: &str) -> Result<JobSummary, JobError> {
-        Ok(self.get(id)?.summary())
-    }
-
-    /// Remove finished jobs matching `filter` and their files; returns their ids
-    /// (oldest first). Running jobs are never pruned.
-    pub fn prune(&self, filter: &JobFilter) -> Result<Vec<JobId>, JobError> {
-        let now = now_unix_ms();
-        let removed: Vec<Arc<Job>> = {
-            let mut jobs = lock(&self.jobs);
-            let mut picked: Vec<u64> = Vec::new();
-            for (seq, job) in jobs.map.iter().rev() {
-                if filter.limit.is_some_and(|l| picked.len() >= l) {
-                    break;
-                }
-                let summary = job.summary();
-                if summary.status.is_finished() && matches(filter, &summary, now) {
-                    picked.push(*seq);
-                }
-            }
-            picked
-                .iter()
-                .rev()
-                .filter_map(|seq| jobs.map.remove(seq))
-                .collect()
-        };
-        for job in &removed {
-            self.forget_files(job);
-        }
-        if !removed.is_empty() {
-            self.save();
-        }
-        Ok(removed.iter().map(|j| j.id.clone()).collect())
-    }
-
     /// Cancel a running job (its producer decides how: interrupt, TERM then KILL).
     /// If no control is registered yet, the cancel is applied when it is.
     pub fn cancel(&self, id: &str) -> Result<(), JobError> {
@@ -526,7 +400,12 @@ impl JobStore {
                 self.cfg.disk_cap,
             );
         }
-        self.save();
+        // Record the delivered cursors of every job for the next start.
+        let all: Vec<Arc<Job>> = lock(&self.jobs).map.values().cloned().collect();
+        for job in &all {
+            self.save_job(job);
+        }
+        self.save_next_id();
     }
 
     // ----- internals -----
@@ -606,12 +485,12 @@ impl JobStore {
             persist::remove_job_files(&job.dir);
         }
         if !evicted.is_empty() {
-            self.save();
+            self.save_next_id();
         }
         self.disk_used.load(Ordering::Relaxed).saturating_add(need) <= cap
     }
 
-    fn forget_files(&self, job: &Job) {
+    pub(super) fn forget_files(&self, job: &Job) {
         let bytes: u64 = job.lens().iter().sum();
         self.disk_used.fetch_sub(
             bytes.min(self.disk_used.load(Ordering::Relaxed)),
@@ -620,48 +499,20 @@ impl JobStore {
         persist::remove_job_files(&job.dir);
     }
 
-    /// Write the job table (errors are logged: the table is a convenience for the
-    /// next start, never a reason to fail a job).
-    pub(crate) fn save(&self) {
-        let _serial = lock(&self.save_lock);
-        let table = {
-            let jobs = lock(&self.jobs);
-            Table {
-                next_id: jobs.next_id,
-                jobs: jobs.map.values().map(|j| j.record()).collect(),
-                ..Table::default()
-            }
-        };
-        if let Err(e) = persist::save(&self.dir.path, &table) {
-            tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not write the job table");
+    /// Write one job's record (errors are logged: the record is for the next start,
+    /// never a reason to fail a job).
+    pub(crate) fn save_job(&self, job: &Job) {
+        if let Err(e) = persist::save_record(&job.dir, &job.record()) {
+            tracing::warn!(job = %job.id, error = %e, "could not write the job's record");
         }
     }
-}
 
-/// `"j12"` (also `"J12"`, `"12"`) → 12.
-fn parse_id(id: &str) -> Option<u64> {
-    let id = id.trim();
-    let digits = id.strip_prefix(['j', 'J']).unwrap_or(id);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+    pub(super) fn save_next_id(&self) {
+        let next_id = lock(&self.jobs).next_id;
+        if let Err(e) = persist::save_next_id(&self.dir.path, next_id) {
+            tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not write next_id");
+        }
     }
-    digits.parse().ok()
-}
-
-fn matches(filter: &JobFilter, s: &JobSummary, now_ms: u64) -> bool {
-    filter.status.as_ref().is_none_or(|v| v.contains(&s.status))
-        && filter.kind.as_ref().is_none_or(|v| v.contains(&s.kind))
-        && filter
-            .session
-            .as_ref()
-            .is_none_or(|want| s.session.as_deref() == Some(want.as_str()))
-        && filter
-            .ids
-            .as_ref()
-            .is_none_or(|ids| ids.iter().any(|i| parse_id(i) == parse_id(&s.id)))
-        && filter
-            .older_than_secs
-            .is_none_or(|secs| now_ms.saturating_sub(s.created_unix_ms) >= secs * 1000)
 }
 
 fn shorten_label(label: &str) -> String {
@@ -672,23 +523,4 @@ fn shorten_label(label: &str) -> String {
     let mut s: String = label.chars().take(MAX_LABEL - 1).collect();
     s.push('…');
     s
-}
-
-/// Remove job directories the table does not know (a crash between creating a job's
-/// files and writing the table).
-fn remove_stray_dirs(store_dir: &Path, map: &BTreeMap<u64, Arc<Job>>) {
-    let Ok(entries) = std::fs::read_dir(store_dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if name.starts_with('j')
-            && let Some(seq) = parse_id(name)
-            && !map.contains_key(&seq)
-            && entry.path().is_dir()
-        {
-            persist::remove_job_files(&entry.path());
-        }
-    }
 }

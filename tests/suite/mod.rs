@@ -1,5 +1,7 @@
 //! Integration suites, one file per area.
 
+mod jobs;
+mod jobs_bench;
 mod policy_cli;
 mod repl;
 mod run_cli;
