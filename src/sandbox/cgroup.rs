@@ -53,10 +53,22 @@ fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -
     move |source| CgroupError::Io { action, path: path.to_path_buf(), source }
 }
 
-/// Launcher child: move the calling process into every given `cgroup.procs` file.
-/// Writing "0" means "the writer"; no allocation-heavy work, just open and write.
+/// Launcher child: move the calling process into every given membership file.
+/// Writing "0" means "the writer". On v1 the files are `tasks` (moves only the calling
+/// thread): the kernel then skips the global threadgroup lock whose RCU grace period
+/// makes a `cgroup.procs` write cost ~10 ms here, against ~0.2 ms. That is only the
+/// whole process if it is single-threaded — as the launcher is; otherwise the
+/// `cgroup.procs` beside it is used.
 pub fn join_current(procs_files: &[PathBuf]) -> Result<(), CgroupError> {
+    let single_threaded = || std::fs::read_dir("/proc/self/task").map(|d| d.count() == 1).unwrap_or(false);
     for path in procs_files {
+        let procs;
+        let path = if path.ends_with("tasks") && !single_threaded() {
+            procs = path.with_file_name("cgroup.procs");
+            &procs
+        } else {
+            path
+        };
         let mut file = std::fs::OpenOptions::new()
             .write(true)
             .open(path)
@@ -214,9 +226,11 @@ impl JobCgroup {
         Ok(cg)
     }
 
-    /// The `cgroup.procs` files the launcher child must join.
+    /// The membership files the launcher child writes "0" into ([`join_current`]):
+    /// v1 `tasks` (fast single-thread move), v2 `cgroup.procs`.
     pub fn procs_files(&self) -> Vec<PathBuf> {
-        self.dirs().map(|d| d.join("cgroup.procs")).collect()
+        let file = if self.version == CgroupVersion::V2 { "cgroup.procs" } else { "tasks" };
+        self.dirs().map(|d| d.join(file)).collect()
     }
 
     fn dirs(&self) -> impl Iterator<Item = &PathBuf> {

@@ -2,7 +2,7 @@
 //! tmpfs holding only what the policy lists — read paths bound read-only, write paths
 //! (workspace, private tmp) bound read-write, the private tmp also at `/tmp`, a minimal
 //! `/dev` (null, zero, full, random, urandom, tty) and a read-only `/proc` that hides
-//! processes the job may not ptrace (`hidepid=invisible`, so with Landlock's ptrace
+//! processes the job may not ptrace (`hidepid=ptraceable`, so with Landlock's ptrace
 //! scoping the server and every other outside process are invisible).
 //!
 //! What this adds on top of Landlock: paths the policy leaves out do not exist at all
@@ -201,7 +201,7 @@ fn mount_proc() -> Result<(), MountError> {
     let proc = Path::new(NEW).join("proc");
     mkdir(&proc)?;
     let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
-    if mount(Some("proc"), &proc, Some("proc"), flags, Some("hidepid=invisible")).is_ok() {
+    if mount(Some("proc"), &proc, Some("proc"), flags, Some("hidepid=ptraceable")).is_ok() {
         return Ok(());
     }
     mount(Some(&Path::new(OLD).join("proc")), &proc, None, libc::MS_BIND | libc::MS_REC, None)

@@ -53,10 +53,9 @@ fn memory_cap_kills_and_is_reported() {
 fn drop_kills_survivors() {
     let cg = JobCgroup::create(&unique("drop"), None, Some(16)).expect("create job cgroup");
     run_in(&cg, "sleep 30 & sleep 30 & exit 0");
-    let procs = cg.procs_files();
-    let list = std::fs::read_to_string(&procs[0]).unwrap();
+    let dir = cg.procs_files()[0].parent().unwrap().to_path_buf();
+    let list = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
     assert_eq!(list.split_whitespace().count(), 2, "two sleeps left behind: {list:?}");
-    let dir = procs[0].parent().unwrap().to_path_buf();
     let start = Instant::now();
     drop(cg);
     assert!(!dir.exists());

@@ -1,0 +1,5 @@
+//! Integration suites, one file per area.
+
+mod policy_cli;
+mod run_cli;
+mod run_limits;
