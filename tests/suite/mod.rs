@@ -3,3 +3,6 @@
 mod policy_cli;
 mod run_cli;
 mod run_limits;
+mod sandbox_escape;
+mod doctor;
+mod limits;
