@@ -36,7 +36,10 @@ pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         None => std::env::current_dir().context("cannot read the current directory")?,
     };
     let kernel = KernelSupport::probe();
-    let policies = SHIPPED.iter().map(|(name, _)| policy_report(&kernel, name, &workspace)).collect();
+    let policies = SHIPPED
+        .iter()
+        .map(|(name, _)| policy_report(&kernel, name, &workspace))
+        .collect();
     let report = Report { kernel, policies };
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -61,9 +64,16 @@ fn policy_report(k: &KernelSupport, name: &str, workspace: &std::path::Path) -> 
     match resolved {
         Ok((description, policy)) => {
             let items = probe::enforcement(k, &policy);
-            let best_effort = policy.kernel_support == crate::sandbox::KernelSupportMode::BestEffort;
+            let best_effort =
+                policy.kernel_support == crate::sandbox::KernelSupportMode::BestEffort;
             let refuses_to_start = !best_effort && items.iter().any(|i| !i.enforced);
-            PolicyReport { name: name.to_string(), description, refuses_to_start, items, error: None }
+            PolicyReport {
+                name: name.to_string(),
+                description,
+                refuses_to_start,
+                items,
+                error: None,
+            }
         }
         Err(e) => PolicyReport {
             name: name.to_string(),
@@ -85,14 +95,34 @@ fn probe_word(p: &Probe) -> String {
 
 fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
     let k = &r.kernel;
-    let who = if k.is_root { "root".to_string() } else { format!("uid {} (not root)", k.euid) };
-    writeln!(out, "mcp-sandbox-repl doctor: Linux {}, running as {who}\n", k.kernel)?;
+    let who = if k.is_root {
+        "root".to_string()
+    } else {
+        format!("uid {} (not root)", k.euid)
+    };
+    writeln!(
+        out,
+        "mcp-sandbox-repl doctor: Linux {}, running as {who}\n",
+        k.kernel
+    )?;
     writeln!(out, "Kernel")?;
     match k.landlock_abi {
-        Some(abi) => writeln!(out, "  Landlock      ABI {abi}: {}", k.landlock_features.join("; "))?,
-        None => writeln!(out, "  Landlock      NO: {}", k.landlock_error.as_deref().unwrap_or("unavailable"))?,
+        Some(abi) => writeln!(
+            out,
+            "  Landlock      ABI {abi}: {}",
+            k.landlock_features.join("; ")
+        )?,
+        None => writeln!(
+            out,
+            "  Landlock      NO: {}",
+            k.landlock_error.as_deref().unwrap_or("unavailable")
+        )?,
     }
-    writeln!(out, "  seccomp       filter mode: {}", probe_word(&k.seccomp_filter))?;
+    writeln!(
+        out,
+        "  seccomp       filter mode: {}",
+        probe_word(&k.seccomp_filter)
+    )?;
     let ns = &k.namespaces;
     writeln!(out, "  namespaces    user: {}", probe_word(&ns.user))?;
     writeln!(out, "                pid: {}", probe_word(&ns.pid))?;
@@ -100,17 +130,37 @@ fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
     writeln!(out, "                mount: {}", probe_word(&ns.mount))?;
     let cg = &k.cgroup;
     let version = match cg.version {
-        crate::sandbox::cgroup::CgroupVersion::V1 if cg.hybrid => "v1 (hybrid: the cgroup2 mount has no pids/memory controller)",
+        crate::sandbox::cgroup::CgroupVersion::V1 if cg.hybrid => {
+            "v1 (hybrid: the cgroup2 mount has no pids/memory controller)"
+        }
         crate::sandbox::cgroup::CgroupVersion::V1 => "v1",
         crate::sandbox::cgroup::CgroupVersion::V2 => "v2 (unified)",
         crate::sandbox::cgroup::CgroupVersion::None => "none mounted",
     };
     writeln!(out, "  cgroups       {version}")?;
-    let at = |d: &Option<String>| d.as_deref().map(|d| format!(" under {d}")).unwrap_or_default();
-    writeln!(out, "                pids: {}{}", probe_word(&cg.pids), at(&cg.pids_dir))?;
-    writeln!(out, "                memory: {}{}", probe_word(&cg.memory), at(&cg.memory_dir))?;
+    let at = |d: &Option<String>| {
+        d.as_deref()
+            .map(|d| format!(" under {d}"))
+            .unwrap_or_default()
+    };
+    writeln!(
+        out,
+        "                pids: {}{}",
+        probe_word(&cg.pids),
+        at(&cg.pids_dir)
+    )?;
+    writeln!(
+        out,
+        "                memory: {}{}",
+        probe_word(&cg.memory),
+        at(&cg.memory_dir)
+    )?;
     if !cg.v2_controllers.is_empty() {
-        writeln!(out, "                v2 controllers offered: {}", cg.v2_controllers.join(" "))?;
+        writeln!(
+            out,
+            "                v2 controllers offered: {}",
+            cg.v2_controllers.join(" ")
+        )?;
     }
     writeln!(out, "\nPolicies (what is enforced on this machine)")?;
     for p in &r.policies {
@@ -120,15 +170,26 @@ fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
             continue;
         }
         for i in &p.items {
-            let mark = if i.enforced { "enforced    " } else { "NOT ENFORCED" };
-            let why = i.why_not.as_deref().map(|w| format!(" — {w}")).unwrap_or_default();
+            let mark = if i.enforced {
+                "enforced    "
+            } else {
+                "NOT ENFORCED"
+            };
+            let why = i
+                .why_not
+                .as_deref()
+                .map(|w| format!(" — {w}"))
+                .unwrap_or_default();
             writeln!(out, "    {mark} {} [{}]{why}", i.what, i.how)?;
         }
         if p.items.is_empty() {
             writeln!(out, "    nothing restricted (no sandbox)")?;
         }
         if p.refuses_to_start {
-            writeln!(out, "    => refuses to start here (fails closed); set kernel_support = \"best_effort\" to run anyway")?;
+            writeln!(
+                out,
+                "    => refuses to start here (fails closed); set kernel_support = \"best_effort\" to run anyway"
+            )?;
         }
     }
     Ok(())

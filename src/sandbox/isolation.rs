@@ -27,8 +27,12 @@ impl JobCgroupHandle {
         memory_bytes: Option<u64>,
         max_pids: Option<u64>,
     ) -> Result<JobCgroupHandle, String> {
-        let inner = cgroup::JobCgroup::create(name, memory_bytes, max_pids).map_err(|e| e.to_string())?;
-        Ok(JobCgroupHandle { inner, memory: memory_bytes.is_some() })
+        let inner =
+            cgroup::JobCgroup::create(name, memory_bytes, max_pids).map_err(|e| e.to_string())?;
+        Ok(JobCgroupHandle {
+            inner,
+            memory: memory_bytes.is_some(),
+        })
     }
     pub fn procs_files(&self) -> Vec<PathBuf> {
         self.inner.procs_files()
@@ -52,12 +56,16 @@ impl JobCgroupHandle {
 
 /// Launcher side: move the calling process into the job's cgroup(s).
 pub fn join_cgroup(procs_files: &[PathBuf]) -> Result<Option<String>, String> {
-    cgroup::join_current(procs_files).map(|()| None).map_err(|e| e.to_string())
+    cgroup::join_current(procs_files)
+        .map(|()| None)
+        .map_err(|e| e.to_string())
 }
 
 /// Launcher side: a private network namespace (loopback up if asked).
 pub fn isolate_network(loopback_up: bool) -> Result<Option<String>, String> {
-    netns::isolate_network(loopback_up).map(|()| None).map_err(|e| e.to_string())
+    netns::isolate_network(loopback_up)
+        .map(|()| None)
+        .map_err(|e| e.to_string())
 }
 
 /// What the mount view shows: `read` read-only, `write` writable, `tmp` also at /tmp.
@@ -76,5 +84,7 @@ pub fn apply_mount_view(view: &MountViewSpec<'_>) -> Result<Option<String>, Stri
         tmp: view.tmp.clone(),
         workspace: view.workspace.clone(),
     };
-    mounts::apply_mount_view(&view).map(|()| None).map_err(|e| e.to_string())
+    mounts::apply_mount_view(&view)
+        .map(|()| None)
+        .map_err(|e| e.to_string())
 }

@@ -22,5 +22,9 @@ fn daemonized_grandchild_does_not_outlive_the_job() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let comm = std::fs::read_to_string(format!("{proc_dir}/comm")).unwrap_or_default();
-    assert!(comm.trim() != "sleep", "daemon {} survived the job", pid.trim());
+    assert!(
+        comm.trim() != "sleep",
+        "daemon {} survived the job",
+        pid.trim()
+    );
 }

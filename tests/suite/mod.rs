@@ -1,8 +1,8 @@
 //! Integration suites, one file per area.
 
+mod doctor;
+mod limits;
 mod policy_cli;
 mod run_cli;
 mod run_limits;
 mod sandbox_escape;
-mod doctor;
-mod limits;

@@ -24,7 +24,10 @@ const CONTROL: &str = "danger-full-access";
 fn python() -> &'static str {
     static PY: OnceLock<String> = OnceLock::new();
     PY.get_or_init(|| {
-        let out = Command::new("python3").args(["-c", "import sys;print(sys.executable)"]).output().unwrap();
+        let out = Command::new("python3")
+            .args(["-c", "import sys;print(sys.executable)"])
+            .output()
+            .unwrap();
         String::from_utf8(out.stdout).unwrap().trim().to_string()
     })
 }
@@ -54,13 +57,27 @@ def done():
 "#;
 
 /// Run `script` (after the prelude) under `policy` with `args`; the last stdout line is the result map.
-fn sandboxed(policy: &str, ws: &Path, script: &str, args: serde_json::Value) -> (BTreeMap<String, String>, Output) {
+fn sandboxed(
+    policy: &str,
+    ws: &Path,
+    script: &str,
+    args: serde_json::Value,
+) -> (BTreeMap<String, String>, Output) {
     let code = format!("{PRELUDE}\n{script}\ndone()\n");
-    let out = run_in(policy, ws, false, &[python(), "-c", &code, &args.to_string()]);
+    let out = run_in(
+        policy,
+        ws,
+        false,
+        &[python(), "-c", &code, &args.to_string()],
+    );
     let text = stdout(&out);
     let last = text.lines().last().unwrap_or_default();
-    let map = serde_json::from_str(last)
-        .unwrap_or_else(|e| panic!("{policy}: no result line ({e}); stdout: {text}; stderr: {}", stderr(&out)));
+    let map = serde_json::from_str(last).unwrap_or_else(|e| {
+        panic!(
+            "{policy}: no result line ({e}); stdout: {text}; stderr: {}",
+            stderr(&out)
+        )
+    });
     eprintln!("{policy}: {map:?}");
     (map, out)
 }
@@ -70,9 +87,15 @@ fn assert_table(policy: &str, results: &BTreeMap<String, String>, names: &[&str]
     for name in names {
         let got = results.get(*name).map(String::as_str).unwrap_or("missing");
         if policy == DENY {
-            assert!(got.starts_with("denied:"), "{policy}: `{name}` must be denied, got {got}; all: {results:?}");
+            assert!(
+                got.starts_with("denied:"),
+                "{policy}: `{name}` must be denied, got {got}; all: {results:?}"
+            );
         } else {
-            assert_eq!(got, "ok", "{policy} (control): `{name}` must succeed; all: {results:?}");
+            assert_eq!(
+                got, "ok",
+                "{policy} (control): `{name}` must succeed; all: {results:?}"
+            );
         }
     }
 }
@@ -120,8 +143,8 @@ check("chmod_etc_passwd", same_mode("/etc/passwd"))
 check("chown_etc_passwd", same_owner("/etc/passwd"))
 check("chmod_outside", same_mode(sec))
 check("chown_outside", same_owner(sec))
-# Not an escape: the job's own /tmp is private; the host must not see this file.
-write("/tmp/" + tag)
+# The job's /tmp is private (or not writable): the host must not see this file.
+check("write_host_tmp", lambda: write("/tmp/" + tag))
 "#;
 
 const FS_CHECKS: &[&str] = &[
@@ -144,22 +167,47 @@ const FS_CHECKS: &[&str] = &[
 
 /// Writes to /etc, $HOME, /dev/shm and other directories, reads of an unlisted
 /// directory, symlink/hardlink/rename tricks through the workspace and chmod/chown outside
-/// are all refused; the job's /tmp is private (nothing reaches the host's /tmp).
+/// are all refused; the job's /tmp is private (nothing reaches the host's /tmp). Run with
+/// the workspace inside the host's /tmp and outside it (/var/tmp), the two view layouts.
 #[test]
 fn filesystem_escapes() {
-    for policy in [DENY, CONTROL] {
-        let ws = TempDir::new("esc-fs");
-        let o = outside();
-        let tag = format!("msr-escape-{}-{policy}", std::process::id());
-        let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-        let args = json!({"secret": o.secret, "victim": o.dir.join("victim.txt"), "outside": o.dir.path,
-                          "tag": tag, "home": home});
-        let (r, _) = sandboxed(policy, &ws.path, FS_SCRIPT, args);
-        assert_table(policy, &r, FS_CHECKS);
-        let host_tmp = Path::new("/tmp").join(&tag);
-        assert_eq!(host_tmp.exists(), policy == CONTROL, "{policy}: /tmp/{tag} on the host");
-        let _ = std::fs::remove_file(host_tmp);
-        assert_eq!(std::fs::read_to_string(&o.secret).unwrap(), "top secret");
+    for base in ["/tmp", "/var/tmp"] {
+        for policy in [DENY, CONTROL] {
+            let ws = WorkDir::new(base, "esc-fs");
+            let o = outside();
+            let tag = format!("msr-escape-{}-{policy}", std::process::id());
+            let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+            let args = json!({"secret": o.secret, "victim": o.dir.join("victim.txt"), "outside": o.dir.path,
+                              "tag": tag, "home": home});
+            let (r, _) = sandboxed(policy, &ws.0, FS_SCRIPT, args);
+            assert_table(policy, &r, FS_CHECKS);
+            let host_tmp = Path::new("/tmp").join(&tag);
+            assert_eq!(
+                host_tmp.exists(),
+                policy == CONTROL,
+                "{policy}, workspace in {base}: /tmp/{tag} on the host"
+            );
+            let _ = std::fs::remove_file(host_tmp);
+            assert_eq!(std::fs::read_to_string(&o.secret).unwrap(), "top secret");
+        }
+    }
+}
+
+/// A workspace directory under `base`, removed on drop.
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn new(base: &str, tag: &str) -> WorkDir {
+        let dir = Path::new(base).join(format!("msr-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        WorkDir(dir)
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -187,8 +235,16 @@ check("raw_icmp", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.
 check("vsock", lambda: socket.socket(40, socket.SOCK_STREAM, 0).close())
 "#;
 
-const NET_CHECKS: &[&str] =
-    &["tcp_127", "tcp_ipv6_loopback", "udp_127", "dns_127", "netlink", "packet", "raw_icmp", "vsock"];
+const NET_CHECKS: &[&str] = &[
+    "tcp_127",
+    "tcp_ipv6_loopback",
+    "udp_127",
+    "dns_127",
+    "netlink",
+    "packet",
+    "raw_icmp",
+    "vsock",
+];
 
 /// A UDP socket on 127.0.0.1 answering every datagram with itself (also the fake DNS server).
 fn udp_echo() -> u16 {
@@ -239,8 +295,17 @@ fn unix_socket_escapes() {
     let _abstract = abstract_listener(&abstract_name);
     for policy in [DENY, CONTROL] {
         let ws = TempDir::new("esc-unix");
-        let (r, _) = sandboxed(policy, &ws.path, UNIX_SCRIPT, json!({"path": path, "abstract": abstract_name}));
-        assert_table(policy, &r, &["unix_pathname_outside", "unix_abstract_outside"]);
+        let (r, _) = sandboxed(
+            policy,
+            &ws.path,
+            UNIX_SCRIPT,
+            json!({"path": path, "abstract": abstract_name}),
+        );
+        assert_table(
+            policy,
+            &r,
+            &["unix_pathname_outside", "unix_abstract_outside"],
+        );
     }
 }
 
@@ -336,10 +401,23 @@ impl Drop for Sleeper {
 
 /// workspace-write with a 128 MiB memory cap (written next to the workspace).
 fn small_memory_policy(dir: &TempDir) -> String {
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/workspace-write.toml"))
-        .unwrap();
-    let text = text.lines().map(|l| if l.starts_with("memory =") { "memory = \"128MiB\"" } else { l }).collect::<Vec<_>>();
-    dir.write("small-memory.toml", &text.join("\n")).display().to_string()
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/workspace-write.toml"),
+    )
+    .unwrap();
+    let text = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("memory =") {
+                "memory = \"128MiB\""
+            } else {
+                l
+            }
+        })
+        .collect::<Vec<_>>();
+    dir.write("small-memory.toml", &text.join("\n"))
+        .display()
+        .to_string()
 }
 
 /// A memory bomb ends at the cap (killed by the kernel's OOM killer inside the job's
@@ -364,7 +442,11 @@ fn memory_bomb_ends_at_cap() {
 /// survives, and the machine still starts processes.
 #[test]
 fn fork_bomb_contained_as_root() {
-    assert_eq!(unsafe { libc::geteuid() }, 0, "this test proves containment as root; run it as root");
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test proves containment as root; run it as root"
+    );
     let ws = TempDir::new("esc-fork");
     // Every process forks until a fork fails, then exits: exponential growth up to the cap.
     let bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        os._exit(3)";
@@ -372,14 +454,31 @@ fn fork_bomb_contained_as_root() {
     let out = run_in(DENY, &ws.path, true, &[python(), "-c", bomb]);
     let r = report(&out);
     assert_eq!(r["limit"], "processes", "{r}; stderr: {}", stderr(&out));
-    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
-    let mut child = Command::new("true").spawn().expect("the machine still starts processes");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        started.elapsed()
+    );
+    let mut child = Command::new("true")
+        .spawn()
+        .expect("the machine still starts processes");
     assert!(child.wait().unwrap().success());
     let mut survivors = String::new();
-    let mut ps = Command::new("pgrep").args(["-f", "os._exit\\(3\\)"]).stdout(std::process::Stdio::piped()).spawn().unwrap();
-    ps.stdout.take().unwrap().read_to_string(&mut survivors).unwrap();
+    let mut ps = Command::new("pgrep")
+        .args(["-f", "os._exit\\(3\\)"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    ps.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut survivors)
+        .unwrap();
     ps.wait().unwrap();
-    assert!(survivors.trim().is_empty(), "bomb processes survived: {survivors}");
+    assert!(
+        survivors.trim().is_empty(),
+        "bomb processes survived: {survivors}"
+    );
 }
 
 /// With `network = "loopback"` the job can serve and reach itself on 127.0.0.1, but not a
@@ -389,9 +488,11 @@ fn loopback_policy_reaches_itself_not_the_host() {
     let host = TcpListener::bind("127.0.0.1:0").unwrap();
     let ws = TempDir::new("esc-lo");
     let pol = TempDir::new("esc-lo-policy");
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/workspace-write.toml"))
-        .unwrap()
-        .replace("mode = \"none\"", "mode = \"loopback\"");
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/workspace-write.toml"),
+    )
+    .unwrap()
+    .replace("mode = \"none\"", "mode = \"loopback\"");
     let policy = pol.write("loopback.toml", &text).display().to_string();
     let script = r#"
 def own():
@@ -402,7 +503,12 @@ def host():
     socket.create_connection(("127.0.0.1", A["port"]), timeout=2).close()
 check("host_listener", host)
 "#;
-    let (r, _) = sandboxed(&policy, &ws.path, script, json!({"port": host.local_addr().unwrap().port()}));
+    let (r, _) = sandboxed(
+        &policy,
+        &ws.path,
+        script,
+        json!({"port": host.local_addr().unwrap().port()}),
+    );
     assert_eq!(r["own_loopback"], "ok", "{r:?}");
     assert!(r["host_listener"].starts_with("denied:"), "{r:?}");
 }
