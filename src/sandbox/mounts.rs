@@ -5,6 +5,9 @@
 //! processes the job may not ptrace (`hidepid=ptraceable`, so with Landlock's ptrace
 //! scoping the server and every other outside process are invisible).
 //!
+//! Well-known secret files inside listed directories (/etc/shadow, ssh host keys) are
+//! covered with an empty node: a job running as uid 0 could otherwise read them.
+//!
 //! What this adds on top of Landlock: paths the policy leaves out do not exist at all
 //! (so a pathname unix socket such as /run/docker.sock cannot be connected, which
 //! Landlock does not mediate), and metadata changes outside writable paths (chmod,
@@ -161,7 +164,55 @@ fn build(plan: &Plan) -> Result<(), MountError> {
     if plan.own_proc {
         mount_proc()?;
     }
+    mask_secrets()
+}
+
+/// Cover the [`plan::MASKED`] files present in the view with /dev/null (read-only).
+fn mask_secrets() -> Result<(), MountError> {
+    let null = Path::new(NEW).join("dev/null");
+    let null = if null.exists() {
+        null
+    } else {
+        Path::new(OLD).join("dev/null")
+    };
+    for pattern in plan::MASKED {
+        for file in expand(&under(NEW, Path::new(pattern))) {
+            mount(Some(&null), &file, None, libc::MS_BIND, None).map_err(step("mask", &file))?;
+            let ro = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID;
+            mount(NO_SRC, &file, None, ro, None).map_err(step("mask", &file))?;
+        }
+    }
     Ok(())
+}
+
+/// Existing files matching `pattern` (a `*` in the last component only).
+fn expand(pattern: &Path) -> Vec<PathBuf> {
+    let name = pattern
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let Some((prefix, suffix)) = name.split_once('*') else {
+        return if pattern.is_file() {
+            vec![pattern.to_path_buf()]
+        } else {
+            Vec::new()
+        };
+    };
+    let Some(dir) = pattern.parent() else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.len() >= prefix.len() + suffix.len() && n.starts_with(prefix) && n.ends_with(suffix)
+        })
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect()
 }
 
 /// Read-only (unless writable), nosuid, nodev, for the bind and every mount below it.

@@ -128,6 +128,11 @@ check("write_home", remove_after(home + "/" + tag, lambda: write(home + "/" + ta
 check("write_dev_shm", remove_after("/dev/shm/" + tag, lambda: write("/dev/shm/" + tag)))
 check("write_outside_dir", lambda: write(out + "/new.txt"))
 check("read_outside_file", lambda: open(sec).read())
+def secret_content(p):
+    def f():
+        if not open(p, "rb").read(): raise OSError(errno.EACCES, "masked (empty)")
+    return f
+check("read_etc_shadow", secret_content("/etc/shadow"))
 check("list_outside_dir", lambda: os.listdir(out))
 os.symlink(sec, "link-read")
 check("symlink_read", lambda: open("link-read").read())
@@ -153,6 +158,7 @@ const FS_CHECKS: &[&str] = &[
     "write_dev_shm",
     "write_outside_dir",
     "read_outside_file",
+    "read_etc_shadow",
     "list_outside_dir",
     "symlink_read",
     "symlink_write",
@@ -346,6 +352,9 @@ def io_uring():
     params = ctypes.create_string_buffer(120)
     os.close(sys_ok(libc.syscall(425, 4, params)))
 check("io_uring", io_uring)
+def leave_cgroup():
+    with open(A["own_cgroup_procs"], "w") as f: f.write("0")
+check("leave_job_cgroup", leave_cgroup)
 "#;
 
 const PROC_CHECKS: &[&str] = &[
@@ -363,18 +372,35 @@ const PROC_CHECKS: &[&str] = &[
     "bpf",
     "keyctl",
     "io_uring",
+    "leave_job_cgroup",
 ];
+
+/// The `cgroup.procs` of the test's own pids cgroup (outside any job cgroup).
+fn own_cgroup_procs() -> String {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    for line in own.lines() {
+        let mut it = line.splitn(3, ':');
+        let (_, ctrls, path) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+        if ctrls.split(',').any(|c| c == "pids") {
+            return format!("/sys/fs/cgroup/pids{path}/cgroup.procs").replace("//", "/");
+        }
+    }
+    let path = own.lines().find_map(|l| l.strip_prefix("0::")).unwrap();
+    format!("/sys/fs/cgroup{path}/cgroup.procs").replace("//", "/")
+}
 
 /// The server's (and the test's) /proc environ, cmdline and maps are unreadable; ptrace
 /// and signals to an outside process (the test's own sleep), mount, unshare, setns, bpf,
-/// keyctl and io_uring all fail.
+/// keyctl and io_uring all fail; the job cannot move itself out of its cgroup (which
+/// would lift its memory and process caps).
 #[test]
 fn process_and_kernel_escapes() {
     let sleeper = Sleeper::start();
     let o = outside();
     for policy in [DENY, CONTROL] {
         let ws = TempDir::new("esc-proc");
-        let args = json!({"sleeper": sleeper.0.id(), "test": std::process::id(), "mnt": o.dir.join("mnt")});
+        let args = json!({"sleeper": sleeper.0.id(), "test": std::process::id(), "mnt": o.dir.join("mnt"),
+                          "own_cgroup_procs": own_cgroup_procs()});
         let (r, _) = sandboxed(policy, &ws.path, PROC_SCRIPT, args);
         assert_table(policy, &r, PROC_CHECKS);
         assert!(sleeper.alive(), "the outside process survived");

@@ -15,6 +15,19 @@ pub const OWN_DEVICES: &[(&str, u32, u32)] = &[
     ("tty", 5, 0),
 ];
 
+/// Secret files a root-uid job could read through a listed directory (DAC lets uid 0
+/// read root-owned 0640 files even without capabilities): the view covers each that
+/// exists with an empty device node. `*` matches within one path component.
+pub const MASKED: &[&str] = &[
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/ssh/ssh_host_*_key",
+    "/etc/sudoers",
+    "/etc/security/opasswd",
+];
+
 /// One bind mount of the view.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bind {

@@ -67,6 +67,7 @@ fn view_has_only_listed_paths_with_their_modes() {
     let script = r#"
         t() { if eval "$2" >/dev/null 2>&1; then echo "$1=ok"; else echo "$1=no"; fi; }
         t read_etc 'cat /etc/passwd'
+        t shadow_has_content 'test -s /etc/shadow'
         t write_etc 'echo x > /etc/mcp-escape'
         t chmod_etc 'chmod 600 /etc/hostname'
         t touch_root 'touch /mcp-escape'
@@ -84,7 +85,7 @@ fn view_has_only_listed_paths_with_their_modes() {
     "#
     .replace("$WS", &d.ws.display().to_string());
     let (out, err) = run_in_view(view(&d), &script);
-    let expect = "read_etc=ok write_etc=no chmod_etc=no touch_root=no mkdir_usr=no write_ws=ok write_tmp=ok \
+    let expect = "read_etc=ok shadow_has_content=no write_etc=no chmod_etc=no touch_root=no mkdir_usr=no write_ws=ok write_tmp=ok \
                   home_exists=no run_exists=no work_exists=no dev_null=ok dev_urandom=ok proc_self=ok proc_ro=no cwd_is_ws=ok";
     assert_eq!(
         out.split_whitespace().collect::<Vec<_>>().join(" "),
