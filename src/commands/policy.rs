@@ -21,7 +21,11 @@ pub fn policy(cmd: PolicyCommand) -> anyhow::Result<ExitCode> {
         PolicyCommand::Check { file } => {
             let path = file.to_string_lossy();
             // A bare name would load a shipped policy; insist on the file.
-            let spec = if path.contains('/') { path.into_owned() } else { format!("./{path}") };
+            let spec = if path.contains('/') {
+                path.into_owned()
+            } else {
+                format!("./{path}")
+            };
             let p = Policy::load(&spec)?;
             println!("{}: ok (policy {:?})", file.display(), p.name);
         }

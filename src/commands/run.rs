@@ -43,9 +43,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     w.display()
                 );
             }
-            abs.canonicalize().with_context(|| format!("cannot resolve workspace {}", w.display()))?
+            abs.canonicalize()
+                .with_context(|| format!("cannot resolve workspace {}", w.display()))?
         }
-        None => cwd.canonicalize().context("cannot resolve the current directory")?,
+        None => cwd
+            .canonicalize()
+            .context("cannot resolve the current directory")?,
     };
     let Some((program, rest)) = args.command.split_first() else {
         bail!("no command given; usage: mcp-sandbox-repl run [--policy NAME] -- CMD [ARGS]");
@@ -59,7 +62,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         uv_cache: None,
     };
     let resolved = Arc::new(policy.resolve(&placeholders)?);
-    let dir = if cwd.starts_with(&workspace) { cwd } else { workspace };
+    let dir = if cwd.starts_with(&workspace) {
+        cwd
+    } else {
+        workspace
+    };
     let mut cmd = SandboxCommand::new(resolved.clone(), program);
     cmd.args(rest).current_dir(dir);
     let child = cmd.spawn()?;
@@ -145,12 +152,13 @@ fn python_prefixes() -> Vec<PathBuf> {
         } else if let Some(root) = parent.parent() {
             out.push(root.to_path_buf());
         }
-    } else if let Ok(real) = found.canonicalize() {
-        if let Some(prefix) = real.parent().and_then(Path::parent) {
-            if prefix != Path::new("/usr") && prefix != Path::new("/") {
-                out.push(prefix.to_path_buf());
-            }
-        }
+    } else if let Some(prefix) = found
+        .canonicalize()
+        .ok()
+        .and_then(|real| real.parent().and_then(Path::parent).map(Path::to_path_buf))
+        .filter(|p| p != Path::new("/usr") && p != Path::new("/"))
+    {
+        out.push(prefix);
     }
     out
 }

@@ -100,10 +100,8 @@ impl SandboxedChild {
     /// Send `signal` to the whole process group (and, for SIGKILL, every process of
     /// its cgroup).
     pub fn signal_group(&self, signal: i32) -> std::io::Result<()> {
-        if signal == libc::SIGKILL {
-            if let Some(cg) = &self.cgroup {
-                cg.kill_all();
-            }
+        if let (libc::SIGKILL, Some(cg)) = (signal, &self.cgroup) {
+            cg.kill_all();
         }
         // SAFETY: kill(2) on our own process group.
         if unsafe { libc::kill(-(self.pid as libc::pid_t), signal) } != 0 {
@@ -163,10 +161,16 @@ impl SandboxedChild {
     pub fn wait_blocking(mut self) -> ExitReport {
         let mut wall_hit = false;
         if let (Some(fd), Some(left)) = (&self.pidfd, self.remaining_wall()) {
-            let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            let mut pfd = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
             let deadline = Instant::now() + left;
             loop {
-                let ms = deadline.saturating_duration_since(Instant::now()).as_millis();
+                let ms = deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis();
                 // SAFETY: one valid pollfd.
                 let rc = unsafe { libc::poll(&mut pfd, 1, ms.min(i32::MAX as u128) as i32) };
                 if rc > 0 {
@@ -187,7 +191,8 @@ impl SandboxedChild {
     }
 
     fn remaining_wall(&self) -> Option<Duration> {
-        self.wall_limit.map(|l| l.saturating_sub(self.started.elapsed()))
+        self.wall_limit
+            .map(|l| l.saturating_sub(self.started.elapsed()))
     }
 
     fn finish(&mut self, reaped: Option<(i32, libc::rusage)>, wall_hit: bool) -> ExitReport {
@@ -196,7 +201,10 @@ impl SandboxedChild {
         // The main process is gone: nothing it left behind may outlive it.
         self.kill_all();
         let Some((status, ru)) = reaped else {
-            return ExitReport { wall, ..Default::default() };
+            return ExitReport {
+                wall,
+                ..Default::default()
+            };
         };
         let tv = |t: libc::timeval| {
             Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
@@ -227,7 +235,10 @@ impl SandboxedChild {
             Some(LimitHit::Memory)
         } else if signal == Some(libc::SIGXCPU)
             || (signal == Some(libc::SIGKILL)
-                && self.limits.cpu_seconds.is_some_and(|l| cpu_spent >= Duration::from_secs(l)))
+                && self
+                    .limits
+                    .cpu_seconds
+                    .is_some_and(|l| cpu_spent >= Duration::from_secs(l)))
         {
             Some(LimitHit::Cpu)
         } else if signal == Some(libc::SIGXFSZ) {

@@ -1,23 +1,23 @@
-//! Adapter between the launcher and the isolation mechanisms owned by the sandbox-iso
-//! work (cgroup, network namespace, mount view). Everything the launcher needs from
-//! them goes through these few functions, in words, so that switching from the
-//! placeholders to the real modules is one edit here.
+//! Adapter between the launcher and the isolation mechanisms of `cgroup`, `netns` and
+//! `mounts` (which take plain parameters, not policy types). Everything the launcher
+//! and the spawn side need from them goes through these few functions, with errors
+//! already in words.
 //!
 //! Launcher-side functions return `Ok(None)` when applied, `Ok(Some(note))` when the
-//! mechanism is not available in this build (the note lands in the report's
-//! `unenforced` list), `Err(words)` when applying it failed (fatal before exec).
-//!
-//! STATUS: wired to the real modules (`cgroup`, `netns`, `mounts`).
+//! mechanism is not available and the policy allows best effort (the note lands in the
+//! report's list of what was not enforced), `Err(words)` when it is fatal.
 
 use std::path::PathBuf;
 
-use super::{cgroup, mounts, netns};
+use super::cgroup::{self, JobCgroup};
+use super::mounts::{self, MountView};
+use super::netns;
 
-/// The parent's handle on a job's cgroup(s).
+/// The parent's handle on a job's cgroup(s). Dropping it kills what is left and removes it.
 #[derive(Debug)]
 pub struct JobCgroupHandle {
-    inner: cgroup::JobCgroup,
-    memory: bool,
+    inner: JobCgroup,
+    has_memory: bool,
 }
 
 impl JobCgroupHandle {
@@ -27,18 +27,18 @@ impl JobCgroupHandle {
         memory_bytes: Option<u64>,
         max_pids: Option<u64>,
     ) -> Result<JobCgroupHandle, String> {
-        let inner =
-            cgroup::JobCgroup::create(name, memory_bytes, max_pids).map_err(|e| e.to_string())?;
-        Ok(JobCgroupHandle {
-            inner,
-            memory: memory_bytes.is_some(),
-        })
+        JobCgroup::create(name, memory_bytes, max_pids)
+            .map(|inner| JobCgroupHandle {
+                inner,
+                has_memory: memory_bytes.is_some(),
+            })
+            .map_err(|e| e.to_string())
     }
     pub fn procs_files(&self) -> Vec<PathBuf> {
         self.inner.procs_files()
     }
     pub fn has_memory_limit(&self) -> bool {
-        self.memory
+        self.has_memory
     }
     pub fn peak_memory_bytes(&self) -> Option<u64> {
         self.inner.peak_memory_bytes()
@@ -54,18 +54,37 @@ impl JobCgroupHandle {
     }
 }
 
+fn outcome<E: std::fmt::Display>(
+    result: Result<(), E>,
+    best_effort: bool,
+    what: &str,
+) -> Result<Option<String>, String> {
+    match result {
+        Ok(()) => Ok(None),
+        Err(e) if best_effort => Ok(Some(format!("{what} ({e})"))),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Launcher side: move the calling process into the job's cgroup(s).
-pub fn join_cgroup(procs_files: &[PathBuf]) -> Result<Option<String>, String> {
-    cgroup::join_current(procs_files)
-        .map(|()| None)
-        .map_err(|e| e.to_string())
+pub fn join_cgroup(procs_files: &[PathBuf], best_effort: bool) -> Result<Option<String>, String> {
+    if procs_files.is_empty() {
+        return Ok(None);
+    }
+    outcome(
+        cgroup::join_current(procs_files),
+        best_effort,
+        "cgroup limits",
+    )
 }
 
 /// Launcher side: a private network namespace (loopback up if asked).
-pub fn isolate_network(loopback_up: bool) -> Result<Option<String>, String> {
-    netns::isolate_network(loopback_up)
-        .map(|()| None)
-        .map_err(|e| e.to_string())
+pub fn isolate_network(loopback_up: bool, best_effort: bool) -> Result<Option<String>, String> {
+    outcome(
+        netns::isolate_network(loopback_up),
+        best_effort,
+        "private network namespace",
+    )
 }
 
 /// What the mount view shows: `read` read-only, `write` writable, `tmp` also at /tmp.
@@ -77,14 +96,20 @@ pub struct MountViewSpec<'a> {
 }
 
 /// Launcher side: a private mount namespace showing only the policy's paths.
-pub fn apply_mount_view(view: &MountViewSpec<'_>) -> Result<Option<String>, String> {
-    let view = mounts::MountView {
+pub fn apply_mount_view(
+    view: &MountViewSpec<'_>,
+    best_effort: bool,
+) -> Result<Option<String>, String> {
+    // Executable paths must be visible too; the view binds them read-only.
+    let view = MountView {
         read: view.read.to_vec(),
         write: view.write.to_vec(),
         tmp: view.tmp.clone(),
         workspace: view.workspace.clone(),
     };
-    mounts::apply_mount_view(&view)
-        .map(|()| None)
-        .map_err(|e| e.to_string())
+    outcome(
+        mounts::apply_mount_view(&view),
+        best_effort,
+        "private mount view",
+    )
 }

@@ -63,7 +63,9 @@ impl LandlockPlan {
             out.push(format!("TCP port rules (Landlock ABI {abi} < 4)"));
         }
         if abi < 6 && self.scope_abstract_unix {
-            out.push(format!("abstract unix socket scoping (Landlock ABI {abi} < 6)"));
+            out.push(format!(
+                "abstract unix socket scoping (Landlock ABI {abi} < 6)"
+            ));
         }
         if abi < 6 && self.scope_signals {
             out.push(format!("signal scoping (Landlock ABI {abi} < 6)"));
@@ -112,6 +114,30 @@ pub fn kernel_abi() -> i32 {
     if v < 0 { 0 } else { v as i32 }
 }
 
+/// What of `plan` a kernel with Landlock ABI `abi` leaves unenforced; an error in words
+/// unless the policy allows best effort.
+pub fn check_support(
+    plan: &LandlockPlan,
+    abi: i32,
+    policy_name: &str,
+    best_effort: bool,
+) -> Result<Vec<String>, String> {
+    let missing = plan.unenforced(abi);
+    if missing.is_empty() || best_effort {
+        return Ok(missing);
+    }
+    if abi == 0 {
+        return Err(format!(
+            "this kernel has no Landlock; policy {policy_name} requires it"
+        ));
+    }
+    Err(format!(
+        "this kernel's Landlock ABI is {abi}; policy {policy_name} needs ABI {} for: {}",
+        plan.required_abi(),
+        missing.join(", ")
+    ))
+}
+
 /// Apply `plan` to the calling thread. `best_effort`: enforce what the kernel supports
 /// and return what it does not; otherwise anything unenforced is an error in words.
 pub fn install_landlock_on_current_thread(
@@ -123,17 +149,7 @@ pub fn install_landlock_on_current_thread(
         return Ok(Vec::new());
     }
     let abi = kernel_abi();
-    let missing = plan.unenforced(abi);
-    if !missing.is_empty() && !best_effort {
-        if abi == 0 {
-            return Err(format!("this kernel has no Landlock; policy {policy_name} requires it"));
-        }
-        return Err(format!(
-            "this kernel's Landlock ABI is {abi}; policy {policy_name} needs ABI {} for: {}",
-            plan.required_abi(),
-            missing.join(", ")
-        ));
-    }
+    let missing = check_support(plan, abi, policy_name, best_effort)?;
     if abi == 0 {
         return Ok(missing);
     }
@@ -141,10 +157,14 @@ pub fn install_landlock_on_current_thread(
     let err = |e: landlock::RulesetError| format!("Landlock: {e}");
     let mut ruleset = Ruleset::default().set_compatibility(CompatLevel::BestEffort);
     if plan.fs.is_some() {
-        ruleset = ruleset.handle_access(AccessFs::from_all(target)).map_err(err)?;
+        ruleset = ruleset
+            .handle_access(AccessFs::from_all(target))
+            .map_err(err)?;
     }
     if plan.tcp.is_some() && abi >= 4 {
-        ruleset = ruleset.handle_access(AccessNet::from_all(target)).map_err(err)?;
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(target))
+            .map_err(err)?;
     }
     if abi >= 6 {
         let mut scopes = BitFlags::<Scope>::EMPTY;
@@ -170,21 +190,28 @@ pub fn install_landlock_on_current_thread(
             let read = AccessFs::ReadFile | AccessFs::ReadDir;
             let mut access = match grant {
                 FsGrant::Read => read,
-                FsGrant::Write => AccessFs::from_all(target),
+                // Writing does not imply executing: that is the `execute` set's job.
+                FsGrant::Write => AccessFs::from_all(target) & !AccessFs::Execute,
                 FsGrant::Execute => read | AccessFs::Execute,
             };
             if !path.is_dir() {
                 access &= AccessFs::from_file(target);
             }
-            created = created.add_rule(PathBeneath::new(fd, access)).map_err(err)?;
+            created = created
+                .add_rule(PathBeneath::new(fd, access))
+                .map_err(err)?;
         }
     }
     if let (Some((connect, bind)), true) = (&plan.tcp, abi >= 4) {
         for &port in connect {
-            created = created.add_rule(NetPort::new(port, AccessNet::ConnectTcp)).map_err(err)?;
+            created = created
+                .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
+                .map_err(err)?;
         }
         for &port in bind {
-            created = created.add_rule(NetPort::new(port, AccessNet::BindTcp)).map_err(err)?;
+            created = created
+                .add_rule(NetPort::new(port, AccessNet::BindTcp))
+                .map_err(err)?;
         }
     }
     let status = created.restrict_self().map_err(err)?;
@@ -210,7 +237,11 @@ mod tests {
     use crate::sandbox::{Placeholders, Policy};
 
     fn resolved(name: &str) -> ResolvedPolicy {
-        let ph = Placeholders { workspace: "/w".into(), tmp: "/t".into(), ..Default::default() };
+        let ph = Placeholders {
+            workspace: "/w".into(),
+            tmp: "/t".into(),
+            ..Default::default()
+        };
         Policy::load(name).unwrap().resolve(&ph).unwrap()
     }
 
@@ -220,7 +251,10 @@ mod tests {
         let fs = plan.fs.as_ref().unwrap();
         assert!(fs.contains(&("/w".into(), FsGrant::Write)));
         assert!(fs.contains(&("/etc".into(), FsGrant::Read)));
-        assert!(!fs.iter().any(|(p, _)| p.starts_with("/root") || p.starts_with("/tmp")));
+        assert!(
+            !fs.iter()
+                .any(|(p, _)| p.starts_with("/root") || p.starts_with("/tmp"))
+        );
         assert!(plan.scope_abstract_unix && plan.scope_signals && plan.tcp.is_none());
         assert_eq!(plan.required_abi(), 6);
         assert!(plan.unenforced(7).is_empty());
@@ -229,11 +263,29 @@ mod tests {
 
     #[test]
     fn ports_plan() {
-        let p = resolved("workspace-write")
-            .with_network(NetworkPolicy::Ports { connect: vec![443], bind: vec![8080] });
+        let p = resolved("workspace-write").with_network(NetworkPolicy::Ports {
+            connect: vec![443],
+            bind: vec![8080],
+        });
         let plan = landlock_rules(&p);
         assert_eq!(plan.tcp, Some((vec![443], vec![8080])));
         assert!(plan.unenforced(3).iter().any(|m| m.contains("TCP port")));
+    }
+
+    #[test]
+    fn missing_kernel_support_fails_closed_in_words() {
+        let plan = landlock_rules(&resolved("workspace-write"));
+        assert_eq!(
+            check_support(&plan, 0, "workspace-write", false).unwrap_err(),
+            "this kernel has no Landlock; policy workspace-write requires it"
+        );
+        let e = check_support(&plan, 5, "ci", false).unwrap_err();
+        assert!(
+            e.contains("ABI is 5") && e.contains("needs ABI 6") && e.contains("signal"),
+            "{e}"
+        );
+        assert_eq!(check_support(&plan, 5, "ci", true).unwrap().len(), 2);
+        assert!(check_support(&plan, 7, "ci", false).unwrap().is_empty());
     }
 
     #[test]

@@ -25,6 +25,11 @@ use super::resolve::{NetworkPolicy, ResolvedPolicy};
 use super::rlimits::{apply_rlimits, rlimit_plan};
 use super::seccomp::{install_seccomp_filter_on_current_thread, seccomp_rules};
 
+// Where the interface stub had them, for callers that name these paths.
+pub use super::child::{ExitReport, LimitHit, SandboxedChild, Termination};
+pub use super::error::LaunchError;
+pub use super::spawn::SandboxCommand;
+
 /// argv[1] that selects launcher mode.
 pub const LAUNCHER_ARG: &str = "__sandbox-launch";
 
@@ -32,7 +37,9 @@ pub const LAUNCHER_ARG: &str = "__sandbox-launch";
 pub const SETUP_FAILED_EXIT: i32 = 127;
 
 pub fn is_launcher_invocation() -> bool {
-    std::env::args_os().nth(1).is_some_and(|a| a == LAUNCHER_ARG)
+    std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == LAUNCHER_ARG)
 }
 
 /// Everything the launcher needs, sent by the parent as JSON over an inherited fd.
@@ -62,9 +69,11 @@ pub fn launcher_main() -> ! {
     // SAFETY: the parent put the spec at `spec_fd` and nothing else owns it.
     let mut file = unsafe { std::fs::File::from_raw_fd(spec_fd) };
     let mut text = Vec::new();
-    let spec: LaunchSpec = match file.read_to_end(&mut text).map_err(|e| e.to_string()).and_then(
-        |_| serde_json::from_slice(&text).map_err(|e| e.to_string()),
-    ) {
+    let spec: LaunchSpec = match file
+        .read_to_end(&mut text)
+        .map_err(|e| e.to_string())
+        .and_then(|_| serde_json::from_slice(&text).map_err(|e| e.to_string()))
+    {
         Ok(spec) => spec,
         Err(e) => {
             eprintln!("mcp-sandbox-repl: sandbox setup failed: unreadable launch spec: {e}");
@@ -124,23 +133,40 @@ fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), Strin
     if unsafe { libc::setsid() } < 0 {
         return Err(format!("setsid: {}", std::io::Error::last_os_error()));
     }
-    isolation_step(isolation::join_cgroup(&spec.cgroup_procs), notes)?;
+    isolation_step(
+        isolation::join_cgroup(&spec.cgroup_procs, best_effort),
+        notes,
+    )?;
     let netns = match policy.network {
         NetworkPolicy::None => Some(false),
         NetworkPolicy::Loopback => Some(true),
         _ => None,
     };
     if let (Some(loopback), true) = (netns, policy.syscall_filter || policy.drop_capabilities) {
-        isolation_step(isolation::isolate_network(loopback), notes)?;
+        isolation_step(isolation::isolate_network(loopback, best_effort), notes)?;
     }
     if !policy.filesystem_unrestricted() {
+        // Executable paths must exist in the view as well: they are bound read-only.
+        let mut read = policy.read.clone();
+        for p in &policy.execute {
+            if !read.contains(p) {
+                read.push(p.clone());
+            }
+        }
+        // The view makes its `workspace` writable: name it only where the policy does.
+        let no_workspace = PathBuf::new();
+        let workspace = if policy.write.contains(&policy.workspace) {
+            &policy.workspace
+        } else {
+            &no_workspace
+        };
         let view = MountViewSpec {
-            read: &policy.read,
+            read: &read,
             write: &policy.write,
             tmp: &policy.tmp,
-            workspace: &policy.workspace,
+            workspace,
         };
-        isolation_step(isolation::apply_mount_view(&view), notes)?;
+        isolation_step(isolation::apply_mount_view(&view, best_effort), notes)?;
     }
     if let Some(dir) = &spec.cwd {
         std::env::set_current_dir(dir)
@@ -158,7 +184,11 @@ fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), Strin
     if policy.drop_capabilities || !plan.is_empty() || !seccomp.is_empty() {
         set_no_new_privs()?;
     }
-    notes.extend(install_landlock_on_current_thread(&plan, &policy.name, best_effort)?);
+    notes.extend(install_landlock_on_current_thread(
+        &plan,
+        &policy.name,
+        best_effort,
+    )?);
     install_seccomp_filter_on_current_thread(&seccomp)?;
     close_inherited_fds(&spec.keep_fds, spec.status_fd)?;
     Ok(())
@@ -227,7 +257,12 @@ fn exec(spec: &LaunchSpec) -> String {
             "cannot execute {shown:?}: {e}; blocked by policy {}, which allows executing only \
              under: {}",
             spec.policy.name,
-            spec.policy.execute.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            spec.policy
+                .execute
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
         _ => format!("cannot execute {shown:?}: {e}"),
     }

@@ -9,13 +9,17 @@
 //! - one file per mechanism: `rlimits`, `privileges`, `landlock`, `seccomp`, and
 //!   `isolation`, the adapter to the cgroup / network namespace / mount view modules.
 
+pub mod cgroup;
 pub mod child;
 pub mod error;
 pub mod isolation;
 pub mod landlock;
 pub mod launcher;
+pub mod mounts;
+pub mod netns;
 pub mod policy;
 pub mod privileges;
+pub mod probe;
 pub mod resolve;
 pub mod rlimits;
 pub mod seccomp;
@@ -27,8 +31,3 @@ pub use policy::{DEFAULT_POLICY, KernelSupportMode, NetworkMode, Policy, Scoping
 pub use privileges::harden_current_process;
 pub use resolve::{Limits, NetworkPolicy, Placeholders, ResolvedPolicy};
 pub use spawn::SandboxCommand;
-
-pub mod cgroup;
-pub mod mounts;
-pub mod netns;
-pub mod probe;

@@ -7,13 +7,21 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::PolicyError;
+pub use super::error::PolicyError;
+// Where the interface stub had them, for callers that name these paths.
+pub use super::resolve::{Placeholders, ResolvedPolicy};
 
 /// The shipped policies, embedded so that a spawn never touches the disk for them.
 pub const SHIPPED: &[(&str, &str)] = &[
     ("read-only", include_str!("../../policies/read-only.toml")),
-    ("workspace-write", include_str!("../../policies/workspace-write.toml")),
-    ("danger-full-access", include_str!("../../policies/danger-full-access.toml")),
+    (
+        "workspace-write",
+        include_str!("../../policies/workspace-write.toml"),
+    ),
+    (
+        "danger-full-access",
+        include_str!("../../policies/danger-full-access.toml"),
+    ),
     ("ci", include_str!("../../policies/ci.toml")),
 ];
 
@@ -21,8 +29,14 @@ pub const SHIPPED: &[(&str, &str)] = &[
 pub const DEFAULT_POLICY: &str = "workspace-write";
 
 /// The placeholders a path may start with.
-pub const PLACEHOLDERS: &[&str] =
-    &["{workspace}", "{tmp}", "{python}", "{venv}", "{uv_cache}", "{home}"];
+pub const PLACEHOLDERS: &[&str] = &[
+    "{workspace}",
+    "{tmp}",
+    "{python}",
+    "{venv}",
+    "{uv_cache}",
+    "{home}",
+];
 
 /// A policy as written in a file (placeholders unresolved).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -167,13 +181,20 @@ fn yes() -> bool {
 
 impl Default for ProcessSection {
     fn default() -> Self {
-        ProcessSection { drop_capabilities: true, syscall_filter: true }
+        ProcessSection {
+            drop_capabilities: true,
+            syscall_filter: true,
+        }
     }
 }
 
 /// Names of the shipped policies, comma-separated (for messages).
 pub fn shipped_names() -> String {
-    SHIPPED.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+    SHIPPED
+        .iter()
+        .map(|(n, _)| *n)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl Policy {
@@ -190,16 +211,23 @@ impl Policy {
             });
         }
         let path = Path::new(name_or_path);
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| PolicyError::Read { path: path.to_path_buf(), source })?;
-        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
         Policy::parse(&name, &text, name_or_path)
     }
 
     /// Parse and validate policy text; `file` names the source in errors.
     pub fn parse(name: &str, text: &str, file: &str) -> Result<Policy, PolicyError> {
-        let mut policy: Policy = toml::from_str(text)
-            .map_err(|e| PolicyError::Parse { file: file.to_string(), message: one_line(&e) })?;
+        let mut policy: Policy = toml::from_str(text).map_err(|e| PolicyError::Parse {
+            file: file.to_string(),
+            message: one_line(&e),
+        })?;
         policy.name = name.to_string();
         policy.validate(file)?;
         Ok(policy)
@@ -212,7 +240,11 @@ impl Policy {
             message,
         };
         let fs = &self.filesystem;
-        for (set, paths) in [("read", &fs.read), ("write", &fs.write), ("execute", &fs.execute)] {
+        for (set, paths) in [
+            ("read", &fs.read),
+            ("write", &fs.write),
+            ("execute", &fs.execute),
+        ] {
             for (i, p) in paths.iter().enumerate() {
                 check_path(p).map_err(|m| invalid(format!("filesystem.{set}[{i}]"), m))?;
             }
@@ -227,20 +259,28 @@ impl Policy {
                 ),
             ));
         }
-        for (key, ports) in [("network.connect", &net.connect), ("network.bind", &net.bind)] {
+        for (key, ports) in [
+            ("network.connect", &net.connect),
+            ("network.bind", &net.bind),
+        ] {
             if ports.contains(&0) {
-                return Err(invalid(key.into(), "port 0 is not allowed; use 1..=65535".into()));
+                return Err(invalid(
+                    key.into(),
+                    "port 0 is not allowed; use 1..=65535".into(),
+                ));
             }
         }
         for (i, name) in self.environment.pass.iter().enumerate() {
-            check_env_name(name)
-                .map_err(|m| invalid(format!("environment.pass[{i}]"), m))?;
+            check_env_name(name).map_err(|m| invalid(format!("environment.pass[{i}]"), m))?;
         }
         for name in self.environment.set.keys() {
             check_env_name(name).map_err(|m| invalid(format!("environment.set.{name}"), m))?;
         }
         let l = &self.limits;
-        for (key, size) in [("limits.memory", &l.memory), ("limits.file_size", &l.file_size)] {
+        for (key, size) in [
+            ("limits.memory", &l.memory),
+            ("limits.file_size", &l.file_size),
+        ] {
             if let Some(size) = size {
                 parse_size(size).map_err(|m| invalid(key.into(), m))?;
             }
@@ -275,7 +315,10 @@ impl Policy {
 
     /// File-size limit in bytes, if any (validated at load).
     pub fn file_size_bytes(&self) -> Option<u64> {
-        self.limits.file_size.as_ref().and_then(|s| parse_size(s).ok())
+        self.limits
+            .file_size
+            .as_ref()
+            .and_then(|s| parse_size(s).ok())
     }
 }
 
@@ -321,7 +364,9 @@ fn check_env_name(name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("{name:?} is not a variable name (letters, digits, `_`; or `*` for all)"))
+        Err(format!(
+            "{name:?} is not a variable name (letters, digits, `_`; or `*` for all)"
+        ))
     }
 }
 
@@ -346,12 +391,14 @@ pub fn parse_size(size: &ByteSize) -> Result<u64, String> {
                     return Err(format!("unknown unit {other:?} in {t:?}; use K, M, G or T"));
                 }
             };
-            base.checked_mul(mult).ok_or_else(|| format!("{t:?} is too large"))?
+            base.checked_mul(mult)
+                .ok_or_else(|| format!("{t:?} is too large"))?
         }
     };
     if n == 0 {
-        return Err("0 makes no sense; give a positive size or leave the key out for no limit"
-            .into());
+        return Err(
+            "0 makes no sense; give a positive size or leave the key out for no limit".into(),
+        );
     }
     Ok(n)
 }
@@ -361,7 +408,9 @@ mod tests {
     use super::*;
 
     fn err(text: &str) -> String {
-        Policy::parse("t", text, "/p/t.toml").unwrap_err().to_string()
+        Policy::parse("t", text, "/p/t.toml")
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
@@ -375,13 +424,19 @@ mod tests {
     #[test]
     fn unknown_name_lists_known() {
         let e = Policy::load("nope").unwrap_err().to_string();
-        assert!(e.contains("read-only, workspace-write, danger-full-access, ci"), "{e}");
+        assert!(
+            e.contains("read-only, workspace-write, danger-full-access, ci"),
+            "{e}"
+        );
     }
 
     #[test]
     fn unknown_key_names_file_and_key() {
         let e = err("[filesystem]\nreed = [\"/usr\"]\n");
-        assert!(e.contains("/p/t.toml") && e.contains("reed") && e.contains("read"), "{e}");
+        assert!(
+            e.contains("/p/t.toml") && e.contains("reed") && e.contains("read"),
+            "{e}"
+        );
         let e = err("colour = 1\n");
         assert!(e.contains("colour"), "{e}");
     }
@@ -389,7 +444,10 @@ mod tests {
     #[test]
     fn relative_path_rejected() {
         let e = err("[filesystem]\nread = [\"usr/lib\"]\n");
-        assert!(e.contains("filesystem.read[0]") && e.contains("relative path"), "{e}");
+        assert!(
+            e.contains("filesystem.read[0]") && e.contains("relative path"),
+            "{e}"
+        );
         let e = err("[filesystem]\nwrite = [\"{nowhere}/x\"]\n");
         assert!(e.contains("unknown placeholder"), "{e}");
     }
@@ -405,7 +463,10 @@ mod tests {
     #[test]
     fn bad_enum_value_names_allowed() {
         let e = err("[network]\nmode = \"internet\"\n");
-        assert!(e.contains("none") && e.contains("loopback") && e.contains("ports"), "{e}");
+        assert!(
+            e.contains("none") && e.contains("loopback") && e.contains("ports"),
+            "{e}"
+        );
         let e = err("[network]\nconnect = [443]\n");
         assert!(e.contains("mode = \"ports\""), "{e}");
     }

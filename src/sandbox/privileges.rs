@@ -7,7 +7,9 @@ use caps::{CapSet, Capability};
 /// ambient, inheritable, then effective and permitted. After this an exec — even of a
 /// root-owned or setuid file as uid 0 — gains nothing.
 pub fn drop_all_capabilities() -> Result<(), String> {
-    let err = |set: &str, e: caps::errors::CapsError| format!("cannot clear the {set} capability set: {e}");
+    let err = |set: &str, e: caps::errors::CapsError| {
+        format!("cannot clear the {set} capability set: {e}")
+    };
     if caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).unwrap_or(false) {
         caps::clear(None, CapSet::Bounding).map_err(|e| err("bounding", e))?;
     }
@@ -23,7 +25,10 @@ pub fn set_no_new_privs() -> Result<(), String> {
     // SAFETY: prctl with integer arguments only.
     let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     if rc != 0 {
-        return Err(format!("cannot set no_new_privs: {}", std::io::Error::last_os_error()));
+        return Err(format!(
+            "cannot set no_new_privs: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     Ok(())
 }

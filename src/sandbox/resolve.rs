@@ -77,10 +77,16 @@ impl Policy {
     /// Resolve placeholders into absolute paths; the result is what the launcher enforces.
     /// A path whose placeholder has no value (`{venv}` without a venv) is left out.
     pub fn resolve(&self, ph: &Placeholders) -> Result<ResolvedPolicy, PolicyError> {
-        let err = |message: String| PolicyError::Resolve { policy: self.name.clone(), message };
+        let err = |message: String| PolicyError::Resolve {
+            policy: self.name.clone(),
+            message,
+        };
         for (what, p) in [("workspace", &ph.workspace), ("tmp", &ph.tmp)] {
             if !p.is_absolute() {
-                return Err(err(format!("the {what} path {} is not absolute", p.display())));
+                return Err(err(format!(
+                    "the {what} path {} is not absolute",
+                    p.display()
+                )));
             }
         }
         let home = std::env::var_os("HOME").map(PathBuf::from);
@@ -233,7 +239,9 @@ impl ResolvedPolicy {
         let all = self.env_pass.iter().any(|n| n == "*");
         let mut env: Vec<(OsString, OsString)> = parent
             .filter(|(k, _)| {
-                all || k.to_str().is_some_and(|k| self.env_pass.iter().any(|n| n == k))
+                all || k
+                    .to_str()
+                    .is_some_and(|k| self.env_pass.iter().any(|n| n == k))
             })
             .collect();
         for (k, v) in &self.env_set {
@@ -260,12 +268,19 @@ mod tests {
 
     #[test]
     fn workspace_write_resolves() {
-        let r = Policy::load("workspace-write").unwrap().resolve(&ph()).unwrap();
+        let r = Policy::load("workspace-write")
+            .unwrap()
+            .resolve(&ph())
+            .unwrap();
         assert_eq!(r.name(), "workspace-write");
         assert!(r.write.contains(&"/w".into()) && r.write.contains(&"/t".into()));
         assert!(r.read.contains(&"/py/a".into()) && r.read.contains(&"/py/b".into()));
         assert!(r.read.contains(&"/cache".into()));
-        assert!(!r.read.iter().any(|p| p.starts_with("/root") || p == Path::new("/tmp")));
+        assert!(
+            !r.read
+                .iter()
+                .any(|p| p.starts_with("/root") || p == Path::new("/tmp"))
+        );
         assert_eq!(r.env_set.get("TMPDIR").map(String::as_str), Some("/t"));
         assert_eq!(r.network, NetworkPolicy::None);
         assert!(!r.filesystem_unrestricted());
@@ -273,8 +288,12 @@ mod tests {
 
     #[test]
     fn missing_placeholder_value_drops_path() {
-        let p = Policy::parse("t", "[filesystem]\nread = [\"{venv}/lib\", \"/usr\"]\n", "t")
-            .unwrap();
+        let p = Policy::parse(
+            "t",
+            "[filesystem]\nread = [\"{venv}/lib\", \"/usr\"]\n",
+            "t",
+        )
+        .unwrap();
         let r = p.resolve(&ph()).unwrap();
         assert_eq!(r.read, vec![PathBuf::from("/usr")]);
     }
@@ -283,20 +302,30 @@ mod tests {
     fn placeholder_with_tail() {
         let p = Policy::parse("t", "[filesystem]\nread = [\"{python}/lib\"]\n", "t").unwrap();
         let r = p.resolve(&ph()).unwrap();
-        assert_eq!(r.read, vec![PathBuf::from("/py/a/lib"), PathBuf::from("/py/b/lib")]);
+        assert_eq!(
+            r.read,
+            vec![PathBuf::from("/py/a/lib"), PathBuf::from("/py/b/lib")]
+        );
     }
 
     #[test]
     fn relative_workspace_rejected() {
         let mut bad = ph();
         bad.workspace = "w".into();
-        let e = Policy::load("ci").unwrap().resolve(&bad).unwrap_err().to_string();
+        let e = Policy::load("ci")
+            .unwrap()
+            .resolve(&bad)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not absolute"), "{e}");
     }
 
     #[test]
     fn env_allow_list() {
-        let r = Policy::load("workspace-write").unwrap().resolve(&ph()).unwrap();
+        let r = Policy::load("workspace-write")
+            .unwrap()
+            .resolve(&ph())
+            .unwrap();
         let parent = [("PATH", "/bin"), ("SECRET", "x"), ("HOME", "/root")]
             .into_iter()
             .map(|(k, v)| (OsString::from(k), OsString::from(v)));
@@ -312,7 +341,12 @@ mod tests {
         let w = r.with_write("/venv").with_network(NetworkPolicy::Full);
         assert!(w.write.contains(&"/venv".into()) && w.network == NetworkPolicy::Full);
         assert!(!r.write.contains(&"/venv".into()));
-        assert!(Policy::load("danger-full-access").unwrap().resolve(&ph()).unwrap()
-            .filesystem_unrestricted());
+        assert!(
+            Policy::load("danger-full-access")
+                .unwrap()
+                .resolve(&ph())
+                .unwrap()
+                .filesystem_unrestricted()
+        );
     }
 }

@@ -65,9 +65,18 @@ mod tests {
         let names = |p: Vec<RlimitEntry>| p.into_iter().map(|e| e.3).collect::<Vec<_>>();
         assert_eq!(
             names(rlimit_plan(&limits, false, false)),
-            ["core", "memory (address space)", "memory (data)", "cpu_seconds", "processes"]
+            [
+                "core",
+                "memory (address space)",
+                "memory (data)",
+                "cpu_seconds",
+                "processes"
+            ]
         );
-        assert_eq!(names(rlimit_plan(&limits, true, true)), ["core", "cpu_seconds"]);
+        assert_eq!(
+            names(rlimit_plan(&limits, true, true)),
+            ["core", "cpu_seconds"]
+        );
         let cpu = rlimit_plan(&limits, true, true)[1];
         assert_eq!((cpu.1, cpu.2), (5, 6));
     }

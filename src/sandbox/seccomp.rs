@@ -100,7 +100,12 @@ pub fn seccomp_rules(policy: &ResolvedPolicy) -> Vec<SyscallDeny> {
     let eperm = libc::EPERM;
     let mut rules: Vec<SyscallDeny> = ALWAYS_DENIED
         .iter()
-        .map(|&(name, nr)| SyscallDeny { name, nr, when: Vec::new(), errno: eperm })
+        .map(|&(name, nr)| SyscallDeny {
+            name,
+            nr,
+            when: Vec::new(),
+            errno: eperm,
+        })
         .collect();
     rules.push(SyscallDeny {
         name: "personality",
@@ -112,7 +117,10 @@ pub fn seccomp_rules(policy: &ResolvedPolicy) -> Vec<SyscallDeny> {
     rules.push(SyscallDeny {
         name: "clone",
         nr: libc::SYS_clone,
-        when: CLONE_NS_FLAGS.iter().map(|&f| vec![ArgCheck::Masked(0, f, f)]).collect(),
+        when: CLONE_NS_FLAGS
+            .iter()
+            .map(|&f| vec![ArgCheck::Masked(0, f, f)])
+            .collect(),
         errno: eperm,
     });
     rules.push(SyscallDeny {
@@ -125,12 +133,17 @@ pub fn seccomp_rules(policy: &ResolvedPolicy) -> Vec<SyscallDeny> {
     let (inet, inet6) = (libc::AF_INET as u64, libc::AF_INET6 as u64);
     let socket_when: Option<Vec<Vec<ArgCheck>>> = match &policy.network {
         NetworkPolicy::None => Some(vec![vec![ArgCheck::Ne(0, unix)]]),
-        NetworkPolicy::Loopback => {
-            Some(vec![vec![ArgCheck::Ne(0, unix), ArgCheck::Ne(0, inet), ArgCheck::Ne(0, inet6)]])
-        }
+        NetworkPolicy::Loopback => Some(vec![vec![
+            ArgCheck::Ne(0, unix),
+            ArgCheck::Ne(0, inet),
+            ArgCheck::Ne(0, inet6),
+        ]]),
         NetworkPolicy::Ports { .. } => {
-            let mut when =
-                vec![vec![ArgCheck::Ne(0, unix), ArgCheck::Ne(0, inet), ArgCheck::Ne(0, inet6)]];
+            let mut when = vec![vec![
+                ArgCheck::Ne(0, unix),
+                ArgCheck::Ne(0, inet),
+                ArgCheck::Ne(0, inet6),
+            ]];
             for domain in [inet, inet6] {
                 for &t in NON_STREAM_TYPES {
                     when.push(vec![ArgCheck::Eq(0, domain), ArgCheck::Masked(1, 0xf, t)]);
@@ -147,7 +160,12 @@ pub fn seccomp_rules(policy: &ResolvedPolicy) -> Vec<SyscallDeny> {
         NetworkPolicy::Full => None,
     };
     if let Some(when) = socket_when {
-        rules.push(SyscallDeny { name: "socket", nr: libc::SYS_socket, when, errno: eperm });
+        rules.push(SyscallDeny {
+            name: "socket",
+            nr: libc::SYS_socket,
+            when,
+            errno: eperm,
+        });
     }
     rules
 }
@@ -175,10 +193,14 @@ fn compile(rules: &[SyscallDeny]) -> Result<Vec<BpfProgram>, String> {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| format!("seccomp rule for {}: {e}", rule.name))?;
             compiled.push(
-                SeccompRule::new(conds).map_err(|e| format!("seccomp rule for {}: {e}", rule.name))?,
+                SeccompRule::new(conds)
+                    .map_err(|e| format!("seccomp rule for {}: {e}", rule.name))?,
             );
         }
-        by_errno.entry(rule.errno).or_default().insert(rule.nr, compiled);
+        by_errno
+            .entry(rule.errno)
+            .or_default()
+            .insert(rule.nr, compiled);
     }
     by_errno
         .into_iter()
@@ -214,7 +236,11 @@ mod tests {
     use crate::sandbox::{Placeholders, Policy};
 
     fn resolved(name: &str) -> ResolvedPolicy {
-        let ph = Placeholders { workspace: "/w".into(), tmp: "/t".into(), ..Default::default() };
+        let ph = Placeholders {
+            workspace: "/w".into(),
+            tmp: "/t".into(),
+            ..Default::default()
+        };
         Policy::load(name).unwrap().resolve(&ph).unwrap()
     }
 
@@ -225,25 +251,51 @@ mod tests {
     #[test]
     fn workspace_write_denies_escapes_and_inet() {
         let rules = seccomp_rules(&resolved("workspace-write"));
-        for name in ["ptrace", "mount", "unshare", "setns", "bpf", "keyctl", "io_uring_setup"] {
-            assert!(find(&rules, name).is_some_and(|r| r.when.is_empty()), "{name}");
+        for name in [
+            "ptrace",
+            "mount",
+            "unshare",
+            "setns",
+            "bpf",
+            "keyctl",
+            "io_uring_setup",
+        ] {
+            assert!(
+                find(&rules, name).is_some_and(|r| r.when.is_empty()),
+                "{name}"
+            );
         }
         let socket = find(&rules, "socket").unwrap();
-        assert_eq!(socket.when, vec![vec![ArgCheck::Ne(0, libc::AF_UNIX as u64)]]);
+        assert_eq!(
+            socket.when,
+            vec![vec![ArgCheck::Ne(0, libc::AF_UNIX as u64)]]
+        );
         assert_eq!(find(&rules, "clone3").unwrap().errno, libc::ENOSYS);
-        assert_eq!(find(&rules, "clone").unwrap().when.len(), CLONE_NS_FLAGS.len());
+        assert_eq!(
+            find(&rules, "clone").unwrap().when.len(),
+            CLONE_NS_FLAGS.len()
+        );
         compile(&rules).unwrap();
     }
 
     #[test]
     fn ports_allow_only_tcp() {
-        let p = resolved("workspace-write")
-            .with_network(NetworkPolicy::Ports { connect: vec![443], bind: vec![] });
+        let p = resolved("workspace-write").with_network(NetworkPolicy::Ports {
+            connect: vec![443],
+            bind: vec![],
+        });
         let rules = seccomp_rules(&p);
         let socket = find(&rules, "socket").unwrap();
-        let dgram = vec![ArgCheck::Eq(0, libc::AF_INET as u64), ArgCheck::Masked(1, 0xf, 2)];
+        let dgram = vec![
+            ArgCheck::Eq(0, libc::AF_INET as u64),
+            ArgCheck::Masked(1, 0xf, 2),
+        ];
         assert!(socket.when.contains(&dgram));
-        assert!(!socket.when.contains(&vec![ArgCheck::Ne(0, libc::AF_UNIX as u64)]));
+        assert!(
+            !socket
+                .when
+                .contains(&vec![ArgCheck::Ne(0, libc::AF_UNIX as u64)])
+        );
         compile(&rules).unwrap();
     }
 

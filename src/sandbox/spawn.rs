@@ -19,6 +19,7 @@ use super::child::SandboxedChild;
 use super::error::LaunchError;
 use super::isolation::JobCgroupHandle;
 use super::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes};
+use super::policy::KernelSupportMode;
 use super::resolve::ResolvedPolicy;
 
 /// Builder for one sandboxed process, like `std::process::Command`.
@@ -106,8 +107,27 @@ impl SandboxCommand {
         }
         let policy = &self.policy;
         let limits = &policy.limits;
+        let mut unenforced = Vec::new();
         let cgroup = if limits.memory_bytes.is_some() || limits.processes.is_some() {
-            JobCgroupHandle::create(&job_name(), limits.memory_bytes, limits.processes).ok()
+            match JobCgroupHandle::create(&job_name(), limits.memory_bytes, limits.processes) {
+                Ok(cg) => Some(cg),
+                Err(e) => {
+                    // Without a cgroup, RLIMIT_AS caps memory and RLIMIT_NPROC caps processes
+                    // — but RLIMIT_NPROC never binds root, so root must fail closed.
+                    // SAFETY: getuid cannot fail.
+                    let root = unsafe { libc::getuid() } == 0;
+                    let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
+                    if root && limits.processes.is_some() && !best_effort {
+                        return Err(LaunchError::Setup(format!(
+                            "cannot create the job's cgroup ({e}); as root the process limit of \
+                             policy {} holds only through a pids cgroup",
+                            policy.name
+                        )));
+                    }
+                    unenforced.push(format!("cgroup limits, using rlimits instead ({e})"));
+                    None
+                }
+            }
         } else {
             None
         };
@@ -126,7 +146,10 @@ impl SandboxCommand {
         let spec = LaunchSpec {
             policy: (**policy).clone(),
             argv,
-            env: env.iter().map(|(k, v)| (os_bytes(k), os_bytes(v))).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (os_bytes(k), os_bytes(v)))
+                .collect(),
             cwd: self.cwd.clone().or_else(|| Some(policy.workspace.clone())),
             keep_fds: self.fds.iter().map(|(_, t)| *t).collect(),
             status_fd: status_target,
@@ -141,13 +164,21 @@ impl SandboxCommand {
         for (fd, target) in &self.fds {
             moves.push((dup_above(fd.as_raw_fd(), high).map_err(spawn_err)?, *target));
         }
-        moves.push((dup_above(spec_fd.as_raw_fd(), high).map_err(spawn_err)?, spec_target));
-        moves.push((dup_above(status_w.as_raw_fd(), high).map_err(spawn_err)?, status_target));
+        moves.push((
+            dup_above(spec_fd.as_raw_fd(), high).map_err(spawn_err)?,
+            spec_target,
+        ));
+        moves.push((
+            dup_above(status_w.as_raw_fd(), high).map_err(spawn_err)?,
+            status_target,
+        ));
         drop(status_w);
         let pairs: Vec<(RawFd, RawFd)> = moves.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
 
         let mut cmd = std::process::Command::new("/proc/self/exe");
-        cmd.arg(LAUNCHER_ARG).arg(spec_target.to_string()).env_clear();
+        cmd.arg(LAUNCHER_ARG)
+            .arg(spec_target.to_string())
+            .env_clear();
         if let Some(s) = self.stdin {
             cmd.stdin(s);
         }
@@ -178,7 +209,6 @@ impl SandboxCommand {
         let mut report = String::new();
         let mut status_r = std::fs::File::from(status_r);
         let _ = status_r.read_to_string(&mut report);
-        let mut unenforced = Vec::new();
         for line in report.lines() {
             if let Some(msg) = line.strip_prefix("error: ") {
                 let _ = child.wait();
@@ -208,7 +238,11 @@ impl SandboxCommand {
 
 fn job_name() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!("msr-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "msr-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn pipe_cloexec() -> std::io::Result<(OwnedFd, OwnedFd)> {

@@ -13,8 +13,9 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_mcp-sandbox-repl"))
 }
 
-/// A fresh directory removed on drop (under the system temp dir, so *outside* any
-/// other test's workspace).
+/// A fresh directory removed on drop, under /var/tmp/msr-tests: outside /tmp, because
+/// the mount view puts each job's private temp dir at /tmp, and outside any other
+/// test's workspace.
 pub struct TempDir {
     pub path: PathBuf,
 }
@@ -22,14 +23,16 @@ pub struct TempDir {
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         static NEXT: AtomicU32 = AtomicU32::new(0);
-        let path = std::env::temp_dir().join(format!(
+        let path = PathBuf::from("/var/tmp/msr-tests").join(format!(
             "msr-test-{tag}-{}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&path).unwrap();
         // Canonical, so that comparisons with what the child sees hold.
-        TempDir { path: path.canonicalize().unwrap() }
+        TempDir {
+            path: path.canonicalize().unwrap(),
+        }
     }
 
     pub fn join(&self, p: impl AsRef<Path>) -> PathBuf {
@@ -58,7 +61,11 @@ pub fn run_in(policy: &str, ws: &Path, json: bool, args: &[&str]) -> Output {
 /// The `Command` for `run`, to add environment variables before starting it.
 pub fn run_cmd(policy: &str, ws: &Path, json: bool, args: &[&str]) -> Command {
     let mut cmd = Command::new(bin());
-    cmd.arg("run").arg("--policy").arg(policy).arg("--workspace").arg(ws);
+    cmd.arg("run")
+        .arg("--policy")
+        .arg(policy)
+        .arg("--workspace")
+        .arg(ws);
     if json {
         cmd.arg("--json");
     }

@@ -5,4 +5,5 @@ mod limits;
 mod policy_cli;
 mod run_cli;
 mod run_limits;
+mod run_network;
 mod sandbox_escape;

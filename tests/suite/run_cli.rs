@@ -16,7 +16,8 @@ fn probe_writes(paths: &[String]) -> String {
 }
 
 /// workspace-write: the workspace and the private temp dir are writable; /etc, $HOME,
-/// the host's /tmp, /dev/shm and another directory are not, and nothing lands there.
+/// /dev/shm and other directories are not, and nothing lands in them or in the host's
+/// /tmp (inside the sandbox /tmp is the job's private temp dir).
 #[test]
 fn workspace_write_confines_writes() {
     let ws = TempDir::new("ww");
@@ -36,22 +37,35 @@ fn workspace_write_confines_writes() {
     script.push_str(&probe_writes(&denied));
     let out = sh("workspace-write", &ws.path, &script);
     let text = stdout(&out);
-    assert!(text.contains(&format!("WROTE {}", ws.join("inside").display())), "{text}");
+    assert!(
+        text.contains(&format!("WROTE {}", ws.join("inside").display())),
+        "{text}"
+    );
     assert!(text.contains("WROTE tmpdir"), "{text}");
-    for p in &denied {
-        assert!(text.contains(&format!("DENIED {p}")), "{p} not denied:\n{text}");
+    let host_tmp = format!("/tmp/{tag}");
+    assert!(
+        !std::path::Path::new(&host_tmp).exists(),
+        "{host_tmp} was created on the host"
+    );
+    for p in denied.iter().filter(|p| **p != host_tmp) {
+        assert!(
+            text.contains(&format!("DENIED {p}")),
+            "{p} not denied:\n{text}"
+        );
         assert!(!std::path::Path::new(p).exists(), "{p} was created");
     }
     assert_eq!(std::fs::read_to_string(ws.join("inside")).unwrap(), "x\n");
 }
 
-/// read-only: even the workspace is not writable, but it is readable.
+/// read-only: the workspace is readable but neither writable nor chmod-able.
 #[test]
 fn read_only_denies_workspace_writes() {
     let ws = TempDir::new("ro");
     ws.write("data.txt", "hello\n");
-    let out = sh("read-only", &ws.path, "cat data.txt; echo x > new.txt || echo DENIED");
-    assert_eq!(stdout(&out), "hello\nDENIED\n");
+    let script =
+        "cat data.txt; echo x > new.txt || echo DENIED; chmod 600 data.txt || echo NOCHMOD";
+    let out = sh("read-only", &ws.path, script);
+    assert_eq!(stdout(&out), "hello\nDENIED\nNOCHMOD\n");
     assert!(!ws.join("new.txt").exists());
 }
 
@@ -75,9 +89,17 @@ fn danger_full_access_allows_outside_writes() {
     let ws = TempDir::new("dfa");
     let outside = TempDir::new("dfa-out");
     let target = outside.join("f").display().to_string();
-    let out = sh("danger-full-access", &ws.path, &probe_writes(&[target.clone()]));
+    let out = sh(
+        "danger-full-access",
+        &ws.path,
+        &probe_writes(std::slice::from_ref(&target)),
+    );
     assert_eq!(stdout(&out), format!("WROTE {target}\n"));
-    let out = sh("danger-full-access", &ws.path, "grep CapEff /proc/self/status");
+    let out = sh(
+        "danger-full-access",
+        &ws.path,
+        "grep CapEff /proc/self/status",
+    );
     assert_ne!(stdout(&out).trim(), "CapEff:\t0000000000000000");
 }
 
@@ -91,14 +113,20 @@ fn environment_is_an_allow_list() {
         .output()
         .unwrap();
     let env = stdout(&out);
-    assert!(!env.contains("hunter2") && !env.contains("hunter3"), "{env}");
+    assert!(
+        !env.contains("hunter2") && !env.contains("hunter3"),
+        "{env}"
+    );
     assert!(env.lines().any(|l| l.starts_with("PATH=")), "{env}");
     let home = env.lines().find_map(|l| l.strip_prefix("HOME=")).unwrap();
     let tmpdir = env.lines().find_map(|l| l.strip_prefix("TMPDIR=")).unwrap();
     assert_eq!(home, tmpdir);
     assert_ne!(home, std::env::var("HOME").unwrap_or_default());
     // The private tmp dir is removed after the run.
-    assert!(!std::path::Path::new(tmpdir).exists(), "{tmpdir} left behind");
+    assert!(
+        !std::path::Path::new(tmpdir).exists(),
+        "{tmpdir} left behind"
+    );
 }
 
 /// No capabilities, no_new_privs set, a seccomp filter installed.
@@ -106,7 +134,11 @@ fn environment_is_an_allow_list() {
 fn privileges_are_dropped() {
     let ws = TempDir::new("caps");
     for policy in ["workspace-write", "read-only", "ci"] {
-        let out = sh(policy, &ws.path, "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status");
+        let out = sh(
+            policy,
+            &ws.path,
+            "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status",
+        );
         let text = stdout(&out);
         for line in [
             "CapInh:\t0000000000000000",
@@ -135,7 +167,10 @@ fn parent_descriptors_do_not_leak() {
     unsafe { libc::close(77) };
     let fds: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
     assert!(!fds.contains(&"77".to_string()), "fd 77 leaked: {fds:?}");
-    assert!(fds.iter().all(|f| f.parse::<i32>().is_ok_and(|n| n <= 3)), "{fds:?}");
+    assert!(
+        fds.iter().all(|f| f.parse::<i32>().is_ok_and(|n| n <= 3)),
+        "{fds:?}"
+    );
 }
 
 /// Exit codes pass through; a signal becomes 128 + N and is named in the report.
@@ -144,7 +179,12 @@ fn exit_status_passthrough() {
     let ws = TempDir::new("exit");
     let out = sh("workspace-write", &ws.path, "exit 7");
     assert_eq!(out.status.code(), Some(7));
-    let out = run_in("workspace-write", &ws.path, true, &["sh", "-c", "kill -TERM $$"]);
+    let out = run_in(
+        "workspace-write",
+        &ws.path,
+        true,
+        &["sh", "-c", "kill -TERM $$"],
+    );
     assert_eq!(out.status.code(), Some(143));
     let r = report(&out);
     assert_eq!(r["signal"], "SIGTERM");
@@ -161,8 +201,15 @@ fn json_report_fields() {
     let r = report(&out);
     let keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
     for key in [
-        "exit_code", "signal", "wall_ms", "user_cpu_ms", "system_cpu_ms", "peak_rss_bytes",
-        "limit", "policy", "denied",
+        "exit_code",
+        "signal",
+        "wall_ms",
+        "user_cpu_ms",
+        "system_cpu_ms",
+        "peak_rss_bytes",
+        "limit",
+        "policy",
+        "denied",
     ] {
         assert!(keys.contains(&key), "missing {key} in {r}");
     }
@@ -177,13 +224,23 @@ fn json_report_fields() {
 fn stdio_passthrough() {
     use std::io::Write;
     let ws = TempDir::new("stdio");
-    let mut child = run_cmd("workspace-write", &ws.path, false, &["sh", "-c", "cat; echo err >&2"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
+    let mut child = run_cmd(
+        "workspace-write",
+        &ws.path,
+        false,
+        &["sh", "-c", "cat; echo err >&2"],
+    )
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"piped in\n")
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"piped in\n").unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(stdout(&out), "piped in\n");
     assert_eq!(stderr(&out), "err\n");
@@ -196,7 +253,10 @@ fn setup_failures_are_reported_in_words() {
     let out = run_in("workspace-write", &ws.path, false, &["no-such-command-xyz"]);
     assert_ne!(out.status.code(), Some(0));
     let err = stderr(&out);
-    assert!(err.contains("sandbox setup failed: command not found: \"no-such-command-xyz\""), "{err}");
+    assert!(
+        err.contains("sandbox setup failed: command not found: \"no-such-command-xyz\""),
+        "{err}"
+    );
     assert_eq!(err.lines().count(), 1, "{err}");
 
     // A program outside the policy's execute set is refused by Landlock, in words.
@@ -209,5 +269,8 @@ fn setup_failures_are_reported_in_words() {
     let out = run_in(policy.to_str().unwrap(), &ws.path, false, &["./mytrue"]);
     let err = stderr(&out);
     assert_ne!(out.status.code(), Some(0));
-    assert!(err.contains("cannot execute \"./mytrue\"") && err.contains("blocked by policy noexec"), "{err}");
+    assert!(
+        err.contains("cannot execute \"./mytrue\"") && err.contains("blocked by policy noexec"),
+        "{err}"
+    );
 }

@@ -24,7 +24,12 @@ fn cpu_limit_ends_process() {
     let ws = TempDir::new("cpu");
     let policy = policy_with_limits(&ws, "cpu.toml", "cpu_seconds = 1");
     let started = Instant::now();
-    let out = run_in(&policy, &ws.path, true, &["sh", "-c", "while :; do :; done"]);
+    let out = run_in(
+        &policy,
+        &ws.path,
+        true,
+        &["sh", "-c", "while :; do :; done"],
+    );
     let r = report(&out);
     assert_eq!(r["limit"], "cpu", "{r}");
     assert_eq!(r["signal"], "SIGXCPU", "{r}");
@@ -39,12 +44,20 @@ fn wall_limit_ends_process() {
     let ws = TempDir::new("wall");
     let policy = policy_with_limits(&ws, "wall.toml", "wall_seconds = 1");
     let started = Instant::now();
-    let out = run_in(&policy, &ws.path, true, &["sh", "-c", "sleep 30 & sleep 30"]);
+    let out = run_in(
+        &policy,
+        &ws.path,
+        true,
+        &["sh", "-c", "sleep 30 & sleep 30"],
+    );
     let r = report(&out);
     assert_eq!(r["limit"], "wall_time", "{r}");
     assert_eq!(r["signal"], "SIGKILL", "{r}");
     let took = started.elapsed();
-    assert!(took >= Duration::from_secs(1) && took < Duration::from_secs(10), "{took:?}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
 }
 
 /// Writing past the file-size limit ends the writer (SIGXFSZ); the file stays capped.
@@ -52,7 +65,12 @@ fn wall_limit_ends_process() {
 fn file_size_limit_ends_process() {
     let ws = TempDir::new("fsize");
     let policy = policy_with_limits(&ws, "fsize.toml", "file_size = \"1MiB\"");
-    let out = run_in(&policy, &ws.path, true, &["sh", "-c", "head -c 5000000 /dev/zero > big"]);
+    let out = run_in(
+        &policy,
+        &ws.path,
+        true,
+        &["sh", "-c", "head -c 5000000 /dev/zero > big"],
+    );
     let r = report(&out);
     assert_eq!(r["limit"], "file_size", "{r}");
     let size = std::fs::metadata(ws.join("big")).unwrap().len();
