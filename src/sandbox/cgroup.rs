@@ -370,8 +370,12 @@ impl JobCgroup {
         {
             return;
         }
-        let _ = std::fs::write(dir.join("pids.max"), "0");
         let procs = dir.join("cgroup.procs");
+        // Usual case at the end of a job: nothing left, nothing to freeze or kill.
+        if std::fs::read_to_string(&procs).is_ok_and(|l| l.trim().is_empty()) {
+            return;
+        }
+        let _ = std::fs::write(dir.join("pids.max"), "0");
         let deadline = Instant::now() + Duration::from_millis(500);
         let mut killed: Vec<i32> = Vec::new();
         loop {

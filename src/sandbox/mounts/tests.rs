@@ -184,3 +184,82 @@ fn measure_view_cost() {
     }
     std::fs::remove_dir_all(&d.root).unwrap();
 }
+
+/// Median microseconds of `f` run in a forked child, over `n` runs.
+fn child_median_us(n: usize, f: &dyn Fn() -> bool) -> u64 {
+    let mut samples = Vec::new();
+    for _ in 0..n {
+        let mut fds = [0; 2];
+        // SAFETY: test-only pipe + fork; the child runs `f` and reports its duration.
+        unsafe { libc::pipe(fds.as_mut_ptr()) };
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let t = std::time::Instant::now();
+            let ok = f();
+            let us = if ok {
+                t.elapsed().as_micros() as u64
+            } else {
+                u64::MAX
+            };
+            unsafe { libc::write(fds[1], (&us as *const u64).cast(), 8) };
+            unsafe { libc::_exit(0) };
+        }
+        let mut us = 0u64;
+        unsafe { libc::read(fds[0], (&mut us as *mut u64).cast(), 8) };
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        unsafe { libc::close(fds[0]) };
+        unsafe { libc::close(fds[1]) };
+        samples.push(us);
+    }
+    samples.sort();
+    samples[n / 2]
+}
+
+/// Not a test: the cost of each isolation step (run with --ignored --nocapture).
+#[test]
+#[ignore]
+fn measure_isolation_costs() {
+    use crate::sandbox::{cgroup, netns};
+    let n = 41;
+    println!(
+        "netns none: {} us",
+        child_median_us(n, &|| netns::isolate_network(false).is_ok())
+    );
+    println!(
+        "netns loopback: {} us",
+        child_median_us(n, &|| netns::isolate_network(true).is_ok())
+    );
+    let cg = cgroup::JobCgroup::create("measure", Some(256 << 20), Some(64)).unwrap();
+    let tasks = cg.procs_files();
+    println!(
+        "cgroup join (v1 tasks): {} us",
+        child_median_us(n, &|| cgroup::join_current(&tasks).is_ok())
+    );
+    let procs: Vec<PathBuf> = tasks
+        .iter()
+        .map(|p| p.with_file_name("cgroup.procs"))
+        .collect();
+    println!(
+        "cgroup join (cgroup.procs): {} us",
+        child_median_us(n, &|| cgroup::join_current(&procs).is_ok())
+    );
+    drop(cg);
+    let mut create = Vec::new();
+    for i in 0..n {
+        let t = std::time::Instant::now();
+        let cg =
+            cgroup::JobCgroup::create(&format!("measure-{i}"), Some(256 << 20), Some(64)).unwrap();
+        drop(cg);
+        create.push(t.elapsed().as_micros());
+    }
+    create.sort();
+    println!("cgroup create+remove (pids+memory): {} us", create[n / 2]);
+    let d = dirs("measure2");
+    let mut v = view(&d);
+    v.read.push(PathBuf::from("/root/.pyenv"));
+    println!(
+        "mount view: {} us",
+        child_median_us(n, &|| apply_mount_view(&v).is_ok())
+    );
+    std::fs::remove_dir_all(&d.root).unwrap();
+}
