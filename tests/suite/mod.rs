@@ -1,4 +1,10 @@
-//! Integration suites, one module per area.
+//! Integration suites, one file per area.
 
+mod envs;
 mod jobs;
 mod jobs_bench;
+mod policy_cli;
+mod repl;
+mod run_cli;
+mod run_limits;
+mod run_network;
