@@ -1,9 +1,185 @@
-//! `run`: one command under a policy, stdio passed through, a report at the end.
+//! `run`: one command under a policy, stdio passed through, exit status passed back
+//! (128+N for signal N), a private temp dir created and removed, and with `--json` one
+//! report line on stdout after the command ends. This is the CI runner.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use anyhow::{Context, bail};
+use serde::Serialize;
 
 use crate::cli::RunArgs;
+use crate::sandbox::{
+    ExitReport, LimitHit, Placeholders, Policy, SandboxCommand, Termination, child::signal_number,
+};
 
-pub fn run(_args: RunArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`run` is being built (owned by the sandbox work)")
+/// The report `--json` prints (one line).
+#[derive(Debug, Serialize)]
+struct RunReport<'a> {
+    exit_code: Option<i32>,
+    signal: Option<String>,
+    wall_ms: u64,
+    user_cpu_ms: u64,
+    system_cpu_ms: u64,
+    peak_rss_bytes: u64,
+    limit: Option<LimitHit>,
+    policy: &'a str,
+    /// What the policy asked for that this kernel did not enforce (best effort only).
+    denied: &'a [String],
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let policy = Policy::load(&args.policy)?;
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    let workspace = match &args.workspace {
+        Some(w) => {
+            let abs = cwd.join(w);
+            if !abs.is_dir() {
+                bail!(
+                    "workspace {} does not exist or is not a directory; create it or pass \
+                     another --workspace",
+                    w.display()
+                );
+            }
+            abs.canonicalize()
+                .with_context(|| format!("cannot resolve workspace {}", w.display()))?
+        }
+        None => cwd
+            .canonicalize()
+            .context("cannot resolve the current directory")?,
+    };
+    let Some((program, rest)) = args.command.split_first() else {
+        bail!("no command given; usage: mcp-sandbox-repl run [--policy NAME] -- CMD [ARGS]");
+    };
+    let tmp = PrivateTmp::create()?;
+    let placeholders = Placeholders {
+        workspace: workspace.clone(),
+        tmp: tmp.0.clone(),
+        python: python_prefixes(),
+        venv: None,
+        uv_cache: None,
+    };
+    let resolved = Arc::new(policy.resolve(&placeholders)?);
+    let dir = if cwd.starts_with(&workspace) {
+        cwd
+    } else {
+        workspace
+    };
+    let mut cmd = SandboxCommand::new(resolved.clone(), program);
+    cmd.args(rest).current_dir(dir);
+    let child = cmd.spawn()?;
+    forward_signals_to(child.pid as i32);
+    let denied = child.unenforced().to_vec();
+    let report = child.wait_blocking();
+    CHILD_PGID.store(0, Ordering::SeqCst);
+    if args.json {
+        let line = serde_json::to_string(&render(&report, resolved.name(), &denied))?;
+        println!("{line}");
+    }
+    drop(tmp);
+    Ok(ExitCode::from(exit_status(&report)))
+}
+
+fn render<'a>(r: &ExitReport, policy: &'a str, denied: &'a [String]) -> RunReport<'a> {
+    let (exit_code, signal) = match &r.termination {
+        Termination::Exited(c) => (Some(*c), None),
+        Termination::Signaled(s) => (None, Some(s.clone())),
+        Termination::Unknown => (None, None),
+    };
+    RunReport {
+        exit_code,
+        signal,
+        wall_ms: r.wall.as_millis() as u64,
+        user_cpu_ms: r.user_cpu.as_millis() as u64,
+        system_cpu_ms: r.system_cpu.as_millis() as u64,
+        peak_rss_bytes: r.peak_rss_bytes,
+        limit: r.limit,
+        policy,
+        denied,
+    }
+}
+
+/// The shell convention: the exit code, or 128 + the signal number.
+fn exit_status(r: &ExitReport) -> u8 {
+    match &r.termination {
+        Termination::Exited(c) => (*c & 0xff) as u8,
+        Termination::Signaled(s) => (128 + signal_number(s).unwrap_or(0)).min(255) as u8,
+        Termination::Unknown => 255,
+    }
+}
+
+/// The private `{tmp}`: created 0700 under the system temp dir, removed on drop.
+struct PrivateTmp(PathBuf);
+
+impl PrivateTmp {
+    fn create() -> anyhow::Result<PrivateTmp> {
+        use std::os::unix::fs::DirBuilderExt;
+        let base = std::env::temp_dir();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path = base.join(format!("mcp-sandbox-run-{}-{nanos:x}", std::process::id()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .with_context(|| format!("cannot create a private temp dir {}", path.display()))?;
+        Ok(PrivateTmp(path))
+    }
+}
+
+impl Drop for PrivateTmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `{python}` for `run`: the prefix of the `python3` on PATH, and for a pyenv shim the
+/// pyenv root (the shim script, pyenv itself and its versions live there).
+fn python_prefixes() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(found) = which::which("python3") else {
+        return out;
+    };
+    let parent = found.parent().unwrap_or(Path::new("/"));
+    if parent.file_name().is_some_and(|n| n == "shims") {
+        // ~/.pyenv/shims/python3 (or a plugin's shims dir) -> the pyenv root.
+        let root = std::env::var_os("PYENV_ROOT").map(PathBuf::from);
+        if let Some(root) = root.filter(|r| found.starts_with(r)) {
+            out.push(root);
+        } else if let Some(root) = parent.parent() {
+            out.push(root.to_path_buf());
+        }
+    } else if let Some(prefix) = found
+        .canonicalize()
+        .ok()
+        .and_then(|real| real.parent().and_then(Path::parent).map(Path::to_path_buf))
+        .filter(|p| p != Path::new("/usr") && p != Path::new("/"))
+    {
+        out.push(prefix);
+    }
+    out
+}
+
+/// Process group that SIGINT/SIGTERM/SIGHUP sent to `run` are forwarded to (0: none).
+static CHILD_PGID: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pgid = CHILD_PGID.load(Ordering::SeqCst);
+    if pgid > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(-pgid, sig) };
+    }
+}
+
+/// The child leads its own session, so the terminal's signals reach only `run`;
+/// forward them so that Ctrl-C or a CI timeout ends the sandboxed command too.
+fn forward_signals_to(pgid: i32) {
+    CHILD_PGID.store(pgid, Ordering::SeqCst);
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+        // SAFETY: installing a handler that only calls kill(2).
+        unsafe { libc::signal(sig, forward as *const () as libc::sighandler_t) };
+    }
 }

@@ -1,21 +1,40 @@
-//! The launcher: the parent side ([`SandboxCommand`]) and the hidden launcher mode
-//! ([`launcher_main`]) that applies the sandbox to its own single thread and execs.
+//! The exec side: the hidden launcher mode of the binary. It runs single-threaded, before
+//! any runtime, reads its [`LaunchSpec`] from an inherited descriptor, applies the
+//! sandbox to itself in a fixed order and execs the target:
 //!
-//! INTERFACE STUB written by the lead so other subsystems compile: `spawn` below runs
-//! the command WITHOUT a sandbox. The sandbox work replaces the bodies (keep the
-//! public signatures; extending them is fine).
+//! setsid → cgroup → network namespace → mount view → chdir → rlimits → environment →
+//! capability drop → no_new_privs → Landlock → seccomp → close inherited fds → execvp.
+//!
+//! Any failure before exec is written in words to the status pipe (close-on-exec, so a
+//! successful exec closes it). Lines starting with `unenforced:` name what a
+//! `best_effort` policy could not enforce; a line starting with `error:` is fatal.
 
-use std::ffi::OsString;
-use std::os::fd::{OwnedFd, RawFd};
+use std::ffi::{CString, OsString};
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
-use std::process::{ChildStderr, ChildStdin, ChildStdout, Stdio};
-use std::sync::Arc;
-use std::time::Duration;
 
-use super::policy::ResolvedPolicy;
+use serde::{Deserialize, Serialize};
+
+use super::isolation::{self, MountViewSpec};
+use super::landlock::{install_landlock_on_current_thread, landlock_rules};
+use super::policy::KernelSupportMode;
+use super::privileges::{drop_all_capabilities, set_no_new_privs};
+use super::resolve::{NetworkPolicy, ResolvedPolicy};
+use super::rlimits::{apply_rlimits, rlimit_plan};
+use super::seccomp::{install_seccomp_filter_on_current_thread, seccomp_rules};
+
+// Where the interface stub had them, for callers that name these paths.
+pub use super::child::{ExitReport, LimitHit, SandboxedChild, Termination};
+pub use super::error::LaunchError;
+pub use super::spawn::SandboxCommand;
 
 /// argv[1] that selects launcher mode.
 pub const LAUNCHER_ARG: &str = "__sandbox-launch";
+
+/// Exit status of the launcher when it fails before exec.
+pub const SETUP_FAILED_EXIT: i32 = 127;
 
 pub fn is_launcher_invocation() -> bool {
     std::env::args_os()
@@ -23,180 +42,233 @@ pub fn is_launcher_invocation() -> bool {
         .is_some_and(|a| a == LAUNCHER_ARG)
 }
 
+/// Everything the launcher needs, sent by the parent as JSON over an inherited fd.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LaunchSpec {
+    pub policy: ResolvedPolicy,
+    /// argv[0] is the program; bytes, since arguments need not be UTF-8.
+    pub argv: Vec<Vec<u8>>,
+    pub env: Vec<(Vec<u8>, Vec<u8>)>,
+    pub cwd: Option<PathBuf>,
+    /// Descriptors (besides 0, 1, 2) the target keeps.
+    pub keep_fds: Vec<RawFd>,
+    pub status_fd: RawFd,
+    /// cgroup.procs files of the job's cgroup(s); empty without a cgroup.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// Whether memory is capped by the cgroup (then RLIMIT_AS is not used).
+    pub memory_cgroup: bool,
+}
+
 /// Launcher mode: apply the sandbox, exec the target. Never returns.
 pub fn launcher_main() -> ! {
-    eprintln!("sandbox setup failed: launcher not built yet");
-    std::process::exit(127)
+    let spec_fd: Option<RawFd> = std::env::args().nth(2).and_then(|a| a.parse().ok());
+    let Some(spec_fd) = spec_fd else {
+        eprintln!("mcp-sandbox-repl: {LAUNCHER_ARG} is internal; it is started by the server");
+        std::process::exit(SETUP_FAILED_EXIT);
+    };
+    // SAFETY: the parent put the spec at `spec_fd` and nothing else owns it.
+    let mut file = unsafe { std::fs::File::from_raw_fd(spec_fd) };
+    let mut text = Vec::new();
+    let spec: LaunchSpec = match file
+        .read_to_end(&mut text)
+        .map_err(|e| e.to_string())
+        .and_then(|_| serde_json::from_slice(&text).map_err(|e| e.to_string()))
+    {
+        Ok(spec) => spec,
+        Err(e) => {
+            eprintln!("mcp-sandbox-repl: sandbox setup failed: unreadable launch spec: {e}");
+            std::process::exit(SETUP_FAILED_EXIT);
+        }
+    };
+    drop(file);
+    // SAFETY: the status fd was handed to us by the parent; we own it.
+    let mut status = unsafe { std::fs::File::from_raw_fd(spec.status_fd) };
+    set_cloexec(spec.status_fd);
+    let mut notes = Vec::new();
+    let err = apply_and_exec(&spec, &mut notes, &mut status);
+    let _ = writeln!(status, "error: {}", err.replace('\n', " "));
+    std::process::exit(SETUP_FAILED_EXIT);
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
-    #[error("could not start {program:?}: {source}")]
-    Spawn {
-        program: OsString,
-        source: std::io::Error,
-    },
-    /// The launcher reported a failure before exec (message in words).
-    #[error("sandbox setup failed: {0}")]
-    Setup(String),
+fn set_cloexec(fd: RawFd) {
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
 }
 
-/// Builder for one sandboxed process, like `std::process::Command`.
-pub struct SandboxCommand {
-    policy: Arc<ResolvedPolicy>,
-    program: OsString,
-    args: Vec<OsString>,
-    cwd: Option<PathBuf>,
-    env: Vec<(OsString, OsString)>,
-    fds: Vec<(OwnedFd, RawFd)>,
-    stdin: Option<Stdio>,
-    stdout: Option<Stdio>,
-    stderr: Option<Stdio>,
-    enforce_wall_time: bool,
+/// Isolation step outcome: applied, not available (a note), or failed.
+fn isolation_step(
+    result: Result<Option<String>, String>,
+    notes: &mut Vec<String>,
+) -> Result<(), String> {
+    match result {
+        Ok(None) => Ok(()),
+        Ok(Some(note)) => {
+            notes.push(note);
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
-impl SandboxCommand {
-    pub fn new(policy: Arc<ResolvedPolicy>, program: impl Into<OsString>) -> Self {
-        SandboxCommand {
-            policy,
-            program: program.into(),
-            args: Vec::new(),
-            cwd: None,
-            env: Vec::new(),
-            fds: Vec::new(),
-            stdin: None,
-            stdout: None,
-            stderr: None,
-            enforce_wall_time: true,
+/// Apply the sandbox and exec; returns only with the reason it could not.
+fn apply_and_exec(
+    spec: &LaunchSpec,
+    notes: &mut Vec<String>,
+    status: &mut std::fs::File,
+) -> String {
+    match apply_sandbox(spec, notes) {
+        Ok(()) => {}
+        Err(e) => return e,
+    }
+    for note in notes.iter() {
+        let _ = writeln!(status, "unenforced: {note}");
+    }
+    exec(spec)
+}
+
+fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), String> {
+    let policy = &spec.policy;
+    let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
+    // SAFETY: plain syscall; we are not a group leader (fresh child of the parent).
+    if unsafe { libc::setsid() } < 0 {
+        return Err(format!("setsid: {}", std::io::Error::last_os_error()));
+    }
+    isolation_step(
+        isolation::join_cgroup(&spec.cgroup_procs, best_effort),
+        notes,
+    )?;
+    let netns = match policy.network {
+        NetworkPolicy::None => Some(false),
+        NetworkPolicy::Loopback => Some(true),
+        _ => None,
+    };
+    if let (Some(loopback), true) = (netns, policy.syscall_filter || policy.drop_capabilities) {
+        isolation_step(isolation::isolate_network(loopback, best_effort), notes)?;
+    }
+    if !policy.filesystem_unrestricted() {
+        // Executable paths must exist in the view as well: they are bound read-only.
+        let mut read = policy.read.clone();
+        for p in &policy.execute {
+            if !read.contains(p) {
+                read.push(p.clone());
+            }
+        }
+        // The view makes its `workspace` writable: name it only where the policy does.
+        let no_workspace = PathBuf::new();
+        let workspace = if policy.write.contains(&policy.workspace) {
+            &policy.workspace
+        } else {
+            &no_workspace
+        };
+        let view = MountViewSpec {
+            read: &read,
+            write: &policy.write,
+            tmp: &policy.tmp,
+            workspace,
+        };
+        isolation_step(isolation::apply_mount_view(&view, best_effort), notes)?;
+    }
+    if let Some(dir) = &spec.cwd {
+        std::env::set_current_dir(dir)
+            .map_err(|e| format!("cannot enter the working directory {}: {e}", dir.display()))?;
+    }
+    // SAFETY: getuid cannot fail.
+    let root = unsafe { libc::getuid() } == 0;
+    apply_rlimits(&rlimit_plan(&policy.limits, spec.memory_cgroup, root))?;
+    set_environment(&spec.env);
+    if policy.drop_capabilities {
+        drop_all_capabilities()?;
+    }
+    let plan = landlock_rules(policy);
+    let seccomp = seccomp_rules(policy);
+    if policy.drop_capabilities || !plan.is_empty() || !seccomp.is_empty() {
+        set_no_new_privs()?;
+    }
+    notes.extend(install_landlock_on_current_thread(
+        &plan,
+        &policy.name,
+        best_effort,
+    )?);
+    install_seccomp_filter_on_current_thread(&seccomp)?;
+    close_inherited_fds(&spec.keep_fds, spec.status_fd)?;
+    Ok(())
+}
+
+/// Replace the environment (we are single-threaded, so this is sound).
+fn set_environment(env: &[(Vec<u8>, Vec<u8>)]) {
+    let old: Vec<OsString> = std::env::vars_os().map(|(k, _)| k).collect();
+    for k in old {
+        // SAFETY: the launcher is single-threaded; nothing reads the environment concurrently.
+        unsafe { std::env::remove_var(k) };
+    }
+    for (k, v) in env {
+        let (k, v) = (OsString::from_vec(k.clone()), OsString::from_vec(v.clone()));
+        if !k.is_empty() && !k.as_bytes().contains(&b'=') {
+            // SAFETY: as above.
+            unsafe { std::env::set_var(k, v) };
         }
     }
-    pub fn arg(&mut self, arg: impl Into<OsString>) -> &mut Self {
-        self.args.push(arg.into());
-        self
-    }
-    pub fn args<I: IntoIterator<Item = S>, S: Into<OsString>>(&mut self, args: I) -> &mut Self {
-        self.args.extend(args.into_iter().map(Into::into));
-        self
-    }
-    pub fn current_dir(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
-        self.cwd = Some(dir.into());
-        self
-    }
-    /// Set a variable on top of those the policy passes through.
-    pub fn env(&mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> &mut Self {
-        self.env.push((key.into(), value.into()));
-        self
-    }
-    /// Hand `fd` to the child as descriptor number `target` (>= 3).
-    pub fn pass_fd(&mut self, fd: OwnedFd, target: RawFd) -> &mut Self {
-        self.fds.push((fd, target));
-        self
-    }
-    pub fn stdin(&mut self, s: Stdio) -> &mut Self {
-        self.stdin = Some(s);
-        self
-    }
-    pub fn stdout(&mut self, s: Stdio) -> &mut Self {
-        self.stdout = Some(s);
-        self
-    }
-    pub fn stderr(&mut self, s: Stdio) -> &mut Self {
-        self.stderr = Some(s);
-        self
-    }
-    /// Whether `wait` kills the process group when the policy's wall-time limit passes
-    /// (true by default; a long-lived REPL worker turns it off).
-    pub fn enforce_wall_time(&mut self, on: bool) -> &mut Self {
-        self.enforce_wall_time = on;
-        self
-    }
+}
 
-    /// Start the process. Returns once the target has been exec'd (or the launcher
-    /// reported why it could not be).
-    pub fn spawn(self) -> Result<SandboxedChild, LaunchError> {
-        let _ = (&self.policy, &self.fds, self.enforce_wall_time);
-        let mut cmd = std::process::Command::new(&self.program);
-        cmd.args(&self.args)
-            .envs(self.env.iter().map(|(k, v)| (k, v)));
-        if let Some(dir) = &self.cwd {
-            cmd.current_dir(dir);
+/// Close every descriptor from 3 up except `keep` and `status` (which is close-on-exec).
+fn close_inherited_fds(keep: &[RawFd], status: RawFd) -> Result<(), String> {
+    let mut keep: Vec<u32> = keep.iter().chain([&status]).map(|&fd| fd as u32).collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut next: u32 = 3;
+    for fd in keep.into_iter().chain([u32::MAX]) {
+        if fd > next {
+            // SAFETY: closing descriptors nobody else in this single-threaded process uses.
+            let rc = unsafe { libc::close_range(next, fd - 1, 0) };
+            if rc != 0 {
+                return Err(format!(
+                    "cannot close inherited descriptors: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
         }
-        if let Some(s) = self.stdin {
-            cmd.stdin(s);
-        }
-        if let Some(s) = self.stdout {
-            cmd.stdout(s);
-        }
-        if let Some(s) = self.stderr {
-            cmd.stderr(s);
-        }
-        let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
-            program: self.program.clone(),
-            source,
-        })?;
-        Ok(SandboxedChild {
-            pid: child.id(),
-            stdin: child.stdin.take(),
-            stdout: child.stdout.take(),
-            stderr: child.stderr.take(),
-            child,
-        })
+        next = next.max(fd.saturating_add(1));
+    }
+    Ok(())
+}
+
+/// execvp the target; returns the reason if it could not.
+fn exec(spec: &LaunchSpec) -> String {
+    let program = spec.argv.first().cloned().unwrap_or_default();
+    let shown = String::from_utf8_lossy(&program).into_owned();
+    let args: Result<Vec<CString>, _> = spec.argv.iter().map(|a| CString::new(a.clone())).collect();
+    let Ok(args) = args else {
+        return format!("an argument of {shown:?} contains a NUL byte");
+    };
+    let Some(prog) = args.first() else {
+        return "no command given".to_string();
+    };
+    let mut ptrs: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    // SAFETY: NUL-terminated strings and a NULL-terminated array that outlive the call.
+    unsafe { libc::execvp(prog.as_ptr(), ptrs.as_ptr()) };
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENOENT) if !shown.contains('/') => format!(
+            "command not found: {shown:?} (searched PATH={})",
+            std::env::var("PATH").unwrap_or_default()
+        ),
+        Some(libc::EACCES) | Some(libc::EPERM) => format!(
+            "cannot execute {shown:?}: {e}; blocked by policy {}, which allows executing only \
+             under: {}",
+            spec.policy.name,
+            spec.policy
+                .execute
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        _ => format!("cannot execute {shown:?}: {e}"),
     }
 }
 
-/// A running sandboxed process; it leads its own process group (pgid == pid).
-pub struct SandboxedChild {
-    pub pid: u32,
-    pub stdin: Option<ChildStdin>,
-    pub stdout: Option<ChildStdout>,
-    pub stderr: Option<ChildStderr>,
-    child: std::process::Child,
-}
-
-impl SandboxedChild {
-    /// Send `signal` to the whole process group (and every process of its cgroup).
-    pub fn signal_group(&self, signal: i32) -> std::io::Result<()> {
-        let _ = signal;
-        Ok(())
-    }
-    /// SIGKILL everything the child started.
-    pub fn kill_all(&self) {}
-    /// Wait for the process to end (async; never blocks the runtime) and report how.
-    pub async fn wait(mut self) -> ExitReport {
-        let status = self.child.wait();
-        let _ = status;
-        ExitReport::default()
-    }
-}
-
-/// How a sandboxed process ended.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Termination {
-    Exited(i32),
-    /// Killed by a signal (e.g. "SIGKILL").
-    Signaled(String),
-    #[default]
-    Unknown,
-}
-
-/// The limit that ended a process, if one did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LimitHit {
-    Memory,
-    Cpu,
-    WallTime,
-    FileSize,
-    Processes,
-}
-
-/// Report of one finished process: what `run --json` prints.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct ExitReport {
-    pub termination: Termination,
-    pub wall: Duration,
-    pub user_cpu: Duration,
-    pub system_cpu: Duration,
-    pub peak_rss_bytes: u64,
-    pub limit: Option<LimitHit>,
+/// Bytes of an OS string, for the spec.
+pub(crate) fn os_bytes(s: &std::ffi::OsStr) -> Vec<u8> {
+    s.as_bytes().to_vec()
 }

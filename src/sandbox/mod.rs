@@ -2,11 +2,32 @@
 //! that applies rlimits → capability drop → no_new_privs → Landlock → seccomp, then
 //! execs the target. Knows nothing of MCP; the only module that uses landlock and
 //! seccompiler.
+//!
+//! - `policy`: the TOML format and strict loading; `resolve`: placeholders → paths.
+//! - `spawn` (parent side) and `launcher` (the hidden exec side); `child`: waiting,
+//!   rusage, which limit ended a process.
+//! - one file per mechanism: `rlimits`, `privileges`, `landlock`, `seccomp`, and
+//!   `isolation`, the adapter to the cgroup / network namespace / mount view modules.
 
+pub mod cgroup;
+pub mod child;
+pub mod error;
+pub mod isolation;
+pub mod landlock;
 pub mod launcher;
+pub mod mounts;
+pub mod netns;
 pub mod policy;
+pub mod privileges;
+pub mod probe;
+pub mod resolve;
+pub mod rlimits;
+pub mod seccomp;
+pub mod spawn;
 
-pub use launcher::{
-    ExitReport, LaunchError, LimitHit, SandboxCommand, SandboxedChild, Termination,
-};
-pub use policy::{Placeholders, Policy, PolicyError, ResolvedPolicy};
+pub use child::{ExitReport, LimitHit, SandboxedChild, Termination, signal_name};
+pub use error::{LaunchError, PolicyError};
+pub use policy::{DEFAULT_POLICY, KernelSupportMode, NetworkMode, Policy, Scoping};
+pub use privileges::harden_current_process;
+pub use resolve::{Limits, NetworkPolicy, Placeholders, ResolvedPolicy};
+pub use spawn::SandboxCommand;

@@ -1,55 +1,480 @@
-//! Policy files: the TOML format, strict loading, placeholder resolution.
-//!
-//! INTERFACE STUB written by the lead so other subsystems compile; the sandbox work
-//! replaces the bodies and may extend the types (keep these signatures).
+//! Policy files: the TOML format (every table `deny_unknown_fields`), the shipped
+//! policies embedded in the binary, and strict loading with errors that name the file,
+//! the key and what is allowed. Placeholder resolution lives in `resolve.rs`.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::Path;
 
-/// Values for the placeholders a policy may use in paths.
-#[derive(Debug, Clone, Default)]
-pub struct Placeholders {
-    /// `{workspace}`: the directory the agent works in.
-    pub workspace: PathBuf,
-    /// `{tmp}`: a private temp directory for this job or session (the caller creates it).
-    pub tmp: PathBuf,
-    /// `{python}`: installation prefixes of the interpreter in use (sys.prefix, sys.base_prefix, ...).
-    pub python: Vec<PathBuf>,
-    /// `{venv}`: the session's virtual environment, if any.
-    pub venv: Option<PathBuf>,
-    /// `{uv_cache}`: uv's cache directory, if known.
-    pub uv_cache: Option<PathBuf>,
-}
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, thiserror::Error)]
-pub enum PolicyError {
-    #[error("unknown policy {name:?}; known policies: {known}")]
-    Unknown { name: String, known: String },
-}
+pub use super::error::PolicyError;
+// Where the interface stub had them, for callers that name these paths.
+pub use super::resolve::{Placeholders, ResolvedPolicy};
+
+/// The shipped policies, embedded so that a spawn never touches the disk for them.
+pub const SHIPPED: &[(&str, &str)] = &[
+    ("read-only", include_str!("../../policies/read-only.toml")),
+    (
+        "workspace-write",
+        include_str!("../../policies/workspace-write.toml"),
+    ),
+    (
+        "danger-full-access",
+        include_str!("../../policies/danger-full-access.toml"),
+    ),
+    ("ci", include_str!("../../policies/ci.toml")),
+];
+
+/// The policy used when none is named.
+pub const DEFAULT_POLICY: &str = "workspace-write";
+
+/// The placeholders a path may start with.
+pub const PLACEHOLDERS: &[&str] = &[
+    "{workspace}",
+    "{tmp}",
+    "{python}",
+    "{venv}",
+    "{uv_cache}",
+    "{home}",
+];
 
 /// A policy as written in a file (placeholders unresolved).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Policy {
+    /// Filled from the shipped name or the file stem; not a key of the file.
+    #[serde(skip)]
     pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// What to do where the kernel lacks a feature this policy needs.
+    #[serde(default)]
+    pub kernel_support: KernelSupportMode,
+    #[serde(default)]
+    pub filesystem: FilesystemSection,
+    #[serde(default)]
+    pub network: NetworkSection,
+    #[serde(default)]
+    pub ipc: IpcSection,
+    #[serde(default)]
+    pub environment: EnvironmentSection,
+    #[serde(default)]
+    pub limits: LimitsSection,
+    #[serde(default)]
+    pub process: ProcessSection,
+}
+
+/// Fail closed (`required`, the default) or apply what the kernel supports (`best_effort`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelSupportMode {
+    #[default]
+    Required,
+    BestEffort,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilesystemSection {
+    /// Paths (and everything beneath) that may be read.
+    #[serde(default)]
+    pub read: Vec<String>,
+    /// Paths that may be written, created, removed (implies read).
+    #[serde(default)]
+    pub write: Vec<String>,
+    /// Paths whose files may be executed (implies read).
+    #[serde(default)]
+    pub execute: Vec<String>,
+}
+
+/// `none`: no sockets but AF_UNIX. `loopback`: a private network namespace with only
+/// `lo`. `ports`: TCP connect/bind to the listed ports only (Landlock ABI 4+). `full`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    #[default]
+    None,
+    Loopback,
+    Ports,
+    Full,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSection {
+    #[serde(default)]
+    pub mode: NetworkMode,
+    /// TCP ports that may be connected to (mode = "ports" only).
+    #[serde(default)]
+    pub connect: Vec<u16>,
+    /// TCP ports that may be bound (mode = "ports" only).
+    #[serde(default)]
+    pub bind: Vec<u16>,
+}
+
+/// Whether a kind of IPC may reach outside the sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scoping {
+    /// Only within the sandbox (Landlock scopes, ABI 6+).
+    #[default]
+    Scoped,
+    Allow,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IpcSection {
+    /// Connecting to abstract unix sockets created outside the sandbox.
+    #[serde(default)]
+    pub abstract_unix_sockets: Scoping,
+    /// Sending signals to processes outside the sandbox.
+    #[serde(default)]
+    pub signals: Scoping,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentSection {
+    /// Names of the server's environment variables the child receives.
+    #[serde(default)]
+    pub pass: Vec<String>,
+    /// Variables set in the child (values may use placeholders).
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+}
+
+/// A byte size: an integer, or a string like "512MiB", "2G", "100k".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ByteSize {
+    Bytes(u64),
+    Text(String),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    pub memory: Option<ByteSize>,
+    pub cpu_seconds: Option<u64>,
+    pub wall_seconds: Option<u64>,
+    pub file_size: Option<ByteSize>,
+    pub processes: Option<u64>,
+    pub open_files: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessSection {
+    /// Drop every capability (effective, permitted, inheritable, ambient, bounding).
+    #[serde(default = "yes")]
+    pub drop_capabilities: bool,
+    /// Deny escape primitives (ptrace, mount, unshare, bpf, ...) and, per the network
+    /// mode, socket families, with a seccomp filter.
+    #[serde(default = "yes")]
+    pub syscall_filter: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for ProcessSection {
+    fn default() -> Self {
+        ProcessSection {
+            drop_capabilities: true,
+            syscall_filter: true,
+        }
+    }
+}
+
+/// Names of the shipped policies, comma-separated (for messages).
+pub fn shipped_names() -> String {
+    SHIPPED
+        .iter()
+        .map(|(n, _)| *n)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl Policy {
-    /// Load a shipped policy by name, or a policy file by path.
+    /// Load a shipped policy by name, or a policy file by path (anything containing
+    /// a `/` or ending in `.toml`).
     pub fn load(name_or_path: &str) -> Result<Policy, PolicyError> {
-        Ok(Policy {
-            name: name_or_path.to_string(),
-        })
+        if let Some((name, text)) = SHIPPED.iter().find(|(n, _)| *n == name_or_path) {
+            return Policy::parse(name, text, &format!("<shipped {name}>"));
+        }
+        if !name_or_path.contains('/') && !name_or_path.ends_with(".toml") {
+            return Err(PolicyError::Unknown {
+                name: name_or_path.to_string(),
+                known: shipped_names(),
+            });
+        }
+        let path = Path::new(name_or_path);
+        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Policy::parse(&name, &text, name_or_path)
     }
 
-    /// Resolve placeholders into absolute paths; the result is what the launcher enforces.
-    pub fn resolve(&self, _placeholders: &Placeholders) -> Result<ResolvedPolicy, PolicyError> {
-        Ok(ResolvedPolicy {
-            name: self.name.clone(),
-        })
+    /// Parse and validate policy text; `file` names the source in errors.
+    pub fn parse(name: &str, text: &str, file: &str) -> Result<Policy, PolicyError> {
+        let mut policy: Policy = toml::from_str(text).map_err(|e| PolicyError::Parse {
+            file: file.to_string(),
+            message: one_line(&e),
+        })?;
+        policy.name = name.to_string();
+        policy.validate(file)?;
+        Ok(policy)
+    }
+
+    fn validate(&self, file: &str) -> Result<(), PolicyError> {
+        let invalid = |key: String, message: String| PolicyError::Invalid {
+            file: file.to_string(),
+            key,
+            message,
+        };
+        let fs = &self.filesystem;
+        for (set, paths) in [
+            ("read", &fs.read),
+            ("write", &fs.write),
+            ("execute", &fs.execute),
+        ] {
+            for (i, p) in paths.iter().enumerate() {
+                check_path(p).map_err(|m| invalid(format!("filesystem.{set}[{i}]"), m))?;
+            }
+        }
+        let net = &self.network;
+        if net.mode != NetworkMode::Ports && !(net.connect.is_empty() && net.bind.is_empty()) {
+            return Err(invalid(
+                "network.connect".into(),
+                format!(
+                    "port lists are only allowed with mode = \"ports\" (mode is {:?})",
+                    net.mode
+                ),
+            ));
+        }
+        for (key, ports) in [
+            ("network.connect", &net.connect),
+            ("network.bind", &net.bind),
+        ] {
+            if ports.contains(&0) {
+                return Err(invalid(
+                    key.into(),
+                    "port 0 is not allowed; use 1..=65535".into(),
+                ));
+            }
+        }
+        for (i, name) in self.environment.pass.iter().enumerate() {
+            check_env_name(name).map_err(|m| invalid(format!("environment.pass[{i}]"), m))?;
+        }
+        for name in self.environment.set.keys() {
+            check_env_name(name).map_err(|m| invalid(format!("environment.set.{name}"), m))?;
+        }
+        let l = &self.limits;
+        for (key, size) in [
+            ("limits.memory", &l.memory),
+            ("limits.file_size", &l.file_size),
+        ] {
+            if let Some(size) = size {
+                parse_size(size).map_err(|m| invalid(key.into(), m))?;
+            }
+        }
+        for (key, v) in [
+            ("limits.cpu_seconds", l.cpu_seconds),
+            ("limits.wall_seconds", l.wall_seconds),
+            ("limits.processes", l.processes),
+            ("limits.open_files", l.open_files),
+        ] {
+            if v == Some(0) {
+                return Err(invalid(
+                    key.into(),
+                    "0 makes no sense; give a positive number or leave the key out for no limit"
+                        .into(),
+                ));
+            }
+        }
+        if l.open_files.is_some_and(|n| n < 16) {
+            return Err(invalid(
+                "limits.open_files".into(),
+                "below 16 no program can start; give at least 16".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Memory limit in bytes, if any (validated at load).
+    pub fn memory_bytes(&self) -> Option<u64> {
+        self.limits.memory.as_ref().and_then(|s| parse_size(s).ok())
+    }
+
+    /// File-size limit in bytes, if any (validated at load).
+    pub fn file_size_bytes(&self) -> Option<u64> {
+        self.limits
+            .file_size
+            .as_ref()
+            .and_then(|s| parse_size(s).ok())
     }
 }
 
-/// A policy with every path absolute, ready for the launcher.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct ResolvedPolicy {
-    pub name: String,
+/// Toml errors span several lines (a source excerpt); keep the message compact.
+fn one_line(e: &toml::de::Error) -> String {
+    let msg = e.message().trim().to_string();
+    match e.span() {
+        Some(span) => format!("{msg} (at byte {})", span.start),
+        None => msg,
+    }
+}
+
+fn check_path(p: &str) -> Result<(), String> {
+    if p.starts_with('{') {
+        let known = PLACEHOLDERS.iter().find(|ph| p.starts_with(**ph));
+        match known {
+            Some(ph) if p.len() == ph.len() || p[ph.len()..].starts_with('/') => Ok(()),
+            _ => Err(format!(
+                "{p:?} starts with an unknown placeholder; allowed: {}",
+                PLACEHOLDERS.join(", ")
+            )),
+        }
+    } else if p.starts_with('/') {
+        if p.split('/').any(|c| c == "..") {
+            Err(format!("{p:?} contains `..`; write the path without it"))
+        } else {
+            Ok(())
+        }
+    } else {
+        Err(format!(
+            "relative path {p:?}; paths must be absolute or start with a placeholder ({})",
+            PLACEHOLDERS.join(", ")
+        ))
+    }
+}
+
+fn check_env_name(name: &str) -> Result<(), String> {
+    // `*` in `pass` means the whole environment (danger-full-access).
+    let ok = name == "*"
+        || !name.is_empty()
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a variable name (letters, digits, `_`; or `*` for all)"
+        ))
+    }
+}
+
+/// Parse a byte size; 0 is rejected.
+pub fn parse_size(size: &ByteSize) -> Result<u64, String> {
+    let n = match size {
+        ByteSize::Bytes(n) => *n,
+        ByteSize::Text(t) => {
+            let t = t.trim();
+            let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+            let (digits, unit) = t.split_at(split);
+            let base: u64 = digits.parse().map_err(|_| {
+                format!("{t:?} is not a size; write bytes as a number or e.g. \"512MiB\", \"2G\"")
+            })?;
+            let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+                "" | "b" => 1,
+                "k" | "kb" | "kib" => 1 << 10,
+                "m" | "mb" | "mib" => 1 << 20,
+                "g" | "gb" | "gib" => 1 << 30,
+                "t" | "tb" | "tib" => 1 << 40,
+                other => {
+                    return Err(format!("unknown unit {other:?} in {t:?}; use K, M, G or T"));
+                }
+            };
+            base.checked_mul(mult)
+                .ok_or_else(|| format!("{t:?} is too large"))?
+        }
+    };
+    if n == 0 {
+        return Err(
+            "0 makes no sense; give a positive size or leave the key out for no limit".into(),
+        );
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        Policy::parse("t", text, "/p/t.toml")
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn shipped_policies_load() {
+        for (name, _) in SHIPPED {
+            let p = Policy::load(name).unwrap();
+            assert_eq!(p.name, *name);
+        }
+    }
+
+    #[test]
+    fn unknown_name_lists_known() {
+        let e = Policy::load("nope").unwrap_err().to_string();
+        assert!(
+            e.contains("read-only, workspace-write, danger-full-access, ci"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_key_names_file_and_key() {
+        let e = err("[filesystem]\nreed = [\"/usr\"]\n");
+        assert!(
+            e.contains("/p/t.toml") && e.contains("reed") && e.contains("read"),
+            "{e}"
+        );
+        let e = err("colour = 1\n");
+        assert!(e.contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn relative_path_rejected() {
+        let e = err("[filesystem]\nread = [\"usr/lib\"]\n");
+        assert!(
+            e.contains("filesystem.read[0]") && e.contains("relative path"),
+            "{e}"
+        );
+        let e = err("[filesystem]\nwrite = [\"{nowhere}/x\"]\n");
+        assert!(e.contains("unknown placeholder"), "{e}");
+    }
+
+    #[test]
+    fn zero_limits_rejected() {
+        assert!(err("[limits]\nmemory = 0\n").contains("limits.memory"));
+        assert!(err("[limits]\nmemory = \"0M\"\n").contains("0 makes no sense"));
+        assert!(err("[limits]\nprocesses = 0\n").contains("limits.processes"));
+        assert!(err("[limits]\nmemory = \"12 parsecs\"\n").contains("unknown unit"));
+    }
+
+    #[test]
+    fn bad_enum_value_names_allowed() {
+        let e = err("[network]\nmode = \"internet\"\n");
+        assert!(
+            e.contains("none") && e.contains("loopback") && e.contains("ports"),
+            "{e}"
+        );
+        let e = err("[network]\nconnect = [443]\n");
+        assert!(e.contains("mode = \"ports\""), "{e}");
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size(&ByteSize::Text("512MiB".into())), Ok(512 << 20));
+        assert_eq!(parse_size(&ByteSize::Text("2G".into())), Ok(2 << 30));
+        assert_eq!(parse_size(&ByteSize::Bytes(4096)), Ok(4096));
+    }
 }

@@ -1,3 +1,10 @@
-//! Integration test suites, one module per subsystem.
+//! Integration suites, one file per area.
 
 mod envs;
+mod jobs;
+mod jobs_bench;
+mod policy_cli;
+mod repl;
+mod run_cli;
+mod run_limits;
+mod run_network;

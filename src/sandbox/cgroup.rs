@@ -1,0 +1,373 @@
+//! Job cgroups: one cgroup per sandboxed process tree, holding its memory cap and its
+//! process-count cap (the limit that binds even when the server runs as root, where
+//! RLIMIT_NPROC does not), reporting peak memory and which cap was hit, and killing
+//! everything in it. Works on cgroup v1 (separate `pids` / `memory` hierarchies, also
+//! the "hybrid" layout) and on a delegated cgroup v2 subtree; detected at runtime.
+//!
+//! Job cgroups live under the server's *own* cgroup in each hierarchy,
+//! `<own>/mcp-sandbox-repl/<name>`, so whatever limits the server itself runs under also
+//! hold for its jobs. On v2 the no-internal-processes rule means `<own>` may not hold
+//! processes while it hands controllers to children: if the server is alone in `<own>`
+//! it moves itself into the leaf `<own>/mcp-sandbox-repl.server` first; if other
+//! processes share `<own>`, v2 cgroups are reported as not delegated.
+//!
+//! Parent side: [`JobCgroup::create`] before spawning; the launcher child calls
+//! [`join_current`] with [`JobCgroup::procs_files`] before anything else.
+
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+pub mod layout;
+
+pub use layout::{CgroupVersion, Layout};
+
+/// Directory created under the server's own cgroup to hold job cgroups.
+pub const PARENT_DIR: &str = "mcp-sandbox-repl";
+/// v2 only: the leaf the server moves itself into.
+pub const SERVER_LEAF: &str = "mcp-sandbox-repl.server";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error(
+        "no usable cgroup hierarchy with the {controller} controller (checked /proc/self/mountinfo and \
+         /proc/self/cgroup); mount cgroup v2 with {controller} delegated, or a cgroup v1 {controller} \
+         hierarchy, or use a policy without a {what} limit"
+    )]
+    NoController { controller: &'static str, what: &'static str },
+    #[error(
+        "cgroup v2 is not delegated to this server: cannot enable {controllers} in {dir}: {reason}; \
+         run the server in its own cgroup (e.g. `systemd-run --scope -p Delegate=yes ...`) or as the \
+         only process of a container"
+    )]
+    NotDelegated { dir: PathBuf, controllers: String, reason: String },
+    #[error("cannot {action} {path}: {source}; is the cgroup filesystem writable (root or delegated)?")]
+    Io { action: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("cannot join cgroup {path}: {source}; the job cannot be limited, refusing to run it")]
+    Join { path: PathBuf, source: std::io::Error },
+}
+
+fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> CgroupError + 'a {
+    move |source| CgroupError::Io { action, path: path.to_path_buf(), source }
+}
+
+/// Launcher child: move the calling process into every given `cgroup.procs` file.
+/// Writing "0" means "the writer"; no allocation-heavy work, just open and write.
+pub fn join_current(procs_files: &[PathBuf]) -> Result<(), CgroupError> {
+    for path in procs_files {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(|source| CgroupError::Join { path: path.clone(), source })?;
+        file.write_all(b"0").map_err(|source| CgroupError::Join { path: path.clone(), source })?;
+    }
+    Ok(())
+}
+
+/// The layout found on this machine, computed once per process.
+fn layout() -> &'static Layout {
+    static LAYOUT: OnceLock<Layout> = OnceLock::new();
+    LAYOUT.get_or_init(Layout::detect)
+}
+
+/// v2: the prepared parent directory (controllers enabled), or why it could not be.
+fn v2_parent(layout: &Layout) -> Result<PathBuf, CgroupError> {
+    static PARENT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let own = layout.v2_own.clone().ok_or(CgroupError::NoController { controller: "pids", what: "process" })?;
+    let controllers: Vec<&str> =
+        ["pids", "memory"].into_iter().filter(|c| layout.v2_controllers.iter().any(|h| h == c)).collect();
+    PARENT
+        .get_or_init(|| prepare_v2(&own, &controllers, std::process::id()).map_err(|e| e.to_string()))
+        .clone()
+        .map_err(|reason| CgroupError::NotDelegated { dir: own, controllers: controllers.join(" "), reason })
+}
+
+/// Enable `controllers` for `<own>/mcp-sandbox-repl/*`, moving this process (`pid`) into a
+/// leaf first if the no-internal-processes rule requires it.
+pub(crate) fn prepare_v2(own: &Path, controllers: &[&str], pid: u32) -> Result<PathBuf, CgroupError> {
+    let enable: String = controllers.iter().map(|c| format!("+{c} ")).collect();
+    let enable = enable.trim_end();
+    let subtree = own.join("cgroup.subtree_control");
+    let already = std::fs::read_to_string(&subtree).unwrap_or_default();
+    let missing = controllers.iter().any(|c| !already.split_whitespace().any(|h| h == *c));
+    if missing {
+        if let Err(first) = std::fs::write(&subtree, enable) {
+            // EBUSY: processes live in `own`. Move ourselves out if we are the only one.
+            let procs = std::fs::read_to_string(own.join("cgroup.procs")).map_err(io("read", own))?;
+            let others: Vec<&str> = procs.split_whitespace().filter(|p| *p != pid.to_string()).collect();
+            if !others.is_empty() {
+                return Err(CgroupError::NotDelegated {
+                    dir: own.to_path_buf(),
+                    controllers: controllers.join(" "),
+                    reason: format!("{first}; other processes share the cgroup ({} of them)", others.len()),
+                });
+            }
+            let leaf = own.join(SERVER_LEAF);
+            mkdir_ok_exists(&leaf)?;
+            std::fs::write(leaf.join("cgroup.procs"), pid.to_string()).map_err(io("move the server into", &leaf))?;
+            std::fs::write(&subtree, enable).map_err(io("enable controllers in", &subtree))?;
+        }
+    }
+    let parent = own.join(PARENT_DIR);
+    mkdir_ok_exists(&parent)?;
+    let sub = parent.join("cgroup.subtree_control");
+    std::fs::write(&sub, enable).map_err(io("enable controllers in", &sub))?;
+    Ok(parent)
+}
+
+fn mkdir_ok_exists(dir: &Path) -> Result<(), CgroupError> {
+    match std::fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(CgroupError::Io { action: "create", path: dir.to_path_buf(), source: e }),
+    }
+}
+
+/// The cgroup(s) of one job. Dropping it kills every process left in it and removes it.
+#[derive(Debug)]
+pub struct JobCgroup {
+    version: CgroupVersion,
+    /// pids cgroup dir (v2: the one dir).
+    pids: Option<PathBuf>,
+    /// memory cgroup dir (v1 only; v2 uses `pids`).
+    memory: Option<PathBuf>,
+    has_memory: bool,
+    killed: AtomicBool,
+    /// pids.events "max" count when kill_all lowered pids.max (forks refused after that are ours).
+    pids_max_before_kill: AtomicU64,
+    removed: AtomicBool,
+}
+
+impl JobCgroup {
+    /// Create `<own>/mcp-sandbox-repl/<name>` with the given caps. A stale cgroup of the same
+    /// name (a crashed earlier server) is emptied and replaced. The pids controller is
+    /// always used (it is how `kill_all` finds every process); memory only with a cap.
+    pub fn create(name: &str, memory_bytes: Option<u64>, max_pids: Option<u64>) -> Result<JobCgroup, CgroupError> {
+        Self::create_in(layout(), name, memory_bytes, max_pids)
+    }
+
+    pub(crate) fn create_in(
+        layout: &Layout,
+        name: &str,
+        memory_bytes: Option<u64>,
+        max_pids: Option<u64>,
+    ) -> Result<JobCgroup, CgroupError> {
+        let mut cg = JobCgroup {
+            version: layout.version,
+            pids: None,
+            memory: None,
+            has_memory: memory_bytes.is_some(),
+            killed: AtomicBool::new(false),
+            pids_max_before_kill: AtomicU64::new(0),
+            removed: AtomicBool::new(false),
+        };
+        match layout.version {
+            CgroupVersion::V2 => {
+                let parent = v2_parent(layout)?;
+                if memory_bytes.is_some() && !layout.v2_controllers.iter().any(|c| c == "memory") {
+                    return Err(CgroupError::NoController { controller: "memory", what: "memory" });
+                }
+                let dir = parent.join(name);
+                make_fresh(&dir)?;
+                cg.pids = Some(dir.clone());
+                if let Some(max) = max_pids {
+                    write(&dir.join("pids.max"), &max.to_string())?;
+                }
+                if let Some(bytes) = memory_bytes {
+                    write(&dir.join("memory.max"), &bytes.to_string())?;
+                    // Swap would let the job grow past the cap; best effort (no swap controller on some hosts).
+                    let _ = std::fs::write(dir.join("memory.swap.max"), "0");
+                }
+            }
+            CgroupVersion::V1 | CgroupVersion::None => {
+                let pids_own =
+                    layout.v1_pids.clone().ok_or(CgroupError::NoController { controller: "pids", what: "process" })?;
+                let dir = pids_own.join(PARENT_DIR);
+                mkdir_ok_exists(&dir)?;
+                let dir = dir.join(name);
+                make_fresh(&dir)?;
+                cg.pids = Some(dir.clone());
+                if let Some(max) = max_pids {
+                    write(&dir.join("pids.max"), &max.to_string())?;
+                }
+                if let Some(bytes) = memory_bytes {
+                    let mem_own = layout
+                        .v1_memory
+                        .clone()
+                        .ok_or(CgroupError::NoController { controller: "memory", what: "memory" })?;
+                    let dir = mem_own.join(PARENT_DIR);
+                    mkdir_ok_exists(&dir)?;
+                    let dir = dir.join(name);
+                    make_fresh(&dir)?;
+                    cg.memory = Some(dir.clone());
+                    write(&dir.join("memory.limit_in_bytes"), &bytes.to_string())?;
+                    // memsw = memory + swap; equal to the cap means no swap (absent without swap accounting).
+                    let memsw = dir.join("memory.memsw.limit_in_bytes");
+                    if memsw.exists() {
+                        write(&memsw, &bytes.to_string())?;
+                    }
+                }
+            }
+        }
+        Ok(cg)
+    }
+
+    /// The `cgroup.procs` files the launcher child must join.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    fn dirs(&self) -> impl Iterator<Item = &PathBuf> {
+        self.pids.iter().chain(self.memory.iter())
+    }
+
+    fn memory_dir(&self) -> Option<&PathBuf> {
+        match self.version {
+            CgroupVersion::V2 if self.has_memory => self.pids.as_ref(),
+            _ => self.memory.as_ref(),
+        }
+    }
+
+    /// Highest memory use of the job (memory cap set only).
+    pub fn peak_memory_bytes(&self) -> Option<u64> {
+        let dir = self.memory_dir()?;
+        let file = if self.version == CgroupVersion::V2 { "memory.peak" } else { "memory.max_usage_in_bytes" };
+        std::fs::read_to_string(dir.join(file)).ok()?.trim().parse().ok()
+    }
+
+    /// Whether the kernel OOM-killed a process of the job because of the memory cap.
+    pub fn memory_limit_hit(&self) -> bool {
+        let Some(dir) = self.memory_dir() else { return false };
+        let (file, key) =
+            if self.version == CgroupVersion::V2 { ("memory.events", "oom_kill") } else { ("memory.oom_control", "oom_kill") };
+        match read_key(&dir.join(file), key) {
+            Some(n) => n > 0,
+            // Old v1 kernels have no oom_kill count: fall back to "the cap was reached".
+            None => read_u64(&dir.join("memory.failcnt")).is_some_and(|n| n > 0),
+        }
+    }
+
+    /// Whether a fork or clone was refused because of the process-count cap.
+    pub fn pids_limit_hit(&self) -> bool {
+        let Some(dir) = &self.pids else { return false };
+        let now = read_key(&dir.join("pids.events"), "max").unwrap_or(0);
+        if self.killed.load(Ordering::SeqCst) {
+            return self.pids_max_before_kill.load(Ordering::SeqCst) > 0;
+        }
+        now > 0
+    }
+
+    /// SIGKILL every process in the job. v2 with `cgroup.kill` does it atomically; otherwise
+    /// forks are stopped first (pids.max = 0) and the member list is killed until empty.
+    pub fn kill_all(&self) {
+        let Some(dir) = &self.pids else { return };
+        if !self.killed.swap(true, Ordering::SeqCst) {
+            let before = read_key(&dir.join("pids.events"), "max").unwrap_or(0);
+            self.pids_max_before_kill.store(before, Ordering::SeqCst);
+        }
+        if self.version == CgroupVersion::V2 && std::fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+            return;
+        }
+        let _ = std::fs::write(dir.join("pids.max"), "0");
+        let procs = dir.join("cgroup.procs");
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let mut killed: Vec<i32> = Vec::new();
+        loop {
+            let Ok(list) = std::fs::read_to_string(&procs) else { return };
+            let pids: Vec<i32> = list.split_whitespace().filter_map(|p| p.parse().ok()).collect();
+            if pids.is_empty() || Instant::now() > deadline {
+                return;
+            }
+            let mut new = false;
+            for pid in pids {
+                if pid > 0 && !killed.contains(&pid) {
+                    new = true;
+                    killed.push(pid);
+                }
+                // SAFETY: kill(2) with a positive pid read from our own job cgroup.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            if !new {
+                // Only dying or zombie members left (they leave once reaped).
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// Remove the cgroup directories (retrying briefly while killed processes exit).
+    pub fn remove(&self) {
+        if self.removed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for dir in self.dirs() {
+            remove_dir_retry(dir, Duration::from_secs(1));
+        }
+    }
+}
+
+impl Drop for JobCgroup {
+    fn drop(&mut self) {
+        if !self.removed.load(Ordering::SeqCst) {
+            self.kill_all();
+            self.remove();
+        }
+    }
+}
+
+/// Create `dir`; if it already exists (left by a crashed run), empty and recreate it.
+fn make_fresh(dir: &Path) -> Result<(), CgroupError> {
+    match std::fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+            if let Ok(list) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                for pid in list.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+                    // SAFETY: kill(2) of members of a stale job cgroup we own.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+            remove_dir_retry(dir, Duration::from_millis(500));
+            std::fs::create_dir(dir).map_err(io("create", dir))
+        }
+        Err(e) => Err(CgroupError::Io { action: "create", path: dir.to_path_buf(), source: e }),
+    }
+}
+
+fn remove_dir_retry(dir: &Path, budget: Duration) {
+    let deadline = Instant::now() + budget;
+    loop {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return,
+            Err(e) if e.kind() == ErrorKind::NotFound => return,
+            Err(e) if Instant::now() < deadline => {
+                tracing::trace!(dir = %dir.display(), error = %e, "cgroup busy, retrying rmdir");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not remove job cgroup");
+                return;
+            }
+        }
+    }
+}
+
+fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
+    std::fs::write(path, value).map_err(io("write", path))
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Value of `key` in a flat-keyed cgroup file ("key value" per line).
+fn read_key(path: &Path, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines().find_map(|line| {
+        let mut it = line.split_whitespace();
+        (it.next() == Some(key)).then(|| it.next()?.parse().ok()).flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,95 @@
+//! Job cgroups on the real machine (needs root and a pids / memory controller; fails
+//! loudly otherwise) plus the v2 preparation logic on a fake directory tree.
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use super::*;
+
+fn unique(tag: &str) -> String {
+    format!("unit-{tag}-{}", std::process::id())
+}
+
+/// Spawn `sh -c script` inside the job cgroup (joined between fork and exec).
+fn run_in(cg: &JobCgroup, script: &str) -> std::process::ExitStatus {
+    let files = cg.procs_files();
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(script);
+    // SAFETY: join_current only opens and writes files; acceptable in a test child.
+    unsafe { cmd.pre_exec(move || join_current(&files).map_err(std::io::Error::other)) };
+    cmd.status().expect("spawn sh")
+}
+
+/// The pids cap stops a burst of forks and is reported; kill_all and remove clean up.
+#[test]
+fn pids_cap_refuses_forks_and_is_reported() {
+    let cg = JobCgroup::create(&unique("pids"), None, Some(4)).expect("create job cgroup");
+    assert!(!cg.pids_limit_hit());
+    let status = run_in(&cg, "for i in 1 2 3 4 5 6 7 8; do sleep 5 & done; wait");
+    assert!(status.success() || !status.success());
+    assert!(cg.pids_limit_hit(), "forks beyond pids.max must be counted in pids.events");
+    let dirs: Vec<PathBuf> = cg.dirs().cloned().collect();
+    cg.kill_all();
+    cg.remove();
+    for d in dirs {
+        assert!(!d.exists(), "{} should be removed", d.display());
+    }
+}
+
+/// A process over the memory cap is OOM-killed in the job cgroup, and the report says so.
+#[test]
+fn memory_cap_kills_and_is_reported() {
+    let cg = JobCgroup::create(&unique("mem"), Some(32 << 20), Some(64)).expect("create job cgroup");
+    // `head -c` into a shell variable grows the shell's heap past the cap.
+    let status = run_in(&cg, "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}");
+    assert!(!status.success(), "the hog must be killed");
+    assert!(cg.memory_limit_hit(), "oom_kill must be counted");
+    let peak = cg.peak_memory_bytes().expect("peak memory");
+    assert!(peak >= 16 << 20 && peak <= 40 << 20, "peak {peak} near the 32 MiB cap");
+}
+
+/// Drop kills what is still running and removes the directories.
+#[test]
+fn drop_kills_survivors() {
+    let cg = JobCgroup::create(&unique("drop"), None, Some(16)).expect("create job cgroup");
+    run_in(&cg, "sleep 30 & sleep 30 & exit 0");
+    let procs = cg.procs_files();
+    let list = std::fs::read_to_string(&procs[0]).unwrap();
+    assert_eq!(list.split_whitespace().count(), 2, "two sleeps left behind: {list:?}");
+    let dir = procs[0].parent().unwrap().to_path_buf();
+    let start = Instant::now();
+    drop(cg);
+    assert!(!dir.exists());
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert!(!cgroup_after_kill_hit_reported());
+}
+
+fn cgroup_after_kill_hit_reported() -> bool {
+    // kill_all lowers pids.max to 0; forks refused after that must not count as the job's limit.
+    let cg = JobCgroup::create(&unique("killcount"), None, Some(16)).expect("create");
+    cg.kill_all();
+    cg.pids_limit_hit()
+}
+
+/// A stale cgroup of the same name (crashed server) is replaced.
+#[test]
+fn stale_cgroup_is_replaced() {
+    let name = unique("stale");
+    let a = JobCgroup::create(&name, None, Some(8)).expect("first");
+    std::mem::forget(a);
+    let b = JobCgroup::create(&name, None, Some(8)).expect("second over a stale dir");
+    drop(b);
+}
+
+/// v2: with controllers already enabled above, the parent gets them enabled for jobs.
+#[test]
+fn v2_prepare_on_fake_tree() {
+    let root = std::env::temp_dir().join(unique("fakecg2"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("cgroup.subtree_control"), "pids memory").unwrap();
+    std::fs::write(root.join("cgroup.procs"), "").unwrap();
+    let parent = prepare_v2(&root, &["pids", "memory"], 1).expect("prepare");
+    assert_eq!(parent, root.join(PARENT_DIR));
+    assert_eq!(std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap(), "+pids +memory");
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -1,0 +1,326 @@
+//! A running sandboxed process: signalling its process group and cgroup, and waiting
+//! for it — async through a pidfd registered with tokio (never blocks the runtime) or
+//! blocking with `poll` — then reaping it with `wait4` for its rusage and working out
+//! which limit, if any, ended it. The rest of its process group and cgroup is killed
+//! once the main process has ended.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::process::{ChildStderr, ChildStdin, ChildStdout};
+use std::time::{Duration, Instant};
+
+use super::isolation::JobCgroupHandle;
+use super::resolve::Limits;
+
+/// How a sandboxed process ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Termination {
+    Exited(i32),
+    /// Killed by a signal (e.g. "SIGKILL").
+    Signaled(String),
+    #[default]
+    Unknown,
+}
+
+/// The limit that ended a process, if one did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitHit {
+    Memory,
+    Cpu,
+    WallTime,
+    FileSize,
+    Processes,
+}
+
+/// Report of one finished process: what `run --json` prints.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct ExitReport {
+    pub termination: Termination,
+    pub wall: Duration,
+    pub user_cpu: Duration,
+    pub system_cpu: Duration,
+    pub peak_rss_bytes: u64,
+    pub limit: Option<LimitHit>,
+}
+
+/// A running sandboxed process; it leads its own process group (pgid == pid).
+pub struct SandboxedChild {
+    pub pid: u32,
+    pub stdin: Option<ChildStdin>,
+    pub stdout: Option<ChildStdout>,
+    pub stderr: Option<ChildStderr>,
+    pidfd: Option<OwnedFd>,
+    cgroup: Option<JobCgroupHandle>,
+    started: Instant,
+    wall_limit: Option<Duration>,
+    limits: Limits,
+    unenforced: Vec<String>,
+    reaped: bool,
+}
+
+impl SandboxedChild {
+    pub(crate) fn new(
+        pid: u32,
+        mut child: std::process::Child,
+        cgroup: Option<JobCgroupHandle>,
+        started: Instant,
+        wall_limit: Option<Duration>,
+        limits: Limits,
+        unenforced: Vec<String>,
+    ) -> std::io::Result<SandboxedChild> {
+        // SAFETY: pidfd_open on our own unreaped child; returns a fresh fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        let pidfd = if fd >= 0 {
+            // SAFETY: fresh descriptor we own.
+            Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+        } else {
+            None
+        };
+        Ok(SandboxedChild {
+            pid,
+            stdin: child.stdin.take(),
+            stdout: child.stdout.take(),
+            stderr: child.stderr.take(),
+            pidfd,
+            cgroup,
+            started,
+            wall_limit,
+            limits,
+            unenforced,
+            reaped: false,
+        })
+    }
+
+    /// What the policy asked for but this kernel or build did not enforce
+    /// (only ever non-empty where the policy allows best effort).
+    pub fn unenforced(&self) -> &[String] {
+        &self.unenforced
+    }
+
+    /// Send `signal` to the whole process group (and, for SIGKILL, every process of
+    /// its cgroup).
+    pub fn signal_group(&self, signal: i32) -> std::io::Result<()> {
+        if let (libc::SIGKILL, Some(cg)) = (signal, &self.cgroup) {
+            cg.kill_all();
+        }
+        // SAFETY: kill(2) on our own process group.
+        if unsafe { libc::kill(-(self.pid as libc::pid_t), signal) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// SIGKILL everything the child started.
+    pub fn kill_all(&self) {
+        let _ = self.signal_group(libc::SIGKILL);
+    }
+
+    /// Wait for the process to end (async; never blocks the runtime) and report how.
+    /// Enforces the wall-time limit when asked to.
+    pub async fn wait(mut self) -> ExitReport {
+        let mut wall_hit = false;
+        if let Some(fd) = self.pidfd.take() {
+            // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, which owns it until dropped.
+            let registered = unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+            };
+            match registered {
+                Ok(afd) => {
+                    let readable = afd.readable();
+                    match self.remaining_wall() {
+                        Some(left) => {
+                            if tokio::time::timeout(left, readable).await.is_err() {
+                                wall_hit = true;
+                                self.kill_all();
+                                let _ = afd.readable().await;
+                            }
+                        }
+                        None => {
+                            let _ = readable.await;
+                        }
+                    }
+                }
+                Err(_) => {
+                    // No reactor for this fd: fall back to a blocking wait off the runtime.
+                    let pid = self.pid;
+                    let _ = tokio::task::spawn_blocking(move || reap(pid, 0)).await;
+                }
+            }
+        }
+        let pid = self.pid;
+        match tokio::task::spawn_blocking(move || reap(pid, 0)).await {
+            Ok(r) => self.finish(r, wall_hit),
+            Err(_) => self.finish(None, wall_hit),
+        }
+    }
+
+    /// Blocking variant of [`wait`](Self::wait), for `run`.
+    pub fn wait_blocking(mut self) -> ExitReport {
+        let mut wall_hit = false;
+        if let (Some(fd), Some(left)) = (&self.pidfd, self.remaining_wall()) {
+            let mut pfd = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let deadline = Instant::now() + left;
+            loop {
+                let ms = deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis();
+                // SAFETY: one valid pollfd.
+                let rc = unsafe { libc::poll(&mut pfd, 1, ms.min(i32::MAX as u128) as i32) };
+                if rc > 0 {
+                    break;
+                }
+                if rc == 0 {
+                    wall_hit = true;
+                    self.kill_all();
+                    break;
+                }
+                if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                    break;
+                }
+            }
+        }
+        let r = reap(self.pid, 0);
+        self.finish(r, wall_hit)
+    }
+
+    fn remaining_wall(&self) -> Option<Duration> {
+        self.wall_limit
+            .map(|l| l.saturating_sub(self.started.elapsed()))
+    }
+
+    fn finish(&mut self, reaped: Option<(i32, libc::rusage)>, wall_hit: bool) -> ExitReport {
+        self.reaped = reaped.is_some();
+        let wall = self.started.elapsed();
+        // The main process is gone: nothing it left behind may outlive it.
+        self.kill_all();
+        let Some((status, ru)) = reaped else {
+            return ExitReport {
+                wall,
+                ..Default::default()
+            };
+        };
+        let tv = |t: libc::timeval| {
+            Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+        };
+        let (user_cpu, system_cpu) = (tv(ru.ru_utime), tv(ru.ru_stime));
+        let termination = if libc::WIFEXITED(status) {
+            Termination::Exited(libc::WEXITSTATUS(status))
+        } else if libc::WIFSIGNALED(status) {
+            Termination::Signaled(signal_name(libc::WTERMSIG(status)))
+        } else {
+            Termination::Unknown
+        };
+        // A shell reports a child killed by signal N as exit 128+N: count that too.
+        let signal = if libc::WIFSIGNALED(status) {
+            Some(libc::WTERMSIG(status))
+        } else {
+            match libc::WEXITSTATUS(status) - 128 {
+                libc::SIGXCPU if self.limits.cpu_seconds.is_some() => Some(libc::SIGXCPU),
+                libc::SIGXFSZ if self.limits.file_size_bytes.is_some() => Some(libc::SIGXFSZ),
+                _ => None,
+            }
+        };
+        let cpu_spent = user_cpu + system_cpu;
+        let cg = self.cgroup.as_ref();
+        let limit = if wall_hit {
+            Some(LimitHit::WallTime)
+        } else if cg.is_some_and(|c| c.memory_limit_hit()) {
+            Some(LimitHit::Memory)
+        } else if signal == Some(libc::SIGXCPU)
+            || (signal == Some(libc::SIGKILL)
+                && self
+                    .limits
+                    .cpu_seconds
+                    .is_some_and(|l| cpu_spent >= Duration::from_secs(l)))
+        {
+            Some(LimitHit::Cpu)
+        } else if signal == Some(libc::SIGXFSZ) {
+            Some(LimitHit::FileSize)
+        } else if cg.is_some_and(|c| c.pids_limit_hit()) {
+            Some(LimitHit::Processes)
+        } else {
+            None
+        };
+        ExitReport {
+            termination,
+            wall,
+            user_cpu,
+            system_cpu,
+            peak_rss_bytes: (ru.ru_maxrss.max(0) as u64) * 1024,
+            limit,
+        }
+    }
+}
+
+impl Drop for SandboxedChild {
+    fn drop(&mut self) {
+        if !self.reaped {
+            self.kill_all();
+            let pid = self.pid;
+            // Reap off-thread so that dropping never blocks and leaves no zombie.
+            let _ = std::thread::Builder::new()
+                .name("sandbox-reap".into())
+                .spawn(move || reap(pid, 0));
+        }
+    }
+}
+
+/// wait4 for `pid`, retrying on EINTR. `None` if it cannot be reaped.
+fn reap(pid: u32, flags: i32) -> Option<(i32, libc::rusage)> {
+    let mut status = 0;
+    // SAFETY: rusage is plain data; zeroed is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: valid out-pointers for our own child.
+        let rc = unsafe { libc::wait4(pid as libc::pid_t, &mut status, flags, &mut ru) };
+        if rc == pid as libc::pid_t {
+            return Some((status, ru));
+        }
+        if rc < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        return None;
+    }
+}
+
+/// "SIGKILL" for 9, etc.; "signal N" for numbers without a name.
+pub fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGCHLD => "SIGCHLD",
+        libc::SIGCONT => "SIGCONT",
+        libc::SIGSTOP => "SIGSTOP",
+        libc::SIGTSTP => "SIGTSTP",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
+}
+
+/// The number of a signal name produced by [`signal_name`].
+pub fn signal_number(name: &str) -> Option<i32> {
+    (1..32).find(|&n| signal_name(n) == name)
+}

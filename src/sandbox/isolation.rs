@@ -1,0 +1,115 @@
+//! Adapter between the launcher and the isolation mechanisms of `cgroup`, `netns` and
+//! `mounts` (which take plain parameters, not policy types). Everything the launcher
+//! and the spawn side need from them goes through these few functions, with errors
+//! already in words.
+//!
+//! Launcher-side functions return `Ok(None)` when applied, `Ok(Some(note))` when the
+//! mechanism is not available and the policy allows best effort (the note lands in the
+//! report's list of what was not enforced), `Err(words)` when it is fatal.
+
+use std::path::PathBuf;
+
+use super::cgroup::{self, JobCgroup};
+use super::mounts::{self, MountView};
+use super::netns;
+
+/// The parent's handle on a job's cgroup(s). Dropping it kills what is left and removes it.
+#[derive(Debug)]
+pub struct JobCgroupHandle {
+    inner: JobCgroup,
+    has_memory: bool,
+}
+
+impl JobCgroupHandle {
+    /// Create a cgroup for one job with these limits. `Err` in words.
+    pub fn create(
+        name: &str,
+        memory_bytes: Option<u64>,
+        max_pids: Option<u64>,
+    ) -> Result<JobCgroupHandle, String> {
+        JobCgroup::create(name, memory_bytes, max_pids)
+            .map(|inner| JobCgroupHandle {
+                inner,
+                has_memory: memory_bytes.is_some(),
+            })
+            .map_err(|e| e.to_string())
+    }
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.inner.procs_files()
+    }
+    pub fn has_memory_limit(&self) -> bool {
+        self.has_memory
+    }
+    pub fn peak_memory_bytes(&self) -> Option<u64> {
+        self.inner.peak_memory_bytes()
+    }
+    pub fn memory_limit_hit(&self) -> bool {
+        self.inner.memory_limit_hit()
+    }
+    pub fn pids_limit_hit(&self) -> bool {
+        self.inner.pids_limit_hit()
+    }
+    pub fn kill_all(&self) {
+        self.inner.kill_all()
+    }
+}
+
+fn outcome<E: std::fmt::Display>(
+    result: Result<(), E>,
+    best_effort: bool,
+    what: &str,
+) -> Result<Option<String>, String> {
+    match result {
+        Ok(()) => Ok(None),
+        Err(e) if best_effort => Ok(Some(format!("{what} ({e})"))),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Launcher side: move the calling process into the job's cgroup(s).
+pub fn join_cgroup(procs_files: &[PathBuf], best_effort: bool) -> Result<Option<String>, String> {
+    if procs_files.is_empty() {
+        return Ok(None);
+    }
+    outcome(
+        cgroup::join_current(procs_files),
+        best_effort,
+        "cgroup limits",
+    )
+}
+
+/// Launcher side: a private network namespace (loopback up if asked).
+pub fn isolate_network(loopback_up: bool, best_effort: bool) -> Result<Option<String>, String> {
+    outcome(
+        netns::isolate_network(loopback_up),
+        best_effort,
+        "private network namespace",
+    )
+}
+
+/// What the mount view shows: `read` read-only, `write` writable, `tmp` also at /tmp.
+pub struct MountViewSpec<'a> {
+    pub read: &'a [PathBuf],
+    pub write: &'a [PathBuf],
+    pub tmp: &'a PathBuf,
+    pub workspace: &'a PathBuf,
+}
+
+/// Launcher side: a private mount namespace showing only the policy's paths.
+pub fn apply_mount_view(
+    view: &MountViewSpec<'_>,
+    best_effort: bool,
+) -> Result<Option<String>, String> {
+    // Executable paths must be visible too; the view binds them read-only.
+    let view = MountView {
+        read: view.read.to_vec(),
+        write: view.write.to_vec(),
+        tmp: view.tmp.clone(),
+        workspace: view.workspace.clone(),
+    };
+    outcome(
+        mounts::apply_mount_view(&view),
+        best_effort,
+        "private mount view",
+    )
+}

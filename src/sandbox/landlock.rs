@@ -1,0 +1,295 @@
+//! Landlock: [`landlock_rules`] turns a policy into a pure plan (file-system rules, TCP
+//! ports, scopes; unit-tested); [`install_landlock_on_current_thread`] applies it and
+//! fails closed unless the kernel fully enforced it (or the policy says best effort).
+
+use std::path::PathBuf;
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath,
+    PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+};
+
+use super::policy::Scoping;
+use super::resolve::{NetworkPolicy, ResolvedPolicy};
+
+/// What a file-system rule grants beneath a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsGrant {
+    Read,
+    Write,
+    Execute,
+}
+
+/// Everything Landlock is asked to enforce for one policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LandlockPlan {
+    /// `None`: the file system is not restricted.
+    pub fs: Option<Vec<(PathBuf, FsGrant)>>,
+    /// `Some((connect, bind))`: TCP restricted to these ports.
+    pub tcp: Option<(Vec<u16>, Vec<u16>)>,
+    pub scope_abstract_unix: bool,
+    pub scope_signals: bool,
+}
+
+impl LandlockPlan {
+    pub fn is_empty(&self) -> bool {
+        self.fs.is_none() && self.tcp.is_none() && !self.scope_abstract_unix && !self.scope_signals
+    }
+
+    /// The Landlock ABI this plan needs to be fully enforced.
+    pub fn required_abi(&self) -> i32 {
+        let mut abi = 0;
+        if self.fs.is_some() {
+            abi = 1;
+        }
+        if self.tcp.is_some() {
+            abi = 4;
+        }
+        if self.scope_abstract_unix || self.scope_signals {
+            abi = 6;
+        }
+        abi
+    }
+
+    /// What a kernel with Landlock ABI `abi` cannot enforce of this plan, in words.
+    pub fn unenforced(&self, abi: i32) -> Vec<String> {
+        let mut out = Vec::new();
+        if abi < 1 && self.fs.is_some() {
+            out.push("file-system rules (kernel has no Landlock)".to_string());
+        } else if abi < 3 && self.fs.is_some() {
+            out.push(format!("file truncation control (Landlock ABI {abi} < 3)"));
+        }
+        if abi < 4 && self.tcp.is_some() {
+            out.push(format!("TCP port rules (Landlock ABI {abi} < 4)"));
+        }
+        if abi < 6 && self.scope_abstract_unix {
+            out.push(format!(
+                "abstract unix socket scoping (Landlock ABI {abi} < 6)"
+            ));
+        }
+        if abi < 6 && self.scope_signals {
+            out.push(format!("signal scoping (Landlock ABI {abi} < 6)"));
+        }
+        out
+    }
+}
+
+/// The Landlock plan of `policy`.
+pub fn landlock_rules(policy: &ResolvedPolicy) -> LandlockPlan {
+    let fs = (!policy.filesystem_unrestricted()).then(|| {
+        let mut rules = Vec::new();
+        for (set, grant) in [
+            (&policy.read, FsGrant::Read),
+            (&policy.write, FsGrant::Write),
+            (&policy.execute, FsGrant::Execute),
+        ] {
+            rules.extend(set.iter().map(|p| (p.clone(), grant)));
+        }
+        rules
+    });
+    let tcp = match &policy.network {
+        NetworkPolicy::Ports { connect, bind } => Some((connect.clone(), bind.clone())),
+        _ => None,
+    };
+    LandlockPlan {
+        fs,
+        tcp,
+        scope_abstract_unix: policy.abstract_unix_sockets == Scoping::Scoped,
+        scope_signals: policy.signals == Scoping::Scoped,
+    }
+}
+
+/// The Landlock ABI of the running kernel (0 if Landlock is missing or disabled).
+pub fn kernel_abi() -> i32 {
+    // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) only
+    // returns the ABI version; no memory is passed.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            1u32,
+        )
+    };
+    if v < 0 { 0 } else { v as i32 }
+}
+
+/// What of `plan` a kernel with Landlock ABI `abi` leaves unenforced; an error in words
+/// unless the policy allows best effort.
+pub fn check_support(
+    plan: &LandlockPlan,
+    abi: i32,
+    policy_name: &str,
+    best_effort: bool,
+) -> Result<Vec<String>, String> {
+    let missing = plan.unenforced(abi);
+    if missing.is_empty() || best_effort {
+        return Ok(missing);
+    }
+    if abi == 0 {
+        return Err(format!(
+            "this kernel has no Landlock; policy {policy_name} requires it"
+        ));
+    }
+    Err(format!(
+        "this kernel's Landlock ABI is {abi}; policy {policy_name} needs ABI {} for: {}",
+        plan.required_abi(),
+        missing.join(", ")
+    ))
+}
+
+/// Apply `plan` to the calling thread. `best_effort`: enforce what the kernel supports
+/// and return what it does not; otherwise anything unenforced is an error in words.
+pub fn install_landlock_on_current_thread(
+    plan: &LandlockPlan,
+    policy_name: &str,
+    best_effort: bool,
+) -> Result<Vec<String>, String> {
+    if plan.is_empty() {
+        return Ok(Vec::new());
+    }
+    let abi = kernel_abi();
+    let missing = check_support(plan, abi, policy_name, best_effort)?;
+    if abi == 0 {
+        return Ok(missing);
+    }
+    let target = ABI::from(abi.min(6));
+    let err = |e: landlock::RulesetError| format!("Landlock: {e}");
+    let mut ruleset = Ruleset::default().set_compatibility(CompatLevel::BestEffort);
+    if plan.fs.is_some() {
+        ruleset = ruleset
+            .handle_access(AccessFs::from_all(target))
+            .map_err(err)?;
+    }
+    if plan.tcp.is_some() && abi >= 4 {
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(target))
+            .map_err(err)?;
+    }
+    if abi >= 6 {
+        let mut scopes = BitFlags::<Scope>::EMPTY;
+        if plan.scope_abstract_unix {
+            scopes |= Scope::AbstractUnixSocket;
+        }
+        if plan.scope_signals {
+            scopes |= Scope::Signal;
+        }
+        if !scopes.is_empty() {
+            ruleset = ruleset.scope(scopes).map_err(err)?;
+        }
+    }
+    let mut created = ruleset.create().map_err(err)?;
+    if let Some(rules) = &plan.fs {
+        for (path, grant) in rules {
+            let fd = match PathFd::new(path) {
+                Ok(fd) => fd,
+                // A path that does not exist on this machine (e.g. /lib32) grants nothing.
+                Err(_) if !path.exists() => continue,
+                Err(e) => return Err(format!("Landlock: cannot open {}: {e}", path.display())),
+            };
+            let read = AccessFs::ReadFile | AccessFs::ReadDir;
+            let mut access = match grant {
+                FsGrant::Read => read,
+                // Writing does not imply executing: that is the `execute` set's job.
+                FsGrant::Write => AccessFs::from_all(target) & !AccessFs::Execute,
+                FsGrant::Execute => read | AccessFs::Execute,
+            };
+            if !path.is_dir() {
+                access &= AccessFs::from_file(target);
+            }
+            created = created
+                .add_rule(PathBeneath::new(fd, access))
+                .map_err(err)?;
+        }
+    }
+    if let (Some((connect, bind)), true) = (&plan.tcp, abi >= 4) {
+        for &port in connect {
+            created = created
+                .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
+                .map_err(err)?;
+        }
+        for &port in bind {
+            created = created
+                .add_rule(NetPort::new(port, AccessNet::BindTcp))
+                .map_err(err)?;
+        }
+    }
+    let status = created.restrict_self().map_err(err)?;
+    match status.ruleset {
+        RulesetStatus::FullyEnforced => Ok(missing),
+        other if best_effort => {
+            let mut missing = missing;
+            if missing.is_empty() {
+                missing.push(format!("part of the Landlock ruleset ({other:?})"));
+            }
+            Ok(missing)
+        }
+        other => Err(format!(
+            "the kernel did not fully enforce the Landlock ruleset ({other:?}); policy \
+             {policy_name} requires it"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::{Placeholders, Policy};
+
+    fn resolved(name: &str) -> ResolvedPolicy {
+        let ph = Placeholders {
+            workspace: "/w".into(),
+            tmp: "/t".into(),
+            ..Default::default()
+        };
+        Policy::load(name).unwrap().resolve(&ph).unwrap()
+    }
+
+    #[test]
+    fn workspace_write_plan() {
+        let plan = landlock_rules(&resolved("workspace-write"));
+        let fs = plan.fs.as_ref().unwrap();
+        assert!(fs.contains(&("/w".into(), FsGrant::Write)));
+        assert!(fs.contains(&("/etc".into(), FsGrant::Read)));
+        assert!(
+            !fs.iter()
+                .any(|(p, _)| p.starts_with("/root") || p.starts_with("/tmp"))
+        );
+        assert!(plan.scope_abstract_unix && plan.scope_signals && plan.tcp.is_none());
+        assert_eq!(plan.required_abi(), 6);
+        assert!(plan.unenforced(7).is_empty());
+        assert_eq!(plan.unenforced(5).len(), 2);
+    }
+
+    #[test]
+    fn ports_plan() {
+        let p = resolved("workspace-write").with_network(NetworkPolicy::Ports {
+            connect: vec![443],
+            bind: vec![8080],
+        });
+        let plan = landlock_rules(&p);
+        assert_eq!(plan.tcp, Some((vec![443], vec![8080])));
+        assert!(plan.unenforced(3).iter().any(|m| m.contains("TCP port")));
+    }
+
+    #[test]
+    fn missing_kernel_support_fails_closed_in_words() {
+        let plan = landlock_rules(&resolved("workspace-write"));
+        assert_eq!(
+            check_support(&plan, 0, "workspace-write", false).unwrap_err(),
+            "this kernel has no Landlock; policy workspace-write requires it"
+        );
+        let e = check_support(&plan, 5, "ci", false).unwrap_err();
+        assert!(
+            e.contains("ABI is 5") && e.contains("needs ABI 6") && e.contains("signal"),
+            "{e}"
+        );
+        assert_eq!(check_support(&plan, 5, "ci", true).unwrap().len(), 2);
+        assert!(check_support(&plan, 7, "ci", false).unwrap().is_empty());
+    }
+
+    #[test]
+    fn danger_plan_is_empty() {
+        assert!(landlock_rules(&resolved("danger-full-access")).is_empty());
+    }
+}

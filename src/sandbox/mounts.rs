@@ -1,0 +1,281 @@
+//! The job's mount view: a private mount namespace whose root is a fresh, read-only
+//! tmpfs holding only what the policy lists — read paths bound read-only, write paths
+//! (workspace, private tmp) bound read-write, the private tmp also at `/tmp`, a minimal
+//! `/dev` (null, zero, full, random, urandom, tty) and a read-only `/proc` that hides
+//! processes the job may not ptrace (`hidepid=invisible`, so with Landlock's ptrace
+//! scoping the server and every other outside process are invisible).
+//!
+//! What this adds on top of Landlock: paths the policy leaves out do not exist at all
+//! (so a pathname unix socket such as /run/docker.sock cannot be connected, which
+//! Landlock does not mediate), and metadata changes outside writable paths (chmod,
+//! chown, utimes, xattrs — also outside Landlock's reach) fail with EROFS.
+//!
+//! Called in the launcher child, single-threaded and still privileged, after the
+//! cgroup join and network namespace and before capabilities are dropped.
+
+pub mod plan;
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use plan::{Bind, OWN_DEVICES, Plan};
+
+/// What the job sees. Paths are host paths; nonexistent ones are skipped.
+#[derive(Debug, Clone, Default)]
+pub struct MountView {
+    pub read: Vec<PathBuf>,
+    pub write: Vec<PathBuf>,
+    /// The private temp dir: writable at its own path and at /tmp.
+    pub tmp: PathBuf,
+    /// Writable; also the working directory after the switch.
+    pub workspace: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error(
+        "cannot create a mount namespace (unshare CLONE_NEWNS): {0}; the launcher needs CAP_SYS_ADMIN \
+         (run the server as root or in a user namespace), or use a policy that allows best effort"
+    )]
+    Unshare(io::Error),
+    #[error("cannot build the sandbox's file-system view: {step} {path}: {source}")]
+    Step { step: &'static str, path: PathBuf, source: io::Error },
+}
+
+// Mount API constants (linux/mount.h), spelled out so no libc version gap matters.
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Where the old root is reachable while the view is built, and where the view grows.
+const OLD: &str = "/oldroot";
+const NO_SRC: Option<&str> = None;
+const NEW: &str = "/newroot";
+
+/// Launcher child: switch this process into the view (see the module docs).
+pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
+    let mut write = view.write.clone();
+    write.push(view.workspace.clone());
+    write.push(view.tmp.clone());
+    let entries = plan::entries(&view.read, &write);
+    let tmp = std::fs::canonicalize(&view.tmp).map_err(step("find the private temp dir", &view.tmp))?;
+    let plan = plan::plan(&entries, Some(&tmp));
+
+    // SAFETY: unshare(2) with a constant flag, affecting only this process.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+        return Err(MountError::Unshare(io::Error::last_os_error()));
+    }
+    // Nothing we do may propagate back to the host.
+    mount(NO_SRC, "/", None, libc::MS_REC | libc::MS_PRIVATE, None).map_err(step("make / private", "/"))?;
+
+    // A scratch tmpfs becomes the root for a moment, with the host's root under /oldroot.
+    // Any existing directory works as its mount point; the private tmp always exists.
+    mount(Some("tmpfs"), &tmp, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some("mode=0755,size=64k"))
+        .map_err(step("mount a scratch tmpfs on", &tmp))?;
+    mkdir(&tmp.join("oldroot"))?;
+    pivot_root(&tmp, &tmp.join("oldroot")).map_err(step("pivot_root into", &tmp))?;
+    chdir("/")?;
+    mkdir(Path::new(NEW))?;
+    mount(Some("tmpfs"), NEW, Some("tmpfs"), libc::MS_NOSUID, Some("mode=0755")).map_err(step("mount tmpfs on", NEW))?;
+
+    build(&plan)?;
+
+    // The root tmpfs only holds mount points: read-only from here on.
+    mount(NO_SRC, NEW, None, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID, None)
+        .map_err(step("make the new root read-only", NEW))?;
+    // Stack the old root on the new one and detach it: the host tree is gone.
+    chdir(NEW)?;
+    pivot_root(Path::new("."), Path::new(".")).map_err(step("pivot_root into", NEW))?;
+    // SAFETY: umount2 of the stacked old root by a constant path.
+    if unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(step("detach the old root", "/")(io::Error::last_os_error()));
+    }
+    chdir("/")?;
+    if !view.workspace.as_os_str().is_empty() {
+        let _ = std::env::set_current_dir(&view.workspace);
+    }
+    Ok(())
+}
+
+/// Create every mount point and mount of `plan` under /newroot.
+fn build(plan: &Plan) -> Result<(), MountError> {
+    for bind in &plan.binds {
+        let src = under(OLD, &bind.src);
+        let dst = under(NEW, &bind.dst);
+        make_mount_point(&dst, bind.is_dir)?;
+        mount(Some(&src), &dst, None, libc::MS_BIND | libc::MS_REC, None).map_err(step("bind-mount", &bind.src))?;
+    }
+    // Attributes after all binds (mount points inside a read-only bind could not be made),
+    // parents first so each path ends with the mode of its most specific entry.
+    for bind in &plan.binds {
+        set_attrs(&under(NEW, &bind.dst), bind)?;
+    }
+    for (link, target) in &plan.symlinks {
+        let at = under(NEW, link);
+        if at.symlink_metadata().is_err() {
+            if let Some(parent) = at.parent() {
+                let _ = std::fs::create_dir_all(parent);
+            }
+            std::os::unix::fs::symlink(target, &at).map_err(step("create symlink", link))?;
+        }
+    }
+    if plan.own_dev {
+        build_dev()?;
+    }
+    if plan.own_proc {
+        mount_proc()?;
+    }
+    Ok(())
+}
+
+/// Read-only (unless writable), nosuid, nodev, for the bind and every mount below it.
+fn set_attrs(dst: &Path, bind: &Bind) -> Result<(), MountError> {
+    let mut attr = MountAttr {
+        attr_set: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | if bind.writable { 0 } else { MOUNT_ATTR_RDONLY },
+        attr_clr: if bind.writable { MOUNT_ATTR_RDONLY } else { 0 },
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let c = cstr(dst)?;
+    // SAFETY: mount_setattr(2) with a valid path and a correctly sized struct we own.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_RECURSIVE as libc::c_uint,
+            &mut attr as *mut MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::ENOSYS) {
+        return Err(step("set mount attributes on", &bind.dst)(err));
+    }
+    // Kernels before 5.12: remount the top mount only (binds below keep their flags).
+    let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV;
+    let flags = if bind.writable { flags } else { flags | libc::MS_RDONLY };
+    mount(NO_SRC, dst, None, flags, None).map_err(step("remount", &bind.dst))
+}
+
+/// /dev with the usual character devices (mknod; bind from the host where mknod is refused).
+fn build_dev() -> Result<(), MountError> {
+    let dev = Path::new(NEW).join("dev");
+    mkdir(&dev)?;
+    for (name, major, minor) in OWN_DEVICES {
+        let path = dev.join(name);
+        let c = cstr(&path)?;
+        // SAFETY: mknod(2) on a path inside our private tmpfs.
+        let made = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(*major, *minor)) } == 0;
+        if made {
+            // SAFETY: chmod(2) past the umask, on the node just made.
+            unsafe { libc::chmod(c.as_ptr(), 0o666) };
+        } else {
+            make_mount_point(&path, false)?;
+            let src = Path::new(OLD).join("dev").join(name);
+            mount(Some(&src), &path, None, libc::MS_BIND, None).map_err(step("bind-mount", &src))?;
+        }
+    }
+    for (name, target) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
+        std::os::unix::fs::symlink(target, dev.join(name)).map_err(step("create symlink", &dev.join(name)))?;
+    }
+    Ok(())
+}
+
+/// A read-only procfs showing only processes the job could ptrace (its own); falls back
+/// to a read-only bind of the host's /proc where a new procfs may not be mounted.
+fn mount_proc() -> Result<(), MountError> {
+    let proc = Path::new(NEW).join("proc");
+    mkdir(&proc)?;
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
+    if mount(Some("proc"), &proc, Some("proc"), flags, Some("hidepid=invisible")).is_ok() {
+        return Ok(());
+    }
+    mount(Some(&Path::new(OLD).join("proc")), &proc, None, libc::MS_BIND | libc::MS_REC, None)
+        .map_err(step("bind-mount", Path::new("/proc")))?;
+    let bind = Bind { src: "/proc".into(), dst: "/proc".into(), writable: false, is_dir: true };
+    set_attrs(&proc, &bind)
+}
+
+fn under(root: &str, path: &Path) -> PathBuf {
+    Path::new(root).join(path.strip_prefix("/").unwrap_or(path))
+}
+
+fn make_mount_point(dst: &Path, is_dir: bool) -> Result<(), MountError> {
+    if is_dir {
+        return std::fs::create_dir_all(dst).map_err(step("create mount point", dst));
+    }
+    if let Some(parent) = dst.parent() {
+        std::fs::create_dir_all(parent).map_err(step("create mount point", parent))?;
+    }
+    if dst.symlink_metadata().is_ok() {
+        return Ok(());
+    }
+    std::fs::File::create(dst).map(drop).map_err(step("create mount point", dst))
+}
+
+fn mkdir(path: &Path) -> Result<(), MountError> {
+    match std::fs::create_dir(path) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(step("create", path)(e)),
+        _ => Ok(()),
+    }
+}
+
+fn chdir(path: impl AsRef<Path>) -> Result<(), MountError> {
+    std::env::set_current_dir(path.as_ref()).map_err(step("chdir to", path.as_ref()))
+}
+
+fn step<'a>(step: &'static str, path: impl AsRef<Path> + 'a) -> impl FnOnce(io::Error) -> MountError + 'a {
+    move |source| MountError::Step { step, path: path.as_ref().to_path_buf(), source }
+}
+
+fn cstr(path: &Path) -> Result<CString, MountError> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| step("use", path)(io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte")))
+}
+
+fn pivot_root(new_root: &Path, put_old: &Path) -> io::Result<()> {
+    let (a, b) = (cstr(new_root).map_err(io::Error::other)?, cstr(put_old).map_err(io::Error::other)?);
+    // SAFETY: pivot_root(2) with two valid C strings.
+    if unsafe { libc::syscall(libc::SYS_pivot_root, a.as_ptr(), b.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn mount(
+    src: Option<impl AsRef<Path>>,
+    dst: impl AsRef<Path>,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> io::Result<()> {
+    let to_c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other);
+    let src = src.map(|s| to_c(s.as_ref())).transpose()?;
+    let dst = to_c(dst.as_ref())?;
+    let fstype = fstype.map(CString::new).transpose().map_err(io::Error::other)?;
+    let data = data.map(CString::new).transpose().map_err(io::Error::other)?;
+    let ptr = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: mount(2) with valid (or null) C strings that outlive the call.
+    let rc = unsafe { libc::mount(ptr(&src), dst.as_ptr(), ptr(&fstype), flags, ptr(&data).cast()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,180 @@
+//! The plan of a mount view, computed before any mount is made: which host directory
+//! is bound where, writable or not, in what order, and which symlinks recreate the
+//! paths the policy named through a symlink (`/bin -> usr/bin`). Pure apart from
+//! `stat`/`canonicalize` of the policy's paths, and unit-tested.
+
+use std::path::{Path, PathBuf};
+
+/// Paths the view always provides itself; policy entries for them are not bound.
+pub const OWN_DEVICES: &[(&str, u32, u32)] =
+    &[("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)];
+
+/// One bind mount of the view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    /// Host path (canonical).
+    pub src: PathBuf,
+    /// Path inside the view.
+    pub dst: PathBuf,
+    pub writable: bool,
+    pub is_dir: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    /// Parents before children; among binds to the same place the writable one is kept.
+    pub binds: Vec<Bind>,
+    /// (path in view, target): the policy named a path through a symlink.
+    pub symlinks: Vec<(PathBuf, PathBuf)>,
+    /// Whether the view builds its own minimal /dev (false when a policy entry covers /dev).
+    pub own_dev: bool,
+    /// Whether the view mounts its own /proc (false when a policy entry covers /proc).
+    pub own_proc: bool,
+}
+
+/// What a policy path becomes after looking at the host file system.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub given: PathBuf,
+    pub canonical: PathBuf,
+    pub is_dir: bool,
+    pub writable: bool,
+}
+
+/// Look the policy's paths up on the host; nonexistent ones are skipped (nothing to bind).
+pub fn entries(read: &[PathBuf], write: &[PathBuf]) -> Vec<Entry> {
+    let tagged = read.iter().map(|p| (p, false)).chain(write.iter().map(|p| (p, true)));
+    tagged
+        .filter_map(|(given, writable)| {
+            let canonical = std::fs::canonicalize(given).ok()?;
+            let is_dir = std::fs::metadata(&canonical).ok()?.is_dir();
+            Some(Entry { given: given.clone(), canonical, is_dir, writable })
+        })
+        .collect()
+}
+
+fn is_special(path: &Path) -> bool {
+    path.starts_with("/proc")
+        || path == Path::new("/dev")
+        || OWN_DEVICES.iter().any(|(name, _, _)| path == Path::new("/dev").join(name))
+        || path == Path::new("/dev/stdin")
+        || path == Path::new("/dev/stdout")
+        || path == Path::new("/dev/stderr")
+        || path == Path::new("/dev/fd")
+}
+
+/// Order and prune the binds. `tmp_alias` binds the job's private temp dir at /tmp too.
+pub fn plan(entries: &[Entry], tmp: Option<&Path>) -> Plan {
+    // Only a strict ancestor (e.g. "/") makes the host's /dev or /proc part of the view.
+    let covers = |dir: &str| {
+        entries.iter().any(|e| e.is_dir && Path::new(dir) != e.canonical && Path::new(dir).starts_with(&e.canonical))
+    };
+    let own_dev = !covers("/dev");
+    let own_proc = !covers("/proc");
+    let mut binds: Vec<Bind> = entries
+        .iter()
+        .filter(|e| !(is_special(&e.canonical) && is_own(&e.canonical, own_dev, own_proc)))
+        .map(|e| Bind { src: e.canonical.clone(), dst: e.canonical.clone(), writable: e.writable, is_dir: e.is_dir })
+        .collect();
+    if let Some(tmp) = tmp {
+        binds.push(Bind { src: tmp.to_path_buf(), dst: PathBuf::from("/tmp"), writable: true, is_dir: true });
+    }
+    // Parents first (a path sorts before its children); writable first among equals.
+    binds.sort_by(|a, b| a.dst.cmp(&b.dst).then(b.writable.cmp(&a.writable)));
+    binds.dedup_by(|later, earlier| later.dst == earlier.dst);
+    // Drop a bind its nearest bound ancestor already provides (same source, same mode).
+    let mut kept: Vec<Bind> = Vec::with_capacity(binds.len());
+    for bind in binds {
+        let ancestor = kept.iter().rev().find(|k| bind.dst.starts_with(&k.dst));
+        let redundant = ancestor.is_some_and(|a| {
+            a.writable == bind.writable
+                && bind.dst.strip_prefix(&a.dst).is_ok_and(|rel| a.src.join(rel) == bind.src)
+        });
+        if !redundant {
+            kept.push(bind);
+        }
+    }
+    let mut symlinks: Vec<(PathBuf, PathBuf)> = entries
+        .iter()
+        .filter(|e| e.given != e.canonical && !kept.iter().any(|b| e.given.starts_with(&b.dst)))
+        .map(|e| (e.given.clone(), e.canonical.clone()))
+        .collect();
+    symlinks.sort();
+    symlinks.dedup();
+    Plan { binds: kept, symlinks, own_dev, own_proc }
+}
+
+fn is_own(path: &Path, own_dev: bool, own_proc: bool) -> bool {
+    if path.starts_with("/proc") { own_proc } else { own_dev }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(given: &str, canonical: &str, writable: bool) -> Entry {
+        Entry { given: given.into(), canonical: canonical.into(), is_dir: true, writable }
+    }
+
+    fn dsts(p: &Plan) -> Vec<(String, bool)> {
+        p.binds.iter().map(|b| (b.dst.display().to_string(), b.writable)).collect()
+    }
+
+    #[test]
+    fn parents_first_writable_wins_redundant_children_dropped() {
+        let p = plan(
+            &[
+                e("/usr", "/usr", false),
+                e("/usr/lib", "/usr/lib", false),
+                e("/work/ws", "/work/ws", false),
+                e("/work/ws", "/work/ws", true),
+                e("/work/ws/ro", "/work/ws/ro", false),
+                e("/etc", "/etc", false),
+            ],
+            Some(Path::new("/tmp/job/tmp")),
+        );
+        assert_eq!(
+            dsts(&p),
+            vec![
+                ("/etc".into(), false),
+                ("/tmp".into(), true),
+                ("/usr".into(), false),
+                ("/work/ws".into(), true),
+                ("/work/ws/ro".into(), false),
+            ]
+        );
+        assert!(p.own_dev && p.own_proc);
+    }
+
+    #[test]
+    fn tmp_alias_does_not_hide_nested_host_paths() {
+        let p = plan(&[e("/tmp/job/tmp", "/tmp/job/tmp", true), e("/tmp/ws", "/tmp/ws", true)], Some(Path::new("/tmp/job/tmp")));
+        assert_eq!(
+            dsts(&p),
+            vec![("/tmp".into(), true), ("/tmp/job/tmp".into(), true), ("/tmp/ws".into(), true)],
+            "children of the alias come from other sources and must be bound"
+        );
+    }
+
+    #[test]
+    fn symlinked_paths_become_symlinks_and_special_paths_are_provided() {
+        let p = plan(
+            &[
+                e("/bin", "/usr/bin", false),
+                e("/usr", "/usr", false),
+                e("/proc", "/proc", false),
+                Entry { given: "/dev/null".into(), canonical: "/dev/null".into(), is_dir: false, writable: true },
+            ],
+            None,
+        );
+        assert_eq!(dsts(&p), vec![("/usr".into(), false)]);
+        assert_eq!(p.symlinks, vec![(PathBuf::from("/bin"), PathBuf::from("/usr/bin"))]);
+    }
+
+    #[test]
+    fn a_policy_covering_dev_or_root_keeps_its_own() {
+        let p = plan(&[e("/", "/", false)], None);
+        assert!(!p.own_dev && !p.own_proc);
+        assert_eq!(dsts(&p), vec![("/".into(), false)]);
+    }
+}

@@ -1,0 +1,102 @@
+//! Network isolation: a fresh network namespace for the job. With `network = none` it
+//! has no interface up at all (sandbox-core's seccomp filter also refuses inet sockets);
+//! with `loopback` its own `lo` is brought up, so the job can talk to itself but no
+//! listener of the host (not even on 127.0.0.1) is reachable.
+
+use std::io;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    #[error(
+        "cannot create a network namespace (unshare CLONE_NEWNET): {0}; the launcher needs CAP_SYS_ADMIN \
+         (run the server as root, or in a user namespace) and a kernel with CONFIG_NET_NS"
+    )]
+    Unshare(io::Error),
+    #[error("cannot bring up the loopback interface in the job's network namespace: {step}: {source}")]
+    Loopback { step: &'static str, source: io::Error },
+}
+
+/// Launcher child (still privileged): move into a new network namespace; bring `lo` up if asked.
+pub fn isolate_network(loopback_up: bool) -> Result<(), NetnsError> {
+    // SAFETY: unshare(2) with a constant flag; affects only this (single-threaded) process.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        return Err(NetnsError::Unshare(io::Error::last_os_error()));
+    }
+    if loopback_up {
+        bring_up_loopback()?;
+    }
+    Ok(())
+}
+
+/// `ip link set lo up` with two ioctls on a throwaway datagram socket.
+fn bring_up_loopback() -> Result<(), NetnsError> {
+    let err = |step| move |source| NetnsError::Loopback { step, source };
+    // SAFETY: plain socket(2); the descriptor is closed below on every path.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(err("socket")(io::Error::last_os_error()));
+    }
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    let result = (|| {
+        // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read/write the ifreq we own.
+        if unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) } != 0 {
+            return Err(err("SIOCGIFFLAGS")(io::Error::last_os_error()));
+        }
+        // SAFETY: ifru_flags is the active union member after SIOCGIFFLAGS.
+        unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+        if unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) } != 0 {
+            return Err(err("SIOCSIFFLAGS")(io::Error::last_os_error()));
+        }
+        Ok(())
+    })();
+    // SAFETY: closing the descriptor opened above.
+    unsafe { libc::close(fd) };
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{TcpListener, TcpStream};
+    use std::os::unix::process::CommandExt;
+    use std::process::Command;
+
+    use super::*;
+
+    /// Run `script` with python in a child that first isolated its network.
+    fn python_in_netns(loopback: bool, script: &str) -> std::process::Output {
+        let mut cmd = Command::new("python3");
+        cmd.arg("-c").arg(script);
+        // SAFETY: isolate_network makes raw syscalls only; fine between fork and exec in a test.
+        unsafe { cmd.pre_exec(move || isolate_network(loopback).map_err(io::Error::other)) };
+        cmd.output().expect("spawn python3")
+    }
+
+    /// A host listener on 127.0.0.1 is unreachable from the new namespace; with loopback
+    /// up the job can still serve and connect to itself, without it even that fails.
+    #[test]
+    fn host_loopback_is_unreachable_and_own_loopback_works_when_asked() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(TcpStream::connect(("127.0.0.1", port)).is_ok(), "control: reachable from the host");
+        let script = format!(
+            "import socket\n\
+             def tryc(p):\n  try:\n    socket.create_connection(('127.0.0.1', p), timeout=1); return 'ok'\n  except OSError as e: return type(e).__name__\n\
+             s=socket.socket()\n\
+             try:\n  s.bind(('127.0.0.1',0)); s.listen(); own=tryc(s.getsockname()[1])\n\
+             except OSError as e: own=type(e).__name__\n\
+             print(tryc({port}), own)"
+        );
+        let out = python_in_netns(true, &script);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.trim(), "ConnectionRefusedError ok", "stderr: {}", String::from_utf8_lossy(&out.stderr));
+        let out = python_in_netns(false, &script);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut words = text.split_whitespace();
+        assert_ne!(words.next(), Some("ok"), "host listener reachable without lo: {text}");
+        assert_ne!(words.next(), Some("ok"), "own loopback works though lo is down: {text}");
+    }
+}

@@ -1,0 +1,281 @@
+//! The spawn side: [`SandboxCommand`] builds a [`LaunchSpec`], re-executes this binary in
+//! launcher mode with the spec on an inherited memfd, and reads the status pipe until
+//! the launcher has exec'd the target (EOF) or reported why it could not (words).
+//!
+//! Between fork and exec the parent does only async-signal-safe work: `dup2` of the
+//! descriptors the child keeps. Everything else happens in the single-threaded launcher.
+
+use std::ffi::OsString;
+use std::io::{Read, Seek, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::child::SandboxedChild;
+use super::error::LaunchError;
+use super::isolation::JobCgroupHandle;
+use super::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes};
+use super::policy::KernelSupportMode;
+use super::resolve::ResolvedPolicy;
+
+/// Builder for one sandboxed process, like `std::process::Command`.
+pub struct SandboxCommand {
+    policy: Arc<ResolvedPolicy>,
+    program: OsString,
+    args: Vec<OsString>,
+    cwd: Option<PathBuf>,
+    env: Vec<(OsString, OsString)>,
+    fds: Vec<(OwnedFd, RawFd)>,
+    stdin: Option<Stdio>,
+    stdout: Option<Stdio>,
+    stderr: Option<Stdio>,
+    enforce_wall_time: bool,
+}
+
+impl SandboxCommand {
+    pub fn new(policy: Arc<ResolvedPolicy>, program: impl Into<OsString>) -> Self {
+        SandboxCommand {
+            policy,
+            program: program.into(),
+            args: Vec::new(),
+            cwd: None,
+            env: Vec::new(),
+            fds: Vec::new(),
+            stdin: None,
+            stdout: None,
+            stderr: None,
+            enforce_wall_time: true,
+        }
+    }
+    pub fn arg(&mut self, arg: impl Into<OsString>) -> &mut Self {
+        self.args.push(arg.into());
+        self
+    }
+    pub fn args<I: IntoIterator<Item = S>, S: Into<OsString>>(&mut self, args: I) -> &mut Self {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+    pub fn current_dir(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
+        self.cwd = Some(dir.into());
+        self
+    }
+    /// Set a variable on top of those the policy passes through.
+    pub fn env(&mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> &mut Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+    /// Hand `fd` to the child as descriptor number `target` (>= 3).
+    pub fn pass_fd(&mut self, fd: OwnedFd, target: RawFd) -> &mut Self {
+        self.fds.push((fd, target));
+        self
+    }
+    pub fn stdin(&mut self, s: Stdio) -> &mut Self {
+        self.stdin = Some(s);
+        self
+    }
+    pub fn stdout(&mut self, s: Stdio) -> &mut Self {
+        self.stdout = Some(s);
+        self
+    }
+    pub fn stderr(&mut self, s: Stdio) -> &mut Self {
+        self.stderr = Some(s);
+        self
+    }
+    /// Whether `wait` kills the process group when the policy's wall-time limit passes
+    /// (true by default; a long-lived REPL worker turns it off).
+    pub fn enforce_wall_time(&mut self, on: bool) -> &mut Self {
+        self.enforce_wall_time = on;
+        self
+    }
+
+    /// Start the process. Returns once the target has been exec'd (or the launcher
+    /// reported why it could not be). Blocks for the launcher's setup (about a
+    /// millisecond); async callers may prefer `spawn_blocking`.
+    pub fn spawn(self) -> Result<SandboxedChild, LaunchError> {
+        let spawn_err = |source: std::io::Error| LaunchError::Spawn {
+            program: self.program.clone(),
+            source,
+        };
+        if let Some(&(_, t)) = self.fds.iter().find(|(_, t)| *t < 3) {
+            return Err(LaunchError::Setup(format!(
+                "descriptor target {t} is reserved for stdio; pass descriptors as 3 or above"
+            )));
+        }
+        let policy = &self.policy;
+        let limits = &policy.limits;
+        let mut unenforced = Vec::new();
+        let cgroup = if limits.memory_bytes.is_some() || limits.processes.is_some() {
+            match JobCgroupHandle::create(&job_name(), limits.memory_bytes, limits.processes) {
+                Ok(cg) => Some(cg),
+                Err(e) => {
+                    // Without a cgroup, RLIMIT_AS caps memory and RLIMIT_NPROC caps processes
+                    // — but RLIMIT_NPROC never binds root, so root must fail closed.
+                    // SAFETY: getuid cannot fail.
+                    let root = unsafe { libc::getuid() } == 0;
+                    let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
+                    if root && limits.processes.is_some() && !best_effort {
+                        return Err(LaunchError::Setup(format!(
+                            "cannot create the job's cgroup ({e}); as root the process limit of \
+                             policy {} holds only through a pids cgroup",
+                            policy.name
+                        )));
+                    }
+                    unenforced.push(format!("cgroup limits, using rlimits instead ({e})"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let max_target = self.fds.iter().map(|(_, t)| *t).max().unwrap_or(2);
+        let (spec_target, status_target) = (max_target + 1, max_target + 2);
+        let high = status_target + 1;
+
+        let (status_r, status_w) = pipe_cloexec().map_err(spawn_err)?;
+        let mut env = policy.child_env(std::env::vars_os());
+        for (k, v) in &self.env {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
+        }
+        let mut argv = vec![os_bytes(&self.program)];
+        argv.extend(self.args.iter().map(|a| os_bytes(a)));
+        let spec = LaunchSpec {
+            policy: (**policy).clone(),
+            argv,
+            env: env
+                .iter()
+                .map(|(k, v)| (os_bytes(k), os_bytes(v)))
+                .collect(),
+            cwd: self.cwd.clone().or_else(|| Some(policy.workspace.clone())),
+            keep_fds: self.fds.iter().map(|(_, t)| *t).collect(),
+            status_fd: status_target,
+            cgroup_procs: cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
+            memory_cgroup: cgroup.as_ref().is_some_and(|c| c.has_memory_limit()),
+        };
+        let spec_fd = spec_memfd(&spec).map_err(spawn_err)?;
+
+        // Move every source above all targets, so the dup2s in the child cannot clobber
+        // one another; these copies are close-on-exec and dropped after spawn.
+        let mut moves: Vec<(OwnedFd, RawFd)> = Vec::new();
+        for (fd, target) in &self.fds {
+            moves.push((dup_above(fd.as_raw_fd(), high).map_err(spawn_err)?, *target));
+        }
+        moves.push((
+            dup_above(spec_fd.as_raw_fd(), high).map_err(spawn_err)?,
+            spec_target,
+        ));
+        moves.push((
+            dup_above(status_w.as_raw_fd(), high).map_err(spawn_err)?,
+            status_target,
+        ));
+        drop(status_w);
+        let pairs: Vec<(RawFd, RawFd)> = moves.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
+
+        let mut cmd = std::process::Command::new("/proc/self/exe");
+        cmd.arg(LAUNCHER_ARG)
+            .arg(spec_target.to_string())
+            .env_clear();
+        if let Some(s) = self.stdin {
+            cmd.stdin(s);
+        }
+        if let Some(s) = self.stdout {
+            cmd.stdout(s);
+        }
+        if let Some(s) = self.stderr {
+            cmd.stderr(s);
+        }
+        // SAFETY: the closure only calls dup2, which is async-signal-safe, on descriptors
+        // that stay open until after spawn returns.
+        unsafe {
+            cmd.pre_exec(move || {
+                for &(src, target) in &pairs {
+                    if libc::dup2(src, target) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let started = Instant::now();
+        let mut child = cmd.spawn().map_err(spawn_err)?;
+        drop(moves);
+        drop(spec_fd);
+        let pid = child.id();
+
+        let mut report = String::new();
+        let mut status_r = std::fs::File::from(status_r);
+        let _ = status_r.read_to_string(&mut report);
+        for line in report.lines() {
+            if let Some(msg) = line.strip_prefix("error: ") {
+                let _ = child.wait();
+                return Err(LaunchError::Setup(msg.to_string()));
+            }
+            if let Some(note) = line.strip_prefix("unenforced: ") {
+                unenforced.push(note.to_string());
+            }
+        }
+        let wall_limit = if self.enforce_wall_time {
+            limits.wall_seconds.map(Duration::from_secs)
+        } else {
+            None
+        };
+        SandboxedChild::new(
+            pid,
+            child,
+            cgroup,
+            started,
+            wall_limit,
+            limits.clone(),
+            unenforced,
+        )
+        .map_err(spawn_err)
+    }
+}
+
+fn job_name() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "msr-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn pipe_cloexec() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two descriptors into the array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are fresh and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+fn dup_above(fd: RawFd, min: RawFd) -> std::io::Result<OwnedFd> {
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) returns a fresh descriptor or -1.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, min) };
+    if new < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `new` is a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+/// The spec as JSON in a sealed-size anonymous file, read by the launcher from offset 0.
+fn spec_memfd(spec: &LaunchSpec) -> std::io::Result<OwnedFd> {
+    let json = serde_json::to_vec(spec).map_err(std::io::Error::other)?;
+    // SAFETY: memfd_create with a static NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"launch-spec".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor we own.
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    file.write_all(&json)?;
+    file.rewind()?;
+    Ok(OwnedFd::from(file))
+}

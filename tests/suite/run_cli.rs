@@ -1,0 +1,276 @@
+//! `run` through the real binary: file-system confinement, environment allow-list,
+//! dropped privileges, descriptor hygiene, exit status passthrough, the JSON report and
+//! failures reported in words. (Sockets, ptrace, mounts, symlinks and bombs are in the
+//! escape suite.)
+
+use std::os::fd::AsRawFd;
+
+use crate::common::{TempDir, report, run_cmd, run_in, sh, stderr, stdout};
+
+/// Try to create a file at each path; print WROTE or DENIED per path.
+fn probe_writes(paths: &[String]) -> String {
+    paths
+        .iter()
+        .map(|p| format!("(echo x > '{p}') 2>/dev/null && echo 'WROTE {p}' || echo 'DENIED {p}'; "))
+        .collect()
+}
+
+/// workspace-write: the workspace and the private temp dir are writable; /etc, $HOME,
+/// /dev/shm and other directories are not, and nothing lands in them or in the host's
+/// /tmp (inside the sandbox /tmp is the job's private temp dir).
+#[test]
+fn workspace_write_confines_writes() {
+    let ws = TempDir::new("ww");
+    let outside = TempDir::new("outside");
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let tag = format!("msr-probe-{}", std::process::id());
+    let denied: Vec<String> = vec![
+        format!("/etc/{tag}"),
+        format!("{home}/{tag}"),
+        format!("/tmp/{tag}"),
+        format!("/dev/shm/{tag}"),
+        format!("/var/tmp/{tag}"),
+        outside.join(&tag).display().to_string(),
+    ];
+    let mut script = probe_writes(&[ws.join("inside").display().to_string()]);
+    script.push_str("(echo x > \"$TMPDIR/t\") && echo 'WROTE tmpdir'; ");
+    script.push_str(&probe_writes(&denied));
+    let out = sh("workspace-write", &ws.path, &script);
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!("WROTE {}", ws.join("inside").display())),
+        "{text}"
+    );
+    assert!(text.contains("WROTE tmpdir"), "{text}");
+    let host_tmp = format!("/tmp/{tag}");
+    assert!(
+        !std::path::Path::new(&host_tmp).exists(),
+        "{host_tmp} was created on the host"
+    );
+    for p in denied.iter().filter(|p| **p != host_tmp) {
+        assert!(
+            text.contains(&format!("DENIED {p}")),
+            "{p} not denied:\n{text}"
+        );
+        assert!(!std::path::Path::new(p).exists(), "{p} was created");
+    }
+    assert_eq!(std::fs::read_to_string(ws.join("inside")).unwrap(), "x\n");
+}
+
+/// read-only: the workspace is readable but neither writable nor chmod-able.
+#[test]
+fn read_only_denies_workspace_writes() {
+    let ws = TempDir::new("ro");
+    ws.write("data.txt", "hello\n");
+    let script =
+        "cat data.txt; echo x > new.txt || echo DENIED; chmod 600 data.txt || echo NOCHMOD";
+    let out = sh("read-only", &ws.path, script);
+    assert_eq!(stdout(&out), "hello\nDENIED\nNOCHMOD\n");
+    assert!(!ws.join("new.txt").exists());
+}
+
+/// A directory the policy leaves out (here one under /var/tmp) cannot be listed or read.
+#[test]
+fn unlisted_directory_is_not_readable() {
+    let ws = TempDir::new("rd");
+    let secret_dir = TempDir::new("secret");
+    secret_dir.write("secret.txt", "s3cret\n");
+    let script = format!(
+        "cat '{0}/secret.txt' || echo NOREAD; ls '{0}' || echo NOLIST",
+        secret_dir.path.display()
+    );
+    let out = sh("workspace-write", &ws.path, &script);
+    assert_eq!(stdout(&out), "NOREAD\nNOLIST\n", "stderr: {}", stderr(&out));
+}
+
+/// danger-full-access is the control: the same writes succeed, so the policy is the cause.
+#[test]
+fn danger_full_access_allows_outside_writes() {
+    let ws = TempDir::new("dfa");
+    let outside = TempDir::new("dfa-out");
+    let target = outside.join("f").display().to_string();
+    let out = sh(
+        "danger-full-access",
+        &ws.path,
+        &probe_writes(std::slice::from_ref(&target)),
+    );
+    assert_eq!(stdout(&out), format!("WROTE {target}\n"));
+    let out = sh(
+        "danger-full-access",
+        &ws.path,
+        "grep CapEff /proc/self/status",
+    );
+    assert_ne!(stdout(&out).trim(), "CapEff:\t0000000000000000");
+}
+
+/// Only allow-listed variables reach the child; HOME and TMPDIR point at the private tmp.
+#[test]
+fn environment_is_an_allow_list() {
+    let ws = TempDir::new("env");
+    let out = run_cmd("workspace-write", &ws.path, false, &["env"])
+        .env("MSR_TEST_SECRET", "hunter2")
+        .env("AWS_SECRET_ACCESS_KEY", "hunter3")
+        .output()
+        .unwrap();
+    let env = stdout(&out);
+    assert!(
+        !env.contains("hunter2") && !env.contains("hunter3"),
+        "{env}"
+    );
+    assert!(env.lines().any(|l| l.starts_with("PATH=")), "{env}");
+    let home = env.lines().find_map(|l| l.strip_prefix("HOME=")).unwrap();
+    let tmpdir = env.lines().find_map(|l| l.strip_prefix("TMPDIR=")).unwrap();
+    assert_eq!(home, tmpdir);
+    assert_ne!(home, std::env::var("HOME").unwrap_or_default());
+    // The private tmp dir is removed after the run.
+    assert!(
+        !std::path::Path::new(tmpdir).exists(),
+        "{tmpdir} left behind"
+    );
+}
+
+/// No capabilities, no_new_privs set, a seccomp filter installed.
+#[test]
+fn privileges_are_dropped() {
+    let ws = TempDir::new("caps");
+    for policy in ["workspace-write", "read-only", "ci"] {
+        let out = sh(
+            policy,
+            &ws.path,
+            "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status",
+        );
+        let text = stdout(&out);
+        for line in [
+            "CapInh:\t0000000000000000",
+            "CapPrm:\t0000000000000000",
+            "CapEff:\t0000000000000000",
+            "CapBnd:\t0000000000000000",
+            "CapAmb:\t0000000000000000",
+            "NoNewPrivs:\t1",
+            "Seccomp:\t2",
+        ] {
+            assert!(text.contains(line), "{policy}: missing {line:?} in\n{text}");
+        }
+    }
+}
+
+/// A descriptor the parent holds without close-on-exec does not reach the child.
+#[test]
+fn parent_descriptors_do_not_leak() {
+    let ws = TempDir::new("fds");
+    let file = std::fs::File::open("/etc/hostname").unwrap();
+    // SAFETY: dup2 onto a high, unused descriptor number; the copy has no CLOEXEC.
+    let leaked = unsafe { libc::dup2(file.as_raw_fd(), 77) };
+    assert_eq!(leaked, 77);
+    let out = sh("workspace-write", &ws.path, "ls /proc/$$/fd");
+    // SAFETY: closing the descriptor we created above.
+    unsafe { libc::close(77) };
+    let fds: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
+    assert!(!fds.contains(&"77".to_string()), "fd 77 leaked: {fds:?}");
+    assert!(
+        fds.iter().all(|f| f.parse::<i32>().is_ok_and(|n| n <= 3)),
+        "{fds:?}"
+    );
+}
+
+/// Exit codes pass through; a signal becomes 128 + N and is named in the report.
+#[test]
+fn exit_status_passthrough() {
+    let ws = TempDir::new("exit");
+    let out = sh("workspace-write", &ws.path, "exit 7");
+    assert_eq!(out.status.code(), Some(7));
+    let out = run_in(
+        "workspace-write",
+        &ws.path,
+        true,
+        &["sh", "-c", "kill -TERM $$"],
+    );
+    assert_eq!(out.status.code(), Some(143));
+    let r = report(&out);
+    assert_eq!(r["signal"], "SIGTERM");
+    assert_eq!(r["exit_code"], serde_json::Value::Null);
+}
+
+/// The --json report has every field, after the command's own output.
+#[test]
+fn json_report_fields() {
+    let ws = TempDir::new("json");
+    let out = run_in("ci", &ws.path, true, &["sh", "-c", "echo hello"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).starts_with("hello\n"));
+    let r = report(&out);
+    let keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
+    for key in [
+        "exit_code",
+        "signal",
+        "wall_ms",
+        "user_cpu_ms",
+        "system_cpu_ms",
+        "peak_rss_bytes",
+        "limit",
+        "policy",
+        "denied",
+    ] {
+        assert!(keys.contains(&key), "missing {key} in {r}");
+    }
+    assert_eq!(r["exit_code"], 0);
+    assert_eq!(r["policy"], "ci");
+    assert_eq!(r["limit"], serde_json::Value::Null);
+    assert!(r["peak_rss_bytes"].as_u64().unwrap() > 100_000, "{r}");
+}
+
+/// stdin reaches the command; stdout and stderr are passed through separately.
+#[test]
+fn stdio_passthrough() {
+    use std::io::Write;
+    let ws = TempDir::new("stdio");
+    let mut child = run_cmd(
+        "workspace-write",
+        &ws.path,
+        false,
+        &["sh", "-c", "cat; echo err >&2"],
+    )
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"piped in\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(stdout(&out), "piped in\n");
+    assert_eq!(stderr(&out), "err\n");
+}
+
+/// Failures before exec come back in words, with a non-zero exit.
+#[test]
+fn setup_failures_are_reported_in_words() {
+    let ws = TempDir::new("setup");
+    let out = run_in("workspace-write", &ws.path, false, &["no-such-command-xyz"]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(
+        err.contains("sandbox setup failed: command not found: \"no-such-command-xyz\""),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+
+    // A program outside the policy's execute set is refused by Landlock, in words.
+    let policy = ws.write(
+        "noexec.toml",
+        "[filesystem]\nread = [\"/usr\", \"/lib\", \"/lib64\", \"/etc\", \"{workspace}\"]\n\
+         execute = [\"/usr\", \"/lib\", \"/lib64\"]\nwrite = [\"{tmp}\"]\n",
+    );
+    std::fs::copy("/bin/true", ws.join("mytrue")).unwrap();
+    let out = run_in(policy.to_str().unwrap(), &ws.path, false, &["./mytrue"]);
+    let err = stderr(&out);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        err.contains("cannot execute \"./mytrue\"") && err.contains("blocked by policy noexec"),
+        "{err}"
+    );
+}
