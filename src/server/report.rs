@@ -98,6 +98,9 @@ pub struct JobReport {
     /// Number of images returned as image content.
     #[serde(skip_serializing_if = "is_zero")]
     pub images: usize,
+    /// Structured result of an install or script job (packages installed, benchmark...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
     /// What to do next, when the job is not finished.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,

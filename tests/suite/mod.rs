@@ -1,5 +1,6 @@
 //! Integration suites, one file per area.
 
+mod envs;
 mod jobs;
 mod jobs_bench;
 mod policy_cli;

@@ -10,6 +10,7 @@
 //! Shutdown: sessions first (workers and their process groups are killed, so running
 //! cells end at once), then the store (kills shell job groups, records the rest).
 
+mod envs;
 mod jobs;
 mod python;
 
@@ -43,6 +44,10 @@ pub struct Backend {
     shell_policy: OnceCell<Arc<ResolvedPolicy>>,
     /// The job currently running in each session, to point a caller at it when busy.
     running: Mutex<std::collections::HashMap<String, String>>,
+    /// uv venvs, installs and scripts (built on first use: needs the interpreter).
+    envs: OnceCell<Arc<crate::envs::EnvManager>>,
+    /// `--uv`: the uv executable, if configured.
+    uv: Option<PathBuf>,
 }
 
 impl Backend {
@@ -63,7 +68,7 @@ impl Backend {
             .policy
             .clone()
             .unwrap_or_else(|| args.sandbox_state.policy_name().to_string());
-        let policy = Policy::load(&policy_name).map_err(|e| e.to_string())?;
+        let mut policy = Policy::load(&policy_name).map_err(|e| e.to_string())?;
         let state_dir = args
             .state_dir
             .clone()
@@ -80,6 +85,7 @@ impl Backend {
             response_bytes: args.response_bytes,
         })
         .map_err(|e| e.to_string())?;
+        crate::envs::allow_session_venvs(&mut policy, &state_dir).map_err(|e| e.to_string())?;
         let mut cfg = ReplConfig::new(workspace.clone(), policy.clone(), state_dir.clone());
         cfg.python = args.python.clone();
         cfg.max_sessions = args.max_sessions;
@@ -94,6 +100,8 @@ impl Backend {
             response_bytes: args.response_bytes,
             shell_policy: OnceCell::new(),
             running: Mutex::new(Default::default()),
+            envs: OnceCell::new(),
+            uv: args.uv.clone(),
         })
     }
 
@@ -196,7 +204,12 @@ impl Backend {
         };
         let mut images = Vec::new();
         if let Some(result) = &snap.result {
-            python::fill_python_result(&mut report, result, &mut images);
+            match snap.kind {
+                crate::jobs::JobKind::Install | crate::jobs::JobKind::Script => {
+                    report.result = Some(result.clone())
+                }
+                _ => python::fill_python_result(&mut report, result, &mut images),
+            }
         }
         if report.is_finished()
             && let Some(session) = &report.session

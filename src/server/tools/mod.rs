@@ -4,6 +4,7 @@
 //! Argument types are `deny_unknown_fields` with doc comments (they become the schema
 //! text); descriptions live in `docs/tools/<tool>.md` and are compiled in.
 
+pub mod env;
 pub mod jobs;
 pub mod python;
 pub mod sessions;
@@ -30,6 +31,7 @@ pub fn all_tools() -> ToolRouter<SandboxServer> {
         + SandboxServer::session_tools()
         + SandboxServer::job_tools()
         + SandboxServer::shell_tools()
+        + SandboxServer::env_tools()
 }
 
 /// A failure the model should read (bad session name, unknown job, Python error...).
