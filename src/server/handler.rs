@@ -13,6 +13,8 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 
+use tokio_util::sync::CancellationToken;
+
 use super::backend::Backend;
 use super::report::failure;
 use super::tools::all_tools;
@@ -30,13 +32,16 @@ or search with job_output. Sessions are named (default \"default\") and independ
 #[derive(Clone)]
 pub struct SandboxServer {
     pub(crate) backend: Arc<Backend>,
+    /// Cancelled when this connection goes away; long waits of its tool calls end then.
+    pub(crate) closing: CancellationToken,
     tools: ToolRouter<SandboxServer>,
 }
 
 impl SandboxServer {
-    pub fn new(backend: Arc<Backend>) -> Self {
+    pub fn new(backend: Arc<Backend>, closing: CancellationToken) -> Self {
         SandboxServer {
             backend,
+            closing,
             tools: all_tools(),
         }
     }

@@ -164,6 +164,9 @@ impl Backend {
         let snap = loop {
             tokio::select! {
                 snap = &mut wait => break snap?,
+                _ = call.closing.cancelled() => {
+                    return Err(ToolError(format!("the server is shutting down; job {id} is being stopped")));
+                }
                 _ = call.ct.cancelled() => {
                     if cancel_job {
                         let _ = self.store.cancel(id);
