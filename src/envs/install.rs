@@ -85,22 +85,22 @@ pub async fn install(
     let cache = cfg.uv_cache_dir();
     std::fs::create_dir_all(&cache)
         .map_err(|e| EnvError::io(format!("creating {}", cache.display()), e))?;
-    let mut read = vec![uv.path.clone()];
-    read.extend(cfg.sources.local_dirs());
+    let read = cfg.sources.local_dirs();
     let grants = Grants {
         write: vec![venv.root().to_path_buf(), cache],
         read,
+        execute: vec![uv.path.clone(), cfg.python.clone()],
         network: cfg.sources.needs_network(),
     };
     let policy = Arc::new(policy::extend(session_policy, &grants));
 
-    let mut cmd = SandboxCommand::new(policy, &uv.path);
+    let mut cmd = SandboxCommand::new(policy.clone(), &uv.path);
     cmd.args(["pip", "install", "--python"]).arg(venv.python());
     if req.upgrade {
         cmd.arg("--upgrade");
     }
     cmd.args(cfg.sources.args()).args(&req.packages);
-    uv.apply_env(&mut cmd, cfg);
+    uv.apply_env(&mut cmd, cfg, &policy);
 
     sink.progress(&Progress {
         progress: 0.0,

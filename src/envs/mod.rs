@@ -35,7 +35,7 @@ pub use manager::EnvManager;
 pub use process::RunOutcome;
 pub use script::{Benchmark, ScriptReport, ScriptRequest, ScriptSource};
 pub use uv::Uv;
-pub use venv::{Venv, VenvLocation};
+pub use venv::{Venv, VenvLocation, allow_session_venvs};
 
 /// What every environment operation needs to know, filled by the server from its flags.
 #[derive(Debug, Clone)]
@@ -95,10 +95,11 @@ impl PackageSources {
             std::env::var("UV_OFFLINE").is_ok_and(|v| matches!(v.as_str(), "1" | "true" | "yes"));
         !(self.offline || env_offline)
     }
-    /// Local directories packages are read from (granted read access).
+    /// Local paths uv reads packages and TLS roots from (granted read access).
     pub fn local_dirs(&self) -> Vec<PathBuf> {
         let mut dirs = self.find_links.clone();
         dirs.extend(uv::find_links_dirs());
+        dirs.extend(uv::tls_paths());
         dirs
     }
 }
@@ -130,7 +131,9 @@ pub enum EnvError {
     )]
     UvMissing { searched: String },
     #[error(
-        "{path} is not a usable uv executable: {why}. Point --uv / MCP_SANDBOX_UV at the uv binary."
+        "{path} is not a usable uv executable: {why}. Session virtual environments, package \
+         installs and one-off scripts need uv: install it with `pip install uv`, or point \
+         --uv / MCP_SANDBOX_UV at the uv binary."
     )]
     UvUnusable { path: PathBuf, why: String },
     #[error(

@@ -100,10 +100,10 @@ fn validate(cfg: &EnvConfig, req: &ScriptRequest) -> Result<(), EnvError> {
             ));
         }
     }
-    if let Some(v) = &req.python_version {
-        if v.trim().is_empty() || v.starts_with('-') || v.chars().any(char::is_control) {
-            return bad(format!("{v:?} is not a Python version (e.g. \"3.11\")"));
-        }
+    if let Some(v) = &req.python_version
+        && (v.trim().is_empty() || v.starts_with('-') || v.chars().any(char::is_control))
+    {
+        return bad(format!("{v:?} is not a Python version (e.g. \"3.11\")"));
     }
     for (k, _) in &req.env {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
@@ -116,10 +116,10 @@ fn validate(cfg: &EnvConfig, req: &ScriptRequest) -> Result<(), EnvError> {
             return bad(format!("script file {} does not exist", full.display()));
         }
     }
-    if let ScriptSource::Code(c) = &req.source {
-        if c.trim().is_empty() {
-            return bad("the code is empty".into());
-        }
+    if let ScriptSource::Code(c) = &req.source
+        && c.trim().is_empty()
+    {
+        return bad("the code is empty".into());
     }
     Ok(())
 }
@@ -162,7 +162,7 @@ pub async fn run_script(
             .map_err(|e| EnvError::io(format!("creating {}", dir.display()), e))?;
         write.push(dir);
     }
-    let mut read = vec![uv.path.clone(), script.clone(), cfg.python.clone()];
+    let mut read = vec![script.clone()];
     read.extend(cfg.sources.local_dirs());
     let network = cfg.sources.needs_network();
     let policy = Arc::new(policy::extend(
@@ -170,11 +170,12 @@ pub async fn run_script(
         &Grants {
             write,
             read,
+            execute: vec![uv.path.clone(), cfg.python.clone()],
             network,
         },
     ));
 
-    let mut cmd = SandboxCommand::new(policy, &uv.path);
+    let mut cmd = SandboxCommand::new(policy.clone(), &uv.path);
     cmd.args(["run", "--quiet", "--no-project"])
         .args(cfg.sources.args());
     // Default: the REPL's own interpreter (already resolved past any PATH shim),
@@ -188,7 +189,7 @@ pub async fn run_script(
     }
     cmd.arg("--script").arg(&script).args(&req.args);
     cmd.current_dir(&workdir);
-    uv.apply_env(&mut cmd, cfg);
+    uv.apply_env(&mut cmd, cfg, &policy);
     for (k, v) in &req.env {
         cmd.env(k, v);
     }

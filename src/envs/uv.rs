@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::{EnvConfig, EnvError};
-use crate::sandbox::SandboxCommand;
+use crate::sandbox::{ResolvedPolicy, SandboxCommand};
 
 /// A located, working uv binary.
 #[derive(Debug, Clone)]
@@ -87,6 +87,12 @@ impl Uv {
                 })
             })
             .collect();
+        // TLS roots and proxies: without them a machine behind an intercepting proxy
+        // fails every download with "invalid peer certificate".
+        env.extend(std::env::vars_os().filter(|(k, _)| {
+            k.to_str()
+                .is_some_and(|k| NETWORK_VARS.contains(&k.to_ascii_uppercase().as_str()))
+        }));
         let set = |env: &mut Vec<(OsString, OsString)>, k: &str, v: OsString| {
             env.push((k.into(), v));
         };
@@ -113,11 +119,17 @@ impl Uv {
         env
     }
 
-    /// Set [`Uv::env`] on a command.
-    pub fn apply_env(&self, cmd: &mut SandboxCommand, cfg: &EnvConfig) {
+    /// Set [`Uv::env`] on a command, and a `PATH` with only the directories `policy`
+    /// lets it execute from (see [`super::policy::sandbox_path`]).
+    pub fn apply_env(&self, cmd: &mut SandboxCommand, cfg: &EnvConfig, policy: &ResolvedPolicy) {
         for (k, v) in self.env(cfg) {
             cmd.env(k, v);
         }
+        let path = std::env::var_os("PATH");
+        cmd.env(
+            "PATH",
+            super::policy::sandbox_path(policy, &cfg.python, path.as_deref()),
+        );
     }
 }
 
@@ -129,6 +141,27 @@ const OWN_VARS: &[&str] = &[
     "UV_PYTHON_DOWNLOADS",
     "UV_PYTHON_INSTALL_DIR",
 ];
+
+/// Variables uv's network stack reads (any case for the proxies).
+const NETWORK_VARS: &[&str] = &[
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+];
+
+/// Files and directories named by `SSL_CERT_FILE` / `SSL_CERT_DIR`: the installer's
+/// sandbox must be able to read them.
+pub fn tls_paths() -> Vec<PathBuf> {
+    ["SSL_CERT_FILE", "SSL_CERT_DIR"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .flat_map(|v| std::env::split_paths(&v).collect::<Vec<_>>())
+        .filter(|p| p.is_absolute() && p.exists())
+        .collect()
+}
 
 /// Credentials uv reads from the environment are not handed to sandboxed processes.
 fn is_secret_name(key: &str) -> bool {
@@ -161,13 +194,12 @@ fn is_script(path: &Path) -> bool {
 /// The binary behind a wrapper script, if it can be found.
 fn resolve_wrapper(script: &Path) -> Option<PathBuf> {
     let text = std::fs::read_to_string(script).unwrap_or_default();
-    if text.contains("pyenv") {
-        if let Some(p) = command_line("pyenv", &["which", "uv"]) {
-            let p = PathBuf::from(p);
-            if p.is_file() && !is_script(&p) {
-                return Some(p);
-            }
-        }
+    if text.contains("pyenv")
+        && let Some(p) = command_line("pyenv", &["which", "uv"]).map(PathBuf::from)
+        && p.is_file()
+        && !is_script(&p)
+    {
+        return Some(p);
     }
     for python in ["python3", "python"] {
         let code = "import uv; print(uv.find_uv_bin())";

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use super::policy::{self, Grants};
 use super::{Canceller, EnvConfig, EnvError, NullSink, Uv, process};
-use crate::sandbox::{ResolvedPolicy, SandboxCommand};
+use crate::sandbox::{Policy, ResolvedPolicy, SandboxCommand};
 
 /// Where a session's venv is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +101,24 @@ impl Venv {
     }
 }
 
+/// Let session workers read (and run programs from) the managed venvs, which live in
+/// `<state_dir>/venvs`. The directory is created now: Landlock rules name existing
+/// paths, and a worker's rules are fixed when it starts, so a venv created later for a
+/// running session is readable only if its parent was allowed from the start. Writing
+/// stays denied: only the installer's own policy may write a venv.
+pub fn allow_session_venvs(policy: &mut Policy, state_dir: &Path) -> Result<(), EnvError> {
+    let dir = state_dir.join("venvs");
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| EnvError::io(format!("creating {}", dir.display()), e))?;
+    let dir = dir.to_string_lossy().into_owned();
+    for list in [&mut policy.filesystem.read, &mut policy.filesystem.execute] {
+        if !list.contains(&dir) {
+            list.push(dir.clone());
+        }
+    }
+    Ok(())
+}
+
 /// The directory a location stands for (not checked or created).
 pub fn location_path(cfg: &EnvConfig, location: &VenvLocation) -> Result<PathBuf, EnvError> {
     match location {
@@ -143,15 +161,16 @@ pub async fn ensure(
     }
     let grants = Grants {
         write: vec![root.clone(), cache],
-        read: vec![uv.path.clone(), cfg.python.clone()],
+        read: vec![],
+        execute: vec![uv.path.clone(), cfg.python.clone()],
         network: false,
     };
     let policy = Arc::new(policy::extend(session_policy, &grants));
-    let mut cmd = SandboxCommand::new(policy, &uv.path);
+    let mut cmd = SandboxCommand::new(policy.clone(), &uv.path);
     cmd.args(["venv", "--quiet", "--python"])
         .arg(&cfg.python)
         .arg(&root);
-    uv.apply_env(&mut cmd, cfg);
+    uv.apply_env(&mut cmd, cfg, &policy);
     let outcome = process::run(cmd, Arc::new(NullSink), None, &Canceller::new(), None).await?;
     if !outcome.success() {
         return Err(EnvError::VenvCreate {

@@ -10,6 +10,7 @@
 //!   job prints, and any byte range can be read back later.
 //! - [`excerpt`]: head/tail excerpts of a byte range with exact offsets, decoded as
 //!   UTF-8 with replacement.
+//! - `query`: ranged reads, searches, list and prune.
 //! - [`search`]: pattern search with context over a spool, streaming.
 //! - [`persist`]: the job table on disk (atomic writes); restart marks running jobs lost.
 //! - [`shell`]: shell jobs (spawned through the sandbox launcher).
@@ -22,6 +23,7 @@ pub mod dotenv;
 pub mod excerpt;
 mod job;
 pub mod persist;
+mod query;
 pub mod search;
 pub mod shell;
 pub mod spool;

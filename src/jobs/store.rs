@@ -7,15 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::excerpt::{make_excerpt, read_text, split_budget};
+use super::excerpt::{make_excerpt, split_budget};
 pub use super::job::JobHandle;
 use super::job::{Job, JobMeta, JobState, lock, now_unix_ms};
 use super::persist::{self, StoreDir, parse_id};
 use super::spool::Spool;
-use super::{
-    Excerpt, JobError, JobFilter, JobId, JobKind, JobOutcome, JobSnapshot, JobStatus, JobSummary,
-    OutputChunk, SearchHit, StoreConfig, Stream, search,
-};
+use super::{Excerpt, JobError, JobKind, JobOutcome, JobSnapshot, JobStatus, StoreConfig};
 
 /// Longest label kept for a job (labels are for display).
 const MAX_LABEL: usize = 200;
@@ -35,16 +32,16 @@ pub enum WaitFor {
     Settled,
 }
 
-struct Jobs {
-    map: BTreeMap<u64, Arc<Job>>,
-    next_id: u64,
+pub(super) struct Jobs {
+    pub(super) map: BTreeMap<u64, Arc<Job>>,
+    pub(super) next_id: u64,
 }
 
 /// All jobs of this server. See the module docs of [`crate::jobs`].
 pub struct JobStore {
-    cfg: StoreConfig,
+    pub(super) cfg: StoreConfig,
     dir: StoreDir,
-    jobs: Mutex<Jobs>,
+    pub(super) jobs: Mutex<Jobs>,
     /// Bytes of spooled output on disk, for the disk cap.
     disk_used: AtomicU64,
 }
@@ -309,127 +306,6 @@ impl JobStore {
         })
     }
 
-    /// Read bytes `[offset, offset + len)` of a stream (at most `response_bytes`; the
-    /// end never splits a character). `offset == total` gives an empty chunk (with
-    /// `eof` once the job finished); `offset > total` is an error.
-    pub fn read(
-        &self,
-        id: &str,
-        stream: Stream,
-        offset: u64,
-        len: u64,
-    ) -> Result<OutputChunk, JobError> {
-        let job = self.get(id)?;
-        let finished = job.is_finished();
-        let (path, total) = {
-            let spool = lock(&job.spools[stream.index()]);
-            (spool.path().to_path_buf(), spool.len())
-        };
-        if offset > total {
-            return Err(JobError::PastEnd {
-                id: job.id.clone(),
-                stream,
-                offset,
-                total,
-                more: if finished {
-                    ""
-                } else {
-                    " so far (it is still running)"
-                },
-            });
-        }
-        let len = len.min(self.cfg.response_bytes as u64);
-        let (text, end) = read_text(&path, offset, len, total)
-            .map_err(|e| JobError::io(format!("could not read {stream} of job {}", job.id), e))?;
-        Ok(OutputChunk {
-            id: job.id.clone(),
-            stream,
-            offset,
-            end,
-            total,
-            eof: finished && end == total,
-            text,
-        })
-    }
-
-    /// Lines of a stream matching `pattern` (regex), with `context_lines` lines around
-    /// each (at most 20), at most `max_hits` hits (1..=1000). Reads the spool
-    /// sequentially without loading it; call from a blocking-friendly context for
-    /// very large outputs.
-    pub fn search(
-        &self,
-        id: &str,
-        stream: Stream,
-        pattern: &str,
-        context_lines: usize,
-        max_hits: usize,
-    ) -> Result<Vec<SearchHit>, JobError> {
-        let job = self.get(id)?;
-        let re = search::compile(pattern).map_err(|reason| JobError::Pattern {
-            pattern: pattern.into(),
-            reason,
-        })?;
-        let (path, total) = {
-            let spool = lock(&job.spools[stream.index()]);
-            (spool.path().to_path_buf(), spool.len())
-        };
-        search::search_file(&path, total, &re, context_lines, max_hits)
-            .map_err(|e| JobError::io(format!("could not search {stream} of job {}", job.id), e))
-    }
-
-    /// Jobs matching `filter`, newest first.
-    pub fn list(&self, filter: &JobFilter) -> Vec<JobSummary> {
-        let jobs: Vec<Arc<Job>> = lock(&self.jobs).map.values().rev().cloned().collect();
-        let now = now_unix_ms();
-        let mut out = Vec::new();
-        for job in jobs {
-            if filter.limit.is_some_and(|l| out.len() >= l) {
-                break;
-            }
-            let summary = job.summary();
-            if matches(filter, &summary, now) {
-                out.push(summary);
-            }
-        }
-        out
-    }
-
-    /// Summary of one job.
-    pub fn summary(&self, id: &str) -> Result<JobSummary, JobError> {
-        Ok(self.get(id)?.summary())
-    }
-
-    /// Remove finished jobs matching `filter` and their files; returns their ids
-    /// (oldest first). Running jobs are never pruned.
-    pub fn prune(&self, filter: &JobFilter) -> Result<Vec<JobId>, JobError> {
-        let now = now_unix_ms();
-        let removed: Vec<Arc<Job>> = {
-            let mut jobs = lock(&self.jobs);
-            let mut picked: Vec<u64> = Vec::new();
-            for (seq, job) in jobs.map.iter().rev() {
-                if filter.limit.is_some_and(|l| picked.len() >= l) {
-                    break;
-                }
-                let summary = job.summary();
-                if summary.status.is_finished() && matches(filter, &summary, now) {
-                    picked.push(*seq);
-                }
-            }
-            picked
-                .iter()
-                .rev()
-                .filter_map(|seq| jobs.map.remove(seq))
-                .collect()
-        };
-        for job in &removed {
-            self.forget_files(job);
-        }
-        if !removed.is_empty() {
-            self.save_next_id();
-        }
-        Ok(removed.iter().map(|j| j.id.clone()).collect())
-    }
-
     /// Cancel a running job (its producer decides how: interrupt, TERM then KILL).
     /// If no control is registered yet, the cancel is applied when it is.
     pub fn cancel(&self, id: &str) -> Result<(), JobError> {
@@ -614,7 +490,7 @@ impl JobStore {
         self.disk_used.load(Ordering::Relaxed).saturating_add(need) <= cap
     }
 
-    fn forget_files(&self, job: &Job) {
+    pub(super) fn forget_files(&self, job: &Job) {
         let bytes: u64 = job.lens().iter().sum();
         self.disk_used.fetch_sub(
             bytes.min(self.disk_used.load(Ordering::Relaxed)),
@@ -631,28 +507,12 @@ impl JobStore {
         }
     }
 
-    fn save_next_id(&self) {
+    pub(super) fn save_next_id(&self) {
         let next_id = lock(&self.jobs).next_id;
         if let Err(e) = persist::save_next_id(&self.dir.path, next_id) {
             tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not write next_id");
         }
     }
-}
-
-fn matches(filter: &JobFilter, s: &JobSummary, now_ms: u64) -> bool {
-    filter.status.as_ref().is_none_or(|v| v.contains(&s.status))
-        && filter.kind.as_ref().is_none_or(|v| v.contains(&s.kind))
-        && filter
-            .session
-            .as_ref()
-            .is_none_or(|want| s.session.as_deref() == Some(want.as_str()))
-        && filter
-            .ids
-            .as_ref()
-            .is_none_or(|ids| ids.iter().any(|i| parse_id(i) == parse_id(&s.id)))
-        && filter
-            .older_than_secs
-            .is_none_or(|secs| now_ms.saturating_sub(s.created_unix_ms) >= secs * 1000)
 }
 
 fn shorten_label(label: &str) -> String {

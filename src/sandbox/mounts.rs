@@ -2,8 +2,11 @@
 //! tmpfs holding only what the policy lists — read paths bound read-only, write paths
 //! (workspace, private tmp) bound read-write, the private tmp also at `/tmp`, a minimal
 //! `/dev` (null, zero, full, random, urandom, tty) and a read-only `/proc` that hides
-//! processes the job may not ptrace (`hidepid=invisible`, so with Landlock's ptrace
+//! processes the job may not ptrace (`hidepid=ptraceable`, so with Landlock's ptrace
 //! scoping the server and every other outside process are invisible).
+//!
+//! Well-known secret files inside listed directories (/etc/shadow, ssh host keys) are
+//! covered with an empty node: a job running as uid 0 could otherwise read them.
 //!
 //! What this adds on top of Landlock: paths the policy leaves out do not exist at all
 //! (so a pathname unix socket such as /run/docker.sock cannot be connected, which
@@ -69,7 +72,7 @@ const NEW: &str = "/newroot";
 /// Launcher child: switch this process into the view (see the module docs).
 pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
     let mut write = view.write.clone();
-    write.push(view.workspace.clone());
+    // The workspace is writable only if the policy says so (read-only policy: it is not).
     write.push(view.tmp.clone());
     let entries = plan::entries(&view.read, &write);
     let tmp =
@@ -161,7 +164,55 @@ fn build(plan: &Plan) -> Result<(), MountError> {
     if plan.own_proc {
         mount_proc()?;
     }
+    mask_secrets()
+}
+
+/// Cover the [`plan::MASKED`] files present in the view with /dev/null (read-only).
+fn mask_secrets() -> Result<(), MountError> {
+    let null = Path::new(NEW).join("dev/null");
+    let null = if null.exists() {
+        null
+    } else {
+        Path::new(OLD).join("dev/null")
+    };
+    for pattern in plan::MASKED {
+        for file in expand(&under(NEW, Path::new(pattern))) {
+            mount(Some(&null), &file, None, libc::MS_BIND, None).map_err(step("mask", &file))?;
+            let ro = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID;
+            mount(NO_SRC, &file, None, ro, None).map_err(step("mask", &file))?;
+        }
+    }
     Ok(())
+}
+
+/// Existing files matching `pattern` (a `*` in the last component only).
+fn expand(pattern: &Path) -> Vec<PathBuf> {
+    let name = pattern
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let Some((prefix, suffix)) = name.split_once('*') else {
+        return if pattern.is_file() {
+            vec![pattern.to_path_buf()]
+        } else {
+            Vec::new()
+        };
+    };
+    let Some(dir) = pattern.parent() else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.len() >= prefix.len() + suffix.len() && n.starts_with(prefix) && n.ends_with(suffix)
+        })
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect()
 }
 
 /// Read-only (unless writable), nosuid, nodev, for the bind and every mount below it.
@@ -251,7 +302,7 @@ fn mount_proc() -> Result<(), MountError> {
         &proc,
         Some("proc"),
         flags,
-        Some("hidepid=invisible"),
+        Some("hidepid=ptraceable"),
     )
     .is_ok()
     {

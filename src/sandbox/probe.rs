@@ -10,6 +10,10 @@ use serde::Serialize;
 
 use super::cgroup::{CgroupVersion, JobCgroup, Layout};
 
+pub mod enforcement;
+
+pub use enforcement::{Item, enforcement};
+
 /// Outcome of one probe: usable, or why not.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Probe {

@@ -138,9 +138,7 @@ impl Layout {
         let v2_has_pids = self.v2_controllers.iter().any(|c| c == "pids");
         self.version = if self.v1_pids.is_some() && !v2_has_pids {
             CgroupVersion::V1
-        } else if self.v2_mount.is_some() && self.v1.is_empty() {
-            CgroupVersion::V2
-        } else if v2_has_pids {
+        } else if v2_has_pids || (self.v2_mount.is_some() && self.v1.is_empty()) {
             CgroupVersion::V2
         } else if !self.v1.is_empty() {
             CgroupVersion::V1

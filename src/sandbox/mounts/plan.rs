@@ -15,6 +15,19 @@ pub const OWN_DEVICES: &[(&str, u32, u32)] = &[
     ("tty", 5, 0),
 ];
 
+/// Secret files a root-uid job could read through a listed directory (DAC lets uid 0
+/// read root-owned 0640 files even without capabilities): the view covers each that
+/// exists with an empty device node. `*` matches within one path component.
+pub const MASKED: &[&str] = &[
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/ssh/ssh_host_*_key",
+    "/etc/sudoers",
+    "/etc/security/opasswd",
+];
+
 /// One bind mount of the view.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bind {
@@ -79,7 +92,12 @@ fn is_special(path: &Path) -> bool {
         || path == Path::new("/dev/fd")
 }
 
-/// Order and prune the binds. `tmp_alias` binds the job's private temp dir at /tmp too.
+/// Order and prune the binds. `tmp`: the job's private temp dir, also bound at /tmp —
+/// unless another bind lies under /tmp (a workspace in the host's /tmp, say). Landlock
+/// grants a rule to everything beneath the rule's directory *in the view*, so a path
+/// mounted below the alias would inherit the private tmp's full rights (write, execute)
+/// whatever its own rule says; then /tmp stays a read-only directory of mount points and
+/// the job uses $TMPDIR (the private tmp at its own path).
 pub fn plan(entries: &[Entry], tmp: Option<&Path>) -> Plan {
     // Only a strict ancestor (e.g. "/") makes the host's /dev or /proc part of the view.
     let covers = |dir: &str| {
@@ -99,7 +117,8 @@ pub fn plan(entries: &[Entry], tmp: Option<&Path>) -> Plan {
             is_dir: e.is_dir,
         })
         .collect();
-    if let Some(tmp) = tmp {
+    let nested_under_tmp = |b: &Bind| b.dst.starts_with("/tmp") && Some(b.src.as_path()) != tmp;
+    if let Some(tmp) = tmp.filter(|_| !binds.iter().any(nested_under_tmp)) {
         binds.push(Bind {
             src: tmp.to_path_buf(),
             dst: PathBuf::from("/tmp"),
@@ -195,22 +214,27 @@ mod tests {
     }
 
     #[test]
-    fn tmp_alias_does_not_hide_nested_host_paths() {
+    fn no_tmp_alias_over_other_binds_under_tmp() {
+        // A workspace in the host's /tmp: the alias would hand it tmp's Landlock rights.
         let p = plan(
             &[
                 e("/tmp/job/tmp", "/tmp/job/tmp", true),
-                e("/tmp/ws", "/tmp/ws", true),
+                e("/tmp/ws", "/tmp/ws", false),
             ],
             Some(Path::new("/tmp/job/tmp")),
         );
         assert_eq!(
             dsts(&p),
-            vec![
-                ("/tmp".into(), true),
-                ("/tmp/job/tmp".into(), true),
-                ("/tmp/ws".into(), true)
-            ],
-            "children of the alias come from other sources and must be bound"
+            vec![("/tmp/job/tmp".into(), true), ("/tmp/ws".into(), false)]
+        );
+        // The private tmp alone under /tmp: aliased.
+        let p = plan(
+            &[e("/tmp/job/tmp", "/tmp/job/tmp", true)],
+            Some(Path::new("/tmp/job/tmp")),
+        );
+        assert_eq!(
+            dsts(&p),
+            vec![("/tmp".into(), true), ("/tmp/job/tmp".into(), true)]
         );
     }
 
