@@ -111,6 +111,9 @@ impl Worker {
             Ok(p) => p,
             Err(source) => {
                 worker.kill("setup failed");
+                if let Some(child) = lock(&worker.shared.child).take() {
+                    tokio::spawn(child.wait()); // reap it
+                }
                 return Err(ReplError::Io {
                     what: "attach to the worker's pipes".into(),
                     source,
