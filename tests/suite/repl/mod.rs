@@ -2,6 +2,7 @@
 //! sessions, crashes, signals and limits in `lifecycle`. The MCP-level tests live with
 //! the server (tests/mcp).
 
+mod bench;
 mod cells;
 mod lifecycle;
 
