@@ -403,3 +403,15 @@ async fn a_sigint_between_cells_is_discarded() {
     assert!(s.interrupt());
     assert_eq!(task.await.unwrap().unwrap().status, CellStatus::Interrupted);
 }
+
+/// prestart brings a session up in the background; its first cell then finds the worker.
+#[tokio::test]
+async fn prestart_starts_a_session_in_the_background() {
+    let f = fixture("prestart", 4);
+    f.manager.prestart("default");
+    wait_for(|| f.manager.list().iter().any(|i| i.name == "default")).await;
+    let s = f.manager.get("default").unwrap();
+    s.wait_ready().await.unwrap();
+    let (o, _) = run(&f.manager, "default", "40 + 2").await;
+    assert_eq!((o.status, o.value.as_deref(), o.cell), (CellStatus::Ok, Some("42"), 1));
+}
