@@ -32,6 +32,10 @@ WORKER_FILENAME = sys._getframe().f_code.co_filename
 REPR_LIMIT_DEFAULT = 20_000
 SHORT_REPR = 120
 JSON_LIMIT = 1_000_000
+# Caps that keep every protocol line far below the server's 64 MiB line limit.
+DISPLAY_LIMIT = 16_000_000
+TRACEBACK_LIMIT = 200_000
+VARIABLES_LIMIT = 5_000
 
 
 def _json_codec():
@@ -184,10 +188,32 @@ def _short_type(value):
     return name if mod == "builtins" else f"{mod}.{name}"
 
 
-def _safe_repr(value):
+_REPRS = {}
+
+
+def _repr_of(kind):
+    """A reprlib.Repr that never renders a huge builtin container in full (like IPython,
+    which shows 1000 items): `long` for values, `short` for the variable list."""
+    r = _REPRS.get(kind)
+    if r is None:
+        import reprlib
+
+        r = reprlib.Repr()
+        many, big = (1000, 10**9) if kind == "long" else (10, SHORT_REPR)
+        for attr in ("maxtuple", "maxlist", "maxarray", "maxdict", "maxset", "maxfrozenset", "maxdeque"):
+            setattr(r, attr, many)
+        r.maxlevel = 6 if kind == "long" else 2
+        r.maxstring = r.maxlong = r.maxother = big
+        _REPRS[kind] = r
+    return r
+
+
+def _safe_repr(value, kind="long"):
     try:
-        return repr(value)
+        return _repr_of(kind).repr(value)
     except BaseException as e:  # a broken __repr__ must not break the worker
+        if isinstance(e, KeyboardInterrupt):
+            raise
         return f"<repr failed: {type(e).__name__}: {e}>"
 
 
@@ -228,7 +254,10 @@ def _rich_items(value):
             if isinstance(data, str):
                 data = data.encode("latin-1")
             data = base64.b64encode(data).decode("ascii")
-        items.append({"mime": mime, "data": str(data)})
+        data = str(data)
+        if len(data) > DISPLAY_LIMIT:
+            data, mime = f"[{mime} output of {len(data)} characters left out: over the limit]", "text/plain"
+        items.append({"mime": mime, "data": data})
     return items
 
 
@@ -531,20 +560,30 @@ class Worker:
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == WORKER_FILENAME:
             tb = tb.tb_next
-        text = "".join(traceback.format_exception(type(exc), exc, tb))
-        return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": text}
+        try:
+            text = "".join(traceback.format_exception(type(exc), exc, tb))
+            evalue = str(exc)
+        except Exception as e:  # a broken __str__ must not break the worker
+            text = evalue = f"<could not format the exception: {type(e).__name__}: {e}>"
+        return {
+            "ename": type(exc).__name__,
+            "evalue": _truncate(evalue, REPR_LIMIT_DEFAULT)[0],
+            "traceback": _truncate(text, TRACEBACK_LIMIT)[0],
+        }
 
     # ---- variables -----------------------------------------------------------------
     def list_variables(self, req):
         out = []
-        for name, value in sorted(self.user_names()):
+        names = sorted(self.user_names(), key=lambda item: item[0])
+        omitted = max(0, len(names) - VARIABLES_LIMIT)
+        for name, value in names[:VARIABLES_LIMIT]:
             try:
                 size = sys.getsizeof(value)
             except Exception:
                 size = None
-            short, _ = _truncate(_safe_repr(value), SHORT_REPR)
+            short, _ = _truncate(_safe_repr(value, "short"), SHORT_REPR)
             out.append({"name": name, "type": _short_type(value), "repr": short, "size": size})
-        return {"ev": "variables", "id": req["id"], "variables": out}
+        return {"ev": "variables", "id": req["id"], "variables": out, "omitted": omitted}
 
     def get_variable(self, req):
         name = req["name"]

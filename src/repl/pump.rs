@@ -20,6 +20,8 @@ use crate::sandbox::{ResolvedPolicy, SandboxedChild};
 
 /// Output that arrives while no cell runs is kept (up to this much) for the next cell.
 const ORPHAN_CAP: usize = 1 << 20;
+/// Longest protocol line accepted; the worker caps what it sends far below this.
+const MAX_LINE: usize = 64 << 20;
 /// How much of stderr to keep for the death message of a worker that never got ready.
 const STARTUP_TAIL: usize = 2048;
 
@@ -179,11 +181,22 @@ pub(super) async fn pump(
     // Set when the event pipe closed: a worker that is still alive shortly after is broken.
     let mut broken_at: Option<tokio::time::Instant> = None;
     loop {
+        let room = MAX_LINE.saturating_sub(line.len()) as u64;
+        let next_line = async {
+            let mut limited = (&mut events).take(room);
+            limited.read_until(b'\n', &mut line).await
+        };
         tokio::select! {
-            r = events.read_until(b'\n', &mut line), if ev_open => match r {
+            r = next_line, if ev_open => match r {
                 Ok(_) if line.ends_with(b"\n") => {
                     handle_line(&shared, &line, &out, &err, &mut obuf);
                     line.clear();
+                }
+                Ok(n) if n > 0 && line.len() >= MAX_LINE => {
+                    // Only a broken (or tampered-with) worker sends this; never buffer it.
+                    ev_open = false;
+                    line = Vec::new();
+                    kill_group(&shared, "it sent a protocol line over 64 MiB");
                 }
                 _ => {
                     // The worker closed its event pipe: it is ending, or broken.

@@ -341,3 +341,25 @@ async fn output_streams_while_the_cell_runs() {
     s.interrupt();
     task.await.unwrap().unwrap();
 }
+
+/// A huge builtin container is not rendered in full (1000 items, like IPython), and a
+/// huge exception message is cut: the session stays responsive.
+#[tokio::test]
+async fn huge_values_and_errors_are_elided() {
+    let f = fixture("elide", 4);
+    let t0 = Instant::now();
+    let (o, _) = run(&f.manager, "default", "big = list(range(10**7))\nbig").await;
+    let v = o.value.unwrap();
+    assert!(
+        v.starts_with("[0, 1, 2,") && v.ends_with(", ...]"),
+        "{}",
+        &v[v.len() - 40..]
+    );
+    assert!(v.len() < 10_000, "{} chars", v.len());
+    let (o, _) = run(&f.manager, "default", "raise ValueError('x' * 10**7)").await;
+    let e = o.error.unwrap();
+    assert!(e.evalue.len() < 30_000 && e.traceback.len() < 300_000);
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    let vars = f.manager.get("default").unwrap().variables().await.unwrap();
+    assert!(vars[0].repr.len() <= 130, "{}", vars[0].repr);
+}

@@ -413,5 +413,38 @@ async fn prestart_starts_a_session_in_the_background() {
     let s = f.manager.get("default").unwrap();
     s.wait_ready().await.unwrap();
     let (o, _) = run(&f.manager, "default", "40 + 2").await;
-    assert_eq!((o.status, o.value.as_deref(), o.cell), (CellStatus::Ok, Some("42"), 1));
+    assert_eq!(
+        (o.status, o.value.as_deref(), o.cell),
+        (CellStatus::Ok, Some("42"), 1)
+    );
+}
+
+/// User code that digs out the event pipe and floods it without a newline cannot make
+/// the server buffer without bound: the worker is killed with words, the session recovers.
+#[tokio::test]
+async fn a_flood_on_the_protocol_pipe_kills_only_that_worker() {
+    let f = fixture("protoflood", 4);
+    let code = r#"
+import os, fcntl, time
+def is_event_pipe(fd):
+    try:
+        return (os.readlink(f'/proc/self/fd/{fd}').startswith('pipe:')
+                and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY)
+    except OSError:
+        return False
+ev = [fd for fd in map(int, os.listdir('/proc/self/fd')) if fd > 2 and is_event_pipe(fd)][0]
+os.write(ev, b'{"ev":"garbage"}\n')
+chunk = b'x' * (1 << 20)
+for _ in range(80):
+    os.write(ev, chunk)
+time.sleep(30)
+"#;
+    let (o, _) = run(&f.manager, "default", code).await;
+    assert_eq!(o.status, CellStatus::WorkerDied, "{:?}", o.error);
+    assert_eq!(
+        o.worker_exit.as_deref(),
+        Some("the Python worker was stopped: it sent a protocol line over 64 MiB")
+    );
+    let (o, _) = run(&f.manager, "default", "1 + 1").await;
+    assert_eq!((o.value.as_deref(), o.state_lost), (Some("2"), true));
 }
