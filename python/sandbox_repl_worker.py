@@ -29,6 +29,7 @@ PROTOCOL_VERSION = 1
 # The server compiles this file under a fixed name; frames with it are the worker's own
 # and are left out of user tracebacks.
 WORKER_FILENAME = sys._getframe().f_code.co_filename
+_WORKER_PID = os.getpid()
 REPR_LIMIT_DEFAULT = 20_000
 SHORT_REPR = 120
 JSON_LIMIT = 1_000_000
@@ -140,6 +141,11 @@ class _Channel:
         self._lock = _thread.allocate_lock()
 
     def send(self, msg):
+        if os.getpid() != _WORKER_PID:
+            # A process forked by user code came back into the worker's code: it must not
+            # speak for the worker. It ends here, quietly.
+            _flush_std()
+            os._exit(0)
         # 'replace': a lone surrogate in user text must not make the line invalid UTF-8.
         data = (_dumps(msg) + "\n").encode("utf-8", "replace")
         # SIGINT is held back while a line is written: a KeyboardInterrupt (from a handler

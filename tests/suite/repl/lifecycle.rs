@@ -448,3 +448,20 @@ time.sleep(30)
     let (o, _) = run(&f.manager, "default", "1 + 1").await;
     assert_eq!((o.value.as_deref(), o.state_lost), (Some("2"), true));
 }
+
+/// A process forked by a cell that falls back into the worker's code ends quietly: it
+/// never answers for the worker, and the session carries on.
+#[tokio::test]
+async fn a_forked_child_never_speaks_for_the_worker() {
+    let f = fixture("fork", 4);
+    let (o, s) = run(&f.manager, "default", "import os, time\npid = os.fork()\nif pid == 0:\n    print('child', flush=True)\nelse:\n    os.waitpid(pid, 0)\n    time.sleep(0.2)\n    print('parent')\npid > 0").await;
+    assert_eq!(
+        (o.status, o.value.as_deref()),
+        (CellStatus::Ok, Some("True")),
+        "{:?}",
+        o.error
+    );
+    assert_eq!(s.out(), "child\nparent\n");
+    let (o, _) = run(&f.manager, "default", "pid > 0").await;
+    assert_eq!(o.value.as_deref(), Some("True"));
+}
