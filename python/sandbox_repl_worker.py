@@ -355,29 +355,46 @@ class _MplBackendFinder:
 class _Flusher:
     """Flushes stdout every 50 ms while a cell runs, so output streams live without
     line buffering (a write per line halves the speed of print-heavy loops and floods
-    the server with tiny chunks). Between cells the thread blocks on `gate`."""
+    the server with tiny chunks). Between cells the thread blocks on `gate`.
+
+    Fork safety: user code may fork. The flusher holds `busy` while it flushes and a fork
+    waits for it (register_at_fork), so a child never inherits stdout's buffer lock held
+    by a thread that does not exist in it; the child gets fresh locks."""
 
     INTERVAL = 0.05
     gate = _thread.allocate_lock()  # held by the main thread while no cell runs
+    busy = _thread.allocate_lock()  # held while flushing
     open = False  # changed by the main thread only
 
     @classmethod
     def start(cls):
         cls.gate.acquire()
+        os.register_at_fork(
+            before=cls.busy.acquire, after_in_parent=cls.busy.release, after_in_child=cls.after_fork_in_child
+        )
         _thread.start_new_thread(cls.run, ())
+
+    @classmethod
+    def after_fork_in_child(cls):
+        # No flusher thread here: fresh, unlocked locks so the child's own bookkeeping
+        # (cell_ended, flush) can never wait for a thread that was not copied.
+        cls.gate = _thread.allocate_lock()
+        cls.busy = _thread.allocate_lock()
+        cls.open = True
 
     @classmethod
     def run(cls):
         import time
 
         while True:
-            with cls.gate:  # waits here between cells
-                pass
+            cls.gate.acquire()  # waits here between cells
+            cls.gate.release()
             time.sleep(cls.INTERVAL)
-            try:
-                sys.stdout.flush()
-            except Exception:
-                pass
+            with cls.busy:
+                try:
+                    sys.stdout.flush()
+                except Exception:
+                    pass
 
     @classmethod
     def cell_started(cls):

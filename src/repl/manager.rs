@@ -210,9 +210,7 @@ impl SessionManager {
         let idle: Vec<String> = self
             .sessions()
             .iter()
-            .filter(|(_, s)| {
-                s.idle_for() > ttl && s.info().state != super::SessionState::AwaitingInput
-            })
+            .filter(|(_, s)| s.idle_for() > ttl && s.state() != super::SessionState::AwaitingInput)
             .map(|(n, _)| n.clone())
             .collect();
         for name in &idle {

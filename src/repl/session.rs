@@ -378,16 +378,27 @@ impl Session {
         self.inner().last_active.elapsed()
     }
 
-    pub fn info(&self) -> SessionInfo {
+    /// What the session is doing (cheap: no /proc read, unlike [`Session::info`]).
+    pub fn state(&self) -> SessionState {
         let busy = self.op_lock.try_lock().is_err();
         let inner = self.inner();
-        let live = inner.worker.as_ref().filter(|w| w.death().is_none());
-        let state = match live {
+        Self::state_of(&inner, busy)
+    }
+
+    fn state_of(inner: &Inner, busy: bool) -> SessionState {
+        match inner.worker.as_ref().filter(|w| w.death().is_none()) {
             None => SessionState::Dead,
             Some(w) if w.awaiting_input().is_some() => SessionState::AwaitingInput,
             Some(_) if busy => SessionState::Busy,
             Some(_) => SessionState::Idle,
-        };
+        }
+    }
+
+    pub fn info(&self) -> SessionInfo {
+        let busy = self.op_lock.try_lock().is_err();
+        let inner = self.inner();
+        let live = inner.worker.as_ref().filter(|w| w.death().is_none());
+        let state = Self::state_of(&inner, busy);
         let pid = live.map(|w| w.pid);
         SessionInfo {
             name: self.name.clone(),

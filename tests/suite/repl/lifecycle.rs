@@ -454,7 +454,11 @@ time.sleep(30)
 #[tokio::test]
 async fn a_forked_child_never_speaks_for_the_worker() {
     let f = fixture("fork", 4);
-    let (o, s) = run(&f.manager, "default", "import os, time\npid = os.fork()\nif pid == 0:\n    print('child', flush=True)\nelse:\n    os.waitpid(pid, 0)\n    time.sleep(0.2)\n    print('parent')\npid > 0").await;
+    let code = "import os, time\npid = os.fork()\nif pid == 0:\n    print('child', flush=True)\nelse:\n    os.waitpid(pid, 0)\n    time.sleep(0.2)\n    print('parent')\npid > 0";
+    // Forking a threaded process is where hangs hide: fail instead of waiting forever.
+    let (o, s) = tokio::time::timeout(Duration::from_secs(30), run(&f.manager, "default", code))
+        .await
+        .expect("the cell that forked did not finish in 30 s");
     assert_eq!(
         (o.status, o.value.as_deref()),
         (CellStatus::Ok, Some("True")),
