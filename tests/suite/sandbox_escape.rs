@@ -139,6 +139,8 @@ check("symlink_read", lambda: open("link-read").read())
 os.symlink(out + "/via-link.txt", "link-write")
 check("symlink_write", lambda: write("link-write"))
 check("hardlink_in", lambda: os.link(sec, "hard"))
+# A hardlink to a read-only file would let chmod/chown/writes through it reach the host file.
+check("hardlink_readonly_into_ws", remove_after("pw", lambda: os.link("/etc/passwd", "pw")))
 write("mine.txt")
 check("rename_out", lambda: os.rename("mine.txt", out + "/moved.txt"))
 check("rename_in", lambda: os.rename(A["victim"], "stolen.txt"))
@@ -163,6 +165,7 @@ const FS_CHECKS: &[&str] = &[
     "symlink_read",
     "symlink_write",
     "hardlink_in",
+    "hardlink_readonly_into_ws",
     "rename_out",
     "rename_in",
     "chmod_etc_passwd",
