@@ -66,7 +66,7 @@ fn policy_report(k: &KernelSupport, name: &str, workspace: &std::path::Path) -> 
             let items = probe::enforcement(k, &policy);
             let best_effort =
                 policy.kernel_support == crate::sandbox::KernelSupportMode::BestEffort;
-            let refuses_to_start = !best_effort && items.iter().any(|i| !i.enforced);
+            let refuses_to_start = !best_effort && items.iter().any(|i| !i.enforced && i.required);
             PolicyReport {
                 name: name.to_string(),
                 description,
