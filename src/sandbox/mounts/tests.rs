@@ -186,7 +186,10 @@ fn measure_isolation_costs() {
     println!("netns loopback: {lo} us");
     let cg = cgroup::JobCgroup::create("measure", Some(256 << 20), Some(64)).unwrap();
     let tasks = cg.procs_files();
-    let procs: Vec<PathBuf> = tasks.iter().map(|p| p.with_file_name("cgroup.procs")).collect();
+    let procs: Vec<PathBuf> = tasks
+        .iter()
+        .map(|p| p.with_file_name("cgroup.procs"))
+        .collect();
     let join = |files: &[PathBuf]| cgroup::join_current(files).is_ok();
     let t = child_median_us(15, 100, &|| join(&tasks));
     println!("cgroup join via tasks, idle before: {t} us");
