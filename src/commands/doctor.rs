@@ -170,10 +170,10 @@ fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
             continue;
         }
         for i in &p.items {
-            let mark = if i.enforced {
-                "enforced    "
-            } else {
-                "NOT ENFORCED"
+            let mark = match (i.enforced, i.required) {
+                (true, _) => "enforced    ",
+                (false, true) => "NOT ENFORCED",
+                (false, false) => "not enforced (runs without it)",
             };
             let why = i
                 .why_not

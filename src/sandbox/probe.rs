@@ -231,7 +231,8 @@ fn in_child(flag: libc::c_int, mount_test: bool) -> Result<(), String> {
         io::Error::from_raw_os_error(code).to_string()
     };
     Err(match code {
-        libc::EPERM => format!("{why} (needs CAP_SYS_ADMIN or an allowed user namespace)"),
+        libc::EPERM if flag == libc::CLONE_NEWUSER => format!("{why} (user namespaces disabled)"),
+        libc::EPERM => format!("{why} (the launcher needs CAP_SYS_ADMIN: run the server as root)"),
         _ => why,
     })
 }
