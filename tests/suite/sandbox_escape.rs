@@ -546,3 +546,31 @@ check("host_listener", host)
 fn binary() -> PathBuf {
     bin()
 }
+
+/// A policy path inside the workspace (`{workspace}/.venv`, as a venv found next to the
+/// project would be) that a job replaced by a symlink to a secret directory does not
+/// bring that directory into the next job's view.
+#[test]
+fn symlink_planted_for_a_policy_path_does_not_escape() {
+    let o = outside();
+    let ws = WorkDir::new("/var/tmp", "esc-planted");
+    let pol = TempDir::new("esc-planted-policy");
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/workspace-write.toml"),
+    )
+    .unwrap()
+    .replace("\"{python}\",", "\"{python}\", \"{workspace}/.venv\",");
+    assert!(text.contains("{workspace}/.venv"));
+    let policy = pol.write("venv-in-ws.toml", &text).display().to_string();
+    // The first job plants the link (it may: the workspace is writable) ...
+    let plant = format!("ln -s {} .venv", o.dir.path.display());
+    let out = run_in(&policy, &ws.0, false, &["sh", "-c", &plant]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(ws.0.join(".venv").is_symlink());
+    // ... the next job tries to read through it, by the link and by the target's path.
+    let script = r#"check("via_link", lambda: open(".venv/secret.txt").read())
+check("via_target", lambda: open(A["secret"]).read())"#;
+    let (r, _) = sandboxed(&policy, &ws.0, script, json!({"secret": o.secret}));
+    assert!(r["via_link"].starts_with("denied:"), "{r:?}");
+    assert!(r["via_target"].starts_with("denied:"), "{r:?}");
+}
