@@ -20,6 +20,7 @@ pub mod plan;
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -55,6 +56,14 @@ pub enum MountError {
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
+
+/// `struct open_how` (linux/openat2.h).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
 
 #[repr(C)]
 struct MountAttr {
@@ -136,8 +145,20 @@ fn build(plan: &Plan) -> Result<(), MountError> {
         let src = under(OLD, &bind.src);
         let dst = under(NEW, &bind.dst);
         make_mount_point(&dst, bind.is_dir)?;
-        mount(Some(&src), &dst, None, libc::MS_BIND | libc::MS_REC, None)
-            .map_err(step("bind-mount", &bind.src))?;
+        // Bind what was checked: the canonical path opened without following any symlink
+        // (a job sharing the workspace could swap a directory for a link in between).
+        let fd = open_no_symlinks(&src).map_err(step("open (no symlinks)", &bind.src))?;
+        let by_fd = fd
+            .as_ref()
+            .map(|fd| PathBuf::from(format!("{OLD}/proc/self/fd/{}", fd.as_raw_fd())));
+        mount(
+            Some(by_fd.as_ref().unwrap_or(&src)),
+            &dst,
+            None,
+            libc::MS_BIND | libc::MS_REC,
+            None,
+        )
+        .map_err(step("bind-mount", &bind.src))?;
     }
     // Attributes after all binds (mount points inside a read-only bind could not be made),
     // parents first so each path ends with the mode of its most specific entry.
@@ -317,6 +338,37 @@ fn mount_proc() -> Result<(), MountError> {
         is_dir: true,
     };
     set_attrs(&proc, &bind)
+}
+
+/// `openat2(path, O_PATH, RESOLVE_NO_SYMLINKS)`; `Ok(None)` on kernels without openat2
+/// (before 5.6), where the plain path is used.
+fn open_no_symlinks(path: &Path) -> io::Result<Option<OwnedFd>> {
+    let c = cstr(path).map_err(io::Error::other)?;
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: 0x04, // RESOLVE_NO_SYMLINKS
+    };
+    // SAFETY: openat2(2) with a valid path and an open_how of the size we pass.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: a descriptor openat2 just returned, owned by nobody else.
+        return Ok(Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }));
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ENOSYS) {
+        Ok(None)
+    } else {
+        Err(err)
+    }
 }
 
 fn under(root: &str, path: &Path) -> PathBuf {
