@@ -144,16 +144,13 @@ fn build(plan: &Plan) -> Result<(), MountError> {
     for bind in &plan.binds {
         let src = under(OLD, &bind.src);
         let dst = under(NEW, &bind.dst);
-        make_mount_point(&dst, bind.is_dir)?;
+        let target = make_mount_point(&dst, bind.is_dir)?;
         // Bind what was checked: the canonical path opened without following any symlink
         // (a job sharing the workspace could swap a directory for a link in between).
-        let fd = open_no_symlinks(&src).map_err(step("open (no symlinks)", &bind.src))?;
-        let by_fd = fd
-            .as_ref()
-            .map(|fd| PathBuf::from(format!("{OLD}/proc/self/fd/{}", fd.as_raw_fd())));
+        let source = open_beneath(None, &src, 0).map_err(step("open (no symlinks)", &bind.src))?;
         mount(
-            Some(by_fd.as_ref().unwrap_or(&src)),
-            &dst,
+            Some(fd_path(&source)),
+            fd_path(&target),
             None,
             libc::MS_BIND | libc::MS_REC,
             None,
@@ -288,7 +285,7 @@ fn build_dev() -> Result<(), MountError> {
             // SAFETY: chmod(2) past the umask, on the node just made.
             unsafe { libc::chmod(c.as_ptr(), 0o666) };
         } else {
-            make_mount_point(&path, false)?;
+            drop(make_mount_point(&path, false)?);
             let src = Path::new(OLD).join("dev").join(name);
             mount(Some(&src), &path, None, libc::MS_BIND, None)
                 .map_err(step("bind-mount", &src))?;
@@ -340,54 +337,89 @@ fn mount_proc() -> Result<(), MountError> {
     set_attrs(&proc, &bind)
 }
 
-/// `openat2(path, O_PATH, RESOLVE_NO_SYMLINKS)`; `Ok(None)` on kernels without openat2
-/// (before 5.6), where the plain path is used.
-fn open_no_symlinks(path: &Path) -> io::Result<Option<OwnedFd>> {
+fn under(root: &str, path: &Path) -> PathBuf {
+    Path::new(root).join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// Create the mount point `dst` (under /newroot) without following any symlink on the
+/// way — part of the path may run through a writable bind (the private tmp under the
+/// /tmp alias) where a job could have planted links — and return a descriptor of it.
+fn make_mount_point(dst: &Path, is_dir: bool) -> Result<OwnedFd, MountError> {
+    let fail = step("create mount point", dst);
+    let rel = dst.strip_prefix("/").unwrap_or(dst);
+    let mut comps: Vec<&std::ffi::OsStr> = rel.iter().collect();
+    let Some(last) = comps.pop() else {
+        return Err(fail(io::ErrorKind::InvalidInput.into()));
+    };
+    let made = (|| {
+        let mut dir = open_beneath(None, Path::new("/"), libc::O_DIRECTORY)?;
+        for comp in comps {
+            dir = mkdir_open(&dir, comp)?;
+        }
+        if is_dir {
+            return mkdir_open(&dir, last);
+        }
+        let name = CString::new(last.as_bytes()).map_err(io::Error::other)?;
+        // SAFETY: openat(2) relative to a directory descriptor we own; closed at once.
+        let fd = unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                libc::O_CREAT | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o644,
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: closing the descriptor just opened.
+            unsafe { libc::close(fd) };
+        }
+        open_beneath(Some(&dir), Path::new(last), 0)
+    })();
+    made.map_err(fail)
+}
+
+/// mkdirat(dir, name) (existing is fine), then open it without following a symlink.
+fn mkdir_open(dir: &OwnedFd, name: &std::ffi::OsStr) -> io::Result<OwnedFd> {
+    let c = CString::new(name.as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: mkdirat(2) relative to a directory descriptor we own.
+    if unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) } != 0 {
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::AlreadyExists {
+            return Err(err);
+        }
+    }
+    open_beneath(Some(dir), Path::new(name), libc::O_DIRECTORY)
+}
+
+/// `openat2(dir, path, O_PATH | extra, RESOLVE_NO_SYMLINKS)`.
+fn open_beneath(dir: Option<&OwnedFd>, path: &Path, extra: libc::c_int) -> io::Result<OwnedFd> {
     let c = cstr(path).map_err(io::Error::other)?;
     let how = OpenHow {
-        flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        flags: (libc::O_PATH | libc::O_CLOEXEC | extra) as u64,
         mode: 0,
         resolve: 0x04, // RESOLVE_NO_SYMLINKS
     };
+    let at = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
     // SAFETY: openat2(2) with a valid path and an open_how of the size we pass.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_openat2,
-            libc::AT_FDCWD,
+            at,
             c.as_ptr(),
             &how as *const OpenHow,
             std::mem::size_of::<OpenHow>(),
         )
     };
-    if fd >= 0 {
-        // SAFETY: a descriptor openat2 just returned, owned by nobody else.
-        return Ok(Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }));
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
     }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ENOSYS) {
-        Ok(None)
-    } else {
-        Err(err)
-    }
+    // SAFETY: a descriptor openat2 just returned, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-fn under(root: &str, path: &Path) -> PathBuf {
-    Path::new(root).join(path.strip_prefix("/").unwrap_or(path))
-}
-
-fn make_mount_point(dst: &Path, is_dir: bool) -> Result<(), MountError> {
-    if is_dir {
-        return std::fs::create_dir_all(dst).map_err(step("create mount point", dst));
-    }
-    if let Some(parent) = dst.parent() {
-        std::fs::create_dir_all(parent).map_err(step("create mount point", parent))?;
-    }
-    if dst.symlink_metadata().is_ok() {
-        return Ok(());
-    }
-    std::fs::File::create(dst)
-        .map(drop)
-        .map_err(step("create mount point", dst))
+/// The magic-link path of `fd`, usable as a mount source or target while /oldroot exists.
+fn fd_path(fd: &OwnedFd) -> PathBuf {
+    PathBuf::from(format!("{OLD}/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
 fn mkdir(path: &Path) -> Result<(), MountError> {

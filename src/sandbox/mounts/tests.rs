@@ -33,7 +33,11 @@ fn run_in_view(view: MountView, script: &str) -> (String, String) {
     unsafe {
         cmd.pre_exec(move || apply_mount_view(&view).map_err(|e| io::Error::other(e.to_string())))
     };
-    let out = cmd.output().expect("spawn");
+    // The error text of a failed pre_exec does not cross the fork; its errno does.
+    let out = match cmd.output() {
+        Ok(out) => out,
+        Err(e) => return (String::new(), format!("view refused: {e}")),
+    };
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -213,4 +217,41 @@ fn measure_isolation_costs() {
     let m = child_median_us(n, 0, &|| apply_mount_view(&v).is_ok());
     println!("mount view (workspace-write-like): {m} us");
     std::fs::remove_dir_all(&d.root).unwrap();
+}
+
+/// A symlink planted in the private tmp (reused by a session's next worker) where the
+/// view needs a mount point under the /tmp alias is not followed: it would otherwise
+/// make the privileged launcher create directories anywhere on the host.
+#[test]
+fn planted_symlink_on_a_mount_point_path_is_not_followed() {
+    let id = std::process::id();
+    let root = PathBuf::from(format!("/tmp/mounts-plant-{id}"));
+    let tmp = root.join("tmp");
+    let ws = PathBuf::from(format!("/var/tmp/mounts-plant-ws-{id}"));
+    let target = PathBuf::from(format!("/var/tmp/mounts-plant-target-{id}"));
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::create_dir_all(&target).unwrap();
+    // In the view /tmp is `tmp`; its own path /tmp/mounts-plant-ID/tmp runs through this link.
+    let link = format!("../../oldroot{}", target.display());
+    std::os::unix::fs::symlink(&link, tmp.join(format!("mounts-plant-{id}"))).unwrap();
+    let v = MountView {
+        read: vec!["/usr".into(), "/bin".into(), "/lib".into(), "/lib64".into()],
+        write: vec![ws.clone()],
+        tmp: tmp.clone(),
+        workspace: ws.clone(),
+    };
+    let (out, err) = run_in_view(v, "echo started");
+    let created = target.join("tmp").exists();
+    for d in [&root, &ws, &target] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+    assert!(
+        !created,
+        "the launcher followed the planted link (stdout {out:?}, stderr {err:?})"
+    );
+    assert!(
+        err.starts_with("view refused"),
+        "the launch is refused: {out:?} {err:?}"
+    );
 }
