@@ -125,16 +125,18 @@ fn v2_parent(layout: &Layout) -> Result<PathBuf, CgroupError> {
         .into_iter()
         .filter(|c| layout.v2_controllers.iter().any(|h| h == c))
         .collect();
-    PARENT
-        .get_or_init(|| {
-            prepare_v2(&own, &controllers, std::process::id()).map_err(|e| e.to_string())
-        })
-        .clone()
-        .map_err(|reason| CgroupError::NotDelegated {
-            dir: own,
-            controllers: controllers.join(" "),
-            reason,
-        })
+    let prepare = || prepare_v2(&own, &controllers, std::process::id()).map_err(|e| e.to_string());
+    // Prepared once per process for this machine's layout (tests pass other layouts).
+    let result = if layout == self::layout() {
+        PARENT.get_or_init(prepare).clone()
+    } else {
+        prepare()
+    };
+    result.map_err(|reason| CgroupError::NotDelegated {
+        dir: own,
+        controllers: controllers.join(" "),
+        reason,
+    })
 }
 
 /// Enable `controllers` for `<own>/mcp-sandbox-repl/*`, moving this process (`pid`) into a
@@ -152,35 +154,34 @@ pub(crate) fn prepare_v2(
         .iter()
         .any(|c| !already.split_whitespace().any(|h| h == *c));
     if missing && let Err(first) = std::fs::write(&subtree, enable) {
-        {
-            // EBUSY: processes live in `own`. Move ourselves out if we are the only one.
-            let procs =
-                std::fs::read_to_string(own.join("cgroup.procs")).map_err(io("read", own))?;
-            let others: Vec<&str> = procs
-                .split_whitespace()
-                .filter(|p| *p != pid.to_string())
-                .collect();
-            if !others.is_empty() {
-                return Err(CgroupError::NotDelegated {
-                    dir: own.to_path_buf(),
-                    controllers: controllers.join(" "),
-                    reason: format!(
-                        "{first}; other processes share the cgroup ({} of them)",
-                        others.len()
-                    ),
-                });
-            }
-            let leaf = own.join(SERVER_LEAF);
-            mkdir_ok_exists(&leaf)?;
-            std::fs::write(leaf.join("cgroup.procs"), pid.to_string())
-                .map_err(io("move the server into", &leaf))?;
-            std::fs::write(&subtree, enable).map_err(io("enable controllers in", &subtree))?;
+        // EBUSY: processes live in `own`. Move ourselves out if we are the only one.
+        let procs = std::fs::read_to_string(own.join("cgroup.procs")).map_err(io("read", own))?;
+        let others: Vec<&str> = procs
+            .split_whitespace()
+            .filter(|p| *p != pid.to_string())
+            .collect();
+        if !others.is_empty() {
+            return Err(CgroupError::NotDelegated {
+                dir: own.to_path_buf(),
+                controllers: controllers.join(" "),
+                reason: format!(
+                    "{first}; other processes share the cgroup ({} of them)",
+                    others.len()
+                ),
+            });
         }
+        let leaf = own.join(SERVER_LEAF);
+        mkdir_ok_exists(&leaf)?;
+        std::fs::write(leaf.join("cgroup.procs"), pid.to_string())
+            .map_err(io("move the server into", &leaf))?;
+        std::fs::write(&subtree, enable).map_err(io("enable controllers in", &subtree))?;
     }
     let parent = own.join(PARENT_DIR);
     mkdir_ok_exists(&parent)?;
     let sub = parent.join("cgroup.subtree_control");
-    std::fs::write(&sub, enable).map_err(io("enable controllers in", &sub))?;
+    if !controllers.is_empty() {
+        std::fs::write(&sub, enable).map_err(io("enable controllers in", &sub))?;
+    }
     Ok(parent)
 }
 
