@@ -1,7 +1,8 @@
 //! The job's mount view: a private mount namespace whose root is a fresh, read-only
 //! tmpfs holding only what the policy lists — read paths bound read-only, write paths
 //! (workspace, private tmp) bound read-write, the private tmp also at `/tmp`, a minimal
-//! `/dev` (null, zero, full, random, urandom, tty) and a read-only `/proc` that hides
+//! `/dev` (null, zero, full, random, urandom, tty; a private tmpfs `/dev/shm` if the
+//! policy lists it) and a read-only `/proc` that hides
 //! processes the job may not ptrace (`hidepid=ptraceable`, so with Landlock's ptrace
 //! scoping the server and every other outside process are invisible).
 //!
@@ -172,7 +173,7 @@ fn build(plan: &Plan) -> Result<(), MountError> {
         }
     }
     if plan.own_dev {
-        build_dev()?;
+        build_dev(plan.private_shm)?;
     }
     if plan.own_proc {
         mount_proc()?;
@@ -267,9 +268,18 @@ fn set_attrs(dst: &Path, bind: &Bind) -> Result<(), MountError> {
 }
 
 /// /dev with the usual character devices (mknod; bind from the host where mknod is refused).
-fn build_dev() -> Result<(), MountError> {
+fn build_dev(private_shm: bool) -> Result<(), MountError> {
     let dev = Path::new(NEW).join("dev");
     mkdir(&dev)?;
+    if private_shm {
+        // POSIX shared memory and semaphores (Python's multiprocessing locks) need it;
+        // its pages are charged to the job's memory cgroup and vanish with the job.
+        let shm = dev.join("shm");
+        mkdir(&shm)?;
+        let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        mount(Some("tmpfs"), &shm, Some("tmpfs"), flags, Some("mode=1777"))
+            .map_err(step("mount a private tmpfs on", "/dev/shm"))?;
+    }
     for (name, major, minor) in OWN_DEVICES {
         let path = dev.join(name);
         let c = cstr(&path)?;

@@ -49,6 +49,9 @@ pub struct Plan {
     pub own_dev: bool,
     /// Whether the view mounts its own /proc (false when a policy entry covers /proc).
     pub own_proc: bool,
+    /// The policy lists /dev/shm: the job gets a private tmpfs there, not the host's
+    /// (shared with every process of the machine).
+    pub private_shm: bool,
 }
 
 /// What a policy path becomes after looking at the host file system.
@@ -114,6 +117,7 @@ fn through_planted_symlink(e: &Entry, roots: &[(PathBuf, PathBuf)]) -> bool {
 
 fn is_special(path: &Path) -> bool {
     path.starts_with("/proc")
+        || path == Path::new("/dev/shm")
         || path == Path::new("/dev")
         || OWN_DEVICES
             .iter()
@@ -139,6 +143,7 @@ pub fn plan(entries: &[Entry], tmp: Option<&Path>) -> Plan {
     };
     let own_dev = !covers("/dev");
     let own_proc = !covers("/proc");
+    let private_shm = own_dev && entries.iter().any(|e| e.canonical == Path::new("/dev/shm"));
     let mut binds: Vec<Bind> = entries
         .iter()
         .filter(|e| !(is_special(&e.canonical) && is_own(&e.canonical, own_dev, own_proc)))
@@ -188,6 +193,7 @@ pub fn plan(entries: &[Entry], tmp: Option<&Path>) -> Plan {
         symlinks,
         own_dev,
         own_proc,
+        private_shm,
     }
 }
 
@@ -287,6 +293,7 @@ mod tests {
             None,
         );
         assert_eq!(dsts(&p), vec![("/usr".into(), false)]);
+        assert!(!p.private_shm);
         assert_eq!(
             p.symlinks,
             vec![(PathBuf::from("/bin"), PathBuf::from("/usr/bin"))]

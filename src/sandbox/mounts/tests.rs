@@ -255,3 +255,34 @@ fn planted_symlink_on_a_mount_point_path_is_not_followed() {
         "the launch is refused: {out:?} {err:?}"
     );
 }
+
+/// A policy listing /dev/shm gets a private tmpfs there: POSIX semaphores work
+/// (multiprocessing locks), and nothing reaches the host's /dev/shm.
+#[test]
+fn dev_shm_is_private() {
+    let d = dirs("shm");
+    let mut v = view(&d);
+    v.write.push(PathBuf::from("/dev/shm"));
+    v.read.push(PathBuf::from("/root/.pyenv"));
+    let py = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    let py = String::from_utf8(py.stdout).unwrap();
+    let tag = format!("mounts-shm-{}", std::process::id());
+    let script = format!(
+        "echo x > /dev/shm/{tag} && echo wrote; {} -c 'import multiprocessing as m; m.Lock(); print(\"lock\")'",
+        py.trim()
+    );
+    let (out, err) = run_in_view(v, &script);
+    std::fs::remove_dir_all(&d.root).unwrap();
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["wrote", "lock"],
+        "stderr: {err}"
+    );
+    assert!(
+        !Path::new("/dev/shm").join(&tag).exists(),
+        "reached the host's /dev/shm"
+    );
+}
