@@ -117,7 +117,10 @@ fn v2_prepare_on_fake_tree() {
 #[test]
 fn v2_job_cgroup_join_kill_remove() {
     let detected = Layout::detect();
-    let mount = detected.v2_mount.clone().expect("a cgroup2 mount on this machine");
+    let mount = detected
+        .v2_mount
+        .clone()
+        .expect("a cgroup2 mount on this machine");
     let own = mount.join(unique("own-v2"));
     std::fs::create_dir(&own).unwrap();
     let layout = Layout {
@@ -135,7 +138,11 @@ fn v2_job_cgroup_join_kill_remove() {
     assert_eq!(procs, vec![own.join(PARENT_DIR).join("job/cgroup.procs")]);
     run_in(&cg, "sleep 30 & exit 0");
     let members = std::fs::read_to_string(&procs[0]).unwrap();
-    assert_eq!(members.split_whitespace().count(), 1, "the sleep is in the job: {members:?}");
+    assert_eq!(
+        members.split_whitespace().count(),
+        1,
+        "the sleep is in the job: {members:?}"
+    );
     let start = Instant::now();
     cg.kill_all();
     cg.remove();
