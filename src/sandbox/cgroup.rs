@@ -158,6 +158,8 @@ impl JobCgroup {
         memory_bytes: Option<u64>,
         max_pids: Option<u64>,
     ) -> Result<JobCgroup, CgroupError> {
+        static SWEPT: OnceLock<()> = OnceLock::new();
+        SWEPT.get_or_init(|| sweep_stale(layout(), STALE_AFTER));
         Self::create_in(layout(), name, memory_bytes, max_pids)
     }
 
@@ -359,6 +361,35 @@ impl Drop for JobCgroup {
         if !self.removed.load(Ordering::SeqCst) {
             self.kill_all();
             self.remove();
+        }
+    }
+}
+
+/// Job cgroups left by servers that were killed (their `Drop` never ran): empty, and
+/// older than this, so never one a live server has just created and not yet joined.
+const STALE_AFTER: Duration = Duration::from_secs(600);
+
+/// Remove the empty job cgroups older than `age` under this process's parent dirs
+/// (best effort; once per process, from [`JobCgroup::create`]).
+pub(crate) fn sweep_stale(layout: &Layout, age: Duration) {
+    let parents = [&layout.v1_pids, &layout.v1_memory, &layout.v2_own];
+    for parent in parents.into_iter().flatten().map(|p| p.join(PARENT_DIR)) {
+        let Ok(entries) = std::fs::read_dir(&parent) else {
+            continue;
+        };
+        for dir in entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+        {
+            let empty = std::fs::read_to_string(dir.join("cgroup.procs"))
+                .is_ok_and(|l| l.trim().is_empty());
+            let old = std::fs::metadata(&dir)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|e| e >= age));
+            if empty && old && std::fs::remove_dir(&dir).is_ok() {
+                tracing::debug!(dir = %dir.display(), "removed a stale job cgroup");
+            }
         }
     }
 }

@@ -151,3 +151,27 @@ fn v2_job_cgroup_join_kill_remove() {
     std::fs::remove_dir(own.join(PARENT_DIR)).unwrap();
     std::fs::remove_dir(&own).unwrap();
 }
+
+/// Empty job cgroups left by a killed server are swept; busy and young ones are kept.
+#[test]
+fn stale_empty_cgroups_are_swept() {
+    let stale = JobCgroup::create(&unique("sweep-stale"), None, Some(8)).expect("create");
+    let busy = JobCgroup::create(&unique("sweep-busy"), None, Some(8)).expect("create");
+    run_in(&busy, "sleep 30 & exit 0");
+    let dir = |cg: &JobCgroup| cg.procs_files()[0].parent().unwrap().to_path_buf();
+    let (stale_dir, busy_dir) = (dir(&stale), dir(&busy));
+    std::mem::forget(stale); // as if the server had been SIGKILLed
+    sweep_stale(&Layout::detect(), STALE_AFTER);
+    assert!(stale_dir.exists(), "too young to sweep");
+    let long_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    for d in [&stale_dir, &busy_dir] {
+        std::fs::File::open(d)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+    }
+    sweep_stale(&Layout::detect(), STALE_AFTER);
+    assert!(!stale_dir.exists(), "empty stale cgroup swept");
+    assert!(busy_dir.exists(), "a cgroup with processes is kept");
+    drop(busy);
+}
