@@ -128,6 +128,11 @@ fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
     writeln!(out, "                pid: {}", probe_word(&ns.pid))?;
     writeln!(out, "                network: {}", probe_word(&ns.network))?;
     writeln!(out, "                mount: {}", probe_word(&ns.mount))?;
+    writeln!(
+        out,
+        "                procfs hidepid=ptraceable: {}",
+        probe_word(&ns.procfs_hidepid)
+    )?;
     let cg = &k.cgroup;
     let version = match cg.version {
         crate::sandbox::cgroup::CgroupVersion::V1 if cg.hybrid => {

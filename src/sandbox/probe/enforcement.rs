@@ -104,12 +104,15 @@ pub fn enforcement(k: &KernelSupport, policy: &ResolvedPolicy) -> Vec<Item> {
             abi >= 3,
             || format!("Landlock ABI {abi} < 3"),
         ));
-        items.push(check(
+        let mut proc_item = check(
             "/proc shows only the job's own processes",
             "procfs hidepid=ptraceable in the mount view + Landlock ptrace scoping",
-            k.namespaces.mount.ok && admin && abi >= 1,
-            || "needs the mount view and Landlock".into(),
-        ));
+            k.namespaces.mount.ok && k.namespaces.procfs_hidepid.ok && admin && abi >= 1,
+            || "needs the mount view, a new procfs and Landlock".into(),
+        );
+        // Without a new procfs the view binds the host's /proc (read-only) and carries on.
+        proc_item.required = k.namespaces.procfs_hidepid.ok;
+        items.push(proc_item);
     }
     match &policy.network {
         NetworkPolicy::None => {
@@ -277,6 +280,7 @@ mod tests {
                 pid: p(true),
                 network: p(root),
                 mount: p(root),
+                procfs_hidepid: p(root),
             },
             cgroup: CgroupSupport {
                 version: CgroupVersion::V1,
