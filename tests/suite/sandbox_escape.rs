@@ -355,6 +355,13 @@ def io_uring():
     params = ctypes.create_string_buffer(120)
     os.close(sys_ok(libc.syscall(425, 4, params)))
 check("io_uring", io_uring)
+def sysctl_same_value():
+    # Writes back the current value: harmless under the control, yet a real sysctl write
+    # (a root-uid job could otherwise set e.g. kernel.core_pattern by plain DAC).
+    p = "/proc/sys/kernel/domainname"
+    v = open(p).read()
+    with open(p, "w") as f: f.write(v)
+check("sysctl_write", sysctl_same_value)
 def leave_cgroup():
     with open(A["own_cgroup_procs"], "w") as f: f.write("0")
 check("leave_job_cgroup", leave_cgroup)
@@ -376,6 +383,7 @@ const PROC_CHECKS: &[&str] = &[
     "keyctl",
     "io_uring",
     "leave_job_cgroup",
+    "sysctl_write",
 ];
 
 /// The `cgroup.procs` of the test's own pids cgroup (outside any job cgroup).
@@ -395,7 +403,7 @@ fn own_cgroup_procs() -> String {
 /// The server's (and the test's) /proc environ, cmdline and maps are unreadable; ptrace
 /// and signals to an outside process (the test's own sleep), mount, unshare, setns, bpf,
 /// keyctl and io_uring all fail; the job cannot move itself out of its cgroup (which
-/// would lift its memory and process caps).
+/// would lift its memory and process caps) nor write a sysctl.
 #[test]
 fn process_and_kernel_escapes() {
     let sleeper = Sleeper::start();
