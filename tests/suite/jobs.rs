@@ -336,6 +336,37 @@ async fn bad_requests_are_clear_errors_and_create_no_job() {
         })
         .unwrap_err();
     assert!(err.to_string().contains("argv is empty"), "{err}");
+    // Files the policy does not let a job read are not read for it either.
+    let secret = f.dir.join("secret.env");
+    std::fs::write(&secret, "TOKEN=hunter2\n").unwrap();
+    std::os::unix::fs::symlink(&secret, ws.join("link.env")).unwrap();
+    for env_file in [secret.clone(), ws.join("link.env")] {
+        let err = f
+            .start(ShellRequest {
+                env_file: Some(env_file),
+                ..ShellRequest::command("true")
+            })
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            format!(
+                "env file {secret:?} is outside what policy workspace-write lets a job read; \
+                 use a path inside the workspace"
+            )
+        );
+    }
+    let err = f
+        .start(ShellRequest {
+            cwd: Some(f.dir.clone()),
+            ..ShellRequest::command("true")
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with(&format!("working directory {:?} is outside", f.dir)),
+        "{err}"
+    );
     assert!(
         f.store.list(&JobFilter::default()).is_empty(),
         "a rejected request created a job"
