@@ -9,7 +9,10 @@ pub fn explain(schema: &Map<String, Value>, args: &Map<String, Value>) -> Option
     let props = schema.get("properties")?.as_object()?;
     for (name, value) in args {
         let Some(prop) = props.get(name) else {
-            return Some(format!("`{name}` is not an argument of this tool; known: {}", known(props)));
+            return Some(format!(
+                "`{name}` is not an argument of this tool; known: {}",
+                known(props)
+            ));
         };
         if let Some(problem) = misfit(prop, value) {
             return Some(format!("`{name}` {problem}, got {}", short(value)));
@@ -19,12 +22,20 @@ pub fn explain(schema: &Map<String, Value>, args: &Map<String, Value>) -> Option
 }
 
 fn known(props: &Map<String, Value>) -> String {
-    props.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
+    props
+        .keys()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn short(v: &Value) -> String {
     let s = v.to_string();
-    if s.chars().count() > 60 { format!("{}…", s.chars().take(60).collect::<String>()) } else { s }
+    if s.chars().count() > 60 {
+        format!("{}…", s.chars().take(60).collect::<String>())
+    } else {
+        s
+    }
 }
 
 /// Why `value` does not fit `prop`, if it visibly does not (types, minimum, enum).
@@ -52,7 +63,12 @@ fn misfit(prop: &Value, value: &Value) -> Option<String> {
         "integer" => value.as_i64().is_some() || value.as_u64().is_some(),
         _ => true,
     });
-    let wanted = types.iter().filter(|t| **t != "null").copied().collect::<Vec<_>>().join(" or ");
+    let wanted = types
+        .iter()
+        .filter(|t| **t != "null")
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" or ");
     if !fits {
         return Some(format!("must be {wanted}"));
     }
@@ -87,10 +103,27 @@ mod tests {
             "code": {"type": "string"},
             "stream": {"type": "string", "enum": ["stdout", "stderr"]}
         }}));
-        assert_eq!(explain(&schema, &obj(json!({"offset": -1}))).unwrap(), "`offset` must be at least 0, got -1");
-        assert_eq!(explain(&schema, &obj(json!({"code": 5}))).unwrap(), "`code` must be string, got 5");
-        assert!(explain(&schema, &obj(json!({"stream": "stdin"}))).unwrap().starts_with("`stream` must be one of"));
-        assert!(explain(&schema, &obj(json!({"bogus": 1}))).unwrap().contains("`bogus` is not an argument"));
-        assert_eq!(explain(&schema, &obj(json!({"code": "x", "offset": 3}))), None);
+        assert_eq!(
+            explain(&schema, &obj(json!({"offset": -1}))).unwrap(),
+            "`offset` must be at least 0, got -1"
+        );
+        assert_eq!(
+            explain(&schema, &obj(json!({"code": 5}))).unwrap(),
+            "`code` must be string, got 5"
+        );
+        assert!(
+            explain(&schema, &obj(json!({"stream": "stdin"})))
+                .unwrap()
+                .starts_with("`stream` must be one of")
+        );
+        assert!(
+            explain(&schema, &obj(json!({"bogus": 1})))
+                .unwrap()
+                .contains("`bogus` is not an argument")
+        );
+        assert_eq!(
+            explain(&schema, &obj(json!({"code": "x", "offset": 3}))),
+            None
+        );
     }
 }

@@ -7,11 +7,13 @@ use std::sync::Arc;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
+
+use tokio_util::sync::CancellationToken;
 
 use super::backend::Backend;
 use super::report::failure;
@@ -30,13 +32,16 @@ or search with job_output. Sessions are named (default \"default\") and independ
 #[derive(Clone)]
 pub struct SandboxServer {
     pub(crate) backend: Arc<Backend>,
+    /// Cancelled when this connection goes away; long waits of its tool calls end then.
+    pub(crate) closing: CancellationToken,
     tools: ToolRouter<SandboxServer>,
 }
 
 impl SandboxServer {
-    pub fn new(backend: Arc<Backend>) -> Self {
+    pub fn new(backend: Arc<Backend>, closing: CancellationToken) -> Self {
         SandboxServer {
             backend,
+            closing,
             tools: all_tools(),
         }
     }
@@ -54,13 +59,25 @@ impl SandboxServer {
 fn is_deserialize_failure(r: &CallToolResult) -> bool {
     r.is_error == Some(true)
         && r.content.len() == 1
-        && r.content[0].as_text().is_some_and(|t| t.text.starts_with("failed to deserialize parameters"))
+        && r.content[0]
+            .as_text()
+            .is_some_and(|t| t.text.starts_with("failed to deserialize parameters"))
 }
 
 impl SandboxServer {
-    fn bad_arguments(&self, tool: &str, message: &str, args: &serde_json::Map<String, serde_json::Value>) -> CallToolResult {
-        let detail = message.trim_start_matches("failed to deserialize parameters:").trim();
-        let which = self.tools.get(tool).and_then(|t| super::args_check::explain(&t.input_schema, args));
+    fn bad_arguments(
+        &self,
+        tool: &str,
+        message: &str,
+        args: &serde_json::Map<String, serde_json::Value>,
+    ) -> CallToolResult {
+        let detail = message
+            .trim_start_matches("failed to deserialize parameters:")
+            .trim();
+        let which = self
+            .tools
+            .get(tool)
+            .and_then(|t| super::args_check::explain(&t.input_schema, args));
         let text = match which {
             Some(w) => format!("invalid arguments for {tool}: {w} ({detail})"),
             None => format!("invalid arguments for {tool}: {detail}"),
@@ -115,9 +132,16 @@ impl ServerHandler for SandboxServer {
         match self.tools.call(tcc).await {
             // Bad arguments are the model's to fix: answer with a readable tool error
             // (MCP: input validation errors are tool execution errors) naming the field.
-            Err(e) if e.code == ErrorCode::INVALID_PARAMS => Ok(self.bad_arguments(&name, &e.message, &args).into()),
+            Err(e) if e.code == ErrorCode::INVALID_PARAMS => {
+                Ok(self.bad_arguments(&name, &e.message, &args).into())
+            }
             Ok(CallToolResponse::Complete(r)) if is_deserialize_failure(&r) => {
-                let text = r.content.first().and_then(|c| c.as_text()).map(|t| t.text.clone()).unwrap_or_default();
+                let text = r
+                    .content
+                    .first()
+                    .and_then(|c| c.as_text())
+                    .map(|t| t.text.clone())
+                    .unwrap_or_default();
                 Ok(self.bad_arguments(&name, &text, &args).into())
             }
             other => other,

@@ -11,14 +11,18 @@ use tokio_util::sync::CancellationToken;
 pub struct CallCtx {
     /// Cancelled when the client sends `notifications/cancelled` for this request.
     pub ct: CancellationToken,
+    /// Cancelled when the connection is going away (stdin closed, server stopping):
+    /// waits must end at once so shutdown is not held up by a long-poll.
+    pub closing: CancellationToken,
     progress: Option<(Peer<RoleServer>, ProgressToken)>,
 }
 
 impl CallCtx {
-    pub fn from_request(ctx: &RequestContext<RoleServer>) -> Self {
+    pub fn from_request(ctx: &RequestContext<RoleServer>, closing: &CancellationToken) -> Self {
         let progress = ctx.meta.get_progress_token().map(|t| (ctx.peer.clone(), t));
         CallCtx {
             ct: ctx.ct.clone(),
+            closing: closing.clone(),
             progress,
         }
     }
@@ -27,6 +31,7 @@ impl CallCtx {
     pub fn detached() -> Self {
         CallCtx {
             ct: CancellationToken::new(),
+            closing: CancellationToken::new(),
             progress: None,
         }
     }

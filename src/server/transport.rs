@@ -9,6 +9,9 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::{Request, Response, StatusCode, body::Incoming};
@@ -16,6 +19,7 @@ use rmcp::ServiceExt;
 use rmcp::transport::streamable_http_server::{
     StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
 };
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
 use super::ServerError;
@@ -27,9 +31,17 @@ pub async fn serve_stdio(
     backend: Arc<Backend>,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
-    let server = SandboxServer::new(backend);
+    // Stdin closing means the client is gone: cancel `closing` at once so tool calls still
+    // waiting on jobs return now (rmcp would otherwise wait for them before it exits).
+    let closing = shutdown.child_token();
+    let (reader, writer) = rmcp::transport::io::stdio_pipes();
+    let reader = EofSignal {
+        inner: reader,
+        on_eof: closing.clone(),
+    };
+    let server = SandboxServer::new(backend, closing);
     let running = server
-        .serve_with_ct(rmcp::transport::io::stdio_pipes(), shutdown.child_token())
+        .serve_with_ct((reader, writer), shutdown.child_token())
         .await
         .map_err(|e| {
             ServerError::Transport(format!("MCP initialization over stdio failed: {e}"))
@@ -40,6 +52,30 @@ pub async fn serve_stdio(
         .map_err(|e| ServerError::Transport(format!("the stdio service task failed: {e}")))?;
     tracing::info!(?reason, "stdio client finished");
     Ok(())
+}
+
+/// A reader that cancels `on_eof` when its input ends (EOF or error).
+struct EofSignal<R> {
+    inner: R,
+    on_eof: CancellationToken,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for EofSignal<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let wanted = buf.remaining() > 0;
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(r) = &polled
+            && (r.is_err() || (wanted && buf.filled().len() == before))
+        {
+            self.on_eof.cancel();
+        }
+        polled
+    }
 }
 
 /// Why an HTTP listen address or token combination is refused.
@@ -108,8 +144,14 @@ pub async fn serve_http(
         config = config.disable_allowed_hosts();
     }
     let factory_backend = backend.clone();
+    let factory_shutdown = shutdown.clone();
     let service = StreamableHttpService::new(
-        move || Ok(SandboxServer::new(factory_backend.clone())),
+        move || {
+            Ok(SandboxServer::new(
+                factory_backend.clone(),
+                factory_shutdown.child_token(),
+            ))
+        },
         Arc::new(LocalSessionManager::default()),
         config,
     );

@@ -58,10 +58,16 @@ def test_job_killed_with_the_server_is_lost(server):
     import os
     import signal
 
+    import uuid
+
+    from conftest import pids_with_env_marker
+
     ids = {}
+    marker = f"mark-{uuid.uuid4().hex}"
 
     async def first(c):
-        ids["running"] = (await c.ok("shell_run", command="sleep 300", wait_seconds=0))["job_id"]
+        r = await c.ok("shell_run", command="sleep 300", env={"MCP_TEST_MARK": marker}, wait_seconds=0)
+        ids["running"] = r["job_id"]
         os.kill(c.server_pid, signal.SIGKILL)
 
     async def second(c):
@@ -74,7 +80,12 @@ def test_job_killed_with_the_server_is_lost(server):
         server.run(first)
     except Exception:
         pass  # the client sees its server vanish
-    server.run(second)
+    try:
+        server.run(second)
+    finally:
+        # A SIGKILLed server cannot clean up; do not leave its job behind on the machine.
+        for pid in pids_with_env_marker(marker):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_progress_notifications_while_waiting(server):

@@ -73,3 +73,39 @@ def test_sigterm_cleans_up_within_a_second(server):
         time.sleep(0.02)
     assert [p for p in kids if alive(p)] == []
     assert time.monotonic() - t0 < 1.5
+
+
+def test_closing_stdin_during_a_long_poll_exits_at_once(server):
+    """A client that goes away while a job_wait long-poll is in flight: the server does not
+    wait for the poll; it exits and kills the job within a second."""
+    import json
+
+    proc = subprocess.Popen(
+        [binary()], env=server.server_env(), cwd=server.workspace,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+
+    def send(msg):
+        proc.stdin.write((json.dumps(msg) + "\n").encode())
+        proc.stdin.flush()
+
+    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+    proc.stdout.readline()
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "shell_run", "arguments": {"command": "sleep 300", "wait_seconds": 0}}})
+    job = json.loads(proc.stdout.readline())["result"]["structuredContent"]["job_id"]
+    send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "job_wait", "arguments": {"job_id": job, "timeout_seconds": 300}}})
+    time.sleep(0.3)
+    kids = descendants(proc.pid)
+    assert kids
+    t0 = time.monotonic()
+    proc.stdin.close()
+    proc.wait(timeout=10)
+    assert time.monotonic() - t0 < 1.0, f"server took {time.monotonic() - t0:.2f} s to exit"
+    deadline = t0 + 1.0
+    while any(alive(p) for p in kids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [p for p in kids if alive(p)] == []

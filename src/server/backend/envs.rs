@@ -89,6 +89,7 @@ fn forward_progress(call: &CallCtx) -> mpsc::UnboundedSender<Progress> {
 fn quiet(call: &CallCtx) -> CallCtx {
     let mut q = CallCtx::detached();
     q.ct = call.ct.clone();
+    q.closing = call.closing.clone();
     q
 }
 

@@ -21,7 +21,12 @@ fn statuses(f: Option<StatusFilter>) -> Option<Vec<JobStatus>> {
         StatusFilter::Failed => vec![JobStatus::Failed],
         StatusFilter::Cancelled => vec![JobStatus::Cancelled],
         StatusFilter::Lost => vec![JobStatus::Lost],
-        StatusFilter::Finished => vec![JobStatus::Completed, JobStatus::Failed, JobStatus::Cancelled, JobStatus::Lost],
+        StatusFilter::Finished => vec![
+            JobStatus::Completed,
+            JobStatus::Failed,
+            JobStatus::Cancelled,
+            JobStatus::Lost,
+        ],
     })
 }
 
@@ -40,22 +45,51 @@ fn kinds(f: Option<KindFilter>) -> Option<Vec<JobKind>> {
 const CANCEL_SETTLE: Duration = Duration::from_secs(5);
 
 impl Backend {
-    pub async fn job_wait(&self, id: &str, timeout: Duration, until_done: bool, call: &CallCtx) -> R {
-        let until = if until_done { WaitFor::Settled } else { WaitFor::Output };
+    pub async fn job_wait(
+        &self,
+        id: &str,
+        timeout: Duration,
+        until_done: bool,
+        call: &CallCtx,
+    ) -> R {
+        let until = if until_done {
+            WaitFor::Settled
+        } else {
+            WaitFor::Output
+        };
         self.follow(id, timeout, until, call, false).await
     }
 
-    pub async fn job_input(&self, id: &str, text: &str, eof: bool, wait: Duration, call: &CallCtx) -> R {
+    pub async fn job_input(
+        &self,
+        id: &str,
+        text: &str,
+        eof: bool,
+        wait: Duration,
+        call: &CallCtx,
+    ) -> R {
         self.store.send_input(id, text, eof)?;
         self.follow(id, wait, WaitFor::Settled, call, false).await
     }
 
     pub async fn job_cancel(&self, id: &str) -> R {
         self.store.cancel(id)?;
-        self.follow(id, CANCEL_SETTLE, WaitFor::Settled, &CallCtx::detached(), false).await
+        self.follow(
+            id,
+            CANCEL_SETTLE,
+            WaitFor::Settled,
+            &CallCtx::detached(),
+            false,
+        )
+        .await
     }
 
-    pub fn job_list(&self, status: Option<StatusFilter>, kind: Option<KindFilter>, session: Option<&str>) -> R {
+    pub fn job_list(
+        &self,
+        status: Option<StatusFilter>,
+        kind: Option<KindFilter>,
+        session: Option<&str>,
+    ) -> R {
         let filter = JobFilter {
             status: statuses(status),
             kind: kinds(kind),
@@ -65,8 +99,15 @@ impl Backend {
         let jobs = self.store.list(&filter);
         let mut text = format!("{} job(s)\n", jobs.len());
         for j in &jobs {
-            let exit = j.exit_code.map(|c| format!(" exit {c}")).unwrap_or_default();
-            let sess = j.session.as_deref().map(|s| format!(" [{s}]")).unwrap_or_default();
+            let exit = j
+                .exit_code
+                .map(|c| format!(" exit {c}"))
+                .unwrap_or_default();
+            let sess = j
+                .session
+                .as_deref()
+                .map(|s| format!(" [{s}]"))
+                .unwrap_or_default();
             let _ = writeln!(
                 text,
                 "{} {:?}{sess} {}{exit} · {} ms · out {} B, err {} B · {}",
@@ -83,8 +124,14 @@ impl Backend {
         };
         if let Some(pattern) = &args.pattern {
             let context = args.context_lines.unwrap_or(2);
-            let hits = self.store.search(&args.job_id, stream, pattern, context, 50)?;
-            let mut text = format!("{} match(es) of {pattern:?} in {stream} of job {}\n", hits.len(), args.job_id);
+            let hits = self
+                .store
+                .search(&args.job_id, stream, pattern, context, 50)?;
+            let mut text = format!(
+                "{} match(es) of {pattern:?} in {stream} of job {}\n",
+                hits.len(),
+                args.job_id
+            );
             for h in &hits {
                 let _ = writeln!(text, "--- line {} (byte {}) ---", h.line, h.offset);
                 for l in &h.before {
@@ -95,13 +142,22 @@ impl Backend {
                     let _ = writeln!(text, "  {l}");
                 }
             }
-            return Ok(listing(text, &json!({ "job_id": args.job_id, "stream": stream, "hits": hits })));
+            return Ok(listing(
+                text,
+                &json!({ "job_id": args.job_id, "stream": stream, "hits": hits }),
+            ));
         }
         let cap = self.response_bytes as u64;
         let len = args.length.unwrap_or(cap).min(cap);
-        let chunk = self.store.read(&args.job_id, stream, args.offset.unwrap_or(0), len)?;
+        let chunk = self
+            .store
+            .read(&args.job_id, stream, args.offset.unwrap_or(0), len)?;
         let more = if chunk.end < chunk.total {
-            format!("; {} more bytes: call job_output with offset {}", chunk.total - chunk.end, chunk.end)
+            format!(
+                "; {} more bytes: call job_output with offset {}",
+                chunk.total - chunk.end,
+                chunk.end
+            )
         } else if chunk.eof {
             "; end of output".to_string()
         } else {
@@ -125,11 +181,17 @@ impl Backend {
         if let Some(id) = &args.job_id {
             let s = self.store.summary(id)?;
             if !s.status.is_finished() {
-                return Err(ToolError(format!("job {id} is still {}; cancel it first (job_cancel) or wait for it", s.status)));
+                return Err(ToolError(format!(
+                    "job {id} is still {}; cancel it first (job_cancel) or wait for it",
+                    s.status
+                )));
             }
         }
         let pruned = self.store.prune(&filter)?;
-        Ok(listing(format!("pruned {} job(s): {}", pruned.len(), pruned.join(", ")), &json!({ "pruned": pruned })))
+        Ok(listing(
+            format!("pruned {} job(s): {}", pruned.len(), pruned.join(", ")),
+            &json!({ "pruned": pruned }),
+        ))
     }
 
     pub async fn shell_run(&self, args: ShellArgs, wait: Duration, call: &CallCtx) -> R {
@@ -149,7 +211,8 @@ impl Backend {
         let handle = start_shell_job(&self.store, req, policy)?;
         let id = handle.id().to_string();
         if args.stdin.is_some() || args.stdin_eof {
-            self.store.send_input(&id, args.stdin.as_deref().unwrap_or(""), args.stdin_eof)?;
+            self.store
+                .send_input(&id, args.stdin.as_deref().unwrap_or(""), args.stdin_eof)?;
         }
         self.follow(&id, wait, WaitFor::Settled, call, true).await
     }

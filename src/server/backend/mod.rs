@@ -55,16 +55,30 @@ impl Backend {
     pub fn new(args: &ServeArgs) -> Result<Backend, String> {
         let workspace = match &args.workspace {
             Some(w) => w.clone(),
-            None => std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?,
+            None => std::env::current_dir()
+                .map_err(|e| format!("cannot read the current directory: {e}"))?,
         };
         let workspace = workspace.canonicalize().map_err(|e| {
-            format!("workspace {} is not usable: {e}; pass an existing directory with --workspace", workspace.display())
+            format!(
+                "workspace {} is not usable: {e}; pass an existing directory with --workspace",
+                workspace.display()
+            )
         })?;
-        let policy_name = args.policy.clone().unwrap_or_else(|| args.sandbox_state.policy_name().to_string());
+        let policy_name = args
+            .policy
+            .clone()
+            .unwrap_or_else(|| args.sandbox_state.policy_name().to_string());
         let mut policy = Policy::load(&policy_name).map_err(|e| e.to_string())?;
-        let state_dir = args.state_dir.clone().unwrap_or_else(crate::jobs::default_state_dir);
-        std::fs::create_dir_all(&state_dir)
-            .map_err(|e| format!("cannot create the state directory {}: {e}; pass --state-dir", state_dir.display()))?;
+        let state_dir = args
+            .state_dir
+            .clone()
+            .unwrap_or_else(crate::jobs::default_state_dir);
+        std::fs::create_dir_all(&state_dir).map_err(|e| {
+            format!(
+                "cannot create the state directory {}: {e}; pass --state-dir",
+                state_dir.display()
+            )
+        })?;
         let store = JobStore::open(StoreConfig {
             state_dir: state_dir.clone(),
             disk_cap: args.disk_cap,
@@ -99,20 +113,34 @@ impl Backend {
 
     fn resolve_path(&self, p: &str) -> PathBuf {
         let path = Path::new(p);
-        if path.is_absolute() { path.to_path_buf() } else { self.workspace.join(path) }
+        if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.workspace.join(path)
+        }
     }
 
     async fn shell_policy(&self) -> Result<Arc<ResolvedPolicy>, ToolError> {
         self.shell_policy
             .get_or_try_init(|| async {
                 let tmp = self.state_dir.join("shell-tmp");
-                std::fs::create_dir_all(&tmp).map_err(|e| ToolError(format!("cannot create {}: {e}", tmp.display())))?;
+                std::fs::create_dir_all(&tmp)
+                    .map_err(|e| ToolError(format!("cannot create {}: {e}", tmp.display())))?;
                 let (python, venv) = match self.sessions.python().await {
                     Ok(info) => (info.prefixes.clone(), info.venv.clone()),
                     Err(_) => (Vec::new(), None),
                 };
-                let ph = Placeholders { workspace: self.workspace.clone(), tmp, python, venv, uv_cache: None };
-                self.policy.resolve(&ph).map(Arc::new).map_err(|e| ToolError(e.to_string()))
+                let ph = Placeholders {
+                    workspace: self.workspace.clone(),
+                    tmp,
+                    python,
+                    venv,
+                    uv_cache: None,
+                };
+                self.policy
+                    .resolve(&ph)
+                    .map(Arc::new)
+                    .map_err(|e| ToolError(e.to_string()))
             })
             .await
             .cloned()
@@ -120,7 +148,14 @@ impl Backend {
 
     /// Wait on a job for up to `window`, reporting progress, and render what we have.
     /// If the client cancels the request, `cancel_job` decides whether the job goes too.
-    async fn follow(&self, id: &str, window: Duration, until: WaitFor, call: &CallCtx, cancel_job: bool) -> R {
+    async fn follow(
+        &self,
+        id: &str,
+        window: Duration,
+        until: WaitFor,
+        call: &CallCtx,
+        cancel_job: bool,
+    ) -> R {
         let wait = self.store.wait_for(id, window, until);
         tokio::pin!(wait);
         let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -129,6 +164,9 @@ impl Backend {
         let snap = loop {
             tokio::select! {
                 snap = &mut wait => break snap?,
+                _ = call.closing.cancelled() => {
+                    return Err(ToolError(format!("the server is shutting down; job {id} is being stopped")));
+                }
                 _ = call.ct.cancelled() => {
                     if cancel_job {
                         let _ = self.store.cancel(id);
@@ -170,16 +208,18 @@ impl Backend {
         let mut images = Vec::new();
         if let Some(result) = &snap.result {
             match snap.kind {
-                crate::jobs::JobKind::Install | crate::jobs::JobKind::Script => report.result = Some(result.clone()),
+                crate::jobs::JobKind::Install | crate::jobs::JobKind::Script => {
+                    report.result = Some(result.clone())
+                }
                 _ => python::fill_python_result(&mut report, result, &mut images),
             }
         }
-        if report.is_finished() {
-            if let Some(session) = &report.session {
-                let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-                if running.get(session) == Some(&report.job_id) {
-                    running.remove(session);
-                }
+        if report.is_finished()
+            && let Some(session) = &report.session
+        {
+            let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            if running.get(session) == Some(&report.job_id) {
+                running.remove(session);
             }
         }
         report.with_next_step().into_result(images)
@@ -187,7 +227,13 @@ impl Backend {
 }
 
 fn part(e: Excerpt) -> OutputPart {
-    OutputPart { offset: e.offset, end: e.end, text: e.head, tail: e.tail, omitted: e.omitted }
+    OutputPart {
+        offset: e.offset,
+        end: e.end,
+        text: e.head,
+        tail: e.tail,
+        omitted: e.omitted,
+    }
 }
 
 /// The snake_case name serde gives a unit enum variant.

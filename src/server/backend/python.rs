@@ -54,51 +54,98 @@ impl JobControl for PyControl {
 pub fn job_outcome(r: Result<CellOutcome, ReplError>, cancel_requested: bool) -> JobOutcome {
     let o = match r {
         Ok(o) => o,
-        Err(e) => return JobOutcome { status: JobStatus::Failed, message: Some(e.to_string()), ..Default::default() },
+        Err(e) => {
+            return JobOutcome {
+                status: JobStatus::Failed,
+                message: Some(e.to_string()),
+                ..Default::default()
+            };
+        }
     };
     let (status, message) = match o.status {
         CellStatus::Ok => (JobStatus::Completed, None),
         CellStatus::Error => (
             JobStatus::Failed,
-            o.error.as_ref().map(|e| format!("{}: {}", e.ename, e.evalue)),
+            o.error
+                .as_ref()
+                .map(|e| format!("{}: {}", e.ename, e.evalue)),
         ),
-        CellStatus::Interrupted if cancel_requested => {
-            (JobStatus::Cancelled, Some("cancelled: KeyboardInterrupt raised in the cell; the session keeps its state".into()))
-        }
-        CellStatus::Interrupted => {
-            (JobStatus::Failed, Some("interrupted: KeyboardInterrupt; the session keeps its state".into()))
-        }
+        CellStatus::Interrupted if cancel_requested => (
+            JobStatus::Cancelled,
+            Some(
+                "cancelled: KeyboardInterrupt raised in the cell; the session keeps its state"
+                    .into(),
+            ),
+        ),
+        CellStatus::Interrupted => (
+            JobStatus::Failed,
+            Some("interrupted: KeyboardInterrupt; the session keeps its state".into()),
+        ),
         CellStatus::WorkerDied => (
-            if cancel_requested { JobStatus::Cancelled } else { JobStatus::Failed },
+            if cancel_requested {
+                JobStatus::Cancelled
+            } else {
+                JobStatus::Failed
+            },
             Some(format!(
                 "{}; the session's state is lost, the next call starts a fresh worker",
                 o.worker_exit.as_deref().unwrap_or("the Python worker died")
             )),
         ),
     };
-    JobOutcome { status, exit_code: None, signal: None, message, result: Some(super::cell_result(&o)) }
+    JobOutcome {
+        status,
+        exit_code: None,
+        signal: None,
+        message,
+        result: Some(super::cell_result(&o)),
+    }
 }
 
 /// Copy a stored cell result into the report; images go to `images`.
 pub fn fill_python_result(report: &mut JobReport, result: &Value, images: &mut Vec<Image>) {
-    let s = |k: &str| result.get(k).and_then(Value::as_str).map(str::to_string);
-    report.value = s("value");
+    report.value = result
+        .get("value")
+        .and_then(Value::as_str)
+        .map(str::to_string);
     if let Some(e) = result.get("error").filter(|e| !e.is_null()) {
-        let f = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
-        report.error = Some(PyErrorReport { ename: f("ename"), evalue: f("evalue"), traceback: f("traceback") });
+        let f = |k: &str| {
+            e.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        report.error = Some(PyErrorReport {
+            ename: f("ename"),
+            evalue: f("evalue"),
+            traceback: f("traceback"),
+        });
     }
     if result.get("state_lost").and_then(Value::as_bool) == Some(true) {
         report.state_lost = Some(true);
     }
-    for item in result.get("display").and_then(Value::as_array).into_iter().flatten() {
-        let (Some(mime), Some(data)) = (item.get("mime").and_then(Value::as_str), item.get("data").and_then(Value::as_str))
-        else {
+    for item in result
+        .get("display")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let (Some(mime), Some(data)) = (
+            item.get("mime").and_then(Value::as_str),
+            item.get("data").and_then(Value::as_str),
+        ) else {
             continue;
         };
         if mime.starts_with("image/") && mime != "image/svg+xml" {
-            images.push(Image { mime: mime.to_string(), data: data.to_string() });
+            images.push(Image {
+                mime: mime.to_string(),
+                data: data.to_string(),
+            });
         } else {
-            report.display.push(DisplayReport { mime: mime.to_string(), data: data.to_string() });
+            report.display.push(DisplayReport {
+                mime: mime.to_string(),
+                data: data.to_string(),
+            });
         }
     }
 }
@@ -106,7 +153,11 @@ pub fn fill_python_result(report: &mut JobReport, result: &Value, images: &mut V
 fn first_line(code: &str) -> String {
     let mut lines = code.lines().filter(|l| !l.trim().is_empty());
     let first = lines.next().unwrap_or("").trim().to_string();
-    if lines.next().is_some() { format!("{first} …") } else { first }
+    if lines.next().is_some() {
+        format!("{first} …")
+    } else {
+        first
+    }
 }
 
 impl Backend {
@@ -119,8 +170,16 @@ impl Backend {
         run: impl FnOnce(Arc<Session>, Arc<dyn CellSink>) -> futures_cell::CellFuture + Send + 'static,
     ) -> R {
         let session = self.sessions.get_or_start(session_name).await?;
-        if matches!(session.info().state, SessionState::Busy | SessionState::AwaitingInput) {
-            let job = self.running.lock().unwrap_or_else(|p| p.into_inner()).get(session_name).cloned();
+        if matches!(
+            session.info().state,
+            SessionState::Busy | SessionState::AwaitingInput
+        ) {
+            let job = self
+                .running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(session_name)
+                .cloned();
             let hint = match job {
                 Some(j) => format!("follow job {j} with job_wait, stop it with job_cancel"),
                 None => "wait for its job, or interrupt it with python_interrupt".into(),
@@ -129,10 +188,15 @@ impl Backend {
                 "session {session_name:?} is busy with another cell: {hint}, or use another session name to run in parallel"
             )));
         }
-        let handle = self.store.create(JobKind::Python, Some(session_name), &label)?;
+        let handle = self
+            .store
+            .create(JobKind::Python, Some(session_name), &label)?;
         handle.set_control(Arc::new(PyControl(Arc::downgrade(&session))));
         let id = handle.id().to_string();
-        self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(session_name.to_string(), id.clone());
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(session_name.to_string(), id.clone());
         let sink: Arc<dyn CellSink> = Arc::new(JobSink(handle.clone()));
         let fut = run(session, sink);
         tokio::spawn(async move {
@@ -142,18 +206,39 @@ impl Backend {
         self.follow(&id, wait, WaitFor::Settled, call, true).await
     }
 
-    pub async fn python_exec(&self, session: &str, code: String, wait: Duration, call: &CallCtx) -> R {
+    pub async fn python_exec(
+        &self,
+        session: &str,
+        code: String,
+        wait: Duration,
+        call: &CallCtx,
+    ) -> R {
         let label = first_line(&code);
-        self.start_cell(session, label, wait, call, move |s, sink| Box::pin(async move { s.execute(&code, sink).await }))
-            .await
+        self.start_cell(session, label, wait, call, move |s, sink| {
+            Box::pin(async move { s.execute(&code, sink).await })
+        })
+        .await
     }
 
-    pub async fn python_run_file(&self, session: &str, path: &str, args: Vec<String>, wait: Duration, call: &CallCtx) -> R {
+    pub async fn python_run_file(
+        &self,
+        session: &str,
+        path: &str,
+        args: Vec<String>,
+        wait: Duration,
+        call: &CallCtx,
+    ) -> R {
         let full = self.resolve_path(path);
         if !full.is_file() {
-            return Err(ToolError(format!("no such file: {} (paths are relative to the workspace {})", full.display(), self.workspace.display())));
+            return Err(ToolError(format!(
+                "no such file: {} (paths are relative to the workspace {})",
+                full.display(),
+                self.workspace.display()
+            )));
         }
-        let label = format!("run_file {path} {}", args.join(" ")).trim_end().to_string();
+        let label = format!("run_file {path} {}", args.join(" "))
+            .trim_end()
+            .to_string();
         let path = full.to_string_lossy().into_owned();
         self.start_cell(session, label, wait, call, move |s, sink| {
             Box::pin(async move { s.run_file(&path, args, sink).await })
@@ -168,10 +253,19 @@ impl Backend {
         } else {
             format!("session {session:?} was idle; nothing to interrupt")
         };
-        Ok(listing(text, &json!({ "session": session, "interrupted": true })))
+        Ok(listing(
+            text,
+            &json!({ "session": session, "interrupted": true }),
+        ))
     }
 
-    pub async fn python_vars(&self, session: &str, action: VarAction, name: Option<&str>, value: Option<Value>) -> R {
+    pub async fn python_vars(
+        &self,
+        session: &str,
+        action: VarAction,
+        name: Option<&str>,
+        value: Option<Value>,
+    ) -> R {
         let s = self.sessions.get_or_start(session).await?;
         let name = name.unwrap_or_default();
         match action {
@@ -182,24 +276,43 @@ impl Backend {
                     let size = v.size.map(|b| format!(" ({b} B)")).unwrap_or_default();
                     let _ = writeln!(text, "{}: {}{size} = {}", v.name, v.type_name, v.repr);
                 }
-                Ok(listing(text, &json!({ "session": session, "variables": vars })))
+                Ok(listing(
+                    text,
+                    &json!({ "session": session, "variables": vars }),
+                ))
             }
             VarAction::Get => {
                 let v = s.get_variable(name).await?;
-                let more = if v.truncated { format!("\n… cut; the full repr has {} characters", v.chars) } else { String::new() };
-                Ok(listing(format!("{}: {} = {}{more}", v.name, v.type_name, v.repr), &v))
+                let more = if v.truncated {
+                    format!("\n… cut; the full repr has {} characters", v.chars)
+                } else {
+                    String::new()
+                };
+                Ok(listing(
+                    format!("{}: {} = {}{more}", v.name, v.type_name, v.repr),
+                    &v,
+                ))
             }
             VarAction::Set => {
                 s.set_variable(name, value.unwrap_or(Value::Null)).await?;
-                Ok(listing(format!("set {name} in session {session:?}"), &json!({ "session": session, "set": name })))
+                Ok(listing(
+                    format!("set {name} in session {session:?}"),
+                    &json!({ "session": session, "set": name }),
+                ))
             }
             VarAction::Delete => {
                 s.delete_variable(name).await?;
-                Ok(listing(format!("deleted {name} from session {session:?}"), &json!({ "session": session, "deleted": name })))
+                Ok(listing(
+                    format!("deleted {name} from session {session:?}"),
+                    &json!({ "session": session, "deleted": name }),
+                ))
             }
             VarAction::Clear => {
                 s.clear_variables().await?;
-                Ok(listing(format!("cleared the variables of session {session:?}"), &json!({ "session": session, "cleared": true })))
+                Ok(listing(
+                    format!("cleared the variables of session {session:?}"),
+                    &json!({ "session": session, "cleared": true }),
+                ))
             }
         }
     }
@@ -213,23 +326,35 @@ impl Backend {
         }
         let mut text = format!("{} cell(s) in session {session:?}\n", cells.len());
         for c in &cells {
-            let _ = writeln!(text, "[{}] {:?} {:.1} ms\n{}", c.cell, c.status, c.elapsed_ms, c.code);
+            let _ = writeln!(
+                text,
+                "[{}] {:?} {:.1} ms\n{}",
+                c.cell, c.status, c.elapsed_ms, c.code
+            );
         }
-        Ok(listing(text, &json!({ "session": session, "cells": cells })))
+        Ok(listing(
+            text,
+            &json!({ "session": session, "cells": cells }),
+        ))
     }
 
     pub async fn session_list(&self) -> R {
         let sessions = self.sessions.list();
         let mut text = format!("{} session(s)\n", sessions.len());
         for s in &sessions {
-            let mem = s.memory_bytes.map(|b| format!("{:.1} MB", b as f64 / 1e6)).unwrap_or_else(|| "-".into());
+            let mem = s
+                .memory_bytes
+                .map(|b| format!("{:.1} MB", b as f64 / 1e6))
+                .unwrap_or_else(|| "-".into());
             let _ = writeln!(
                 text,
                 "{}: {:?} · policy {} · pid {} · {mem} · idle {} s · {} cells",
                 s.name,
                 s.state,
                 s.policy,
-                s.worker_pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                s.worker_pid
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "-".into()),
                 s.idle_seconds,
                 s.cells
             );
@@ -248,7 +373,10 @@ impl Backend {
 
     pub async fn session_close(&self, session: &str) -> R {
         self.sessions.close(session)?;
-        Ok(listing(format!("session {session:?} closed"), &json!({ "session": session, "closed": true })))
+        Ok(listing(
+            format!("session {session:?} closed"),
+            &json!({ "session": session, "closed": true }),
+        ))
     }
 }
 

@@ -130,7 +130,7 @@ impl SandboxServer {
             MAX_WAIT_SECONDS,
             "wait_seconds",
         )?;
-        let call = CallCtx::from_request(&ctx);
+        let call = CallCtx::from_request(&ctx, &self.closing);
         reply(self.backend.env_install(&session, args, wait, &call).await)
     }
 
@@ -158,7 +158,7 @@ impl SandboxServer {
                 None,
             ));
         }
-        let call = CallCtx::from_request(&ctx);
+        let call = CallCtx::from_request(&ctx, &self.closing);
         reply(self.backend.python_run_script(args, wait, &call).await)
     }
 }

@@ -152,7 +152,7 @@ impl SandboxServer {
             MAX_POLL_SECONDS,
             "timeout_seconds",
         )?;
-        let call = CallCtx::from_request(&ctx);
+        let call = CallCtx::from_request(&ctx, &self.closing);
         reply(
             self.backend
                 .job_wait(&args.job_id, timeout, args.until_done, &call)
@@ -171,7 +171,7 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
-        let call = CallCtx::from_request(&ctx);
+        let call = CallCtx::from_request(&ctx, &self.closing);
         reply(
             self.backend
                 .job_input(&args.job_id, &args.text, args.eof, wait, &call)

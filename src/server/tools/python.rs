@@ -101,7 +101,7 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_or_default(args.session)?;
         let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
-        let call = CallCtx::from_request(&ctx);
+        let call = CallCtx::from_request(&ctx, &self.closing);
         reply(
             self.backend
                 .python_exec(&session, args.code, wait, &call)
@@ -121,7 +121,7 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_or_default(args.session)?;
         let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
-        let call = CallCtx::from_request(&ctx);
+        let call = CallCtx::from_request(&ctx, &self.closing);
         reply(
             self.backend
                 .python_run_file(&session, &args.path, args.args, wait, &call)

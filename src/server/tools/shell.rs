@@ -74,7 +74,7 @@ impl SandboxServer {
             .map(|s| session_or_default(Some(s)))
             .transpose()?;
         let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
-        let call = CallCtx::from_request(&ctx);
+        let call = CallCtx::from_request(&ctx, &self.closing);
         reply(self.backend.shell_run(args, wait, &call).await)
     }
 }
