@@ -59,6 +59,22 @@ pub fn extend(base: &ResolvedPolicy, grants: &Grants) -> ResolvedPolicy {
     p
 }
 
+/// `PATH` for a uv process: the directory of `python` first, then the entries of
+/// `path` the policy lets it execute from. uv searches PATH for interpreters and stops
+/// at the first one it cannot run (a pyenv shim outside the sandbox's execute set), so
+/// the entries it could never use are left out.
+pub fn sandbox_path(policy: &ResolvedPolicy, python: &Path, path: Option<&OsStr>) -> OsString {
+    let mut dirs: Vec<PathBuf> = python.parent().map(Path::to_path_buf).into_iter().collect();
+    for dir in path.map(std::env::split_paths).into_iter().flatten() {
+        let allowed = policy.filesystem_unrestricted()
+            || policy.execute.iter().any(|root| dir.starts_with(root));
+        if allowed && !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    std::env::join_paths(dirs).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,7 +108,7 @@ mod tests {
         let unexpected: Vec<&PathBuf> = p
             .write
             .iter()
-            .filter(|w| !w.starts_with("/dev") && **w != PathBuf::from("/state/tmp"))
+            .filter(|w| !w.starts_with("/dev") && w.as_path() != Path::new("/state/tmp"))
             .filter(|w| !grants.write.contains(w))
             .collect();
         assert!(unexpected.is_empty(), "{unexpected:?}");
@@ -128,20 +144,4 @@ mod tests {
         let got = sandbox_path(&base, Path::new("/py/bin/python3"), Some(&path));
         assert_eq!(got, OsString::from("/py/bin:/usr/bin:/ws/bin"));
     }
-}
-
-/// `PATH` for a uv process: the directory of `python` first, then the entries of
-/// `path` the policy lets it execute from. uv searches PATH for interpreters and stops
-/// at the first one it cannot run (a pyenv shim outside the sandbox's execute set), so
-/// the entries it could never use are left out.
-pub fn sandbox_path(policy: &ResolvedPolicy, python: &Path, path: Option<&OsStr>) -> OsString {
-    let mut dirs: Vec<PathBuf> = python.parent().map(Path::to_path_buf).into_iter().collect();
-    for dir in path.map(std::env::split_paths).into_iter().flatten() {
-        let allowed = policy.filesystem_unrestricted()
-            || policy.execute.iter().any(|root| dir.starts_with(root));
-        if allowed && !dirs.contains(&dir) {
-            dirs.push(dir);
-        }
-    }
-    std::env::join_paths(dirs).unwrap_or_default()
 }
