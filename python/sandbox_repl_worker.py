@@ -103,6 +103,15 @@ def _move_fd_out_of_reach(fd):
     return new
 
 
+def _block_sigint():
+    """Block SIGINT on this thread; True if it was not blocked before."""
+    try:
+        old = _signal.pthread_sigmask(_signal.SIG_BLOCK, (_signal.SIGINT,))
+    except (AttributeError, OSError):
+        return False
+    return _signal.SIGINT not in old
+
+
 class _Channel:
     """The protocol descriptors, kept out of the user namespace."""
 
@@ -114,11 +123,19 @@ class _Channel:
     def send(self, msg):
         # 'replace': a lone surrogate in user text must not make the line invalid UTF-8.
         data = (_dumps(msg) + "\n").encode("utf-8", "replace")
-        with self._lock:
-            view = memoryview(data)
-            while view:
-                n = os.write(self._wfd, view)
-                view = view[n:]
+        # SIGINT is held back while a line is written: a KeyboardInterrupt (from a handler
+        # user code installed) must never cut a protocol line in half. A held-back signal
+        # is delivered right after.
+        masked = _block_sigint()
+        try:
+            with self._lock:
+                view = memoryview(data)
+                while view:
+                    n = os.write(self._wfd, view)
+                    view = view[n:]
+        finally:
+            if masked:
+                _signal.pthread_sigmask(_signal.SIG_UNBLOCK, (_signal.SIGINT,))
 
     def lines(self):
         buf = b""
@@ -231,17 +248,47 @@ def _emit_figures():
 
 
 class _MplBackendFinder:
-    """Provides the `_sandbox_repl_mpl` matplotlib backend on demand (no cost otherwise)."""
+    """Makes matplotlib draw with the worker's own backend, at no cost until it is imported.
+
+    It provides the `_sandbox_repl_mpl` backend module (Agg canvas; `show()` emits PNG
+    display items), and when `matplotlib` itself is imported it selects that backend —
+    unless the user chose one with MPLBACKEND. Nothing goes into the environment, so
+    child processes that use matplotlib are not pointed at a backend they cannot import.
+    """
 
     NAME = "_sandbox_repl_mpl"
+    _busy = False
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):
-        if name != cls.NAME:
+        if name == cls.NAME:
+            import importlib.util
+
+            return importlib.util.spec_from_loader(name, cls)
+        if name != "matplotlib" or cls._busy:
             return None
         import importlib.util
 
-        return importlib.util.spec_from_loader(name, cls)
+        cls._busy = True  # find the real package without finding ourselves again
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            cls._busy = False
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        real_exec = loader.exec_module
+
+        def exec_module(module):
+            real_exec(module)
+            if "MPLBACKEND" not in os.environ:
+                try:
+                    module.rcParams["backend"] = "module://" + cls.NAME
+                except Exception as e:
+                    sys.stderr.write(f"[sandbox-repl] could not select the inline matplotlib backend: {e}\n")
+
+        loader.exec_module = exec_module
+        return spec
 
     @staticmethod
     def create_module(spec):
@@ -563,8 +610,7 @@ def main():
     sys.argv = [""]
     if sys.path and sys.path[0] != "":
         sys.path.insert(0, "")
-    os.environ.setdefault("MPLBACKEND", "module://" + _MplBackendFinder.NAME)
-    sys.meta_path.append(_MplBackendFinder)
+    sys.meta_path.insert(0, _MplBackendFinder)
     try:
         sys.stdout.reconfigure(line_buffering=True, errors="backslashreplace")
         sys.stderr.reconfigure(line_buffering=True, errors="backslashreplace")

@@ -131,7 +131,9 @@ pub enum EnvError {
     )]
     UvMissing { searched: String },
     #[error(
-        "{path} is not a usable uv executable: {why}. Point --uv / MCP_SANDBOX_UV at the uv binary."
+        "{path} is not a usable uv executable: {why}. Session virtual environments, package \
+         installs and one-off scripts need uv: install it with `pip install uv`, or point \
+         --uv / MCP_SANDBOX_UV at the uv binary."
     )]
     UvUnusable { path: PathBuf, why: String },
     #[error(

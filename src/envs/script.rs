@@ -100,10 +100,10 @@ fn validate(cfg: &EnvConfig, req: &ScriptRequest) -> Result<(), EnvError> {
             ));
         }
     }
-    if let Some(v) = &req.python_version {
-        if v.trim().is_empty() || v.starts_with('-') || v.chars().any(char::is_control) {
-            return bad(format!("{v:?} is not a Python version (e.g. \"3.11\")"));
-        }
+    if let Some(v) = &req.python_version
+        && (v.trim().is_empty() || v.starts_with('-') || v.chars().any(char::is_control))
+    {
+        return bad(format!("{v:?} is not a Python version (e.g. \"3.11\")"));
     }
     for (k, _) in &req.env {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
@@ -116,10 +116,10 @@ fn validate(cfg: &EnvConfig, req: &ScriptRequest) -> Result<(), EnvError> {
             return bad(format!("script file {} does not exist", full.display()));
         }
     }
-    if let ScriptSource::Code(c) = &req.source {
-        if c.trim().is_empty() {
-            return bad("the code is empty".into());
-        }
+    if let ScriptSource::Code(c) = &req.source
+        && c.trim().is_empty()
+    {
+        return bad("the code is empty".into());
     }
     Ok(())
 }

@@ -194,13 +194,12 @@ fn is_script(path: &Path) -> bool {
 /// The binary behind a wrapper script, if it can be found.
 fn resolve_wrapper(script: &Path) -> Option<PathBuf> {
     let text = std::fs::read_to_string(script).unwrap_or_default();
-    if text.contains("pyenv") {
-        if let Some(p) = command_line("pyenv", &["which", "uv"]) {
-            let p = PathBuf::from(p);
-            if p.is_file() && !is_script(&p) {
-                return Some(p);
-            }
-        }
+    if text.contains("pyenv")
+        && let Some(p) = command_line("pyenv", &["which", "uv"]).map(PathBuf::from)
+        && p.is_file()
+        && !is_script(&p)
+    {
+        return Some(p);
     }
     for python in ["python3", "python"] {
         let code = "import uv; print(uv.find_uv_bin())";

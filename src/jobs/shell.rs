@@ -29,9 +29,15 @@ use crate::sandbox::{
     ExitReport, LimitHit, ResolvedPolicy, SandboxCommand, SandboxedChild, Termination,
 };
 
-/// How long after the main process exits we wait for the output pipes to drain
-/// before killing what is left of the group.
-const DRAIN_WAIT: Duration = Duration::from_millis(300);
+/// How long after the main process exits (and the rest of its group is killed) we
+/// keep reading output pipes that are still open.
+const DRAIN_WAIT: Duration = Duration::from_secs(1);
+/// Size asked for the stdout/stderr pipes.
+const PIPE_SIZE: i32 = 1 << 20;
+/// Largest read from an output pipe (one buffer per stream per running job).
+const READ_CHUNK: usize = 256 * 1024;
+/// Reads at least this large (but short of a full buffer) mark a burst of output.
+const BURST: usize = 4096;
 
 /// What to run as a shell job.
 #[derive(Debug, Clone)]
@@ -125,6 +131,12 @@ pub fn start_shell_job(
         .stdin
         .take()
         .and_then(|s| tokio::process::ChildStdin::from_std(s).ok());
+    if let Some(p) = &child.stdout {
+        widen_pipe(p);
+    }
+    if let Some(p) = &child.stderr {
+        widen_pipe(p);
+    }
     let stdout = child
         .stdout
         .take()
@@ -251,6 +263,12 @@ fn environment(
     Ok(vars)
 }
 
+/// Grow an output pipe so a fast writer is woken less often (fewer, larger chunks).
+/// Best effort: the kernel may refuse (pipe-user-pages limits); the default works.
+fn widen_pipe(fd: impl std::os::fd::AsFd) {
+    let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
+}
+
 /// Send `sig` to the process group `pgid`; if there is no such group (the process
 /// did not become a group leader), to the process alone.
 fn signal_group(pgid: i32, sig: Signal) {
@@ -363,11 +381,19 @@ async fn feed_stdin(
 }
 
 async fn pump(mut r: Box<dyn AsyncRead + Send + Unpin>, handle: JobHandle, stream: Stream) {
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = vec![0u8; READ_CHUNK];
     loop {
         match r.read(&mut buf).await {
             Ok(0) => return,
-            Ok(n) => handle.append(stream, &buf[..n]),
+            Ok(n) => {
+                handle.append(stream, &buf[..n]);
+                // A sizeable read that drained the pipe means a fast writer: let the
+                // pipe fill for a moment so the next read is large, instead of waking
+                // for every few KiB (5-10x fewer wake-ups; at most 1 ms of latency).
+                if (BURST..READ_CHUNK).contains(&n) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => {
                 tracing::warn!(job = %handle.id(), %stream, error = %e, "reading job output failed");
@@ -383,37 +409,22 @@ async fn supervise(
     control: Arc<ShellControl>,
     handle: JobHandle,
 ) {
-    let report = wait_child(child).await;
+    let report = child.wait().await;
     // Whatever is left of the group (background processes, children that ignored
     // SIGTERM) ends with the job: nothing the job started outlives it.
     signal_group(control.pgid, Signal::SIGKILL);
     control.exited.store(true, Ordering::SeqCst);
     control.close_input("the job has finished");
-    let drain = async {
-        for p in pumps {
-            let _ = p.await;
+    // The pipes close once every process holding them is gone; one that escaped the
+    // group (and the cgroup) may keep them open: stop reading after a while.
+    let deadline = tokio::time::Instant::now() + DRAIN_WAIT;
+    for mut pump in pumps {
+        if tokio::time::timeout_at(deadline, &mut pump).await.is_err() {
+            tracing::warn!(job = %handle.id(), "an output pipe stayed open after the job ended; stopped reading it");
+            pump.abort();
         }
-    };
-    if tokio::time::timeout(DRAIN_WAIT + Duration::from_secs(1), drain)
-        .await
-        .is_err()
-    {
-        tracing::warn!(job = %handle.id(), "job output pipes stayed open after the job ended; stopped reading");
     }
     handle.finish(outcome(&report));
-}
-
-/// Wait for the child on a blocking thread, so a `wait` that blocks cannot stall the
-/// runtime's workers.
-async fn wait_child(child: SandboxedChild) -> ExitReport {
-    let rt = tokio::runtime::Handle::current();
-    match tokio::task::spawn_blocking(move || rt.block_on(child.wait())).await {
-        Ok(report) => report,
-        Err(e) => {
-            tracing::error!(error = %e, "waiting for a shell job failed");
-            ExitReport::default()
-        }
-    }
 }
 
 /// The job outcome for an exit report.

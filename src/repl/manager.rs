@@ -22,7 +22,8 @@ pub struct SessionManager {
 }
 
 impl SessionManager {
-    /// Create the manager; starts the idle reaper when called inside a tokio runtime.
+    /// Create the manager. Inside a tokio runtime it also starts the idle reaper and
+    /// probes the interpreter in the background.
     pub fn new(cfg: ReplConfig) -> Arc<SessionManager> {
         let ttl = cfg.idle_ttl;
         let manager = Arc::new(SessionManager {
@@ -32,6 +33,14 @@ impl SessionManager {
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(reap_idle(Arc::downgrade(&manager), ttl));
+            // Probe the interpreter now (a pyenv shim alone takes tens of milliseconds),
+            // so the first session does not wait for it. Errors surface on first use.
+            let weak = Arc::downgrade(&manager);
+            rt.spawn(async move {
+                if let Some(m) = weak.upgrade() {
+                    let _ = m.python().await;
+                }
+            });
         }
         manager
     }

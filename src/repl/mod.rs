@@ -186,6 +186,8 @@ pub enum ReplError {
     },
     #[error("invalid session name {name:?}: use 1-64 letters, digits, '-', '_' or '.'")]
     InvalidSessionName { name: String },
+    #[error("session {session:?} was closed; start it again by using its name in a new call")]
+    Closed { session: String },
     #[error("no session named {name:?}; open sessions: {open}")]
     NoSuchSession { name: String, open: String },
     #[error("no Python interpreter found: {detail}; pass --python PATH")]
@@ -240,13 +242,17 @@ pub fn exit_words(report: &ExitReport, policy: &ResolvedPolicy) -> String {
 
 /// The amount of a policy limit, in words ("512 MiB", "60 s").
 fn limit_amount(policy: &ResolvedPolicy, limit: LimitHit) -> Option<String> {
-    // The interface stub of the sandbox carries no limits yet.
-    let _ = (policy, limit);
-    None
+    let l = &policy.limits;
+    match limit {
+        LimitHit::Memory => l.memory_bytes.map(bytes_words),
+        LimitHit::Cpu => l.cpu_seconds.map(|s| format!("{s} s of CPU")),
+        LimitHit::WallTime => l.wall_seconds.map(|s| format!("{s} s")),
+        LimitHit::FileSize => l.file_size_bytes.map(bytes_words),
+        LimitHit::Processes => l.processes.map(|n| format!("{n} processes")),
+    }
 }
 
 /// "512 MiB", "4 GiB", "1500 bytes".
-#[allow(dead_code, reason = "used once the sandbox's limits are available")]
 fn bytes_words(n: u64) -> String {
     const KIB: u64 = 1024;
     for (unit, size) in [("GiB", KIB * KIB * KIB), ("MiB", KIB * KIB), ("KiB", KIB)] {
@@ -283,9 +289,14 @@ mod tests {
 
     #[test]
     fn exit_words_name_signal_code_and_limit() {
+        let placeholders = crate::sandbox::Placeholders {
+            workspace: "/w".into(),
+            tmp: "/t".into(),
+            ..Default::default()
+        };
         let policy = Policy::load("workspace-write")
             .unwrap()
-            .resolve(&Default::default())
+            .resolve(&placeholders)
             .unwrap();
         let exit_words = |r: &ExitReport| exit_words(r, &policy);
         assert_eq!(bytes_words(512 << 20), "512 MiB");
@@ -304,7 +315,7 @@ mod tests {
         r.limit = Some(LimitHit::Memory);
         assert_eq!(
             exit_words(&r),
-            "the Python worker was killed: memory limit reached"
+            "the Python worker was killed: memory limit (4 GiB) reached"
         );
     }
 }

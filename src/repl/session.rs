@@ -107,6 +107,11 @@ impl Session {
     /// whether state was lost since the last cell (reported once, by a cell).
     fn live_worker(&self, report_loss: bool) -> Result<(Arc<Worker>, bool), ReplError> {
         let mut inner = self.inner();
+        if inner.closed {
+            return Err(ReplError::Closed {
+                session: self.name.clone(),
+            });
+        }
         if let Some(w) = &inner.worker
             && w.death().is_none()
         {
@@ -333,6 +338,11 @@ impl Session {
     pub async fn restart(&self) -> Result<(), ReplError> {
         let worker = {
             let mut inner = self.inner();
+            if inner.closed {
+                return Err(ReplError::Closed {
+                    session: self.name.clone(),
+                });
+            }
             if let Some(old) = inner.worker.take() {
                 old.kill("the session was restarted");
             }

@@ -463,7 +463,12 @@ async fn pump(
     drain_now(&err, OutStream::Stderr, &shared, &mut ebuf);
     let child = lock(&shared.child).take();
     let report = match child {
-        Some(child) => Some(child.wait().await),
+        Some(child) => {
+            // Whatever the worker started dies with it (the group leader is not reaped
+            // yet, so its process group id cannot have been reused).
+            child.kill_all();
+            Some(child.wait().await)
+        }
         None => None,
     };
     let mut st = lock(&shared.state);

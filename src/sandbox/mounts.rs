@@ -2,8 +2,11 @@
 //! tmpfs holding only what the policy lists — read paths bound read-only, write paths
 //! (workspace, private tmp) bound read-write, the private tmp also at `/tmp`, a minimal
 //! `/dev` (null, zero, full, random, urandom, tty) and a read-only `/proc` that hides
-//! processes the job may not ptrace (`hidepid=invisible`, so with Landlock's ptrace
+//! processes the job may not ptrace (`hidepid=ptraceable`, so with Landlock's ptrace
 //! scoping the server and every other outside process are invisible).
+//!
+//! Well-known secret files inside listed directories (/etc/shadow, ssh host keys) are
+//! covered with an empty node: a job running as uid 0 could otherwise read them.
 //!
 //! What this adds on top of Landlock: paths the policy leaves out do not exist at all
 //! (so a pathname unix socket such as /run/docker.sock cannot be connected, which
@@ -41,7 +44,11 @@ pub enum MountError {
     )]
     Unshare(io::Error),
     #[error("cannot build the sandbox's file-system view: {step} {path}: {source}")]
-    Step { step: &'static str, path: PathBuf, source: io::Error },
+    Step {
+        step: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
 }
 
 // Mount API constants (linux/mount.h), spelled out so no libc version gap matters.
@@ -65,10 +72,11 @@ const NEW: &str = "/newroot";
 /// Launcher child: switch this process into the view (see the module docs).
 pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
     let mut write = view.write.clone();
-    write.push(view.workspace.clone());
+    // The workspace is writable only if the policy says so (read-only policy: it is not).
     write.push(view.tmp.clone());
     let entries = plan::entries(&view.read, &write);
-    let tmp = std::fs::canonicalize(&view.tmp).map_err(step("find the private temp dir", &view.tmp))?;
+    let tmp =
+        std::fs::canonicalize(&view.tmp).map_err(step("find the private temp dir", &view.tmp))?;
     let plan = plan::plan(&entries, Some(&tmp));
 
     // SAFETY: unshare(2) with a constant flag, affecting only this process.
@@ -76,23 +84,43 @@ pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
         return Err(MountError::Unshare(io::Error::last_os_error()));
     }
     // Nothing we do may propagate back to the host.
-    mount(NO_SRC, "/", None, libc::MS_REC | libc::MS_PRIVATE, None).map_err(step("make / private", "/"))?;
+    mount(NO_SRC, "/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(step("make / private", "/"))?;
 
     // A scratch tmpfs becomes the root for a moment, with the host's root under /oldroot.
     // Any existing directory works as its mount point; the private tmp always exists.
-    mount(Some("tmpfs"), &tmp, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some("mode=0755,size=64k"))
-        .map_err(step("mount a scratch tmpfs on", &tmp))?;
+    mount(
+        Some("tmpfs"),
+        &tmp,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some("mode=0755,size=64k"),
+    )
+    .map_err(step("mount a scratch tmpfs on", &tmp))?;
     mkdir(&tmp.join("oldroot"))?;
     pivot_root(&tmp, &tmp.join("oldroot")).map_err(step("pivot_root into", &tmp))?;
     chdir("/")?;
     mkdir(Path::new(NEW))?;
-    mount(Some("tmpfs"), NEW, Some("tmpfs"), libc::MS_NOSUID, Some("mode=0755")).map_err(step("mount tmpfs on", NEW))?;
+    mount(
+        Some("tmpfs"),
+        NEW,
+        Some("tmpfs"),
+        libc::MS_NOSUID,
+        Some("mode=0755"),
+    )
+    .map_err(step("mount tmpfs on", NEW))?;
 
     build(&plan)?;
 
     // The root tmpfs only holds mount points: read-only from here on.
-    mount(NO_SRC, NEW, None, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID, None)
-        .map_err(step("make the new root read-only", NEW))?;
+    mount(
+        NO_SRC,
+        NEW,
+        None,
+        libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID,
+        None,
+    )
+    .map_err(step("make the new root read-only", NEW))?;
     // Stack the old root on the new one and detach it: the host tree is gone.
     chdir(NEW)?;
     pivot_root(Path::new("."), Path::new(".")).map_err(step("pivot_root into", NEW))?;
@@ -113,7 +141,8 @@ fn build(plan: &Plan) -> Result<(), MountError> {
         let src = under(OLD, &bind.src);
         let dst = under(NEW, &bind.dst);
         make_mount_point(&dst, bind.is_dir)?;
-        mount(Some(&src), &dst, None, libc::MS_BIND | libc::MS_REC, None).map_err(step("bind-mount", &bind.src))?;
+        mount(Some(&src), &dst, None, libc::MS_BIND | libc::MS_REC, None)
+            .map_err(step("bind-mount", &bind.src))?;
     }
     // Attributes after all binds (mount points inside a read-only bind could not be made),
     // parents first so each path ends with the mode of its most specific entry.
@@ -135,13 +164,63 @@ fn build(plan: &Plan) -> Result<(), MountError> {
     if plan.own_proc {
         mount_proc()?;
     }
+    mask_secrets()
+}
+
+/// Cover the [`plan::MASKED`] files present in the view with /dev/null (read-only).
+fn mask_secrets() -> Result<(), MountError> {
+    let null = Path::new(NEW).join("dev/null");
+    let null = if null.exists() {
+        null
+    } else {
+        Path::new(OLD).join("dev/null")
+    };
+    for pattern in plan::MASKED {
+        for file in expand(&under(NEW, Path::new(pattern))) {
+            mount(Some(&null), &file, None, libc::MS_BIND, None).map_err(step("mask", &file))?;
+            let ro = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID;
+            mount(NO_SRC, &file, None, ro, None).map_err(step("mask", &file))?;
+        }
+    }
     Ok(())
+}
+
+/// Existing files matching `pattern` (a `*` in the last component only).
+fn expand(pattern: &Path) -> Vec<PathBuf> {
+    let name = pattern
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let Some((prefix, suffix)) = name.split_once('*') else {
+        return if pattern.is_file() {
+            vec![pattern.to_path_buf()]
+        } else {
+            Vec::new()
+        };
+    };
+    let Some(dir) = pattern.parent() else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.len() >= prefix.len() + suffix.len() && n.starts_with(prefix) && n.ends_with(suffix)
+        })
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect()
 }
 
 /// Read-only (unless writable), nosuid, nodev, for the bind and every mount below it.
 fn set_attrs(dst: &Path, bind: &Bind) -> Result<(), MountError> {
     let mut attr = MountAttr {
-        attr_set: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | if bind.writable { 0 } else { MOUNT_ATTR_RDONLY },
+        attr_set: MOUNT_ATTR_NOSUID
+            | MOUNT_ATTR_NODEV
+            | if bind.writable { 0 } else { MOUNT_ATTR_RDONLY },
         attr_clr: if bind.writable { MOUNT_ATTR_RDONLY } else { 0 },
         propagation: 0,
         userns_fd: 0,
@@ -167,7 +246,11 @@ fn set_attrs(dst: &Path, bind: &Bind) -> Result<(), MountError> {
     }
     // Kernels before 5.12: remount the top mount only (binds below keep their flags).
     let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV;
-    let flags = if bind.writable { flags } else { flags | libc::MS_RDONLY };
+    let flags = if bind.writable {
+        flags
+    } else {
+        flags | libc::MS_RDONLY
+    };
     mount(NO_SRC, dst, None, flags, None).map_err(step("remount", &bind.dst))
 }
 
@@ -179,18 +262,31 @@ fn build_dev() -> Result<(), MountError> {
         let path = dev.join(name);
         let c = cstr(&path)?;
         // SAFETY: mknod(2) on a path inside our private tmpfs.
-        let made = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(*major, *minor)) } == 0;
+        let made = unsafe {
+            libc::mknod(
+                c.as_ptr(),
+                libc::S_IFCHR | 0o666,
+                libc::makedev(*major, *minor),
+            )
+        } == 0;
         if made {
             // SAFETY: chmod(2) past the umask, on the node just made.
             unsafe { libc::chmod(c.as_ptr(), 0o666) };
         } else {
             make_mount_point(&path, false)?;
             let src = Path::new(OLD).join("dev").join(name);
-            mount(Some(&src), &path, None, libc::MS_BIND, None).map_err(step("bind-mount", &src))?;
+            mount(Some(&src), &path, None, libc::MS_BIND, None)
+                .map_err(step("bind-mount", &src))?;
         }
     }
-    for (name, target) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
-        std::os::unix::fs::symlink(target, dev.join(name)).map_err(step("create symlink", &dev.join(name)))?;
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(target, dev.join(name))
+            .map_err(step("create symlink", &dev.join(name)))?;
     }
     Ok(())
 }
@@ -201,12 +297,31 @@ fn mount_proc() -> Result<(), MountError> {
     let proc = Path::new(NEW).join("proc");
     mkdir(&proc)?;
     let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
-    if mount(Some("proc"), &proc, Some("proc"), flags, Some("hidepid=invisible")).is_ok() {
+    if mount(
+        Some("proc"),
+        &proc,
+        Some("proc"),
+        flags,
+        Some("hidepid=ptraceable"),
+    )
+    .is_ok()
+    {
         return Ok(());
     }
-    mount(Some(&Path::new(OLD).join("proc")), &proc, None, libc::MS_BIND | libc::MS_REC, None)
-        .map_err(step("bind-mount", Path::new("/proc")))?;
-    let bind = Bind { src: "/proc".into(), dst: "/proc".into(), writable: false, is_dir: true };
+    mount(
+        Some(&Path::new(OLD).join("proc")),
+        &proc,
+        None,
+        libc::MS_BIND | libc::MS_REC,
+        None,
+    )
+    .map_err(step("bind-mount", Path::new("/proc")))?;
+    let bind = Bind {
+        src: "/proc".into(),
+        dst: "/proc".into(),
+        writable: false,
+        is_dir: true,
+    };
     set_attrs(&proc, &bind)
 }
 
@@ -224,7 +339,9 @@ fn make_mount_point(dst: &Path, is_dir: bool) -> Result<(), MountError> {
     if dst.symlink_metadata().is_ok() {
         return Ok(());
     }
-    std::fs::File::create(dst).map(drop).map_err(step("create mount point", dst))
+    std::fs::File::create(dst)
+        .map(drop)
+        .map_err(step("create mount point", dst))
 }
 
 fn mkdir(path: &Path) -> Result<(), MountError> {
@@ -238,17 +355,31 @@ fn chdir(path: impl AsRef<Path>) -> Result<(), MountError> {
     std::env::set_current_dir(path.as_ref()).map_err(step("chdir to", path.as_ref()))
 }
 
-fn step<'a>(step: &'static str, path: impl AsRef<Path> + 'a) -> impl FnOnce(io::Error) -> MountError + 'a {
-    move |source| MountError::Step { step, path: path.as_ref().to_path_buf(), source }
+fn step<'a>(
+    step: &'static str,
+    path: impl AsRef<Path> + 'a,
+) -> impl FnOnce(io::Error) -> MountError + 'a {
+    move |source| MountError::Step {
+        step,
+        path: path.as_ref().to_path_buf(),
+        source,
+    }
 }
 
 fn cstr(path: &Path) -> Result<CString, MountError> {
-    CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| step("use", path)(io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte")))
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        step("use", path)(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "path contains a NUL byte",
+        ))
+    })
 }
 
 fn pivot_root(new_root: &Path, put_old: &Path) -> io::Result<()> {
-    let (a, b) = (cstr(new_root).map_err(io::Error::other)?, cstr(put_old).map_err(io::Error::other)?);
+    let (a, b) = (
+        cstr(new_root).map_err(io::Error::other)?,
+        cstr(put_old).map_err(io::Error::other)?,
+    );
     // SAFETY: pivot_root(2) with two valid C strings.
     if unsafe { libc::syscall(libc::SYS_pivot_root, a.as_ptr(), b.as_ptr()) } != 0 {
         return Err(io::Error::last_os_error());
@@ -266,11 +397,25 @@ fn mount(
     let to_c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other);
     let src = src.map(|s| to_c(s.as_ref())).transpose()?;
     let dst = to_c(dst.as_ref())?;
-    let fstype = fstype.map(CString::new).transpose().map_err(io::Error::other)?;
-    let data = data.map(CString::new).transpose().map_err(io::Error::other)?;
+    let fstype = fstype
+        .map(CString::new)
+        .transpose()
+        .map_err(io::Error::other)?;
+    let data = data
+        .map(CString::new)
+        .transpose()
+        .map_err(io::Error::other)?;
     let ptr = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
     // SAFETY: mount(2) with valid (or null) C strings that outlive the call.
-    let rc = unsafe { libc::mount(ptr(&src), dst.as_ptr(), ptr(&fstype), flags, ptr(&data).cast()) };
+    let rc = unsafe {
+        libc::mount(
+            ptr(&src),
+            dst.as_ptr(),
+            ptr(&fstype),
+            flags,
+            ptr(&data).cast(),
+        )
+    };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }

@@ -10,6 +10,10 @@ use serde::Serialize;
 
 use super::cgroup::{CgroupVersion, JobCgroup, Layout};
 
+pub mod enforcement;
+
+pub use enforcement::{Item, enforcement};
+
 /// Outcome of one probe: usable, or why not.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Probe {
@@ -21,8 +25,14 @@ pub struct Probe {
 impl Probe {
     fn from(result: Result<(), String>) -> Probe {
         match result {
-            Ok(()) => Probe { ok: true, error: None },
-            Err(e) => Probe { ok: false, error: Some(e) },
+            Ok(()) => Probe {
+                ok: true,
+                error: None,
+            },
+            Err(e) => Probe {
+                ok: false,
+                error: Some(e),
+            },
         }
     }
 }
@@ -116,14 +126,25 @@ impl KernelSupport {
 /// `landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`.
 pub fn landlock_abi() -> Result<u32, String> {
     // SAFETY: the documented version query: null attr, size 0, flag 1.
-    let rc = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, 1u32) };
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    };
     if rc >= 0 {
         return Ok(rc as u32);
     }
     let err = io::Error::last_os_error();
     Err(match err.raw_os_error() {
-        Some(libc::ENOSYS) => "this kernel is built without Landlock (CONFIG_SECURITY_LANDLOCK)".into(),
-        Some(libc::EOPNOTSUPP) => "Landlock is built in but disabled: add `landlock` to the lsm= boot parameter".into(),
+        Some(libc::ENOSYS) => {
+            "this kernel is built without Landlock (CONFIG_SECURITY_LANDLOCK)".into()
+        }
+        Some(libc::EOPNOTSUPP) => {
+            "Landlock is built in but disabled: add `landlock` to the lsm= boot parameter".into()
+        }
         _ => format!("Landlock version query failed: {err}"),
     })
 }
@@ -131,11 +152,21 @@ pub fn landlock_abi() -> Result<u32, String> {
 fn seccomp_filter() -> Result<(), String> {
     let action: u32 = libc::SECCOMP_RET_KILL_PROCESS;
     // SAFETY: seccomp(SECCOMP_GET_ACTION_AVAIL) only reads the u32 we pass.
-    let rc = unsafe { libc::syscall(libc::SYS_seccomp, libc::SECCOMP_GET_ACTION_AVAIL, 0u32, &action as *const u32) };
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_GET_ACTION_AVAIL,
+            0u32,
+            &action as *const u32,
+        )
+    };
     if rc == 0 {
         Ok(())
     } else {
-        Err(format!("seccomp filter mode unavailable: {}", io::Error::last_os_error()))
+        Err(format!(
+            "seccomp filter mode unavailable: {}",
+            io::Error::last_os_error()
+        ))
     }
 }
 
@@ -157,10 +188,24 @@ fn in_child(flag: libc::c_int, mount_test: bool) -> Result<(), String> {
             }
             if mount_test {
                 let none = std::ptr::null();
-                if libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, none.cast()) != 0 {
+                if libc::mount(
+                    none,
+                    c"/".as_ptr(),
+                    none,
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    none.cast(),
+                ) != 0
+                {
                     libc::_exit(errno());
                 }
-                if libc::mount(c"tmpfs".as_ptr(), c"/tmp".as_ptr(), c"tmpfs".as_ptr(), 0, none.cast()) != 0 {
+                if libc::mount(
+                    c"tmpfs".as_ptr(),
+                    c"/tmp".as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    0,
+                    none.cast(),
+                ) != 0
+                {
                     libc::_exit(errno());
                 }
             }
@@ -175,8 +220,16 @@ fn in_child(flag: libc::c_int, mount_test: bool) -> Result<(), String> {
     if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
         return Ok(());
     }
-    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 0 };
-    let why = if code == 0 { "probe child died".to_string() } else { io::Error::from_raw_os_error(code).to_string() };
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        0
+    };
+    let why = if code == 0 {
+        "probe child died".to_string()
+    } else {
+        io::Error::from_raw_os_error(code).to_string()
+    };
     Err(match code {
         libc::EPERM => format!("{why} (needs CAP_SYS_ADMIN or an allowed user namespace)"),
         _ => why,
@@ -191,9 +244,16 @@ fn probe_cgroups() -> CgroupSupport {
         _ => (show(&layout.v1_pids), show(&layout.v1_memory)),
     };
     let name = format!("doctor-{}", std::process::id());
-    let pids = Probe::from(JobCgroup::create(&name, None, Some(8)).map(drop).map_err(|e| e.to_string()));
-    let memory =
-        Probe::from(JobCgroup::create(&name, Some(64 << 20), Some(8)).map(drop).map_err(|e| e.to_string()));
+    let pids = Probe::from(
+        JobCgroup::create(&name, None, Some(8))
+            .map(drop)
+            .map_err(|e| e.to_string()),
+    );
+    let memory = Probe::from(
+        JobCgroup::create(&name, Some(64 << 20), Some(8))
+            .map(drop)
+            .map_err(|e| e.to_string()),
+    );
     CgroupSupport {
         version: layout.version,
         hybrid: layout.hybrid,
@@ -213,7 +273,9 @@ fn kernel_release() -> String {
         return "unknown".into();
     }
     // SAFETY: release is NUL-terminated by the kernel.
-    unsafe { CStr::from_ptr(uts.release.as_ptr()) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(uts.release.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 #[cfg(test)]
@@ -226,7 +288,10 @@ mod tests {
     fn probe_reports_this_machine() {
         let k = KernelSupport::probe();
         assert!(k.landlock_abi.is_some_and(|v| v >= 1), "{k:?}");
-        assert_eq!(k.landlock_features.len() as u32, k.landlock_abi.unwrap().min(7));
+        assert_eq!(
+            k.landlock_features.len() as u32,
+            k.landlock_abi.unwrap().min(7)
+        );
         assert!(k.seccomp_filter.ok, "{k:?}");
         assert!(k.namespaces.mount.ok && k.namespaces.network.ok, "{k:?}");
         if k.is_root {

@@ -1,22 +1,27 @@
 #!/usr/bin/env python3
 """Benchmark of shell jobs through the real server over MCP stdio (not part of the test run).
 
-    python3 tests/bench/shell.py [--runs 30] [--mb 200] [--policy workspace-write]
+    python3 tests/bench/shell.py [--runs 30] [--mb 200] [--policy workspace-write] [--no-build] [--no-write]
 
 Measures, each against running the same command directly with subprocess:
   * spawn latency of `true`: one `shell_run` round trip (the command runs sandboxed through
     the launcher, its output is spooled, the answer comes back inline), vs `sh -c true`;
     a `job_list` round trip is shown as the cost of MCP itself;
   * output throughput: a job printing N MB (`head -c N /dev/zero`), from the call until
-    `job_wait(until_done)` reports it finished, vs reading the same output from a pipe;
+    `job_wait(until_done)` reports it finished, vs reading the same output from a pipe
+    and vs redirecting it to a file (the job spools its output to disk);
   * the server's peak RSS (VmHWM) after the flood.
-Uses $MCP_SANDBOX_BIN, else target/release, else target/debug.
+Builds and uses target/release (or $MCP_SANDBOX_BIN), prints the results and writes them
+into the `## Shell jobs` section of docs/benchmarks.md (unless --no-write).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -31,15 +36,37 @@ from mcp.client.stdio import stdio_client
 REPO = Path(__file__).resolve().parents[2]
 
 
+DOC = REPO / "docs" / "benchmarks.md"
+
+
 def binary() -> str:
     env = os.environ.get("MCP_SANDBOX_BIN")
     if env:
         return env
-    for profile in ("release", "debug"):
-        p = REPO / "target" / profile / "mcp-sandbox-repl"
-        if p.exists():
-            return str(p)
+    p = REPO / "target" / "release" / "mcp-sandbox-repl"
+    if p.exists():
+        return str(p)
     sys.exit("no server binary: run `cargo build --release` or set MCP_SANDBOX_BIN")
+
+
+def machine_note() -> str:
+    cpu = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    load = os.getloadavg()[0]
+    return f"{platform.system()} {platform.release()}, {os.cpu_count()} CPUs ({cpu}), load {load:.1f}"
+
+
+def write_section(section: str) -> None:
+    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
+    pattern = re.compile(r"^## Shell jobs\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    DOC.write_text(text.rstrip("\n") + "\n")
 
 
 def server_pid(marker: str) -> int | None:
@@ -117,20 +144,40 @@ async def bench(args) -> None:
                 job_flood = (time.perf_counter() - t) * 1000
                 assert r["status"] == "completed", r
                 direct_flood = statistics.median(direct_ms(cmd) for _ in range(3))
+                spool = Path(root, "direct.out")
+                direct_file = statistics.median(direct_ms(f"{cmd} > {spool}") for _ in range(3))
                 rss = vm_hwm_mb(pid) if pid else float("nan")
 
         med = statistics.median
-        print(f"binary: {binary()}  policy: {args.policy}  runs: {args.runs}")
-        print(
-            f"spawn `true`: shell_run {med(job):.1f} ms (MCP round trip alone {med(mcp):.1f} ms), "
-            f"direct {med(direct):.2f} ms -> {med(job) / med(direct):.1f}x "
-            f"({(med(job) - med(mcp)) / med(direct):.1f}x without the MCP round trip)"
-        )
-        print(
-            f"{args.mb} MB output: job {args.mb / job_flood * 1000:.0f} MB/s, "
-            f"direct {args.mb / direct_flood * 1000:.0f} MB/s -> {direct_flood / job_flood:.2f}x of direct throughput"
-        )
-        print(f"server peak RSS after the flood: {rss:.0f} MB")
+        mb_s = lambda ms: args.mb / ms * 1000  # noqa: E731
+        today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        lines = [
+            "## Shell jobs",
+            "",
+            f"`python3 tests/bench/shell.py` — {today}; {machine_note()}.",
+            f"`{Path(binary()).parent.name}` build, policy `{args.policy}`, through the MCP stdio server",
+            "(official Python SDK client); medians. Direct = the same command run by `subprocess`.",
+            "",
+            "| measure | job | direct | ratio |",
+            "| --- | ---: | ---: | ---: |",
+            f"| `shell_run` of `true`, round trip (ms) | {med(job):.1f} | {med(direct):.2f} | {med(job) / med(direct):.1f}x |",
+            f"| same, minus an MCP round trip (`job_list`, {med(mcp):.1f} ms) | {med(job) - med(mcp):.1f} "
+            f"| {med(direct):.2f} | {(med(job) - med(mcp)) / med(direct):.1f}x |",
+            f"| {args.mb} MB of output, to a pipe (MB/s) | {mb_s(job_flood):.0f} | {mb_s(direct_flood):.0f} "
+            f"| {direct_flood / job_flood:.2f}x |",
+            f"| {args.mb} MB of output, to a file (MB/s) | {mb_s(job_flood):.0f} | {mb_s(direct_file):.0f} "
+            f"| {direct_file / job_flood:.2f}x |",
+            "",
+            f"Server peak RSS (VmHWM) after the {args.mb} MB job: {rss:.0f} MB — output is spooled to disk,",
+            "never held in memory. The spawn cost is the sandbox launcher's (see `## Launcher`);",
+            "the job store adds no measurable time on top of it (Rust-level probe:",
+            "`cargo nextest run --run-ignored only -E 'test(bench_shell_jobs)' --no-capture`).",
+            "",
+        ]
+        section = "\n".join(lines)
+        print(section)
+        if not args.no_write:
+            write_section(section)
 
 
 def main() -> None:
@@ -138,7 +185,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--mb", type=int, default=200)
     ap.add_argument("--policy", default="workspace-write")
-    anyio.run(bench, ap.parse_args())
+    ap.add_argument("--no-build", action="store_true", help="use the existing release binary")
+    ap.add_argument("--no-write", action="store_true", help="print only; leave docs alone")
+    args = ap.parse_args()
+    if not args.no_build and not os.environ.get("MCP_SANDBOX_BIN"):
+        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=REPO, check=True)
+    anyio.run(bench, args)
 
 
 if __name__ == "__main__":

@@ -194,3 +194,19 @@ def test_real_index_install_opt_in(server):
         assert r["value"] == "'six'", r
 
     server.run(scenario)
+
+
+def test_missing_uv_is_explained_and_the_rest_keeps_working(server):
+    """Without uv the environment tools say how to get it; Python and shell still work."""
+    server.env["MCP_SANDBOX_UV"] = str(server.root / "no-such-uv")
+
+    async def scenario(c):
+        for tool, args in (("env_install", {"packages": ["x"]}), ("python_run_script", {"code": "print(1)"})):
+            msg = await c.err(tool, **args)
+            assert "pip install uv" in msg and "no-such-uv" in msg, msg
+        info = await c.ok("env_info")
+        assert info["uv"] is None and "pip install uv" in info["uv_error"], info
+        r = await c.py("1 + 1")
+        assert r["value"] == "2", r
+
+    server.run(scenario)

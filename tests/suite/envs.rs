@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::TempDir;
 use mcp_sandbox_repl::envs::script::ScriptFailure;
 use mcp_sandbox_repl::envs::{
     self, Canceller, EnvConfig, EnvSink, InstallRequest, OutStream, PackageSources, Progress,
@@ -20,21 +21,13 @@ use mcp_sandbox_repl::envs::{
 };
 use mcp_sandbox_repl::sandbox::{Placeholders, Policy, ResolvedPolicy};
 
-/// A scratch directory removed when the test ends.
-struct Scratch(PathBuf);
+/// A scratch directory removed when the test ends (under /var/tmp: each sandboxed
+/// process sees its own private /tmp).
+struct Scratch(TempDir);
 
 impl Scratch {
     fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("envs-it-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        Scratch(TempDir::new(&format!("envs-{name}")))
     }
 }
 
@@ -101,7 +94,11 @@ fn offline_config(scratch: &Path) -> EnvConfig {
 fn session_policy(cfg: &EnvConfig) -> ResolvedPolicy {
     let placeholders = Placeholders {
         workspace: cfg.workspace.clone(),
-        tmp: std::env::temp_dir(),
+        tmp: {
+            let tmp = cfg.state_dir.join("tmp");
+            std::fs::create_dir_all(&tmp).unwrap();
+            tmp
+        },
         python: vec![],
         venv: None,
         uv_cache: Some(cfg.uv_cache_dir()),
@@ -161,7 +158,7 @@ fn script(code: &str) -> ScriptRequest {
 #[tokio::test(flavor = "multi_thread")]
 async fn install_into_session_venv_is_importable_without_losing_state() {
     let scratch = Scratch::new("install");
-    let cfg = offline_config(&scratch.0);
+    let cfg = offline_config(&scratch.0.path);
     let uv = Uv::locate(None).unwrap();
     let policy = session_policy(&cfg);
     let loc = VenvLocation::Managed {
@@ -240,10 +237,10 @@ async fn install_into_session_venv_is_importable_without_losing_state() {
 #[tokio::test(flavor = "multi_thread")]
 async fn failed_resolution_reports_uvs_explanation() {
     let scratch = Scratch::new("badpkg");
-    let cfg = offline_config(&scratch.0);
+    let cfg = offline_config(&scratch.0.path);
     let uv = Uv::locate(None).unwrap();
     let policy = session_policy(&cfg);
-    let loc = VenvLocation::Path(scratch.0.join("named-venv"));
+    let loc = VenvLocation::Path(scratch.0.path.join("named-venv"));
     let venv = envs::venv::ensure(&cfg, &uv, &loc, &policy).await.unwrap();
     let req = InstallRequest {
         packages: vec!["nosuchpkg-xyz".into()],
@@ -265,7 +262,7 @@ async fn failed_resolution_reports_uvs_explanation() {
 #[tokio::test(flavor = "multi_thread")]
 async fn one_off_scripts_with_declared_and_inline_dependencies() {
     let scratch = Scratch::new("script");
-    let cfg = offline_config(&scratch.0);
+    let cfg = offline_config(&scratch.0.path);
     let uv = Uv::locate(None).unwrap();
     let policy = session_policy(&cfg);
 
@@ -304,7 +301,7 @@ async fn one_off_scripts_with_declared_and_inline_dependencies() {
 #[tokio::test(flavor = "multi_thread")]
 async fn script_failures_are_explained() {
     let scratch = Scratch::new("scriptfail");
-    let cfg = offline_config(&scratch.0);
+    let cfg = offline_config(&scratch.0.path);
     let uv = Uv::locate(None).unwrap();
     let policy = session_policy(&cfg);
     let run = |req: ScriptRequest| {
@@ -352,7 +349,7 @@ async fn script_failures_are_explained() {
 #[tokio::test(flavor = "multi_thread")]
 async fn script_timeout_kills_the_run() {
     let scratch = Scratch::new("timeout");
-    let cfg = offline_config(&scratch.0);
+    let cfg = offline_config(&scratch.0.path);
     let uv = Uv::locate(None).unwrap();
     let mut req = script("import time\nprint('start', flush=True)\ntime.sleep(60)\n");
     req.timeout = Some(Duration::from_secs(1));
@@ -386,7 +383,7 @@ async fn real_index_install_opt_in() {
         return;
     }
     let scratch = Scratch::new("realindex");
-    let mut cfg = offline_config(&scratch.0);
+    let mut cfg = offline_config(&scratch.0.path);
     cfg.sources = PackageSources::default();
     let uv = Uv::locate(None).unwrap();
     let policy = session_policy(&cfg);
@@ -421,7 +418,7 @@ async fn real_index_install_opt_in() {
 #[tokio::test(flavor = "multi_thread")]
 async fn manager_keeps_one_venv_per_session() {
     let scratch = Scratch::new("manager");
-    let cfg = offline_config(&scratch.0);
+    let cfg = offline_config(&scratch.0.path);
     let policy = session_policy(&cfg);
     let manager = envs::EnvManager::new(cfg.clone());
     assert!(manager.session_venv("m").await.is_none());
@@ -436,7 +433,7 @@ async fn manager_keeps_one_venv_per_session() {
         .unwrap();
     assert!(report.ok, "{report:?}");
     assert_eq!(manager.session_venv("m").await, Some(venv.clone()));
-    let other = VenvLocation::Path(scratch.0.join("elsewhere"));
+    let other = VenvLocation::Path(scratch.0.path.join("elsewhere"));
     let err = manager
         .ensure_session_venv("m", Some(&other), &policy)
         .await

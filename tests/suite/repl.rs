@@ -42,6 +42,13 @@ impl Sink {
     }
 }
 
+/// Workers start through the real binary's launcher mode (this test binary is not it).
+fn use_real_launcher() {
+    mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(
+        env!("CARGO_BIN_EXE_mcp-sandbox-repl").into(),
+    );
+}
+
 struct Fixture {
     manager: Arc<SessionManager>,
     dir: std::path::PathBuf,
@@ -55,6 +62,7 @@ impl Drop for Fixture {
 }
 
 fn fixture(tag: &str, max_sessions: usize) -> Fixture {
+    use_real_launcher();
     let dir = std::env::temp_dir().join(format!("repl-suite-{tag}-{}", std::process::id()));
     let workspace = dir.join("ws");
     std::fs::create_dir_all(&workspace).unwrap();
@@ -502,6 +510,8 @@ async fn start_interrupt_and_restart_timings() {
     }
     let mut restarts = Vec::new();
     for _ in 0..5 {
+        // An agent's calls are seconds apart: by then the spare worker is up.
+        tokio::time::sleep(Duration::from_millis(700)).await;
         let t = Instant::now();
         s.restart().await.unwrap();
         s.execute("1", Arc::new(Sink::default())).await.unwrap();
@@ -595,6 +605,7 @@ async fn top_level_await_and_odd_text() {
 async fn matplotlib_show_emits_png_display_items() {
     let python = std::env::var("SANDBOX_REPL_MPL_PYTHON")
         .expect("set SANDBOX_REPL_MPL_PYTHON to a python with matplotlib");
+    use_real_launcher();
     let dir = std::env::temp_dir().join(format!("repl-suite-mpl-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("ws")).unwrap();
     let mut cfg = ReplConfig::new(
@@ -624,6 +635,126 @@ async fn matplotlib_show_emits_png_display_items() {
         1,
         "open figure shown at cell end"
     );
-    let (o, _) = run(&f.manager, "default", "plt.get_fignums()").await;
-    assert_eq!(o.value.as_deref(), Some("[]"));
+    let (o, _) = run(
+        &f.manager,
+        "default",
+        "import os\n(plt.get_fignums(), os.environ.get('MPLBACKEND'))",
+    )
+    .await;
+    assert_eq!(
+        o.value.as_deref(),
+        Some("([], None)"),
+        "figures closed; children get no backend override"
+    );
+}
+
+/// Idle sessions are closed after the TTL; a busy one is not. A closed session's handle
+/// refuses work with words.
+#[tokio::test]
+async fn idle_sessions_are_reaped_after_the_ttl() {
+    use_real_launcher();
+    let dir = std::env::temp_dir().join(format!("repl-suite-ttl-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("ws")).unwrap();
+    let mut cfg = ReplConfig::new(
+        dir.join("ws"),
+        Policy::load("workspace-write").unwrap(),
+        dir.join("state"),
+    );
+    cfg.idle_ttl = Duration::from_millis(800);
+    let f = Fixture {
+        manager: SessionManager::new(cfg),
+        dir,
+    };
+    let idle = f.manager.get_or_start("idle").await.unwrap();
+    let busy = f.manager.get_or_start("busy").await.unwrap();
+    let task = tokio::spawn(async move {
+        busy.execute("import time; time.sleep(2.5)", Arc::new(Sink::default()))
+            .await
+    });
+    wait_for(|| f.manager.list().iter().all(|i| i.name != "idle")).await;
+    assert_eq!(
+        f.manager
+            .list()
+            .iter()
+            .map(|i| i.name.as_str())
+            .collect::<Vec<_>>(),
+        vec!["busy"]
+    );
+    let err = idle
+        .execute("1", Arc::new(Sink::default()))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("was closed"), "{err}");
+    assert_eq!(task.await.unwrap().unwrap().status, CellStatus::Ok);
+}
+/// The sandbox applies to the worker: under workspace-write a write outside the
+/// workspace fails, inside it works; the memory cap ends the worker with words.
+#[tokio::test]
+async fn the_policy_confines_the_worker_and_its_memory_cap_is_reported() {
+    let f = fixture("policy", 4);
+    let (o, _) = run(
+        &f.manager,
+        "default",
+        "open('/etc/sandbox-repl-probe', 'w')",
+    )
+    .await;
+    assert_eq!(o.status, CellStatus::Error);
+    let e = o.error.unwrap();
+    assert!(
+        e.ename == "PermissionError" || e.ename == "OSError",
+        "{e:?}"
+    );
+    let (o, _) = run(&f.manager, "default", "open('inside.txt', 'w').write('ok')").await;
+    assert_eq!(o.value.as_deref(), Some("2"), "{:?}", o.error);
+    assert!(f.dir.join("ws/inside.txt").exists());
+
+    let policy_file = f.dir.join("small.toml");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/policies/workspace-write.toml"
+    ))
+    .unwrap();
+    std::fs::write(
+        &policy_file,
+        text.replace("memory = \"4GiB\"", "memory = \"256MiB\""),
+    )
+    .unwrap();
+    let mut cfg = ReplConfig::new(
+        f.dir.join("ws"),
+        Policy::load(policy_file.to_str().unwrap()).unwrap(),
+        f.dir.join("state2"),
+    );
+    cfg.spare_worker = false;
+    let small = SessionManager::new(cfg);
+    let (o, _) = run(&small, "default", "x = bytearray(1 << 30)").await;
+    small.shutdown();
+    match o.status {
+        CellStatus::WorkerDied => assert_eq!(
+            o.worker_exit.as_deref(),
+            Some("the Python worker was killed: memory limit (256 MiB) reached")
+        ),
+        CellStatus::Error => assert_eq!(o.error.unwrap().ename, "MemoryError"),
+        other => panic!("a 1 GiB allocation under a 256 MiB cap gave {other:?}"),
+    }
+}
+
+/// Processes a cell started die with the worker when it crashes.
+#[tokio::test]
+async fn a_crash_takes_the_workers_children_along() {
+    let f = fixture("children", 4);
+    let (o, _) = run(
+        &f.manager,
+        "default",
+        "import subprocess\np = subprocess.Popen(['sleep', '300'])\np.pid",
+    )
+    .await;
+    let child: i32 = o.value.unwrap().parse().unwrap();
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+    };
+    assert!(alive(child), "the child {child} is not visible from here");
+    let (o, _) = run(&f.manager, "default", "import os; os._exit(1)").await;
+    assert_eq!(o.status, CellStatus::WorkerDied);
+    wait_for(|| !alive(child)).await;
 }

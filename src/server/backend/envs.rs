@@ -434,10 +434,8 @@ fn script_outcome(report: ScriptReport, benchmark: bool) -> JobOutcome {
         ));
     }
     let mut result = serde_json::to_value(&report).unwrap_or(Value::Null);
-    if !benchmark {
-        if let Value::Object(map) = &mut result {
-            map.remove("benchmark");
-        }
+    if !benchmark && let Value::Object(map) = &mut result {
+        map.remove("benchmark");
     }
     JobOutcome {
         status,

@@ -150,15 +150,13 @@ impl SandboxServer {
             MAX_WAIT_SECONDS,
             "wait_seconds",
         )?;
-        if let Some(t) = args.timeout_seconds {
-            if !(t.is_finite() && t > 0.0 && t <= MAX_SCRIPT_TIMEOUT) {
-                return Err(ErrorData::invalid_params(
-                    format!(
-                        "`timeout_seconds` must be > 0 and at most {MAX_SCRIPT_TIMEOUT}, got {t}"
-                    ),
-                    None,
-                ));
-            }
+        if let Some(t) = args.timeout_seconds
+            && !(t.is_finite() && t > 0.0 && t <= MAX_SCRIPT_TIMEOUT)
+        {
+            return Err(ErrorData::invalid_params(
+                format!("`timeout_seconds` must be > 0 and at most {MAX_SCRIPT_TIMEOUT}, got {t}"),
+                None,
+            ));
         }
         let call = CallCtx::from_request(&ctx, &self.closing);
         reply(self.backend.python_run_script(args, wait, &call).await)
