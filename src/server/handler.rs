@@ -128,8 +128,11 @@ impl ServerHandler for SandboxServer {
             .into());
         }
         let args = request.arguments.clone().unwrap_or_default();
+        let started = std::time::Instant::now();
         let tcc = ToolCallContext::new(self, request, context);
-        match self.tools.call(tcc).await {
+        let outcome = self.tools.call(tcc).await;
+        tracing::debug!(tool = %name, micros = started.elapsed().as_micros() as u64, "tool call handled");
+        match outcome {
             // Bad arguments are the model's to fix: answer with a readable tool error
             // (MCP: input validation errors are tool execution errors) naming the field.
             Err(e) if e.code == ErrorCode::INVALID_PARAMS => {

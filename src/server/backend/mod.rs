@@ -158,8 +158,8 @@ impl Backend {
     ) -> R {
         let wait = self.store.wait_for(id, window, until);
         tokio::pin!(wait);
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
-        tick.tick().await;
+        const TICK: Duration = Duration::from_millis(500);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + TICK, TICK);
         let mut last_bytes = 0u64;
         let snap = loop {
             tokio::select! {
