@@ -70,7 +70,12 @@ pub enum Transport {
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Coarse sandbox choice; `--policy` wins over it.
-    #[arg(long, value_enum, env = "MCP_SANDBOX_STATE", default_value = "workspace-write")]
+    #[arg(
+        long,
+        value_enum,
+        env = "MCP_SANDBOX_STATE",
+        default_value = "workspace-write"
+    )]
     pub sandbox_state: SandboxState,
     /// A shipped policy name or a policy file path.
     #[arg(long, env = "MCP_SANDBOX_POLICY")]
@@ -88,7 +93,12 @@ pub struct ServeArgs {
     #[arg(long, env = "MCP_SANDBOX_UV")]
     pub uv: Option<PathBuf>,
     /// stdio (default) or streamable HTTP.
-    #[arg(long, value_enum, env = "MCP_SANDBOX_TRANSPORT", default_value = "stdio")]
+    #[arg(
+        long,
+        value_enum,
+        env = "MCP_SANDBOX_TRANSPORT",
+        default_value = "stdio"
+    )]
     pub transport: Transport,
     /// Address for the HTTP transport (loopback by default).
     #[arg(long, env = "MCP_SANDBOX_LISTEN", default_value = "127.0.0.1:8765")]

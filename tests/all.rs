@@ -1,5 +1,5 @@
-//! The one integration-test binary: every test starts the real `mcp-sandbox-repl`.
-//! Tests run as root and exercise the real kernel mechanisms.
+//! The one integration-test binary: every test starts the real `mcp-sandbox-repl`
+//! (or drives a subsystem API directly). Tests run as root against the real kernel.
 
 mod common;
 mod suite;

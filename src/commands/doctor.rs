@@ -1,9 +1,201 @@
-//! `doctor`: what this kernel supports and what each shipped policy enforces here.
+//! `doctor`: what this kernel supports (probed for real, not guessed from the version)
+//! and, for each shipped policy, what is enforced here and what is not.
 
+use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::cli::DoctorArgs;
+use anyhow::Context;
+use serde::Serialize;
 
-pub fn doctor(_args: DoctorArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`doctor` is being built (owned by the sandbox work)")
+use crate::cli::DoctorArgs;
+use crate::sandbox::Placeholders;
+use crate::sandbox::policy::{Policy, SHIPPED};
+use crate::sandbox::probe::{self, Item, KernelSupport, Probe};
+
+#[derive(Debug, Serialize)]
+struct PolicyReport {
+    name: String,
+    description: String,
+    /// Whether the launcher refuses to start this policy here (something required is missing).
+    refuses_to_start: bool,
+    items: Vec<Item>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    kernel: KernelSupport,
+    policies: Vec<PolicyReport>,
+}
+
+pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+    let workspace = match args.workspace {
+        Some(w) => w,
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    let kernel = KernelSupport::probe();
+    let policies = SHIPPED
+        .iter()
+        .map(|(name, _)| policy_report(&kernel, name, &workspace))
+        .collect();
+    let report = Report { kernel, policies };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        render(&mut out, &report)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn policy_report(k: &KernelSupport, name: &str, workspace: &std::path::Path) -> PolicyReport {
+    let resolved = Policy::load(name).and_then(|p| {
+        let ph = Placeholders {
+            workspace: workspace.to_path_buf(),
+            tmp: std::env::temp_dir(),
+            python: Vec::<PathBuf>::new(),
+            venv: None,
+            uv_cache: None,
+        };
+        Ok((p.description.clone(), p.resolve(&ph)?))
+    });
+    match resolved {
+        Ok((description, policy)) => {
+            let items = probe::enforcement(k, &policy);
+            let best_effort =
+                policy.kernel_support == crate::sandbox::KernelSupportMode::BestEffort;
+            let refuses_to_start = !best_effort && items.iter().any(|i| !i.enforced && i.required);
+            PolicyReport {
+                name: name.to_string(),
+                description,
+                refuses_to_start,
+                items,
+                error: None,
+            }
+        }
+        Err(e) => PolicyReport {
+            name: name.to_string(),
+            description: String::new(),
+            refuses_to_start: true,
+            items: Vec::new(),
+            error: Some(e.to_string()),
+        },
+    }
+}
+
+fn probe_word(p: &Probe) -> String {
+    match (&p.ok, &p.error) {
+        (true, _) => "yes".into(),
+        (false, Some(e)) => format!("NO ({e})"),
+        (false, None) => "NO".into(),
+    }
+}
+
+fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
+    let k = &r.kernel;
+    let who = if k.is_root {
+        "root".to_string()
+    } else {
+        format!("uid {} (not root)", k.euid)
+    };
+    writeln!(
+        out,
+        "mcp-sandbox-repl doctor: Linux {}, running as {who}\n",
+        k.kernel
+    )?;
+    writeln!(out, "Kernel")?;
+    match k.landlock_abi {
+        Some(abi) => writeln!(
+            out,
+            "  Landlock      ABI {abi}: {}",
+            k.landlock_features.join("; ")
+        )?,
+        None => writeln!(
+            out,
+            "  Landlock      NO: {}",
+            k.landlock_error.as_deref().unwrap_or("unavailable")
+        )?,
+    }
+    writeln!(
+        out,
+        "  seccomp       filter mode: {}",
+        probe_word(&k.seccomp_filter)
+    )?;
+    let ns = &k.namespaces;
+    writeln!(out, "  namespaces    user: {}", probe_word(&ns.user))?;
+    writeln!(out, "                pid: {}", probe_word(&ns.pid))?;
+    writeln!(out, "                network: {}", probe_word(&ns.network))?;
+    writeln!(out, "                mount: {}", probe_word(&ns.mount))?;
+    writeln!(
+        out,
+        "                procfs hidepid=ptraceable: {}",
+        probe_word(&ns.procfs_hidepid)
+    )?;
+    let cg = &k.cgroup;
+    let version = match cg.version {
+        crate::sandbox::cgroup::CgroupVersion::V1 if cg.hybrid => {
+            "v1 (hybrid: the cgroup2 mount has no pids/memory controller)"
+        }
+        crate::sandbox::cgroup::CgroupVersion::V1 => "v1",
+        crate::sandbox::cgroup::CgroupVersion::V2 => "v2 (unified)",
+        crate::sandbox::cgroup::CgroupVersion::None => "none mounted",
+    };
+    writeln!(out, "  cgroups       {version}")?;
+    let at = |d: &Option<String>| {
+        d.as_deref()
+            .map(|d| format!(" under {d}"))
+            .unwrap_or_default()
+    };
+    writeln!(
+        out,
+        "                pids: {}{}",
+        probe_word(&cg.pids),
+        at(&cg.pids_dir)
+    )?;
+    writeln!(
+        out,
+        "                memory: {}{}",
+        probe_word(&cg.memory),
+        at(&cg.memory_dir)
+    )?;
+    if !cg.v2_controllers.is_empty() {
+        writeln!(
+            out,
+            "                v2 controllers offered: {}",
+            cg.v2_controllers.join(" ")
+        )?;
+    }
+    writeln!(out, "\nPolicies (what is enforced on this machine)")?;
+    for p in &r.policies {
+        writeln!(out, "  {}: {}", p.name, p.description)?;
+        if let Some(e) = &p.error {
+            writeln!(out, "    cannot load: {e}")?;
+            continue;
+        }
+        for i in &p.items {
+            let mark = match (i.enforced, i.required) {
+                (true, _) => "enforced    ",
+                (false, true) => "NOT ENFORCED",
+                (false, false) => "not enforced (runs without it)",
+            };
+            let why = i
+                .why_not
+                .as_deref()
+                .map(|w| format!(" — {w}"))
+                .unwrap_or_default();
+            writeln!(out, "    {mark} {} [{}]{why}", i.what, i.how)?;
+        }
+        if p.items.is_empty() {
+            writeln!(out, "    nothing restricted (no sandbox)")?;
+        }
+        if p.refuses_to_start {
+            writeln!(
+                out,
+                "    => refuses to start here (fails closed); set kernel_support = \"best_effort\" to run anyway"
+            )?;
+        }
+    }
+    Ok(())
 }

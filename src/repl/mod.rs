@@ -1,2 +1,323 @@
 //! The persistent Python worker: spawn through the launcher, the typed worker
 //! protocol, execution, input bridging, interrupt/restart, crash detection.
+//!
+//! Map:
+//! - [`protocol`]: every message between server and worker (one tagged enum each way).
+//! - `worker`: one worker process — spawn, calls, interrupt, kill.
+//! - `pump`: the I/O task of a worker — its pipes, output attribution, death.
+//! - `session`: a named session — cells, variables, history, restart after a crash.
+//! - `manager`: the named sessions — limits, idle TTL reaper, shutdown.
+//! - `python`: which interpreter to use and its installation prefixes.
+//!
+//! Nothing here knows MCP: the server passes a [`CellSink`] that receives a cell's
+//! output as it is printed, and gets a [`CellOutcome`] when the cell ends.
+
+mod manager;
+pub mod protocol;
+mod pump;
+mod python;
+mod session;
+mod worker;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub use manager::SessionManager;
+pub use protocol::{DisplayItem, PyError, VariableDetail, VariableInfo};
+pub use python::{PythonInfo, discover_python};
+pub use session::Session;
+
+use crate::sandbox::{
+    ExitReport, LaunchError, LimitHit, Policy, PolicyError, ResolvedPolicy, Termination,
+};
+
+/// Which of the worker's output streams a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutStream {
+    Stdout,
+    Stderr,
+}
+
+/// Receives what a running cell produces, as it happens. Called from the worker's I/O
+/// task: implementations must not block (append to a buffer or a spool and return).
+pub trait CellSink: Send + Sync {
+    /// A chunk of output (arbitrary bytes; not split at lines, may split UTF-8).
+    fn output(&self, stream: OutStream, data: &[u8]);
+    /// The cell called `input(prompt)` and waits for [`Session::send_input`].
+    fn awaiting_input(&self, prompt: &str);
+    /// The pending `input()` got its text; the cell runs again.
+    fn input_received(&self);
+}
+
+/// Configuration shared by all sessions.
+#[derive(Debug, Clone)]
+pub struct ReplConfig {
+    /// Interpreter to run; `None` = nearest `.venv` upward from the workspace, else
+    /// `python3` on PATH.
+    pub python: Option<PathBuf>,
+    /// Working directory of every worker (`{workspace}` in the policy).
+    pub workspace: PathBuf,
+    /// The policy, unresolved: each session resolves it with its own `{tmp}`.
+    pub policy: Policy,
+    /// Where sessions keep their private temp directories.
+    pub state_dir: PathBuf,
+    pub max_sessions: usize,
+    /// A session idle this long is closed by the reaper (busy sessions never are).
+    pub idle_ttl: Duration,
+    /// Longest repr of a cell's value (characters) before it is cut in the middle.
+    pub repr_limit: usize,
+    /// How long a new worker may take to report `ready`.
+    pub start_timeout: Duration,
+    /// Keep one started, idle worker per session (after its first cell) so a restart or
+    /// the cell after a crash does not wait for an interpreter to start. Costs one idle
+    /// Python process (~10 MB) per session.
+    pub spare_worker: bool,
+}
+
+impl ReplConfig {
+    /// Defaults: interpreter discovered, 16 sessions, 1 hour idle TTL.
+    pub fn new(workspace: PathBuf, policy: Policy, state_dir: PathBuf) -> ReplConfig {
+        ReplConfig {
+            python: None,
+            workspace,
+            policy,
+            state_dir,
+            max_sessions: 16,
+            idle_ttl: Duration::from_secs(3600),
+            repr_limit: 20_000,
+            start_timeout: Duration::from_secs(20),
+            spare_worker: true,
+        }
+    }
+}
+
+/// How a cell ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CellStatus {
+    Ok,
+    Error,
+    Interrupted,
+    /// The worker process ended while the cell ran (crash, limit, kill); state is lost.
+    WorkerDied,
+}
+
+/// The result of one cell (`execute` or `run_file`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CellOutcome {
+    /// Cell number in the session (1-based; restarts begin again at 1).
+    pub cell: u64,
+    pub status: CellStatus,
+    /// repr of the last expression, if it was an expression with a non-None value.
+    pub value: Option<String>,
+    /// Full length of that repr in characters (`value` is cut in the middle when long).
+    pub value_chars: Option<u64>,
+    pub value_truncated: bool,
+    pub error: Option<PyError>,
+    /// Rich output: images (base64), HTML, markdown.
+    pub display: Vec<DisplayItem>,
+    /// How the worker ended, in words, when status is `worker_died`.
+    pub worker_exit: Option<String>,
+    /// The session's variables are gone: the worker died during this cell, or a previous
+    /// worker died and this cell ran in a fresh one.
+    pub state_lost: bool,
+    #[serde(rename = "elapsed_ms", serialize_with = "as_millis")]
+    pub elapsed: Duration,
+}
+
+fn as_millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((d.as_secs_f64() * 1e6).round() / 1e3)
+}
+
+/// What a session is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    Idle,
+    Busy,
+    AwaitingInput,
+    /// No live worker (crashed or not started); the next cell starts a fresh one.
+    Dead,
+}
+
+/// A session as `list` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct SessionInfo {
+    pub name: String,
+    pub state: SessionState,
+    pub policy: String,
+    pub python: String,
+    pub worker_pid: Option<u32>,
+    /// Resident memory of the worker process (VmRSS), bytes.
+    pub memory_bytes: Option<u64>,
+    pub idle_seconds: u64,
+    pub cells: u64,
+}
+
+/// One executed cell in a session's history.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct HistoryEntry {
+    pub cell: u64,
+    /// The code, or `run_file <path> <args>` for a file.
+    pub code: String,
+    pub status: CellStatus,
+    pub elapsed_ms: f64,
+}
+
+/// Errors of the REPL subsystem; every message says what failed, why, and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplError {
+    #[error(
+        "session {session:?} is busy running cell {cell}; wait for its job to finish, interrupt it, or restart the session"
+    )]
+    Busy { session: String, cell: u64 },
+    #[error(
+        "session {session:?} is not waiting for input; input can only be sent while a cell waits in input()"
+    )]
+    NotAwaitingInput { session: String },
+    #[error(
+        "cannot start session {name:?}: the limit of {max} sessions is reached (open: {open}); close one first"
+    )]
+    TooManySessions {
+        name: String,
+        max: usize,
+        open: String,
+    },
+    #[error("invalid session name {name:?}: use 1-64 letters, digits, '-', '_' or '.'")]
+    InvalidSessionName { name: String },
+    #[error("session {session:?} was closed; start it again by using its name in a new call")]
+    Closed { session: String },
+    #[error("no session named {name:?}; open sessions: {open}")]
+    NoSuchSession { name: String, open: String },
+    #[error("no Python interpreter found: {detail}; pass --python PATH")]
+    PythonNotFound { detail: String },
+    #[error(
+        "the Python interpreter {python:?} does not work: {detail}; pass a working one with --python PATH"
+    )]
+    PythonProbe { python: PathBuf, detail: String },
+    #[error("cannot apply the sandbox policy: {0}")]
+    Policy(#[from] PolicyError),
+    #[error("cannot start the Python worker: {0}")]
+    Launch(#[from] LaunchError),
+    #[error("could not {what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("{message}; the session's state is lost, the next call starts a fresh worker")]
+    WorkerDied { message: String },
+    #[error("{message}")]
+    Python { message: String },
+    #[error("the Python worker broke the protocol: {detail}; restart the session")]
+    Protocol { detail: String },
+}
+
+/// How a worker ended, in words: "the Python worker was killed by SIGSEGV
+/// (segmentation fault)", "... exited with code 3", "... killed: memory limit (512 MiB)
+/// reached". `policy` supplies the amount of the limit that was hit.
+pub fn exit_words(report: &ExitReport, policy: &ResolvedPolicy) -> String {
+    if let Some(limit) = report.limit {
+        let what = match limit {
+            LimitHit::Memory => "memory limit",
+            LimitHit::Cpu => "CPU time limit",
+            LimitHit::WallTime => "wall-time limit",
+            LimitHit::FileSize => "file size limit",
+            LimitHit::Processes => "process count limit",
+        };
+        return match limit_amount(policy, limit) {
+            Some(amount) => format!("the Python worker was killed: {what} ({amount}) reached"),
+            None => format!("the Python worker was killed: {what} reached"),
+        };
+    }
+    match &report.termination {
+        Termination::Exited(code) => format!("the Python worker exited with code {code}"),
+        Termination::Signaled(sig) => match signal_meaning(sig) {
+            Some(meaning) => format!("the Python worker was killed by {sig} ({meaning})"),
+            None => format!("the Python worker was killed by {sig}"),
+        },
+        Termination::Unknown => "the Python worker ended (exit status unknown)".to_string(),
+    }
+}
+
+/// The amount of a policy limit, in words ("512 MiB", "60 s").
+fn limit_amount(policy: &ResolvedPolicy, limit: LimitHit) -> Option<String> {
+    let l = &policy.limits;
+    match limit {
+        LimitHit::Memory => l.memory_bytes.map(bytes_words),
+        LimitHit::Cpu => l.cpu_seconds.map(|s| format!("{s} s of CPU")),
+        LimitHit::WallTime => l.wall_seconds.map(|s| format!("{s} s")),
+        LimitHit::FileSize => l.file_size_bytes.map(bytes_words),
+        LimitHit::Processes => l.processes.map(|n| format!("{n} processes")),
+    }
+}
+
+/// "512 MiB", "4 GiB", "1500 bytes".
+fn bytes_words(n: u64) -> String {
+    const KIB: u64 = 1024;
+    for (unit, size) in [("GiB", KIB * KIB * KIB), ("MiB", KIB * KIB), ("KiB", KIB)] {
+        if n >= size && n.is_multiple_of(size) {
+            return format!("{} {unit}", n / size);
+        }
+    }
+    if n >= KIB * KIB {
+        return format!("{:.1} MiB", n as f64 / (KIB * KIB) as f64);
+    }
+    format!("{n} bytes")
+}
+
+fn signal_meaning(sig: &str) -> Option<&'static str> {
+    Some(match sig {
+        "SIGSEGV" => "segmentation fault",
+        "SIGKILL" => "killed from outside, or out of memory",
+        "SIGABRT" => "aborted",
+        "SIGBUS" => "bus error",
+        "SIGFPE" => "floating-point exception",
+        "SIGILL" => "illegal instruction",
+        "SIGTERM" => "terminated",
+        "SIGXCPU" => "CPU time limit",
+        "SIGXFSZ" => "file size limit",
+        "SIGSYS" => "blocked system call",
+        "SIGPIPE" => "broken pipe",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_words_name_signal_code_and_limit() {
+        let placeholders = crate::sandbox::Placeholders {
+            workspace: "/w".into(),
+            tmp: "/t".into(),
+            ..Default::default()
+        };
+        let policy = Policy::load("workspace-write")
+            .unwrap()
+            .resolve(&placeholders)
+            .unwrap();
+        let exit_words = |r: &ExitReport| exit_words(r, &policy);
+        assert_eq!(bytes_words(512 << 20), "512 MiB");
+        assert_eq!(bytes_words(4 << 30), "4 GiB");
+        assert_eq!(bytes_words(1500), "1500 bytes");
+        let mut r = ExitReport {
+            termination: Termination::Signaled("SIGSEGV".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            exit_words(&r),
+            "the Python worker was killed by SIGSEGV (segmentation fault)"
+        );
+        r.termination = Termination::Exited(3);
+        assert_eq!(exit_words(&r), "the Python worker exited with code 3");
+        r.limit = Some(LimitHit::Memory);
+        assert_eq!(
+            exit_words(&r),
+            "the Python worker was killed: memory limit (4 GiB) reached"
+        );
+    }
+}

@@ -21,6 +21,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod layout;
+mod v2;
+
+#[cfg(test)]
+use v2::prepare_v2;
+use v2::v2_parent;
 
 pub use layout::{CgroupVersion, Layout};
 
@@ -36,92 +41,96 @@ pub enum CgroupError {
          /proc/self/cgroup); mount cgroup v2 with {controller} delegated, or a cgroup v1 {controller} \
          hierarchy, or use a policy without a {what} limit"
     )]
-    NoController { controller: &'static str, what: &'static str },
+    NoController {
+        controller: &'static str,
+        what: &'static str,
+    },
     #[error(
         "cgroup v2 is not delegated to this server: cannot enable {controllers} in {dir}: {reason}; \
          run the server in its own cgroup (e.g. `systemd-run --scope -p Delegate=yes ...`) or as the \
          only process of a container"
     )]
-    NotDelegated { dir: PathBuf, controllers: String, reason: String },
-    #[error("cannot {action} {path}: {source}; is the cgroup filesystem writable (root or delegated)?")]
-    Io { action: &'static str, path: PathBuf, source: std::io::Error },
+    NotDelegated {
+        dir: PathBuf,
+        controllers: String,
+        reason: String,
+    },
+    #[error(
+        "cannot {action} {path}: {source}; is the cgroup filesystem writable (root or delegated)?"
+    )]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot join cgroup {path}: {source}; the job cannot be limited, refusing to run it")]
-    Join { path: PathBuf, source: std::io::Error },
+    Join {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
-fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> CgroupError + 'a {
-    move |source| CgroupError::Io { action, path: path.to_path_buf(), source }
+pub(super) fn io<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> CgroupError + 'a {
+    move |source| CgroupError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
-/// Launcher child: move the calling process into every given `cgroup.procs` file.
-/// Writing "0" means "the writer"; no allocation-heavy work, just open and write.
+/// Launcher child: move the calling process into every given membership file.
+/// Writing "0" means "the writer". On v1 the files are `tasks` (moves only the calling
+/// thread): the kernel then skips the global threadgroup lock whose RCU grace period
+/// makes a `cgroup.procs` write cost ~10 ms here, against ~0.2 ms. That is only the
+/// whole process if it is single-threaded — as the launcher is; otherwise the
+/// `cgroup.procs` beside it is used.
 pub fn join_current(procs_files: &[PathBuf]) -> Result<(), CgroupError> {
+    let single_threaded = || {
+        std::fs::read_dir("/proc/self/task")
+            .map(|d| d.count() == 1)
+            .unwrap_or(false)
+    };
     for path in procs_files {
+        let procs;
+        let path = if path.ends_with("tasks") && !single_threaded() {
+            procs = path.with_file_name("cgroup.procs");
+            &procs
+        } else {
+            path
+        };
         let mut file = std::fs::OpenOptions::new()
             .write(true)
             .open(path)
-            .map_err(|source| CgroupError::Join { path: path.clone(), source })?;
-        file.write_all(b"0").map_err(|source| CgroupError::Join { path: path.clone(), source })?;
+            .map_err(|source| CgroupError::Join {
+                path: path.clone(),
+                source,
+            })?;
+        file.write_all(b"0").map_err(|source| CgroupError::Join {
+            path: path.clone(),
+            source,
+        })?;
     }
     Ok(())
 }
 
 /// The layout found on this machine, computed once per process.
-fn layout() -> &'static Layout {
+pub(super) fn layout() -> &'static Layout {
     static LAYOUT: OnceLock<Layout> = OnceLock::new();
     LAYOUT.get_or_init(Layout::detect)
 }
 
-/// v2: the prepared parent directory (controllers enabled), or why it could not be.
-fn v2_parent(layout: &Layout) -> Result<PathBuf, CgroupError> {
-    static PARENT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let own = layout.v2_own.clone().ok_or(CgroupError::NoController { controller: "pids", what: "process" })?;
-    let controllers: Vec<&str> =
-        ["pids", "memory"].into_iter().filter(|c| layout.v2_controllers.iter().any(|h| h == c)).collect();
-    PARENT
-        .get_or_init(|| prepare_v2(&own, &controllers, std::process::id()).map_err(|e| e.to_string()))
-        .clone()
-        .map_err(|reason| CgroupError::NotDelegated { dir: own, controllers: controllers.join(" "), reason })
-}
-
-/// Enable `controllers` for `<own>/mcp-sandbox-repl/*`, moving this process (`pid`) into a
-/// leaf first if the no-internal-processes rule requires it.
-pub(crate) fn prepare_v2(own: &Path, controllers: &[&str], pid: u32) -> Result<PathBuf, CgroupError> {
-    let enable: String = controllers.iter().map(|c| format!("+{c} ")).collect();
-    let enable = enable.trim_end();
-    let subtree = own.join("cgroup.subtree_control");
-    let already = std::fs::read_to_string(&subtree).unwrap_or_default();
-    let missing = controllers.iter().any(|c| !already.split_whitespace().any(|h| h == *c));
-    if missing {
-        if let Err(first) = std::fs::write(&subtree, enable) {
-            // EBUSY: processes live in `own`. Move ourselves out if we are the only one.
-            let procs = std::fs::read_to_string(own.join("cgroup.procs")).map_err(io("read", own))?;
-            let others: Vec<&str> = procs.split_whitespace().filter(|p| *p != pid.to_string()).collect();
-            if !others.is_empty() {
-                return Err(CgroupError::NotDelegated {
-                    dir: own.to_path_buf(),
-                    controllers: controllers.join(" "),
-                    reason: format!("{first}; other processes share the cgroup ({} of them)", others.len()),
-                });
-            }
-            let leaf = own.join(SERVER_LEAF);
-            mkdir_ok_exists(&leaf)?;
-            std::fs::write(leaf.join("cgroup.procs"), pid.to_string()).map_err(io("move the server into", &leaf))?;
-            std::fs::write(&subtree, enable).map_err(io("enable controllers in", &subtree))?;
-        }
-    }
-    let parent = own.join(PARENT_DIR);
-    mkdir_ok_exists(&parent)?;
-    let sub = parent.join("cgroup.subtree_control");
-    std::fs::write(&sub, enable).map_err(io("enable controllers in", &sub))?;
-    Ok(parent)
-}
-
-fn mkdir_ok_exists(dir: &Path) -> Result<(), CgroupError> {
+pub(super) fn mkdir_ok_exists(dir: &Path) -> Result<(), CgroupError> {
     match std::fs::create_dir(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(CgroupError::Io { action: "create", path: dir.to_path_buf(), source: e }),
+        Err(e) => Err(CgroupError::Io {
+            action: "create",
+            path: dir.to_path_buf(),
+            source: e,
+        }),
     }
 }
 
@@ -144,7 +153,13 @@ impl JobCgroup {
     /// Create `<own>/mcp-sandbox-repl/<name>` with the given caps. A stale cgroup of the same
     /// name (a crashed earlier server) is emptied and replaced. The pids controller is
     /// always used (it is how `kill_all` finds every process); memory only with a cap.
-    pub fn create(name: &str, memory_bytes: Option<u64>, max_pids: Option<u64>) -> Result<JobCgroup, CgroupError> {
+    pub fn create(
+        name: &str,
+        memory_bytes: Option<u64>,
+        max_pids: Option<u64>,
+    ) -> Result<JobCgroup, CgroupError> {
+        static SWEPT: OnceLock<()> = OnceLock::new();
+        SWEPT.get_or_init(|| sweep_stale(layout(), STALE_AFTER));
         Self::create_in(layout(), name, memory_bytes, max_pids)
     }
 
@@ -167,7 +182,10 @@ impl JobCgroup {
             CgroupVersion::V2 => {
                 let parent = v2_parent(layout)?;
                 if memory_bytes.is_some() && !layout.v2_controllers.iter().any(|c| c == "memory") {
-                    return Err(CgroupError::NoController { controller: "memory", what: "memory" });
+                    return Err(CgroupError::NoController {
+                        controller: "memory",
+                        what: "memory",
+                    });
                 }
                 let dir = parent.join(name);
                 make_fresh(&dir)?;
@@ -182,8 +200,10 @@ impl JobCgroup {
                 }
             }
             CgroupVersion::V1 | CgroupVersion::None => {
-                let pids_own =
-                    layout.v1_pids.clone().ok_or(CgroupError::NoController { controller: "pids", what: "process" })?;
+                let pids_own = layout.v1_pids.clone().ok_or(CgroupError::NoController {
+                    controller: "pids",
+                    what: "process",
+                })?;
                 let dir = pids_own.join(PARENT_DIR);
                 mkdir_ok_exists(&dir)?;
                 let dir = dir.join(name);
@@ -193,10 +213,10 @@ impl JobCgroup {
                     write(&dir.join("pids.max"), &max.to_string())?;
                 }
                 if let Some(bytes) = memory_bytes {
-                    let mem_own = layout
-                        .v1_memory
-                        .clone()
-                        .ok_or(CgroupError::NoController { controller: "memory", what: "memory" })?;
+                    let mem_own = layout.v1_memory.clone().ok_or(CgroupError::NoController {
+                        controller: "memory",
+                        what: "memory",
+                    })?;
                     let dir = mem_own.join(PARENT_DIR);
                     mkdir_ok_exists(&dir)?;
                     let dir = dir.join(name);
@@ -214,9 +234,15 @@ impl JobCgroup {
         Ok(cg)
     }
 
-    /// The `cgroup.procs` files the launcher child must join.
+    /// The membership files the launcher child writes "0" into ([`join_current`]):
+    /// v1 `tasks` (fast single-thread move), v2 `cgroup.procs`.
     pub fn procs_files(&self) -> Vec<PathBuf> {
-        self.dirs().map(|d| d.join("cgroup.procs")).collect()
+        let file = if self.version == CgroupVersion::V2 {
+            "cgroup.procs"
+        } else {
+            "tasks"
+        };
+        self.dirs().map(|d| d.join(file)).collect()
     }
 
     fn dirs(&self) -> impl Iterator<Item = &PathBuf> {
@@ -233,15 +259,28 @@ impl JobCgroup {
     /// Highest memory use of the job (memory cap set only).
     pub fn peak_memory_bytes(&self) -> Option<u64> {
         let dir = self.memory_dir()?;
-        let file = if self.version == CgroupVersion::V2 { "memory.peak" } else { "memory.max_usage_in_bytes" };
-        std::fs::read_to_string(dir.join(file)).ok()?.trim().parse().ok()
+        let file = if self.version == CgroupVersion::V2 {
+            "memory.peak"
+        } else {
+            "memory.max_usage_in_bytes"
+        };
+        std::fs::read_to_string(dir.join(file))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     /// Whether the kernel OOM-killed a process of the job because of the memory cap.
     pub fn memory_limit_hit(&self) -> bool {
-        let Some(dir) = self.memory_dir() else { return false };
-        let (file, key) =
-            if self.version == CgroupVersion::V2 { ("memory.events", "oom_kill") } else { ("memory.oom_control", "oom_kill") };
+        let Some(dir) = self.memory_dir() else {
+            return false;
+        };
+        let (file, key) = if self.version == CgroupVersion::V2 {
+            ("memory.events", "oom_kill")
+        } else {
+            ("memory.oom_control", "oom_kill")
+        };
         match read_key(&dir.join(file), key) {
             Some(n) => n > 0,
             // Old v1 kernels have no oom_kill count: fall back to "the cap was reached".
@@ -267,16 +306,26 @@ impl JobCgroup {
             let before = read_key(&dir.join("pids.events"), "max").unwrap_or(0);
             self.pids_max_before_kill.store(before, Ordering::SeqCst);
         }
-        if self.version == CgroupVersion::V2 && std::fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+        if self.version == CgroupVersion::V2 && std::fs::write(dir.join("cgroup.kill"), "1").is_ok()
+        {
+            return;
+        }
+        let procs = dir.join("cgroup.procs");
+        // Usual case at the end of a job: nothing left, nothing to freeze or kill.
+        if std::fs::read_to_string(&procs).is_ok_and(|l| l.trim().is_empty()) {
             return;
         }
         let _ = std::fs::write(dir.join("pids.max"), "0");
-        let procs = dir.join("cgroup.procs");
         let deadline = Instant::now() + Duration::from_millis(500);
         let mut killed: Vec<i32> = Vec::new();
         loop {
-            let Ok(list) = std::fs::read_to_string(&procs) else { return };
-            let pids: Vec<i32> = list.split_whitespace().filter_map(|p| p.parse().ok()).collect();
+            let Ok(list) = std::fs::read_to_string(&procs) else {
+                return;
+            };
+            let pids: Vec<i32> = list
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect();
             if pids.is_empty() || Instant::now() > deadline {
                 return;
             }
@@ -316,13 +365,45 @@ impl Drop for JobCgroup {
     }
 }
 
+/// Job cgroups left by servers that were killed (their `Drop` never ran): empty, and
+/// older than this, so never one a live server has just created and not yet joined.
+const STALE_AFTER: Duration = Duration::from_secs(600);
+
+/// Remove the empty job cgroups older than `age` under this process's parent dirs
+/// (best effort; once per process, from [`JobCgroup::create`]).
+pub(crate) fn sweep_stale(layout: &Layout, age: Duration) {
+    let parents = [&layout.v1_pids, &layout.v1_memory, &layout.v2_own];
+    for parent in parents.into_iter().flatten().map(|p| p.join(PARENT_DIR)) {
+        let Ok(entries) = std::fs::read_dir(&parent) else {
+            continue;
+        };
+        for dir in entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+        {
+            let empty = std::fs::read_to_string(dir.join("cgroup.procs"))
+                .is_ok_and(|l| l.trim().is_empty());
+            let old = std::fs::metadata(&dir)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|e| e >= age));
+            if empty && old && std::fs::remove_dir(&dir).is_ok() {
+                tracing::debug!(dir = %dir.display(), "removed a stale job cgroup");
+            }
+        }
+    }
+}
+
 /// Create `dir`; if it already exists (left by a crashed run), empty and recreate it.
 fn make_fresh(dir: &Path) -> Result<(), CgroupError> {
     match std::fs::create_dir(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {
             if let Ok(list) = std::fs::read_to_string(dir.join("cgroup.procs")) {
-                for pid in list.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+                for pid in list
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok())
+                {
                     // SAFETY: kill(2) of members of a stale job cgroup we own.
                     unsafe { libc::kill(pid, libc::SIGKILL) };
                 }
@@ -330,7 +411,11 @@ fn make_fresh(dir: &Path) -> Result<(), CgroupError> {
             remove_dir_retry(dir, Duration::from_millis(500));
             std::fs::create_dir(dir).map_err(io("create", dir))
         }
-        Err(e) => Err(CgroupError::Io { action: "create", path: dir.to_path_buf(), source: e }),
+        Err(e) => Err(CgroupError::Io {
+            action: "create",
+            path: dir.to_path_buf(),
+            source: e,
+        }),
     }
 }
 
@@ -365,7 +450,9 @@ fn read_key(path: &Path, key: &str) -> Option<u64> {
     let text = std::fs::read_to_string(path).ok()?;
     text.lines().find_map(|line| {
         let mut it = line.split_whitespace();
-        (it.next() == Some(key)).then(|| it.next()?.parse().ok()).flatten()
+        (it.next() == Some(key))
+            .then(|| it.next()?.parse().ok())
+            .flatten()
     })
 }
 

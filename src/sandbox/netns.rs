@@ -12,8 +12,13 @@ pub enum NetnsError {
          (run the server as root, or in a user namespace) and a kernel with CONFIG_NET_NS"
     )]
     Unshare(io::Error),
-    #[error("cannot bring up the loopback interface in the job's network namespace: {step}: {source}")]
-    Loopback { step: &'static str, source: io::Error },
+    #[error(
+        "cannot bring up the loopback interface in the job's network namespace: {step}: {source}"
+    )]
+    Loopback {
+        step: &'static str,
+        source: io::Error,
+    },
 }
 
 /// Launcher child (still privileged): move into a new network namespace; bring `lo` up if asked.
@@ -81,7 +86,10 @@ mod tests {
     fn host_loopback_is_unreachable_and_own_loopback_works_when_asked() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        assert!(TcpStream::connect(("127.0.0.1", port)).is_ok(), "control: reachable from the host");
+        assert!(
+            TcpStream::connect(("127.0.0.1", port)).is_ok(),
+            "control: reachable from the host"
+        );
         let script = format!(
             "import socket\n\
              def tryc(p):\n  try:\n    socket.create_connection(('127.0.0.1', p), timeout=1); return 'ok'\n  except OSError as e: return type(e).__name__\n\
@@ -92,11 +100,24 @@ mod tests {
         );
         let out = python_in_netns(true, &script);
         let text = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(text.trim(), "ConnectionRefusedError ok", "stderr: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            text.trim(),
+            "ConnectionRefusedError ok",
+            "stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let out = python_in_netns(false, &script);
         let text = String::from_utf8_lossy(&out.stdout);
         let mut words = text.split_whitespace();
-        assert_ne!(words.next(), Some("ok"), "host listener reachable without lo: {text}");
-        assert_ne!(words.next(), Some("ok"), "own loopback works though lo is down: {text}");
+        assert_ne!(
+            words.next(),
+            Some("ok"),
+            "host listener reachable without lo: {text}"
+        );
+        assert_ne!(
+            words.next(),
+            Some("ok"),
+            "own loopback works though lo is down: {text}"
+        );
     }
 }

@@ -182,7 +182,10 @@ impl SandboxCommand {
         drop(status_w);
         let pairs: Vec<(RawFd, RawFd)> = moves.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
 
-        let mut cmd = std::process::Command::new("/proc/self/exe");
+        let launcher = LAUNCHER_EXE
+            .get()
+            .map_or(std::ffi::OsStr::new("/proc/self/exe"), |p| p.as_os_str());
+        let mut cmd = std::process::Command::new(launcher);
         cmd.arg(LAUNCHER_ARG)
             .arg(spec_target.to_string())
             .env_clear();
@@ -261,6 +264,15 @@ fn single_threaded() -> bool {
     // The command name (field 2) may contain spaces; count fields after its `)`.
     let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
     after.split_whitespace().nth(17) == Some("1")
+}
+
+static LAUNCHER_EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Run the launcher from `exe` (the mcp-sandbox-repl binary) instead of /proc/self/exe:
+/// for programs that link this library but are not that binary, such as integration
+/// tests (`env!("CARGO_BIN_EXE_mcp-sandbox-repl")`). The first call wins.
+pub fn set_launcher_exe(exe: PathBuf) {
+    let _ = LAUNCHER_EXE.set(exe);
 }
 
 fn job_name() -> String {

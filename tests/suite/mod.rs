@@ -1,6 +1,13 @@
 //! Integration suites, one file per area.
 
+mod doctor;
+mod envs;
+mod jobs;
+mod jobs_bench;
+mod limits;
 mod policy_cli;
+mod repl;
 mod run_cli;
 mod run_limits;
 mod run_network;
+mod sandbox_escape;

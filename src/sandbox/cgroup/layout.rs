@@ -78,7 +78,10 @@ impl Layout {
         let mut own_v2: Option<&str> = None;
         for line in proc_cgroup.lines() {
             let mut parts = line.splitn(3, ':');
-            let (Some(id), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
+            let (Some(id), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
             if id == "0" && ctrls.is_empty() {
                 own_v2 = Some(path);
             } else {
@@ -86,7 +89,9 @@ impl Layout {
             }
         }
         for line in mountinfo.lines() {
-            let Some((left, right)) = line.split_once(" - ") else { continue };
+            let Some((left, right)) = line.split_once(" - ") else {
+                continue;
+            };
             let left: Vec<&str> = left.split(' ').collect();
             let right: Vec<&str> = right.split(' ').collect();
             if left.len() < 5 || right.len() < 3 {
@@ -100,8 +105,13 @@ impl Layout {
                     layout.v2_own = own_v2.map(|p| own_dir(Path::new(&mount), root, p));
                 }
                 "cgroup" => {
-                    for opt in superopts.split(',').filter(|o| !o.starts_with("name=") && !matches!(*o, "rw" | "ro")) {
-                        let Some((_, path)) = own_v1.iter().find(|(c, _)| c.contains(&opt)) else { continue };
+                    for opt in superopts
+                        .split(',')
+                        .filter(|o| !o.starts_with("name=") && !matches!(*o, "rw" | "ro"))
+                    {
+                        let Some((_, path)) = own_v1.iter().find(|(c, _)| c.contains(&opt)) else {
+                            continue;
+                        };
                         let dir = own_dir(Path::new(&mount), root, path);
                         if opt == "pids" {
                             layout.v1_pids = Some(dir.clone());
@@ -109,7 +119,11 @@ impl Layout {
                         if opt == "memory" {
                             layout.v1_memory = Some(dir.clone());
                         }
-                        layout.v1.push(V1Controller { name: opt.to_string(), mount: PathBuf::from(&mount), own_dir: dir });
+                        layout.v1.push(V1Controller {
+                            name: opt.to_string(),
+                            mount: PathBuf::from(&mount),
+                            own_dir: dir,
+                        });
                     }
                 }
                 _ => {}
@@ -124,9 +138,7 @@ impl Layout {
         let v2_has_pids = self.v2_controllers.iter().any(|c| c == "pids");
         self.version = if self.v1_pids.is_some() && !v2_has_pids {
             CgroupVersion::V1
-        } else if self.v2_mount.is_some() && self.v1.is_empty() {
-            CgroupVersion::V2
-        } else if v2_has_pids {
+        } else if v2_has_pids || (self.v2_mount.is_some() && self.v1.is_empty()) {
             CgroupVersion::V2
         } else if !self.v1.is_empty() {
             CgroupVersion::V1
@@ -139,9 +151,16 @@ impl Layout {
 /// The directory of cgroup `path` in a hierarchy mounted at `mount` whose mount root is `root`
 /// (not "/" inside some containers: the cgroup path is then relative to that root).
 fn own_dir(mount: &Path, root: &str, path: &str) -> PathBuf {
-    let rel = path.strip_prefix(root).filter(|_| root != "/").unwrap_or(path);
+    let rel = path
+        .strip_prefix(root)
+        .filter(|_| root != "/")
+        .unwrap_or(path);
     let rel = rel.trim_start_matches('/');
-    if rel.is_empty() { mount.to_path_buf() } else { mount.join(rel) }
+    if rel.is_empty() {
+        mount.to_path_buf()
+    } else {
+        mount.join(rel)
+    }
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal `\ooo`.
@@ -150,8 +169,15 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
-            out.push((bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0'));
+        if bytes[i] == b'\\'
+            && i + 4 <= bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            out.push(
+                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0'),
+            );
             i += 4;
         } else {
             out.push(bytes[i]);
@@ -174,7 +200,8 @@ mod tests {
 40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 ";
-    const HYBRID_CGROUP: &str = "9:name=systemd:/\n8:pids:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n";
+    const HYBRID_CGROUP: &str =
+        "9:name=systemd:/\n8:pids:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n";
 
     #[test]
     fn hybrid_v1_is_detected_with_own_dirs() {
@@ -182,9 +209,16 @@ mod tests {
         assert_eq!(l.version, CgroupVersion::V1);
         assert!(l.hybrid);
         assert_eq!(l.v1_pids, Some(PathBuf::from("/sys/fs/cgroup/pids")));
-        assert_eq!(l.v1_memory, Some(PathBuf::from("/sys/fs/cgroup/memory/process_api/abc")));
+        assert_eq!(
+            l.v1_memory,
+            Some(PathBuf::from("/sys/fs/cgroup/memory/process_api/abc"))
+        );
         assert_eq!(l.v2_own, Some(PathBuf::from("/sys/fs/cgroup/unified")));
-        assert_eq!(l.v1.len(), 3, "cpu, memory, pids (name=systemd is no controller)");
+        assert_eq!(
+            l.v1.len(),
+            3,
+            "cpu, memory, pids (name=systemd is no controller)"
+        );
     }
 
     #[test]
@@ -194,13 +228,22 @@ mod tests {
         assert_eq!(l.version, CgroupVersion::V2);
         assert!(!l.hybrid);
         assert_eq!(l.v2_own, Some(PathBuf::from("/sys/fs/cgroup/sub")));
-        let l = Layout::parse("30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", "0::/user.slice/x.scope\n");
-        assert_eq!(l.v2_own, Some(PathBuf::from("/sys/fs/cgroup/user.slice/x.scope")));
+        let l = Layout::parse(
+            "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+            "0::/user.slice/x.scope\n",
+        );
+        assert_eq!(
+            l.v2_own,
+            Some(PathBuf::from("/sys/fs/cgroup/user.slice/x.scope"))
+        );
     }
 
     #[test]
     fn nothing_mounted_is_none() {
-        assert_eq!(Layout::parse("27 1 254:0 / / rw - ext4 /dev/vda rw\n", "").version, CgroupVersion::None);
+        assert_eq!(
+            Layout::parse("27 1 254:0 / / rw - ext4 /dev/vda rw\n", "").version,
+            CgroupVersion::None
+        );
     }
 
     #[test]

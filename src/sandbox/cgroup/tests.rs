@@ -27,7 +27,10 @@ fn pids_cap_refuses_forks_and_is_reported() {
     assert!(!cg.pids_limit_hit());
     let status = run_in(&cg, "for i in 1 2 3 4 5 6 7 8; do sleep 5 & done; wait");
     assert!(status.success() || !status.success());
-    assert!(cg.pids_limit_hit(), "forks beyond pids.max must be counted in pids.events");
+    assert!(
+        cg.pids_limit_hit(),
+        "forks beyond pids.max must be counted in pids.events"
+    );
     let dirs: Vec<PathBuf> = cg.dirs().cloned().collect();
     cg.kill_all();
     cg.remove();
@@ -39,13 +42,20 @@ fn pids_cap_refuses_forks_and_is_reported() {
 /// A process over the memory cap is OOM-killed in the job cgroup, and the report says so.
 #[test]
 fn memory_cap_kills_and_is_reported() {
-    let cg = JobCgroup::create(&unique("mem"), Some(32 << 20), Some(64)).expect("create job cgroup");
+    let cg =
+        JobCgroup::create(&unique("mem"), Some(32 << 20), Some(64)).expect("create job cgroup");
     // `head -c` into a shell variable grows the shell's heap past the cap.
-    let status = run_in(&cg, "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}");
+    let status = run_in(
+        &cg,
+        "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}",
+    );
     assert!(!status.success(), "the hog must be killed");
     assert!(cg.memory_limit_hit(), "oom_kill must be counted");
     let peak = cg.peak_memory_bytes().expect("peak memory");
-    assert!(peak >= 16 << 20 && peak <= 40 << 20, "peak {peak} near the 32 MiB cap");
+    assert!(
+        (16 << 20..=40 << 20).contains(&peak),
+        "peak {peak} near the 32 MiB cap"
+    );
 }
 
 /// Drop kills what is still running and removes the directories.
@@ -53,10 +63,13 @@ fn memory_cap_kills_and_is_reported() {
 fn drop_kills_survivors() {
     let cg = JobCgroup::create(&unique("drop"), None, Some(16)).expect("create job cgroup");
     run_in(&cg, "sleep 30 & sleep 30 & exit 0");
-    let procs = cg.procs_files();
-    let list = std::fs::read_to_string(&procs[0]).unwrap();
-    assert_eq!(list.split_whitespace().count(), 2, "two sleeps left behind: {list:?}");
-    let dir = procs[0].parent().unwrap().to_path_buf();
+    let dir = cg.procs_files()[0].parent().unwrap().to_path_buf();
+    let list = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+    assert_eq!(
+        list.split_whitespace().count(),
+        2,
+        "two sleeps left behind: {list:?}"
+    );
     let start = Instant::now();
     drop(cg);
     assert!(!dir.exists());
@@ -90,6 +103,75 @@ fn v2_prepare_on_fake_tree() {
     std::fs::write(root.join("cgroup.procs"), "").unwrap();
     let parent = prepare_v2(&root, &["pids", "memory"], 1).expect("prepare");
     assert_eq!(parent, root.join(PARENT_DIR));
-    assert_eq!(std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap(), "+pids +memory");
+    assert_eq!(
+        std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap(),
+        "+pids +memory"
+    );
     std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// cgroup v2 for real, on this machine's cgroup2 mount (which holds no pids/memory
+/// controller here, so no caps): a job cgroup under a fresh "own" directory, joined
+/// through cgroup.procs, killed through cgroup.kill, removed. Fails loudly if this
+/// machine has no cgroup2 mount.
+#[test]
+fn v2_job_cgroup_join_kill_remove() {
+    let detected = Layout::detect();
+    let mount = detected
+        .v2_mount
+        .clone()
+        .expect("a cgroup2 mount on this machine");
+    let own = mount.join(unique("own-v2"));
+    std::fs::create_dir(&own).unwrap();
+    let layout = Layout {
+        version: CgroupVersion::V2,
+        hybrid: false,
+        v1: Vec::new(),
+        v1_pids: None,
+        v1_memory: None,
+        v2_mount: Some(mount),
+        v2_own: Some(own.clone()),
+        v2_controllers: Vec::new(),
+    };
+    let cg = JobCgroup::create_in(&layout, "job", None, None).expect("v2 job cgroup");
+    let procs = cg.procs_files();
+    assert_eq!(procs, vec![own.join(PARENT_DIR).join("job/cgroup.procs")]);
+    run_in(&cg, "sleep 30 & exit 0");
+    let members = std::fs::read_to_string(&procs[0]).unwrap();
+    assert_eq!(
+        members.split_whitespace().count(),
+        1,
+        "the sleep is in the job: {members:?}"
+    );
+    let start = Instant::now();
+    cg.kill_all();
+    cg.remove();
+    assert!(!procs[0].parent().unwrap().exists(), "removed");
+    assert!(start.elapsed() < Duration::from_secs(1));
+    std::fs::remove_dir(own.join(PARENT_DIR)).unwrap();
+    std::fs::remove_dir(&own).unwrap();
+}
+
+/// Empty job cgroups left by a killed server are swept; busy and young ones are kept.
+#[test]
+fn stale_empty_cgroups_are_swept() {
+    let stale = JobCgroup::create(&unique("sweep-stale"), None, Some(8)).expect("create");
+    let busy = JobCgroup::create(&unique("sweep-busy"), None, Some(8)).expect("create");
+    run_in(&busy, "sleep 30 & exit 0");
+    let dir = |cg: &JobCgroup| cg.procs_files()[0].parent().unwrap().to_path_buf();
+    let (stale_dir, busy_dir) = (dir(&stale), dir(&busy));
+    std::mem::forget(stale); // as if the server had been SIGKILLed
+    sweep_stale(&Layout::detect(), STALE_AFTER);
+    assert!(stale_dir.exists(), "too young to sweep");
+    let long_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    for d in [&stale_dir, &busy_dir] {
+        std::fs::File::open(d)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+    }
+    sweep_stale(&Layout::detect(), STALE_AFTER);
+    assert!(!stale_dir.exists(), "empty stale cgroup swept");
+    assert!(busy_dir.exists(), "a cgroup with processes is kept");
+    drop(busy);
 }

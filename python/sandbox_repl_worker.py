@@ -1,0 +1,736 @@
+"""The Python side of the sandbox REPL worker (standard library only).
+
+The server starts this file with the protocol on inherited descriptors: fd 3 carries
+requests from the server, fd 4 carries events to it, one JSON object per line (see
+docs/worker-protocol.md). fds 1 and 2 are plain pipes the server reads; everything user
+code, C extensions and child processes print goes there and never touches the protocol.
+
+Threads: user code runs on the main thread (signals, KeyboardInterrupt and libraries
+that insist on the main thread work). A reader thread owns the request descriptor: it
+hands input replies straight to a pending input() and queues everything else for the
+main thread, which handles one request at a time.
+
+Keep this module import-light: every import here is paid on every worker start.
+"""
+
+import _ast
+import _queue
+import _signal
+import _thread
+import builtins
+import os
+import sys
+
+# Flag of a code object compiled from top-level `await` (stable across CPython versions;
+# avoids importing `inspect`).
+CO_COROUTINE = 0x0080
+
+PROTOCOL_VERSION = 1
+# The server compiles this file under a fixed name; frames with it are the worker's own
+# and are left out of user tracebacks.
+WORKER_FILENAME = sys._getframe().f_code.co_filename
+_WORKER_PID = os.getpid()
+REPR_LIMIT_DEFAULT = 20_000
+SHORT_REPR = 120
+JSON_LIMIT = 1_000_000
+# Caps that keep every protocol line far below the server's 64 MiB line limit.
+DISPLAY_LIMIT = 16_000_000
+TRACEBACK_LIMIT = 200_000
+VARIABLES_LIMIT = 5_000
+
+
+def _json_codec():
+    """(dumps, loads) on the C accelerator `_json`, without importing `json` (which pulls
+    in `re`: several milliseconds of every worker start). Falls back to `json` when the
+    accelerator's interface differs from what this file expects."""
+    try:
+        import _json
+
+        class Ctx:
+            strict = True
+            object_hook = None
+            object_pairs_hook = None
+            parse_float = float
+            parse_int = int
+            parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+            memo = {}
+
+        scan = _json.make_scanner(Ctx())
+
+        def default(o):
+            raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+        encode = _json.make_encoder(None, default, _json.encode_basestring, None, ":", ",", False, False, True)
+
+        def dumps(obj):
+            return "".join(encode(obj, 0))
+
+        def loads(text):
+            obj, end = scan(text, 0)
+            if text[end:].strip():
+                raise ValueError("extra data after the JSON value")
+            return obj
+
+        probe = {"a": [1, 2.5, None, True, "\u00e9\n"], "b": {}}
+        if loads(dumps(probe)) == probe and dumps(probe) == '{"a":[1,2.5,null,true,"\u00e9\\n"],"b":{}}':
+            return dumps, loads
+    except Exception:
+        pass
+    import json
+
+    return (
+        lambda obj: json.dumps(obj, ensure_ascii=False, separators=(",", ":")),
+        json.loads,
+    )
+
+
+_dumps, _loads = _json_codec()
+
+
+def _move_fd_out_of_reach(fd):
+    """Duplicate `fd` to a high, close-on-exec number and close the original.
+
+    User code sees nothing at 3/4 and child processes never inherit the protocol.
+    """
+    import fcntl
+
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 1024
+    except Exception:
+        soft = 1024
+    floor = max(10, min(900, soft - 16))
+    new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+    os.close(fd)
+    return new
+
+
+def _allow_sigint(on):
+    """SIGINT reaches the worker only while user code runs: otherwise it is blocked in
+    every worker thread, and one that arrived meanwhile is discarded when the next cell
+    starts (an interrupt between cells interrupts nothing)."""
+    try:
+        if on:
+            if _signal.SIGINT in _signal.sigpending():
+                _signal.sigtimedwait((_signal.SIGINT,), 0)
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, (_signal.SIGINT,))
+        else:
+            _signal.pthread_sigmask(_signal.SIG_BLOCK, (_signal.SIGINT,))
+    except (AttributeError, OSError):
+        pass
+
+
+def _block_sigint():
+    """Block SIGINT on this thread; True if it was not blocked before."""
+    try:
+        old = _signal.pthread_sigmask(_signal.SIG_BLOCK, (_signal.SIGINT,))
+    except (AttributeError, OSError):
+        return False
+    return _signal.SIGINT not in old
+
+
+class _Channel:
+    """The protocol descriptors, kept out of the user namespace."""
+
+    def __init__(self, rfd, wfd):
+        self._rfd = rfd
+        self._wfd = wfd
+        self._lock = _thread.allocate_lock()
+
+    def send(self, msg):
+        if os.getpid() != _WORKER_PID:
+            # A process forked by user code came back into the worker's code: it must not
+            # speak for the worker. It ends here, quietly.
+            _flush_std()
+            os._exit(0)
+        # 'replace': a lone surrogate in user text must not make the line invalid UTF-8.
+        data = (_dumps(msg) + "\n").encode("utf-8", "replace")
+        # SIGINT is held back while a line is written: a KeyboardInterrupt (from a handler
+        # user code installed) must never cut a protocol line in half. A held-back signal
+        # is delivered right after.
+        masked = _block_sigint()
+        try:
+            with self._lock:
+                view = memoryview(data)
+                while view:
+                    n = os.write(self._wfd, view)
+                    view = view[n:]
+        finally:
+            if masked:
+                _signal.pthread_sigmask(_signal.SIG_UNBLOCK, (_signal.SIGINT,))
+
+    def lines(self):
+        buf = b""
+        while True:
+            chunk = os.read(self._rfd, 1 << 16)
+            if not chunk:
+                return
+            buf += chunk
+            while True:
+                nl = buf.find(b"\n")
+                if nl < 0:
+                    break
+                line, buf = buf[:nl], buf[nl + 1 :]
+                if line.strip():
+                    yield _loads(line.decode("utf-8", "replace"))
+
+
+class _State:
+    """Mutable worker state shared by the main thread and the signal handler."""
+
+    running_user_code = False
+    current_id = None
+    waiting_input_id = None
+    display = []
+
+
+def _short_type(value):
+    t = type(value)
+    mod = getattr(t, "__module__", "builtins")
+    name = getattr(t, "__qualname__", t.__name__)
+    return name if mod == "builtins" else f"{mod}.{name}"
+
+
+_REPRS = {}
+
+
+def _repr_of(kind):
+    """A reprlib.Repr that never renders a huge builtin container in full (like IPython,
+    which shows 1000 items): `long` for values, `short` for the variable list."""
+    r = _REPRS.get(kind)
+    if r is None:
+        import reprlib
+
+        r = reprlib.Repr()
+        many, big = (1000, 10**9) if kind == "long" else (10, SHORT_REPR)
+        for attr in ("maxtuple", "maxlist", "maxarray", "maxdict", "maxset", "maxfrozenset", "maxdeque"):
+            setattr(r, attr, many)
+        r.maxlevel = 6 if kind == "long" else 2
+        r.maxstring = r.maxlong = r.maxother = big
+        _REPRS[kind] = r
+    return r
+
+
+def _safe_repr(value, kind="long"):
+    try:
+        return _repr_of(kind).repr(value)
+    except BaseException as e:  # a broken __repr__ must not break the worker
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        return f"<repr failed: {type(e).__name__}: {e}>"
+
+
+def _truncate(text, limit):
+    """Head and tail of `text` when it is longer than `limit` characters."""
+    if limit is None or len(text) <= limit:
+        return text, False
+    head = limit * 2 // 3
+    tail = limit - head
+    omitted = len(text) - head - tail
+    return f"{text[:head]}... [{omitted} characters omitted] ...{text[-tail:]}", True
+
+
+def _rich_items(value):
+    """Rich representations an object offers (IPython's _repr_*_ convention)."""
+    items = []
+    for method, mime, binary in (
+        ("_repr_png_", "image/png", True),
+        ("_repr_jpeg_", "image/jpeg", True),
+        ("_repr_svg_", "image/svg+xml", False),
+        ("_repr_html_", "text/html", False),
+        ("_repr_markdown_", "text/markdown", False),
+    ):
+        fn = getattr(type(value), method, None)
+        if fn is None:
+            continue
+        try:
+            data = getattr(value, method)()
+        except Exception:
+            continue
+        if isinstance(data, tuple):
+            data = data[0]
+        if data is None:
+            continue
+        if binary:
+            import base64
+
+            if isinstance(data, str):
+                data = data.encode("latin-1")
+            data = base64.b64encode(data).decode("ascii")
+        data = str(data)
+        if len(data) > DISPLAY_LIMIT:
+            data, mime = f"[{mime} output of {len(data)} characters left out: over the limit]", "text/plain"
+        items.append({"mime": mime, "data": data})
+    return items
+
+
+def display(*objs):
+    """Show rich output (images, HTML, markdown) for each object, like IPython's display."""
+    for obj in objs:
+        items = _rich_items(obj)
+        if not items:
+            items = [{"mime": "text/plain", "data": _safe_repr(obj)}]
+        _State.display.extend(items)
+
+
+def _emit_figures():
+    """Render every open matplotlib figure as a PNG display item, then close them."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    import base64
+    import io
+
+    try:
+        for num in plt.get_fignums():
+            fig = plt.figure(num)
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", bbox_inches="tight")
+            _State.display.append(
+                {"mime": "image/png", "data": base64.b64encode(buf.getvalue()).decode("ascii")}
+            )
+        plt.close("all")
+    except Exception as e:
+        sys.stderr.write(f"[sandbox-repl] could not render matplotlib figures: {e}\n")
+
+
+class _MplBackendFinder:
+    """Makes matplotlib draw with the worker's own backend, at no cost until it is imported.
+
+    It provides the `_sandbox_repl_mpl` backend module (Agg canvas; `show()` emits PNG
+    display items), and when `matplotlib` itself is imported it selects that backend —
+    unless the user chose one with MPLBACKEND. Nothing goes into the environment, so
+    child processes that use matplotlib are not pointed at a backend they cannot import.
+    """
+
+    NAME = "_sandbox_repl_mpl"
+    _busy = False
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == cls.NAME:
+            import importlib.util
+
+            return importlib.util.spec_from_loader(name, cls)
+        if name != "matplotlib" or cls._busy:
+            return None
+        import importlib.util
+
+        cls._busy = True  # find the real package without finding ourselves again
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            cls._busy = False
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        real_exec = loader.exec_module
+
+        def exec_module(module):
+            real_exec(module)
+            if "MPLBACKEND" not in os.environ:
+                try:
+                    module.rcParams["backend"] = "module://" + cls.NAME
+                except Exception as e:
+                    sys.stderr.write(f"[sandbox-repl] could not select the inline matplotlib backend: {e}\n")
+
+        loader.exec_module = exec_module
+        return spec
+
+    @staticmethod
+    def create_module(spec):
+        return None
+
+    @staticmethod
+    def exec_module(module):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        module.FigureCanvas = FigureCanvasAgg
+        module.show = lambda *args, **kwargs: _emit_figures()
+
+
+class _Flusher:
+    """Flushes stdout every 50 ms while a cell runs, so output streams live without
+    line buffering (a write per line halves the speed of print-heavy loops and floods
+    the server with tiny chunks). Between cells the thread blocks on `gate`."""
+
+    INTERVAL = 0.05
+    gate = _thread.allocate_lock()  # held by the main thread while no cell runs
+    open = False  # changed by the main thread only
+
+    @classmethod
+    def start(cls):
+        cls.gate.acquire()
+        _thread.start_new_thread(cls.run, ())
+
+    @classmethod
+    def run(cls):
+        import time
+
+        while True:
+            with cls.gate:  # waits here between cells
+                pass
+            time.sleep(cls.INTERVAL)
+            try:
+                sys.stdout.flush()
+            except Exception:
+                pass
+
+    @classmethod
+    def cell_started(cls):
+        if not cls.open:
+            cls.open = True
+            cls.gate.release()
+
+    @classmethod
+    def cell_ended(cls):
+        if cls.open:
+            cls.open = False
+            cls.gate.acquire()
+
+
+def _flush_std():
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            pass
+
+
+class Worker:
+    def __init__(self, channel):
+        self.chan = channel
+        # C-level queues: get() blocks interruptibly (SIGINT raises KeyboardInterrupt there).
+        self.requests = _queue.SimpleQueue()
+        self.inputs = _queue.SimpleQueue()
+        # User code runs in the namespace of a fresh `__main__` module, so pickle,
+        # multiprocessing and `__name__ == "__main__"` checks behave as in a script.
+        self.main_module = type(sys)("__main__")
+        sys.modules["__main__"] = self.main_module
+        self.ns = self.main_module.__dict__
+        self.reset_namespace()
+        self.loop = None
+        self.sources = {}
+
+    # ---- namespace -------------------------------------------------------------
+    def reset_namespace(self):
+        self.ns.clear()
+        self.ns.update(
+            {"__name__": "__main__", "__doc__": None, "__builtins__": builtins, "__package__": None}
+        )
+
+    def user_names(self):
+        for name, value in self.ns.items():
+            if name.startswith("_") or isinstance(value, type(sys)):
+                continue
+            yield name, value
+
+    # ---- input bridge -------------------------------------------------------------
+    def input(self, prompt=""):
+        prompt = str(prompt)
+        call = _State.current_id
+        if call is None:
+            raise EOFError("input() is only available while a cell runs")
+        if prompt:
+            sys.stdout.write(prompt)
+        _flush_std()
+        while True:  # drop replies meant for an earlier, interrupted input()
+            try:
+                self.inputs.get_nowait()
+            except _queue.Empty:
+                break
+        _State.waiting_input_id = call
+        self.chan.send({"ev": "input_request", "id": call, "prompt": prompt})
+        try:
+            while True:
+                rid, text = self.inputs.get()
+                if rid == call:
+                    break
+        finally:
+            _State.waiting_input_id = None
+        if text is None:
+            raise EOFError("end of input (the client sent EOF)")
+        text = text[:-1] if text.endswith("\n") else text
+        sys.stdout.write(text + "\n")
+        return text
+
+    # ---- reader thread ------------------------------------------------------------
+    def read_requests(self):
+        try:
+            for msg in self.chan.lines():
+                if msg.get("op") == "input_reply":
+                    self.inputs.put((msg.get("id"), msg.get("text")))
+                else:
+                    self.requests.put(msg)
+        except Exception as e:
+            sys.stderr.write(f"[sandbox-repl] protocol read failed: {e}\n")
+        # The server went away: nothing more can be reported, so end the worker.
+        os._exit(0)
+
+    # ---- cells -----------------------------------------------------------------------
+    def run_cell(self, req, source, filename, argv=None):
+        """Run one cell on the main thread; returns the `done` event."""
+        self.sources[filename] = source
+        self.publish_sources()
+        _State.display = []
+        value = None
+        has_value = False
+        saved_argv = saved_path0 = None
+        try:
+            flags = getattr(_ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
+            tree = compile(source, filename, "exec", _ast.PyCF_ONLY_AST | flags, dont_inherit=True)
+            last = None
+            if argv is None and tree.body and isinstance(tree.body[-1], _ast.Expr):
+                last = _ast.Expression(tree.body.pop().value)
+            body = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
+            tail = compile(last, filename, "eval", flags=flags, dont_inherit=True) if last else None
+            if argv is not None:
+                saved_argv = sys.argv
+                sys.argv = [filename] + list(argv)
+                saved_path0 = os.path.dirname(os.path.abspath(filename))
+                sys.path.insert(0, saved_path0)
+                self.ns["__file__"] = filename
+            _Flusher.cell_started()
+            try:
+                _State.running_user_code = True
+                _allow_sigint(True)
+                self.run_code(body)
+                if tail is not None:
+                    value = self.run_code(tail)
+                    has_value = True
+            finally:
+                _State.running_user_code = False
+                _allow_sigint(False)
+            status, error = "ok", None
+        except BaseException as e:
+            _State.running_user_code = False
+            _allow_sigint(False)
+            status = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
+            error = self.describe_error(e)
+        finally:
+            _State.running_user_code = False
+            _Flusher.cell_ended()
+            if saved_argv is not None:
+                sys.argv = saved_argv
+                try:
+                    sys.path.remove(saved_path0)
+                except ValueError:
+                    pass
+                self.ns.pop("__file__", None)
+        done = {"ev": "done", "id": req["id"], "status": status, "display": []}
+        if error is not None:
+            done["error"] = error
+        if has_value and value is not None:
+            self.ns["_"] = value
+            text = _safe_repr(value)
+            limit = req.get("repr_limit") or REPR_LIMIT_DEFAULT
+            shown, cut = _truncate(text, limit)
+            done["value"] = {"repr": shown, "chars": len(text), "truncated": cut}
+            _State.display.extend(_rich_items(value))
+        if "_sandbox_repl_mpl" in sys.modules:
+            _emit_figures()
+        done["display"] = _State.display
+        _State.display = []
+        return done
+
+    def publish_sources(self):
+        """Give tracebacks the source of cells, once something has imported linecache
+        (importing it ourselves would slow every worker start)."""
+        linecache = sys.modules.get("linecache")
+        if linecache is None:
+            return
+        for name, text in self.sources.items():
+            if name.startswith("<cell-"):
+                linecache.cache[name] = (len(text), None, text.splitlines(True), name)
+
+    def run_code(self, code):
+        result = eval(code, self.ns)
+        if code.co_flags & CO_COROUTINE:
+            import asyncio
+
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
+            result = self.loop.run_until_complete(result)
+        return result
+
+    def describe_error(self, exc):
+        import traceback
+
+        self.publish_sources()
+
+        # Drop the worker's own frames: the first entries belong to run_cell/run_code.
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == WORKER_FILENAME:
+            tb = tb.tb_next
+        try:
+            text = "".join(traceback.format_exception(type(exc), exc, tb))
+            evalue = str(exc)
+        except Exception as e:  # a broken __str__ must not break the worker
+            text = evalue = f"<could not format the exception: {type(e).__name__}: {e}>"
+        return {
+            "ename": type(exc).__name__,
+            "evalue": _truncate(evalue, REPR_LIMIT_DEFAULT)[0],
+            "traceback": _truncate(text, TRACEBACK_LIMIT)[0],
+        }
+
+    # ---- variables -----------------------------------------------------------------
+    def list_variables(self, req):
+        out = []
+        names = sorted(self.user_names(), key=lambda item: item[0])
+        omitted = max(0, len(names) - VARIABLES_LIMIT)
+        for name, value in names[:VARIABLES_LIMIT]:
+            try:
+                size = sys.getsizeof(value)
+            except Exception:
+                size = None
+            short, _ = _truncate(_safe_repr(value, "short"), SHORT_REPR)
+            out.append({"name": name, "type": _short_type(value), "repr": short, "size": size})
+        return {"ev": "variables", "id": req["id"], "variables": out, "omitted": omitted}
+
+    def get_variable(self, req):
+        name = req["name"]
+        if name not in self.ns:
+            raise NameError(f"no variable named {name!r} in the session")
+        value = self.ns[name]
+        text = _safe_repr(value)
+        shown, cut = _truncate(text, req.get("repr_limit") or REPR_LIMIT_DEFAULT)
+        as_json = None
+        try:
+            import json
+
+            encoded = json.dumps(value, allow_nan=False)
+            if len(encoded) <= JSON_LIMIT:
+                as_json = value
+        except Exception:
+            pass
+        try:
+            size = sys.getsizeof(value)
+        except Exception:
+            size = None
+        return {
+            "ev": "variable",
+            "id": req["id"],
+            "name": name,
+            "type": _short_type(value),
+            "repr": shown,
+            "chars": len(text),
+            "truncated": cut,
+            "size": size,
+            "json": as_json,
+            "has_json": as_json is not None or value is None,
+        }
+
+    def set_variable(self, req):
+        import keyword
+
+        name = req["name"]
+        if not name.isidentifier() or keyword.iskeyword(name):
+            raise ValueError(f"{name!r} is not a valid Python identifier")
+        self.ns[name] = req.get("value")
+        return {"ev": "ok", "id": req["id"]}
+
+    def delete_variable(self, req):
+        name = req["name"]
+        if name not in self.ns or name.startswith("__"):
+            raise NameError(f"no variable named {name!r} in the session")
+        del self.ns[name]
+        return {"ev": "ok", "id": req["id"]}
+
+    def clear_variables(self, req):
+        self.reset_namespace()
+        return {"ev": "ok", "id": req["id"]}
+
+    # ---- main loop ------------------------------------------------------------------
+    def handle(self, req):
+        op = req.get("op")
+        if op == "execute":
+            return self.run_cell(req, req["code"], f"<cell-{req['cell']}>")
+        if op == "run_file":
+            path = req["path"]
+            try:
+                with open(path, encoding="utf-8") as f:
+                    source = f.read()
+            except OSError as e:
+                return {
+                    "ev": "done",
+                    "id": req["id"],
+                    "status": "error",
+                    "display": [],
+                    "error": {"ename": type(e).__name__, "evalue": str(e), "traceback": f"{type(e).__name__}: {e}\n"},
+                }
+            return self.run_cell(req, source, path, argv=req.get("argv") or [])
+        handlers = {
+            "list_variables": self.list_variables,
+            "get_variable": self.get_variable,
+            "set_variable": self.set_variable,
+            "delete_variable": self.delete_variable,
+            "clear_variables": self.clear_variables,
+        }
+        fn = handlers.get(op)
+        if fn is None:
+            return {"ev": "failed", "id": req.get("id", 0), "message": f"unknown request {op!r}"}
+        try:
+            return fn(req)
+        except Exception as e:
+            return {"ev": "failed", "id": req.get("id", 0), "message": f"{type(e).__name__}: {e}"}
+
+    def serve(self):
+        self.chan.send(
+            {
+                "ev": "ready",
+                "protocol": PROTOCOL_VERSION,
+                "pid": os.getpid(),
+                "version": sys.version.split()[0],
+                "executable": sys.executable,
+            }
+        )
+        while True:
+            try:
+                req = self.requests.get()
+                if req.get("op") == "shutdown":
+                    _flush_std()
+                    os._exit(0)
+                _State.current_id = req.get("id")
+                reply = self.handle(req)
+                _flush_std()
+                _State.current_id = None
+                self.chan.send(reply)
+            except KeyboardInterrupt:
+                continue  # an interrupt between cells breaks nothing
+
+
+def _on_sigint(signum, frame):
+    if _State.running_user_code:
+        raise KeyboardInterrupt
+    # Idle (or inside the worker's own bookkeeping): ignore.
+
+
+def main():
+    _signal.signal(_signal.SIGINT, _on_sigint)
+    _allow_sigint(False)  # before any thread starts: threads inherit the blocked mask
+    rfd = _move_fd_out_of_reach(3)
+    wfd = _move_fd_out_of_reach(4)
+    chan = _Channel(rfd, wfd)
+    sys.argv = [""]
+    if sys.path and sys.path[0] != "":
+        sys.path.insert(0, "")
+    sys.meta_path.insert(0, _MplBackendFinder)
+    try:
+        sys.stdout.reconfigure(line_buffering=False, errors="backslashreplace")
+        sys.stderr.reconfigure(line_buffering=True, errors="backslashreplace")
+    except Exception:
+        pass
+    worker = Worker(chan)
+    builtins.input = worker.input
+    builtins.display = display
+    _thread.start_new_thread(worker.read_requests, ())
+    _Flusher.start()
+    worker.serve()
+
+
+if __name__ == "__main__":
+    main()

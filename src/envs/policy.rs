@@ -1,0 +1,147 @@
+//! The policies uv processes run under: the session's policy, plus network and write
+//! access to exactly the paths the operation must change (the venv, the uv cache).
+//!
+//! Session code itself never gets these grants: the session policy sees the venv
+//! only through its `{venv}` read rule, and keeps its own network setting.
+
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+
+use crate::sandbox::{NetworkPolicy, ResolvedPolicy};
+
+/// What a uv process may do beyond the session's policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grants {
+    /// Paths the process may write (created before the policy is built: Landlock
+    /// rules name existing paths).
+    pub write: Vec<PathBuf>,
+    /// Paths the process may read, e.g. a find-links directory, an inline script,
+    /// TLS roots.
+    pub read: Vec<PathBuf>,
+    /// Programs the process may execute: the uv binary, the base interpreter.
+    pub execute: Vec<PathBuf>,
+    /// Whether the process may use the network (package resolution and downloads).
+    pub network: bool,
+    /// Take away the session's writes to the workspace (they become reads), so the
+    /// process writes only to `write`, its private temp dir and devices. For installers:
+    /// a package's build script then cannot touch the agent's files.
+    pub confine_writes: bool,
+}
+
+/// The session policy extended by `grants`.
+pub fn extend(base: &ResolvedPolicy, grants: &Grants) -> ResolvedPolicy {
+    let mut p = base.clone();
+    if grants.confine_writes && !base.filesystem_unrestricted() {
+        let workspace = p.workspace.clone();
+        let moved: Vec<PathBuf> = p
+            .write
+            .iter()
+            .filter(|w| w.starts_with(&workspace))
+            .cloned()
+            .collect();
+        p.write.retain(|w| !w.starts_with(&workspace));
+        for m in moved {
+            p = p.with_read(m);
+        }
+    }
+    for w in &grants.write {
+        p = p.with_write(w);
+    }
+    for r in &grants.read {
+        p = p.with_read(r);
+    }
+    for x in &grants.execute {
+        p = p.with_execute(x);
+    }
+    if grants.network {
+        p = p.with_network(NetworkPolicy::Full);
+    }
+    p
+}
+
+/// `PATH` for a uv process: the directory of `python` first, then the entries of
+/// `path` the policy lets it execute from. uv searches PATH for interpreters and stops
+/// at the first one it cannot run (a pyenv shim outside the sandbox's execute set), so
+/// the entries it could never use are left out.
+pub fn sandbox_path(policy: &ResolvedPolicy, python: &Path, path: Option<&OsStr>) -> OsString {
+    let mut dirs: Vec<PathBuf> = python.parent().map(Path::to_path_buf).into_iter().collect();
+    for dir in path.map(std::env::split_paths).into_iter().flatten() {
+        let allowed = policy.filesystem_unrestricted()
+            || policy.execute.iter().any(|root| dir.starts_with(root));
+        if allowed && !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    std::env::join_paths(dirs).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::{Placeholders, Policy};
+
+    fn session_policy(name: &str) -> ResolvedPolicy {
+        let ph = Placeholders {
+            workspace: "/ws".into(),
+            tmp: "/state/tmp".into(),
+            python: vec!["/py".into()],
+            venv: None,
+            uv_cache: Some("/state/uv-cache".into()),
+        };
+        Policy::load(name).unwrap().resolve(&ph).unwrap()
+    }
+
+    /// The installer writes only the venv, the uv cache, its temp dir and devices, and
+    /// gets the network; the session policy it derives from is unchanged.
+    #[test]
+    fn installer_policy_writes_only_venv_and_cache() {
+        let base = session_policy("workspace-write");
+        assert!(base.write.contains(&PathBuf::from("/ws")));
+        let grants = Grants {
+            write: vec!["/state/venvs/s".into(), "/state/uv-cache".into()],
+            read: vec!["/wheels".into()],
+            execute: vec!["/bin/uv".into()],
+            network: true,
+            confine_writes: true,
+        };
+        let p = extend(&base, &grants);
+        let unexpected: Vec<&PathBuf> = p
+            .write
+            .iter()
+            .filter(|w| !w.starts_with("/dev") && w.as_path() != Path::new("/state/tmp"))
+            .filter(|w| !grants.write.contains(w))
+            .collect();
+        assert!(unexpected.is_empty(), "{unexpected:?}");
+        assert!(
+            p.read.contains(&PathBuf::from("/ws")) && p.read.contains(&PathBuf::from("/wheels"))
+        );
+        assert!(p.execute.contains(&PathBuf::from("/bin/uv")));
+        assert_eq!(p.network, NetworkPolicy::Full);
+        assert_eq!(base.network, NetworkPolicy::None);
+        assert!(!base.write.contains(&PathBuf::from("/state/venvs/s")));
+    }
+
+    /// A one-off script keeps the session's writes and gets the cache on top.
+    #[test]
+    fn script_policy_keeps_session_writes() {
+        let base = session_policy("workspace-write");
+        let grants = Grants {
+            write: vec!["/state/uv-cache".into()],
+            network: true,
+            ..Grants::default()
+        };
+        let p = extend(&base, &grants);
+        assert!(
+            p.write.contains(&PathBuf::from("/ws"))
+                && p.write.contains(&PathBuf::from("/state/uv-cache"))
+        );
+    }
+
+    #[test]
+    fn path_keeps_only_executable_dirs() {
+        let base = session_policy("workspace-write");
+        let path = OsString::from("/root/.pyenv/shims:/usr/bin:/ws/bin:/opt/x");
+        let got = sandbox_path(&base, Path::new("/py/bin/python3"), Some(&path));
+        assert_eq!(got, OsString::from("/py/bin:/usr/bin:/ws/bin"));
+    }
+}

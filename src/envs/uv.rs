@@ -1,0 +1,263 @@
+//! Finding the real `uv` binary, and the environment variables every uv process gets.
+//!
+//! `uv` on PATH is often not uv itself but a wrapper script (a pyenv shim, an asdf
+//! shim). A wrapper would need a shell, pyenv and their config inside the sandbox, so
+//! we resolve it to the binary it runs: a shebang script is asked which file it
+//! execs (`pyenv which uv`), and failing that the `uv` Python package is asked
+//! (`python3 -m uv` ships the binary and exposes `uv.find_uv_bin()`).
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::{EnvConfig, EnvError};
+use crate::sandbox::{ResolvedPolicy, SandboxCommand};
+
+/// A located, working uv binary.
+#[derive(Debug, Clone)]
+pub struct Uv {
+    /// The uv executable itself (never a wrapper script).
+    pub path: PathBuf,
+    /// `uv --version` output, e.g. "uv 0.13.9".
+    pub version: String,
+}
+
+impl Uv {
+    /// Find uv: the configured path if any, else `uv` on PATH, resolved through
+    /// wrapper scripts to the real binary, then checked with `uv --version`.
+    pub fn locate(configured: Option<&Path>) -> Result<Uv, EnvError> {
+        let found = match configured {
+            Some(path) => {
+                if !path.exists() {
+                    return Err(EnvError::UvUnusable {
+                        path: path.to_path_buf(),
+                        why: "no such file".into(),
+                    });
+                }
+                path.to_path_buf()
+            }
+            None => which::which("uv").map_err(|_| EnvError::UvMissing {
+                searched: format!(
+                    "searched PATH={}",
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            })?,
+        };
+        let path = if is_script(&found) {
+            resolve_wrapper(&found).ok_or_else(|| EnvError::UvUnusable {
+                path: found.clone(),
+                why: "it is a wrapper script and the uv binary behind it could not be found \
+                      (tried `pyenv which uv` and the `uv` Python package)"
+                    .into(),
+            })?
+        } else {
+            found
+        };
+        let out =
+            Command::new(&path)
+                .arg("--version")
+                .output()
+                .map_err(|e| EnvError::UvUnusable {
+                    path: path.clone(),
+                    why: e.to_string(),
+                })?;
+        if !out.status.success() {
+            return Err(EnvError::UvUnusable {
+                path,
+                why: format!(
+                    "`uv --version` failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        Ok(Uv { path, version })
+    }
+
+    /// Environment for every uv process: our cache, no progress bars or colours,
+    /// Python downloads as configured, plus the user's own `UV_*` settings (index
+    /// URLs, find-links, offline mode) which the sandbox's environment allow-list
+    /// would otherwise drop.
+    pub fn env(&self, cfg: &EnvConfig) -> Vec<(OsString, OsString)> {
+        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+            .filter(|(k, _)| {
+                k.to_str().is_some_and(|k| {
+                    k.starts_with("UV_") && !OWN_VARS.contains(&k) && !is_secret_name(k)
+                })
+            })
+            .collect();
+        // TLS roots and proxies: without them a machine behind an intercepting proxy
+        // fails every download with "invalid peer certificate".
+        env.extend(std::env::vars_os().filter(|(k, _)| {
+            k.to_str()
+                .is_some_and(|k| NETWORK_VARS.contains(&k.to_ascii_uppercase().as_str()))
+        }));
+        let set = |env: &mut Vec<(OsString, OsString)>, k: &str, v: OsString| {
+            env.push((k.into(), v));
+        };
+        set(
+            &mut env,
+            "UV_CACHE_DIR",
+            cfg.uv_cache_dir().into_os_string(),
+        );
+        set(&mut env, "UV_NO_PROGRESS", "1".into());
+        set(&mut env, "NO_COLOR", "1".into());
+        // uv.toml files in the workspace are not read: code the agent wrote there could
+        // otherwise point the installer (which has network) at another index.
+        set(&mut env, "UV_NO_CONFIG", "1".into());
+        if cfg.python_downloads {
+            set(&mut env, "UV_PYTHON_DOWNLOADS", "automatic".into());
+            set(
+                &mut env,
+                "UV_PYTHON_INSTALL_DIR",
+                cfg.python_install_dir().into_os_string(),
+            );
+        } else {
+            set(&mut env, "UV_PYTHON_DOWNLOADS", "never".into());
+        }
+        env
+    }
+
+    /// Set [`Uv::env`] on a command, and a `PATH` with only the directories `policy`
+    /// lets it execute from (see [`super::policy::sandbox_path`]).
+    pub fn apply_env(&self, cmd: &mut SandboxCommand, cfg: &EnvConfig, policy: &ResolvedPolicy) {
+        for (k, v) in self.env(cfg) {
+            cmd.env(k, v);
+        }
+        let path = std::env::var_os("PATH");
+        cmd.env(
+            "PATH",
+            super::policy::sandbox_path(policy, &cfg.python, path.as_deref()),
+        );
+    }
+}
+
+/// Variables [`Uv::env`] sets itself (a user's value for these is not forwarded).
+const OWN_VARS: &[&str] = &[
+    "UV_CACHE_DIR",
+    "UV_NO_PROGRESS",
+    "UV_NO_CONFIG",
+    "UV_PYTHON_DOWNLOADS",
+    "UV_PYTHON_INSTALL_DIR",
+];
+
+/// Variables uv's network stack reads (any case for the proxies).
+const NETWORK_VARS: &[&str] = &[
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+];
+
+/// Files and directories named by `SSL_CERT_FILE` / `SSL_CERT_DIR`: the installer's
+/// sandbox must be able to read them.
+pub fn tls_paths() -> Vec<PathBuf> {
+    ["SSL_CERT_FILE", "SSL_CERT_DIR"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .flat_map(|v| std::env::split_paths(&v).collect::<Vec<_>>())
+        .filter(|p| p.is_absolute() && p.exists())
+        .collect()
+}
+
+/// Credentials uv reads from the environment are not handed to sandboxed processes.
+fn is_secret_name(key: &str) -> bool {
+    let k = key.to_ascii_uppercase();
+    k.contains("PASSWORD") || k.contains("TOKEN") || k.contains("SECRET")
+}
+
+/// Local directories named by `UV_FIND_LINKS` (comma-separated; URLs skipped): the
+/// installer's sandbox must be able to read them.
+pub fn find_links_dirs() -> Vec<PathBuf> {
+    let Ok(value) = std::env::var("UV_FIND_LINKS") else {
+        return Vec::new();
+    };
+    value
+        .split([',', ' '])
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && !s.contains("://"))
+        .map(|s| PathBuf::from(s.strip_prefix("file:").unwrap_or(s)))
+        .filter(|p| p.is_absolute())
+        .collect()
+}
+
+fn is_script(path: &Path) -> bool {
+    let mut head = [0u8; 2];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|()| &head == b"#!")
+}
+
+/// The binary behind a wrapper script, if it can be found.
+fn resolve_wrapper(script: &Path) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(script).unwrap_or_default();
+    if text.contains("pyenv")
+        && let Some(p) = command_line("pyenv", &["which", "uv"]).map(PathBuf::from)
+        && p.is_file()
+        && !is_script(&p)
+    {
+        return Some(p);
+    }
+    for python in ["python3", "python"] {
+        let code = "import uv; print(uv.find_uv_bin())";
+        if let Some(p) = command_line(python, &["-c", code]) {
+            let p = PathBuf::from(p);
+            if p.is_file() && !is_script(&p) {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+/// First line of a command's stdout, if it succeeded.
+fn command_line(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program).args(args).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let line = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()?
+        .trim()
+        .to_string();
+    (!line.is_empty()).then_some(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locate_resolves_wrapper_scripts_to_the_binary() {
+        let uv = Uv::locate(None).expect("uv is installed on this machine");
+        assert!(!is_script(&uv.path), "{} is a script", uv.path.display());
+        assert!(uv.version.starts_with("uv "), "{}", uv.version);
+    }
+
+    #[test]
+    fn missing_configured_uv_says_so() {
+        let err = Uv::locate(Some(Path::new("/nonexistent/uv"))).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/uv"), "{err}");
+    }
+
+    #[test]
+    fn missing_uv_message_names_pip_install_and_features() {
+        let err = EnvError::UvMissing {
+            searched: "PATH=/x".into(),
+        };
+        let text = err.to_string();
+        assert!(text.contains("pip install uv"), "{text}");
+        assert!(text.contains("package installs"), "{text}");
+    }
+
+    #[test]
+    fn secrets_are_not_forwarded() {
+        assert!(is_secret_name("UV_INDEX_PASSWORD"));
+        assert!(is_secret_name("UV_PUBLISH_TOKEN"));
+        assert!(!is_secret_name("UV_FIND_LINKS"));
+    }
+}

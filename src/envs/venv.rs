@@ -1,0 +1,300 @@
+//! A session's virtual environment: where it lives, creating it with `uv venv` on
+//! first need, and what the session worker needs to see packages installed into it.
+//!
+//! How a running session sees new packages (the contract with the server/repl):
+//! - Best: start the session's worker with [`Venv::python`]. `sys.prefix` is then the
+//!   venv and its site-packages is on `sys.path` from the start.
+//! - Either way, after every successful install run [`Venv::activation_code`] as a
+//!   cell in the session: it adds the venv's site-packages with `site.addsitedir`
+//!   (which also processes new `.pth` files) and calls `importlib.invalidate_caches()`,
+//!   so `import pkg` works in the same session with all earlier state intact.
+//! - The session's policy gets `{venv}` = [`Venv::root`] (read-only for session code;
+//!   only the installer writes there).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::policy::{self, Grants};
+use super::{Canceller, EnvConfig, EnvError, NullSink, Uv, process};
+use crate::sandbox::{Policy, ResolvedPolicy, SandboxCommand};
+
+/// Where a session's venv is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VenvLocation {
+    /// `<state_dir>/venvs/<session>`, created on first need.
+    Managed { session: String },
+    /// A path the user named; created there if missing.
+    Path(PathBuf),
+    /// `<workspace>/.venv`, which must already exist.
+    Workspace,
+}
+
+/// An existing virtual environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Venv {
+    root: PathBuf,
+    python: PathBuf,
+    site_packages: PathBuf,
+    /// The interpreter version from `pyvenv.cfg`, e.g. "3.11.7".
+    pub python_version: Option<String>,
+}
+
+impl Venv {
+    /// The venv directory (`{venv}` in policies).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    /// `<venv>/bin/python`: start a worker with it to get the venv from the start.
+    pub fn python(&self) -> &Path {
+        &self.python
+    }
+    /// `<venv>/lib/pythonX.Y/site-packages`.
+    pub fn site_packages(&self) -> &Path {
+        &self.site_packages
+    }
+
+    /// Python code that makes a running interpreter see packages installed into this
+    /// venv (idempotent; run it as a cell after each install).
+    pub fn activation_code(&self) -> String {
+        let dir = self.site_packages.to_string_lossy();
+        format!(
+            "import site as _s, importlib as _il\n_s.addsitedir({})\n_il.invalidate_caches()\ndel _s, _il\n",
+            py_str(&dir)
+        )
+    }
+
+    /// Open an existing venv at `root` (it must have `bin/python` and one
+    /// `lib/python*/site-packages`).
+    pub fn open(root: &Path) -> Result<Venv, EnvError> {
+        let no = |why: &str| EnvError::NoVenv {
+            path: root.to_path_buf(),
+            why: why.into(),
+        };
+        if !root.is_dir() {
+            return Err(no("the directory does not exist"));
+        }
+        let python = root.join("bin").join("python");
+        if !python.exists() {
+            return Err(no("it has no bin/python"));
+        }
+        let lib = root.join("lib");
+        let entries = std::fs::read_dir(&lib).map_err(|_| no("it has no lib directory"))?;
+        let mut sites: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("python"))
+            .map(|e| e.path().join("site-packages"))
+            .filter(|p| p.is_dir())
+            .collect();
+        sites.sort();
+        let Some(site_packages) = sites.pop() else {
+            return Err(no("it has no lib/python*/site-packages"));
+        };
+        let python_version = std::fs::read_to_string(root.join("pyvenv.cfg"))
+            .ok()
+            .and_then(|cfg| cfg_value(&cfg, &["version_info", "version"]));
+        Ok(Venv {
+            root: root.to_path_buf(),
+            python,
+            site_packages,
+            python_version,
+        })
+    }
+}
+
+/// Let session workers read (and run programs from) the managed venvs, which live in
+/// `<state_dir>/venvs`. The directory is created now: Landlock rules name existing
+/// paths, and a worker's rules are fixed when it starts, so a venv created later for a
+/// running session is readable only if its parent was allowed from the start. Writing
+/// stays denied: only the installer's own policy may write a venv.
+pub fn allow_session_venvs(policy: &mut Policy, state_dir: &Path) -> Result<(), EnvError> {
+    let dir = state_dir.join("venvs");
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| EnvError::io(format!("creating {}", dir.display()), e))?;
+    let dir = dir.to_string_lossy().into_owned();
+    for list in [&mut policy.filesystem.read, &mut policy.filesystem.execute] {
+        if !list.contains(&dir) {
+            list.push(dir.clone());
+        }
+    }
+    Ok(())
+}
+
+/// The directory a location stands for (not checked or created).
+pub fn location_path(cfg: &EnvConfig, location: &VenvLocation) -> Result<PathBuf, EnvError> {
+    match location {
+        VenvLocation::Managed { session } => {
+            check_session_name(session)?;
+            Ok(cfg.state_dir.join("venvs").join(session))
+        }
+        VenvLocation::Path(p) if p.is_absolute() => Ok(p.clone()),
+        VenvLocation::Path(p) => Ok(cfg.workspace.join(p)),
+        VenvLocation::Workspace => Ok(cfg.workspace.join(".venv")),
+    }
+}
+
+/// The venv at `location`, created with `uv venv` (through the sandbox, writes allowed
+/// only to the venv and the uv cache) if it does not exist yet.
+pub async fn ensure(
+    cfg: &EnvConfig,
+    uv: &Uv,
+    location: &VenvLocation,
+    session_policy: &ResolvedPolicy,
+) -> Result<Venv, EnvError> {
+    let root = location_path(cfg, location)?;
+    if matches!(location, VenvLocation::Workspace) || root.join("pyvenv.cfg").exists() {
+        return Venv::open(&root);
+    }
+    if root.exists()
+        && std::fs::read_dir(&root)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(true)
+    {
+        return Err(EnvError::NoVenv {
+            path: root,
+            why: "the directory exists, is not empty and is not a virtual environment".into(),
+        });
+    }
+    let cache = cfg.uv_cache_dir();
+    for dir in [&root, &cache] {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| EnvError::io(format!("creating {}", dir.display()), e))?;
+    }
+    let grants = Grants {
+        write: vec![root.clone(), cache],
+        read: vec![],
+        execute: vec![uv.path.clone(), cfg.python.clone()],
+        network: false,
+        confine_writes: true,
+    };
+    let policy = Arc::new(policy::extend(session_policy, &grants));
+    let mut cmd = SandboxCommand::new(policy.clone(), &uv.path);
+    cmd.args(["venv", "--quiet", "--python"])
+        .arg(&cfg.python)
+        .arg(&root);
+    uv.apply_env(&mut cmd, cfg, &policy);
+    let outcome = process::run(cmd, Arc::new(NullSink), None, &Canceller::new(), None).await?;
+    if !outcome.success() {
+        return Err(EnvError::VenvCreate {
+            path: root,
+            message: super::install::uv_explanation(&outcome.stderr_tail),
+        });
+    }
+    Venv::open(&root)
+}
+
+fn check_session_name(name: &str) -> Result<(), EnvError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name != "."
+        && name != ".."
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(EnvError::BadSessionName(name.to_string()))
+    }
+}
+
+fn cfg_value(cfg: &str, keys: &[&str]) -> Option<String> {
+    keys.iter().find_map(|key| {
+        cfg.lines().find_map(|line| {
+            let (k, v) = line.split_once('=')?;
+            (k.trim() == *key).then(|| v.trim().to_string())
+        })
+    })
+}
+
+/// A Python string literal for `s` (JSON string syntax is valid Python here).
+fn py_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "''".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> EnvConfig {
+        EnvConfig {
+            state_dir: "/state".into(),
+            workspace: "/ws".into(),
+            python: "/usr/bin/python3".into(),
+            uv: None,
+            uv_cache: None,
+            python_downloads: false,
+            sources: Default::default(),
+        }
+    }
+
+    #[test]
+    fn locations_map_to_paths() {
+        let c = cfg();
+        let managed = VenvLocation::Managed {
+            session: "s1".into(),
+        };
+        assert_eq!(
+            location_path(&c, &managed).unwrap(),
+            PathBuf::from("/state/venvs/s1")
+        );
+        assert_eq!(
+            location_path(&c, &VenvLocation::Workspace).unwrap(),
+            PathBuf::from("/ws/.venv")
+        );
+        let rel = VenvLocation::Path("envs/a".into());
+        assert_eq!(
+            location_path(&c, &rel).unwrap(),
+            PathBuf::from("/ws/envs/a")
+        );
+    }
+
+    #[test]
+    fn session_names_cannot_escape_the_venvs_dir() {
+        for bad in ["", "..", "a/b", "../x", "a b"] {
+            let loc = VenvLocation::Managed {
+                session: bad.into(),
+            };
+            assert!(
+                matches!(
+                    location_path(&cfg(), &loc),
+                    Err(EnvError::BadSessionName(_))
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn activation_code_quotes_the_path() {
+        let v = Venv {
+            root: "/v".into(),
+            python: "/v/bin/python".into(),
+            site_packages: "/v/lib/python3.11/site-packages'x".into(),
+            python_version: None,
+        };
+        let code = v.activation_code();
+        assert!(
+            code.contains(r#"_s.addsitedir("/v/lib/python3.11/site-packages'x")"#),
+            "{code}"
+        );
+        assert!(code.contains("invalidate_caches()"));
+    }
+
+    #[test]
+    fn pyvenv_cfg_version() {
+        let text = "home = /x\nversion_info = 3.11.7\n";
+        assert_eq!(
+            cfg_value(text, &["version_info", "version"]).as_deref(),
+            Some("3.11.7")
+        );
+    }
+
+    #[test]
+    fn open_rejects_a_plain_directory() {
+        let dir = std::env::temp_dir().join(format!("envs-open-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = Venv::open(&dir).unwrap_err();
+        assert!(err.to_string().contains("no bin/python"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,203 @@
+//! `.env` files for shell jobs: `KEY=VALUE` lines, `#` comments, an optional
+//! `export ` prefix, single quotes (literal), double quotes (escapes `\n \t \r \" \\ \$`,
+//! may span lines). No `${VAR}` interpolation: values are taken as written. A line
+//! that does not parse is an error naming the file and the line.
+
+use std::path::Path;
+
+use super::JobError;
+
+/// Read and parse the `.env` file at `path`.
+pub fn load(path: &Path) -> Result<Vec<(String, String)>, JobError> {
+    let text = std::fs::read(path)
+        .map_err(|e| JobError::io(format!("could not read the env file {}", path.display()), e))?;
+    let text = String::from_utf8(text).map_err(|e| JobError::DotEnv {
+        file: path.display().to_string(),
+        line: 1 + e.as_bytes()[..e.utf8_error().valid_up_to()]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count(),
+        reason: "the file is not valid UTF-8".into(),
+    })?;
+    parse(&text, &path.display().to_string())
+}
+
+/// Parse `.env` text; `file` names the source in errors.
+pub fn parse(text: &str, file: &str) -> Result<Vec<(String, String)>, JobError> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut vars = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let start_line = i + 1;
+        let err = |reason: String| JobError::DotEnv {
+            file: file.to_string(),
+            line: start_line,
+            reason,
+        };
+        let line = lines[i].trim_start();
+        i += 1;
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let line = line
+            .strip_prefix("export ")
+            .map(str::trim_start)
+            .unwrap_or(line);
+        let Some((key, rest)) = line.split_once('=') else {
+            return Err(err(format!(
+                "expected KEY=VALUE, found {:?}",
+                shorten(line)
+            )));
+        };
+        let key = key.trim_end();
+        if !valid_key(key) {
+            return Err(err(format!(
+                "{:?} is not a valid variable name (letters, digits and _, not starting with a digit)",
+                shorten(key)
+            )));
+        }
+        let rest = rest.trim_start();
+        let value = match rest.chars().next() {
+            Some(q @ ('"' | '\'')) => {
+                // A quoted value may continue on the following lines.
+                let mut body = rest[1..].to_string();
+                loop {
+                    if let Some((value, after)) = close_quote(&body, q) {
+                        let after = after.trim_start();
+                        if !(after.is_empty() || after.starts_with('#')) {
+                            return Err(err(format!(
+                                "unexpected text after the closing quote: {:?}",
+                                shorten(after)
+                            )));
+                        }
+                        break if q == '"' { unescape(&value) } else { value };
+                    }
+                    let Some(next) = lines.get(i) else {
+                        return Err(err(format!("the {q} quote opened here is never closed")));
+                    };
+                    body.push('\n');
+                    body.push_str(next);
+                    i += 1;
+                }
+            }
+            _ => strip_comment(rest).trim_end().to_string(),
+        };
+        vars.push((key.to_string(), value));
+    }
+    Ok(vars)
+}
+
+fn valid_key(key: &str) -> bool {
+    let mut chars = key.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Split `body` (text after an opening quote) at the closing quote: (raw value, rest).
+/// In double quotes a backslash escapes the next character.
+fn close_quote(body: &str, q: char) -> Option<(String, &str)> {
+    let mut escaped = false;
+    for (i, c) in body.char_indices() {
+        if q == '"' && escaped {
+            escaped = false;
+            continue;
+        }
+        if q == '"' && c == '\\' {
+            escaped = true;
+            continue;
+        }
+        if c == q {
+            return Some((body[..i].to_string(), &body[i + 1..]));
+        }
+    }
+    None
+}
+
+fn unescape(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('r') => out.push('\r'),
+            Some(c @ ('"' | '\\' | '$' | '\'')) => out.push(c),
+            Some(c) => {
+                out.push('\\');
+                out.push(c);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
+/// An unquoted value ends at ` #` (a `#` preceded by whitespace).
+fn strip_comment(value: &str) -> &str {
+    let bytes = value.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        if b == b'#' && (i == 0 || bytes[i - 1].is_ascii_whitespace()) {
+            return &value[..i];
+        }
+    }
+    value
+}
+
+fn shorten(s: &str) -> String {
+    s.chars().take(60).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn parses_the_common_forms() {
+        let text = "# comment\n\nA=1\nexport B = two words  # note\nC='single # kept'\nD=\"x\\ny \\\"q\\\"\"\nE=\nF=a#b\n  G=\"multi\nline\"\n";
+        assert_eq!(
+            parse(text, ".env").unwrap(),
+            kv(&[
+                ("A", "1"),
+                ("B", "two words"),
+                ("C", "single # kept"),
+                ("D", "x\ny \"q\""),
+                ("E", ""),
+                ("F", "a#b"),
+                ("G", "multi\nline"),
+            ])
+        );
+    }
+
+    #[test]
+    fn bad_lines_name_file_and_line() {
+        let err = parse("A=1\nthis is not valid\n", "/w/.env").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "/w/.env:2: expected KEY=VALUE, found \"this is not valid\""
+        );
+        let err = parse("A=1\n\n1X=2\n", ".env").unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with(".env:3: \"1X\" is not a valid variable name"),
+            "{err}"
+        );
+        let err = parse("A=\"open\nstill open\n", ".env").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            ".env:1: the \" quote opened here is never closed"
+        );
+        let err = parse("A='x' trailing\n", ".env").unwrap_err();
+        assert!(err.to_string().contains("after the closing quote"), "{err}");
+    }
+}

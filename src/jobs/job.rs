@@ -1,0 +1,332 @@
+//! One job in memory ([`Job`]) and the producer's side of it ([`JobHandle`]).
+//!
+//! Locks and why they exist (always taken in this order, never the other way):
+//! store `jobs` map → `Job::state` → `Job::spools[i]`. `Job::control` is only held to
+//! clone or replace the Arc, never while calling into it.
+//!
+//! `version` is a watch channel bumped after every change a waiter may care about
+//! (output appended, input requested or resumed, finished). A waiter marks the
+//! current version seen *before* checking the state, so no change can slip between
+//! the check and the await.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+
+use super::persist::{self, JobRecord};
+use super::spool::Spool;
+use super::store::JobStore;
+use super::{JobControl, JobId, JobKind, JobOutcome, JobStatus, JobSummary, Stream};
+
+/// Lock a mutex, recovering the data if a thread panicked while holding it (the
+/// state is simple enough to stay consistent).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Mutable state of a job.
+#[derive(Debug, Clone)]
+pub(crate) struct JobState {
+    pub status: JobStatus,
+    pub prompt: Option<String>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<String>,
+    pub message: Option<String>,
+    /// Set once the job finished (or when loaded from disk).
+    pub elapsed_ms: Option<u64>,
+    /// How far `wait` has delivered each stream.
+    pub delivered: [u64; 2],
+    pub cancel_requested: bool,
+    pub shutting_down: bool,
+    pub has_result: bool,
+}
+
+/// The fixed facts of a job, to build it.
+pub(crate) struct JobMeta {
+    pub seq: u64,
+    pub kind: JobKind,
+    pub session: Option<String>,
+    pub label: String,
+    pub created_unix_ms: u64,
+    pub dir: PathBuf,
+}
+
+pub(crate) struct Job {
+    pub id: JobId,
+    pub kind: JobKind,
+    pub session: Option<String>,
+    pub label: String,
+    pub created_unix_ms: u64,
+    pub started: Instant,
+    pub dir: PathBuf,
+    pub state: Mutex<JobState>,
+    pub spools: [Mutex<Spool>; 2],
+    pub version: watch::Sender<u64>,
+    pub control: Mutex<Option<Arc<dyn JobControl>>>,
+    /// Whether we already logged that output is being dropped (disk cap).
+    pub drop_warned: AtomicBool,
+}
+
+impl Job {
+    pub(crate) fn new(meta: JobMeta, state: JobState, spools: [Spool; 2]) -> Job {
+        let [out, err] = spools;
+        Job {
+            id: format!("j{}", meta.seq),
+            kind: meta.kind,
+            session: meta.session,
+            label: meta.label,
+            created_unix_ms: meta.created_unix_ms,
+            started: Instant::now(),
+            dir: meta.dir,
+            state: Mutex::new(state),
+            spools: [Mutex::new(out), Mutex::new(err)],
+            version: watch::Sender::new(0),
+            control: Mutex::new(None),
+            drop_warned: AtomicBool::new(false),
+        }
+    }
+
+    /// Wake every waiter.
+    pub(crate) fn bump(&self) {
+        self.version.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    pub(crate) fn elapsed_ms(&self, st: &JobState) -> u64 {
+        st.elapsed_ms
+            .unwrap_or_else(|| self.started.elapsed().as_millis() as u64)
+    }
+
+    pub(crate) fn lens(&self) -> [u64; 2] {
+        [lock(&self.spools[0]).len(), lock(&self.spools[1]).len()]
+    }
+
+    pub(crate) fn record(&self) -> JobRecord {
+        let st = lock(&self.state);
+        JobRecord {
+            version: persist::RECORD_VERSION,
+            id: self.id.clone(),
+            kind: self.kind,
+            session: self.session.clone(),
+            label: self.label.clone(),
+            status: st.status,
+            prompt: st.prompt.clone(),
+            exit_code: st.exit_code,
+            signal: st.signal.clone(),
+            message: st.message.clone(),
+            created_unix_ms: self.created_unix_ms,
+            elapsed_ms: self.elapsed_ms(&st),
+            delivered: st.delivered,
+            has_result: st.has_result,
+        }
+    }
+
+    pub(crate) fn summary(&self) -> JobSummary {
+        let st = lock(&self.state);
+        let [stdout_bytes, stderr_bytes] = self.lens();
+        JobSummary {
+            id: self.id.clone(),
+            kind: self.kind,
+            session: self.session.clone(),
+            label: self.label.clone(),
+            status: st.status,
+            created_unix_ms: self.created_unix_ms,
+            elapsed_ms: self.elapsed_ms(&st),
+            exit_code: st.exit_code,
+            signal: st.signal.clone(),
+            message: st.message.clone(),
+            prompt: st.prompt.clone(),
+            stdout_bytes,
+            stderr_bytes,
+        }
+    }
+
+    pub(crate) fn is_finished(&self) -> bool {
+        lock(&self.state).status.is_finished()
+    }
+
+    /// Record how the job ended; returns false if it had already finished.
+    pub(crate) fn finish(&self, outcome: JobOutcome, disk_cap: u64) -> bool {
+        let mut st = lock(&self.state);
+        if st.status.is_finished() {
+            return false;
+        }
+        let mut status = outcome.status;
+        let mut message = outcome.message;
+        if !status.is_finished() {
+            tracing::warn!(job = %self.id, ?status, "job finished with a non-final status; recording it as failed");
+            status = JobStatus::Failed;
+        }
+        if st.cancel_requested && status == JobStatus::Failed {
+            status = JobStatus::Cancelled;
+        }
+        if st.shutting_down {
+            message = Some(join_sentences(
+                message,
+                "ended because the server shut down",
+            ));
+        }
+        for (i, spool) in self.spools.iter().enumerate() {
+            let mut spool = lock(spool);
+            spool.close();
+            if spool.dropped() > 0 {
+                let stream = if i == 0 {
+                    Stream::Stdout
+                } else {
+                    Stream::Stderr
+                };
+                let note = format!(
+                    "{} bytes of {stream} were not kept (the disk cap of {disk_cap} bytes for job output was reached)",
+                    spool.dropped()
+                );
+                message = Some(join_sentences(message, &note));
+            }
+        }
+        if let Some(result) = &outcome.result {
+            match persist::save_result(&self.dir, result) {
+                Ok(()) => st.has_result = true,
+                Err(e) => {
+                    tracing::warn!(job = %self.id, error = %e, "could not store the job's result")
+                }
+            }
+        }
+        st.elapsed_ms = Some(self.started.elapsed().as_millis() as u64);
+        st.status = status;
+        st.prompt = None;
+        st.exit_code = outcome.exit_code;
+        st.signal = outcome.signal;
+        st.message = message;
+        drop(st);
+        // Drop the control: it may hold pipes and tasks of a process that is gone.
+        lock(&self.control).take();
+        self.bump();
+        true
+    }
+}
+
+fn join_sentences(first: Option<String>, second: &str) -> String {
+    match first {
+        Some(f) if !f.is_empty() => format!("{f}; {second}"),
+        _ => second.to_string(),
+    }
+}
+
+/// The producer's side of a job: push output, report input requests, finish.
+/// Cheap to clone; every clone refers to the same job.
+#[derive(Clone)]
+pub struct JobHandle {
+    pub(crate) store: Arc<JobStore>,
+    pub(crate) job: Arc<Job>,
+}
+
+impl std::fmt::Debug for JobHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobHandle")
+            .field("id", &self.job.id)
+            .finish()
+    }
+}
+
+impl JobHandle {
+    pub fn id(&self) -> &str {
+        &self.job.id
+    }
+
+    pub fn kind(&self) -> JobKind {
+        self.job.kind
+    }
+
+    /// Register what cancels the job and feeds its input. If a cancel was requested
+    /// before the control existed, it is applied now.
+    pub fn set_control(&self, c: Arc<dyn JobControl>) {
+        let cancel_now = lock(&self.job.state).cancel_requested;
+        *lock(&self.job.control) = Some(c.clone());
+        if cancel_now {
+            c.cancel();
+        }
+    }
+
+    /// Whether someone asked to cancel this job.
+    pub fn cancel_requested(&self) -> bool {
+        lock(&self.job.state).cancel_requested
+    }
+
+    /// Spool `data` to disk and wake waiters. Never blocks on anything but the write
+    /// to the spool file; never fails (a write error is logged and the bytes are
+    /// counted as dropped, reported when the job finishes).
+    pub fn append(&self, stream: Stream, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        let n = data.len() as u64;
+        let room = self.store.make_room(n);
+        {
+            let mut spool = lock(&self.job.spools[stream.index()]);
+            if spool.is_closed() {
+                // Output racing the end of the job (e.g. a late chunk of a worker that
+                // already reported its outcome): the record is final, ignore it.
+                tracing::debug!(job = %self.job.id, bytes = n, "output after the job finished ignored");
+                return;
+            }
+            if !room {
+                spool.drop_bytes(n);
+                if !self.job.drop_warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(job = %self.job.id, "disk cap for job output reached; dropping output");
+                }
+            } else {
+                let before = spool.len();
+                let res = spool.append(data);
+                self.store.add_disk_used(spool.len() - before);
+                if let Err(e) = res
+                    && !self.job.drop_warned.swap(true, Ordering::Relaxed)
+                {
+                    tracing::warn!(job = %self.job.id, error = %e, "could not spool job output");
+                }
+            }
+        }
+        self.job.bump();
+    }
+
+    /// The job is blocked reading input; `prompt` is what it printed as a prompt.
+    pub fn awaiting_input(&self, prompt: &str) {
+        {
+            let mut st = lock(&self.job.state);
+            if st.status.is_finished() {
+                return;
+            }
+            st.status = JobStatus::AwaitingInput;
+            st.prompt = Some(prompt.to_string());
+        }
+        self.job.bump();
+    }
+
+    /// The job got its input and runs again.
+    pub fn resumed(&self) {
+        {
+            let mut st = lock(&self.job.state);
+            if st.status != JobStatus::AwaitingInput {
+                return;
+            }
+            st.status = JobStatus::Running;
+            st.prompt = None;
+        }
+        self.job.bump();
+    }
+
+    /// Record how the job ended. Later calls are ignored. If a cancel was requested,
+    /// a `Failed` outcome is recorded as `Cancelled`.
+    pub fn finish(&self, outcome: JobOutcome) {
+        if self.job.finish(outcome, self.store.disk_cap()) {
+            self.store.save_job(&self.job);
+        }
+    }
+}

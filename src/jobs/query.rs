@@ -1,0 +1,156 @@
+//! Reading a job store: ranged reads and searches of spooled output, listing, and
+//! pruning finished jobs.
+
+use std::sync::Arc;
+
+use super::excerpt::read_text;
+use super::job::{Job, lock, now_unix_ms};
+use super::persist::parse_id;
+use super::store::JobStore;
+use super::{JobError, JobFilter, JobId, JobSummary, OutputChunk, SearchHit, Stream, search};
+
+impl JobStore {
+    /// Read bytes `[offset, offset + len)` of a stream (at most `response_bytes`; the
+    /// end never splits a character). `offset == total` gives an empty chunk (with
+    /// `eof` once the job finished); `offset > total` is an error.
+    pub fn read(
+        &self,
+        id: &str,
+        stream: Stream,
+        offset: u64,
+        len: u64,
+    ) -> Result<OutputChunk, JobError> {
+        let job = self.get(id)?;
+        let finished = job.is_finished();
+        let (path, total) = {
+            let spool = lock(&job.spools[stream.index()]);
+            (spool.path().to_path_buf(), spool.len())
+        };
+        if offset > total {
+            return Err(JobError::PastEnd {
+                id: job.id.clone(),
+                stream,
+                offset,
+                total,
+                more: if finished {
+                    ""
+                } else {
+                    " so far (it is still running)"
+                },
+            });
+        }
+        let len = len.min(self.cfg.response_bytes as u64);
+        let (text, end) = read_text(&path, offset, len, total)
+            .map_err(|e| JobError::io(format!("could not read {stream} of job {}", job.id), e))?;
+        Ok(OutputChunk {
+            id: job.id.clone(),
+            stream,
+            offset,
+            end,
+            total,
+            eof: finished && end == total,
+            text,
+        })
+    }
+
+    /// Lines of a stream matching `pattern` (regex), with `context_lines` lines around
+    /// each (at most 20), at most `max_hits` hits (1..=1000). Reads the spool
+    /// sequentially without loading it. On a multi-threaded tokio runtime the scan runs
+    /// under `block_in_place`, so a search of a large spool does not stall other tasks.
+    pub fn search(
+        &self,
+        id: &str,
+        stream: Stream,
+        pattern: &str,
+        context_lines: usize,
+        max_hits: usize,
+    ) -> Result<Vec<SearchHit>, JobError> {
+        let job = self.get(id)?;
+        let re = search::compile(pattern).map_err(|reason| JobError::Pattern {
+            pattern: pattern.into(),
+            reason,
+        })?;
+        let (path, total) = {
+            let spool = lock(&job.spools[stream.index()]);
+            (spool.path().to_path_buf(), spool.len())
+        };
+        let scan = || search::search_file(&path, total, &re, context_lines, max_hits);
+        let on_worker = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let hits = if on_worker {
+            tokio::task::block_in_place(scan)
+        } else {
+            scan()
+        };
+        hits.map_err(|e| JobError::io(format!("could not search {stream} of job {}", job.id), e))
+    }
+
+    /// Jobs matching `filter`, newest first.
+    pub fn list(&self, filter: &JobFilter) -> Vec<JobSummary> {
+        let jobs: Vec<Arc<Job>> = lock(&self.jobs).map.values().rev().cloned().collect();
+        let now = now_unix_ms();
+        let mut out = Vec::new();
+        for job in jobs {
+            if filter.limit.is_some_and(|l| out.len() >= l) {
+                break;
+            }
+            let summary = job.summary();
+            if matches(filter, &summary, now) {
+                out.push(summary);
+            }
+        }
+        out
+    }
+
+    /// Summary of one job.
+    pub fn summary(&self, id: &str) -> Result<JobSummary, JobError> {
+        Ok(self.get(id)?.summary())
+    }
+
+    /// Remove finished jobs matching `filter` and their files; returns their ids
+    /// (oldest first). Running jobs are never pruned.
+    pub fn prune(&self, filter: &JobFilter) -> Result<Vec<JobId>, JobError> {
+        let now = now_unix_ms();
+        let removed: Vec<Arc<Job>> = {
+            let mut jobs = lock(&self.jobs);
+            let mut picked: Vec<u64> = Vec::new();
+            for (seq, job) in jobs.map.iter().rev() {
+                if filter.limit.is_some_and(|l| picked.len() >= l) {
+                    break;
+                }
+                let summary = job.summary();
+                if summary.status.is_finished() && matches(filter, &summary, now) {
+                    picked.push(*seq);
+                }
+            }
+            picked
+                .iter()
+                .rev()
+                .filter_map(|seq| jobs.map.remove(seq))
+                .collect()
+        };
+        for job in &removed {
+            self.forget_files(job);
+        }
+        if !removed.is_empty() {
+            self.save_next_id();
+        }
+        Ok(removed.iter().map(|j| j.id.clone()).collect())
+    }
+}
+
+fn matches(filter: &JobFilter, s: &JobSummary, now_ms: u64) -> bool {
+    filter.status.as_ref().is_none_or(|v| v.contains(&s.status))
+        && filter.kind.as_ref().is_none_or(|v| v.contains(&s.kind))
+        && filter
+            .session
+            .as_ref()
+            .is_none_or(|want| s.session.as_deref() == Some(want.as_str()))
+        && filter
+            .ids
+            .as_ref()
+            .is_none_or(|ids| ids.iter().any(|i| parse_id(i) == parse_id(&s.id)))
+        && filter
+            .older_than_secs
+            .is_none_or(|secs| now_ms.saturating_sub(s.created_unix_ms) >= secs * 1000)
+}

@@ -1,0 +1,203 @@
+//! Spool files: one append-only file per job stream, so a job's output lives on disk
+//! and the server keeps only a few bytes of it in memory.
+//!
+//! Invariant: bytes below [`Spool::len`] are on disk (writes go straight to the file,
+//! no user-space buffer) and never change, so readers can read any range below the
+//! length they observed without holding the spool's lock.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// One stream of one job.
+#[derive(Debug)]
+pub(crate) struct Spool {
+    path: PathBuf,
+    /// Bytes in the file.
+    len: u64,
+    /// Bytes the job wrote that were not stored (disk cap reached or a write error).
+    dropped: u64,
+    /// Open while the job runs; closed when it finishes.
+    file: Option<File>,
+    /// The last (up to 3) bytes written, to hold back a multibyte character that is
+    /// only partly written.
+    last: [u8; 3],
+    last_len: u8,
+}
+
+impl Spool {
+    /// Create (or truncate) the spool file for a new job.
+    pub(crate) fn create(path: PathBuf) -> io::Result<Spool> {
+        let file = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&path)?;
+        Ok(Spool {
+            path,
+            len: 0,
+            dropped: 0,
+            file: Some(file),
+            last: [0; 3],
+            last_len: 0,
+        })
+    }
+
+    /// A finished job's spool found on disk at start-up (missing file = empty).
+    pub(crate) fn existing(path: PathBuf) -> Spool {
+        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let mut spool = Spool {
+            path,
+            len,
+            dropped: 0,
+            file: None,
+            last: [0; 3],
+            last_len: 0,
+        };
+        let keep = len.min(3);
+        let mut buf = [0u8; 3];
+        if keep > 0
+            && File::open(&spool.path)
+                .and_then(|f| f.read_exact_at(&mut buf[..keep as usize], len - keep))
+                .is_ok()
+        {
+            spool.remember_tail(&buf[..keep as usize]);
+        }
+        spool
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Append `data`. On error nothing is counted as stored and the bytes are counted
+    /// as dropped; the caller decides how to tell the user.
+    pub(crate) fn append(&mut self, data: &[u8]) -> io::Result<()> {
+        let Some(file) = self.file.as_mut() else {
+            self.dropped += data.len() as u64;
+            return Err(io::Error::other("the spool is closed"));
+        };
+        // write_all may write part of the data before failing; keep `len` equal to
+        // the file size by checking how far it got.
+        match file.write_all(data) {
+            Ok(()) => {
+                self.len += data.len() as u64;
+                self.remember_tail(data);
+                Ok(())
+            }
+            Err(e) => {
+                let on_disk = file.metadata().map(|m| m.len()).unwrap_or(self.len);
+                let written = on_disk.saturating_sub(self.len).min(data.len() as u64);
+                self.len += written;
+                self.remember_tail(&data[..written as usize]);
+                self.dropped += data.len() as u64 - written;
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether the spool was closed (the job finished).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.file.is_none()
+    }
+
+    /// Count bytes that were not stored (e.g. over the disk cap).
+    pub(crate) fn drop_bytes(&mut self, n: u64) {
+        self.dropped += n;
+    }
+
+    /// Close the file (the job finished).
+    pub(crate) fn close(&mut self) {
+        self.file = None;
+    }
+
+    /// How many trailing bytes form a UTF-8 character that is not complete yet.
+    pub(crate) fn incomplete_tail(&self) -> u64 {
+        crate::jobs::excerpt::incomplete_suffix_len(&self.last[..self.last_len as usize]) as u64
+    }
+
+    fn remember_tail(&mut self, data: &[u8]) {
+        if data.len() >= 3 {
+            self.last.copy_from_slice(&data[data.len() - 3..]);
+            self.last_len = 3;
+            return;
+        }
+        let mut joined = Vec::with_capacity(6);
+        joined.extend_from_slice(&self.last[..self.last_len as usize]);
+        joined.extend_from_slice(data);
+        let keep = joined.len().min(3);
+        self.last[..keep].copy_from_slice(&joined[joined.len() - keep..]);
+        self.last_len = keep as u8;
+    }
+}
+
+/// Read bytes `[offset, offset + len)` of a spool file (fewer if the file is shorter).
+pub(crate) fn read_range(path: &Path, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let file = File::open(path)?;
+    let mut buf = vec![0u8; len as usize];
+    let mut got = 0usize;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(got);
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("jobs-spool-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("out")
+    }
+
+    #[test]
+    fn appends_are_readable_at_once_and_by_range() {
+        let path = tmp("append");
+        let mut s = Spool::create(path.clone()).unwrap();
+        s.append(b"hello ").unwrap();
+        s.append(b"world").unwrap();
+        assert_eq!(s.len(), 11);
+        assert_eq!(read_range(&path, 0, 11).unwrap(), b"hello world");
+        assert_eq!(read_range(&path, 6, 100).unwrap(), b"world");
+        assert_eq!(read_range(&path, 20, 5).unwrap(), b"");
+        s.close();
+        assert!(s.append(b"x").is_err());
+        assert_eq!(s.dropped(), 1);
+        let again = Spool::existing(path.clone());
+        assert_eq!(again.len(), 11);
+    }
+
+    #[test]
+    fn remembers_a_partial_multibyte_character() {
+        let path = tmp("utf8");
+        let mut s = Spool::create(path).unwrap();
+        let euro = "€".as_bytes(); // 3 bytes
+        s.append(b"ab").unwrap();
+        s.append(&euro[..1]).unwrap();
+        assert_eq!(s.incomplete_tail(), 1);
+        s.append(&euro[1..2]).unwrap();
+        assert_eq!(s.incomplete_tail(), 2);
+        s.append(&euro[2..]).unwrap();
+        assert_eq!(s.incomplete_tail(), 0);
+    }
+}

@@ -1,0 +1,526 @@
+//! The job store: the table of jobs, long-poll `wait`, reads and searches of spooled
+//! output, cancel and input routing, list/prune, disk-cap eviction, shutdown.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::excerpt::{make_excerpt, split_budget};
+pub use super::job::JobHandle;
+use super::job::{Job, JobMeta, JobState, lock, now_unix_ms};
+use super::persist::{self, StoreDir, parse_id};
+use super::spool::Spool;
+use super::{Excerpt, JobError, JobKind, JobOutcome, JobSnapshot, JobStatus, StoreConfig};
+
+/// Longest label kept for a job (labels are for display).
+const MAX_LABEL: usize = 200;
+/// After new output wakes a waiter, how long it lingers for the job to finish, so a
+/// command that prints and exits answers in one response.
+const COALESCE: Duration = Duration::from_millis(25);
+/// How long `shutdown` waits for killed jobs to report their end.
+const SHUTDOWN_WAIT: Duration = Duration::from_millis(700);
+
+/// What makes [`JobStore::wait_for`] return before its timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitFor {
+    /// New output, an input request, or the end of the job (long-poll).
+    Output,
+    /// Only an input request or the end of the job (the first window of a call that
+    /// should answer inline when the job is quick).
+    Settled,
+}
+
+pub(super) struct Jobs {
+    pub(super) map: BTreeMap<u64, Arc<Job>>,
+    pub(super) next_id: u64,
+}
+
+/// All jobs of this server. See the module docs of [`crate::jobs`].
+pub struct JobStore {
+    pub(super) cfg: StoreConfig,
+    dir: StoreDir,
+    pub(super) jobs: Mutex<Jobs>,
+    /// Bytes of spooled output on disk, for the disk cap.
+    disk_used: AtomicU64,
+}
+
+impl std::fmt::Debug for JobStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobStore")
+            .field("dir", &self.dir.path)
+            .finish()
+    }
+}
+
+impl JobStore {
+    /// Open (or create) the store under `cfg.state_dir`, load the job table, and mark
+    /// jobs that were running when the previous server stopped as `lost`.
+    pub fn open(cfg: StoreConfig) -> Result<Arc<JobStore>, JobError> {
+        let dir = persist::open_dir(&cfg.state_dir)?;
+        let (records, next_id) = persist::load(&dir.path);
+        let mut map = BTreeMap::new();
+        let mut lost = Vec::new();
+        let mut disk_used = 0;
+        for rec in records {
+            let Some(seq) = parse_id(&rec.id) else {
+                continue;
+            };
+            let was_running = !rec.status.is_finished();
+            let (status, message) = if !was_running {
+                (rec.status, rec.message)
+            } else {
+                (
+                    JobStatus::Lost,
+                    Some(
+                        "the server stopped while this job was running; output up to then is kept"
+                            .into(),
+                    ),
+                )
+            };
+            let job_dir = persist::job_dir(&dir.path, &rec.id);
+            let spools = [
+                Spool::existing(job_dir.join("stdout")),
+                Spool::existing(job_dir.join("stderr")),
+            ];
+            disk_used += spools[0].len() + spools[1].len();
+            let state = JobState {
+                status,
+                prompt: None,
+                exit_code: rec.exit_code,
+                signal: rec.signal,
+                message,
+                elapsed_ms: Some(rec.elapsed_ms),
+                delivered: rec.delivered,
+                cancel_requested: false,
+                shutting_down: false,
+                has_result: rec.has_result,
+            };
+            let meta = JobMeta {
+                seq,
+                kind: rec.kind,
+                session: rec.session,
+                label: rec.label,
+                created_unix_ms: rec.created_unix_ms,
+                dir: job_dir,
+            };
+            let job = Arc::new(Job::new(meta, state, spools));
+            if was_running {
+                lost.push(job.clone());
+            }
+            map.insert(seq, job);
+        }
+        let store = Arc::new(JobStore {
+            cfg,
+            dir,
+            jobs: Mutex::new(Jobs { map, next_id }),
+            disk_used: AtomicU64::new(disk_used),
+        });
+        for job in &lost {
+            store.save_job(job);
+        }
+        store.make_room(0);
+        Ok(store)
+    }
+
+    /// The directory holding this store's table and spools.
+    pub fn dir(&self) -> &Path {
+        &self.dir.path
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.cfg
+    }
+
+    /// Start a new job (status `running`) and return the producer's handle.
+    pub fn create(
+        self: &Arc<Self>,
+        kind: JobKind,
+        session: Option<&str>,
+        label: &str,
+    ) -> Result<JobHandle, JobError> {
+        let seq = {
+            let mut jobs = lock(&self.jobs);
+            let seq = jobs.next_id;
+            jobs.next_id += 1;
+            seq
+        };
+        let id = format!("j{seq}");
+        let job_dir = persist::job_dir(&self.dir.path, &id);
+        std::fs::create_dir_all(&job_dir)
+            .map_err(|e| JobError::io(format!("could not create {}", job_dir.display()), e))?;
+        let spool = |name: &str| {
+            let path = job_dir.join(name);
+            Spool::create(path.clone())
+                .map_err(|e| JobError::io(format!("could not create {}", path.display()), e))
+        };
+        let spools = [spool("stdout")?, spool("stderr")?];
+        let state = JobState {
+            status: JobStatus::Running,
+            prompt: None,
+            exit_code: None,
+            signal: None,
+            message: None,
+            elapsed_ms: None,
+            delivered: [0, 0],
+            cancel_requested: false,
+            shutting_down: false,
+            has_result: false,
+        };
+        let meta = JobMeta {
+            seq,
+            kind,
+            session: session.map(str::to_string),
+            label: shorten_label(label),
+            created_unix_ms: now_unix_ms(),
+            dir: job_dir,
+        };
+        let job = Arc::new(Job::new(meta, state, spools));
+        self.save_job(&job);
+        lock(&self.jobs).map.insert(seq, job.clone());
+        Ok(JobHandle {
+            store: self.clone(),
+            job,
+        })
+    }
+
+    /// Long-poll: [`wait_for`](Self::wait_for) with [`WaitFor::Output`].
+    pub async fn wait(&self, id: &str, timeout: Duration) -> Result<JobSnapshot, JobError> {
+        self.wait_for(id, timeout, WaitFor::Output).await
+    }
+
+    /// Wait until the job has something to report (see [`WaitFor`]) or `timeout`
+    /// passes, then return its state and the output not delivered before; the
+    /// delivered cursors advance, so each byte is handed out by `wait` once.
+    pub async fn wait_for(
+        &self,
+        id: &str,
+        timeout: Duration,
+        until: WaitFor,
+    ) -> Result<JobSnapshot, JobError> {
+        let job = self.get(id)?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut rx = job.version.subscribe();
+        loop {
+            rx.borrow_and_update();
+            let (settled, has_output) = self.readiness(&job);
+            if settled {
+                break;
+            }
+            if has_output && until == WaitFor::Output {
+                // Linger briefly so output and the end of a quick job come together.
+                let linger = (tokio::time::Instant::now() + COALESCE).min(deadline);
+                loop {
+                    rx.borrow_and_update();
+                    if self.readiness(&job).0
+                        || tokio::time::timeout_at(linger, rx.changed()).await.is_err()
+                    {
+                        break;
+                    }
+                }
+                break;
+            }
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        self.snapshot(&job, true)
+    }
+
+    /// The job's state and the output not yet delivered, without waiting and without
+    /// advancing the delivered cursors.
+    pub fn peek(&self, id: &str) -> Result<JobSnapshot, JobError> {
+        let job = self.get(id)?;
+        self.snapshot(&job, false)
+    }
+
+    /// (finished or awaiting input, has undelivered output)
+    fn readiness(&self, job: &Job) -> (bool, bool) {
+        let st = lock(&job.state);
+        let settled = st.status.is_finished() || st.status == JobStatus::AwaitingInput;
+        let has_output = (0..2).any(|i| {
+            let spool = lock(&job.spools[i]);
+            spool.len() - spool.incomplete_tail() > st.delivered[i]
+        });
+        (settled, has_output)
+    }
+
+    fn snapshot(&self, job: &Job, advance: bool) -> Result<JobSnapshot, JobError> {
+        let mut ranges = [(0u64, 0u64); 2];
+        let mut paths = Vec::with_capacity(2);
+        let st = {
+            let mut st = lock(&job.state);
+            let finished = st.status.is_finished();
+            for (i, range) in ranges.iter_mut().enumerate() {
+                let spool = lock(&job.spools[i]);
+                // Hold back a partly written character until the rest arrives.
+                let end = if finished {
+                    spool.len()
+                } else {
+                    spool.len() - spool.incomplete_tail()
+                };
+                let start = st.delivered[i].min(end);
+                *range = (start, end);
+                if advance {
+                    st.delivered[i] = st.delivered[i].max(end);
+                }
+                paths.push(spool.path().to_path_buf());
+            }
+            st.clone()
+        };
+        let (b_out, b_err) = split_budget(
+            self.cfg.response_bytes,
+            ranges[0].1 - ranges[0].0,
+            ranges[1].1 - ranges[1].0,
+        );
+        let excerpt = |i: usize, budget: usize| -> Result<Excerpt, JobError> {
+            make_excerpt(&paths[i], ranges[i].0, ranges[i].1, budget).map_err(|e| {
+                JobError::io(format!("could not read the output of job {}", job.id), e)
+            })
+        };
+        let stdout = excerpt(0, b_out)?;
+        let stderr = excerpt(1, b_err)?;
+        let result = if st.has_result {
+            persist::load_result(&job.dir)
+        } else {
+            None
+        };
+        Ok(JobSnapshot {
+            id: job.id.clone(),
+            kind: job.kind,
+            session: job.session.clone(),
+            label: job.label.clone(),
+            status: st.status,
+            prompt: st.prompt.clone(),
+            stdout,
+            stderr,
+            elapsed_ms: job.elapsed_ms(&st),
+            exit_code: st.exit_code,
+            signal: st.signal.clone(),
+            message: st.message.clone(),
+            result,
+        })
+    }
+
+    /// Cancel a running job (its producer decides how: interrupt, TERM then KILL).
+    /// If no control is registered yet, the cancel is applied when it is.
+    pub fn cancel(&self, id: &str) -> Result<(), JobError> {
+        let job = self.get(id)?;
+        {
+            let mut st = lock(&job.state);
+            if st.status.is_finished() {
+                return Err(JobError::Finished {
+                    id: job.id.clone(),
+                    status: st.status,
+                    what: "there is nothing to cancel".into(),
+                });
+            }
+            st.cancel_requested = true;
+        }
+        let control = lock(&job.control).clone();
+        if let Some(c) = control {
+            c.cancel();
+        }
+        Ok(())
+    }
+
+    /// Send `text` (and then EOF if `eof`) to a running job's input.
+    pub fn send_input(&self, id: &str, text: &str, eof: bool) -> Result<(), JobError> {
+        let job = self.get(id)?;
+        let status = lock(&job.state).status;
+        if status.is_finished() {
+            return Err(JobError::Finished {
+                id: job.id.clone(),
+                status,
+                what: "it takes no more input".into(),
+            });
+        }
+        if text.is_empty() && !eof {
+            return Err(JobError::Input {
+                id: job.id.clone(),
+                reason: "nothing to send: give some text, or eof to close its input".into(),
+            });
+        }
+        let control = lock(&job.control).clone();
+        let Some(c) = control else {
+            return Err(JobError::NoControl {
+                id: job.id.clone(),
+                what: "take input",
+                status,
+            });
+        };
+        c.send_input(text, eof).map_err(|reason| JobError::Input {
+            id: job.id.clone(),
+            reason,
+        })
+    }
+
+    /// Kill every running job (no grace), wait briefly for them to end, record the
+    /// rest as cancelled, and write the table.
+    pub async fn shutdown(&self) {
+        let running: Vec<Arc<Job>> = lock(&self.jobs)
+            .map
+            .values()
+            .filter(|j| !j.is_finished())
+            .cloned()
+            .collect();
+        for job in &running {
+            {
+                let mut st = lock(&job.state);
+                st.cancel_requested = true;
+                st.shutting_down = true;
+            }
+            let control = lock(&job.control).clone();
+            if let Some(c) = control {
+                c.kill();
+            }
+        }
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
+        for job in &running {
+            let mut rx = job.version.subscribe();
+            loop {
+                rx.borrow_and_update();
+                if job.is_finished()
+                    || tokio::time::timeout_at(deadline, rx.changed())
+                        .await
+                        .is_err()
+                {
+                    break;
+                }
+            }
+            job.finish(
+                JobOutcome {
+                    status: JobStatus::Cancelled,
+                    ..JobOutcome::default()
+                },
+                self.cfg.disk_cap,
+            );
+        }
+        // Record the delivered cursors of every job for the next start.
+        let all: Vec<Arc<Job>> = lock(&self.jobs).map.values().cloned().collect();
+        for job in &all {
+            self.save_job(job);
+        }
+        self.save_next_id();
+    }
+
+    // ----- internals -----
+
+    pub(crate) fn get(&self, id: &str) -> Result<Arc<Job>, JobError> {
+        let jobs = lock(&self.jobs);
+        if let Some(job) = parse_id(id).and_then(|seq| jobs.map.get(&seq)) {
+            return Ok(job.clone());
+        }
+        let ids: Vec<&str> = jobs
+            .map
+            .values()
+            .rev()
+            .take(10)
+            .map(|j| j.id.as_str())
+            .collect();
+        let known = if ids.is_empty() {
+            "there are no jobs (pruned jobs and jobs evicted by the disk cap are gone)".to_string()
+        } else {
+            let more = if jobs.map.len() > ids.len() {
+                ", ... (list jobs to see all)"
+            } else {
+                ""
+            };
+            format!(
+                "known jobs: {}{more} (pruned jobs and jobs evicted by the disk cap are gone)",
+                ids.join(", ")
+            )
+        };
+        Err(JobError::UnknownJob {
+            id: id.to_string(),
+            known,
+        })
+    }
+
+    pub(crate) fn disk_cap(&self) -> u64 {
+        self.cfg.disk_cap
+    }
+
+    pub(crate) fn add_disk_used(&self, n: u64) {
+        self.disk_used.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Make room for `need` more bytes under the disk cap by evicting the oldest
+    /// finished jobs. Returns whether there is room.
+    pub(crate) fn make_room(&self, need: u64) -> bool {
+        let cap = self.cfg.disk_cap;
+        if self.disk_used.load(Ordering::Relaxed).saturating_add(need) <= cap {
+            return true;
+        }
+        let evicted: Vec<Arc<Job>> = {
+            let mut jobs = lock(&self.jobs);
+            let mut evicted = Vec::new();
+            let finished: Vec<u64> = jobs
+                .map
+                .iter()
+                .filter(|(_, j)| j.is_finished())
+                .map(|(s, _)| *s)
+                .collect();
+            for seq in finished {
+                if self.disk_used.load(Ordering::Relaxed).saturating_add(need) <= cap {
+                    break;
+                }
+                if let Some(job) = jobs.map.remove(&seq) {
+                    let bytes: u64 = job.lens().iter().sum();
+                    self.disk_used.fetch_sub(
+                        bytes.min(self.disk_used.load(Ordering::Relaxed)),
+                        Ordering::Relaxed,
+                    );
+                    evicted.push(job);
+                }
+            }
+            evicted
+        };
+        for job in &evicted {
+            tracing::info!(job = %job.id, "evicted a finished job: the disk cap for job output was reached");
+            persist::remove_job_files(&job.dir);
+        }
+        if !evicted.is_empty() {
+            self.save_next_id();
+        }
+        self.disk_used.load(Ordering::Relaxed).saturating_add(need) <= cap
+    }
+
+    pub(super) fn forget_files(&self, job: &Job) {
+        let bytes: u64 = job.lens().iter().sum();
+        self.disk_used.fetch_sub(
+            bytes.min(self.disk_used.load(Ordering::Relaxed)),
+            Ordering::Relaxed,
+        );
+        persist::remove_job_files(&job.dir);
+    }
+
+    /// Write one job's record (errors are logged: the record is for the next start,
+    /// never a reason to fail a job).
+    pub(crate) fn save_job(&self, job: &Job) {
+        if let Err(e) = persist::save_record(&job.dir, &job.record()) {
+            tracing::warn!(job = %job.id, error = %e, "could not write the job's record");
+        }
+    }
+
+    pub(super) fn save_next_id(&self) {
+        let next_id = lock(&self.jobs).next_id;
+        if let Err(e) = persist::save_next_id(&self.dir.path, next_id) {
+            tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not write next_id");
+        }
+    }
+}
+
+fn shorten_label(label: &str) -> String {
+    let label = label.trim();
+    if label.chars().count() <= MAX_LABEL {
+        return label.to_string();
+    }
+    let mut s: String = label.chars().take(MAX_LABEL - 1).collect();
+    s.push('…');
+    s
+}

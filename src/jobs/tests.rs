@@ -1,0 +1,460 @@
+//! Tests of the job store through its public API: long-poll delivery, excerpts and
+//! ranged reads, input/cancel routing, persistence across a restart, prune, disk cap.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+pub(crate) fn state_dir(name: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("jobs-store-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    p
+}
+
+fn open(name: &str, response_bytes: usize, disk_cap: u64) -> Arc<JobStore> {
+    JobStore::open(StoreConfig {
+        state_dir: state_dir(name),
+        disk_cap,
+        response_bytes,
+    })
+    .unwrap()
+}
+
+fn done() -> JobOutcome {
+    JobOutcome {
+        status: JobStatus::Completed,
+        exit_code: Some(0),
+        ..JobOutcome::default()
+    }
+}
+
+#[tokio::test]
+async fn wait_delivers_each_byte_once_then_the_end() {
+    let store = open("once", 20_000, 1 << 30);
+    let h = store.create(JobKind::Shell, None, "echo").unwrap();
+    h.append(Stream::Stdout, b"one\n");
+    h.append(Stream::Stderr, b"warn\n");
+    let s = store.wait(h.id(), Duration::from_secs(5)).await.unwrap();
+    assert_eq!(s.status, JobStatus::Running);
+    assert_eq!(
+        s.stdout,
+        Excerpt {
+            offset: 0,
+            end: 4,
+            head: "one\n".into(),
+            tail: None,
+            omitted: None
+        }
+    );
+    assert_eq!(
+        (s.stderr.offset, s.stderr.end, s.stderr.head.as_str()),
+        (0, 5, "warn\n")
+    );
+    h.append(Stream::Stdout, b"two\n");
+    let s = store.wait(h.id(), Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        (s.stdout.offset, s.stdout.end, s.stdout.head.as_str()),
+        (4, 8, "two\n")
+    );
+    assert!(s.stderr.is_empty());
+    h.finish(done());
+    let t = Instant::now();
+    let s = store.wait(h.id(), Duration::from_secs(5)).await.unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "a finished job answers at once"
+    );
+    assert_eq!(s.status, JobStatus::Completed);
+    assert_eq!(s.exit_code, Some(0));
+    assert!(s.stdout.is_empty() && s.stdout.offset == 8);
+    // `read` re-reads anything.
+    let c = store.read(h.id(), Stream::Stdout, 0, 100).unwrap();
+    assert_eq!(
+        (c.text.as_str(), c.end, c.total, c.eof),
+        ("one\ntwo\n", 8, 8, true)
+    );
+}
+
+#[tokio::test]
+async fn wait_times_out_when_nothing_happens_and_wakes_on_output() {
+    let store = open("timeout", 20_000, 1 << 30);
+    let h = store.create(JobKind::Python, Some("s1"), "sleep").unwrap();
+    let t = Instant::now();
+    let s = store
+        .wait(h.id(), Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(190));
+    assert_eq!(s.status, JobStatus::Running);
+    assert!(s.stdout.is_empty() && s.stderr.is_empty());
+
+    let h2 = h.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        h2.append(Stream::Stdout, b"tick\n");
+    });
+    let t = Instant::now();
+    let s = store.wait(h.id(), Duration::from_secs(10)).await.unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "woke on output after {:?}",
+        t.elapsed()
+    );
+    assert_eq!(s.stdout.head, "tick\n");
+}
+
+#[tokio::test]
+async fn settled_wait_ignores_output_until_the_end() {
+    let store = open("settled", 20_000, 1 << 30);
+    let h = store.create(JobKind::Shell, None, "x").unwrap();
+    let h2 = h.clone();
+    tokio::spawn(async move {
+        h2.append(Stream::Stdout, b"a");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        h2.append(Stream::Stdout, b"b");
+        h2.finish(done());
+    });
+    let s = store
+        .wait_for(h.id(), Duration::from_secs(5), WaitFor::Settled)
+        .await
+        .unwrap();
+    assert_eq!(
+        (s.status, s.stdout.head.as_str()),
+        (JobStatus::Completed, "ab")
+    );
+}
+
+#[tokio::test]
+async fn input_requests_are_reported_and_routed() {
+    struct Feed(Mutex<Vec<(String, bool)>>);
+    impl JobControl for Feed {
+        fn cancel(&self) {}
+        fn send_input(&self, text: &str, eof: bool) -> Result<(), String> {
+            self.0.lock().unwrap().push((text.into(), eof));
+            Ok(())
+        }
+    }
+    let store = open("input", 20_000, 1 << 30);
+    let h = store
+        .create(JobKind::Python, Some("main"), "input()")
+        .unwrap();
+    let err = store.send_input(h.id(), "x", false).unwrap_err();
+    assert!(err.to_string().contains("nothing controls it"), "{err}");
+    let feed = Arc::new(Feed(Mutex::new(Vec::new())));
+    h.set_control(feed.clone());
+    h.awaiting_input("name? ");
+    let s = store.wait(h.id(), Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        (s.status, s.prompt.as_deref()),
+        (JobStatus::AwaitingInput, Some("name? "))
+    );
+    store.send_input(h.id(), "bob\n", false).unwrap();
+    assert!(
+        store
+            .send_input(h.id(), "", false)
+            .unwrap_err()
+            .to_string()
+            .contains("nothing to send")
+    );
+    h.resumed();
+    assert_eq!(store.summary(h.id()).unwrap().status, JobStatus::Running);
+    assert_eq!(*feed.0.lock().unwrap(), vec![("bob\n".to_string(), false)]);
+    h.finish(done());
+    let err = store.send_input(h.id(), "more", false).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "job {} has already finished (completed); it takes no more input",
+            h.id()
+        )
+    );
+}
+
+#[tokio::test]
+async fn cancel_is_routed_and_failed_becomes_cancelled() {
+    struct Cancel(Mutex<u32>);
+    impl JobControl for Cancel {
+        fn cancel(&self) {
+            *self.0.lock().unwrap() += 1;
+        }
+        fn send_input(&self, _: &str, _: bool) -> Result<(), String> {
+            Err("not reading".into())
+        }
+    }
+    let store = open("cancel", 20_000, 1 << 30);
+    let h = store.create(JobKind::Python, None, "loop").unwrap();
+    // A cancel before the control is registered is applied on registration.
+    store.cancel(h.id()).unwrap();
+    let c = Arc::new(Cancel(Mutex::new(0)));
+    h.set_control(c.clone());
+    assert_eq!(*c.0.lock().unwrap(), 1);
+    let err = store.send_input(h.id(), "x", false).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("job {} did not take the input: not reading", h.id())
+    );
+    h.finish(JobOutcome {
+        status: JobStatus::Failed,
+        message: Some("KeyboardInterrupt".into()),
+        ..Default::default()
+    });
+    let s = store.peek(h.id()).unwrap();
+    assert_eq!(s.status, JobStatus::Cancelled);
+    assert!(
+        store
+            .cancel(h.id())
+            .unwrap_err()
+            .to_string()
+            .contains("nothing to cancel")
+    );
+}
+
+#[tokio::test]
+async fn big_output_is_excerpted_and_every_byte_is_readable() {
+    let store = open("big", 1000, 1 << 30);
+    let h = store.create(JobKind::Shell, None, "seq").unwrap();
+    let data: Vec<u8> = (0..5000)
+        .flat_map(|i| format!("{i}\n").into_bytes())
+        .collect();
+    for chunk in data.chunks(777) {
+        h.append(Stream::Stdout, chunk);
+    }
+    h.finish(done());
+    let s = store.wait(h.id(), Duration::from_secs(1)).await.unwrap();
+    let [a, b] = s.stdout.omitted.unwrap();
+    assert_eq!(s.stdout.head.as_bytes(), &data[..a as usize]);
+    assert_eq!(
+        s.stdout.tail.as_deref().unwrap().as_bytes(),
+        &data[b as usize..]
+    );
+    assert!(s.stdout.head.len() + s.stdout.tail.as_ref().unwrap().len() <= 1000);
+    // Page through everything with reads capped at response_bytes.
+    let mut got = Vec::new();
+    let mut off = 0;
+    loop {
+        let c = store.read(h.id(), Stream::Stdout, off, 1 << 20).unwrap();
+        assert!(c.end - c.offset <= 1000);
+        got.extend_from_slice(c.text.as_bytes());
+        off = c.end;
+        if c.eof {
+            break;
+        }
+    }
+    assert_eq!(got, data);
+    let err = store
+        .read(h.id(), Stream::Stdout, data.len() as u64 + 1, 10)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "offset {} is past the end of stdout of job {}, which has {} bytes",
+            data.len() + 1,
+            h.id(),
+            data.len()
+        )
+    );
+    let hits = store
+        .search(h.id(), Stream::Stdout, "^4(8|9)99$", 1, 10)
+        .unwrap();
+    assert_eq!(
+        hits.iter().map(|h| h.text.as_str()).collect::<Vec<_>>(),
+        vec!["4899", "4999"]
+    );
+    assert_eq!(hits[0].before, vec!["4898"]);
+    assert!(store.search(h.id(), Stream::Stdout, "(", 0, 10).is_err());
+}
+
+#[tokio::test]
+async fn a_partly_written_character_is_held_back_while_running() {
+    let store = open("utf8", 20_000, 1 << 30);
+    let h = store.create(JobKind::Shell, None, "x").unwrap();
+    let euro = "€".as_bytes();
+    h.append(Stream::Stdout, b"a");
+    h.append(Stream::Stdout, &euro[..2]);
+    let s = store
+        .wait(h.id(), Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!((s.stdout.head.as_str(), s.stdout.end), ("a", 1));
+    h.append(Stream::Stdout, &euro[2..]);
+    let s = store
+        .wait(h.id(), Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!(
+        (s.stdout.head.as_str(), s.stdout.offset, s.stdout.end),
+        ("€", 1, 4)
+    );
+    // A job that ends mid-character delivers the bytes, replaced.
+    h.append(Stream::Stdout, &euro[..1]);
+    h.finish(done());
+    let s = store
+        .wait(h.id(), Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!(s.stdout.head, "\u{FFFD}");
+}
+
+#[tokio::test]
+async fn restart_keeps_finished_jobs_and_marks_running_ones_lost() {
+    let dir = state_dir("restart");
+    let cfg = StoreConfig {
+        state_dir: dir.clone(),
+        disk_cap: 1 << 30,
+        response_bytes: 20_000,
+    };
+    let (done_id, running_id) = {
+        let store = JobStore::open(cfg.clone()).unwrap();
+        let a = store
+            .create(JobKind::Shell, Some("s"), "echo kept")
+            .unwrap();
+        a.append(Stream::Stdout, b"kept\n");
+        a.finish(JobOutcome {
+            result: Some(serde_json::json!({"v": 1})),
+            ..done()
+        });
+        let b = store.create(JobKind::Shell, None, "sleep 100").unwrap();
+        b.append(Stream::Stdout, b"partial");
+        (a.id().to_string(), b.id().to_string())
+    };
+    let store = JobStore::open(cfg).unwrap();
+    let a = store.peek(&done_id).unwrap();
+    assert_eq!(
+        (a.status, a.session.as_deref(), a.label.as_str()),
+        (JobStatus::Completed, Some("s"), "echo kept")
+    );
+    assert_eq!(a.result, Some(serde_json::json!({"v": 1})));
+    assert_eq!(
+        store.read(&done_id, Stream::Stdout, 0, 100).unwrap().text,
+        "kept\n"
+    );
+    let b = store.summary(&running_id).unwrap();
+    assert_eq!(b.status, JobStatus::Lost);
+    assert!(b.message.unwrap().contains("server stopped"));
+    assert_eq!(
+        store
+            .read(&running_id, Stream::Stdout, 0, 100)
+            .unwrap()
+            .text,
+        "partial"
+    );
+    // Ids are not reused.
+    let c = store.create(JobKind::Shell, None, "new").unwrap();
+    assert_eq!(c.id(), "j3");
+}
+
+#[tokio::test]
+async fn list_filters_and_prune_removes_files() {
+    let store = open("prune", 20_000, 1 << 30);
+    let a = store.create(JobKind::Shell, Some("s1"), "a").unwrap();
+    let b = store.create(JobKind::Python, Some("s2"), "b").unwrap();
+    let c = store.create(JobKind::Shell, None, "c").unwrap();
+    a.append(Stream::Stdout, b"x");
+    a.finish(done());
+    b.finish(JobOutcome {
+        status: JobStatus::Failed,
+        ..Default::default()
+    });
+    let ids = |v: Vec<JobSummary>| v.into_iter().map(|s| s.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(store.list(&JobFilter::default())),
+        vec!["j3", "j2", "j1"]
+    );
+    let shell = JobFilter {
+        kind: Some(vec![JobKind::Shell]),
+        ..Default::default()
+    };
+    assert_eq!(ids(store.list(&shell)), vec!["j3", "j1"]);
+    let failed = JobFilter {
+        status: Some(vec![JobStatus::Failed]),
+        ..Default::default()
+    };
+    assert_eq!(ids(store.list(&failed)), vec!["j2"]);
+    let s1 = JobFilter {
+        session: Some("s1".into()),
+        ..Default::default()
+    };
+    assert_eq!(ids(store.list(&s1)), vec!["j1"]);
+
+    let a_dir = store.dir().join("j1");
+    assert!(a_dir.exists());
+    assert_eq!(
+        store.prune(&JobFilter::default()).unwrap(),
+        vec!["j1", "j2"]
+    );
+    assert!(!a_dir.exists());
+    assert_eq!(ids(store.list(&JobFilter::default())), vec!["j3"]);
+    let err = store.read("j1", Stream::Stdout, 0, 1).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "no job with id \"j1\"; known jobs: j3 (pruned jobs and jobs evicted by the disk cap are gone)"
+    );
+    drop(c);
+}
+
+#[tokio::test]
+async fn disk_cap_evicts_oldest_finished_jobs_first() {
+    let store = open("cap", 20_000, 1000);
+    let a = store.create(JobKind::Shell, None, "a").unwrap();
+    a.append(Stream::Stdout, &[b'a'; 400]);
+    a.finish(done());
+    let b = store.create(JobKind::Shell, None, "b").unwrap();
+    b.append(Stream::Stdout, &[b'b'; 400]);
+    b.finish(done());
+    let c = store.create(JobKind::Shell, None, "c").unwrap();
+    c.append(Stream::Stdout, &[b'c'; 400]); // 1200 > 1000: evict a
+    let ids: Vec<_> = store
+        .list(&JobFilter::default())
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(ids, vec!["j3", "j2"]);
+    c.append(Stream::Stdout, &[b'c'; 500]); // evict b
+    c.append(Stream::Stdout, &[b'c'; 500]); // nothing left to evict: dropped
+    c.finish(done());
+    let s = store.summary(c.id()).unwrap();
+    assert_eq!(s.stdout_bytes, 900);
+    assert!(
+        s.message
+            .unwrap()
+            .contains("500 bytes of stdout were not kept")
+    );
+}
+
+#[tokio::test]
+async fn shutdown_records_jobs_that_do_not_end_as_cancelled() {
+    struct Stuck;
+    impl JobControl for Stuck {
+        fn cancel(&self) {}
+        fn send_input(&self, _: &str, _: bool) -> Result<(), String> {
+            Ok(())
+        }
+    }
+    let dir = state_dir("shutdown");
+    let cfg = StoreConfig {
+        state_dir: dir,
+        disk_cap: 1 << 30,
+        response_bytes: 20_000,
+    };
+    let id = {
+        let store = JobStore::open(cfg.clone()).unwrap();
+        let h = store
+            .create(JobKind::Python, Some("s"), "while True: pass")
+            .unwrap();
+        h.set_control(Arc::new(Stuck));
+        let t = Instant::now();
+        store.shutdown().await;
+        assert!(t.elapsed() < Duration::from_secs(1));
+        let s = store.summary(h.id()).unwrap();
+        assert_eq!(s.status, JobStatus::Cancelled);
+        assert_eq!(
+            s.message.as_deref(),
+            Some("ended because the server shut down")
+        );
+        h.id().to_string()
+    };
+    // The next server sees it cancelled, not lost.
+    let store = JobStore::open(cfg).unwrap();
+    assert_eq!(store.summary(&id).unwrap().status, JobStatus::Cancelled);
+}

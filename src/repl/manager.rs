@@ -1,0 +1,264 @@
+//! The named sessions: create on first use (up to a maximum), list, close, an idle-TTL
+//! reaper, and shutdown.
+//!
+//! `sessions` (sync mutex) guards only the name → session map; it is never held across
+//! an await, so sessions execute concurrently. The reaper task holds a `Weak` reference
+//! and ends by itself when the manager is dropped.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use super::session::SessionEnv;
+use super::worker::SpawnSpec;
+use super::{PythonInfo, ReplConfig, ReplError, Session, SessionInfo, discover_python};
+use crate::sandbox::Placeholders;
+
+pub struct SessionManager {
+    cfg: ReplConfig,
+    python: tokio::sync::OnceCell<PythonInfo>,
+    sessions: Mutex<BTreeMap<String, Arc<Session>>>,
+}
+
+impl SessionManager {
+    /// Create the manager. Inside a tokio runtime it also starts the idle reaper and
+    /// probes the interpreter in the background.
+    pub fn new(cfg: ReplConfig) -> Arc<SessionManager> {
+        let ttl = cfg.idle_ttl;
+        let manager = Arc::new(SessionManager {
+            cfg,
+            python: tokio::sync::OnceCell::new(),
+            sessions: Mutex::new(BTreeMap::new()),
+        });
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(reap_idle(Arc::downgrade(&manager), ttl));
+            // Probe the interpreter now (a pyenv shim alone takes tens of milliseconds),
+            // so the first session does not wait for it. Errors surface on first use.
+            let weak = Arc::downgrade(&manager);
+            rt.spawn(async move {
+                if let Some(m) = weak.upgrade() {
+                    let _ = m.python().await;
+                }
+            });
+        }
+        manager
+    }
+
+    pub fn config(&self) -> &ReplConfig {
+        &self.cfg
+    }
+
+    fn sessions(&self) -> MutexGuard<'_, BTreeMap<String, Arc<Session>>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The interpreter workers run (discovered and probed once).
+    pub async fn python(&self) -> Result<&PythonInfo, ReplError> {
+        self.python
+            .get_or_try_init(|| discover_python(self.cfg.python.as_deref(), &self.cfg.workspace))
+            .await
+    }
+
+    fn open_names(map: &BTreeMap<String, Arc<Session>>) -> String {
+        if map.is_empty() {
+            "none".to_string()
+        } else {
+            map.keys().cloned().collect::<Vec<_>>().join(", ")
+        }
+    }
+
+    /// The session called `name`; error if there is none.
+    pub fn get(&self, name: &str) -> Result<Arc<Session>, ReplError> {
+        let map = self.sessions();
+        map.get(name)
+            .cloned()
+            .ok_or_else(|| ReplError::NoSuchSession {
+                name: name.to_string(),
+                open: Self::open_names(&map),
+            })
+    }
+
+    /// The session called `name`, started (with its worker) if it does not exist yet.
+    pub async fn get_or_start(&self, name: &str) -> Result<Arc<Session>, ReplError> {
+        if let Some(s) = self.sessions().get(name) {
+            return Ok(s.clone());
+        }
+        validate_name(name)?;
+        let python = self.python().await?.clone();
+        self.check_room(name, &self.sessions())?;
+        let tmp = self.session_dir(name).join("tmp");
+        std::fs::create_dir_all(&tmp).map_err(|source| ReplError::Io {
+            what: format!("create the session directory {}", tmp.display()),
+            source,
+        })?;
+        let placeholders = Placeholders {
+            workspace: self.cfg.workspace.clone(),
+            tmp: tmp.clone(),
+            python: python.prefixes.clone(),
+            venv: python.venv.clone(),
+            uv_cache: None,
+        };
+        let policy = Arc::new(self.cfg.policy.resolve(&placeholders)?);
+        let env = SessionEnv {
+            spec: SpawnSpec {
+                python: python.executable.clone(),
+                workspace: self.cfg.workspace.clone(),
+                tmp,
+                policy,
+                code: python.worker_code.clone(),
+            },
+            policy_name: self.cfg.policy.name.clone(),
+            python,
+            repr_limit: self.cfg.repr_limit,
+            start_timeout: self.cfg.start_timeout,
+            spare: self.cfg.spare_worker,
+        };
+        // Start the worker without holding the map: other sessions stay reachable while
+        // the launcher sets up. A concurrent start of the same name wins; ours is closed.
+        let started = {
+            let name = name.to_string();
+            tokio::task::spawn_blocking(move || Session::start(name, env))
+                .await
+                .map_err(|e| ReplError::Io {
+                    what: "start the worker".into(),
+                    source: std::io::Error::other(e),
+                })??
+        };
+        let mut map = self.sessions();
+        if let Some(existing) = map.get(name) {
+            started.close();
+            return Ok(existing.clone());
+        }
+        if let Err(e) = self.check_room(name, &map) {
+            started.close();
+            return Err(e);
+        }
+        map.insert(name.to_string(), started.clone());
+        Ok(started)
+    }
+
+    fn check_room(
+        &self,
+        name: &str,
+        map: &BTreeMap<String, Arc<Session>>,
+    ) -> Result<(), ReplError> {
+        if map.len() >= self.cfg.max_sessions {
+            return Err(ReplError::TooManySessions {
+                name: name.to_string(),
+                max: self.cfg.max_sessions,
+                open: Self::open_names(map),
+            });
+        }
+        Ok(())
+    }
+
+    /// Start session `name` in the background (errors are logged and surface again on
+    /// first use), so the first cell finds a running worker — e.g. `default` at server
+    /// start. Costs one idle Python process until the TTL closes it.
+    pub fn prestart(self: &Arc<Self>, name: &str) {
+        let (me, name) = (Arc::downgrade(self), name.to_string());
+        tokio::spawn(async move {
+            let Some(m) = me.upgrade() else { return };
+            if let Err(e) = m.get_or_start(&name).await {
+                tracing::warn!(session = %name, error = %e, "could not start the session in advance");
+            }
+        });
+    }
+
+    fn session_dir(&self, name: &str) -> PathBuf {
+        self.cfg.state_dir.join("repl").join(name)
+    }
+
+    /// Every session, by name.
+    pub fn list(&self) -> Vec<SessionInfo> {
+        let sessions: Vec<Arc<Session>> = self.sessions().values().cloned().collect();
+        sessions.iter().map(|s| s.info()).collect()
+    }
+
+    /// Kill the session's worker and forget it (its temp directory is removed).
+    pub fn close(&self, name: &str) -> Result<(), ReplError> {
+        let session = {
+            let mut map = self.sessions();
+            map.remove(name).ok_or_else(|| ReplError::NoSuchSession {
+                name: name.to_string(),
+                open: Self::open_names(&map),
+            })?
+        };
+        session.close();
+        let dir = self.session_dir(name);
+        // Removing a big temp tree can take a while; never on the caller's time.
+        std::thread::spawn(move || {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::debug!(dir = %dir.display(), error = %e, "could not remove a session directory");
+            }
+        });
+        Ok(())
+    }
+
+    /// Close every session.
+    pub fn shutdown(&self) {
+        let names: Vec<String> = self.sessions().keys().cloned().collect();
+        for name in names {
+            let _ = self.close(&name);
+        }
+    }
+
+    /// Close sessions idle for longer than the TTL (busy or waiting sessions never are).
+    pub fn reap_idle(&self) -> Vec<String> {
+        let ttl = self.cfg.idle_ttl;
+        let idle: Vec<String> = self
+            .sessions()
+            .iter()
+            .filter(|(_, s)| {
+                s.idle_for() > ttl && s.info().state != super::SessionState::AwaitingInput
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in &idle {
+            tracing::info!(session = %name, "closing a session idle for longer than {ttl:?}");
+            let _ = self.close(name);
+        }
+        idle
+    }
+}
+
+async fn reap_idle(manager: Weak<SessionManager>, ttl: Duration) {
+    let period = (ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(60));
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(m) = manager.upgrade() else { return };
+        m.reap_idle();
+    }
+}
+
+fn validate_name(name: &str) -> Result<(), ReplError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name != "."
+        && name != ".."
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ReplError::InvalidSessionName {
+            name: name.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_names_are_checked() {
+        assert!(validate_name("default").is_ok());
+        assert!(validate_name("a-b_c.1").is_ok());
+        for bad in ["", "..", "a/b", "x y", &"n".repeat(65)] {
+            assert!(validate_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

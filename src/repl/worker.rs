@@ -1,0 +1,260 @@
+//! One worker process: spawn through the launcher and the handle the session holds
+//! (calls, input replies, interrupt, kill). Its I/O task lives in `pump`.
+//!
+//! Ownership and shutdown: the [`Worker`] handle owns the request pipe (through a writer
+//! task) and can kill the process group; dropping it kills the worker. The I/O task owns
+//! the event pipe, stdout, stderr and a pidfd, and ends when the process has ended.
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::unix::pipe;
+use tokio::sync::{OwnedMutexGuard, mpsc, oneshot, watch};
+
+use super::protocol::{self, Event, Request};
+use super::pump::{Pending, Shared, kill_group, lock, pidfd_open, pump, write_requests};
+use super::{CellSink, OutStream, ReplError};
+use crate::sandbox::{ResolvedPolicy, SandboxCommand};
+
+/// The worker driver, embedded so the binary is self-contained.
+pub(crate) const WORKER_SOURCE: &str = include_str!("../../python/sandbox_repl_worker.py");
+/// Compiles the driver (passed as argv[1]) under a fixed name its tracebacks filter on.
+const BOOTSTRAP: &str =
+    "import sys;_s=sys.argv.pop(1);exec(compile(_s,'<sandbox-repl-worker>','exec'))";
+/// Runs the driver precompiled by the same interpreter (argv[1]: base64 of marshal data).
+const BOOTSTRAP_MARSHAL: &str =
+    "import sys,marshal,binascii;exec(marshal.loads(binascii.a2b_base64(sys.argv.pop(1))))";
+/// What a worker needs to start.
+pub(crate) struct SpawnSpec {
+    pub python: PathBuf,
+    pub workspace: PathBuf,
+    pub tmp: PathBuf,
+    pub policy: Arc<ResolvedPolicy>,
+    /// The driver precompiled by this interpreter, if the probe managed to.
+    pub code: Option<Arc<str>>,
+}
+
+/// The answer to one call: the matching event, or the words saying how the worker died.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    Event(Event),
+    Died(Arc<str>),
+}
+
+/// A running worker process.
+pub(crate) struct Worker {
+    pub pid: u32,
+    requests: mpsc::UnboundedSender<Vec<u8>>,
+    shared: Arc<Shared>,
+    ready_rx: watch::Receiver<bool>,
+}
+
+impl Worker {
+    /// Start the worker; returns as soon as the process exists (it reports `ready` later;
+    /// requests sent before then are queued in the pipe).
+    pub fn spawn(spec: &SpawnSpec) -> Result<Worker, ReplError> {
+        let io_err = |what: &'static str| {
+            move |source| ReplError::Io {
+                what: what.into(),
+                source,
+            }
+        };
+        let (req_r, req_w) = std::io::pipe().map_err(io_err("create the worker request pipe"))?;
+        let (ev_r, ev_w) = std::io::pipe().map_err(io_err("create the worker event pipe"))?;
+        let mut cmd = SandboxCommand::new(spec.policy.clone(), &spec.python);
+        match &spec.code {
+            Some(code) => cmd.arg("-c").arg(BOOTSTRAP_MARSHAL).arg(&**code),
+            None => cmd.arg("-c").arg(BOOTSTRAP).arg(WORKER_SOURCE),
+        };
+        cmd.current_dir(&spec.workspace)
+            .env("PYTHONIOENCODING", "utf-8")
+            .env("TMPDIR", &spec.tmp)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .pass_fd(OwnedFd::from(req_r), 3)
+            .pass_fd(OwnedFd::from(ev_w), 4)
+            .enforce_wall_time(false);
+        let mut child = cmd.spawn()?;
+        let pid = child.pid;
+        let stdout = child.stdout.take().map(OwnedFd::from);
+        let stderr = child.stderr.take().map(OwnedFd::from);
+        let (ready, ready_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            state: Mutex::default(),
+            policy: spec.policy.clone(),
+            child: Mutex::new(Some(child)),
+            ready,
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let worker = Worker {
+            pid,
+            requests: tx,
+            shared: shared.clone(),
+            ready_rx,
+        };
+        let pipes = (|| -> std::io::Result<_> {
+            let out = stdout.ok_or_else(|| std::io::Error::other("no stdout pipe"))?;
+            let err = stderr.ok_or_else(|| std::io::Error::other("no stderr pipe"))?;
+            Ok((
+                pipe::Sender::from_owned_fd(OwnedFd::from(req_w))?,
+                pipe::Receiver::from_owned_fd(OwnedFd::from(ev_r))?,
+                pipe::Receiver::from_owned_fd(out)?,
+                pipe::Receiver::from_owned_fd(err)?,
+                pidfd_open(pid)?,
+            ))
+        })();
+        let (req_tx, ev_rx, out_rx, err_rx, pidfd) = match pipes {
+            Ok(p) => p,
+            Err(source) => {
+                worker.kill("setup failed");
+                if let Some(child) = lock(&worker.shared.child).take() {
+                    tokio::spawn(child.wait()); // reap it
+                }
+                return Err(ReplError::Io {
+                    what: "attach to the worker's pipes".into(),
+                    source,
+                });
+            }
+        };
+        tokio::spawn(write_requests(rx, req_tx));
+        tokio::spawn(pump(shared, ev_rx, out_rx, err_rx, pidfd));
+        Ok(worker)
+    }
+
+    /// Send `req`; the returned receiver gets the matching event or the death message.
+    /// `sink` receives the output of the cell this request starts.
+    pub fn call(
+        &self,
+        id: u64,
+        req: &Request,
+        sink: Option<Arc<dyn CellSink>>,
+        guard: Option<OwnedMutexGuard<()>>,
+    ) -> oneshot::Receiver<Reply> {
+        let (tx, rx) = oneshot::channel();
+        let mut st = lock(&self.shared.state);
+        if let Some(death) = &st.death {
+            let _ = tx.send(Reply::Died(death.clone()));
+            return rx;
+        }
+        if let Some(sink) = &sink {
+            // Output printed between cells belongs to this one, in front of its own.
+            if st.orphan_dropped > 0 {
+                let note = format!(
+                    "[{} bytes of output printed between cells were dropped]\n",
+                    st.orphan_dropped
+                );
+                sink.output(OutStream::Stderr, note.as_bytes());
+                st.orphan_dropped = 0;
+            }
+            for (stream, data) in st.orphan.drain(..) {
+                sink.output(stream, &data);
+            }
+            st.orphan_bytes = 0;
+            st.current = Some(id);
+        }
+        st.pending.insert(
+            id,
+            Pending {
+                tx,
+                sink,
+                _guard: guard,
+            },
+        );
+        drop(st);
+        let _ = self.requests.send(protocol::encode(req));
+        rx
+    }
+
+    /// Send a request that has no answer (`input_reply`, `shutdown`).
+    pub fn send(&self, req: &Request) {
+        let _ = self.requests.send(protocol::encode(req));
+    }
+
+    /// Wait until the worker reported `ready` (or died, or `timeout` passed).
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), ReplError> {
+        let mut rx = self.ready_rx.clone();
+        let died = |s: &Shared| lock(&s.state).death.clone();
+        let waited = tokio::time::timeout(timeout, async {
+            loop {
+                if *rx.borrow_and_update() {
+                    return Ok(());
+                }
+                if let Some(d) = died(&self.shared) {
+                    return Err(ReplError::WorkerDied {
+                        message: d.to_string(),
+                    });
+                }
+                if rx.changed().await.is_err() {
+                    return Err(ReplError::WorkerDied {
+                        message: died(&self.shared)
+                            .map(|d| d.to_string())
+                            .unwrap_or_default(),
+                    });
+                }
+            }
+        })
+        .await;
+        waited.unwrap_or_else(|_| {
+            Err(ReplError::WorkerDied {
+                message: format!("the Python worker did not start within {timeout:?}"),
+            })
+        })
+    }
+
+    pub fn death(&self) -> Option<Arc<str>> {
+        lock(&self.shared.state).death.clone()
+    }
+
+    /// `(call id, prompt)` of the `input()` the running cell waits in, if any.
+    pub fn awaiting_input(&self) -> Option<(u64, String)> {
+        lock(&self.shared.state).awaiting_input.clone()
+    }
+
+    /// Answer the pending `input()` (`None` = end of input). False if none is pending.
+    pub fn reply_input(&self, text: Option<String>) -> bool {
+        let mut st = lock(&self.shared.state);
+        let Some((id, _)) = st.awaiting_input.take() else {
+            return false;
+        };
+        let sink = st.pending.get(&id).and_then(|p| p.sink.clone());
+        drop(st);
+        self.send(&Request::InputReply { id, text });
+        if let Some(sink) = sink {
+            sink.input_received();
+        }
+        true
+    }
+
+    /// SIGINT to the worker's main thread (not its children): KeyboardInterrupt in running code.
+    pub fn interrupt(&self) {
+        let child = lock(&self.shared.child);
+        if child.is_some() {
+            // To the main thread (tid == pid), where user code runs; process-directed it
+            // could land on another thread and not wake a blocking call in the main one.
+            // SAFETY: plain syscall on a pid we have not reaped yet (checked above).
+            unsafe {
+                libc::syscall(
+                    libc::SYS_tgkill,
+                    self.pid as libc::pid_t,
+                    self.pid as libc::pid_t,
+                    libc::SIGINT,
+                )
+            };
+        }
+    }
+
+    /// Kill the whole process group; pending calls get a death message naming `reason`.
+    pub fn kill(&self, reason: &'static str) {
+        kill_group(&self.shared, reason);
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill("the session was closed");
+    }
+}

@@ -1,0 +1,197 @@
+//! The MCP handler: one [`SandboxServer`] per client connection, all sharing one
+//! [`Backend`] (sessions, job store). Routes tool calls, answers `tools/list`, and turns
+//! malformed tool arguments into readable tool errors that name the field.
+
+use std::sync::Arc;
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+
+use tokio_util::sync::CancellationToken;
+
+use super::backend::Backend;
+use super::report::failure;
+use super::tools::all_tools;
+
+const INSTRUCTIONS: &str = "\
+Sandboxed Python REPL and shell jobs. Every process runs under the server's sandbox policy \
+(file-system, network, memory and process limits).
+Async model: python_exec, python_run_file and shell_run wait a few seconds; if the work is not \
+done they return status \"running\" and a job_id. Then call job_wait(job_id) — it blocks until \
+new output, an input request or completion, so never sleep between calls. Status \
+\"awaiting_input\" means the code called input(): answer with job_input. Stop work with \
+job_cancel or python_interrupt. Big outputs are cut to a head and a tail; read any byte range \
+or search with job_output. Sessions are named (default \"default\") and independent.";
+
+#[derive(Clone)]
+pub struct SandboxServer {
+    pub(crate) backend: Arc<Backend>,
+    /// Cancelled when this connection goes away; long waits of its tool calls end then.
+    pub(crate) closing: CancellationToken,
+    tools: ToolRouter<SandboxServer>,
+}
+
+impl SandboxServer {
+    pub fn new(backend: Arc<Backend>, closing: CancellationToken) -> Self {
+        SandboxServer {
+            backend,
+            closing,
+            tools: all_tools(),
+        }
+    }
+
+    /// Names of every tool offered (used by the docs-in-step test).
+    pub fn tool_names() -> Vec<String> {
+        all_tools()
+            .list_all()
+            .into_iter()
+            .map(|t| t.name.to_string())
+            .collect()
+    }
+}
+
+fn is_deserialize_failure(r: &CallToolResult) -> bool {
+    r.is_error == Some(true)
+        && r.content.len() == 1
+        && r.content[0]
+            .as_text()
+            .is_some_and(|t| t.text.starts_with("failed to deserialize parameters"))
+}
+
+impl SandboxServer {
+    fn bad_arguments(
+        &self,
+        tool: &str,
+        message: &str,
+        args: &serde_json::Map<String, serde_json::Value>,
+    ) -> CallToolResult {
+        let detail = message
+            .trim_start_matches("failed to deserialize parameters:")
+            .trim();
+        let which = self
+            .tools
+            .get(tool)
+            .and_then(|t| super::args_check::explain(&t.input_schema, args));
+        let text = match which {
+            Some(w) => format!("invalid arguments for {tool}: {w} ({detail})"),
+            None => format!("invalid arguments for {tool}: {detail}"),
+        };
+        failure(text)
+    }
+}
+
+impl ServerHandler for SandboxServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(
+                "mcp-sandbox-repl",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools.list_all()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools.get(name).cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let name = request.name.to_string();
+        if self.tools.get(&name).is_none() {
+            let known: Vec<String> = self
+                .tools
+                .list_all()
+                .into_iter()
+                .map(|t| t.name.to_string())
+                .collect();
+            return Ok(failure(format!(
+                "unknown tool {name:?}; tools are: {}",
+                known.join(", ")
+            ))
+            .into());
+        }
+        let args = request.arguments.clone().unwrap_or_default();
+        let started = std::time::Instant::now();
+        let tcc = ToolCallContext::new(self, request, context);
+        let outcome = self.tools.call(tcc).await;
+        tracing::debug!(tool = %name, micros = started.elapsed().as_micros() as u64, "tool call handled");
+        match outcome {
+            // Bad arguments are the model's to fix: answer with a readable tool error
+            // (MCP: input validation errors are tool execution errors) naming the field.
+            Err(e) if e.code == ErrorCode::INVALID_PARAMS => {
+                Ok(self.bad_arguments(&name, &e.message, &args).into())
+            }
+            Ok(CallToolResponse::Complete(r)) if is_deserialize_failure(&r) => {
+                let text = r
+                    .content
+                    .first()
+                    .and_then(|c| c.as_text())
+                    .map(|t| t.text.clone())
+                    .unwrap_or_default();
+                Ok(self.bad_arguments(&name, &text, &args).into())
+            }
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every tool has a description file in docs/tools and every file names a tool.
+    #[test]
+    fn docs_and_tools_are_in_step() {
+        let mut tools = SandboxServer::tool_names();
+        tools.sort();
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/tools");
+        let mut docs: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter_map(|n| n.strip_suffix(".md").map(str::to_string))
+            .collect();
+        docs.sort();
+        assert_eq!(tools, docs, "docs/tools/*.md and the tool list differ");
+    }
+
+    /// Argument schemas reject unknown fields and every tool has annotations.
+    #[test]
+    fn schemas_are_strict_and_annotated() {
+        for tool in all_tools().list_all() {
+            let schema = serde_json::Value::Object((*tool.input_schema).clone());
+            assert_eq!(
+                schema["additionalProperties"],
+                serde_json::json!(false),
+                "{}",
+                tool.name
+            );
+            assert!(
+                tool.annotations.is_some(),
+                "{} lacks annotations",
+                tool.name
+            );
+            assert!(
+                tool.description.as_deref().is_some_and(|d| d.len() > 80),
+                "{}",
+                tool.name
+            );
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! Environment tools: a session's uv venv (info / create), package installs as jobs,
+//! one-off scripts in transient environments.
+
+use std::collections::BTreeMap;
+
+use rmcp::handler::server::tool::schema_for_output;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, tool, tool_router};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::{MAX_WAIT_SECONDS, reply, seconds, session_or_default};
+use crate::server::handler::SandboxServer;
+use crate::server::progress::CallCtx;
+use crate::server::report::JobReport;
+
+/// Installs and scripts resolve packages: wait longer than a cell by default.
+pub const ENV_WAIT_SECONDS: f64 = 30.0;
+/// Longest `timeout_seconds` a script may ask for.
+pub const MAX_SCRIPT_TIMEOUT: f64 = 24.0 * 3600.0;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvInfoArgs {
+    /// Session name (default "default").
+    #[serde(default)]
+    pub session: Option<String>,
+    /// Create the session's venv now if it has none yet.
+    #[serde(default)]
+    pub create: bool,
+    /// Use the virtual environment at this path (relative to the workspace unless absolute;
+    /// created there if missing) instead of a managed one. Only when the venv is first made.
+    #[serde(default)]
+    pub venv_path: Option<String>,
+    /// Use the workspace's existing `.venv` instead of a managed one.
+    #[serde(default)]
+    pub use_workspace_venv: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvInstallArgs {
+    /// Requirement strings (PEP 508), e.g. ["requests>=2", "numpy"].
+    pub packages: Vec<String>,
+    /// Session whose venv gets the packages (default "default"); it can import them at
+    /// once, keeping its variables.
+    #[serde(default)]
+    pub session: Option<String>,
+    /// Upgrade packages that are already installed.
+    #[serde(default)]
+    pub upgrade: bool,
+    /// Seconds to wait for the install before returning a job id (default 30, max 60).
+    #[serde(default)]
+    pub wait_seconds: Option<f64>,
+    /// Use the virtual environment at this path (relative to the workspace unless absolute;
+    /// created there if missing) instead of a managed one. Only when the venv is first made.
+    #[serde(default)]
+    pub venv_path: Option<String>,
+    /// Use the workspace's existing `.venv` instead of a managed one.
+    #[serde(default)]
+    pub use_workspace_venv: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunScriptArgs {
+    /// Python source to run. Give this or `path`. A PEP 723 `# /// script` block in it
+    /// declares dependencies and `requires-python`.
+    #[serde(default)]
+    pub code: Option<String>,
+    /// A script file, relative to the workspace unless absolute. Give this or `code`.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Requirement strings (PEP 508) installed into the transient environment.
+    #[serde(default)]
+    pub dependencies: Vec<String>,
+    /// Python version, e.g. "3.11" (default: the REPL's interpreter).
+    #[serde(default)]
+    pub python_version: Option<String>,
+    /// Command-line arguments (become `sys.argv[1:]`).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory, relative to the workspace unless absolute (default: the workspace).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Kill the whole process tree after this many seconds (default: no limit beyond the policy's).
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
+    /// Report wall time, CPU time (user + system) and peak RSS of the whole process tree.
+    #[serde(default)]
+    pub benchmark: bool,
+    /// Seconds to wait before returning a job id (default 30, max 60).
+    #[serde(default)]
+    pub wait_seconds: Option<f64>,
+}
+
+#[tool_router(router = env_tools, vis = "pub(crate)")]
+impl SandboxServer {
+    #[tool(
+        description = include_str!("../../../docs/tools/env_info.md"),
+        annotations(title = "Session environment", read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+    )]
+    pub async fn env_info(
+        &self,
+        Parameters(args): Parameters<EnvInfoArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = session_or_default(args.session.clone())?;
+        reply(self.backend.env_info(&session, args).await)
+    }
+
+    #[tool(
+        description = include_str!("../../../docs/tools/env_install.md"),
+        output_schema = schema_for_output::<JobReport>(),
+        annotations(title = "Install packages", read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = true)
+    )]
+    pub async fn env_install(
+        &self,
+        Parameters(args): Parameters<EnvInstallArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = session_or_default(args.session.clone())?;
+        let wait = seconds(
+            args.wait_seconds,
+            ENV_WAIT_SECONDS,
+            MAX_WAIT_SECONDS,
+            "wait_seconds",
+        )?;
+        let call = CallCtx::from_request(&ctx, &self.closing);
+        reply(self.backend.env_install(&session, args, wait, &call).await)
+    }
+
+    #[tool(
+        description = include_str!("../../../docs/tools/python_run_script.md"),
+        output_schema = schema_for_output::<JobReport>(),
+        annotations(title = "Run a one-off script", read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true)
+    )]
+    pub async fn python_run_script(
+        &self,
+        Parameters(args): Parameters<RunScriptArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let wait = seconds(
+            args.wait_seconds,
+            ENV_WAIT_SECONDS,
+            MAX_WAIT_SECONDS,
+            "wait_seconds",
+        )?;
+        if let Some(t) = args.timeout_seconds
+            && !(t.is_finite() && t > 0.0 && t <= MAX_SCRIPT_TIMEOUT)
+        {
+            return Err(ErrorData::invalid_params(
+                format!("`timeout_seconds` must be > 0 and at most {MAX_SCRIPT_TIMEOUT}, got {t}"),
+                None,
+            ));
+        }
+        let call = CallCtx::from_request(&ctx, &self.closing);
+        reply(self.backend.python_run_script(args, wait, &call).await)
+    }
+}

@@ -1,0 +1,117 @@
+//! The tool surface, split by area. Each area is one `#[tool_router]` impl block on
+//! [`SandboxServer`]; [`all_tools`] adds them into the router the handler serves.
+//!
+//! Argument types are `deny_unknown_fields` with doc comments (they become the schema
+//! text); descriptions live in `docs/tools/<tool>.md` and are compiled in.
+
+pub mod env;
+pub mod jobs;
+pub mod python;
+pub mod sessions;
+pub mod shell;
+
+use std::time::Duration;
+
+use rmcp::ErrorData;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::model::CallToolResult;
+
+use super::handler::SandboxServer;
+use super::report::failure;
+
+pub const DEFAULT_SESSION: &str = "default";
+pub const DEFAULT_WAIT_SECONDS: f64 = 3.0;
+pub const MAX_WAIT_SECONDS: f64 = 60.0;
+pub const DEFAULT_POLL_SECONDS: f64 = 30.0;
+pub const MAX_POLL_SECONDS: f64 = 300.0;
+
+/// Every tool the server offers.
+pub fn all_tools() -> ToolRouter<SandboxServer> {
+    SandboxServer::python_tools()
+        + SandboxServer::session_tools()
+        + SandboxServer::job_tools()
+        + SandboxServer::shell_tools()
+        + SandboxServer::env_tools()
+}
+
+/// A failure the model should read (bad session name, unknown job, Python error...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolError(pub String);
+
+impl<E: std::fmt::Display> From<E> for ToolError {
+    fn from(e: E) -> Self {
+        ToolError(e.to_string())
+    }
+}
+
+/// Turn a backend answer into the MCP result: failures are `isError` results with words.
+pub fn reply(r: Result<CallToolResult, ToolError>) -> Result<CallToolResult, ErrorData> {
+    Ok(r.unwrap_or_else(|e| failure(e.0)))
+}
+
+/// Validate a session name, or use `default`.
+pub fn session_or_default(name: Option<String>) -> Result<String, ErrorData> {
+    let name = name.unwrap_or_else(|| DEFAULT_SESSION.to_string());
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(name)
+    } else {
+        Err(ErrorData::invalid_params(
+            format!("invalid `session` {name:?}: use 1-64 letters, digits, '_', '-' or '.'"),
+            None,
+        ))
+    }
+}
+
+/// A wait window in seconds: default when absent, an error when negative or too long.
+pub fn seconds(
+    value: Option<f64>,
+    default: f64,
+    max: f64,
+    field: &str,
+) -> Result<Duration, ErrorData> {
+    let v = value.unwrap_or(default);
+    if !v.is_finite() || v < 0.0 {
+        return Err(ErrorData::invalid_params(
+            format!("`{field}` must be a number of seconds >= 0, got {v}"),
+            None,
+        ));
+    }
+    if v > max {
+        return Err(ErrorData::invalid_params(
+            format!("`{field}` must be at most {max} seconds, got {v}"),
+            None,
+        ));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// The wait window of execute-style tools (`wait_seconds`).
+pub fn wait_window(value: Option<f64>, default: f64) -> Result<Duration, ErrorData> {
+    seconds(value, default, MAX_WAIT_SECONDS, "wait_seconds")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_names_are_checked() {
+        assert_eq!(session_or_default(None).ok().as_deref(), Some("default"));
+        assert!(session_or_default(Some("a-b_1.x".into())).is_ok());
+        assert!(session_or_default(Some("".into())).is_err());
+        assert!(session_or_default(Some("../x".into())).is_err());
+    }
+
+    #[test]
+    fn wait_windows_are_checked() {
+        assert_eq!(wait_window(None, 3.0).ok(), Some(Duration::from_secs(3)));
+        assert!(wait_window(Some(-1.0), 3.0).is_err());
+        assert!(wait_window(Some(61.0), 3.0).is_err());
+        assert!(wait_window(Some(f64::NAN), 3.0).is_err());
+    }
+}

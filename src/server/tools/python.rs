@@ -1,0 +1,188 @@
+//! Python tools: execute code, run a file, interrupt, variables, history.
+
+use rmcp::handler::server::tool::schema_for_output;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, tool, tool_router};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::{DEFAULT_WAIT_SECONDS, reply, session_or_default, wait_window};
+use crate::server::handler::SandboxServer;
+use crate::server::progress::CallCtx;
+use crate::server::report::JobReport;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecArgs {
+    /// Python source to run. The value of a final expression is returned as `value`.
+    pub code: String,
+    /// Session name (default "default"). Sessions are independent Python processes.
+    #[serde(default)]
+    pub session: Option<String>,
+    /// Seconds to wait for completion before returning a job id (default 3, max 60; 0 = return at once).
+    #[serde(default)]
+    pub wait_seconds: Option<f64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunFileArgs {
+    /// Path of the `.py` file, relative to the workspace unless absolute.
+    pub path: String,
+    /// Command-line arguments (become `sys.argv[1:]`).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Session name (default "default").
+    #[serde(default)]
+    pub session: Option<String>,
+    /// Seconds to wait for completion before returning a job id (default 3, max 60).
+    #[serde(default)]
+    pub wait_seconds: Option<f64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionArg {
+    /// Session name (default "default").
+    #[serde(default)]
+    pub session: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum VarAction {
+    List,
+    Get,
+    Set,
+    Delete,
+    Clear,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VarsArgs {
+    /// list | get | set | delete | clear.
+    pub action: VarAction,
+    /// Variable name (get, set, delete).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// JSON value to assign (set).
+    #[serde(default)]
+    pub value: Option<serde_json::Value>,
+    /// Session name (default "default").
+    #[serde(default)]
+    pub session: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryArgs {
+    /// Session name (default "default").
+    #[serde(default)]
+    pub session: Option<String>,
+    /// Only the most recent N cells.
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+#[tool_router(router = python_tools, vis = "pub(crate)")]
+impl SandboxServer {
+    #[tool(
+        description = include_str!("../../../docs/tools/python_exec.md"),
+        output_schema = schema_for_output::<JobReport>(),
+        annotations(title = "Run Python code", read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = false)
+    )]
+    pub async fn python_exec(
+        &self,
+        Parameters(args): Parameters<ExecArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = session_or_default(args.session)?;
+        let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
+        let call = CallCtx::from_request(&ctx, &self.closing);
+        reply(
+            self.backend
+                .python_exec(&session, args.code, wait, &call)
+                .await,
+        )
+    }
+
+    #[tool(
+        description = include_str!("../../../docs/tools/python_run_file.md"),
+        output_schema = schema_for_output::<JobReport>(),
+        annotations(title = "Run a Python file in a session", read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = false)
+    )]
+    pub async fn python_run_file(
+        &self,
+        Parameters(args): Parameters<RunFileArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = session_or_default(args.session)?;
+        let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
+        let call = CallCtx::from_request(&ctx, &self.closing);
+        reply(
+            self.backend
+                .python_run_file(&session, &args.path, args.args, wait, &call)
+                .await,
+        )
+    }
+
+    #[tool(
+        description = include_str!("../../../docs/tools/python_interrupt.md"),
+        annotations(title = "Interrupt Python", read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+    )]
+    pub async fn python_interrupt(
+        &self,
+        Parameters(args): Parameters<SessionArg>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = session_or_default(args.session)?;
+        reply(self.backend.python_interrupt(&session).await)
+    }
+
+    #[tool(
+        description = include_str!("../../../docs/tools/python_vars.md"),
+        annotations(title = "Python variables", read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = false)
+    )]
+    pub async fn python_vars(
+        &self,
+        Parameters(args): Parameters<VarsArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = session_or_default(args.session)?;
+        let needs_name = matches!(
+            args.action,
+            VarAction::Get | VarAction::Set | VarAction::Delete
+        );
+        let name = match (needs_name, args.name) {
+            (true, None) => {
+                return Ok(crate::server::report::failure(
+                    "`name` is required for get, set and delete",
+                ));
+            }
+            (_, name) => name,
+        };
+        if args.action == VarAction::Set && args.value.is_none() {
+            return Ok(crate::server::report::failure(
+                "`value` (any JSON value) is required for set",
+            ));
+        }
+        reply(
+            self.backend
+                .python_vars(&session, args.action, name.as_deref(), args.value)
+                .await,
+        )
+    }
+
+    #[tool(
+        description = include_str!("../../../docs/tools/python_history.md"),
+        annotations(title = "Session history", read_only_hint = true, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+    )]
+    pub async fn python_history(
+        &self,
+        Parameters(args): Parameters<HistoryArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = session_or_default(args.session)?;
+        reply(self.backend.python_history(&session, args.limit).await)
+    }
+}

@@ -1,0 +1,80 @@
+//! Shell tools: run a command (or argv) as a sandboxed job.
+
+use std::collections::BTreeMap;
+
+use rmcp::handler::server::tool::schema_for_output;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, tool, tool_router};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::{DEFAULT_WAIT_SECONDS, reply, session_or_default, wait_window};
+use crate::server::handler::SandboxServer;
+use crate::server::progress::CallCtx;
+use crate::server::report::{JobReport, failure};
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShellArgs {
+    /// A shell command line, run with `sh -c`. Give this or `argv`.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// The program and its arguments, run without a shell. Give this or `command`.
+    #[serde(default)]
+    pub argv: Option<Vec<String>>,
+    /// Working directory, relative to the workspace unless absolute (default: the workspace).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment variables (win over `env_file`).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// A `.env` file to load (KEY=VALUE lines, `#` comments, optional quotes).
+    #[serde(default)]
+    pub env_file: Option<String>,
+    /// Text written to the command's stdin at start (stdin stays open unless `stdin_eof`).
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// Close stdin right after `stdin` (or at once if `stdin` is absent).
+    #[serde(default)]
+    pub stdin_eof: bool,
+    /// Label the job with this session (for job_list filters).
+    #[serde(default)]
+    pub session: Option<String>,
+    /// Seconds to wait for completion before returning a job id (default 3, max 60).
+    #[serde(default)]
+    pub wait_seconds: Option<f64>,
+}
+
+#[tool_router(router = shell_tools, vis = "pub(crate)")]
+impl SandboxServer {
+    #[tool(
+        description = include_str!("../../../docs/tools/shell_run.md"),
+        output_schema = schema_for_output::<JobReport>(),
+        annotations(title = "Run a shell command", read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = false)
+    )]
+    pub async fn shell_run(
+        &self,
+        Parameters(mut args): Parameters<ShellArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        match (&args.command, &args.argv) {
+            (Some(_), Some(_)) => return Ok(failure("give either `command` or `argv`, not both")),
+            (None, None) => {
+                return Ok(failure(
+                    "`command` (a shell line) or `argv` (a list) is required",
+                ));
+            }
+            (None, Some(v)) if v.is_empty() => return Ok(failure("`argv` must name a program")),
+            _ => {}
+        }
+        args.session = args
+            .session
+            .map(|s| session_or_default(Some(s)))
+            .transpose()?;
+        let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
+        let call = CallCtx::from_request(&ctx, &self.closing);
+        reply(self.backend.shell_run(args, wait, &call).await)
+    }
+}

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Server benchmark through the official MCP Python SDK (stdio), not part of the tests.
+
+Measures: spawn → initialized, the first python_exec (starts the worker), median and p95
+of 200 trivial executes, interrupt → reported KeyboardInterrupt, restart → usable session,
+and `python3 -c pass` in the same run for scale. Prints a markdown section.
+
+    python3 tests/bench/server.py [--bin target/release/mcp-sandbox-repl] [--n 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+def pct(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+async def one_server(binary: str, root: Path, n: int, results: dict, full: bool):
+    ws, state = root / "ws", root / "state"
+    ws.mkdir(parents=True, exist_ok=True)
+    state.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, MCP_SANDBOX_WORKSPACE=str(ws), MCP_SANDBOX_STATE_DIR=str(state), RUST_LOG="error")
+    params = StdioServerParameters(command=binary, args=[], env=env, cwd=str(ws))
+    t0 = time.perf_counter()
+    async with stdio_client(params, errlog=open(os.devnull, "w")) as (r, w):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            results.setdefault("init", []).append(time.perf_counter() - t0)
+            if not full:
+                return
+            t = time.perf_counter()
+            res = await s.call_tool("python_exec", {"code": "1"})
+            results["first"] = time.perf_counter() - t
+            assert not res.is_error, res
+            lat = []
+            for _ in range(n):
+                t = time.perf_counter()
+                res = await s.call_tool("python_exec", {"code": "1"})
+                lat.append(time.perf_counter() - t)
+                assert res.structured_content["value"] == "1"
+            results["trivial"] = lat
+
+            ints = []
+            for _ in range(5):
+                res = await s.call_tool("python_exec", {"code": "while True: pass", "wait_seconds": 0.1})
+                job = res.structured_content["job_id"]
+                t = time.perf_counter()
+                await s.call_tool("python_interrupt", {})
+                res = await s.call_tool("job_wait", {"job_id": job, "until_done": True, "timeout_seconds": 10})
+                ints.append(time.perf_counter() - t)
+                assert res.structured_content["error"]["ename"] == "KeyboardInterrupt", res
+            results["interrupt"] = ints
+
+            rs = []
+            for _ in range(5):
+                await s.call_tool("python_exec", {"code": "x = 1"})
+                t = time.perf_counter()
+                await s.call_tool("session_restart", {})
+                res = await s.call_tool("python_exec", {"code": "'x' in globals()"})
+                rs.append(time.perf_counter() - t)
+                assert res.structured_content["value"] == "False", res
+            results["restart"] = rs
+
+
+def python_pass(runs=10):
+    out = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        subprocess.run(["python3", "-c", "pass"], check=True)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    default = REPO / "target" / "release" / "mcp-sandbox-repl"
+    if not default.exists():
+        default = REPO / "target" / "debug" / "mcp-sandbox-repl"
+    ap.add_argument("--bin", default=str(default))
+    ap.add_argument("--n", type=int, default=200)
+    args = ap.parse_args()
+    args.bin = os.path.abspath(args.bin)
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(10):
+            anyio.run(one_server, args.bin, Path(tmp) / f"r{i}", args.n, results, False)
+        anyio.run(one_server, args.bin, Path(tmp) / "full", args.n, results, True)
+    pp = python_pass()
+    profile = "release" if "/release/" in args.bin else "debug"
+    print("## Server\n")
+    print(f"Measured with `python3 tests/bench/server.py` ({profile} build, official `mcp` Python SDK over stdio,")
+    print(f"policy workspace-write, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}).\n")
+    print("| What | Result |")
+    print("|---|---|")
+    print(f"| spawn → initialized (median of 10) | {ms(statistics.median(results['init']))} |")
+    print(f"| first `python_exec` (starts the worker) | {ms(results['first'])} |")
+    t = results["trivial"]
+    print(f"| trivial `python_exec` ×{len(t)}: median / p95 | {ms(statistics.median(t))} / {ms(pct(t, 95))} |")
+    print(f"| interrupt → KeyboardInterrupt reported (median of 5) | {ms(statistics.median(results['interrupt']))} |")
+    print(f"| restart → usable session (median of 5) | {ms(statistics.median(results['restart']))} |")
+    print(f"| `python3 -c pass` (median of 10, same run) | {ms(statistics.median(pp))} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

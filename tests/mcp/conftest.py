@@ -1,0 +1,211 @@
+"""Harness for driving the real `mcp-sandbox-repl` binary through the official MCP Python SDK.
+
+Each test gets a fresh temp workspace and state directory. A test writes its scenario as an
+`async def scenario(c)` taking a `Client`, and runs it with `server.run(scenario)`; the
+server is started over stdio for the scenario and stopped afterwards. Several servers (a
+restart) are just several `run` calls on the same harness: they share the state directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def binary() -> str:
+    """The server binary: $MCP_SANDBOX_BIN, else target/debug (tests/run builds it)."""
+    path = os.environ.get("MCP_SANDBOX_BIN") or str(REPO / "target" / "debug" / "mcp-sandbox-repl")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"server binary not found at {path}: run `cargo build` (or tests/run) first")
+    return path
+
+
+class ToolFailed(AssertionError):
+    pass
+
+
+class Client:
+    """A thin wrapper over `ClientSession` with helpers that keep tests short."""
+
+    def __init__(self, session: ClientSession, harness: "Harness", proc_pid: int | None):
+        self.session = session
+        self.harness = harness
+        self.server_pid = proc_pid
+
+    async def call(self, tool: str, timeout: float = 60, progress=None, **args: Any):
+        """Call a tool; return the raw CallToolResult (may be an error result)."""
+        return await self.session.call_tool(tool, args, read_timeout_seconds=timeout, progress_callback=progress)
+
+    async def ok(self, tool: str, timeout: float = 60, **args: Any) -> dict:
+        """Call a tool that must succeed; return its structured content (or {'text': ...})."""
+        res = await self.call(tool, timeout=timeout, **args)
+        if res.is_error:
+            raise ToolFailed(f"{tool}({args}) failed: {text_of(res)}")
+        return res.structured_content if res.structured_content is not None else {"text": text_of(res)}
+
+    async def err(self, tool: str, **args: Any) -> str:
+        """Call a tool that must fail with a tool error; return the error text."""
+        res = await self.call(tool, **args)
+        assert res.is_error, f"{tool}({args}) unexpectedly succeeded: {text_of(res)}"
+        return text_of(res)
+
+    async def py(self, code: str, **args: Any) -> dict:
+        """python_exec whose result is returned whatever its status (structured)."""
+        res = await self.call("python_exec", code=code, **args)
+        assert res.structured_content is not None, f"no structured result: {text_of(res)}"
+        return res.structured_content
+
+    async def finish(self, job: dict, timeout: float = 60) -> dict:
+        """Follow a job with job_wait until it is finished; return the last report with
+        stdout/stderr replaced by everything collected along the way."""
+        out, err = [job["stdout"]["text"] + (job["stdout"].get("tail") or "")], [job["stderr"]["text"]]
+        deadline = time.monotonic() + timeout
+        while job["status"] in ("running", "awaiting_input"):
+            assert job["status"] == "running", f"job waits for input: {job}"
+            assert time.monotonic() < deadline, f"job did not finish in {timeout}s: {job}"
+            job = await self.ok("job_wait", job_id=job["job_id"], timeout_seconds=30)
+            out.append(job["stdout"]["text"] + (job["stdout"].get("tail") or ""))
+            err.append(job["stderr"]["text"])
+        job = dict(job)
+        job["all_stdout"] = "".join(out)
+        job["all_stderr"] = "".join(err)
+        return job
+
+
+def first_leaf(e: BaseException) -> BaseException:
+    while isinstance(e, BaseExceptionGroup):
+        e = e.exceptions[0]
+    return e
+
+
+def text_of(res) -> str:
+    return "\n".join(getattr(c, "text", f"<{c.type}>") for c in res.content)
+
+
+class Harness:
+    def __init__(self, root: Path):
+        self.root = root
+        self.workspace = root / "ws"
+        self.state_dir = root / "state"
+        self.workspace.mkdir()
+        self.state_dir.mkdir()
+        self.extra_args: list[str] = []
+        self.env: dict[str, str] = {}
+        self.last_server_pid: int | None = None
+
+    def server_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_SANDBOX_")}
+        env.update(
+            MCP_SANDBOX_WORKSPACE=str(self.workspace),
+            MCP_SANDBOX_STATE_DIR=str(self.state_dir),
+            RUST_LOG=os.environ.get("RUST_LOG", "warn"),
+        )
+        env.update(self.env)
+        return env
+
+    @asynccontextmanager
+    async def connect(self, *args: str):
+        params = StdioServerParameters(
+            command=binary(), args=[*self.extra_args, *args], env=self.server_env(), cwd=str(self.workspace)
+        )
+        errlog = open(self.root / "server-stderr.log", "a")
+        try:
+            async with stdio_client(params, errlog=errlog) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    pid = newest_server_pid()
+                    self.last_server_pid = pid
+                    yield Client(session, self, pid)
+        finally:
+            errlog.close()
+
+    def run(self, scenario: Callable[[Client], Awaitable[Any]], *args: str, timeout: float = 120) -> Any:
+        async def main():
+            with anyio.fail_after(timeout):
+                async with self.connect(*args) as c:
+                    return await scenario(c)
+
+        try:
+            return anyio.run(main)
+        except BaseExceptionGroup as group:  # show the test's own failure, not the task-group wrapper
+            raise first_leaf(group) from None
+
+    def stderr_log(self) -> str:
+        p = self.root / "server-stderr.log"
+        return p.read_text() if p.exists() else ""
+
+
+def newest_server_pid() -> int | None:
+    """The pid of the most recently started server process that is our child."""
+    me = os.getpid()
+    best = None
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == me and exe.endswith("mcp-sandbox-repl"):
+            best = pid if best is None or pid > best else best
+    return best
+
+
+def descendants(pid: int) -> list[int]:
+    """All live processes whose parent chain leads to `pid` (excluding zombies)."""
+    children: dict[int, list[int]] = {}
+    for p in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] == "Z":
+            continue
+        children.setdefault(int(fields[1]), []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def pids_with_env_marker(marker: str) -> list[int]:
+    """Live processes whose environment or command line contains `marker`."""
+    found = []
+    for p in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        if p == os.getpid():
+            continue
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            blob = Path(f"/proc/{p}/cmdline").read_bytes() + Path(f"/proc/{p}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in blob:
+            found.append(p)
+    return found
+
+
+@pytest.fixture
+def server(tmp_path) -> Harness:
+    return Harness(tmp_path)
+
+
+def python_real() -> str:
+    out = subprocess.run(["python3", "-c", "import sys; print(sys.executable)"], capture_output=True, text=True)
+    return out.stdout.strip() or shutil.which("python3") or "python3"

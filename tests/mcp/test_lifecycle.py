@@ -1,0 +1,111 @@
+"""Server lifecycle: closing stdin or SIGTERM leaves no process of ours behind."""
+
+import os
+import signal
+import subprocess
+import time
+
+from conftest import binary, descendants
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def start_work(c_pids, server):
+    """Scenario: a Python session with a child process, a background cell, and a shell job
+    with children; records every process the server started."""
+
+    async def scenario(c):
+        await c.ok("python_exec", code="import subprocess\np = subprocess.Popen(['sleep', '300'])")
+        await c.ok("python_exec", code="import time\nwhile True: time.sleep(0.1)", session="busy", wait_seconds=0.2)
+        await c.ok("shell_run", command="sleep 300 & sleep 300; wait", wait_seconds=0.3)
+        c_pids["server"] = c.server_pid
+        c_pids["all"] = descendants(c.server_pid)
+        assert len(c_pids["all"]) >= 5, c_pids
+
+    return scenario
+
+
+def test_closing_stdin_leaves_no_process_behind(server):
+    pids = {}
+    server.run(start_work(pids, server))
+    # The client closed stdin and waited for the server to exit (the SDK does that).
+    deadline = time.monotonic() + 1.0
+    while any(alive(p) for p in pids["all"] + [pids["server"]]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    left = [p for p in pids["all"] + [pids["server"]] if alive(p)]
+    assert left == [], f"processes left 1 s after stdin closed: {left}"
+
+
+def test_sigterm_cleans_up_within_a_second(server):
+    proc = subprocess.Popen(
+        [binary()], env=server.server_env(), cwd=server.workspace,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+    import json
+
+    def send(msg):
+        proc.stdin.write((json.dumps(msg) + "\n").encode())
+        proc.stdin.flush()
+
+    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+    proc.stdout.readline()
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "shell_run", "arguments": {"command": "sleep 300 & sleep 300; wait", "wait_seconds": 0.3}}})
+    proc.stdout.readline()
+    send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "python_exec", "arguments": {"code": "import time\nwhile True: time.sleep(0.1)", "wait_seconds": 0.3}}})
+    proc.stdout.readline()
+    kids = descendants(proc.pid)
+    assert len(kids) >= 3, kids
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=5)
+    deadline = t0 + 1.0
+    while any(alive(p) for p in kids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [p for p in kids if alive(p)] == []
+    assert time.monotonic() - t0 < 1.5
+
+
+def test_closing_stdin_during_a_long_poll_exits_at_once(server):
+    """A client that goes away while a job_wait long-poll is in flight: the server does not
+    wait for the poll; it exits and kills the job within a second."""
+    import json
+
+    proc = subprocess.Popen(
+        [binary()], env=server.server_env(), cwd=server.workspace,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+
+    def send(msg):
+        proc.stdin.write((json.dumps(msg) + "\n").encode())
+        proc.stdin.flush()
+
+    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+    proc.stdout.readline()
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "shell_run", "arguments": {"command": "sleep 300", "wait_seconds": 0}}})
+    job = json.loads(proc.stdout.readline())["result"]["structuredContent"]["job_id"]
+    send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "job_wait", "arguments": {"job_id": job, "timeout_seconds": 300}}})
+    time.sleep(0.3)
+    kids = descendants(proc.pid)
+    assert kids
+    t0 = time.monotonic()
+    proc.stdin.close()
+    proc.wait(timeout=10)
+    assert time.monotonic() - t0 < 1.0, f"server took {time.monotonic() - t0:.2f} s to exit"
+    deadline = t0 + 1.0
+    while any(alive(p) for p in kids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [p for p in kids if alive(p)] == []

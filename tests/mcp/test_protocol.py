@@ -1,0 +1,157 @@
+"""The MCP surface itself: tool list, schemas, annotations, bad arguments, HTTP auth."""
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+from conftest import binary
+
+EXPECTED_TOOLS = {
+    "python_exec", "python_run_file", "python_interrupt", "python_vars", "python_history",
+    "session_list", "session_restart", "session_close",
+    "job_wait", "job_input", "job_cancel", "job_list", "job_output", "job_prune",
+    "shell_run",
+}
+
+
+def test_tools_are_listed_with_schemas_and_annotations(server):
+    """Every tool has a description written for an LLM, a strict input schema and hints."""
+
+    async def scenario(c):
+        tools = (await c.session.list_tools()).tools
+        names = {t.name for t in tools}
+        assert EXPECTED_TOOLS <= names, EXPECTED_TOOLS - names
+        for t in tools:
+            assert len(t.description) > 80, t.name
+            assert t.input_schema.get("additionalProperties") is False, t.name
+            assert t.annotations is not None and t.annotations.read_only_hint is not None, t.name
+        by = {t.name: t for t in tools}
+        assert by["python_exec"].output_schema["properties"]["job_id"]
+        assert "job_wait" in by["python_exec"].description  # the async model is spelled out
+        assert by["job_list"].annotations.read_only_hint is True
+        assert by["session_restart"].annotations.destructive_hint is True
+
+    server.run(scenario)
+
+
+def test_malformed_arguments_name_the_field(server):
+    """Bad tool arguments come back as a readable error naming the offending field."""
+
+    async def scenario(c):
+        msg = await c.err("python_exec", code="1", sesion="x")
+        assert "sesion" in msg
+        msg = await c.err("python_exec")
+        assert "code" in msg
+        msg = await c.err("python_exec", code=5)
+        assert "invalid" in msg.lower()
+        msg = await c.err("job_wait", job_id="j1", timeout_seconds=-1)
+        assert "timeout_seconds" in msg
+        msg = await c.err("python_exec", code="1", session="../etc")
+        assert "session" in msg
+        msg = await c.err("shell_run")
+        assert "command" in msg and "argv" in msg
+        msg = await c.err("job_output", job_id="j1", stream="stdin")
+        assert "stream" in msg or "stdin" in msg
+        msg = await c.err("no_such_tool")
+        assert "unknown tool" in msg
+        # The server is still fine afterwards.
+        assert "python_exec" in {t.name for t in (await c.session.list_tools()).tools}
+
+    server.run(scenario)
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def post(url, body, token=None):
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+INIT = {
+    "jsonrpc": "2.0", "id": 1, "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+}
+
+
+def start_http(server, *extra):
+    port = free_port()
+    env = server.server_env()
+    proc = subprocess.Popen(
+        [binary(), "--transport", "http", "--listen", f"127.0.0.1:{port}", *extra],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"http://127.0.0.1:{port}/mcp"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"HTTP server did not start: {proc.stderr.read().decode()}")
+
+
+def test_http_requires_the_bearer_token_when_set(server):
+    """With --token, requests without the exact bearer token get 401; with it, MCP works."""
+    proc, url = start_http(server, "--token", "s3cret")
+    try:
+        status, _ = post(url, INIT)
+        assert status == 401
+        status, _ = post(url, INIT, token="wrong")
+        assert status == 401
+        status, body = post(url, INIT, token="s3cret")
+        assert status == 200, body
+        assert "mcp-sandbox-repl" in body
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=5) == 0
+
+
+def test_http_refuses_public_address_without_token(server):
+    """Binding a non-loopback address without a token is refused with a clear message."""
+    out = subprocess.run(
+        [binary(), "--transport", "http", "--listen", f"0.0.0.0:{free_port()}"],
+        env=server.server_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10,
+    )
+    assert out.returncode != 0
+    assert "token" in out.stderr
+
+
+def test_http_streamable_client_works(server):
+    """The official SDK's streamable HTTP client can list tools (loopback, no token)."""
+    import anyio
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    proc, url = start_http(server)
+
+    async def main():
+        async with streamable_http_client(url) as streams:
+            read, write = streams[0], streams[1]
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                return {t.name for t in (await s.list_tools()).tools}
+
+    try:
+        names = anyio.run(main)
+        assert EXPECTED_TOOLS <= names
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)

@@ -1,0 +1,158 @@
+"""Python REPL through MCP: the mcp-async-repl scenario, interrupt, variables, files, input()."""
+
+import time
+
+import pytest
+
+
+def test_async_repl_scenario(server):
+    """The full mcp-async-repl walk-through: state across calls, variables, input() round
+    trip, a five-second loop that goes to the background and is collected whole, restart."""
+
+    async def scenario(c):
+        r = await c.ok("python_exec", code='x = 42; print(f"x is {x}")')
+        assert r["status"] == "completed" and r["stdout"]["text"] == "x is 42\n"
+        r = await c.ok("python_exec", code='y = x * 2; print(f"y is {y}")')
+        assert r["stdout"]["text"] == "y is 84\n"
+        names = {v["name"] for v in (await c.ok("python_vars", action="list"))["variables"]}
+        assert {"x", "y"} <= names
+
+        r = await c.ok("python_exec", code='name = input("Enter your name: ")')
+        assert r["status"] == "awaiting_input" and r["prompt"] == "Enter your name: "
+        assert "job_input" in r["next"]
+        r = await c.ok("job_input", job_id=r["job_id"], text="Jonathan")
+        assert r["status"] == "completed", r
+        r = await c.ok("python_exec", code='print(f"Hello {name}, x={x}")')
+        assert r["stdout"]["text"] == "Hello Jonathan, x=42\n"
+
+        t0 = time.monotonic()
+        r = await c.ok("python_exec", code='import time\n[print(f"tick {i}", flush=True) for i in range(5) if not time.sleep(1)]', wait_seconds=1.5)
+        assert r["status"] == "running" and r["job_id"], r
+        assert time.monotonic() - t0 < 3
+        done = await c.finish(r)
+        assert done["status"] == "completed"
+        assert done["all_stdout"] == "".join(f"tick {i}\n" for i in range(5))
+
+        await c.ok("session_restart")
+        assert (await c.ok("python_vars", action="list"))["variables"] == []
+
+    server.run(scenario)
+
+
+def test_value_traceback_and_separate_streams(server):
+    """Last-expression value, stderr apart from stdout, full traceback on error."""
+
+    async def scenario(c):
+        r = await c.ok("python_exec", code="import sys\nprint('out'); print('err', file=sys.stderr)\n6*7")
+        assert (r["stdout"]["text"], r["stderr"]["text"], r["value"]) == ("out\n", "err\n", "42")
+        assert r["elapsed_ms"] >= 0
+        res = await c.call("python_exec", code="def f():\n    return 1/0\nf()")
+        assert res.is_error
+        r = res.structured_content
+        assert r["status"] == "failed" and r["error"]["ename"] == "ZeroDivisionError"
+        assert "line 2, in f" in r["error"]["traceback"]
+        assert (await c.ok("python_exec", code="1+1"))["value"] == "2"
+
+    server.run(scenario)
+
+
+def test_interrupt_keeps_state(server):
+    """python_interrupt raises KeyboardInterrupt in a busy loop; the session keeps its state."""
+
+    async def scenario(c):
+        await c.ok("python_exec", code="keep = 'me'")
+        r = await c.ok("python_exec", code="while True: pass", wait_seconds=0.3)
+        assert r["status"] == "running"
+        t0 = time.monotonic()
+        await c.ok("python_interrupt")
+        res = await c.call("job_wait", job_id=r["job_id"], until_done=True, timeout_seconds=10)
+        rep = res.structured_content
+        assert rep["status"] == "failed" and rep["error"]["ename"] == "KeyboardInterrupt", rep
+        assert time.monotonic() - t0 < 2
+        assert (await c.ok("python_exec", code="keep"))["value"] == "'me'"
+
+    server.run(scenario)
+
+
+def test_variables_get_set_delete_clear(server):
+    async def scenario(c):
+        await c.ok("python_vars", action="set", name="cfg", value={"a": [1, 2], "b": None})
+        r = await c.ok("python_exec", code="cfg['a'][1] + 1")
+        assert r["value"] == "3"
+        got = await c.ok("python_vars", action="get", name="cfg")
+        assert got["name"] == "cfg" and "'a': [1, 2]" in got["repr"]
+        await c.ok("python_vars", action="delete", name="cfg")
+        assert "NameError" in (await c.call("python_exec", code="cfg")).structured_content["error"]["ename"]
+        await c.ok("python_exec", code="p = 1; q = 2")
+        await c.ok("python_vars", action="clear")
+        assert (await c.ok("python_vars", action="list"))["variables"] == []
+        msg = await c.err("python_vars", action="get")
+        assert "name" in msg
+        msg = await c.err("python_vars", action="get", name="nope")
+        assert "nope" in msg
+
+    server.run(scenario)
+
+
+def test_run_file_and_history(server):
+    (server.workspace / "prog.py").write_text("import sys\nresult = sys.argv[1:]\nprint('main' if __name__ == '__main__' else 'not main')\n")
+
+    async def scenario(c):
+        r = await c.ok("python_run_file", path="prog.py", args=["a", "b"])
+        assert r["stdout"]["text"] == "main\n"
+        assert (await c.ok("python_exec", code="result"))["value"] == "['a', 'b']"
+        h = await c.ok("python_history")
+        assert len(h["cells"]) == 2 and "prog.py" in h["cells"][0]["code"]
+        assert "no such file" in await c.err("python_run_file", path="missing.py")
+
+    server.run(scenario)
+
+
+def test_input_never_reads_the_mcp_stream(server):
+    """Reading stdin from user code must not consume MCP messages: sys.stdin is not the
+    server's stdin, and a pending input() is answered only by job_input."""
+
+    async def scenario(c):
+        r = await c.ok("python_exec", code="import sys, os\nprint(repr(sys.stdin.read()))", wait_seconds=5)
+        # Either stdin is empty or it is bridged to input(); never the MCP stream.
+        if r["status"] == "awaiting_input":
+            r = await c.ok("job_input", job_id=r["job_id"], text="", eof=False)
+        assert r["status"] in ("completed", "failed", "awaiting_input"), r
+        if r["status"] == "awaiting_input":
+            await c.ok("job_cancel", job_id=r["job_id"])
+        r = await c.ok("python_exec", code="a = input('? ')", wait_seconds=0.5)
+        assert r["status"] == "awaiting_input"
+        # Other MCP traffic goes on while input() waits, and none of it reaches the worker.
+        for _ in range(3):
+            await c.ok("session_list")
+        r2 = await c.ok("job_wait", job_id=r["job_id"], timeout_seconds=0.5)
+        assert r2["status"] == "awaiting_input"
+        r3 = await c.ok("job_input", job_id=r["job_id"], text="from tool")
+        assert r3["status"] == "completed"
+        assert (await c.ok("python_exec", code="a"))["value"] == "'from tool'"
+
+    server.run(scenario)
+
+
+def test_images_come_back_as_image_content(server):
+    """An object with _repr_png_ as the last expression is returned as MCP image content."""
+    png = (
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+    )
+
+    async def scenario(c):
+        code = (
+            "import base64\n"
+            "class Pic:\n"
+            f"    def _repr_png_(self): return base64.b64decode('{png}')\n"
+            "Pic()"
+        )
+        res = await c.call("python_exec", code=code)
+        assert not res.is_error, res
+        kinds = [b.type for b in res.content]
+        if "image" not in kinds:
+            pytest.fail(f"no image content returned: {kinds} {res.structured_content}")
+        img = next(b for b in res.content if b.type == "image")
+        assert img.mime_type == "image/png"
+
+    server.run(scenario)

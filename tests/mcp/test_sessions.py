@@ -1,0 +1,126 @@
+"""Sessions: isolation, parallel execution, crash isolation, the sandbox on the worker."""
+
+import time
+
+import anyio
+import pytest
+
+
+CRASHES = {
+    "segfault": "import ctypes; ctypes.string_at(0)",
+    "os_exit": "import os; os._exit(3)",
+    "kill9": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CRASHES))
+def test_crash_is_reported_and_next_call_gets_a_fresh_worker(server, kind):
+    """A crashing worker is reported in words; the next call works and says state was lost;
+    another session is untouched."""
+
+    async def scenario(c):
+        await c.ok("python_exec", code="before = 1")
+        await c.ok("python_exec", code="other = 'safe'", session="bystander")
+        res = await c.call("python_exec", code=CRASHES[kind])
+        r = res.structured_content
+        assert res.is_error and r["status"] == "failed", r
+        words = r["message"]
+        expected = {"segfault": "SIGSEGV", "os_exit": "code 3", "kill9": "SIGKILL"}[kind]
+        assert expected in words and "state" in words, words
+        r = await c.ok("python_exec", code="1 + 1")
+        assert r["value"] == "2" and r["state_lost"] is True
+        res = await c.call("python_exec", code="before")
+        assert res.structured_content["error"]["ename"] == "NameError"
+        assert (await c.ok("python_exec", code="other", session="bystander"))["value"] == "'safe'"
+
+    server.run(scenario)
+
+
+def test_memory_cap_ends_the_allocation_not_the_server(server):
+    """Under a policy with a 300 MiB memory cap, a 2 GiB allocation fails (MemoryError or
+    the worker is killed with the limit named); the next call works."""
+    policy = server.root / "small.toml"
+    from conftest import REPO
+
+    base = (REPO / "policies" / "workspace-write.toml").read_text()
+    policy.write_text(base.replace('memory = "4GiB"', 'memory = "300MiB"'))
+
+    async def scenario(c):
+        res = await c.call("python_exec", code="blob = bytearray(2 * 1024**3)\nlen(blob)", wait_seconds=20)
+        r = res.structured_content
+        assert res.is_error, r
+        if r.get("error"):
+            assert r["error"]["ename"] == "MemoryError", r
+        else:
+            assert "memory" in (r.get("message") or ""), r
+        assert (await c.ok("python_exec", code="sum(range(10))"))["value"] == "45"
+
+    server.run(scenario, "--policy", str(policy))
+
+
+def test_two_sessions_are_isolated(server):
+    async def scenario(c):
+        await c.ok("python_exec", code="secret = 1", session="a")
+        res = await c.call("python_exec", code="secret", session="b")
+        assert res.structured_content["error"]["ename"] == "NameError"
+        listed = {s["name"] for s in (await c.ok("session_list"))["sessions"]}
+        assert {"a", "b"} <= listed
+        await c.ok("session_close", session="b")
+        listed = {s["name"] for s in (await c.ok("session_list"))["sessions"]}
+        assert "b" not in listed and "a" in listed
+        assert "b" in await c.err("session_close", session="b")
+
+    server.run(scenario)
+
+
+def test_four_sessions_execute_at_once(server):
+    """Four one-second cells in four sessions overlap: the total is far below four seconds."""
+
+    async def scenario(c):
+        names = [f"s{i}" for i in range(4)]
+        for n in names:
+            await c.ok("python_exec", code="import time", session=n)
+        spans = {}
+
+        async def one(n):
+            t0 = time.monotonic()
+            r = await c.ok("python_exec", code="time.sleep(1); 'done'", session=n, wait_seconds=10)
+            assert r["value"] == "'done'"
+            spans[n] = (t0, time.monotonic())
+
+        t0 = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for n in names:
+                tg.start_soon(one, n)
+        total = time.monotonic() - t0
+        latest_start = max(s for s, _ in spans.values())
+        earliest_end = min(e for _, e in spans.values())
+        assert latest_start < earliest_end, "the four cells did not overlap"
+        assert total < 2.5, f"four parallel 1 s cells took {total:.2f} s"
+
+    server.run(scenario)
+
+
+def test_busy_session_answers_with_a_pointer_to_its_job(server):
+    async def scenario(c):
+        r = await c.ok("python_exec", code="import time; time.sleep(3)", wait_seconds=0.2)
+        msg = await c.err("python_exec", code="1")
+        assert "busy" in msg and r["job_id"] in msg
+        await c.ok("job_cancel", job_id=r["job_id"])
+
+    server.run(scenario)
+
+
+def test_sandbox_applies_to_the_worker(server):
+    """Under workspace-write, writing outside the workspace fails; inside works."""
+
+    async def scenario(c):
+        res = await c.call("python_exec", code="open('/etc/mcp-sandbox-test', 'w')")
+        r = res.structured_content
+        assert res.is_error and r["error"]["ename"] in ("PermissionError", "OSError"), r
+        r = await c.ok("python_exec", code="open('inside.txt', 'w').write('ok')")
+        assert (server.workspace / "inside.txt").read_text() == "ok"
+        res = await c.call("python_exec", code="import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)")
+        assert res.is_error, res.structured_content
+
+    server.run(scenario)

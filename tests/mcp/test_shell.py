@@ -1,0 +1,136 @@
+"""Shell jobs through MCP: inline answers, long-poll, stdin, EOF, cancel, env, policy, bad input."""
+
+import os
+import time
+import uuid
+
+from conftest import pids_with_env_marker
+
+
+def test_echo_answers_inline(server):
+    async def scenario(c):
+        r = await c.ok("shell_run", command="echo hi")
+        assert (r["status"], r["exit_code"], r["stdout"]["text"]) == ("completed", 0, "hi\n")
+        assert r.get("next") is None
+        r = await c.ok("shell_run", argv=["printf", "%s|", "a b", "c"])
+        assert r["stdout"]["text"] == "a b|c|"
+        res = await c.call("shell_run", command="echo oops >&2; exit 3")
+        r = res.structured_content
+        assert res.is_error and r["status"] == "failed" and r["exit_code"] == 3 and r["stderr"]["text"] == "oops\n"
+
+    server.run(scenario)
+
+
+def test_ticking_loop_is_collected_by_long_poll(server):
+    """A five-tick loop returns a job id; job_wait returns as each tick arrives (no blind
+    polling) and together they collect every tick."""
+
+    async def scenario(c):
+        r = await c.ok("shell_run", command="for i in 1 2 3 4 5; do echo tick $i; sleep 1; done", wait_seconds=1.5)
+        assert r["status"] == "running" and "job_wait" in r["next"]
+        polls = 0
+        seen = r["stdout"]["text"]
+        while r["status"] == "running":
+            t0 = time.monotonic()
+            r = await c.ok("job_wait", job_id=r["job_id"], timeout_seconds=30)
+            polls += 1
+            assert time.monotonic() - t0 < 2.5, "job_wait must return when output arrives"
+            seen += r["stdout"]["text"]
+        assert r["status"] == "completed" and r["exit_code"] == 0
+        assert seen == "".join(f"tick {i}\n" for i in range(1, 6))
+        assert polls >= 2
+
+    server.run(scenario)
+
+
+def test_until_done_collects_everything_in_one_answer(server):
+    async def scenario(c):
+        r = await c.ok("shell_run", command="for i in 1 2 3; do echo t$i; sleep 0.4; done", wait_seconds=0)
+        r = await c.ok("job_wait", job_id=r["job_id"], until_done=True, timeout_seconds=30)
+        assert r["status"] == "completed"
+        assert r["stdout"]["text"].endswith("t3\n")
+
+    server.run(scenario)
+
+
+def test_read_stdin_and_cat_with_eof(server):
+    async def scenario(c):
+        r = await c.ok("shell_run", command="read a; echo got $a", wait_seconds=0.5)
+        assert r["status"] == "running"
+        r = await c.ok("job_input", job_id=r["job_id"], text="hello\n")
+        assert r["status"] == "completed" and r["stdout"]["text"] == "got hello\n"
+
+        r = await c.ok("shell_run", command="cat", wait_seconds=0.3)
+        r = await c.ok("job_input", job_id=r["job_id"], text="line one\n", wait_seconds=0.5)
+        assert r["status"] == "running" and r["stdout"]["text"] == "line one\n"
+        r = await c.ok("job_input", job_id=r["job_id"], text="last", eof=True)
+        assert r["status"] == "completed" and r["stdout"]["text"] == "last"
+
+        r = await c.ok("shell_run", command="tr a-z A-Z", stdin="abc\n", stdin_eof=True)
+        assert r["stdout"]["text"] == "ABC\n"
+        msg = await c.err("job_input", job_id=r["job_id"], text="late")
+        assert r["job_id"] in msg and "finished" in msg
+
+    server.run(scenario)
+
+
+def test_cancel_kills_children_that_ignore_sigterm(server):
+    marker = f"mark-{uuid.uuid4().hex}"
+
+    async def scenario(c):
+        cmd = "trap '' TERM; (trap '' TERM; sleep 300) & sleep 300; wait"
+        r = await c.ok("shell_run", command=cmd, env={"MCP_TEST_MARK": marker}, wait_seconds=0.5)
+        assert r["status"] == "running"
+        assert len(pids_with_env_marker(marker)) >= 2
+        t0 = time.monotonic()
+        r = await c.ok("job_cancel", job_id=r["job_id"])
+        assert r["status"] == "cancelled", r
+        assert time.monotonic() - t0 < 6
+        deadline = time.monotonic() + 2
+        while pids_with_env_marker(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pids_with_env_marker(marker) == []
+
+    server.run(scenario)
+
+
+def test_env_dict_env_file_and_cwd(server):
+    (server.workspace / "sub").mkdir()
+    (server.workspace / ".env").write_text("# comment\nA=from_file\nB='quoted value'\n")
+    (server.workspace / "bad.env").write_text("OK=1\nthis line is wrong\n")
+
+    async def scenario(c):
+        r = await c.ok("shell_run", command='echo "$A|$B|$C|$(basename $PWD)"', env_file=".env",
+                       env={"A": "from_dict", "C": "c"}, cwd="sub")
+        assert r["stdout"]["text"] == "from_dict|quoted value|c|sub\n"
+        msg = await c.err("shell_run", command="true", env_file="bad.env")
+        assert "bad.env" in msg and ":2" in msg
+        msg = await c.err("shell_run", command="true", cwd="no/such/dir")
+        assert "no/such/dir" in msg
+        assert "both" in await c.err("shell_run", command="true", argv=["true"])
+
+    server.run(scenario)
+
+
+def test_policy_applies_to_shell_jobs(server):
+    async def scenario(c):
+        res = await c.call("shell_run", command="echo x > /etc/mcp-sandbox-shell-test")
+        assert res.is_error and res.structured_content["exit_code"] != 0
+        assert not os.path.exists("/etc/mcp-sandbox-shell-test")
+        r = await c.ok("shell_run", command="echo ok > inside.txt && cat inside.txt")
+        assert r["stdout"]["text"] == "ok\n"
+        res = await c.call("shell_run", argv=["python3", "-c", "import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)"])
+        assert res.is_error
+
+    server.run(scenario)
+
+
+def test_unknown_job_ids_are_clear_errors(server):
+    async def scenario(c):
+        for tool in ("job_wait", "job_cancel", "job_output"):
+            msg = await c.err(tool, job_id="j999")
+            assert "j999" in msg, msg
+        msg = await c.err("job_input", job_id="j999", text="x")
+        assert "j999" in msg
+
+    server.run(scenario)

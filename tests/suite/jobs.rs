@@ -1,0 +1,436 @@
+//! Shell jobs through the jobs API (store + `start_shell_job`): output, long-poll,
+//! stdin and EOF, exit codes, cancel of a process group that ignores SIGTERM,
+//! shutdown, bad input, and memory staying bounded under a flood of output.
+//! The MCP-level tests of the same behaviour live with the server (tests/mcp).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mcp_sandbox_repl::jobs::{
+    JobError, JobFilter, JobSnapshot, JobStatus, JobStore, ShellRequest, StoreConfig, Stream,
+    WaitFor, start_shell_job,
+};
+use mcp_sandbox_repl::sandbox::{Placeholders, Policy, ResolvedPolicy};
+
+struct Fixture {
+    store: Arc<JobStore>,
+    policy: Arc<ResolvedPolicy>,
+    dir: PathBuf,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn fixture(tag: &str) -> Fixture {
+    fixture_with(tag, 20_000)
+}
+
+fn fixture_with(tag: &str, response_bytes: usize) -> Fixture {
+    mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(PathBuf::from(env!(
+        "CARGO_BIN_EXE_mcp-sandbox-repl"
+    )));
+    let dir = std::env::temp_dir().join(format!("jobs-suite-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let workspace = dir.join("ws");
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&workspace).unwrap();
+    std::fs::create_dir_all(&tmp).unwrap();
+    let placeholders = Placeholders {
+        workspace,
+        tmp,
+        ..Placeholders::default()
+    };
+    let policy = Policy::load("workspace-write")
+        .unwrap()
+        .resolve(&placeholders)
+        .unwrap();
+    let store = JobStore::open(StoreConfig {
+        state_dir: dir.join("state"),
+        disk_cap: 1 << 32,
+        response_bytes,
+    })
+    .unwrap();
+    Fixture {
+        store,
+        policy: Arc::new(policy),
+        dir,
+    }
+}
+
+impl Fixture {
+    fn start(&self, req: ShellRequest) -> Result<String, JobError> {
+        let req = ShellRequest {
+            cwd: req.cwd.or_else(|| Some(self.dir.join("ws"))),
+            ..req
+        };
+        start_shell_job(&self.store, req, self.policy.clone()).map(|h| h.id().to_string())
+    }
+
+    fn sh(&self, command: &str) -> String {
+        self.start(ShellRequest::command(command)).unwrap()
+    }
+
+    /// Long-poll until the job finishes; returns every snapshot.
+    async fn follow(&self, id: &str, limit: Duration) -> Vec<JobSnapshot> {
+        let start = Instant::now();
+        let mut snaps = Vec::new();
+        loop {
+            let s = self.store.wait(id, Duration::from_secs(5)).await.unwrap();
+            let finished = s.status.is_finished();
+            snaps.push(s);
+            if finished {
+                return snaps;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "job {id} still running after {limit:?}"
+            );
+        }
+    }
+}
+
+fn stdout_of(snaps: &[JobSnapshot]) -> String {
+    snaps.iter().map(|s| s.stdout.head.as_str()).collect()
+}
+
+/// Whether any live (non-zombie) process is in process group `pgid`, from /proc.
+fn group_alive(pgid: i32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        panic!("/proc is not readable")
+    };
+    entries.flatten().any(|e| {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            return false;
+        };
+        // Fields after the command name: state ppid pgrp ...
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            return false;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        fields.len() > 2 && fields[0] != "Z" && fields[2] == pgid.to_string()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_command_settles_with_output_and_exit_code() {
+    let f = fixture("quick");
+    let id = f.sh("echo hi; echo oops >&2");
+    let s = f
+        .store
+        .wait_for(&id, Duration::from_secs(10), WaitFor::Settled)
+        .await
+        .unwrap();
+    assert_eq!(s.status, JobStatus::Completed, "{s:?}");
+    assert_eq!(
+        (s.stdout.head.as_str(), s.stderr.head.as_str(), s.exit_code),
+        ("hi\n", "oops\n", Some(0))
+    );
+
+    let id = f.sh("echo partial; exit 3");
+    let s = f
+        .store
+        .wait_for(&id, Duration::from_secs(10), WaitFor::Settled)
+        .await
+        .unwrap();
+    assert_eq!((s.status, s.exit_code), (JobStatus::Failed, Some(3)));
+    assert_eq!(s.message.as_deref(), Some("exited with code 3"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_poll_streams_every_tick_once() {
+    let f = fixture("ticks");
+    let id = f.sh("for i in 1 2 3 4; do echo tick $i; sleep 0.3; done");
+    let snaps = f.follow(&id, Duration::from_secs(20)).await;
+    assert_eq!(stdout_of(&snaps), "tick 1\ntick 2\ntick 3\ntick 4\n");
+    assert!(snaps.len() >= 3, "output arrived in {} polls", snaps.len());
+    assert_eq!(snaps.last().unwrap().status, JobStatus::Completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_lines_and_eof_reach_the_process() {
+    let f = fixture("stdin");
+    let id = f.sh("read a; echo got $a");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(f.store.summary(&id).unwrap().status, JobStatus::Running);
+    f.store.send_input(&id, "hello\n", false).unwrap();
+    let snaps = f.follow(&id, Duration::from_secs(10)).await;
+    assert_eq!(stdout_of(&snaps), "got hello\n");
+
+    let id = f.sh("cat");
+    f.store.send_input(&id, "a\n", false).unwrap();
+    f.store.send_input(&id, "b\n", true).unwrap();
+    let err = f
+        .store
+        .send_input(&id, "c\n", false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("stdin is closed: EOF was sent earlier"),
+        "{err}"
+    );
+    let snaps = f.follow(&id, Duration::from_secs(10)).await;
+    assert_eq!(stdout_of(&snaps), "a\nb\n");
+    let err = f
+        .store
+        .send_input(&id, "late\n", false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("already finished (completed); it takes no more input"),
+        "{err}"
+    );
+
+    let id = f
+        .start(ShellRequest {
+            stdin: false,
+            ..ShellRequest::command("cat")
+        })
+        .unwrap();
+    let err = f.store.send_input(&id, "x", false).unwrap_err().to_string();
+    assert!(err.contains("started without stdin"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_ends_a_group_whose_children_ignore_sigterm() {
+    let f = fixture("cancel");
+    let id = f
+        .start(ShellRequest {
+            cancel_grace: Some(Duration::from_millis(300)),
+            ..ShellRequest::command(
+                "trap '' TERM; echo $$; (trap '' TERM; sleep 60) & sleep 60; wait",
+            )
+        })
+        .unwrap();
+    let s = f.store.wait(&id, Duration::from_secs(5)).await.unwrap();
+    let pgid: i32 = s.stdout.head.trim().parse().unwrap();
+    assert!(group_alive(pgid));
+    let t = Instant::now();
+    f.store.cancel(&id).unwrap();
+    let snaps = f.follow(&id, Duration::from_secs(10)).await;
+    let last = snaps.last().unwrap();
+    assert_eq!(last.status, JobStatus::Cancelled, "{last:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "cancel took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        !group_alive(pgid),
+        "processes of the job's group survived the cancel"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_processes_end_with_the_job() {
+    let f = fixture("background");
+    let id = f.sh("sleep 60 & echo $$");
+    let snaps = f.follow(&id, Duration::from_secs(5)).await;
+    assert_eq!(snaps.last().unwrap().status, JobStatus::Completed);
+    let pgid: i32 = stdout_of(&snaps).trim().parse().unwrap();
+    assert!(!group_alive(pgid), "a background process outlived its job");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_kills_running_jobs_within_a_second() {
+    let f = fixture("shutdown");
+    let id = f.sh("echo $$; sleep 60");
+    let s = f.store.wait(&id, Duration::from_secs(5)).await.unwrap();
+    let pgid: i32 = s.stdout.head.trim().parse().unwrap();
+    let t = Instant::now();
+    f.store.shutdown().await;
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "shutdown took {:?}",
+        t.elapsed()
+    );
+    let s = f.store.summary(&id).unwrap();
+    assert_eq!(s.status, JobStatus::Cancelled);
+    assert!(s.message.unwrap().contains("server shut down"));
+    assert!(!group_alive(pgid));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn env_dict_wins_over_env_file_and_cwd_applies() {
+    let f = fixture("env");
+    let ws = f.dir.join("ws");
+    std::fs::create_dir_all(ws.join("sub")).unwrap();
+    std::fs::write(
+        ws.join(".env"),
+        "# settings\nexport A=from_file\nB='file b'\n",
+    )
+    .unwrap();
+    let id = f
+        .start(ShellRequest {
+            env: BTreeMap::from([("B".to_string(), "dict b".to_string())]),
+            env_file: Some(PathBuf::from(".env")),
+            ..ShellRequest::command("echo \"$A|$B|$(pwd)\"")
+        })
+        .unwrap();
+    let snaps = f.follow(&id, Duration::from_secs(10)).await;
+    assert_eq!(
+        stdout_of(&snaps),
+        format!("from_file|dict b|{}\n", ws.display())
+    );
+
+    let id = f
+        .start(ShellRequest {
+            argv: Some(vec![
+                "printf".into(),
+                "%s|".into(),
+                "a b".into(),
+                "c".into(),
+            ]),
+            cwd: Some(ws.join("sub")),
+            ..ShellRequest::default()
+        })
+        .unwrap();
+    let snaps = f.follow(&id, Duration::from_secs(10)).await;
+    assert_eq!(stdout_of(&snaps), "a b|c|");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_clear_errors_and_create_no_job() {
+    let f = fixture("bad");
+    let ws = f.dir.join("ws");
+    let missing = ws.join("nope");
+    let err = f
+        .start(ShellRequest {
+            cwd: Some(missing.clone()),
+            ..ShellRequest::command("true")
+        })
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("working directory {missing:?} does not exist; pass an existing directory")
+    );
+    std::fs::write(ws.join("bad.env"), "A=1\nnot a line\n").unwrap();
+    let err = f
+        .start(ShellRequest {
+            env_file: Some(ws.join("bad.env")),
+            ..ShellRequest::command("true")
+        })
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}:2: expected KEY=VALUE, found \"not a line\"",
+            ws.join("bad.env").display()
+        )
+    );
+    let err = f
+        .start(ShellRequest {
+            argv: Some(vec!["true".into()]),
+            ..ShellRequest::command("true")
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("either command or argv"), "{err}");
+    let err = f
+        .start(ShellRequest {
+            argv: Some(vec![]),
+            ..ShellRequest::default()
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("argv is empty"), "{err}");
+    // Files the policy does not let a job read are not read for it either.
+    let secret = f.dir.join("secret.env");
+    std::fs::write(&secret, "TOKEN=hunter2\n").unwrap();
+    std::os::unix::fs::symlink(&secret, ws.join("link.env")).unwrap();
+    for env_file in [secret.clone(), ws.join("link.env")] {
+        let err = f
+            .start(ShellRequest {
+                env_file: Some(env_file),
+                ..ShellRequest::command("true")
+            })
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            format!(
+                "env file {secret:?} is outside what policy workspace-write lets a job read; \
+                 use a path inside the workspace"
+            )
+        );
+    }
+    let err = f
+        .start(ShellRequest {
+            cwd: Some(f.dir.clone()),
+            ..ShellRequest::command("true")
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with(&format!("working directory {:?} is outside", f.dir)),
+        "{err}"
+    );
+    assert!(
+        f.store.list(&JobFilter::default()).is_empty(),
+        "a rejected request created a job"
+    );
+}
+
+/// Peak RSS of this process, from /proc.
+fn vm_hwm_kb() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_output_is_spooled_not_held_in_memory() {
+    let f = fixture_with("flood", 20_000);
+    let before = vm_hwm_kb();
+    // 200 MB of numbered lines.
+    let id = f.sh("yes 0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz | head -c 200000000");
+    let s = f
+        .store
+        .wait_for(&id, Duration::from_secs(120), WaitFor::Settled)
+        .await
+        .unwrap();
+    assert_eq!(s.status, JobStatus::Completed);
+    let grown_mb = (vm_hwm_kb().saturating_sub(before)) / 1024;
+    assert!(
+        grown_mb < 50,
+        "peak RSS grew by {grown_mb} MB while spooling 200 MB"
+    );
+    let summary = f.store.summary(&id).unwrap();
+    assert_eq!(summary.stdout_bytes, 200_000_000);
+    // The snapshot is a head and a tail within the response budget.
+    let [a, b] = s.stdout.omitted.unwrap();
+    assert!(s.stdout.head.len() + s.stdout.tail.as_ref().unwrap().len() <= 20_000);
+    assert_eq!((s.stdout.offset, s.stdout.end), (0, 200_000_000));
+    assert!(a < b);
+    // Any range is readable exactly.
+    let c = f
+        .store
+        .read(&id, Stream::Stdout, 100_000_000 - 5, 10)
+        .unwrap();
+    assert_eq!(c.end - c.offset, 10);
+    assert_eq!(c.text.len(), 10);
+    let hits = f.store.search(&id, Stream::Stdout, "^0123", 0, 3).unwrap();
+    assert_eq!(hits.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_confines_shell_jobs() {
+    let f = fixture("policy");
+    let outside = format!("/etc/jobs-suite-{}", std::process::id());
+    let id = f.sh(&format!("echo inside > ok.txt && echo outside > {outside}"));
+    let snaps = f.follow(&id, Duration::from_secs(10)).await;
+    let last = snaps.last().unwrap();
+    assert_eq!(last.status, JobStatus::Failed, "{last:?}");
+    assert!(
+        f.dir.join("ws/ok.txt").exists(),
+        "a write inside the workspace must work"
+    );
+    assert!(
+        !std::path::Path::new(&outside).exists(),
+        "a write outside the workspace must fail"
+    );
+    let stderr: String = snaps.iter().map(|s| s.stderr.head.as_str()).collect();
+    assert!(stderr.contains(&outside), "{stderr}");
+}
