@@ -29,9 +29,14 @@ PROTOCOL_VERSION = 1
 # The server compiles this file under a fixed name; frames with it are the worker's own
 # and are left out of user tracebacks.
 WORKER_FILENAME = sys._getframe().f_code.co_filename
+_WORKER_PID = os.getpid()
 REPR_LIMIT_DEFAULT = 20_000
 SHORT_REPR = 120
 JSON_LIMIT = 1_000_000
+# Caps that keep every protocol line far below the server's 64 MiB line limit.
+DISPLAY_LIMIT = 16_000_000
+TRACEBACK_LIMIT = 200_000
+VARIABLES_LIMIT = 5_000
 
 
 def _json_codec():
@@ -103,6 +108,21 @@ def _move_fd_out_of_reach(fd):
     return new
 
 
+def _allow_sigint(on):
+    """SIGINT reaches the worker only while user code runs: otherwise it is blocked in
+    every worker thread, and one that arrived meanwhile is discarded when the next cell
+    starts (an interrupt between cells interrupts nothing)."""
+    try:
+        if on:
+            if _signal.SIGINT in _signal.sigpending():
+                _signal.sigtimedwait((_signal.SIGINT,), 0)
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, (_signal.SIGINT,))
+        else:
+            _signal.pthread_sigmask(_signal.SIG_BLOCK, (_signal.SIGINT,))
+    except (AttributeError, OSError):
+        pass
+
+
 def _block_sigint():
     """Block SIGINT on this thread; True if it was not blocked before."""
     try:
@@ -121,6 +141,11 @@ class _Channel:
         self._lock = _thread.allocate_lock()
 
     def send(self, msg):
+        if os.getpid() != _WORKER_PID:
+            # A process forked by user code came back into the worker's code: it must not
+            # speak for the worker. It ends here, quietly.
+            _flush_std()
+            os._exit(0)
         # 'replace': a lone surrogate in user text must not make the line invalid UTF-8.
         data = (_dumps(msg) + "\n").encode("utf-8", "replace")
         # SIGINT is held back while a line is written: a KeyboardInterrupt (from a handler
@@ -169,10 +194,32 @@ def _short_type(value):
     return name if mod == "builtins" else f"{mod}.{name}"
 
 
-def _safe_repr(value):
+_REPRS = {}
+
+
+def _repr_of(kind):
+    """A reprlib.Repr that never renders a huge builtin container in full (like IPython,
+    which shows 1000 items): `long` for values, `short` for the variable list."""
+    r = _REPRS.get(kind)
+    if r is None:
+        import reprlib
+
+        r = reprlib.Repr()
+        many, big = (1000, 10**9) if kind == "long" else (10, SHORT_REPR)
+        for attr in ("maxtuple", "maxlist", "maxarray", "maxdict", "maxset", "maxfrozenset", "maxdeque"):
+            setattr(r, attr, many)
+        r.maxlevel = 6 if kind == "long" else 2
+        r.maxstring = r.maxlong = r.maxother = big
+        _REPRS[kind] = r
+    return r
+
+
+def _safe_repr(value, kind="long"):
     try:
-        return repr(value)
+        return _repr_of(kind).repr(value)
     except BaseException as e:  # a broken __repr__ must not break the worker
+        if isinstance(e, KeyboardInterrupt):
+            raise
         return f"<repr failed: {type(e).__name__}: {e}>"
 
 
@@ -213,7 +260,10 @@ def _rich_items(value):
             if isinstance(data, str):
                 data = data.encode("latin-1")
             data = base64.b64encode(data).decode("ascii")
-        items.append({"mime": mime, "data": str(data)})
+        data = str(data)
+        if len(data) > DISPLAY_LIMIT:
+            data, mime = f"[{mime} output of {len(data)} characters left out: over the limit]", "text/plain"
+        items.append({"mime": mime, "data": data})
     return items
 
 
@@ -300,6 +350,46 @@ class _MplBackendFinder:
 
         module.FigureCanvas = FigureCanvasAgg
         module.show = lambda *args, **kwargs: _emit_figures()
+
+
+class _Flusher:
+    """Flushes stdout every 50 ms while a cell runs, so output streams live without
+    line buffering (a write per line halves the speed of print-heavy loops and floods
+    the server with tiny chunks). Between cells the thread blocks on `gate`."""
+
+    INTERVAL = 0.05
+    gate = _thread.allocate_lock()  # held by the main thread while no cell runs
+    open = False  # changed by the main thread only
+
+    @classmethod
+    def start(cls):
+        cls.gate.acquire()
+        _thread.start_new_thread(cls.run, ())
+
+    @classmethod
+    def run(cls):
+        import time
+
+        while True:
+            with cls.gate:  # waits here between cells
+                pass
+            time.sleep(cls.INTERVAL)
+            try:
+                sys.stdout.flush()
+            except Exception:
+                pass
+
+    @classmethod
+    def cell_started(cls):
+        if not cls.open:
+            cls.open = True
+            cls.gate.release()
+
+    @classmethod
+    def cell_ended(cls):
+        if cls.open:
+            cls.open = False
+            cls.gate.acquire()
 
 
 def _flush_std():
@@ -404,19 +494,26 @@ class Worker:
                 saved_path0 = os.path.dirname(os.path.abspath(filename))
                 sys.path.insert(0, saved_path0)
                 self.ns["__file__"] = filename
-            _State.running_user_code = True
-            self.run_code(body)
-            if tail is not None:
-                value = self.run_code(tail)
-                has_value = True
-            _State.running_user_code = False
+            _Flusher.cell_started()
+            try:
+                _State.running_user_code = True
+                _allow_sigint(True)
+                self.run_code(body)
+                if tail is not None:
+                    value = self.run_code(tail)
+                    has_value = True
+            finally:
+                _State.running_user_code = False
+                _allow_sigint(False)
             status, error = "ok", None
         except BaseException as e:
             _State.running_user_code = False
+            _allow_sigint(False)
             status = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
             error = self.describe_error(e)
         finally:
             _State.running_user_code = False
+            _Flusher.cell_ended()
             if saved_argv is not None:
                 sys.argv = saved_argv
                 try:
@@ -469,20 +566,30 @@ class Worker:
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == WORKER_FILENAME:
             tb = tb.tb_next
-        text = "".join(traceback.format_exception(type(exc), exc, tb))
-        return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": text}
+        try:
+            text = "".join(traceback.format_exception(type(exc), exc, tb))
+            evalue = str(exc)
+        except Exception as e:  # a broken __str__ must not break the worker
+            text = evalue = f"<could not format the exception: {type(e).__name__}: {e}>"
+        return {
+            "ename": type(exc).__name__,
+            "evalue": _truncate(evalue, REPR_LIMIT_DEFAULT)[0],
+            "traceback": _truncate(text, TRACEBACK_LIMIT)[0],
+        }
 
     # ---- variables -----------------------------------------------------------------
     def list_variables(self, req):
         out = []
-        for name, value in sorted(self.user_names()):
+        names = sorted(self.user_names(), key=lambda item: item[0])
+        omitted = max(0, len(names) - VARIABLES_LIMIT)
+        for name, value in names[:VARIABLES_LIMIT]:
             try:
                 size = sys.getsizeof(value)
             except Exception:
                 size = None
-            short, _ = _truncate(_safe_repr(value), SHORT_REPR)
+            short, _ = _truncate(_safe_repr(value, "short"), SHORT_REPR)
             out.append({"name": name, "type": _short_type(value), "repr": short, "size": size})
-        return {"ev": "variables", "id": req["id"], "variables": out}
+        return {"ev": "variables", "id": req["id"], "variables": out, "omitted": omitted}
 
     def get_variable(self, req):
         name = req["name"]
@@ -604,6 +711,7 @@ def _on_sigint(signum, frame):
 
 def main():
     _signal.signal(_signal.SIGINT, _on_sigint)
+    _allow_sigint(False)  # before any thread starts: threads inherit the blocked mask
     rfd = _move_fd_out_of_reach(3)
     wfd = _move_fd_out_of_reach(4)
     chan = _Channel(rfd, wfd)
@@ -612,7 +720,7 @@ def main():
         sys.path.insert(0, "")
     sys.meta_path.insert(0, _MplBackendFinder)
     try:
-        sys.stdout.reconfigure(line_buffering=True, errors="backslashreplace")
+        sys.stdout.reconfigure(line_buffering=False, errors="backslashreplace")
         sys.stderr.reconfigure(line_buffering=True, errors="backslashreplace")
     except Exception:
         pass
@@ -620,6 +728,7 @@ def main():
     builtins.input = worker.input
     builtins.display = display
     _thread.start_new_thread(worker.read_requests, ())
+    _Flusher.start()
     worker.serve()
 
 

@@ -153,6 +153,19 @@ impl SessionManager {
         Ok(())
     }
 
+    /// Start session `name` in the background (errors are logged and surface again on
+    /// first use), so the first cell finds a running worker — e.g. `default` at server
+    /// start. Costs one idle Python process until the TTL closes it.
+    pub fn prestart(self: &Arc<Self>, name: &str) {
+        let (me, name) = (Arc::downgrade(self), name.to_string());
+        tokio::spawn(async move {
+            let Some(m) = me.upgrade() else { return };
+            if let Err(e) = m.get_or_start(&name).await {
+                tracing::warn!(session = %name, error = %e, "could not start the session in advance");
+            }
+        });
+    }
+
     fn session_dir(&self, name: &str) -> PathBuf {
         self.cfg.state_dir.join("repl").join(name)
     }

@@ -3,7 +3,8 @@
 //!
 //! Map:
 //! - [`protocol`]: every message between server and worker (one tagged enum each way).
-//! - `worker`: one worker process — spawn, the I/O task pumping its pipes, death.
+//! - `worker`: one worker process — spawn, calls, interrupt, kill.
+//! - `pump`: the I/O task of a worker — its pipes, output attribution, death.
 //! - `session`: a named session — cells, variables, history, restart after a crash.
 //! - `manager`: the named sessions — limits, idle TTL reaper, shutdown.
 //! - `python`: which interpreter to use and its installation prefixes.
@@ -13,6 +14,7 @@
 
 mod manager;
 pub mod protocol;
+mod pump;
 mod python;
 mod session;
 mod worker;

@@ -75,9 +75,12 @@ pub enum Event {
         #[serde(default)]
         display: Vec<DisplayItem>,
     },
+    /// The variables by name; at most 5000, `omitted` counts the rest.
     Variables {
         id: u64,
         variables: Vec<VariableInfo>,
+        #[serde(default)]
+        omitted: u64,
     },
     Variable {
         id: u64,

@@ -1,0 +1,467 @@
+//! Sessions and workers: interrupt, crashes, restart, limits, TTL, concurrency,
+//! the policy applied to the worker, signals, timings.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mcp_sandbox_repl::repl::{CellStatus, ReplConfig, SessionManager, SessionState};
+use mcp_sandbox_repl::sandbox::Policy;
+
+use super::{Fixture, Sink, fixture, run, use_real_launcher, wait_for};
+
+/// Interrupt stops a running loop with KeyboardInterrupt quickly; state survives.
+#[tokio::test]
+async fn interrupt_stops_running_code_and_keeps_state() {
+    let f = fixture("interrupt", 4);
+    run(&f.manager, "default", "keep = 7").await;
+    let s = f.manager.get("default").unwrap();
+    let sink = Arc::new(Sink::default());
+    let task = {
+        let (s, sink) = (s.clone(), sink.clone());
+        tokio::spawn(async move {
+            s.execute(
+                "import time\nprint('start', flush=True)\nwhile True: time.sleep(0.01)",
+                sink,
+            )
+            .await
+        })
+    };
+    wait_for(|| sink.out().contains("start")).await;
+    let t0 = Instant::now();
+    assert!(s.interrupt());
+    let o = task.await.unwrap().unwrap();
+    let took = t0.elapsed();
+    assert_eq!(o.status, CellStatus::Interrupted);
+    assert_eq!(o.error.unwrap().ename, "KeyboardInterrupt");
+    assert!(took < Duration::from_millis(500), "interrupt took {took:?}");
+    let (o, _) = run(&f.manager, "default", "keep").await;
+    assert_eq!(o.value.as_deref(), Some("7"));
+    assert!(!s.interrupt(), "nothing runs: nothing to interrupt");
+}
+
+/// A segfault, os._exit(3) and kill -9 are reported in words; the next cell runs in a
+/// fresh worker and is told its state was lost; other sessions are untouched.
+#[tokio::test]
+async fn crashes_are_reported_and_the_next_cell_gets_a_fresh_worker() {
+    let f = fixture("crash", 4);
+    run(&f.manager, "other", "survivor = 1").await;
+    let cases = [
+        (
+            "import ctypes; ctypes.string_at(0)",
+            "the Python worker was killed by SIGSEGV (segmentation fault)",
+        ),
+        (
+            "import os; os._exit(3)",
+            "the Python worker exited with code 3",
+        ),
+        (
+            "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+            "the Python worker was killed by SIGKILL",
+        ),
+    ];
+    for (code, words) in cases {
+        run(&f.manager, "default", "x = 1").await;
+        let (o, _) = run(
+            &f.manager,
+            "default",
+            &format!("print('before', flush=True)\n{code}"),
+        )
+        .await;
+        assert_eq!(o.status, CellStatus::WorkerDied, "{code}");
+        assert!(
+            o.worker_exit.as_deref().unwrap_or("").starts_with(words),
+            "{code}: {:?}",
+            o.worker_exit
+        );
+        assert!(o.state_lost);
+        assert_eq!(
+            f.manager.get("default").unwrap().info().state,
+            SessionState::Dead
+        );
+        let (o, _) = run(&f.manager, "default", "'x' in dir()").await;
+        assert_eq!(
+            (o.status, o.value.as_deref(), o.state_lost),
+            (CellStatus::Ok, Some("False"), true),
+            "{code}"
+        );
+        let (o, _) = run(&f.manager, "default", "1").await;
+        assert!(!o.state_lost, "state loss is reported once");
+    }
+    let (o, _) = run(&f.manager, "other", "survivor").await;
+    assert_eq!(o.value.as_deref(), Some("1"));
+}
+
+/// Four sessions run one-second cells at the same time: none waits for another.
+#[tokio::test]
+async fn sessions_execute_concurrently_and_are_isolated() {
+    let f = fixture("concurrent", 8);
+    for i in 0..4 {
+        run(&f.manager, &format!("s{i}"), &format!("me = {i}")).await;
+    }
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..4)
+        .map(|i| {
+            let m = f.manager.clone();
+            tokio::spawn(async move {
+                run(&m, &format!("s{i}"), "import time; time.sleep(1); me")
+                    .await
+                    .0
+            })
+        })
+        .collect();
+    for (i, t) in tasks.into_iter().enumerate() {
+        assert_eq!(t.await.unwrap().value, Some(i.to_string()));
+    }
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_millis(1800),
+        "four 1 s cells took {took:?}"
+    );
+    let busy = f.manager.get("s0").unwrap();
+    let sink = Arc::new(Sink::default());
+    let task = {
+        let (s, sink) = (busy.clone(), sink.clone());
+        tokio::spawn(async move { s.execute("import time; time.sleep(0.5)", sink).await })
+    };
+    wait_for(|| busy.info().state == SessionState::Busy).await;
+    let err = busy
+        .execute("1", Arc::new(Sink::default()))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("busy"), "{err}");
+    task.await.unwrap().unwrap();
+}
+
+/// Restart kills the worker and clears state; a cell running during restart ends.
+#[tokio::test]
+async fn restart_clears_state_and_ends_a_running_cell() {
+    let f = fixture("restart", 4);
+    run(&f.manager, "default", "x = 1").await;
+    let s = f.manager.get("default").unwrap();
+    let sink = Arc::new(Sink::default());
+    let task = {
+        let (s, sink) = (s.clone(), sink.clone());
+        tokio::spawn(async move { s.execute("import time; time.sleep(30)", sink).await })
+    };
+    wait_for(|| s.info().state == SessionState::Busy).await;
+    let t0 = Instant::now();
+    s.restart().await.unwrap();
+    let took = t0.elapsed();
+    let o = task.await.unwrap().unwrap();
+    assert_eq!(o.status, CellStatus::WorkerDied);
+    assert!(o.worker_exit.unwrap().contains("restarted"));
+    let (o, _) = run(&f.manager, "default", "'x' in dir()").await;
+    assert_eq!(
+        (o.value.as_deref(), o.state_lost, o.cell),
+        (Some("False"), false, 1)
+    );
+    assert!(took < Duration::from_secs(2), "restart took {took:?}");
+}
+
+/// The session limit names itself and the open sessions; close frees a slot.
+#[tokio::test]
+async fn session_limit_list_and_close() {
+    let f = fixture("limit", 2);
+    f.manager.get_or_start("a").await.unwrap();
+    f.manager.get_or_start("b").await.unwrap();
+    let err = f.manager.get_or_start("c").await.unwrap_err().to_string();
+    assert!(
+        err.contains("limit of 2 sessions") && err.contains("a, b"),
+        "{err}"
+    );
+    let list = f.manager.list();
+    assert_eq!(
+        list.iter().map(|i| i.name.as_str()).collect::<Vec<_>>(),
+        vec!["a", "b"]
+    );
+    assert!(list[0].worker_pid.is_some());
+    f.manager.close("a").unwrap();
+    assert!(f.manager.close("a").is_err());
+    f.manager.get_or_start("c").await.unwrap();
+    assert!(f.manager.get_or_start("bad/name").await.is_err());
+}
+
+/// Rough speed check: first cell after start, and trivial cells (printed; loose bounds).
+#[tokio::test]
+async fn trivial_cells_are_fast() {
+    let f = fixture("speed", 4);
+    let t0 = Instant::now();
+    let s = f.manager.get_or_start("default").await.unwrap();
+    let o = s.execute("1", Arc::new(Sink::default())).await.unwrap();
+    let first = t0.elapsed();
+    assert_eq!(o.value.as_deref(), Some("1"));
+    let mut times = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        s.execute("x = 1", Arc::new(Sink::default())).await.unwrap();
+        times.push(t.elapsed());
+    }
+    times.sort();
+    eprintln!(
+        "first cell (incl. start) {first:?}; trivial median {:?} p95 {:?}",
+        times[100], times[190]
+    );
+    assert!(
+        times[100] < Duration::from_millis(20),
+        "median {:?}",
+        times[100]
+    );
+}
+
+/// Timings of start, first cell, interrupt and restart (printed; loose bounds so a busy
+/// CI machine does not fail it).
+#[tokio::test]
+async fn start_interrupt_and_restart_timings() {
+    let f = fixture("timings", 4);
+    f.manager.python().await.unwrap();
+    let t0 = Instant::now();
+    let s = f.manager.get_or_start("default").await.unwrap();
+    let spawned = t0.elapsed();
+    let o = s.execute("1", Arc::new(Sink::default())).await.unwrap();
+    let first = t0.elapsed();
+    assert_eq!(o.value.as_deref(), Some("1"));
+    let mut interrupts = Vec::new();
+    for _ in 0..5 {
+        let sink = Arc::new(Sink::default());
+        let task = {
+            let (s, sink) = (s.clone(), sink.clone());
+            tokio::spawn(async move {
+                s.execute("print('go', flush=True)\nwhile True: pass", sink)
+                    .await
+            })
+        };
+        wait_for(|| sink.out().contains("go")).await;
+        let t = Instant::now();
+        s.interrupt();
+        let o = task.await.unwrap().unwrap();
+        interrupts.push(t.elapsed());
+        assert_eq!(o.status, CellStatus::Interrupted);
+    }
+    let mut restarts = Vec::new();
+    for _ in 0..5 {
+        // An agent's calls are seconds apart: by then the spare worker is up.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let t = Instant::now();
+        s.restart().await.unwrap();
+        s.execute("1", Arc::new(Sink::default())).await.unwrap();
+        restarts.push(t.elapsed());
+    }
+    eprintln!(
+        "spawn {spawned:?}, first cell after spawn {first:?}, interrupts {interrupts:?}, restart+cell {restarts:?}"
+    );
+    assert!(first < Duration::from_secs(2));
+}
+
+/// Idle sessions are closed after the TTL; a busy one is not. A closed session's handle
+/// refuses work with words.
+#[tokio::test]
+async fn idle_sessions_are_reaped_after_the_ttl() {
+    use_real_launcher();
+    let dir = std::env::temp_dir().join(format!("repl-suite-ttl-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("ws")).unwrap();
+    let mut cfg = ReplConfig::new(
+        dir.join("ws"),
+        Policy::load("workspace-write").unwrap(),
+        dir.join("state"),
+    );
+    cfg.idle_ttl = Duration::from_millis(800);
+    let f = Fixture {
+        manager: SessionManager::new(cfg),
+        dir,
+    };
+    let idle = f.manager.get_or_start("idle").await.unwrap();
+    let busy = f.manager.get_or_start("busy").await.unwrap();
+    let task = tokio::spawn(async move {
+        busy.execute("import time; time.sleep(2.5)", Arc::new(Sink::default()))
+            .await
+    });
+    wait_for(|| f.manager.list().iter().all(|i| i.name != "idle")).await;
+    assert_eq!(
+        f.manager
+            .list()
+            .iter()
+            .map(|i| i.name.as_str())
+            .collect::<Vec<_>>(),
+        vec!["busy"]
+    );
+    let err = idle
+        .execute("1", Arc::new(Sink::default()))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("was closed"), "{err}");
+    assert_eq!(task.await.unwrap().unwrap().status, CellStatus::Ok);
+}
+
+/// The sandbox applies to the worker: under workspace-write a write outside the
+/// workspace fails, inside it works; the memory cap ends the worker with words.
+#[tokio::test]
+async fn the_policy_confines_the_worker_and_its_memory_cap_is_reported() {
+    let f = fixture("policy", 4);
+    let (o, _) = run(
+        &f.manager,
+        "default",
+        "open('/etc/sandbox-repl-probe', 'w')",
+    )
+    .await;
+    assert_eq!(o.status, CellStatus::Error);
+    let e = o.error.unwrap();
+    assert!(
+        e.ename == "PermissionError" || e.ename == "OSError",
+        "{e:?}"
+    );
+    let (o, _) = run(&f.manager, "default", "open('inside.txt', 'w').write('ok')").await;
+    assert_eq!(o.value.as_deref(), Some("2"), "{:?}", o.error);
+    assert!(f.dir.join("ws/inside.txt").exists());
+
+    let policy_file = f.dir.join("small.toml");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/policies/workspace-write.toml"
+    ))
+    .unwrap();
+    std::fs::write(
+        &policy_file,
+        text.replace("memory = \"4GiB\"", "memory = \"256MiB\""),
+    )
+    .unwrap();
+    let mut cfg = ReplConfig::new(
+        f.dir.join("ws"),
+        Policy::load(policy_file.to_str().unwrap()).unwrap(),
+        f.dir.join("state2"),
+    );
+    cfg.spare_worker = false;
+    let small = SessionManager::new(cfg);
+    let (o, _) = run(&small, "default", "x = bytearray(1 << 30)").await;
+    small.shutdown();
+    match o.status {
+        CellStatus::WorkerDied => assert_eq!(
+            o.worker_exit.as_deref(),
+            Some("the Python worker was killed: memory limit (256 MiB) reached")
+        ),
+        CellStatus::Error => assert_eq!(o.error.unwrap().ename, "MemoryError"),
+        other => panic!("a 1 GiB allocation under a 256 MiB cap gave {other:?}"),
+    }
+}
+
+/// Processes a cell started die with the worker when it crashes.
+#[tokio::test]
+async fn a_crash_takes_the_workers_children_along() {
+    let f = fixture("children", 4);
+    let (o, _) = run(
+        &f.manager,
+        "default",
+        "import subprocess\np = subprocess.Popen(['sleep', '300'])\np.pid",
+    )
+    .await;
+    let child: i32 = o.value.unwrap().parse().unwrap();
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+    };
+    assert!(alive(child), "the child {child} is not visible from here");
+    let (o, _) = run(&f.manager, "default", "import os; os._exit(1)").await;
+    assert_eq!(o.status, CellStatus::WorkerDied);
+    wait_for(|| !alive(child)).await;
+}
+
+/// A SIGINT that arrives between cells interrupts nothing — not even with the default
+/// handler installed by user code — and interrupts still work afterwards.
+#[tokio::test]
+async fn a_sigint_between_cells_is_discarded() {
+    let f = fixture("idlesig", 4);
+    let (o, _) = run(
+        &f.manager,
+        "default",
+        "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\nx = 1",
+    )
+    .await;
+    assert_eq!(o.status, CellStatus::Ok);
+    let s = f.manager.get("default").unwrap();
+    let pid = s.info().worker_pid.unwrap();
+    for _ in 0..3 {
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (o, _) = run(&f.manager, "default", "import time; time.sleep(0.2); x + 1").await;
+    assert_eq!(
+        (o.status, o.value.as_deref()),
+        (CellStatus::Ok, Some("2")),
+        "{:?}",
+        o.error
+    );
+    let sink = Arc::new(Sink::default());
+    let task = {
+        let (s, sink) = (s.clone(), sink.clone());
+        tokio::spawn(async move {
+            s.execute("print('go', flush=True)\nwhile True: pass", sink)
+                .await
+        })
+    };
+    wait_for(|| sink.out().contains("go")).await;
+    assert!(s.interrupt());
+    assert_eq!(task.await.unwrap().unwrap().status, CellStatus::Interrupted);
+}
+
+/// prestart brings a session up in the background; its first cell then finds the worker.
+#[tokio::test]
+async fn prestart_starts_a_session_in_the_background() {
+    let f = fixture("prestart", 4);
+    f.manager.prestart("default");
+    wait_for(|| f.manager.list().iter().any(|i| i.name == "default")).await;
+    let s = f.manager.get("default").unwrap();
+    s.wait_ready().await.unwrap();
+    let (o, _) = run(&f.manager, "default", "40 + 2").await;
+    assert_eq!(
+        (o.status, o.value.as_deref(), o.cell),
+        (CellStatus::Ok, Some("42"), 1)
+    );
+}
+
+/// User code that digs out the event pipe and floods it without a newline cannot make
+/// the server buffer without bound: the worker is killed with words, the session recovers.
+#[tokio::test]
+async fn a_flood_on_the_protocol_pipe_kills_only_that_worker() {
+    let f = fixture("protoflood", 4);
+    let code = r#"
+import os, fcntl, time
+def is_event_pipe(fd):
+    try:
+        return (os.readlink(f'/proc/self/fd/{fd}').startswith('pipe:')
+                and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY)
+    except OSError:
+        return False
+ev = [fd for fd in map(int, os.listdir('/proc/self/fd')) if fd > 2 and is_event_pipe(fd)][0]
+os.write(ev, b'{"ev":"garbage"}\n')
+chunk = b'x' * (1 << 20)
+for _ in range(80):
+    os.write(ev, chunk)
+time.sleep(30)
+"#;
+    let (o, _) = run(&f.manager, "default", code).await;
+    assert_eq!(o.status, CellStatus::WorkerDied, "{:?}", o.error);
+    assert_eq!(
+        o.worker_exit.as_deref(),
+        Some("the Python worker was stopped: it sent a protocol line over 64 MiB")
+    );
+    let (o, _) = run(&f.manager, "default", "1 + 1").await;
+    assert_eq!((o.value.as_deref(), o.state_lost), (Some("2"), true));
+}
+
+/// A process forked by a cell that falls back into the worker's code ends quietly: it
+/// never answers for the worker, and the session carries on.
+#[tokio::test]
+async fn a_forked_child_never_speaks_for_the_worker() {
+    let f = fixture("fork", 4);
+    let (o, s) = run(&f.manager, "default", "import os, time\npid = os.fork()\nif pid == 0:\n    print('child', flush=True)\nelse:\n    os.waitpid(pid, 0)\n    time.sleep(0.2)\n    print('parent')\npid > 0").await;
+    assert_eq!(
+        (o.status, o.value.as_deref()),
+        (CellStatus::Ok, Some("True")),
+        "{:?}",
+        o.error
+    );
+    assert_eq!(s.out(), "child\nparent\n");
+    let (o, _) = run(&f.manager, "default", "pid > 0").await;
+    assert_eq!(o.value.as_deref(), Some("True"));
+}

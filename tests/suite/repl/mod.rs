@@ -1,0 +1,104 @@
+//! The Python REPL through its Rust API: shared fixture here, cells and I/O in `cells`,
+//! sessions, crashes, signals and limits in `lifecycle`. The MCP-level tests live with
+//! the server (tests/mcp).
+
+mod bench;
+mod cells;
+mod lifecycle;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mcp_sandbox_repl::repl::{CellOutcome, CellSink, OutStream, ReplConfig, SessionManager};
+use mcp_sandbox_repl::sandbox::Policy;
+
+/// Collects a cell's output.
+#[derive(Default)]
+pub(super) struct Sink {
+    pub(super) stdout: Mutex<Vec<u8>>,
+    pub(super) stderr: Mutex<Vec<u8>>,
+    pub(super) prompts: Mutex<Vec<String>>,
+    pub(super) inputs: Mutex<usize>,
+}
+
+impl CellSink for Sink {
+    fn output(&self, stream: OutStream, data: &[u8]) {
+        match stream {
+            OutStream::Stdout => self.stdout.lock().unwrap().extend_from_slice(data),
+            OutStream::Stderr => self.stderr.lock().unwrap().extend_from_slice(data),
+        }
+    }
+    fn awaiting_input(&self, prompt: &str) {
+        self.prompts.lock().unwrap().push(prompt.to_string());
+    }
+    fn input_received(&self) {
+        *self.inputs.lock().unwrap() += 1;
+    }
+}
+
+impl Sink {
+    pub(super) fn out(&self) -> String {
+        String::from_utf8_lossy(&self.stdout.lock().unwrap()).into_owned()
+    }
+    pub(super) fn err(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
+    }
+}
+
+/// Workers start through the real binary's launcher mode (this test binary is not it).
+pub(super) fn use_real_launcher() {
+    mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(
+        env!("CARGO_BIN_EXE_mcp-sandbox-repl").into(),
+    );
+}
+
+pub(super) struct Fixture {
+    pub(super) manager: Arc<SessionManager>,
+    pub(super) dir: std::path::PathBuf,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.manager.shutdown();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub(super) fn fixture(tag: &str, max_sessions: usize) -> Fixture {
+    use_real_launcher();
+    let dir = std::env::temp_dir().join(format!("repl-suite-{tag}-{}", std::process::id()));
+    let workspace = dir.join("ws");
+    std::fs::create_dir_all(&workspace).unwrap();
+    let mut cfg = ReplConfig::new(
+        workspace,
+        Policy::load("workspace-write").unwrap(),
+        dir.join("state"),
+    );
+    cfg.max_sessions = max_sessions;
+    Fixture {
+        manager: SessionManager::new(cfg),
+        dir,
+    }
+}
+
+pub(super) async fn run(
+    manager: &SessionManager,
+    session: &str,
+    code: &str,
+) -> (CellOutcome, Arc<Sink>) {
+    let s = manager.get_or_start(session).await.unwrap();
+    let sink = Arc::new(Sink::default());
+    let out = s.execute(code, sink.clone()).await.unwrap();
+    (out, sink)
+}
+
+pub(super) async fn wait_for(cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "condition not reached in 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
