@@ -66,7 +66,7 @@ fn policy_report(k: &KernelSupport, name: &str, workspace: &std::path::Path) -> 
             let items = probe::enforcement(k, &policy);
             let best_effort =
                 policy.kernel_support == crate::sandbox::KernelSupportMode::BestEffort;
-            let refuses_to_start = !best_effort && items.iter().any(|i| !i.enforced);
+            let refuses_to_start = !best_effort && items.iter().any(|i| !i.enforced && i.required);
             PolicyReport {
                 name: name.to_string(),
                 description,
@@ -128,6 +128,11 @@ fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
     writeln!(out, "                pid: {}", probe_word(&ns.pid))?;
     writeln!(out, "                network: {}", probe_word(&ns.network))?;
     writeln!(out, "                mount: {}", probe_word(&ns.mount))?;
+    writeln!(
+        out,
+        "                procfs hidepid=ptraceable: {}",
+        probe_word(&ns.procfs_hidepid)
+    )?;
     let cg = &k.cgroup;
     let version = match cg.version {
         crate::sandbox::cgroup::CgroupVersion::V1 if cg.hybrid => {
@@ -170,10 +175,10 @@ fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
             continue;
         }
         for i in &p.items {
-            let mark = if i.enforced {
-                "enforced    "
-            } else {
-                "NOT ENFORCED"
+            let mark = match (i.enforced, i.required) {
+                (true, _) => "enforced    ",
+                (false, true) => "NOT ENFORCED",
+                (false, false) => "not enforced (runs without it)",
             };
             let why = i
                 .why_not

@@ -91,6 +91,7 @@ pub async fn install(
         read,
         execute: vec![uv.path.clone(), cfg.python.clone()],
         network: cfg.sources.needs_network(),
+        confine_writes: true,
     };
     let policy = Arc::new(policy::extend(session_policy, &grants));
 

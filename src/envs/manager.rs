@@ -55,15 +55,21 @@ impl EnvManager {
 
     /// The venv a session uses, if it has one yet (without creating it). Managed
     /// venvs left by an earlier server run are found on disk.
+    /// Does not wait for an install in progress (it answers from disk meanwhile).
     pub async fn session_venv(&self, session: &str) -> Option<Venv> {
         let slot = self.slot(session);
-        let mut guard = slot.lock().await;
-        if guard.is_none() {
+        let on_disk = || {
             let loc = VenvLocation::Managed {
                 session: session.to_string(),
             };
             let root = venv::location_path(&self.cfg, &loc).ok()?;
-            *guard = Venv::open(&root).ok();
+            Venv::open(&root).ok()
+        };
+        let Ok(mut guard) = slot.try_lock() else {
+            return on_disk();
+        };
+        if guard.is_none() {
+            *guard = on_disk();
         }
         guard.clone()
     }

@@ -22,11 +22,28 @@ pub struct Grants {
     pub execute: Vec<PathBuf>,
     /// Whether the process may use the network (package resolution and downloads).
     pub network: bool,
+    /// Take away the session's writes to the workspace (they become reads), so the
+    /// process writes only to `write`, its private temp dir and devices. For installers:
+    /// a package's build script then cannot touch the agent's files.
+    pub confine_writes: bool,
 }
 
 /// The session policy extended by `grants`.
 pub fn extend(base: &ResolvedPolicy, grants: &Grants) -> ResolvedPolicy {
     let mut p = base.clone();
+    if grants.confine_writes && !base.filesystem_unrestricted() {
+        let workspace = p.workspace.clone();
+        let moved: Vec<PathBuf> = p
+            .write
+            .iter()
+            .filter(|w| w.starts_with(&workspace))
+            .cloned()
+            .collect();
+        p.write.retain(|w| !w.starts_with(&workspace));
+        for m in moved {
+            p = p.with_read(m);
+        }
+    }
     for w in &grants.write {
         p = p.with_write(w);
     }
@@ -56,4 +73,75 @@ pub fn sandbox_path(policy: &ResolvedPolicy, python: &Path, path: Option<&OsStr>
         }
     }
     std::env::join_paths(dirs).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::{Placeholders, Policy};
+
+    fn session_policy(name: &str) -> ResolvedPolicy {
+        let ph = Placeholders {
+            workspace: "/ws".into(),
+            tmp: "/state/tmp".into(),
+            python: vec!["/py".into()],
+            venv: None,
+            uv_cache: Some("/state/uv-cache".into()),
+        };
+        Policy::load(name).unwrap().resolve(&ph).unwrap()
+    }
+
+    /// The installer writes only the venv, the uv cache, its temp dir and devices, and
+    /// gets the network; the session policy it derives from is unchanged.
+    #[test]
+    fn installer_policy_writes_only_venv_and_cache() {
+        let base = session_policy("workspace-write");
+        assert!(base.write.contains(&PathBuf::from("/ws")));
+        let grants = Grants {
+            write: vec!["/state/venvs/s".into(), "/state/uv-cache".into()],
+            read: vec!["/wheels".into()],
+            execute: vec!["/bin/uv".into()],
+            network: true,
+            confine_writes: true,
+        };
+        let p = extend(&base, &grants);
+        let unexpected: Vec<&PathBuf> = p
+            .write
+            .iter()
+            .filter(|w| !w.starts_with("/dev") && w.as_path() != Path::new("/state/tmp"))
+            .filter(|w| !grants.write.contains(w))
+            .collect();
+        assert!(unexpected.is_empty(), "{unexpected:?}");
+        assert!(
+            p.read.contains(&PathBuf::from("/ws")) && p.read.contains(&PathBuf::from("/wheels"))
+        );
+        assert!(p.execute.contains(&PathBuf::from("/bin/uv")));
+        assert_eq!(p.network, NetworkPolicy::Full);
+        assert_eq!(base.network, NetworkPolicy::None);
+        assert!(!base.write.contains(&PathBuf::from("/state/venvs/s")));
+    }
+
+    /// A one-off script keeps the session's writes and gets the cache on top.
+    #[test]
+    fn script_policy_keeps_session_writes() {
+        let base = session_policy("workspace-write");
+        let grants = Grants {
+            write: vec!["/state/uv-cache".into()],
+            network: true,
+            ..Grants::default()
+        };
+        let p = extend(&base, &grants);
+        assert!(
+            p.write.contains(&PathBuf::from("/ws"))
+                && p.write.contains(&PathBuf::from("/state/uv-cache"))
+        );
+    }
+
+    #[test]
+    fn path_keeps_only_executable_dirs() {
+        let base = session_policy("workspace-write");
+        let path = OsString::from("/root/.pyenv/shims:/usr/bin:/ws/bin:/opt/x");
+        let got = sandbox_path(&base, Path::new("/py/bin/python3"), Some(&path));
+        assert_eq!(got, OsString::from("/py/bin:/usr/bin:/ws/bin"));
+    }
 }

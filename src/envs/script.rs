@@ -172,6 +172,7 @@ pub async fn run_script(
             read,
             execute: vec![uv.path.clone(), cfg.python.clone()],
             network,
+            confine_writes: false,
         },
     ));
 

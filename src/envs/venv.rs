@@ -164,6 +164,7 @@ pub async fn ensure(
         read: vec![],
         execute: vec![uv.path.clone(), cfg.python.clone()],
         network: false,
+        confine_writes: true,
     };
     let policy = Arc::new(policy::extend(session_policy, &grants));
     let mut cmd = SandboxCommand::new(policy.clone(), &uv.path);

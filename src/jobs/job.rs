@@ -271,6 +271,12 @@ impl JobHandle {
         let room = self.store.make_room(n);
         {
             let mut spool = lock(&self.job.spools[stream.index()]);
+            if spool.is_closed() {
+                // Output racing the end of the job (e.g. a late chunk of a worker that
+                // already reported its outcome): the record is final, ignore it.
+                tracing::debug!(job = %self.job.id, bytes = n, "output after the job finished ignored");
+                return;
+            }
             if !room {
                 spool.drop_bytes(n);
                 if !self.job.drop_warned.swap(true, Ordering::Relaxed) {

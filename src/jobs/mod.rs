@@ -369,6 +369,14 @@ pub enum JobError {
     Pattern { pattern: String, reason: String },
     #[error("working directory {path:?} {reason}; pass an existing directory")]
     Cwd { path: PathBuf, reason: String },
+    #[error(
+        "{what} {path:?} is outside what policy {policy} lets a job read; use a path inside the workspace"
+    )]
+    Denied {
+        what: &'static str,
+        path: PathBuf,
+        policy: String,
+    },
     #[error("{file}:{line}: {reason}")]
     DotEnv {
         file: String,

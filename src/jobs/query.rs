@@ -55,8 +55,8 @@ impl JobStore {
 
     /// Lines of a stream matching `pattern` (regex), with `context_lines` lines around
     /// each (at most 20), at most `max_hits` hits (1..=1000). Reads the spool
-    /// sequentially without loading it; call from a blocking-friendly context for
-    /// very large outputs.
+    /// sequentially without loading it. On a multi-threaded tokio runtime the scan runs
+    /// under `block_in_place`, so a search of a large spool does not stall other tasks.
     pub fn search(
         &self,
         id: &str,
@@ -74,8 +74,15 @@ impl JobStore {
             let spool = lock(&job.spools[stream.index()]);
             (spool.path().to_path_buf(), spool.len())
         };
-        search::search_file(&path, total, &re, context_lines, max_hits)
-            .map_err(|e| JobError::io(format!("could not search {stream} of job {}", job.id), e))
+        let scan = || search::search_file(&path, total, &re, context_lines, max_hits);
+        let on_worker = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let hits = if on_worker {
+            tokio::task::block_in_place(scan)
+        } else {
+            scan()
+        };
+        hits.map_err(|e| JobError::io(format!("could not search {stream} of job {}", job.id), e))
     }
 
     /// Jobs matching `filter`, newest first.

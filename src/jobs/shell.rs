@@ -99,7 +99,10 @@ pub fn start_shell_job(
     })?;
     let (program, args, label) = program_and_args(&req)?;
     let cwd = req.cwd.as_deref().map(check_cwd).transpose()?;
-    let env = environment(&req, cwd.as_deref())?;
+    if let Some(dir) = &cwd {
+        check_readable(&policy, dir, "working directory")?;
+    }
+    let env = environment(&req, cwd.as_deref(), &policy)?;
 
     let mut cmd = SandboxCommand::new(policy, &program);
     cmd.args(&args);
@@ -238,6 +241,7 @@ fn check_cwd(dir: &Path) -> Result<PathBuf, JobError> {
 fn environment(
     req: &ShellRequest,
     cwd: Option<&Path>,
+    policy: &ResolvedPolicy,
 ) -> Result<BTreeMap<String, String>, JobError> {
     let mut vars = BTreeMap::new();
     if let Some(file) = &req.env_file {
@@ -245,6 +249,11 @@ fn environment(
             Some(dir) if file.is_relative() => dir.join(file),
             _ => file.clone(),
         };
+        // The server reads the file, outside the sandbox: it must be one the job
+        // itself could read, or env_file would leak files the policy protects.
+        if path.exists() {
+            check_readable(policy, &path, "env file")?;
+        }
         vars.extend(dotenv::load(&path)?);
     }
     vars.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -261,6 +270,37 @@ fn environment(
         }
     }
     Ok(vars)
+}
+
+/// Refuse `path` unless a process under `policy` may read it (after resolving
+/// symlinks). Landlock grants reading under the read, write and execute sets alike.
+fn check_readable(
+    policy: &ResolvedPolicy,
+    path: &Path,
+    what: &'static str,
+) -> Result<(), JobError> {
+    if policy.filesystem_unrestricted() {
+        return Ok(());
+    }
+    let real = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let allowed = policy
+        .read
+        .iter()
+        .chain(&policy.write)
+        .chain(&policy.execute)
+        .any(|root| {
+            let root = root.canonicalize().unwrap_or_else(|_| root.clone());
+            real.starts_with(root)
+        });
+    if allowed {
+        Ok(())
+    } else {
+        Err(JobError::Denied {
+            what,
+            path: real,
+            policy: policy.name().to_string(),
+        })
+    }
 }
 
 /// Grow an output pipe so a fast writer is woken less often (fewer, larger chunks).

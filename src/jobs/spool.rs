@@ -105,6 +105,11 @@ impl Spool {
         }
     }
 
+    /// Whether the spool was closed (the job finished).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.file.is_none()
+    }
+
     /// Count bytes that were not stored (e.g. over the disk cap).
     pub(crate) fn drop_bytes(&mut self, n: u64) {
         self.dropped += n;

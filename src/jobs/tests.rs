@@ -423,17 +423,38 @@ async fn disk_cap_evicts_oldest_finished_jobs_first() {
 }
 
 #[tokio::test]
-#[ignore = "timing probe"]
-async fn probe_create_finish_cost() {
-    let store = open("probe", 20_000, 1 << 30);
-    for n in [10usize, 100, 300] {
-        let t = Instant::now();
-        for _ in 0..n {
-            let h = store.create(JobKind::Shell, None, "true").unwrap();
-            h.append(Stream::Stdout, b"x\n");
-            h.finish(done());
-            let _ = store.wait(h.id(), Duration::from_secs(1)).await.unwrap();
+async fn shutdown_records_jobs_that_do_not_end_as_cancelled() {
+    struct Stuck;
+    impl JobControl for Stuck {
+        fn cancel(&self) {}
+        fn send_input(&self, _: &str, _: bool) -> Result<(), String> {
+            Ok(())
         }
-        eprintln!("{n} jobs: {:?} per job", t.elapsed() / n as u32);
     }
+    let dir = state_dir("shutdown");
+    let cfg = StoreConfig {
+        state_dir: dir,
+        disk_cap: 1 << 30,
+        response_bytes: 20_000,
+    };
+    let id = {
+        let store = JobStore::open(cfg.clone()).unwrap();
+        let h = store
+            .create(JobKind::Python, Some("s"), "while True: pass")
+            .unwrap();
+        h.set_control(Arc::new(Stuck));
+        let t = Instant::now();
+        store.shutdown().await;
+        assert!(t.elapsed() < Duration::from_secs(1));
+        let s = store.summary(h.id()).unwrap();
+        assert_eq!(s.status, JobStatus::Cancelled);
+        assert_eq!(
+            s.message.as_deref(),
+            Some("ended because the server shut down")
+        );
+        h.id().to_string()
+    };
+    // The next server sees it cancelled, not lost.
+    let store = JobStore::open(cfg).unwrap();
+    assert_eq!(store.summary(&id).unwrap().status, JobStatus::Cancelled);
 }

@@ -21,6 +21,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod layout;
+mod v2;
+
+#[cfg(test)]
+use v2::prepare_v2;
+use v2::v2_parent;
 
 pub use layout::{CgroupVersion, Layout};
 
@@ -65,7 +70,10 @@ pub enum CgroupError {
     },
 }
 
-fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> CgroupError + 'a {
+pub(super) fn io<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> CgroupError + 'a {
     move |source| CgroupError::Io {
         action,
         path: path.to_path_buf(),
@@ -109,82 +117,12 @@ pub fn join_current(procs_files: &[PathBuf]) -> Result<(), CgroupError> {
 }
 
 /// The layout found on this machine, computed once per process.
-fn layout() -> &'static Layout {
+pub(super) fn layout() -> &'static Layout {
     static LAYOUT: OnceLock<Layout> = OnceLock::new();
     LAYOUT.get_or_init(Layout::detect)
 }
 
-/// v2: the prepared parent directory (controllers enabled), or why it could not be.
-fn v2_parent(layout: &Layout) -> Result<PathBuf, CgroupError> {
-    static PARENT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let own = layout.v2_own.clone().ok_or(CgroupError::NoController {
-        controller: "pids",
-        what: "process",
-    })?;
-    let controllers: Vec<&str> = ["pids", "memory"]
-        .into_iter()
-        .filter(|c| layout.v2_controllers.iter().any(|h| h == c))
-        .collect();
-    PARENT
-        .get_or_init(|| {
-            prepare_v2(&own, &controllers, std::process::id()).map_err(|e| e.to_string())
-        })
-        .clone()
-        .map_err(|reason| CgroupError::NotDelegated {
-            dir: own,
-            controllers: controllers.join(" "),
-            reason,
-        })
-}
-
-/// Enable `controllers` for `<own>/mcp-sandbox-repl/*`, moving this process (`pid`) into a
-/// leaf first if the no-internal-processes rule requires it.
-pub(crate) fn prepare_v2(
-    own: &Path,
-    controllers: &[&str],
-    pid: u32,
-) -> Result<PathBuf, CgroupError> {
-    let enable: String = controllers.iter().map(|c| format!("+{c} ")).collect();
-    let enable = enable.trim_end();
-    let subtree = own.join("cgroup.subtree_control");
-    let already = std::fs::read_to_string(&subtree).unwrap_or_default();
-    let missing = controllers
-        .iter()
-        .any(|c| !already.split_whitespace().any(|h| h == *c));
-    if missing && let Err(first) = std::fs::write(&subtree, enable) {
-        {
-            // EBUSY: processes live in `own`. Move ourselves out if we are the only one.
-            let procs =
-                std::fs::read_to_string(own.join("cgroup.procs")).map_err(io("read", own))?;
-            let others: Vec<&str> = procs
-                .split_whitespace()
-                .filter(|p| *p != pid.to_string())
-                .collect();
-            if !others.is_empty() {
-                return Err(CgroupError::NotDelegated {
-                    dir: own.to_path_buf(),
-                    controllers: controllers.join(" "),
-                    reason: format!(
-                        "{first}; other processes share the cgroup ({} of them)",
-                        others.len()
-                    ),
-                });
-            }
-            let leaf = own.join(SERVER_LEAF);
-            mkdir_ok_exists(&leaf)?;
-            std::fs::write(leaf.join("cgroup.procs"), pid.to_string())
-                .map_err(io("move the server into", &leaf))?;
-            std::fs::write(&subtree, enable).map_err(io("enable controllers in", &subtree))?;
-        }
-    }
-    let parent = own.join(PARENT_DIR);
-    mkdir_ok_exists(&parent)?;
-    let sub = parent.join("cgroup.subtree_control");
-    std::fs::write(&sub, enable).map_err(io("enable controllers in", &sub))?;
-    Ok(parent)
-}
-
-fn mkdir_ok_exists(dir: &Path) -> Result<(), CgroupError> {
+pub(super) fn mkdir_ok_exists(dir: &Path) -> Result<(), CgroupError> {
     match std::fs::create_dir(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
@@ -220,6 +158,8 @@ impl JobCgroup {
         memory_bytes: Option<u64>,
         max_pids: Option<u64>,
     ) -> Result<JobCgroup, CgroupError> {
+        static SWEPT: OnceLock<()> = OnceLock::new();
+        SWEPT.get_or_init(|| sweep_stale(layout(), STALE_AFTER));
         Self::create_in(layout(), name, memory_bytes, max_pids)
     }
 
@@ -421,6 +361,35 @@ impl Drop for JobCgroup {
         if !self.removed.load(Ordering::SeqCst) {
             self.kill_all();
             self.remove();
+        }
+    }
+}
+
+/// Job cgroups left by servers that were killed (their `Drop` never ran): empty, and
+/// older than this, so never one a live server has just created and not yet joined.
+const STALE_AFTER: Duration = Duration::from_secs(600);
+
+/// Remove the empty job cgroups older than `age` under this process's parent dirs
+/// (best effort; once per process, from [`JobCgroup::create`]).
+pub(crate) fn sweep_stale(layout: &Layout, age: Duration) {
+    let parents = [&layout.v1_pids, &layout.v1_memory, &layout.v2_own];
+    for parent in parents.into_iter().flatten().map(|p| p.join(PARENT_DIR)) {
+        let Ok(entries) = std::fs::read_dir(&parent) else {
+            continue;
+        };
+        for dir in entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+        {
+            let empty = std::fs::read_to_string(dir.join("cgroup.procs"))
+                .is_ok_and(|l| l.trim().is_empty());
+            let old = std::fs::metadata(&dir)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|e| e >= age));
+            if empty && old && std::fs::remove_dir(&dir).is_ok() {
+                tracing::debug!(dir = %dir.display(), "removed a stale job cgroup");
+            }
         }
     }
 }

@@ -6,6 +6,8 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{ChildStderr, ChildStdin, ChildStdout};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::isolation::JobCgroupHandle;
@@ -50,7 +52,7 @@ pub struct SandboxedChild {
     pub stdout: Option<ChildStdout>,
     pub stderr: Option<ChildStderr>,
     pidfd: Option<OwnedFd>,
-    cgroup: Option<JobCgroupHandle>,
+    killer: GroupKiller,
     started: Instant,
     wall_limit: Option<Duration>,
     limits: Limits,
@@ -82,7 +84,11 @@ impl SandboxedChild {
             stdout: child.stdout.take(),
             stderr: child.stderr.take(),
             pidfd,
-            cgroup,
+            killer: GroupKiller {
+                pid,
+                cgroup: cgroup.map(Arc::new),
+                done: Arc::new(AtomicBool::new(false)),
+            },
             started,
             wall_limit,
             limits,
@@ -100,22 +106,19 @@ impl SandboxedChild {
     /// Send `signal` to the whole process group (and, for SIGKILL, every process of
     /// its cgroup).
     pub fn signal_group(&self, signal: i32) -> std::io::Result<()> {
-        if let (libc::SIGKILL, Some(cg)) = (signal, &self.cgroup) {
-            cg.kill_all();
-        }
-        // SAFETY: kill(2) on our own process group.
-        if unsafe { libc::kill(-(self.pid as libc::pid_t), signal) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ESRCH) {
-                return Err(e);
-            }
-        }
-        Ok(())
+        self.killer.signal(signal)
     }
 
     /// SIGKILL everything the child started.
     pub fn kill_all(&self) {
-        let _ = self.signal_group(libc::SIGKILL);
+        self.killer.kill_all();
+    }
+
+    /// A cloneable handle that can signal the process group while another task owns
+    /// the child in [`wait`](Self::wait) (cancel, interrupt). It goes inert once the
+    /// child has been reaped, so a recycled process-group id is never signalled.
+    pub fn killer(&self) -> GroupKiller {
+        self.killer.clone()
     }
 
     /// Wait for the process to end (async; never blocks the runtime) and report how.
@@ -143,11 +146,9 @@ impl SandboxedChild {
                         }
                     }
                 }
-                Err(_) => {
-                    // No reactor for this fd: fall back to a blocking wait off the runtime.
-                    let pid = self.pid;
-                    let _ = tokio::task::spawn_blocking(move || reap(pid, 0)).await;
-                }
+                // No reactor for this fd: the blocking reap below, off the runtime, waits
+                // (without the wall-time limit).
+                Err(_) => {}
             }
         }
         let pid = self.pid;
@@ -200,6 +201,7 @@ impl SandboxedChild {
         let wall = self.started.elapsed();
         // The main process is gone: nothing it left behind may outlive it.
         self.kill_all();
+        self.killer.done.store(true, Ordering::SeqCst);
         let Some((status, ru)) = reaped else {
             return ExitReport {
                 wall,
@@ -228,7 +230,7 @@ impl SandboxedChild {
             }
         };
         let cpu_spent = user_cpu + system_cpu;
-        let cg = self.cgroup.as_ref();
+        let cg = self.killer.cgroup.as_deref();
         let limit = if wall_hit {
             Some(LimitHit::WallTime)
         } else if cg.is_some_and(|c| c.memory_limit_hit()) {
@@ -268,6 +270,7 @@ impl Drop for SandboxedChild {
             let _ = std::thread::Builder::new()
                 .name("sandbox-reap".into())
                 .spawn(move || reap(pid, 0));
+            self.killer.done.store(true, Ordering::SeqCst);
         }
     }
 }
@@ -323,4 +326,40 @@ pub fn signal_name(sig: i32) -> String {
 /// The number of a signal name produced by [`signal_name`].
 pub fn signal_number(name: &str) -> Option<i32> {
     (1..32).find(|&n| signal_name(n) == name)
+}
+
+/// Signals a sandboxed process group (and its cgroup) from anywhere; see
+/// [`SandboxedChild::killer`].
+#[derive(Debug, Clone)]
+pub struct GroupKiller {
+    pid: u32,
+    cgroup: Option<Arc<JobCgroupHandle>>,
+    /// Set once the child is reaped and its leftovers killed.
+    done: Arc<AtomicBool>,
+}
+
+impl GroupKiller {
+    /// Send `signal` to the process group (for SIGKILL also to every process of the
+    /// cgroup). A no-op once the child is gone.
+    pub fn signal(&self, signal: i32) -> std::io::Result<()> {
+        if self.done.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        if let (libc::SIGKILL, Some(cg)) = (signal, &self.cgroup) {
+            cg.kill_all();
+        }
+        // SAFETY: kill(2) on our own child's process group.
+        if unsafe { libc::kill(-(self.pid as libc::pid_t), signal) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// SIGKILL everything the child started.
+    pub fn kill_all(&self) {
+        let _ = self.signal(libc::SIGKILL);
+    }
 }

@@ -9,10 +9,10 @@
 //! successful exec closes it). Lines starting with `unenforced:` name what a
 //! `best_effort` policy could not enforce; a line starting with `error:` is fatal.
 
-use std::ffi::{CString, OsString};
+use std::ffi::CString;
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, RawFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -81,13 +81,22 @@ pub fn launcher_main() -> ! {
         }
     };
     drop(file);
+    run_spec(&spec)
+}
+
+/// Apply `spec` to this process and exec its target; on failure report on the status
+/// fd and exit. Must run in a single-threaded process: the re-executed launcher, or
+/// the forked child of a single-threaded parent (see `spawn`).
+pub(crate) fn run_spec(spec: &LaunchSpec) -> ! {
     // SAFETY: the status fd was handed to us by the parent; we own it.
     let mut status = unsafe { std::fs::File::from_raw_fd(spec.status_fd) };
     set_cloexec(spec.status_fd);
     let mut notes = Vec::new();
-    let err = apply_and_exec(&spec, &mut notes, &mut status);
+    let err = apply_and_exec(spec, &mut notes, &mut status);
     let _ = writeln!(status, "error: {}", err.replace('\n', " "));
-    std::process::exit(SETUP_FAILED_EXIT);
+    // SAFETY: _exit skips atexit handlers and stdio flushing, which belong to the parent
+    // when this is a forked child.
+    unsafe { libc::_exit(SETUP_FAILED_EXIT) }
 }
 
 fn set_cloexec(fd: RawFd) {
@@ -175,7 +184,6 @@ fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), Strin
     // SAFETY: getuid cannot fail.
     let root = unsafe { libc::getuid() } == 0;
     apply_rlimits(&rlimit_plan(&policy.limits, spec.memory_cgroup, root))?;
-    set_environment(&spec.env);
     if policy.drop_capabilities {
         drop_all_capabilities()?;
     }
@@ -192,22 +200,6 @@ fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), Strin
     install_seccomp_filter_on_current_thread(&seccomp)?;
     close_inherited_fds(&spec.keep_fds, spec.status_fd)?;
     Ok(())
-}
-
-/// Replace the environment (we are single-threaded, so this is sound).
-fn set_environment(env: &[(Vec<u8>, Vec<u8>)]) {
-    let old: Vec<OsString> = std::env::vars_os().map(|(k, _)| k).collect();
-    for k in old {
-        // SAFETY: the launcher is single-threaded; nothing reads the environment concurrently.
-        unsafe { std::env::remove_var(k) };
-    }
-    for (k, v) in env {
-        let (k, v) = (OsString::from_vec(k.clone()), OsString::from_vec(v.clone()));
-        if !k.is_empty() && !k.as_bytes().contains(&b'=') {
-            // SAFETY: as above.
-            unsafe { std::env::set_var(k, v) };
-        }
-    }
 }
 
 /// Close every descriptor from 3 up except `keep` and `status` (which is close-on-exec).
@@ -232,28 +224,77 @@ fn close_inherited_fds(keep: &[RawFd], status: RawFd) -> Result<(), String> {
     Ok(())
 }
 
-/// execvp the target; returns the reason if it could not.
+/// Exec the target with the spec's environment, searching the spec's PATH like execvp
+/// (ENOENT and ENOTDIR go on to the next directory, EACCES is remembered, ENOEXEC runs
+/// the file with /bin/sh). The process environment is never touched: std's environment
+/// lock may be held by the parent's `spawn` in a forked child. Returns why it failed.
 fn exec(spec: &LaunchSpec) -> String {
     let program = spec.argv.first().cloned().unwrap_or_default();
     let shown = String::from_utf8_lossy(&program).into_owned();
-    let args: Result<Vec<CString>, _> = spec.argv.iter().map(|a| CString::new(a.clone())).collect();
-    let Ok(args) = args else {
-        return format!("an argument of {shown:?} contains a NUL byte");
-    };
-    let Some(prog) = args.first() else {
+    if program.is_empty() {
         return "no command given".to_string();
+    }
+    let cstr = |b: &[u8]| CString::new(b.to_vec());
+    let args: Result<Vec<CString>, _> = spec.argv.iter().map(|a| cstr(a)).collect();
+    let envs: Result<Vec<CString>, _> = spec
+        .env
+        .iter()
+        .filter(|(k, _)| !k.is_empty() && !k.contains(&b'='))
+        .map(|(k, v)| cstr(&[k.as_slice(), b"=", v.as_slice()].concat()))
+        .collect();
+    let (Ok(args), Ok(envs)) = (args, envs) else {
+        return format!("an argument or variable for {shown:?} contains a NUL byte");
     };
-    let mut ptrs: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
-    ptrs.push(std::ptr::null());
-    // SAFETY: NUL-terminated strings and a NULL-terminated array that outlive the call.
-    unsafe { libc::execvp(prog.as_ptr(), ptrs.as_ptr()) };
-    let e = std::io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::ENOENT) if !shown.contains('/') => format!(
-            "command not found: {shown:?} (searched PATH={})",
-            std::env::var("PATH").unwrap_or_default()
-        ),
-        Some(libc::EACCES) | Some(libc::EPERM) => format!(
+    let path = spec
+        .env
+        .iter()
+        .find(|(k, _)| k == b"PATH")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| b"/usr/local/bin:/usr/bin:/bin".to_vec());
+    let candidates: Vec<Vec<u8>> = if program.contains(&b'/') {
+        vec![program.clone()]
+    } else {
+        path.split(|&c| c == b':')
+            .map(|dir| {
+                let dir = if dir.is_empty() { b".".as_slice() } else { dir };
+                [dir, b"/", program.as_slice()].concat()
+            })
+            .collect()
+    };
+    let mut envp: Vec<*const libc::c_char> = envs.iter().map(|e| e.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    let mut denied: Option<std::io::Error> = None;
+    let mut last = std::io::Error::from_raw_os_error(libc::ENOENT);
+    for candidate in candidates {
+        let Ok(file) = CString::new(candidate) else {
+            continue;
+        };
+        let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        // SAFETY: NUL-terminated strings and NULL-terminated arrays that outlive the call.
+        unsafe { libc::execve(file.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENOEXEC) {
+            // A script without a #! line: run it with the shell, as execvp does.
+            let sh = c"/bin/sh";
+            let mut argv: Vec<*const libc::c_char> = vec![sh.as_ptr(), file.as_ptr()];
+            argv.extend(args.iter().skip(1).map(|a| a.as_ptr()));
+            argv.push(std::ptr::null());
+            // SAFETY: as above.
+            unsafe { libc::execve(sh.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+            return format!(
+                "cannot execute {shown:?}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        match e.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::ENOTDIR) => last = e,
+            Some(libc::EACCES) | Some(libc::EPERM) => denied = Some(e),
+            _ => return format!("cannot execute {shown:?}: {e}"),
+        }
+    }
+    if let Some(e) = denied {
+        return format!(
             "cannot execute {shown:?}: {e}; blocked by policy {}, which allows executing only \
              under: {}",
             spec.policy.name,
@@ -263,9 +304,15 @@ fn exec(spec: &LaunchSpec) -> String {
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
-        ),
-        _ => format!("cannot execute {shown:?}: {e}"),
+        );
     }
+    if program.contains(&b'/') {
+        return format!("cannot execute {shown:?}: {last}");
+    }
+    format!(
+        "command not found: {shown:?} (searched PATH={})",
+        String::from_utf8_lossy(&path)
+    )
 }
 
 /// Bytes of an OS string, for the spec.

@@ -25,7 +25,7 @@ pub mod rlimits;
 pub mod seccomp;
 pub mod spawn;
 
-pub use child::{ExitReport, LimitHit, SandboxedChild, Termination, signal_name};
+pub use child::{ExitReport, GroupKiller, LimitHit, SandboxedChild, Termination, signal_name};
 pub use error::{LaunchError, PolicyError};
 pub use policy::{DEFAULT_POLICY, KernelSupportMode, NetworkMode, Policy, Scoping};
 pub use privileges::harden_current_process;

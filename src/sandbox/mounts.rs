@@ -1,7 +1,8 @@
 //! The job's mount view: a private mount namespace whose root is a fresh, read-only
 //! tmpfs holding only what the policy lists — read paths bound read-only, write paths
 //! (workspace, private tmp) bound read-write, the private tmp also at `/tmp`, a minimal
-//! `/dev` (null, zero, full, random, urandom, tty) and a read-only `/proc` that hides
+//! `/dev` (null, zero, full, random, urandom, tty; a private tmpfs `/dev/shm` if the
+//! policy lists it) and a read-only `/proc` that hides
 //! processes the job may not ptrace (`hidepid=ptraceable`, so with Landlock's ptrace
 //! scoping the server and every other outside process are invisible).
 //!
@@ -17,13 +18,16 @@
 //! cgroup join and network namespace and before capabilities are dropped.
 
 pub mod plan;
+mod sys;
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use plan::{Bind, OWN_DEVICES, Plan};
+use sys::{mkdir_open, mount, open_beneath, pivot_root};
 
 /// What the job sees. Paths are host paths; nonexistent ones are skipped.
 #[derive(Debug, Clone, Default)]
@@ -93,22 +97,17 @@ pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
         Some("tmpfs"),
         &tmp,
         Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some("mode=0755,size=64k"),
+        libc::MS_NOSUID,
+        Some("mode=0755,size=1m"),
     )
     .map_err(step("mount a scratch tmpfs on", &tmp))?;
     mkdir(&tmp.join("oldroot"))?;
     pivot_root(&tmp, &tmp.join("oldroot")).map_err(step("pivot_root into", &tmp))?;
     chdir("/")?;
     mkdir(Path::new(NEW))?;
-    mount(
-        Some("tmpfs"),
-        NEW,
-        Some("tmpfs"),
-        libc::MS_NOSUID,
-        Some("mode=0755"),
-    )
-    .map_err(step("mount tmpfs on", NEW))?;
+    // The new root is a directory of the scratch tmpfs, made a mount point by a self-bind
+    // (cheaper than a second tmpfs; /oldroot, beside it, is not part of it).
+    mount(Some(NEW), NEW, None, libc::MS_BIND, None).map_err(step("bind-mount", NEW))?;
 
     build(&plan)?;
 
@@ -140,9 +139,18 @@ fn build(plan: &Plan) -> Result<(), MountError> {
     for bind in &plan.binds {
         let src = under(OLD, &bind.src);
         let dst = under(NEW, &bind.dst);
-        make_mount_point(&dst, bind.is_dir)?;
-        mount(Some(&src), &dst, None, libc::MS_BIND | libc::MS_REC, None)
-            .map_err(step("bind-mount", &bind.src))?;
+        let target = make_mount_point(&dst, bind.is_dir)?;
+        // Bind what was checked: the canonical path opened without following any symlink
+        // (a job sharing the workspace could swap a directory for a link in between).
+        let source = open_beneath(None, &src, 0).map_err(step("open (no symlinks)", &bind.src))?;
+        mount(
+            Some(fd_path(&source)),
+            fd_path(&target),
+            None,
+            libc::MS_BIND | libc::MS_REC,
+            None,
+        )
+        .map_err(step("bind-mount", &bind.src))?;
     }
     // Attributes after all binds (mount points inside a read-only bind could not be made),
     // parents first so each path ends with the mode of its most specific entry.
@@ -159,7 +167,7 @@ fn build(plan: &Plan) -> Result<(), MountError> {
         }
     }
     if plan.own_dev {
-        build_dev()?;
+        build_dev(plan.private_shm)?;
     }
     if plan.own_proc {
         mount_proc()?;
@@ -167,7 +175,7 @@ fn build(plan: &Plan) -> Result<(), MountError> {
     mask_secrets()
 }
 
-/// Cover the [`plan::MASKED`] files present in the view with /dev/null (read-only).
+/// Cover the [`plan::MASKED`] files present in the view with /dev/null.
 fn mask_secrets() -> Result<(), MountError> {
     let null = Path::new(NEW).join("dev/null");
     let null = if null.exists() {
@@ -177,9 +185,8 @@ fn mask_secrets() -> Result<(), MountError> {
     };
     for pattern in plan::MASKED {
         for file in expand(&under(NEW, Path::new(pattern))) {
+            // Writable like any /dev/null: writes vanish, reads are empty.
             mount(Some(&null), &file, None, libc::MS_BIND, None).map_err(step("mask", &file))?;
-            let ro = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID;
-            mount(NO_SRC, &file, None, ro, None).map_err(step("mask", &file))?;
         }
     }
     Ok(())
@@ -255,9 +262,18 @@ fn set_attrs(dst: &Path, bind: &Bind) -> Result<(), MountError> {
 }
 
 /// /dev with the usual character devices (mknod; bind from the host where mknod is refused).
-fn build_dev() -> Result<(), MountError> {
+fn build_dev(private_shm: bool) -> Result<(), MountError> {
     let dev = Path::new(NEW).join("dev");
     mkdir(&dev)?;
+    if private_shm {
+        // POSIX shared memory and semaphores (Python's multiprocessing locks) need it;
+        // its pages are charged to the job's memory cgroup and vanish with the job.
+        let shm = dev.join("shm");
+        mkdir(&shm)?;
+        let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        mount(Some("tmpfs"), &shm, Some("tmpfs"), flags, Some("mode=1777"))
+            .map_err(step("mount a private tmpfs on", "/dev/shm"))?;
+    }
     for (name, major, minor) in OWN_DEVICES {
         let path = dev.join(name);
         let c = cstr(&path)?;
@@ -273,7 +289,7 @@ fn build_dev() -> Result<(), MountError> {
             // SAFETY: chmod(2) past the umask, on the node just made.
             unsafe { libc::chmod(c.as_ptr(), 0o666) };
         } else {
-            make_mount_point(&path, false)?;
+            drop(make_mount_point(&path, false)?);
             let src = Path::new(OLD).join("dev").join(name);
             mount(Some(&src), &path, None, libc::MS_BIND, None)
                 .map_err(step("bind-mount", &src))?;
@@ -329,19 +345,46 @@ fn under(root: &str, path: &Path) -> PathBuf {
     Path::new(root).join(path.strip_prefix("/").unwrap_or(path))
 }
 
-fn make_mount_point(dst: &Path, is_dir: bool) -> Result<(), MountError> {
-    if is_dir {
-        return std::fs::create_dir_all(dst).map_err(step("create mount point", dst));
-    }
-    if let Some(parent) = dst.parent() {
-        std::fs::create_dir_all(parent).map_err(step("create mount point", parent))?;
-    }
-    if dst.symlink_metadata().is_ok() {
-        return Ok(());
-    }
-    std::fs::File::create(dst)
-        .map(drop)
-        .map_err(step("create mount point", dst))
+/// Create the mount point `dst` (under /newroot) without following any symlink on the
+/// way — part of the path may run through a writable bind (the private tmp under the
+/// /tmp alias) where a job could have planted links — and return a descriptor of it.
+fn make_mount_point(dst: &Path, is_dir: bool) -> Result<OwnedFd, MountError> {
+    let fail = step("create mount point", dst);
+    let rel = dst.strip_prefix("/").unwrap_or(dst);
+    let mut comps: Vec<&std::ffi::OsStr> = rel.iter().collect();
+    let Some(last) = comps.pop() else {
+        return Err(fail(io::ErrorKind::InvalidInput.into()));
+    };
+    let made = (|| {
+        let mut dir = open_beneath(None, Path::new("/"), libc::O_DIRECTORY)?;
+        for comp in comps {
+            dir = mkdir_open(&dir, comp)?;
+        }
+        if is_dir {
+            return mkdir_open(&dir, last);
+        }
+        let name = CString::new(last.as_bytes()).map_err(io::Error::other)?;
+        // SAFETY: openat(2) relative to a directory descriptor we own; closed at once.
+        let fd = unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                libc::O_CREAT | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o644,
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: closing the descriptor just opened.
+            unsafe { libc::close(fd) };
+        }
+        open_beneath(Some(&dir), Path::new(last), 0)
+    })();
+    made.map_err(fail)
+}
+
+/// The magic-link path of `fd`, usable as a mount source or target while /oldroot exists.
+fn fd_path(fd: &OwnedFd) -> PathBuf {
+    PathBuf::from(format!("{OLD}/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
 fn mkdir(path: &Path) -> Result<(), MountError> {
@@ -373,53 +416,6 @@ fn cstr(path: &Path) -> Result<CString, MountError> {
             "path contains a NUL byte",
         ))
     })
-}
-
-fn pivot_root(new_root: &Path, put_old: &Path) -> io::Result<()> {
-    let (a, b) = (
-        cstr(new_root).map_err(io::Error::other)?,
-        cstr(put_old).map_err(io::Error::other)?,
-    );
-    // SAFETY: pivot_root(2) with two valid C strings.
-    if unsafe { libc::syscall(libc::SYS_pivot_root, a.as_ptr(), b.as_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn mount(
-    src: Option<impl AsRef<Path>>,
-    dst: impl AsRef<Path>,
-    fstype: Option<&str>,
-    flags: libc::c_ulong,
-    data: Option<&str>,
-) -> io::Result<()> {
-    let to_c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other);
-    let src = src.map(|s| to_c(s.as_ref())).transpose()?;
-    let dst = to_c(dst.as_ref())?;
-    let fstype = fstype
-        .map(CString::new)
-        .transpose()
-        .map_err(io::Error::other)?;
-    let data = data
-        .map(CString::new)
-        .transpose()
-        .map_err(io::Error::other)?;
-    let ptr = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
-    // SAFETY: mount(2) with valid (or null) C strings that outlive the call.
-    let rc = unsafe {
-        libc::mount(
-            ptr(&src),
-            dst.as_ptr(),
-            ptr(&fstype),
-            flags,
-            ptr(&data).cast(),
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -43,6 +43,9 @@ pub struct Namespaces {
     pub pid: Probe,
     pub network: Probe,
     pub mount: Probe,
+    /// A new procfs with `hidepid=ptraceable` can be mounted (else the view binds the
+    /// host's /proc and other processes stay listed).
+    pub procfs_hidepid: Probe,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -113,10 +116,11 @@ impl KernelSupport {
             landlock_features,
             seccomp_filter: Probe::from(seccomp_filter()),
             namespaces: Namespaces {
-                user: Probe::from(in_child(libc::CLONE_NEWUSER, false)),
-                pid: Probe::from(in_child(libc::CLONE_NEWPID, false)),
-                network: Probe::from(in_child(libc::CLONE_NEWNET, false)),
-                mount: Probe::from(in_child(libc::CLONE_NEWNS, true)),
+                user: Probe::from(in_child(libc::CLONE_NEWUSER, Mount::No)),
+                pid: Probe::from(in_child(libc::CLONE_NEWPID, Mount::No)),
+                network: Probe::from(in_child(libc::CLONE_NEWNET, Mount::No)),
+                mount: Probe::from(in_child(libc::CLONE_NEWNS, Mount::Tmpfs)),
+                procfs_hidepid: Probe::from(in_child(libc::CLONE_NEWNS, Mount::Proc)),
             },
             cgroup: probe_cgroups(),
         }
@@ -173,7 +177,15 @@ fn seccomp_filter() -> Result<(), String> {
 /// Try `unshare(flag)` in a forked child (and for mount namespaces also make / private
 /// and mount a tmpfs, which is what the mount view needs). The child only makes raw
 /// syscalls and `_exit`s, so this is safe from a multi-threaded process.
-fn in_child(flag: libc::c_int, mount_test: bool) -> Result<(), String> {
+/// `Mount::Proc` also mounts the procfs the view uses (read-only, `hidepid=ptraceable`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mount {
+    No,
+    Tmpfs,
+    Proc,
+}
+
+fn in_child(flag: libc::c_int, mount_test: Mount) -> Result<(), String> {
     // SAFETY: fork(2); the child runs only async-signal-safe syscalls, then _exit.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -186,7 +198,7 @@ fn in_child(flag: libc::c_int, mount_test: bool) -> Result<(), String> {
             if libc::unshare(flag) != 0 {
                 libc::_exit(errno());
             }
-            if mount_test {
+            if mount_test != Mount::No {
                 let none = std::ptr::null();
                 if libc::mount(
                     none,
@@ -206,6 +218,14 @@ fn in_child(flag: libc::c_int, mount_test: bool) -> Result<(), String> {
                     none.cast(),
                 ) != 0
                 {
+                    libc::_exit(errno());
+                }
+            }
+            if mount_test == Mount::Proc {
+                let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
+                let data = c"hidepid=ptraceable";
+                let (proc_, tmp) = (c"proc".as_ptr(), c"/tmp".as_ptr());
+                if libc::mount(proc_, tmp, proc_, flags, data.as_ptr().cast()) != 0 {
                     libc::_exit(errno());
                 }
             }
@@ -231,7 +251,8 @@ fn in_child(flag: libc::c_int, mount_test: bool) -> Result<(), String> {
         io::Error::from_raw_os_error(code).to_string()
     };
     Err(match code {
-        libc::EPERM => format!("{why} (needs CAP_SYS_ADMIN or an allowed user namespace)"),
+        libc::EPERM if flag == libc::CLONE_NEWUSER => format!("{why} (user namespaces disabled)"),
+        libc::EPERM => format!("{why} (the launcher needs CAP_SYS_ADMIN: run the server as root)"),
         _ => why,
     })
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::child::SandboxedChild;
 use super::error::LaunchError;
 use super::isolation::JobCgroupHandle;
-use super::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes};
+use super::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes, run_spec};
 use super::policy::KernelSupportMode;
 use super::resolve::ResolvedPolicy;
 
@@ -156,7 +156,14 @@ impl SandboxCommand {
             cgroup_procs: cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
             memory_cgroup: cgroup.as_ref().is_some_and(|c| c.has_memory_limit()),
         };
-        let spec_fd = spec_memfd(&spec).map_err(spawn_err)?;
+        // A single-threaded parent (the `run` command) applies the sandbox in the forked
+        // child itself, saving a re-exec of this binary; a multi-threaded one (the
+        // server) must re-exec, since only async-signal-safe work is sound after fork.
+        let in_fork = single_threaded() && std::env::var_os(FORCE_REEXEC_ENV).is_none();
+        let spec_fd = match in_fork {
+            true => None,
+            false => Some(spec_memfd(&spec).map_err(spawn_err)?),
+        };
 
         // Move every source above all targets, so the dup2s in the child cannot clobber
         // one another; these copies are close-on-exec and dropped after spawn.
@@ -164,10 +171,10 @@ impl SandboxCommand {
         for (fd, target) in &self.fds {
             moves.push((dup_above(fd.as_raw_fd(), high).map_err(spawn_err)?, *target));
         }
-        moves.push((
-            dup_above(spec_fd.as_raw_fd(), high).map_err(spawn_err)?,
-            spec_target,
-        ));
+        if let Some(spec_fd) = &spec_fd {
+            let fd = dup_above(spec_fd.as_raw_fd(), high).map_err(spawn_err)?;
+            moves.push((fd, spec_target));
+        }
         moves.push((
             dup_above(status_w.as_raw_fd(), high).map_err(spawn_err)?,
             status_target,
@@ -191,14 +198,20 @@ impl SandboxCommand {
         if let Some(s) = self.stderr {
             cmd.stderr(s);
         }
-        // SAFETY: the closure only calls dup2, which is async-signal-safe, on descriptors
-        // that stay open until after spawn returns.
+        let in_fork_spec = in_fork.then_some(spec);
+        // SAFETY: the closure calls dup2, which is async-signal-safe, on descriptors that
+        // stay open until after spawn returns. Only when this process has a single thread
+        // (so no lock can be held by a thread that vanished in the fork) does it go on to
+        // apply the sandbox and exec in the child, which allocates.
         unsafe {
             cmd.pre_exec(move || {
                 for &(src, target) in &pairs {
                     if libc::dup2(src, target) < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
+                }
+                if let Some(spec) = &in_fork_spec {
+                    run_spec(spec);
                 }
                 Ok(())
             });
@@ -237,6 +250,20 @@ impl SandboxCommand {
         )
         .map_err(spawn_err)
     }
+}
+
+/// Set (to anything) to make even a single-threaded parent re-execute the launcher, as
+/// the server always does (tests and the benchmark use it to cover that path).
+pub const FORCE_REEXEC_ENV: &str = "MCP_SANDBOX_FORCE_REEXEC";
+
+/// Whether this process has exactly one thread (field 20 of /proc/self/stat).
+fn single_threaded() -> bool {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return false;
+    };
+    // The command name (field 2) may contain spaces; count fields after its `)`.
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    after.split_whitespace().nth(17) == Some("1")
 }
 
 static LAUNCHER_EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();

@@ -10,7 +10,7 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation,
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 
 use tokio_util::sync::CancellationToken;
@@ -87,6 +87,13 @@ impl SandboxServer {
 }
 
 impl ServerHandler for SandboxServer {
+    /// Once the client is set up, start the default session's worker in the background, so
+    /// the first `python_exec` does not pay for interpreter discovery and worker start.
+    async fn on_initialized(&self, _context: NotificationContext<RoleServer>) {
+        let backend = self.backend.clone();
+        tokio::spawn(async move { backend.prewarm().await });
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new(
@@ -128,8 +135,11 @@ impl ServerHandler for SandboxServer {
             .into());
         }
         let args = request.arguments.clone().unwrap_or_default();
+        let started = std::time::Instant::now();
         let tcc = ToolCallContext::new(self, request, context);
-        match self.tools.call(tcc).await {
+        let outcome = self.tools.call(tcc).await;
+        tracing::debug!(tool = %name, micros = started.elapsed().as_micros() as u64, "tool call handled");
+        match outcome {
             // Bad arguments are the model's to fix: answer with a readable tool error
             // (MCP: input validation errors are tool execution errors) naming the field.
             Err(e) if e.code == ErrorCode::INVALID_PARAMS => {

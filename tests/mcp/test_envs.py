@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import descendants
 
 
 def make_wheel(out: Path, name: str, version: str) -> Path:
@@ -210,3 +211,34 @@ def test_missing_uv_is_explained_and_the_rest_keeps_working(server):
         assert r["value"] == "2", r
 
     server.run(scenario)
+
+
+def test_a_long_script_is_a_job_that_can_be_cancelled(offline):
+    """A script outliving the wait window comes back as a running job; job_cancel kills
+    its whole process tree (uv and Python) and the job ends as cancelled."""
+
+    async def scenario(c):
+        job = await c.ok(
+            "python_run_script",
+            code="import time\nprint('started', flush=True)\ntime.sleep(120)\n",
+            dependencies=["tinypkg"],
+            wait_seconds=3,
+        )
+        assert job["status"] == "running", job
+        assert "job_wait" in job["next"]
+        running = [cmdline(p) for p in descendants(c.server_pid)]
+        assert [l for l in running if "scripts/script-" in l], running
+        done = await c.ok("job_cancel", job_id=job["job_id"])
+        assert done["status"] == "cancelled", done
+        assert c.server_pid is not None
+        left = [cmdline(p) for p in descendants(c.server_pid)]
+        assert not [l for l in left if "scripts/script-" in l or " run " in l], left
+
+    offline.run(scenario)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""

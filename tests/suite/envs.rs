@@ -27,6 +27,10 @@ struct Scratch(TempDir);
 
 impl Scratch {
     fn new(name: &str) -> Scratch {
+        // uv runs through the real binary's launcher mode (this test binary is not it).
+        mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(
+            env!("CARGO_BIN_EXE_mcp-sandbox-repl").into(),
+        );
         Scratch(TempDir::new(&format!("envs-{name}")))
     }
 }

@@ -31,6 +31,9 @@ fn fixture(tag: &str) -> Fixture {
 }
 
 fn fixture_with(tag: &str, response_bytes: usize) -> Fixture {
+    mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(PathBuf::from(env!(
+        "CARGO_BIN_EXE_mcp-sandbox-repl"
+    )));
     let dir = std::env::temp_dir().join(format!("jobs-suite-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let workspace = dir.join("ws");
@@ -42,7 +45,7 @@ fn fixture_with(tag: &str, response_bytes: usize) -> Fixture {
         tmp,
         ..Placeholders::default()
     };
-    let policy = Policy::load("danger-full-access")
+    let policy = Policy::load("workspace-write")
         .unwrap()
         .resolve(&placeholders)
         .unwrap();
@@ -333,6 +336,37 @@ async fn bad_requests_are_clear_errors_and_create_no_job() {
         })
         .unwrap_err();
     assert!(err.to_string().contains("argv is empty"), "{err}");
+    // Files the policy does not let a job read are not read for it either.
+    let secret = f.dir.join("secret.env");
+    std::fs::write(&secret, "TOKEN=hunter2\n").unwrap();
+    std::os::unix::fs::symlink(&secret, ws.join("link.env")).unwrap();
+    for env_file in [secret.clone(), ws.join("link.env")] {
+        let err = f
+            .start(ShellRequest {
+                env_file: Some(env_file),
+                ..ShellRequest::command("true")
+            })
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            format!(
+                "env file {secret:?} is outside what policy workspace-write lets a job read; \
+                 use a path inside the workspace"
+            )
+        );
+    }
+    let err = f
+        .start(ShellRequest {
+            cwd: Some(f.dir.clone()),
+            ..ShellRequest::command("true")
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with(&format!("working directory {:?} is outside", f.dir)),
+        "{err}"
+    );
     assert!(
         f.store.list(&JobFilter::default()).is_empty(),
         "a rejected request created a job"
@@ -379,4 +413,24 @@ async fn a_flood_of_output_is_spooled_not_held_in_memory() {
     assert_eq!(c.text.len(), 10);
     let hits = f.store.search(&id, Stream::Stdout, "^0123", 0, 3).unwrap();
     assert_eq!(hits.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_confines_shell_jobs() {
+    let f = fixture("policy");
+    let outside = format!("/etc/jobs-suite-{}", std::process::id());
+    let id = f.sh(&format!("echo inside > ok.txt && echo outside > {outside}"));
+    let snaps = f.follow(&id, Duration::from_secs(10)).await;
+    let last = snaps.last().unwrap();
+    assert_eq!(last.status, JobStatus::Failed, "{last:?}");
+    assert!(
+        f.dir.join("ws/ok.txt").exists(),
+        "a write inside the workspace must work"
+    );
+    assert!(
+        !std::path::Path::new(&outside).exists(),
+        "a write outside the workspace must fail"
+    );
+    let stderr: String = snaps.iter().map(|s| s.stderr.head.as_str()).collect();
+    assert!(stderr.contains(&outside), "{stderr}");
 }

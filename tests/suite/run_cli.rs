@@ -274,3 +274,32 @@ fn setup_failures_are_reported_in_words() {
         "{err}"
     );
 }
+
+/// The server's path: the launcher re-executed as a separate program (a multi-threaded
+/// parent cannot apply the sandbox after fork). Same confinement, same words on failure.
+#[test]
+fn reexec_launcher_path_confines_too() {
+    let ws = TempDir::new("reexec");
+    let script = "echo ok > inside; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; \
+                  (echo x > /etc/msr-reexec) 2>/dev/null || echo DENIED";
+    let out = run_cmd("workspace-write", &ws.path, false, &["sh", "-c", script])
+        .env("MCP_SANDBOX_FORCE_REEXEC", "1")
+        .output()
+        .unwrap();
+    assert_eq!(
+        stdout(&out),
+        "CapEff:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\nDENIED\n",
+        "stderr: {}",
+        stderr(&out)
+    );
+    assert!(ws.join("inside").exists());
+    let out = run_cmd("workspace-write", &ws.path, false, &["no-such-command-xyz"])
+        .env("MCP_SANDBOX_FORCE_REEXEC", "1")
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&out).contains("command not found: \"no-such-command-xyz\""),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -139,6 +139,8 @@ check("symlink_read", lambda: open("link-read").read())
 os.symlink(out + "/via-link.txt", "link-write")
 check("symlink_write", lambda: write("link-write"))
 check("hardlink_in", lambda: os.link(sec, "hard"))
+# A hardlink to a read-only file would let chmod/chown/writes through it reach the host file.
+check("hardlink_readonly_into_ws", remove_after("pw", lambda: os.link("/etc/passwd", "pw")))
 write("mine.txt")
 check("rename_out", lambda: os.rename("mine.txt", out + "/moved.txt"))
 check("rename_in", lambda: os.rename(A["victim"], "stolen.txt"))
@@ -163,6 +165,7 @@ const FS_CHECKS: &[&str] = &[
     "symlink_read",
     "symlink_write",
     "hardlink_in",
+    "hardlink_readonly_into_ws",
     "rename_out",
     "rename_in",
     "chmod_etc_passwd",
@@ -352,6 +355,13 @@ def io_uring():
     params = ctypes.create_string_buffer(120)
     os.close(sys_ok(libc.syscall(425, 4, params)))
 check("io_uring", io_uring)
+def sysctl_same_value():
+    # Writes back the current value: harmless under the control, yet a real sysctl write
+    # (a root-uid job could otherwise set e.g. kernel.core_pattern by plain DAC).
+    p = "/proc/sys/kernel/domainname"
+    v = open(p).read()
+    with open(p, "w") as f: f.write(v)
+check("sysctl_write", sysctl_same_value)
 def leave_cgroup():
     with open(A["own_cgroup_procs"], "w") as f: f.write("0")
 check("leave_job_cgroup", leave_cgroup)
@@ -373,6 +383,7 @@ const PROC_CHECKS: &[&str] = &[
     "keyctl",
     "io_uring",
     "leave_job_cgroup",
+    "sysctl_write",
 ];
 
 /// The `cgroup.procs` of the test's own pids cgroup (outside any job cgroup).
@@ -392,7 +403,7 @@ fn own_cgroup_procs() -> String {
 /// The server's (and the test's) /proc environ, cmdline and maps are unreadable; ptrace
 /// and signals to an outside process (the test's own sleep), mount, unshare, setns, bpf,
 /// keyctl and io_uring all fail; the job cannot move itself out of its cgroup (which
-/// would lift its memory and process caps).
+/// would lift its memory and process caps) nor write a sysctl.
 #[test]
 fn process_and_kernel_escapes() {
     let sleeper = Sleeper::start();
@@ -542,4 +553,32 @@ check("host_listener", host)
 #[allow(dead_code)]
 fn binary() -> PathBuf {
     bin()
+}
+
+/// A policy path inside the workspace (`{workspace}/.venv`, as a venv found next to the
+/// project would be) that a job replaced by a symlink to a secret directory does not
+/// bring that directory into the next job's view.
+#[test]
+fn symlink_planted_for_a_policy_path_does_not_escape() {
+    let o = outside();
+    let ws = WorkDir::new("/var/tmp", "esc-planted");
+    let pol = TempDir::new("esc-planted-policy");
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/workspace-write.toml"),
+    )
+    .unwrap()
+    .replace("\"{python}\",", "\"{python}\", \"{workspace}/.venv\",");
+    assert!(text.contains("{workspace}/.venv"));
+    let policy = pol.write("venv-in-ws.toml", &text).display().to_string();
+    // The first job plants the link (it may: the workspace is writable) ...
+    let plant = format!("ln -s {} .venv", o.dir.path.display());
+    let out = run_in(&policy, &ws.0, false, &["sh", "-c", &plant]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(ws.0.join(".venv").is_symlink());
+    // ... the next job tries to read through it, by the link and by the target's path.
+    let script = r#"check("via_link", lambda: open(".venv/secret.txt").read())
+check("via_target", lambda: open(A["secret"]).read())"#;
+    let (r, _) = sandboxed(&policy, &ws.0, script, json!({"secret": o.secret}));
+    assert!(r["via_link"].starts_with("denied:"), "{r:?}");
+    assert!(r["via_target"].starts_with("denied:"), "{r:?}");
 }

@@ -109,3 +109,69 @@ fn v2_prepare_on_fake_tree() {
     );
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// cgroup v2 for real, on this machine's cgroup2 mount (which holds no pids/memory
+/// controller here, so no caps): a job cgroup under a fresh "own" directory, joined
+/// through cgroup.procs, killed through cgroup.kill, removed. Fails loudly if this
+/// machine has no cgroup2 mount.
+#[test]
+fn v2_job_cgroup_join_kill_remove() {
+    let detected = Layout::detect();
+    let mount = detected
+        .v2_mount
+        .clone()
+        .expect("a cgroup2 mount on this machine");
+    let own = mount.join(unique("own-v2"));
+    std::fs::create_dir(&own).unwrap();
+    let layout = Layout {
+        version: CgroupVersion::V2,
+        hybrid: false,
+        v1: Vec::new(),
+        v1_pids: None,
+        v1_memory: None,
+        v2_mount: Some(mount),
+        v2_own: Some(own.clone()),
+        v2_controllers: Vec::new(),
+    };
+    let cg = JobCgroup::create_in(&layout, "job", None, None).expect("v2 job cgroup");
+    let procs = cg.procs_files();
+    assert_eq!(procs, vec![own.join(PARENT_DIR).join("job/cgroup.procs")]);
+    run_in(&cg, "sleep 30 & exit 0");
+    let members = std::fs::read_to_string(&procs[0]).unwrap();
+    assert_eq!(
+        members.split_whitespace().count(),
+        1,
+        "the sleep is in the job: {members:?}"
+    );
+    let start = Instant::now();
+    cg.kill_all();
+    cg.remove();
+    assert!(!procs[0].parent().unwrap().exists(), "removed");
+    assert!(start.elapsed() < Duration::from_secs(1));
+    std::fs::remove_dir(own.join(PARENT_DIR)).unwrap();
+    std::fs::remove_dir(&own).unwrap();
+}
+
+/// Empty job cgroups left by a killed server are swept; busy and young ones are kept.
+#[test]
+fn stale_empty_cgroups_are_swept() {
+    let stale = JobCgroup::create(&unique("sweep-stale"), None, Some(8)).expect("create");
+    let busy = JobCgroup::create(&unique("sweep-busy"), None, Some(8)).expect("create");
+    run_in(&busy, "sleep 30 & exit 0");
+    let dir = |cg: &JobCgroup| cg.procs_files()[0].parent().unwrap().to_path_buf();
+    let (stale_dir, busy_dir) = (dir(&stale), dir(&busy));
+    std::mem::forget(stale); // as if the server had been SIGKILLed
+    sweep_stale(&Layout::detect(), STALE_AFTER);
+    assert!(stale_dir.exists(), "too young to sweep");
+    let long_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    for d in [&stale_dir, &busy_dir] {
+        std::fs::File::open(d)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+    }
+    sweep_stale(&Layout::detect(), STALE_AFTER);
+    assert!(!stale_dir.exists(), "empty stale cgroup swept");
+    assert!(busy_dir.exists(), "a cgroup with processes is kept");
+    drop(busy);
+}

@@ -49,6 +49,9 @@ pub struct Plan {
     pub own_dev: bool,
     /// Whether the view mounts its own /proc (false when a policy entry covers /proc).
     pub own_proc: bool,
+    /// The policy lists /dev/shm: the job gets a private tmpfs there, not the host's
+    /// (shared with every process of the machine).
+    pub private_shm: bool,
 }
 
 /// What a policy path becomes after looking at the host file system.
@@ -61,12 +64,16 @@ pub struct Entry {
 }
 
 /// Look the policy's paths up on the host; nonexistent ones are skipped (nothing to bind).
+///
+/// A path *beneath a writable directory* whose resolution goes through a symlink is
+/// skipped too: the job (or an earlier one) may have planted that symlink — replace
+/// `{workspace}/.venv` by a link to `/root` and the next launch would bind `/root`.
 pub fn entries(read: &[PathBuf], write: &[PathBuf]) -> Vec<Entry> {
     let tagged = read
         .iter()
         .map(|p| (p, false))
         .chain(write.iter().map(|p| (p, true)));
-    tagged
+    let resolved: Vec<Entry> = tagged
         .filter_map(|(given, writable)| {
             let canonical = std::fs::canonicalize(given).ok()?;
             let is_dir = std::fs::metadata(&canonical).ok()?.is_dir();
@@ -77,11 +84,40 @@ pub fn entries(read: &[PathBuf], write: &[PathBuf]) -> Vec<Entry> {
                 writable,
             })
         })
+        .collect();
+    let roots: Vec<(PathBuf, PathBuf)> = resolved
+        .iter()
+        .filter(|e| e.writable && e.is_dir)
+        .map(|e| (e.given.clone(), e.canonical.clone()))
+        .collect();
+    resolved
+        .into_iter()
+        .filter(|e| {
+            let planted = through_planted_symlink(e, &roots);
+            if planted {
+                tracing::warn!(path = %e.given.display(), resolves_to = %e.canonical.display(),
+                    "policy path beneath a writable directory resolves through a symlink; left out of the view");
+            }
+            !planted
+        })
         .collect()
+}
+
+/// Whether `e` lies strictly beneath a writable root (given or canonical spelling) but
+/// does not resolve to the same place beneath that root's canonical path.
+fn through_planted_symlink(e: &Entry, roots: &[(PathBuf, PathBuf)]) -> bool {
+    roots.iter().any(|(given, canonical)| {
+        [given, canonical].iter().any(|root| {
+            e.given
+                .strip_prefix(root)
+                .is_ok_and(|rel| !rel.as_os_str().is_empty() && canonical.join(rel) != e.canonical)
+        })
+    })
 }
 
 fn is_special(path: &Path) -> bool {
     path.starts_with("/proc")
+        || path == Path::new("/dev/shm")
         || path == Path::new("/dev")
         || OWN_DEVICES
             .iter()
@@ -107,6 +143,7 @@ pub fn plan(entries: &[Entry], tmp: Option<&Path>) -> Plan {
     };
     let own_dev = !covers("/dev");
     let own_proc = !covers("/proc");
+    let private_shm = own_dev && entries.iter().any(|e| e.canonical == Path::new("/dev/shm"));
     let mut binds: Vec<Bind> = entries
         .iter()
         .filter(|e| !(is_special(&e.canonical) && is_own(&e.canonical, own_dev, own_proc)))
@@ -156,6 +193,7 @@ pub fn plan(entries: &[Entry], tmp: Option<&Path>) -> Plan {
         symlinks,
         own_dev,
         own_proc,
+        private_shm,
     }
 }
 
@@ -255,9 +293,39 @@ mod tests {
             None,
         );
         assert_eq!(dsts(&p), vec![("/usr".into(), false)]);
+        assert!(!p.private_shm);
         assert_eq!(
             p.symlinks,
             vec![(PathBuf::from("/bin"), PathBuf::from("/usr/bin"))]
+        );
+    }
+
+    /// `.venv` in the workspace replaced by a link to /root must not bring /root in;
+    /// a workspace reached through a symlink itself is fine.
+    #[test]
+    fn symlinks_planted_beneath_writable_dirs_are_not_followed() {
+        let base = std::env::temp_dir().join(format!("plan-planted-{}", std::process::id()));
+        let ws = base.join("ws");
+        std::fs::create_dir_all(ws.join("real-venv")).unwrap();
+        std::os::unix::fs::symlink("/root", ws.join(".venv")).unwrap();
+        std::os::unix::fs::symlink(&ws, base.join("ws-link")).unwrap();
+        let read = vec![
+            ws.join(".venv"),
+            ws.join("real-venv"),
+            base.join("ws-link/real-venv"),
+        ];
+        let got: Vec<PathBuf> = entries(&read, &[base.join("ws-link")])
+            .into_iter()
+            .map(|e| e.given)
+            .collect();
+        std::fs::remove_dir_all(&base).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                ws.join("real-venv"),
+                base.join("ws-link/real-venv"),
+                base.join("ws-link")
+            ]
         );
     }
 

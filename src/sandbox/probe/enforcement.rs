@@ -16,6 +16,9 @@ pub struct Item {
     /// The mechanism that enforces it here (or would).
     pub how: String,
     pub enforced: bool,
+    /// Whether the launcher refuses to start the policy when this is not enforced
+    /// (fail closed) rather than carrying on without it.
+    pub required: bool,
     /// Why not, and what to do.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub why_not: Option<String>,
@@ -26,6 +29,7 @@ fn yes(what: impl Into<String>, how: impl Into<String>) -> Item {
         what: what.into(),
         how: how.into(),
         enforced: true,
+        required: true,
         why_not: None,
     }
 }
@@ -40,6 +44,7 @@ fn check(
         what: what.into(),
         how: how.into(),
         enforced: ok,
+        required: true,
         why_not: (!ok).then(why_not),
     }
 }
@@ -55,16 +60,29 @@ pub fn enforcement(k: &KernelSupport, policy: &ResolvedPolicy) -> Vec<Item> {
     };
     let admin = k.is_root;
     let limits = &policy.limits;
-    let pids_cgroup = k.cgroup.pids.ok;
+    // The launcher makes one job cgroup with every capped controller, or none at all.
+    let pids_cgroup = k.cgroup.pids.ok && (limits.memory_bytes.is_none() || k.cgroup.memory.ok);
+    // Without a cgroup the launcher carries on with rlimits, except as root with a
+    // process cap (RLIMIT_NPROC does not bind root): then it refuses (fail closed).
+    let cgroup_required = k.is_root && limits.processes.is_some();
     let cgroup_why = |p: &super::Probe| p.error.clone().unwrap_or_default();
 
     if limits.processes.is_some() || limits.memory_bytes.is_some() {
-        items.push(check(
+        let mut item = check(
             "job cgroup (kill-all, accounting)",
             "cgroup",
             pids_cgroup,
-            || cgroup_why(&k.cgroup.pids),
-        ));
+            || {
+                let why = cgroup_why(&k.cgroup.pids);
+                if why.is_empty() {
+                    cgroup_why(&k.cgroup.memory)
+                } else {
+                    why
+                }
+            },
+        );
+        item.required = cgroup_required;
+        items.push(item);
     }
     let plan = landlock_rules(policy);
     if !policy.filesystem_unrestricted() {
@@ -86,12 +104,15 @@ pub fn enforcement(k: &KernelSupport, policy: &ResolvedPolicy) -> Vec<Item> {
             abi >= 3,
             || format!("Landlock ABI {abi} < 3"),
         ));
-        items.push(check(
+        let mut proc_item = check(
             "/proc shows only the job's own processes",
             "procfs hidepid=ptraceable in the mount view + Landlock ptrace scoping",
-            k.namespaces.mount.ok && admin && abi >= 1,
-            || "needs the mount view and Landlock".into(),
-        ));
+            k.namespaces.mount.ok && k.namespaces.procfs_hidepid.ok && admin && abi >= 1,
+            || "needs the mount view, a new procfs and Landlock".into(),
+        );
+        // Without a new procfs the view binds the host's /proc (read-only) and carries on.
+        proc_item.required = k.namespaces.procfs_hidepid.ok;
+        items.push(proc_item);
     }
     match &policy.network {
         NetworkPolicy::None => {
@@ -170,7 +191,7 @@ pub fn enforcement(k: &KernelSupport, policy: &ResolvedPolicy) -> Vec<Item> {
         ));
     }
     if let Some(mem) = limits.memory_bytes {
-        let how = if k.cgroup.memory.ok {
+        let how = if pids_cgroup {
             "memory cgroup"
         } else {
             "RLIMIT_AS (address space; coarser)"
@@ -232,4 +253,121 @@ fn size(bytes: u64) -> String {
         }
     }
     format!("{bytes} bytes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{CgroupSupport, Namespaces, Probe};
+    use super::*;
+    use crate::sandbox::cgroup::CgroupVersion;
+    use crate::sandbox::{Placeholders, Policy};
+
+    fn kernel(root: bool, cgroups: bool, abi: Option<u32>) -> KernelSupport {
+        let p = |ok: bool| Probe {
+            ok,
+            error: (!ok).then(|| "missing".to_string()),
+        };
+        KernelSupport {
+            kernel: "test".into(),
+            euid: if root { 0 } else { 1000 },
+            is_root: root,
+            landlock_abi: abi,
+            landlock_error: abi.is_none().then(|| "no Landlock".into()),
+            landlock_features: Vec::new(),
+            seccomp_filter: p(true),
+            namespaces: Namespaces {
+                user: p(true),
+                pid: p(true),
+                network: p(root),
+                mount: p(root),
+                procfs_hidepid: p(root),
+            },
+            cgroup: CgroupSupport {
+                version: CgroupVersion::V1,
+                hybrid: false,
+                pids_dir: None,
+                memory_dir: None,
+                pids: p(cgroups),
+                memory: p(cgroups),
+                v2_controllers: Vec::new(),
+            },
+        }
+    }
+
+    fn workspace_write() -> ResolvedPolicy {
+        let ph = Placeholders {
+            workspace: "/tmp".into(),
+            tmp: "/tmp".into(),
+            ..Default::default()
+        };
+        Policy::load("workspace-write")
+            .unwrap()
+            .resolve(&ph)
+            .unwrap()
+    }
+
+    fn missing(items: &[Item]) -> Vec<(&str, bool)> {
+        items
+            .iter()
+            .filter(|i| !i.enforced)
+            .map(|i| (i.how.as_str(), i.required))
+            .collect()
+    }
+
+    #[test]
+    fn everything_enforced_on_a_full_kernel() {
+        assert_eq!(
+            missing(&enforcement(
+                &kernel(true, true, Some(7)),
+                &workspace_write()
+            )),
+            vec![]
+        );
+    }
+
+    /// Root without a pids cgroup: the process cap is not enforced and the launcher refuses.
+    #[test]
+    fn root_without_cgroups_cannot_cap_processes() {
+        let items = enforcement(&kernel(true, false, Some(7)), &workspace_write());
+        assert_eq!(
+            missing(&items),
+            vec![("cgroup", true), ("pids cgroup", true)]
+        );
+    }
+
+    /// Not root: no namespaces (fatal unless best effort), processes capped by RLIMIT_NPROC.
+    #[test]
+    fn unprivileged_loses_the_view_and_netns() {
+        let items = enforcement(&kernel(false, false, Some(7)), &workspace_write());
+        let m = missing(&items);
+        assert!(m.contains(&("cgroup", false)), "{m:?}");
+        assert!(
+            m.iter()
+                .any(|(how, req)| how.contains("mount namespace") && *req),
+            "{m:?}"
+        );
+        assert!(
+            m.iter()
+                .any(|(how, req)| how.contains("network namespace") && *req),
+            "{m:?}"
+        );
+        assert!(
+            items
+                .iter()
+                .any(|i| i.how.starts_with("RLIMIT_NPROC") && i.enforced)
+        );
+    }
+
+    /// An old kernel: TCP port rules and scopes are reported missing.
+    #[test]
+    fn landlock_abi_gates_features() {
+        let items = enforcement(&kernel(true, true, Some(3)), &workspace_write());
+        assert_eq!(
+            missing(&items),
+            vec![
+                ("Landlock ABI 6 scope", true),
+                ("Landlock ABI 6 scope", true)
+            ]
+        );
+    }
 }

@@ -48,6 +48,8 @@ pub struct Backend {
     envs: OnceCell<Arc<crate::envs::EnvManager>>,
     /// `--uv`: the uv executable, if configured.
     uv: Option<PathBuf>,
+    /// Set when shutdown begins, so a background prewarm does not leave a worker behind.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Backend {
@@ -100,13 +102,38 @@ impl Backend {
             response_bytes: args.response_bytes,
             shell_policy: OnceCell::new(),
             running: Mutex::new(Default::default()),
+            stopping: Default::default(),
             envs: OnceCell::new(),
             uv: args.uv.clone(),
         })
     }
 
+    /// Start the default session's worker ahead of the first call (best effort: a failure
+    /// is reported again, in words, when a tool first needs the session).
+    pub async fn prewarm(&self) {
+        use std::sync::atomic::Ordering;
+        if self.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let name = crate::server::tools::DEFAULT_SESSION;
+        match self.sessions.get_or_start(name).await {
+            Ok(s) => {
+                if let Err(e) = s.wait_ready().await {
+                    tracing::debug!("prewarming the default session failed: {e}");
+                }
+            }
+            Err(e) => tracing::debug!("prewarming the default session failed: {e}"),
+        }
+        // Shutdown may have closed every session while this one was starting.
+        if self.stopping.load(Ordering::SeqCst) {
+            let _ = self.sessions.close(name);
+        }
+    }
+
     /// Kill every worker and job; returns when all have been told and recorded.
     pub async fn shutdown(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.sessions.shutdown();
         self.store.shutdown().await;
     }
@@ -158,8 +185,8 @@ impl Backend {
     ) -> R {
         let wait = self.store.wait_for(id, window, until);
         tokio::pin!(wait);
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
-        tick.tick().await;
+        const TICK: Duration = Duration::from_millis(500);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + TICK, TICK);
         let mut last_bytes = 0u64;
         let snap = loop {
             tokio::select! {

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::{Backend, R, listing};
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
-use crate::repl::{CellOutcome, CellSink, CellStatus, OutStream, ReplError, Session, SessionState};
+use crate::repl::{CellOutcome, CellSink, CellStatus, OutStream, ReplError, Session};
 use crate::server::progress::CallCtx;
 use crate::server::report::{DisplayReport, Image, JobReport, PyErrorReport, failure};
 use crate::server::tools::ToolError;
@@ -170,22 +170,19 @@ impl Backend {
         run: impl FnOnce(Arc<Session>, Arc<dyn CellSink>) -> futures_cell::CellFuture + Send + 'static,
     ) -> R {
         let session = self.sessions.get_or_start(session_name).await?;
-        if matches!(
-            session.info().state,
-            SessionState::Busy | SessionState::AwaitingInput
-        ) {
-            let job = self
-                .running
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(session_name)
-                .cloned();
-            let hint = match job {
-                Some(j) => format!("follow job {j} with job_wait, stop it with job_cancel"),
-                None => "wait for its job, or interrupt it with python_interrupt".into(),
-            };
+        // Our own record of the session's running cell (in memory; no /proc reads on the
+        // hot path). A race with another caller is still caught by the session itself.
+        let busy_with = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session_name)
+            .cloned()
+            .filter(|j| self.store.summary(j).is_ok_and(|s| !s.status.is_finished()));
+        if let Some(j) = busy_with {
             return Ok(failure(format!(
-                "session {session_name:?} is busy with another cell: {hint}, or use another session name to run in parallel"
+                "session {session_name:?} is busy with another cell: follow job {j} with job_wait, \
+                 stop it with job_cancel, or use another session name to run in parallel"
             )));
         }
         let handle = self
