@@ -130,25 +130,22 @@ impl SandboxedChild {
             let registered = unsafe {
                 tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
             };
-            match registered {
-                Ok(afd) => {
-                    let readable = afd.readable();
-                    match self.remaining_wall() {
-                        Some(left) => {
-                            if tokio::time::timeout(left, readable).await.is_err() {
-                                wall_hit = true;
-                                self.kill_all();
-                                let _ = afd.readable().await;
-                            }
-                        }
-                        None => {
-                            let _ = readable.await;
+            // Without a reactor for this fd, the blocking reap below (off the runtime) waits,
+            // without the wall-time limit.
+            if let Ok(afd) = registered {
+                let readable = afd.readable();
+                match self.remaining_wall() {
+                    Some(left) => {
+                        if tokio::time::timeout(left, readable).await.is_err() {
+                            wall_hit = true;
+                            self.kill_all();
+                            let _ = afd.readable().await;
                         }
                     }
+                    None => {
+                        let _ = readable.await;
+                    }
                 }
-                // No reactor for this fd: the blocking reap below, off the runtime, waits
-                // (without the wall-time limit).
-                Err(_) => {}
             }
         }
         let pid = self.pid;
