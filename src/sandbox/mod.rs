@@ -12,6 +12,7 @@
 pub mod cgroup;
 pub mod child;
 pub mod error;
+pub mod explain;
 pub mod isolation;
 pub mod landlock;
 pub mod launcher;
@@ -27,6 +28,7 @@ pub mod spawn;
 
 pub use child::{ExitReport, GroupKiller, LimitHit, SandboxedChild, Termination, signal_name};
 pub use error::{LaunchError, PolicyError};
+pub use explain::explain_denials;
 pub use policy::{DEFAULT_POLICY, KernelSupportMode, NetworkMode, Policy, Scoping};
 pub use privileges::harden_current_process;
 pub use resolve::{Limits, NetworkPolicy, Placeholders, ResolvedPolicy};

@@ -1,0 +1,194 @@
+//! Denials in words. The kernel answers a blocked operation with a bare errno
+//! (EACCES, EROFS, EPERM) that the program prints as it likes; this module finds those
+//! messages in a job's output and says which rule of which policy stopped it, e.g.
+//! "blocked by policy workspace-write: write to /etc/x (writable here: /ws, the private
+//! temp dir)". Pure text in, text out: the caller decides where to show it.
+
+use std::path::{Path, PathBuf};
+
+use super::resolve::{NetworkPolicy, ResolvedPolicy};
+
+/// The errno texts a denial by the sandbox produces (glibc's strerror wording).
+const READ_ONLY: &str = "Read-only file system";
+const DENIED: &str = "Permission denied";
+const NOT_PERMITTED: &str = "Operation not permitted";
+
+/// At most this many explanations per text: a loop hitting the same wall says so once.
+const MAX_EXPLANATIONS: usize = 5;
+
+/// Explain every distinct denial found in `text` (one sentence each, in order of first
+/// appearance). Lines that name a path the policy allows are left alone: the sandbox did
+/// not cause those.
+pub fn explain_denials(policy: &ResolvedPolicy, text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        // A traceback names the failing call a few lines above the error itself.
+        let context = &lines[i.saturating_sub(3)..=i];
+        let Some(sentence) = explain_line(policy, line, context) else {
+            continue;
+        };
+        if !out.contains(&sentence) {
+            out.push(sentence);
+            if out.len() == MAX_EXPLANATIONS {
+                break;
+            }
+        }
+    }
+    out
+}
+
+fn explain_line(policy: &ResolvedPolicy, line: &str, context: &[&str]) -> Option<String> {
+    let read_only = line.contains(READ_ONLY);
+    let denied = line.contains(DENIED);
+    let not_permitted = line.contains(NOT_PERMITTED);
+    if !(read_only || denied || not_permitted) {
+        return None;
+    }
+    let prefix = format!("blocked by policy {}", policy.name);
+    let Some(path) = first_absolute_path(line) else {
+        // No path: an operation on a socket or a process, not a file.
+        if not_permitted
+            && context.iter().any(|l| looks_like_network(l))
+            && policy.network != NetworkPolicy::Full
+        {
+            return Some(format!(
+                "{prefix}: network access (network is {}; use a policy that allows it)",
+                network_words(&policy.network)
+            ));
+        }
+        return None;
+    };
+    if is_under_any(&path, &policy.write) || path.starts_with(&policy.tmp) {
+        return None;
+    }
+    let readable = is_under_any(&path, &policy.read);
+    let what = if read_only || (!denied && readable) {
+        "write to"
+    } else if readable {
+        "write or execute"
+    } else {
+        "access to"
+    };
+    Some(format!(
+        "{prefix}: {what} {} ({}; writable here: {})",
+        path.display(),
+        if readable {
+            "readable only"
+        } else {
+            "outside every path the policy allows"
+        },
+        writable_words(policy)
+    ))
+}
+
+/// The first token that looks like an absolute path, stripped of quotes and punctuation.
+fn first_absolute_path(line: &str) -> Option<PathBuf> {
+    line.split(|c: char| c.is_whitespace() || matches!(c, '\'' | '"' | '`' | '‘' | '’'))
+        .map(|t| t.trim_end_matches([':', ',', ')', ';', '.']))
+        .find(|t| t.starts_with('/') && t.len() > 1)
+        .map(PathBuf::from)
+}
+
+fn looks_like_network(line: &str) -> bool {
+    let l = line.to_ascii_lowercase();
+    [
+        "socket", "connect", "network", "bind", "ping", "urlopen", "resolve",
+    ]
+    .iter()
+    .any(|w| l.contains(w))
+}
+
+fn is_under_any(path: &Path, roots: &[PathBuf]) -> bool {
+    roots.iter().any(|r| path.starts_with(r))
+}
+
+fn network_words(n: &NetworkPolicy) -> String {
+    match n {
+        NetworkPolicy::None => "off".to_string(),
+        NetworkPolicy::Loopback => "a private loopback only".to_string(),
+        NetworkPolicy::Ports { connect, bind } => {
+            format!("TCP only, connect ports {connect:?}, bind ports {bind:?}")
+        }
+        NetworkPolicy::Full => "on".to_string(),
+    }
+}
+
+fn writable_words(policy: &ResolvedPolicy) -> String {
+    let mut parts: Vec<String> = policy
+        .write
+        .iter()
+        .filter(|p| **p != policy.tmp)
+        .map(|p| p.display().to_string())
+        .collect();
+    parts.push("the private temp dir ($TMPDIR)".to_string());
+    parts.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::{Placeholders, Policy};
+
+    fn policy(name: &str) -> ResolvedPolicy {
+        let ph = Placeholders {
+            workspace: PathBuf::from("/ws"),
+            tmp: PathBuf::from("/state/tmp/j1"),
+            ..Default::default()
+        };
+        Policy::load(name)
+            .and_then(|p| p.resolve(&ph))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn shell_and_python_write_denials_name_the_path_and_the_policy() {
+        let p = policy("workspace-write");
+        let text = "touch: cannot touch '/etc/zz': Read-only file system\n\
+                    OSError: [Errno 30] Read-only file system: '/usr/x'\n\
+                    touch: cannot touch '/etc/zz': Read-only file system\n";
+        let got = explain_denials(&p, text);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].starts_with("blocked by policy workspace-write: write to /etc/zz ("));
+        assert!(got[0].contains("writable here: /ws"), "{}", got[0]);
+        assert!(got[1].contains("write to /usr/x"), "{}", got[1]);
+    }
+
+    #[test]
+    fn unreadable_paths_are_outside_the_policy() {
+        let p = policy("workspace-write");
+        let got = explain_denials(&p, "cat: /root/.ssh/id_rsa: Permission denied");
+        assert_eq!(got.len(), 1);
+        assert!(
+            got[0].contains("access to /root/.ssh/id_rsa (outside every path"),
+            "{}",
+            got[0]
+        );
+    }
+
+    #[test]
+    fn allowed_paths_and_unrelated_lines_are_left_alone() {
+        let p = policy("workspace-write");
+        let text = "rm: cannot remove '/ws/locked': Permission denied\n\
+                    all good\n\
+                    PermissionError: [Errno 13] Permission denied: '/state/tmp/j1/x'";
+        assert_eq!(explain_denials(&p, text), Vec::<String>::new());
+    }
+
+    #[test]
+    fn socket_denials_explain_the_network_rule() {
+        let p = policy("workspace-write");
+        let got = explain_denials(
+            &p,
+            "    s = socket.socket(socket.AF_INET)\nPermissionError: [Errno 1] Operation not permitted",
+        );
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(
+            got[0].contains("network access (network is off"),
+            "{}",
+            got[0]
+        );
+        let full = policy("danger-full-access");
+        assert!(explain_denials(&full, "connect: Operation not permitted").is_empty());
+    }
+}
