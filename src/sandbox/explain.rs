@@ -46,7 +46,14 @@ fn explain_line(policy: &ResolvedPolicy, line: &str, context: &[&str]) -> Option
         return None;
     }
     let prefix = format!("blocked by policy {}", policy.name);
-    let Some(path) = first_absolute_path(line) else {
+    let phrase = if read_only {
+        READ_ONLY
+    } else if denied {
+        DENIED
+    } else {
+        NOT_PERMITTED
+    };
+    let Some(path) = denied_path(line, phrase) else {
         // No path: an operation on a socket or a process, not a file.
         if not_permitted
             && context.iter().any(|l| looks_like_network(l))
@@ -82,12 +89,23 @@ fn explain_line(policy: &ResolvedPolicy, line: &str, context: &[&str]) -> Option
     ))
 }
 
-/// The first token that looks like an absolute path, stripped of quotes and punctuation.
-fn first_absolute_path(line: &str) -> Option<PathBuf> {
-    line.split(|c: char| c.is_whitespace() || matches!(c, '\'' | '"' | '`' | '‘' | '’'))
-        .map(|t| t.trim_end_matches([':', ',', ')', ';', '.']))
-        .find(|t| t.starts_with('/') && t.len() > 1)
+/// The path the error is about: Python puts it after the errno text
+/// (`[Errno 30] Read-only file system: '/etc/x'`), shells and coreutils before it
+/// (`sh: 1: cannot create /etc/x: Read-only file system`, where the nearest one counts).
+fn denied_path(line: &str, phrase: &str) -> Option<PathBuf> {
+    let at = line.find(phrase)?;
+    let (before, after) = line.split_at(at);
+    absolute_paths(after)
+        .next()
+        .or_else(|| absolute_paths(before).last())
         .map(PathBuf::from)
+}
+
+/// Tokens that look like absolute paths, stripped of quotes and punctuation.
+fn absolute_paths(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| c.is_whitespace() || matches!(c, '\'' | '"' | '`' | '‘' | '’'))
+        .map(|t| t.trim_end_matches([':', ',', ')', ';', '.']))
+        .filter(|t| t.starts_with('/') && t.len() > 1)
 }
 
 fn looks_like_network(line: &str) -> bool {
@@ -118,7 +136,7 @@ fn writable_words(policy: &ResolvedPolicy) -> String {
     let mut parts: Vec<String> = policy
         .write
         .iter()
-        .filter(|p| **p != policy.tmp)
+        .filter(|p| **p != policy.tmp && !p.starts_with("/dev"))
         .map(|p| p.display().to_string())
         .collect();
     parts.push("the private temp dir ($TMPDIR)".to_string());
@@ -144,7 +162,7 @@ mod tests {
     #[test]
     fn shell_and_python_write_denials_name_the_path_and_the_policy() {
         let p = policy("workspace-write");
-        let text = "touch: cannot touch '/etc/zz': Read-only file system\n\
+        let text = "/bin/sh: 1: cannot create /etc/zz: Read-only file system\n\
                     OSError: [Errno 30] Read-only file system: '/usr/x'\n\
                     touch: cannot touch '/etc/zz': Read-only file system\n";
         let got = explain_denials(&p, text);

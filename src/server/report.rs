@@ -101,6 +101,10 @@ pub struct JobReport {
     /// Structured result of an install or script job (packages installed, benchmark...).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
+    /// Operations the sandbox blocked, in words ("blocked by policy workspace-write: write
+    /// to /etc/x ..."), found in the output of a job that failed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub denied: Vec<String>,
     /// What to do next, when the job is not finished.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
@@ -113,6 +117,28 @@ fn is_zero(n: &usize) -> bool {
 impl JobReport {
     pub fn is_finished(&self) -> bool {
         !matches!(self.status.as_str(), "running" | "awaiting_input")
+    }
+
+    /// For a job that failed, say in words what the sandbox blocked, if its output or
+    /// traceback shows a denial (the kernel itself only answers EACCES/EROFS/EPERM).
+    pub fn explain_denials(&mut self, policy: &crate::sandbox::ResolvedPolicy) {
+        let failed = self.status == "failed" || self.error.is_some();
+        if !failed {
+            return;
+        }
+        let mut text = String::new();
+        for part in [&self.stderr, &self.stdout] {
+            text.push_str(&part.text);
+            text.push('\n');
+            if let Some(tail) = &part.tail {
+                text.push_str(tail);
+                text.push('\n');
+            }
+        }
+        if let Some(e) = &self.error {
+            text.push_str(&e.traceback);
+        }
+        self.denied = crate::sandbox::explain_denials(policy, &text);
     }
 
     /// Fill in `next` for unfinished jobs, so the caller always knows the next move.
@@ -169,6 +195,9 @@ impl JobReport {
         }
         if let Some(m) = &self.message {
             out.push_str(&format!("{m}\n"));
+        }
+        for d in &self.denied {
+            out.push_str(&format!("{d}\n"));
         }
         if let Some(n) = &self.next {
             out.push_str(&format!("next: {n}\n"));

@@ -213,6 +213,10 @@ impl Backend {
                 }
             }
         };
+        if snap.status == crate::jobs::JobStatus::Failed {
+            // Resolved once; needed to explain denials in words.
+            let _ = self.shell_policy().await;
+        }
         Ok(self.render(snap))
     }
 
@@ -240,6 +244,9 @@ impl Backend {
                 }
                 _ => python::fill_python_result(&mut report, result, &mut images),
             }
+        }
+        if let Some(policy) = self.shell_policy.get() {
+            report.explain_denials(policy);
         }
         if report.is_finished()
             && let Some(session) = &report.session
