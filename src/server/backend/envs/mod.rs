@@ -332,15 +332,15 @@ impl Backend {
     }
 }
 
-/// Make the session see the venv's packages, starting its worker if it has none yet.
-/// (A worker started later by a restart or after a crash does not get them again:
-/// re-running env_install activates them; the repl would need a per-session start-up
-/// hook to do it by itself.)
+/// Make the session see the venv's packages, starting its worker if it has none yet:
+/// the running worker by the activation cell, every later one (restart, crash, the
+/// spare; the session started again after a close) by the repl's start-up hook.
 async fn activate(
     sessions: &crate::repl::SessionManager,
     session: &str,
     venv: &Venv,
 ) -> Option<Result<(), String>> {
+    sessions.set_site_dirs(session, vec![venv.site_packages().to_path_buf()]);
     let s = match sessions.get_or_start(session).await {
         Ok(s) => s,
         Err(e) => return Some(Err(e.to_string())),
