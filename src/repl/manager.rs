@@ -217,8 +217,20 @@ impl SessionManager {
             })?
         };
         session.close();
-        let dir = self.session_dir(name);
-        // Removing a big temp tree can take a while; never on the caller's time.
+        // Removing a big temp tree can take a while; never on the caller's time. Moved
+        // aside first, so a session started again under this name at once keeps its
+        // new directory.
+        let mut dir = self.session_dir(name);
+        let aside = self.cfg.state_dir.join("repl").join(format!(
+            ".closed-{name}-{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default()
+        ));
+        if std::fs::rename(&dir, &aside).is_ok() {
+            dir = aside;
+        }
         std::thread::spawn(move || {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
                 tracing::debug!(dir = %dir.display(), error = %e, "could not remove a session directory");
