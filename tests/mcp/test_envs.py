@@ -132,6 +132,26 @@ def test_every_later_worker_of_the_session_sees_the_venv(offline):
     offline.run(scenario)
 
 
+def test_a_sessions_venv_is_active_again_after_a_server_restart(offline):
+    """The managed venv outlives the server: the next server's session (the prewarmed
+    default one and one started on demand) imports its packages without an install."""
+
+    async def install(c):
+        for session in ("default", "named"):
+            job = await c.finish(await c.ok("env_install", packages=["tinypkg"], session=session))
+            assert job["status"] == "completed", job
+
+    async def use(c):
+        for session in ("default", "named"):
+            r = await c.py("import tinypkg; tinypkg.__version__", session=session)
+            assert r["status"] == "completed" and r["value"] == "'0.1'", (session, r)
+        r = await c.py("import tinypkg", session="fresh")
+        assert r["status"] == "failed", r
+
+    offline.run(install)
+    offline.run(use)
+
+
 def test_failed_resolution_is_a_failed_job_with_uvs_explanation(offline):
     async def scenario(c):
         res = await c.call("env_install", packages=["nosuchpkg-xyz"])

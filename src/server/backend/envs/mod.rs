@@ -24,7 +24,7 @@ use crate::envs::{
 };
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
-use crate::repl::{CellSink, CellStatus, OutStream};
+use crate::repl::{CellSink, CellStatus, OutStream, Session};
 use crate::sandbox::{Placeholders, ResolvedPolicy};
 use crate::server::progress::CallCtx;
 use crate::server::tools::ToolError;
@@ -153,6 +153,23 @@ impl Backend {
             (None, true) => Ok(Some(VenvLocation::Workspace)),
             (None, false) => Ok(None),
         }
+    }
+
+    /// The session `name`, started if it is not open. A session started here whose venv
+    /// already exists (a managed one left by an earlier server run, or one chosen
+    /// earlier in this run) gets its site-packages through the repl's start-up hook, so
+    /// its packages import without another env_install.
+    pub(super) async fn session(&self, name: &str) -> Result<Arc<Session>, ToolError> {
+        if let Ok(s) = self.sessions.get(name) {
+            return Ok(s);
+        }
+        if let Ok(envs) = self.envs().await
+            && let Some(v) = envs.session_venv(name).await
+        {
+            self.sessions
+                .set_site_dirs(name, vec![v.site_packages().to_path_buf()]);
+        }
+        Ok(self.sessions.get_or_start(name).await?)
     }
 
     pub async fn env_info(&self, session: &str, args: EnvInfoArgs) -> R {
