@@ -661,6 +661,23 @@ class Worker:
         self.reset_namespace()
         return {"ev": "ok", "id": req["id"]}
 
+    # ---- start-up hook ---------------------------------------------------------------
+    def add_site_dirs(self, req):
+        """Put the session's site directories (a venv's site-packages) on sys.path."""
+        import importlib
+        import site
+
+        missing = []
+        for d in req.get("dirs") or []:
+            if not os.path.isdir(d):
+                missing.append(d)
+            elif d not in sys.path:
+                site.addsitedir(d)
+        importlib.invalidate_caches()
+        if missing:
+            raise FileNotFoundError("no such site directory: " + ", ".join(missing))
+        return {"ev": "ok", "id": req["id"]}
+
     # ---- main loop ------------------------------------------------------------------
     def handle(self, req):
         op = req.get("op")
@@ -686,6 +703,7 @@ class Worker:
             "set_variable": self.set_variable,
             "delete_variable": self.delete_variable,
             "clear_variables": self.clear_variables,
+            "add_site_dirs": self.add_site_dirs,
         }
         fn = handlers.get(op)
         if fn is None:

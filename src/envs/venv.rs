@@ -8,6 +8,9 @@
 //!   cell in the session: it adds the venv's site-packages with `site.addsitedir`
 //!   (which also processes new `.pth` files) and calls `importlib.invalidate_caches()`,
 //!   so `import pkg` works in the same session with all earlier state intact.
+//! - Workers started later (restart, crash, the spare) get [`Venv::site_packages`]
+//!   through the repl's start-up hook (`SessionManager::set_site_dirs`), which the
+//!   server sets when it activates the venv.
 //! - The session's policy gets `{venv}` = [`Venv::root`] (read-only for session code;
 //!   only the installer writes there).
 

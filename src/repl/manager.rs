@@ -5,7 +5,7 @@
 //! an await, so sessions execute concurrently. The reaper task holds a `Weak` reference
 //! and ends by itself when the manager is dropped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -19,6 +19,10 @@ pub struct SessionManager {
     cfg: ReplConfig,
     python: tokio::sync::OnceCell<PythonInfo>,
     sessions: Mutex<BTreeMap<String, Arc<Session>>>,
+    /// Each session name's start-up site directories ([`Session::set_site_dirs`]), kept
+    /// across a close so a session started again under that name gets them too. Locked
+    /// only while `sessions` is held (one lock order).
+    site_dirs: Mutex<HashMap<String, Vec<PathBuf>>>,
 }
 
 impl SessionManager {
@@ -30,6 +34,7 @@ impl SessionManager {
             cfg,
             python: tokio::sync::OnceCell::new(),
             sessions: Mutex::new(BTreeMap::new()),
+            site_dirs: Mutex::new(HashMap::new()),
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(reap_idle(Arc::downgrade(&manager), ttl));
@@ -51,6 +56,26 @@ impl SessionManager {
 
     fn sessions(&self) -> MutexGuard<'_, BTreeMap<String, Arc<Session>>> {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn site_dirs_of(&self, name: &str) -> Vec<PathBuf> {
+        let map = self.site_dirs.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(name).cloned().unwrap_or_default()
+    }
+
+    /// Directories every new worker of session `name` adds to `sys.path` before its
+    /// first cell (e.g. the session venv's site-packages): applied to the open session's
+    /// spare and future workers (see [`Session::set_site_dirs`]), and to the session if
+    /// it is started (again) later. The running worker is left alone.
+    pub fn set_site_dirs(&self, name: &str, dirs: Vec<PathBuf>) {
+        let sessions = self.sessions();
+        self.site_dirs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), dirs.clone());
+        if let Some(s) = sessions.get(name) {
+            s.set_site_dirs(dirs);
+        }
     }
 
     /// The interpreter workers run (discovered and probed once).
@@ -116,9 +141,13 @@ impl SessionManager {
         };
         // Start the worker without holding the map: other sessions stay reachable while
         // the launcher sets up. A concurrent start of the same name wins; ours is closed.
+        let site_dirs = {
+            let _map = self.sessions();
+            self.site_dirs_of(name)
+        };
         let started = {
             let name = name.to_string();
-            tokio::task::spawn_blocking(move || Session::start(name, env))
+            tokio::task::spawn_blocking(move || Session::start(name, env, site_dirs))
                 .await
                 .map_err(|e| ReplError::Io {
                     what: "start the worker".into(),
@@ -135,6 +164,8 @@ impl SessionManager {
             return Err(e);
         }
         map.insert(name.to_string(), started.clone());
+        // `set_site_dirs` may have run while the worker started.
+        started.set_site_dirs(self.site_dirs_of(name));
         Ok(started)
     }
 
@@ -186,8 +217,20 @@ impl SessionManager {
             })?
         };
         session.close();
-        let dir = self.session_dir(name);
-        // Removing a big temp tree can take a while; never on the caller's time.
+        // Removing a big temp tree can take a while; never on the caller's time. Moved
+        // aside first, so a session started again under this name at once keeps its
+        // new directory.
+        let mut dir = self.session_dir(name);
+        let aside = self.cfg.state_dir.join("repl").join(format!(
+            ".closed-{name}-{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default()
+        ));
+        if std::fs::rename(&dir, &aside).is_ok() {
+            dir = aside;
+        }
         std::thread::spawn(move || {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
                 tracing::debug!(dir = %dir.display(), error = %e, "could not remove a session directory");

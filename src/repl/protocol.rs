@@ -44,6 +44,10 @@ pub enum Request {
     DeleteVariable { id: u64, name: String },
     /// Answered by `ok`.
     ClearVariables { id: u64 },
+    /// Add each directory with `site.addsitedir` (skipping those already on `sys.path`)
+    /// and invalidate the import caches; the session's start-up hook. Answered by `ok`,
+    /// or `failed` naming the directories that do not exist (the others are added).
+    AddSiteDirs { id: u64, dirs: Vec<String> },
     /// The worker exits at once (no answer).
     Shutdown,
 }
@@ -197,6 +201,7 @@ pub const ALL_TAGS: &[&str] = &[
     "set_variable",
     "delete_variable",
     "clear_variables",
+    "add_site_dirs",
     "shutdown",
     "ready",
     "input_request",
@@ -287,6 +292,10 @@ mod tests {
                 name: String::new(),
             }),
             encode(&Request::ClearVariables { id: 1 }),
+            encode(&Request::AddSiteDirs {
+                id: 1,
+                dirs: vec![],
+            }),
             encode(&Request::Shutdown),
         ];
         for (line, tag) in samples.iter().zip(ALL_TAGS) {

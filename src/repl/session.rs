@@ -21,6 +21,7 @@ use super::{
     SessionState,
 };
 
+mod site_dirs;
 mod variables;
 
 const HISTORY_CAP: usize = 1000;
@@ -48,6 +49,8 @@ struct Inner {
     running_cell: u64,
     history: VecDeque<HistoryEntry>,
     last_active: Instant,
+    /// The start-up hook: directories every new worker adds to `sys.path` (`site_dirs`).
+    site_dirs: Vec<PathBuf>,
 }
 
 /// A named, persistent Python session.
@@ -63,16 +66,20 @@ pub struct Session {
 
 impl Session {
     /// Create the session and start its worker at once (the first cell then does not
-    /// pay for the interpreter's start).
-    pub(crate) fn start(name: String, env: SessionEnv) -> Result<Arc<Session>, ReplError> {
-        let worker = Worker::spawn(&env.spec)?;
-        Ok(Arc::new_cyclic(|me| Session {
+    /// pay for the interpreter's start). Its workers add `site_dirs` to `sys.path`.
+    pub(crate) fn start(
+        name: String,
+        env: SessionEnv,
+        site_dirs: Vec<PathBuf>,
+    ) -> Result<Arc<Session>, ReplError> {
+        let worker = Arc::new(Worker::spawn(&env.spec)?);
+        let session = Arc::new_cyclic(|me| Session {
             name,
             env,
             me: me.clone(),
             op_lock: Arc::new(tokio::sync::Mutex::new(())),
             inner: Mutex::new(Inner {
-                worker: Some(Arc::new(worker)),
+                worker: Some(worker.clone()),
                 spare: None,
                 closed: false,
                 state_lost: false,
@@ -80,9 +87,12 @@ impl Session {
                 running_cell: 0,
                 history: VecDeque::new(),
                 last_active: Instant::now(),
+                site_dirs: site_dirs.clone(),
             }),
             next_id: AtomicU64::new(1),
-        }))
+        });
+        session.apply_site_dirs(&worker, &site_dirs);
+        Ok(session)
     }
 
     pub fn name(&self) -> &str {
@@ -132,11 +142,16 @@ impl Session {
         Ok((worker, lost))
     }
 
-    /// The spare worker if it is alive, else a newly started one.
+    /// The spare worker if it is alive, else a newly started one (both have had the
+    /// start-up hook).
     fn fresh_worker(&self, inner: &mut Inner) -> Result<Arc<Worker>, ReplError> {
         match inner.spare.take() {
             Some(w) if w.death().is_none() => Ok(w),
-            _ => Ok(Arc::new(Worker::spawn(&self.env.spec)?)),
+            _ => {
+                let w = Arc::new(Worker::spawn(&self.env.spec)?);
+                self.apply_site_dirs(&w, &inner.site_dirs);
+                Ok(w)
+            }
         }
     }
 
@@ -164,6 +179,8 @@ impl Session {
             };
             let mut inner = session.inner();
             if !inner.closed && inner.spare.as_ref().is_none_or(|w| w.death().is_some()) {
+                // Under the lock: a concurrent `set_site_dirs` cannot slip in between.
+                session.apply_site_dirs(&worker, &inner.site_dirs);
                 inner.spare = Some(worker);
             }
             // Otherwise `worker` is dropped here, which kills it.

@@ -94,6 +94,64 @@ def test_install_into_session_is_a_job_with_progress_and_keeps_state(offline):
     offline.run(scenario)
 
 
+def test_every_later_worker_of_the_session_sees_the_venv(offline):
+    """After one env_install, a restarted session, the worker after a crash (kill -9) and
+    the session started again after session_close all import the package without a
+    second install; another session does not see it."""
+
+    async def scenario(c):
+        r = await c.py("warm = 1")  # the session now keeps a spare worker
+        assert r["status"] == "completed", r
+        job = await c.finish(await c.ok("env_install", packages=["tinypkg"]))
+        assert job["status"] == "completed" and job["result"]["activated"] is True, job
+        sp = job["result"]["site_packages"]
+        check = f"import sys, tinypkg\n(tinypkg.__version__, sys.path.count({sp!r}))"
+
+        await c.ok("session_restart")
+        r = await c.py(check)
+        assert r["status"] == "completed" and r["value"] == "('0.1', 1)", r
+
+        res = await c.call("python_exec", code="import os; os.kill(os.getpid(), 9)")
+        assert res.is_error, res.structured_content
+        r = await c.py(check)
+        assert r["status"] == "completed" and r["state_lost"] is True, r
+        assert r["value"] == "('0.1', 1)", r
+        # Twice in a row, so one of the workers is started on demand, not the spare.
+        await c.call("python_exec", code="import os; os.kill(os.getpid(), 9)")
+        await c.call("python_exec", code="import os; os.kill(os.getpid(), 9)")
+        r = await c.py(check)
+        assert r["value"] == "('0.1', 1)", r
+
+        await c.ok("session_close", session="default")
+        r = await c.py(check)
+        assert r["value"] == "('0.1', 1)", r
+
+        r = await c.py("import tinypkg", session="other")
+        assert r["status"] == "failed" and r["error"]["ename"] == "ModuleNotFoundError", r
+
+    offline.run(scenario)
+
+
+def test_a_sessions_venv_is_active_again_after_a_server_restart(offline):
+    """The managed venv outlives the server: the next server's session (the prewarmed
+    default one and one started on demand) imports its packages without an install."""
+
+    async def install(c):
+        for session in ("default", "named"):
+            job = await c.finish(await c.ok("env_install", packages=["tinypkg"], session=session))
+            assert job["status"] == "completed", job
+
+    async def use(c):
+        for session in ("default", "named"):
+            r = await c.py("import tinypkg; tinypkg.__version__", session=session)
+            assert r["status"] == "completed" and r["value"] == "'0.1'", (session, r)
+        r = await c.py("import tinypkg", session="fresh")
+        assert r["status"] == "failed", r
+
+    offline.run(install)
+    offline.run(use)
+
+
 def test_failed_resolution_is_a_failed_job_with_uvs_explanation(offline):
     async def scenario(c):
         res = await c.call("env_install", packages=["nosuchpkg-xyz"])

@@ -116,13 +116,13 @@ impl Backend {
             return;
         }
         let name = crate::server::tools::DEFAULT_SESSION;
-        match self.sessions.get_or_start(name).await {
+        match self.session(name).await {
             Ok(s) => {
                 if let Err(e) = s.wait_ready().await {
                     tracing::debug!("prewarming the default session failed: {e}");
                 }
             }
-            Err(e) => tracing::debug!("prewarming the default session failed: {e}"),
+            Err(e) => tracing::debug!("prewarming the default session failed: {}", e.0),
         }
         // Shutdown may have closed every session while this one was starting.
         if self.stopping.load(Ordering::SeqCst) {

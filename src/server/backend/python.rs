@@ -169,7 +169,7 @@ impl Backend {
         call: &CallCtx,
         run: impl FnOnce(Arc<Session>, Arc<dyn CellSink>) -> futures_cell::CellFuture + Send + 'static,
     ) -> R {
-        let session = self.sessions.get_or_start(session_name).await?;
+        let session = self.session(session_name).await?;
         // Our own record of the session's running cell (in memory; no /proc reads on the
         // hot path). A race with another caller is still caught by the session itself.
         let busy_with = self
@@ -263,7 +263,7 @@ impl Backend {
         name: Option<&str>,
         value: Option<Value>,
     ) -> R {
-        let s = self.sessions.get_or_start(session).await?;
+        let s = self.session(session).await?;
         let name = name.unwrap_or_default();
         match action {
             VarAction::List => {
@@ -360,7 +360,7 @@ impl Backend {
     }
 
     pub async fn session_restart(&self, session: &str) -> R {
-        let s = self.sessions.get_or_start(session).await?;
+        let s = self.session(session).await?;
         s.restart().await?;
         Ok(listing(
             format!("session {session:?} restarted: fresh worker, no variables"),

@@ -5,6 +5,7 @@
 mod bench;
 mod cells;
 mod lifecycle;
+mod site_dirs;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

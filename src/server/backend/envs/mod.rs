@@ -24,7 +24,7 @@ use crate::envs::{
 };
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
-use crate::repl::{CellSink, CellStatus, OutStream};
+use crate::repl::{CellSink, CellStatus, OutStream, Session};
 use crate::sandbox::{Placeholders, ResolvedPolicy};
 use crate::server::progress::CallCtx;
 use crate::server::tools::ToolError;
@@ -153,6 +153,23 @@ impl Backend {
             (None, true) => Ok(Some(VenvLocation::Workspace)),
             (None, false) => Ok(None),
         }
+    }
+
+    /// The session `name`, started if it is not open. A session started here whose venv
+    /// already exists (a managed one left by an earlier server run, or one chosen
+    /// earlier in this run) gets its site-packages through the repl's start-up hook, so
+    /// its packages import without another env_install.
+    pub(super) async fn session(&self, name: &str) -> Result<Arc<Session>, ToolError> {
+        if let Ok(s) = self.sessions.get(name) {
+            return Ok(s);
+        }
+        if let Ok(envs) = self.envs().await
+            && let Some(v) = envs.session_venv(name).await
+        {
+            self.sessions
+                .set_site_dirs(name, vec![v.site_packages().to_path_buf()]);
+        }
+        Ok(self.sessions.get_or_start(name).await?)
     }
 
     pub async fn env_info(&self, session: &str, args: EnvInfoArgs) -> R {
@@ -332,15 +349,15 @@ impl Backend {
     }
 }
 
-/// Make the session see the venv's packages, starting its worker if it has none yet.
-/// (A worker started later by a restart or after a crash does not get them again:
-/// re-running env_install activates them; the repl would need a per-session start-up
-/// hook to do it by itself.)
+/// Make the session see the venv's packages, starting its worker if it has none yet:
+/// the running worker by the activation cell, every later one (restart, crash, the
+/// spare; the session started again after a close) by the repl's start-up hook.
 async fn activate(
     sessions: &crate::repl::SessionManager,
     session: &str,
     venv: &Venv,
 ) -> Option<Result<(), String>> {
+    sessions.set_site_dirs(session, vec![venv.site_packages().to_path_buf()]);
     let s = match sessions.get_or_start(session).await {
         Ok(s) => s,
         Err(e) => return Some(Err(e.to_string())),
