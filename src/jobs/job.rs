@@ -73,6 +73,9 @@ pub(crate) struct Job {
     pub spools: [Mutex<Spool>; 2],
     pub version: watch::Sender<u64>,
     pub control: Mutex<Option<Arc<dyn JobControl>>>,
+    /// The structured result of a job that finished in this server, until a `wait`
+    /// delivered it (it is also in `result.json`, read from there afterwards).
+    pub result: Mutex<Option<serde_json::Value>>,
     /// Whether we already logged that output is being dropped (disk cap).
     pub drop_warned: AtomicBool,
 }
@@ -92,6 +95,7 @@ impl Job {
             spools: [Mutex::new(out), Mutex::new(err)],
             version: watch::Sender::new(0),
             control: Mutex::new(None),
+            result: Mutex::new(None),
             drop_warned: AtomicBool::new(false),
         }
     }
@@ -191,13 +195,14 @@ impl Job {
                 message = Some(join_sentences(message, &note));
             }
         }
-        if let Some(result) = &outcome.result {
-            match persist::save_result(&self.dir, result) {
+        if let Some(result) = outcome.result {
+            match persist::save_result(&self.dir, &result) {
                 Ok(()) => st.has_result = true,
                 Err(e) => {
                     tracing::warn!(job = %self.id, error = %e, "could not store the job's result")
                 }
             }
+            *lock(&self.result) = Some(result);
         }
         st.elapsed_ms = Some(self.started.elapsed().as_millis() as u64);
         st.status = status;
