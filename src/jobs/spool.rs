@@ -59,7 +59,9 @@ impl Spool {
                 .open(&self.path)?;
             self.file = Some(file);
         }
-        self.file.as_mut().ok_or_else(|| io::Error::other("the spool file is not open"))
+        self.file
+            .as_mut()
+            .ok_or_else(|| io::Error::other("the spool file is not open"))
     }
 
     /// A finished job's spool found on disk at start-up (missing file = empty).

@@ -479,12 +479,20 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
         assert!(job_dir.join("job.json").exists() && !job_dir.join("stdout").exists());
         // The fresh result is handed out once from memory, then read from disk.
         for _ in 0..2 {
-            let snap = store.wait(quick.id(), Duration::from_secs(1)).await.unwrap();
+            let snap = store
+                .wait(quick.id(), Duration::from_secs(1))
+                .await
+                .unwrap();
             assert_eq!(snap.result, Some(serde_json::json!({"value": "2"})));
             assert_eq!((snap.stdout.end, snap.stderr.end), (0, 0));
         }
         assert_eq!(store.read("j1", Stream::Stdout, 0, 10).unwrap().text, "");
-        assert!(store.search("j1", Stream::Stdout, "x", 0, 5).unwrap().is_empty());
+        assert!(
+            store
+                .search("j1", Stream::Stdout, "x", 0, 5)
+                .unwrap()
+                .is_empty()
+        );
         let pruned = store.create(JobKind::Shell, None, "true").unwrap();
         pruned.finish(done());
         let _running = store.create(JobKind::Shell, None, "sleep 100").unwrap();
