@@ -304,12 +304,18 @@ impl JobStore {
         let stdout = excerpt(0, b_out)?;
         let stderr = excerpt(1, b_err)?;
         // A fresh result is handed out from memory once; later reads come from disk.
-        let fresh = if !st.status.is_finished() {
-            None
-        } else if advance {
-            lock(&job.result).take()
+        let fresh = if st.status.is_finished() {
+            let mut slot = lock(&job.result);
+            let value = slot.value.clone();
+            if advance {
+                slot.delivered = true;
+                if slot.on_disk {
+                    slot.value = None;
+                }
+            }
+            value
         } else {
-            lock(&job.result).clone()
+            None
         };
         let result = match fresh {
             Some(r) => Some(r),
@@ -508,6 +514,7 @@ impl JobStore {
             evicted
         };
         for job in &evicted {
+            job.removed.store(true, Ordering::SeqCst);
             tracing::info!(job = %job.id, "evicted a finished job: the disk cap for job output was reached");
             persist::remove_job_files(&job.dir);
         }
@@ -518,6 +525,7 @@ impl JobStore {
     }
 
     pub(super) fn forget_files(&self, job: &Job) {
+        job.removed.store(true, Ordering::SeqCst);
         let bytes: u64 = job.lens().iter().sum();
         self.disk_used.fetch_sub(
             bytes.min(self.disk_used.load(Ordering::Relaxed)),
@@ -526,9 +534,37 @@ impl JobStore {
         persist::remove_job_files(&job.dir);
     }
 
+    /// Write a job's files after it finished: its result, then its record.
+    pub(crate) fn persist_finished(&self, job: &Job) {
+        {
+            let mut slot = lock(&job.result);
+            if let Some(value) = &slot.value {
+                match persist::save_result(&job.dir, value) {
+                    Ok(()) => {
+                        slot.on_disk = true;
+                        if slot.delivered {
+                            slot.value = None;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(job = %job.id, error = %e, "could not store the job's result")
+                    }
+                }
+            }
+        }
+        self.save_job(job);
+        if job.removed.load(Ordering::SeqCst) {
+            // Pruned or evicted while we wrote: do not leave files behind.
+            persist::remove_job_files(&job.dir);
+        }
+    }
+
     /// Write one job's record (errors are logged: the record is for the next start,
     /// never a reason to fail a job).
     pub(crate) fn save_job(&self, job: &Job) {
+        if job.removed.load(Ordering::SeqCst) {
+            return;
+        }
         if let Err(e) = persist::save_record(&job.dir, &job.record()) {
             tracing::warn!(job = %job.id, error = %e, "could not write the job's record");
         }
