@@ -339,9 +339,22 @@ impl JobHandle {
     /// Record how the job ended. Later calls are ignored. If a cancel was requested,
     /// a `Failed` outcome is recorded as `Cancelled`.
     pub fn finish(&self, outcome: JobOutcome) {
-        if self.job.finish(outcome, self.store.disk_cap()) {
-            // Waiters were already woken and answer from memory; the files follow.
-            self.store.persist_finished(&self.job);
+        if self.finish_unpersisted(outcome) {
+            self.persist();
         }
+    }
+
+    /// Like [`finish`](Self::finish), but the job's files are written only by
+    /// [`persist`](Self::persist), which the caller must call soon after (until then a
+    /// restart would report the job as lost). Lets an async producer hand the thread to
+    /// the woken waiters first: they answer from memory. Returns false if the job had
+    /// already finished (nothing to persist).
+    pub fn finish_unpersisted(&self, outcome: JobOutcome) -> bool {
+        self.job.finish(outcome, self.store.disk_cap())
+    }
+
+    /// Write a finished job's result and record (see [`finish_unpersisted`](Self::finish_unpersisted)).
+    pub fn persist(&self) {
+        self.store.persist_finished(&self.job);
     }
 }
