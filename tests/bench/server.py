@@ -131,22 +131,32 @@ def main():
     ap.add_argument("--baseline", help="another build to measure in the same run (e.g. main's), shown as a column")
     ap.add_argument("--no-build", action="store_true", help="do not run `cargo build --release` first")
     ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3, help="measurements of each build, taken in turns")
     args = ap.parse_args()
     if not args.no_build and args.bin == str(default):
         subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=REPO, check=True)
     args.bin = os.path.abspath(args.bin)
     builds = [("baseline", os.path.abspath(args.baseline))] if args.baseline else []
     builds.append(("this build" if args.baseline else "Result", args.bin))
-    columns = [rows(measure(b, args.n)) for _, b in builds]
+    # Builds are measured in turns (A B A B ...) and samples pooled, so a burst of load
+    # on the shared machine does not land on one column only.
+    pooled = [dict() for _ in builds]
+    for _ in range(args.rounds):
+        for (_, b), acc in zip(builds, pooled):
+            for k, v in measure(b, args.n).items():
+                acc.setdefault(k, []).extend(v if isinstance(v, list) else [v])
+    for acc in pooled:
+        acc["first"] = statistics.median(acc["first"])
+    columns = [rows(acc) for acc in pooled]
     pp = python_pass()
     profile = "release" if "/release/" in args.bin else "debug"
     names = [
-        "spawn → initialized (median of 10)",
-        "first `python_exec` right after initialize (worker still starting)",
-        "first `python_exec` 1.5 s after initialize (prewarmed; median of 3)",
-        f"trivial `python_exec` ×{args.n}: median / p95",
-        "interrupt → KeyboardInterrupt reported (median of 5)",
-        "restart → usable session (median of 5)",
+        f"spawn → initialized (median of {10 * args.rounds})",
+        f"first `python_exec` right after initialize (worker still starting; median of {args.rounds})",
+        f"first `python_exec` 1.5 s after initialize (prewarmed; median of {3 * args.rounds})",
+        f"trivial `python_exec` ×{args.n * args.rounds}: median / p95",
+        f"interrupt → KeyboardInterrupt reported (median of {5 * args.rounds})",
+        f"restart → usable session (median of {5 * args.rounds})",
     ]
     print("## Server\n")
     print(f"Measured with `python3 tests/bench/server.py` ({profile} build, official `mcp` Python SDK over stdio,")
