@@ -341,6 +341,30 @@ mod tests {
     }
 
     #[test]
+    fn started_log_brings_back_jobs_without_a_record_and_skips_torn_lines() {
+        let s = state("journal");
+        let dir = open_dir(&s).unwrap();
+        let mut journal = Journal::open(&dir.path).unwrap();
+        let mut running = record("j7");
+        running.status = JobStatus::Running;
+        journal.append(&running).unwrap();
+        journal.append(&record("j8")).unwrap();
+        // j8 also has its own record, which wins; a crash cut the last line.
+        std::fs::create_dir_all(job_dir(&dir.path, "j8")).unwrap();
+        let mut done = record("j8");
+        done.label = "from job.json".into();
+        save_record(&job_dir(&dir.path, "j8"), &done).unwrap();
+        journal
+            .file
+            .write_all(b"{\"version\":1,\"id\":\"j9\"")
+            .unwrap();
+        assert_eq!(load(&dir.path), (vec![running.clone(), done], 9));
+        // Rewriting keeps only what it is given.
+        journal.rewrite(&[]).unwrap();
+        assert_eq!(load(&dir.path).0.len(), 1);
+    }
+
+    #[test]
     fn second_open_gets_its_own_directory() {
         let s = state("slots");
         let a = open_dir(&s).unwrap();
