@@ -26,8 +26,7 @@ pub struct SessionManager {
 }
 
 impl SessionManager {
-    /// Create the manager. Inside a tokio runtime it also starts the idle reaper and
-    /// probes the interpreter in the background.
+    /// Create the manager. Inside a tokio runtime it also starts the idle reaper.
     pub fn new(cfg: ReplConfig) -> Arc<SessionManager> {
         let ttl = cfg.idle_ttl;
         let manager = Arc::new(SessionManager {
@@ -38,14 +37,9 @@ impl SessionManager {
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(reap_idle(Arc::downgrade(&manager), ttl));
-            // Probe the interpreter now (a pyenv shim alone takes tens of milliseconds),
-            // so the first session does not wait for it. Errors surface on first use.
-            let weak = Arc::downgrade(&manager);
-            rt.spawn(async move {
-                if let Some(m) = weak.upgrade() {
-                    let _ = m.python().await;
-                }
-            });
+            // The interpreter is probed on first use, not here: through a pyenv shim the
+            // probe forks several processes, which would compete with the MCP handshake.
+            // The server's prewarm (after `initialized`) makes that first use early.
         }
         manager
     }

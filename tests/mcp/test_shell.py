@@ -1,5 +1,6 @@
 """Shell jobs through MCP: inline answers, long-poll, stdin, EOF, cancel, env, policy, bad input."""
 
+import asyncio
 import os
 import time
 import uuid
@@ -132,5 +133,47 @@ def test_unknown_job_ids_are_clear_errors(server):
             assert "j999" in msg, msg
         msg = await c.err("job_input", job_id="j999", text="x")
         assert "j999" in msg
+
+    server.run(scenario)
+
+
+
+def test_each_shell_job_gets_its_own_private_tmp(server):
+    """Shell jobs do not share a temp dir: a file one job leaves in $TMPDIR (also seen at
+    /tmp) is invisible to the next job, and the dir is removed once the job has ended."""
+
+    async def scenario(c):
+        r = await c.ok("shell_run", command='echo secret > "$TMPDIR/x"; echo "$TMPDIR"')
+        tmp1 = r["stdout"]["text"].strip()
+        assert tmp1 and os.path.isabs(tmp1), r
+        r = await c.ok("shell_run", command='echo "$TMPDIR"; cat "$TMPDIR/x" /tmp/x 2>&1; true')
+        out = r["stdout"]["text"]
+        assert tmp1 not in out and "secret" not in out, out
+        deadline = time.monotonic() + 5
+        while os.path.exists(tmp1) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert not os.path.exists(tmp1), f"{tmp1} left behind"
+
+    server.run(scenario)
+
+
+def test_denials_are_explained_in_words(server):
+    """A write outside the workspace fails with the kernel's bare EROFS; the answer adds a
+    sentence naming the policy and the path, for shell jobs and Python cells alike, and
+    says nothing of the sort for an ordinary failure."""
+
+    async def scenario(c):
+        res = await c.call("shell_run", command="echo x > /usr/denied-by-policy")
+        denied = res.structured_content.get("denied", [])
+        assert res.is_error and len(denied) == 1, res.structured_content
+        assert denied[0].startswith("blocked by policy workspace-write: write to /usr/denied-by-policy"), denied
+        assert "blocked by policy" in res.content[0].text
+        r = await c.py("open('/etc/denied-by-policy', 'w')")
+        assert r["status"] == "failed"
+        assert any("write to /etc/denied-by-policy" in d for d in r.get("denied", [])), r
+        r = await c.py("import socket; socket.socket(socket.AF_INET, socket.SOCK_STREAM)")
+        assert any("network access (network is off" in d for d in r.get("denied", [])), r
+        res = await c.call("shell_run", command="exit 4")
+        assert res.is_error and "denied" not in res.structured_content
 
     server.run(scenario)

@@ -1,13 +1,15 @@
 //! Job glue: long-poll, input, cancel, list, the output pager, prune, and shell jobs.
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
 use super::{Backend, R, listing};
 use crate::jobs::store::WaitFor;
-use crate::jobs::{JobFilter, JobKind, JobStatus, ShellRequest, Stream, start_shell_job};
+use crate::jobs::{JobFilter, JobKind, JobStatus, JobStore, ShellRequest, Stream, start_shell_job};
 use crate::server::progress::CallCtx;
 use crate::server::tools::ToolError;
 use crate::server::tools::jobs::{KindFilter, OutputArgs, PruneArgs, StatusFilter, StreamArg};
@@ -195,7 +197,7 @@ impl Backend {
     }
 
     pub async fn shell_run(&self, args: ShellArgs, wait: Duration, call: &CallCtx) -> R {
-        let policy = self.shell_policy().await?;
+        let (policy, tmp) = self.job_policy().await?;
         let cwd = self.resolve_path(args.cwd.as_deref().unwrap_or("."));
         let env_file = args.env_file.as_deref().map(|f| self.resolve_path(f));
         let req = ShellRequest {
@@ -208,12 +210,35 @@ impl Backend {
             stdin: true,
             cancel_grace: None,
         };
-        let handle = start_shell_job(&self.store, req, policy)?;
+        let handle = match start_shell_job(&self.store, req, policy) {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                return Err(e.into());
+            }
+        };
         let id = handle.id().to_string();
+        remove_when_finished(self.store.clone(), id.clone(), tmp);
         if args.stdin.is_some() || args.stdin_eof {
             self.store
                 .send_input(&id, args.stdin.as_deref().unwrap_or(""), args.stdin_eof)?;
         }
         self.follow(&id, wait, WaitFor::Settled, call, true).await
     }
+}
+
+/// Remove a shell job's private temp dir once the job has ended. Polls the job's status
+/// (a summary, which does not consume output the client has not seen yet) once a second.
+fn remove_when_finished(store: Arc<JobStore>, id: String, tmp: PathBuf) {
+    tokio::spawn(async move {
+        loop {
+            match store.summary(&id) {
+                Ok(s) if !s.status.is_finished() => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                _ => break,
+            }
+        }
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&tmp)).await;
+    });
 }

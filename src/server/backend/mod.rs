@@ -40,8 +40,9 @@ pub struct Backend {
     workspace: PathBuf,
     state_dir: PathBuf,
     response_bytes: usize,
-    /// Shell jobs' policy, resolved on first use (needs the interpreter's prefixes).
-    shell_policy: OnceCell<Arc<ResolvedPolicy>>,
+    /// The server's policy resolved for the workspace on first use (needs the
+    /// interpreter's prefixes); each shell job gets a copy with its own `{tmp}`.
+    shell_policy: OnceCell<(Arc<ResolvedPolicy>, Placeholders)>,
     /// The job currently running in each session, to point a caller at it when busy.
     running: Mutex<std::collections::HashMap<String, String>>,
     /// uv venvs, installs and scripts (built on first use: needs the interpreter).
@@ -147,10 +148,17 @@ impl Backend {
         }
     }
 
+    /// The policy resolved for the workspace (its `{tmp}` is `<state>/shell-tmp`); what
+    /// denials are explained against.
     async fn shell_policy(&self) -> Result<Arc<ResolvedPolicy>, ToolError> {
+        Ok(self.resolved_base().await?.0.clone())
+    }
+
+    async fn resolved_base(&self) -> Result<&(Arc<ResolvedPolicy>, Placeholders), ToolError> {
         self.shell_policy
             .get_or_try_init(|| async {
                 let tmp = self.state_dir.join("shell-tmp");
+                sweep_dead_job_tmps(&tmp);
                 std::fs::create_dir_all(&tmp)
                     .map_err(|e| ToolError(format!("cannot create {}: {e}", tmp.display())))?;
                 let (python, venv) = match self.sessions.python().await {
@@ -164,13 +172,40 @@ impl Backend {
                     venv,
                     uv_cache: None,
                 };
-                self.policy
+                let policy = self
+                    .policy
                     .resolve(&ph)
                     .map(Arc::new)
-                    .map_err(|e| ToolError(e.to_string()))
+                    .map_err(|e| ToolError(e.to_string()))?;
+                Ok((policy, ph))
             })
             .await
-            .cloned()
+    }
+
+    /// A policy for one shell job: the server's, with a fresh private `{tmp}` that no other
+    /// job or session sees. The caller removes the directory when the job ends.
+    async fn job_policy(&self) -> Result<(Arc<ResolvedPolicy>, PathBuf), ToolError> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let (_, base) = self.resolved_base().await?;
+        let tmp = base.tmp.join(format!(
+            "{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&tmp)
+            .map_err(|e| ToolError(format!("cannot create {}: {e}", tmp.display())))?;
+        let ph = Placeholders {
+            tmp: tmp.clone(),
+            ..base.clone()
+        };
+        match self.policy.resolve(&ph) {
+            Ok(policy) => Ok((Arc::new(policy), tmp)),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                Err(ToolError(e.to_string()))
+            }
+        }
     }
 
     /// Wait on a job for up to `window`, reporting progress, and render what we have.
@@ -245,7 +280,7 @@ impl Backend {
                 _ => python::fill_python_result(&mut report, result, &mut images),
             }
         }
-        if let Some(policy) = self.shell_policy.get() {
+        if let Some((policy, _)) = self.shell_policy.get() {
             report.explain_denials(policy);
         }
         if report.is_finished()
@@ -257,6 +292,22 @@ impl Backend {
             }
         }
         report.with_next_step().into_result(images)
+    }
+}
+
+/// Remove job temp dirs (`<pid>-<n>`) left by servers that are no longer running (killed
+/// before their jobs ended); those of a live server sharing the state dir stay.
+fn sweep_dead_job_tmps(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name.to_str().and_then(|n| n.split('-').next());
+        let alive = pid.is_some_and(|p| Path::new("/proc").join(p).exists());
+        if !alive {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
