@@ -10,6 +10,7 @@
 //! Shutdown: sessions first (workers and their process groups are killed, so running
 //! cells end at once), then the store (kills shell job groups, records the rest).
 
+mod env_file;
 mod envs;
 mod jobs;
 mod python;
