@@ -332,7 +332,9 @@ def test_daemons_do_not_survive_job_end_or_session_restart(server):
     async def scenario(c):
         r = await c.ok("shell_run", argv=["python3", "-c", daemon.format(m=m1)], wait_seconds=20)
         assert r["status"] == "completed", r
-        r = await c.py(daemon.format(m=m2), session="d")
+        pydaemon = ("import os, subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 300 &'], start_new_session=True, "
+                    f"env=dict(os.environ, M='{m2}')).wait()")
+        r = await c.py(pydaemon, session="d")
         assert r["status"] == "completed", r
         await anyio.sleep(0.5)
         assert not pids_with_env_marker(m1), "a shell job's daemon outlived the job"
@@ -373,14 +375,25 @@ def test_env_dict_ld_preload_grants_nothing_outside(server):
     server.run(scenario)
 
 
-def test_venv_path_outside_workspace_is_not_created(server):
-    # Proves: env_create's `venv_path` cannot make the server (or uv under it) create a
-    # directory outside the workspace.
-    target = server.root / "outside-venv"
+def test_venv_path_outside_workspace_is_refused(server):
+    # Proves: env_info(create)/env_install's `venv_path` cannot make the server (or uv under
+    # it, which gets write access to the venv) create or write a directory outside the
+    # workspace: absolute, `..`, or through a symlink planted in the workspace.
+    outside = server.root / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("k")
+    os.symlink(outside, server.workspace / "evenv")
 
     async def scenario(c):
-        for p in [str(target), "../outside-venv"]:
-            await c.call("env_create", venv_path=p, timeout=60)
-        assert not target.exists(), "env_create wrote a venv outside the workspace"
+        for i, p in enumerate([str(server.root / "ov"), "../ov", "evenv", "evenv/sub", "sub/../../ov"]):
+            r = await c.call("env_info", create=True, venv_path=p, session=f"s{i}", timeout=60)
+            assert r.is_error and "outside the workspace" in repr(r.content), (p, r)
+            r = await c.call("env_install", packages=["nothing-here"], venv_path=p, session=f"t{i}", wait_seconds=5)
+            assert r.is_error, (p, r)
+        assert not (server.root / "ov").exists(), "a venv was created outside the workspace"
+        assert sorted(os.listdir(outside)) == ["keep"]
+        # Inside the workspace it still works.
+        r = await c.ok("env_info", create=True, venv_path="myenv", session="ok", timeout=60)
+        assert (server.workspace / "myenv" / "pyvenv.cfg").exists(), r
 
     server.run(scenario)
