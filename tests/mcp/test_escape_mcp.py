@@ -397,3 +397,23 @@ def test_venv_path_outside_workspace_is_refused(server):
         assert (server.workspace / "myenv" / "pyvenv.cfg").exists(), r
 
     server.run(scenario)
+
+
+def test_run_script_path_outside_workspace_is_refused(server):
+    # Proves: python_run_script's `path` (the script gets a read grant in uv's sandbox) cannot
+    # name a host file outside the workspace, directly, by `..` or through a planted symlink:
+    # it is neither run nor shown (a SyntaxError would quote its first line).
+    (server.root / "evil.py").write_text("print('SCRIPTSECRET')\n")
+    (server.root / "key").write_text("SCRIPTSECRET2 -----BEGIN PRIVATE KEY-----\n")
+    os.symlink(server.root, server.workspace / "up")
+    (server.workspace / "fine.py").write_text("print('fine')\n")
+
+    async def scenario(c):
+        for p in [str(server.root / "evil.py"), str(server.root / "key"), "../key", "up/evil.py", "up/key"]:
+            r = await c.call("python_run_script", path=p, wait_seconds=30)
+            text = repr(r.content) + repr(r.structured_content)
+            assert "SCRIPTSECRET" not in text, f"path={p} leaked: {text}"
+        r = await c.call("python_run_script", path="fine.py", wait_seconds=30)
+        assert "fine" in repr(r.content), r
+
+    server.run(scenario)

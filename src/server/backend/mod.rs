@@ -139,6 +139,40 @@ impl Backend {
         self.store.shutdown().await;
     }
 
+    /// `p` as a path inside the workspace, for arguments the server hands on with extra
+    /// rights (a venv gets written, a script gets a read grant): a path outside (absolute,
+    /// `..`, or through a symlink in the workspace) would open the host to a tool call.
+    /// The longest existing prefix is resolved; what is left must be plain names.
+    fn inside_workspace(&self, p: &str, what: &str) -> Result<PathBuf, ToolError> {
+        let refuse = || {
+            ToolError(format!(
+                "{what} {p} is outside the workspace {}; give a path inside it",
+                self.workspace.display()
+            ))
+        };
+        let path = self.resolve_path(p);
+        let mut existing = path.as_path();
+        let mut rest = Vec::new();
+        while !existing.exists() {
+            let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
+                return Err(refuse());
+            };
+            rest.push(name.to_owned());
+            existing = parent;
+        }
+        let mut real = existing.canonicalize().map_err(|_| refuse())?;
+        if !real.starts_with(&self.workspace) || (real == self.workspace && rest.is_empty()) {
+            return Err(refuse());
+        }
+        for name in rest.iter().rev() {
+            if name == ".." || name == "." {
+                return Err(refuse());
+            }
+            real.push(name);
+        }
+        Ok(real)
+    }
+
     fn resolve_path(&self, p: &str) -> PathBuf {
         let path = Path::new(p);
         if path.is_absolute() {

@@ -149,44 +149,10 @@ impl Backend {
             (Some(_), true) => Err(ToolError(
                 "give `venv_path` or `use_workspace_venv`, not both".into(),
             )),
-            (Some(p), false) => Ok(Some(VenvLocation::Path(self.venv_path_inside(p)?))),
+            (Some(p), false) => Ok(Some(VenvLocation::Path(self.inside_workspace(p, "venv_path")?))),
             (None, true) => Ok(Some(VenvLocation::Workspace)),
             (None, false) => Ok(None),
         }
-    }
-
-    /// `venv_path` as a directory inside the workspace: the venv is created and installed
-    /// into with write access, so a path outside (absolute, `..`, or through a symlink in
-    /// the workspace) would let a tool call write the host. The longest existing prefix is
-    /// resolved; what is left must be plain names.
-    fn venv_path_inside(&self, p: &str) -> Result<std::path::PathBuf, ToolError> {
-        let refuse = || {
-            ToolError(format!(
-                "venv_path {p} is outside the workspace {}; give a path inside it (or use_workspace_venv)",
-                self.workspace.display()
-            ))
-        };
-        let path = self.resolve_path(p);
-        let mut existing = path.as_path();
-        let mut rest = Vec::new();
-        while !existing.exists() {
-            let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
-                return Err(refuse());
-            };
-            rest.push(name.to_owned());
-            existing = parent;
-        }
-        let mut real = existing.canonicalize().map_err(|_| refuse())?;
-        if !real.starts_with(&self.workspace) || (real == self.workspace && rest.is_empty()) {
-            return Err(refuse());
-        }
-        for name in rest.iter().rev() {
-            if name == ".." || name == "." {
-                return Err(refuse());
-            }
-            real.push(name);
-        }
-        Ok(real)
     }
 
     /// The session `name`, started if it is not open. A session started here whose venv
@@ -335,7 +301,7 @@ impl Backend {
                 ));
             }
             (Some(code), None) => ScriptSource::Code(code),
-            (None, Some(path)) => ScriptSource::Path(self.resolve_path(&path)),
+            (None, Some(path)) => ScriptSource::Path(self.inside_workspace(&path, "path")?),
         };
         let label = match &source {
             ScriptSource::Code(c) => format!(
