@@ -61,6 +61,12 @@ print('\\n'.join(seen))
         assert secret not in out(r)
         r = await c.call("shell_run", command=f"cat /proc/{spid}/environ", wait_seconds=20)
         assert secret not in out(r.structured_content) and r.structured_content["exit_code"] != 0
+        # uv-run one-off scripts and python_run_file too.
+        r = await c.call("python_run_script", code=code, wait_seconds=30)
+        assert secret not in repr(r.content) and "False " in repr(r.content), r
+        (server.workspace / "probe.py").write_text(code)
+        r = await c.call("python_run_file", path="probe.py")
+        assert secret not in repr(r.content) and "False " in repr(r.content), r
 
     server.run(scenario)
 
