@@ -31,8 +31,13 @@ pub fn load(workspace: &Path, file: &str) -> Result<Vec<(String, String)>, ToolE
     } else {
         path
     };
-    let rel = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
-    let dir = std::fs::File::open(workspace).map_err(|e| refuse(&format!("cannot be opened ({e})")))?;
+    let rel = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
+    let dir =
+        std::fs::File::open(workspace).map_err(|e| refuse(&format!("cannot be opened ({e})")))?;
     let how = OpenHow::new()
         .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY)
         .mode(Mode::empty())

@@ -200,7 +200,9 @@ impl Backend {
         // The server reads the env file itself, outside the sandbox: only beneath the
         // workspace (see env_file.rs); `env` wins over it.
         let mut env: std::collections::BTreeMap<String, String> = match args.env_file.as_deref() {
-            Some(f) => super::env_file::load(&self.workspace, f)?.into_iter().collect(),
+            Some(f) => super::env_file::load(&self.workspace, f)?
+                .into_iter()
+                .collect(),
             None => Default::default(),
         };
         env.extend(args.env);

@@ -149,7 +149,9 @@ impl Backend {
             (Some(_), true) => Err(ToolError(
                 "give `venv_path` or `use_workspace_venv`, not both".into(),
             )),
-            (Some(p), false) => Ok(Some(VenvLocation::Path(self.inside_workspace(p, "venv_path")?))),
+            (Some(p), false) => Ok(Some(VenvLocation::Path(
+                self.inside_workspace(p, "venv_path")?,
+            ))),
             (None, true) => Ok(Some(VenvLocation::Workspace)),
             (None, false) => Ok(None),
         }
