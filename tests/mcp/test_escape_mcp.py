@@ -423,3 +423,40 @@ def test_run_script_path_outside_workspace_is_refused(server):
         assert "fine" in repr(r.content), r
 
     server.run(scenario)
+
+
+def test_jobs_hold_no_descriptor_of_the_server_protocol(server):
+    # Proves: no job (python session, shell, uv script) inherits the server's stdin/stdout
+    # (the MCP stream): it cannot forge protocol messages to the client or read its requests.
+    async def scenario(c):
+        spid = c.server_pid
+        server_ends = {os.readlink(f"/proc/{spid}/fd/{fd}") for fd in (0, 1)}
+        assert all(e.startswith(("pipe:", "socket:")) for e in server_ends), server_ends
+        code = (
+            "import os\nends = set()\nfor f in os.listdir('/proc/self/fd'):\n"
+            "    try: ends.add(os.readlink('/proc/self/fd/' + f))\n    except OSError: pass\nprint(sorted(ends))"
+        )
+        texts = [repr(await c.py(code, session="fds"))]
+        texts.append(repr((await c.call("shell_run", argv=["python3", "-c", code], wait_seconds=20)).content))
+        texts.append(repr((await c.call("python_run_script", code=code, wait_seconds=30)).content))
+        for t in texts:
+            assert "pipe:" in t or "/dev/null" in t, t  # the probe really ran
+            for end in server_ends:
+                assert end not in t, f"a job holds the server's {end}: {t}"
+
+    server.run(scenario)
+
+
+def test_env_file_fifo_does_not_hang_the_server(server):
+    # Proves: an env_file that is a FIFO (or device) planted in the workspace is refused at
+    # once; the server never blocks reading it.
+    os.mkfifo(server.workspace / "fifo.env")
+
+    async def scenario(c):
+        t0 = time.monotonic()
+        r = await c.call("shell_run", command="env", env_file="fifo.env", wait_seconds=5, timeout=10)
+        assert r.is_error and "regular file" in repr(r.content), r
+        assert time.monotonic() - t0 < 5
+        await answers_quickly(c)
+
+    server.run(scenario, timeout=30)
