@@ -389,9 +389,10 @@ def test_venv_path_outside_workspace_is_refused(server):
     outside.mkdir()
     (outside / "keep").write_text("k")
     os.symlink(outside, server.workspace / "evenv")
+    os.symlink(server.root / "ov", server.workspace / "dangling")
 
     async def scenario(c):
-        for i, p in enumerate([str(server.root / "ov"), "../ov", "evenv", "evenv/sub", "sub/../../ov"]):
+        for i, p in enumerate([str(server.root / "ov"), "../ov", "evenv", "evenv/sub", "sub/../../ov", "dangling", "dangling/sub"]):
             r = await c.call("env_info", create=True, venv_path=p, session=f"s{i}", timeout=60)
             assert r.is_error and "outside the workspace" in repr(r.content), (p, r)
             r = await c.call("env_install", packages=["nothing-here"], venv_path=p, session=f"t{i}", wait_seconds=5)

@@ -153,7 +153,9 @@ impl Backend {
         let path = self.resolve_path(p);
         let mut existing = path.as_path();
         let mut rest = Vec::new();
-        while !existing.exists() {
+        // A dangling symlink counts as existing (and then fails to resolve): it would be
+        // followed by whoever creates the path.
+        while existing.symlink_metadata().is_err() {
             let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
                 return Err(refuse());
             };
