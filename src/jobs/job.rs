@@ -34,6 +34,16 @@ pub(crate) fn now_unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// A finished job's result in memory: answers come from here without touching the
+/// disk. It is dropped once it is both in `result.json` and delivered by a `wait`
+/// (later reads load the file), so memory holds only results nobody has seen yet.
+#[derive(Debug, Default)]
+pub(crate) struct ResultSlot {
+    pub value: Option<serde_json::Value>,
+    pub on_disk: bool,
+    pub delivered: bool,
+}
+
 /// Mutable state of a job.
 #[derive(Debug, Clone)]
 pub(crate) struct JobState {
@@ -73,6 +83,11 @@ pub(crate) struct Job {
     pub spools: [Mutex<Spool>; 2],
     pub version: watch::Sender<u64>,
     pub control: Mutex<Option<Arc<dyn JobControl>>>,
+    /// The structured result of a job that finished in this server (see [`ResultSlot`]).
+    pub result: Mutex<ResultSlot>,
+    /// Set when prune or eviction removed the job, so a late write of its files is
+    /// undone.
+    pub removed: AtomicBool,
     /// Whether we already logged that output is being dropped (disk cap).
     pub drop_warned: AtomicBool,
 }
@@ -92,6 +107,8 @@ impl Job {
             spools: [Mutex::new(out), Mutex::new(err)],
             version: watch::Sender::new(0),
             control: Mutex::new(None),
+            result: Mutex::new(ResultSlot::default()),
+            removed: AtomicBool::new(false),
             drop_warned: AtomicBool::new(false),
         }
     }
@@ -191,13 +208,10 @@ impl Job {
                 message = Some(join_sentences(message, &note));
             }
         }
-        if let Some(result) = &outcome.result {
-            match persist::save_result(&self.dir, result) {
-                Ok(()) => st.has_result = true,
-                Err(e) => {
-                    tracing::warn!(job = %self.id, error = %e, "could not store the job's result")
-                }
-            }
+        if let Some(result) = outcome.result {
+            // Written to disk by `JobHandle::finish` after waiters were woken.
+            st.has_result = true;
+            lock(&self.result).value = Some(result);
         }
         st.elapsed_ms = Some(self.started.elapsed().as_millis() as u64);
         st.status = status;
@@ -325,8 +339,22 @@ impl JobHandle {
     /// Record how the job ended. Later calls are ignored. If a cancel was requested,
     /// a `Failed` outcome is recorded as `Cancelled`.
     pub fn finish(&self, outcome: JobOutcome) {
-        if self.job.finish(outcome, self.store.disk_cap()) {
-            self.store.save_job(&self.job);
+        if self.finish_unpersisted(outcome) {
+            self.persist();
         }
+    }
+
+    /// Like [`finish`](Self::finish), but the job's files are written only by
+    /// [`persist`](Self::persist), which the caller must call soon after (until then a
+    /// restart would report the job as lost). Lets an async producer hand the thread to
+    /// the woken waiters first: they answer from memory. Returns false if the job had
+    /// already finished (nothing to persist).
+    pub fn finish_unpersisted(&self, outcome: JobOutcome) -> bool {
+        self.job.finish(outcome, self.store.disk_cap())
+    }
+
+    /// Write a finished job's result and record (see [`finish_unpersisted`](Self::finish_unpersisted)).
+    pub fn persist(&self) {
+        self.store.persist_finished(&self.job);
     }
 }

@@ -4,16 +4,25 @@
 //! sharing one store directory. Writing one small record per change keeps the cost of
 //! starting and finishing a job constant however many jobs the store holds.
 //!
+//! Starting a job costs one `write`: its record is appended to `started.log`, so a job
+//! that was running when the server died comes back as `lost`. Its directory, spools
+//! and `job.json` appear only with its first output or when it finishes (a quick cell
+//! that prints nothing writes its directory once, at finish). The log is rewritten
+//! with only the running jobs when it grows, after prune or eviction (so removed jobs
+//! do not come back), and at open.
+//!
 //! Layout of a store directory:
 //! ```text
 //! <state_dir>/jobs/            (or jobs.2, jobs.3, ... when another server holds jobs/)
 //!   .lock                      flock held for the life of the store
 //!   next_id                    the next job number (so pruned ids are not reused)
+//!   started.log                one JobRecord (JSON) per line, appended as jobs start
 //!   j12/job.json               JobRecord (below)
 //!   j12/stdout, j12/stderr     spools
 //!   j12/result.json            the job's structured result, if any
 //! ```
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -27,6 +36,9 @@ use super::{JobError, JobKind, JobStatus};
 pub(crate) const RECORD_VERSION: u32 = 1;
 /// How many store directories to try when others are locked by running servers.
 const MAX_SLOTS: u32 = 16;
+/// Lines in `started.log` after which it is rewritten with only the running jobs.
+const JOURNAL_COMPACT_LINES: u64 = 2048;
+const JOURNAL: &str = "started.log";
 
 /// One job as stored on disk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -109,11 +121,76 @@ pub(crate) fn job_dir(store_dir: &Path, id: &str) -> PathBuf {
     store_dir.join(id)
 }
 
+/// The log of started jobs (see the module docs), open for appending.
+pub(crate) struct Journal {
+    path: PathBuf,
+    file: File,
+    lines: u64,
+}
+
+impl Journal {
+    pub(crate) fn open(store_dir: &Path) -> io::Result<Journal> {
+        let path = store_dir.join(JOURNAL);
+        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        Ok(Journal {
+            path,
+            file,
+            lines: 0,
+        })
+    }
+
+    /// Append one record (a single `write`; no fsync).
+    pub(crate) fn append(&mut self, rec: &JobRecord) -> io::Result<()> {
+        let mut bytes = serde_json::to_vec(rec).map_err(io::Error::other)?;
+        bytes.push(b'\n');
+        self.lines += 1;
+        self.file.write_all(&bytes)
+    }
+
+    pub(crate) fn needs_compaction(&self) -> bool {
+        self.lines >= JOURNAL_COMPACT_LINES
+    }
+
+    /// Replace the log with `recs` (atomically) and keep appending to the new file.
+    pub(crate) fn rewrite(&mut self, recs: &[JobRecord]) -> io::Result<()> {
+        let mut bytes = Vec::new();
+        for rec in recs {
+            serde_json::to_writer(&mut bytes, rec).map_err(io::Error::other)?;
+            bytes.push(b'\n');
+        }
+        write_atomic(&self.path, &bytes)?;
+        self.file = OpenOptions::new().append(true).open(&self.path)?;
+        self.lines = recs.len() as u64;
+        Ok(())
+    }
+}
+
+/// Records of `started.log` by job number (a damaged line, e.g. cut by a crash, is
+/// skipped).
+fn read_journal(store_dir: &Path) -> BTreeMap<u64, JobRecord> {
+    let mut out = BTreeMap::new();
+    let Ok(bytes) = std::fs::read(store_dir.join(JOURNAL)) else {
+        return out;
+    };
+    for line in bytes.split(|b| *b == b'\n') {
+        if let Some((seq, rec)) = serde_json::from_slice::<JobRecord>(line)
+            .ok()
+            .filter(|r| r.version == RECORD_VERSION)
+            .and_then(|r| Some((parse_id(&r.id)?, r)))
+        {
+            out.insert(seq, rec);
+        }
+    }
+    out
+}
+
 /// Every job record under `store_dir`, and the next job number. A job directory
 /// without a readable record (a crash between creating it and writing the record, or
-/// a damaged file) is removed with a warning.
+/// a damaged file) is removed with a warning, unless `started.log` knows the job (it
+/// was running: its output is kept).
 pub(crate) fn load(store_dir: &Path) -> (Vec<JobRecord>, u64) {
     let mut records = Vec::new();
+    let mut started = read_journal(store_dir);
     let mut next_id = std::fs::read_to_string(store_dir.join("next_id"))
         .ok()
         .and_then(|t| t.trim().parse::<u64>().ok())
@@ -135,20 +212,30 @@ pub(crate) fn load(store_dir: &Path) -> (Vec<JobRecord>, u64) {
             .ok()
             .and_then(|b| serde_json::from_slice::<JobRecord>(&b).ok())
             .filter(|r| r.version == RECORD_VERSION && parse_id(&r.id) == Some(seq));
-        match rec {
-            Some(rec) => records.push(rec),
+        match rec.or_else(|| started.remove(&seq)) {
+            Some(rec) => {
+                started.remove(&seq);
+                records.push(rec);
+            }
             None => {
                 tracing::warn!(dir = %path.display(), "job directory without a valid record; removing it");
                 remove_job_files(&path);
             }
         }
     }
+    // Started jobs that never wrote anything: they come back too.
+    for (seq, rec) in started {
+        next_id = next_id.max(seq + 1);
+        records.push(rec);
+    }
     records.sort_by_key(|r| parse_id(&r.id));
     (records, next_id)
 }
 
 /// Write one job's record atomically: readers see the old or the new record.
+/// Creates the job's directory if it does not exist yet.
 pub(crate) fn save_record(job_dir: &Path, rec: &JobRecord) -> io::Result<()> {
+    std::fs::create_dir_all(job_dir)?;
     let bytes = serde_json::to_vec(rec).map_err(io::Error::other)?;
     write_atomic(&job_dir.join("job.json"), &bytes)
 }
@@ -179,6 +266,7 @@ pub(crate) fn parse_id(id: &str) -> Option<u64> {
 /// Write a job's structured result next to its spools.
 pub(crate) fn save_result(job_dir: &Path, value: &serde_json::Value) -> io::Result<()> {
     let bytes = serde_json::to_vec(value).map_err(io::Error::other)?;
+    std::fs::create_dir_all(job_dir)?;
     std::fs::write(job_dir.join("result.json"), bytes)
 }
 
@@ -250,6 +338,30 @@ mod tests {
         std::fs::create_dir_all(&bare).unwrap();
         assert_eq!(load(&dir.path), (vec![], 5));
         assert!(!broken.exists() && !bare.exists());
+    }
+
+    #[test]
+    fn started_log_brings_back_jobs_without_a_record_and_skips_torn_lines() {
+        let s = state("journal");
+        let dir = open_dir(&s).unwrap();
+        let mut journal = Journal::open(&dir.path).unwrap();
+        let mut running = record("j7");
+        running.status = JobStatus::Running;
+        journal.append(&running).unwrap();
+        journal.append(&record("j8")).unwrap();
+        // j8 also has its own record, which wins; a crash cut the last line.
+        std::fs::create_dir_all(job_dir(&dir.path, "j8")).unwrap();
+        let mut done = record("j8");
+        done.label = "from job.json".into();
+        save_record(&job_dir(&dir.path, "j8"), &done).unwrap();
+        journal
+            .file
+            .write_all(b"{\"version\":1,\"id\":\"j9\"")
+            .unwrap();
+        assert_eq!(load(&dir.path), (vec![running.clone(), done], 9));
+        // Rewriting keeps only what it is given.
+        journal.rewrite(&[]).unwrap();
+        assert_eq!(load(&dir.path).0.len(), 1);
     }
 
     #[test]

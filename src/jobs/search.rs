@@ -42,7 +42,13 @@ pub fn search_file(
 ) -> io::Result<Vec<SearchHit>> {
     let context = context_lines.min(MAX_CONTEXT);
     let max_hits = max_hits.clamp(1, MAX_HITS);
-    let mut reader = BufReader::with_capacity(64 * 1024, File::open(path)?.take(len));
+    let file = match File::open(path) {
+        Ok(f) => f,
+        // Never written: the job printed nothing on this stream.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut reader = BufReader::with_capacity(64 * 1024, file.take(len));
     let mut hits: Vec<SearchHit> = Vec::new();
     // Indices into `hits` still collecting `after` lines.
     let mut open: Vec<usize> = Vec::new();

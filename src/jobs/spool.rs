@@ -4,6 +4,10 @@
 //! Invariant: bytes below [`Spool::len`] are on disk (writes go straight to the file,
 //! no user-space buffer) and never change, so readers can read any range below the
 //! length they observed without holding the spool's lock.
+//!
+//! The file (and the job directory holding it) is created on the first append: a job
+//! that prints nothing costs no file system work for its output. A missing spool file
+//! reads as empty.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -18,8 +22,10 @@ pub(crate) struct Spool {
     len: u64,
     /// Bytes the job wrote that were not stored (disk cap reached or a write error).
     dropped: u64,
-    /// Open while the job runs; closed when it finishes.
+    /// Open once the job wrote something; closed when it finishes.
     file: Option<File>,
+    /// Whether the job still runs (appends are accepted).
+    open: bool,
     /// The last (up to 3) bytes written, to hold back a multibyte character that is
     /// only partly written.
     last: [u8; 3],
@@ -27,21 +33,35 @@ pub(crate) struct Spool {
 }
 
 impl Spool {
-    /// Create (or truncate) the spool file for a new job.
-    pub(crate) fn create(path: PathBuf) -> io::Result<Spool> {
-        let file = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .open(&path)?;
-        Ok(Spool {
+    /// The spool of a new job. Nothing is created on disk until the first append.
+    pub(crate) fn create(path: PathBuf) -> Spool {
+        Spool {
             path,
             len: 0,
             dropped: 0,
-            file: Some(file),
+            file: None,
+            open: true,
             last: [0; 3],
             last_len: 0,
-        })
+        }
+    }
+
+    /// Create (or truncate) the file, and its directory if needed.
+    fn open_file(&mut self) -> io::Result<&mut File> {
+        if self.file.is_none() {
+            if let Some(dir) = self.path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let file = OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(true)
+                .open(&self.path)?;
+            self.file = Some(file);
+        }
+        self.file
+            .as_mut()
+            .ok_or_else(|| io::Error::other("the spool file is not open"))
     }
 
     /// A finished job's spool found on disk at start-up (missing file = empty).
@@ -52,6 +72,7 @@ impl Spool {
             len,
             dropped: 0,
             file: None,
+            open: false,
             last: [0; 3],
             last_len: 0,
         };
@@ -82,9 +103,17 @@ impl Spool {
     /// Append `data`. On error nothing is counted as stored and the bytes are counted
     /// as dropped; the caller decides how to tell the user.
     pub(crate) fn append(&mut self, data: &[u8]) -> io::Result<()> {
-        let Some(file) = self.file.as_mut() else {
+        if !self.open {
             self.dropped += data.len() as u64;
             return Err(io::Error::other("the spool is closed"));
+        }
+        let len = self.len;
+        let file = match self.open_file() {
+            Ok(f) => f,
+            Err(e) => {
+                self.dropped += data.len() as u64;
+                return Err(e);
+            }
         };
         // write_all may write part of the data before failing; keep `len` equal to
         // the file size by checking how far it got.
@@ -95,7 +124,7 @@ impl Spool {
                 Ok(())
             }
             Err(e) => {
-                let on_disk = file.metadata().map(|m| m.len()).unwrap_or(self.len);
+                let on_disk = file.metadata().map(|m| m.len()).unwrap_or(len);
                 let written = on_disk.saturating_sub(self.len).min(data.len() as u64);
                 self.len += written;
                 self.remember_tail(&data[..written as usize]);
@@ -107,7 +136,7 @@ impl Spool {
 
     /// Whether the spool was closed (the job finished).
     pub(crate) fn is_closed(&self) -> bool {
-        self.file.is_none()
+        !self.open
     }
 
     /// Count bytes that were not stored (e.g. over the disk cap).
@@ -117,6 +146,7 @@ impl Spool {
 
     /// Close the file (the job finished).
     pub(crate) fn close(&mut self) {
+        self.open = false;
         self.file = None;
     }
 
@@ -145,7 +175,12 @@ pub(crate) fn read_range(path: &Path, offset: u64, len: u64) -> io::Result<Vec<u
     if len == 0 {
         return Ok(Vec::new());
     }
-    let file = File::open(path)?;
+    let file = match File::open(path) {
+        Ok(f) => f,
+        // Never written: the job printed nothing on this stream.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
     let mut buf = vec![0u8; len as usize];
     let mut got = 0usize;
     while got < buf.len() {
@@ -173,7 +208,7 @@ mod tests {
     #[test]
     fn appends_are_readable_at_once_and_by_range() {
         let path = tmp("append");
-        let mut s = Spool::create(path.clone()).unwrap();
+        let mut s = Spool::create(path.clone());
         s.append(b"hello ").unwrap();
         s.append(b"world").unwrap();
         assert_eq!(s.len(), 11);
@@ -190,7 +225,7 @@ mod tests {
     #[test]
     fn remembers_a_partial_multibyte_character() {
         let path = tmp("utf8");
-        let mut s = Spool::create(path).unwrap();
+        let mut s = Spool::create(path);
         let euro = "€".as_bytes(); // 3 bytes
         s.append(b"ab").unwrap();
         s.append(&euro[..1]).unwrap();

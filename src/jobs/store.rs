@@ -42,6 +42,8 @@ pub struct JobStore {
     pub(super) cfg: StoreConfig,
     dir: StoreDir,
     pub(super) jobs: Mutex<Jobs>,
+    /// The log of started jobs. Lock order: `journal` → `jobs` → a job's locks.
+    journal: Mutex<persist::Journal>,
     /// Bytes of spooled output on disk, for the disk cap.
     disk_used: AtomicU64,
 }
@@ -60,6 +62,12 @@ impl JobStore {
     pub fn open(cfg: StoreConfig) -> Result<Arc<JobStore>, JobError> {
         let dir = persist::open_dir(&cfg.state_dir)?;
         let (records, next_id) = persist::load(&dir.path);
+        let journal = persist::Journal::open(&dir.path).map_err(|e| {
+            JobError::io(
+                format!("could not open the job log in {}", dir.path.display()),
+                e,
+            )
+        })?;
         let mut map = BTreeMap::new();
         let mut lost = Vec::new();
         let mut disk_used = 0;
@@ -115,11 +123,14 @@ impl JobStore {
             cfg,
             dir,
             jobs: Mutex::new(Jobs { map, next_id }),
+            journal: Mutex::new(journal),
             disk_used: AtomicU64::new(disk_used),
         });
         for job in &lost {
             store.save_job(job);
         }
+        // Every job of the log now has its record: start the log afresh.
+        store.compact_journal();
         store.make_room(0);
         Ok(store)
     }
@@ -148,14 +159,11 @@ impl JobStore {
         };
         let id = format!("j{seq}");
         let job_dir = persist::job_dir(&self.dir.path, &id);
-        std::fs::create_dir_all(&job_dir)
-            .map_err(|e| JobError::io(format!("could not create {}", job_dir.display()), e))?;
-        let spool = |name: &str| {
-            let path = job_dir.join(name);
-            Spool::create(path.clone())
-                .map_err(|e| JobError::io(format!("could not create {}", path.display()), e))
-        };
-        let spools = [spool("stdout")?, spool("stderr")?];
+        // The directory and spool files appear with the first output or at finish.
+        let spools = [
+            Spool::create(job_dir.join("stdout")),
+            Spool::create(job_dir.join("stderr")),
+        ];
         let state = JobState {
             status: JobStatus::Running,
             prompt: None,
@@ -177,8 +185,19 @@ impl JobStore {
             dir: job_dir,
         };
         let job = Arc::new(Job::new(meta, state, spools));
-        self.save_job(&job);
-        lock(&self.jobs).map.insert(seq, job.clone());
+        let compact = {
+            // One appended line, so a crash brings the job back as lost. Held across
+            // the insert so a compaction cannot miss the new job.
+            let mut journal = lock(&self.journal);
+            if let Err(e) = journal.append(&job.record()) {
+                tracing::warn!(job = %job.id, error = %e, "could not log the job's start");
+            }
+            lock(&self.jobs).map.insert(seq, job.clone());
+            journal.needs_compaction()
+        };
+        if compact {
+            self.compact_journal();
+        }
         Ok(JobHandle {
             store: self.clone(),
             job,
@@ -284,10 +303,24 @@ impl JobStore {
         };
         let stdout = excerpt(0, b_out)?;
         let stderr = excerpt(1, b_err)?;
-        let result = if st.has_result {
-            persist::load_result(&job.dir)
+        // A fresh result is handed out from memory once; later reads come from disk.
+        let fresh = if st.status.is_finished() {
+            let mut slot = lock(&job.result);
+            let value = slot.value.clone();
+            if advance {
+                slot.delivered = true;
+                if slot.on_disk {
+                    slot.value = None;
+                }
+            }
+            value
         } else {
             None
+        };
+        let result = match fresh {
+            Some(r) => Some(r),
+            None if st.has_result => persist::load_result(&job.dir),
+            None => None,
         };
         Ok(JobSnapshot {
             id: job.id.clone(),
@@ -481,6 +514,7 @@ impl JobStore {
             evicted
         };
         for job in &evicted {
+            job.removed.store(true, Ordering::SeqCst);
             tracing::info!(job = %job.id, "evicted a finished job: the disk cap for job output was reached");
             persist::remove_job_files(&job.dir);
         }
@@ -491,6 +525,7 @@ impl JobStore {
     }
 
     pub(super) fn forget_files(&self, job: &Job) {
+        job.removed.store(true, Ordering::SeqCst);
         let bytes: u64 = job.lens().iter().sum();
         self.disk_used.fetch_sub(
             bytes.min(self.disk_used.load(Ordering::Relaxed)),
@@ -499,18 +534,63 @@ impl JobStore {
         persist::remove_job_files(&job.dir);
     }
 
+    /// Write a job's files after it finished: its result, then its record.
+    pub(crate) fn persist_finished(&self, job: &Job) {
+        {
+            let mut slot = lock(&job.result);
+            if let Some(value) = &slot.value {
+                match persist::save_result(&job.dir, value) {
+                    Ok(()) => {
+                        slot.on_disk = true;
+                        if slot.delivered {
+                            slot.value = None;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(job = %job.id, error = %e, "could not store the job's result")
+                    }
+                }
+            }
+        }
+        self.save_job(job);
+        if job.removed.load(Ordering::SeqCst) {
+            // Pruned or evicted while we wrote: do not leave files behind.
+            persist::remove_job_files(&job.dir);
+        }
+    }
+
     /// Write one job's record (errors are logged: the record is for the next start,
     /// never a reason to fail a job).
     pub(crate) fn save_job(&self, job: &Job) {
+        if job.removed.load(Ordering::SeqCst) {
+            return;
+        }
         if let Err(e) = persist::save_record(&job.dir, &job.record()) {
             tracing::warn!(job = %job.id, error = %e, "could not write the job's record");
         }
     }
 
+    /// Write the next job number and rewrite the log of started jobs (after jobs were
+    /// removed, so they do not come back at the next start).
     pub(super) fn save_next_id(&self) {
         let next_id = lock(&self.jobs).next_id;
         if let Err(e) = persist::save_next_id(&self.dir.path, next_id) {
             tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not write next_id");
+        }
+        self.compact_journal();
+    }
+
+    /// Rewrite `started.log` with only the jobs still running.
+    fn compact_journal(&self) {
+        let mut journal = lock(&self.journal);
+        let running: Vec<persist::JobRecord> = lock(&self.jobs)
+            .map
+            .values()
+            .filter(|j| !j.is_finished())
+            .map(|j| j.record())
+            .collect();
+        if let Err(e) = journal.rewrite(&running) {
+            tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not rewrite the job log");
         }
     }
 }

@@ -458,3 +458,63 @@ async fn shutdown_records_jobs_that_do_not_end_as_cancelled() {
     let store = JobStore::open(cfg).unwrap();
     assert_eq!(store.summary(&id).unwrap().status, JobStatus::Cancelled);
 }
+
+#[tokio::test]
+async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost() {
+    let dir = state_dir("silent");
+    let cfg = StoreConfig {
+        state_dir: dir.clone(),
+        disk_cap: 1 << 30,
+        response_bytes: 20_000,
+    };
+    {
+        let store = JobStore::open(cfg.clone()).unwrap();
+        let quick = store.create(JobKind::Python, Some("s"), "1+1").unwrap();
+        let job_dir = store.dir().join(quick.id());
+        assert!(!job_dir.exists(), "no files for a job that printed nothing");
+        quick.finish(JobOutcome {
+            result: Some(serde_json::json!({"value": "2"})),
+            ..done()
+        });
+        assert!(job_dir.join("job.json").exists() && !job_dir.join("stdout").exists());
+        // The fresh result is handed out once from memory, then read from disk.
+        for _ in 0..2 {
+            let snap = store
+                .wait(quick.id(), Duration::from_secs(1))
+                .await
+                .unwrap();
+            assert_eq!(snap.result, Some(serde_json::json!({"value": "2"})));
+            assert_eq!((snap.stdout.end, snap.stderr.end), (0, 0));
+        }
+        assert_eq!(store.read("j1", Stream::Stdout, 0, 10).unwrap().text, "");
+        assert!(
+            store
+                .search("j1", Stream::Stdout, "x", 0, 5)
+                .unwrap()
+                .is_empty()
+        );
+        let pruned = store.create(JobKind::Shell, None, "true").unwrap();
+        pruned.finish(done());
+        let _running = store.create(JobKind::Shell, None, "sleep 100").unwrap();
+        let filter = JobFilter {
+            ids: Some(vec!["j2".into()]),
+            ..Default::default()
+        };
+        assert_eq!(store.prune(&filter).unwrap(), vec!["j2"]);
+        // No shutdown: the server "died" with j3 running.
+    }
+    let store = JobStore::open(cfg).unwrap();
+    let ids: Vec<(String, JobStatus)> = store
+        .list(&JobFilter::default())
+        .into_iter()
+        .map(|s| (s.id, s.status))
+        .collect();
+    assert_eq!(
+        ids,
+        vec![
+            ("j3".to_string(), JobStatus::Lost),
+            ("j1".to_string(), JobStatus::Completed)
+        ]
+    );
+    assert_eq!(store.read("j3", Stream::Stdout, 0, 10).unwrap().text, "");
+}

@@ -5,7 +5,9 @@ Measures: spawn → initialized, the first python_exec (starts the worker), medi
 of 200 trivial executes, interrupt → reported KeyboardInterrupt, restart → usable session,
 and `python3 -c pass` in the same run for scale. Prints a markdown section.
 
-    python3 tests/bench/server.py [--bin target/release/mcp-sandbox-repl] [--n 200]
+    python3 tests/bench/server.py [--bin target/release/mcp-sandbox-repl] [--baseline OTHER_BIN] [--n 200]
+
+Builds the release binary first when --bin is the default.
 """
 
 from __future__ import annotations
@@ -99,37 +101,71 @@ def python_pass(runs=10):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    default = REPO / "target" / "release" / "mcp-sandbox-repl"
-    if not default.exists():
-        default = REPO / "target" / "debug" / "mcp-sandbox-repl"
-    ap.add_argument("--bin", default=str(default))
-    ap.add_argument("--n", type=int, default=200)
-    args = ap.parse_args()
-    args.bin = os.path.abspath(args.bin)
+def measure(binary: str, n: int) -> dict:
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(10):
-            anyio.run(one_server, args.bin, Path(tmp) / f"r{i}", args.n, results, False)
+            anyio.run(one_server, binary, Path(tmp) / f"r{i}", n, results, False)
         for i in range(3):
-            anyio.run(one_server, args.bin, Path(tmp) / f"w{i}", args.n, results, False, 1.5)
-        anyio.run(one_server, args.bin, Path(tmp) / "full", args.n, results, True)
+            anyio.run(one_server, binary, Path(tmp) / f"w{i}", n, results, False, 1.5)
+        anyio.run(one_server, binary, Path(tmp) / "full", n, results, True)
+    return results
+
+
+def rows(results: dict) -> list[str]:
+    t = results["trivial"]
+    return [
+        ms(statistics.median(results["init"])),
+        ms(results["first"]),
+        ms(statistics.median(results["first_warm"])),
+        f"{ms(statistics.median(t))} / {ms(pct(t, 95))}",
+        ms(statistics.median(results["interrupt"])),
+        ms(statistics.median(results["restart"])),
+    ]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    default = REPO / "target" / "release" / "mcp-sandbox-repl"
+    ap.add_argument("--bin", default=str(default))
+    ap.add_argument("--baseline", help="another build to measure in the same run (e.g. main's), shown as a column")
+    ap.add_argument("--no-build", action="store_true", help="do not run `cargo build --release` first")
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3, help="measurements of each build, taken in turns")
+    args = ap.parse_args()
+    if not args.no_build and args.bin == str(default):
+        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=REPO, check=True)
+    args.bin = os.path.abspath(args.bin)
+    builds = [("baseline", os.path.abspath(args.baseline))] if args.baseline else []
+    builds.append(("this build" if args.baseline else "Result", args.bin))
+    # Builds are measured in turns (A B A B ...) and samples pooled, so a burst of load
+    # on the shared machine does not land on one column only.
+    pooled = [dict() for _ in builds]
+    for _ in range(args.rounds):
+        for (_, b), acc in zip(builds, pooled):
+            for k, v in measure(b, args.n).items():
+                acc.setdefault(k, []).extend(v if isinstance(v, list) else [v])
+    for acc in pooled:
+        acc["first"] = statistics.median(acc["first"])
+    columns = [rows(acc) for acc in pooled]
     pp = python_pass()
     profile = "release" if "/release/" in args.bin else "debug"
+    names = [
+        f"spawn → initialized (median of {10 * args.rounds})",
+        f"first `python_exec` right after initialize (worker still starting; median of {args.rounds})",
+        f"first `python_exec` 1.5 s after initialize (prewarmed; median of {3 * args.rounds})",
+        f"trivial `python_exec` ×{args.n * args.rounds}: median / p95",
+        f"interrupt → KeyboardInterrupt reported (median of {5 * args.rounds})",
+        f"restart → usable session (median of {5 * args.rounds})",
+    ]
     print("## Server\n")
     print(f"Measured with `python3 tests/bench/server.py` ({profile} build, official `mcp` Python SDK over stdio,")
     print(f"policy workspace-write, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}).\n")
-    print("| What | Result |")
-    print("|---|---|")
-    print(f"| spawn → initialized (median of 10) | {ms(statistics.median(results['init']))} |")
-    print(f"| first `python_exec` right after initialize (worker still starting) | {ms(results['first'])} |")
-    print(f"| first `python_exec` 1.5 s after initialize (prewarmed; median of 3) | {ms(statistics.median(results['first_warm']))} |")
-    t = results["trivial"]
-    print(f"| trivial `python_exec` ×{len(t)}: median / p95 | {ms(statistics.median(t))} / {ms(pct(t, 95))} |")
-    print(f"| interrupt → KeyboardInterrupt reported (median of 5) | {ms(statistics.median(results['interrupt']))} |")
-    print(f"| restart → usable session (median of 5) | {ms(statistics.median(results['restart']))} |")
-    print(f"| `python3 -c pass` (median of 10, same run) | {ms(statistics.median(pp))} |")
+    print("| What | " + " | ".join(name for name, _ in builds) + " |")
+    print("|---" * (len(builds) + 1) + "|")
+    for i, name in enumerate(names):
+        print(f"| {name} | " + " | ".join(c[i] for c in columns) + " |")
+    print(f"| `python3 -c pass` (median of 10, same run) | {ms(statistics.median(pp))} |" + " |" * (len(builds) - 1))
 
 
 if __name__ == "__main__":

@@ -198,7 +198,11 @@ impl Backend {
         let fut = run(session, sink);
         tokio::spawn(async move {
             let r = fut.await;
-            handle.finish(job_outcome(r, handle.cancel_requested()));
+            // Wake the waiting call first (it answers from memory), then write the files.
+            if handle.finish_unpersisted(job_outcome(r, handle.cancel_requested())) {
+                tokio::task::yield_now().await;
+                handle.persist();
+            }
         });
         self.follow(&id, wait, WaitFor::Settled, call, true).await
     }
