@@ -199,13 +199,21 @@ impl Backend {
     pub async fn shell_run(&self, args: ShellArgs, wait: Duration, call: &CallCtx) -> R {
         let (policy, tmp) = self.job_policy().await?;
         let cwd = self.resolve_path(args.cwd.as_deref().unwrap_or("."));
-        let env_file = args.env_file.as_deref().map(|f| self.resolve_path(f));
+        // The server reads the env file itself, outside the sandbox: only beneath the
+        // workspace (see env_file.rs); `env` wins over it.
+        let mut env: std::collections::BTreeMap<String, String> = match args.env_file.as_deref() {
+            Some(f) => super::env_file::load(&self.workspace, f)?
+                .into_iter()
+                .collect(),
+            None => Default::default(),
+        };
+        env.extend(args.env);
         let req = ShellRequest {
             command: args.command,
             argv: args.argv,
             cwd: Some(cwd),
-            env: args.env,
-            env_file,
+            env,
+            env_file: None,
             session: args.session,
             stdin: true,
             cancel_grace: None,

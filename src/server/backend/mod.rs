@@ -10,6 +10,7 @@
 //! Shutdown: sessions first (workers and their process groups are killed, so running
 //! cells end at once), then the store (kills shell job groups, records the rest).
 
+mod env_file;
 mod envs;
 mod jobs;
 mod python;
@@ -137,6 +138,42 @@ impl Backend {
             .store(true, std::sync::atomic::Ordering::SeqCst);
         self.sessions.shutdown();
         self.store.shutdown().await;
+    }
+
+    /// `p` as a path inside the workspace, for arguments the server hands on with extra
+    /// rights (a venv gets written, a script gets a read grant): a path outside (absolute,
+    /// `..`, or through a symlink in the workspace) would open the host to a tool call.
+    /// The longest existing prefix is resolved; what is left must be plain names.
+    fn inside_workspace(&self, p: &str, what: &str) -> Result<PathBuf, ToolError> {
+        let refuse = || {
+            ToolError(format!(
+                "{what} {p} is outside the workspace {}; give a path inside it",
+                self.workspace.display()
+            ))
+        };
+        let path = self.resolve_path(p);
+        let mut existing = path.as_path();
+        let mut rest = Vec::new();
+        // A dangling symlink counts as existing (and then fails to resolve): it would be
+        // followed by whoever creates the path.
+        while existing.symlink_metadata().is_err() {
+            let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
+                return Err(refuse());
+            };
+            rest.push(name.to_owned());
+            existing = parent;
+        }
+        let mut real = existing.canonicalize().map_err(|_| refuse())?;
+        if !real.starts_with(&self.workspace) || (real == self.workspace && rest.is_empty()) {
+            return Err(refuse());
+        }
+        for name in rest.iter().rev() {
+            if name == ".." || name == "." {
+                return Err(refuse());
+            }
+            real.push(name);
+        }
+        Ok(real)
     }
 
     fn resolve_path(&self, p: &str) -> PathBuf {

@@ -149,7 +149,9 @@ impl Backend {
             (Some(_), true) => Err(ToolError(
                 "give `venv_path` or `use_workspace_venv`, not both".into(),
             )),
-            (Some(p), false) => Ok(Some(VenvLocation::Path(self.resolve_path(p)))),
+            (Some(p), false) => Ok(Some(VenvLocation::Path(
+                self.inside_workspace(p, "venv_path")?,
+            ))),
             (None, true) => Ok(Some(VenvLocation::Workspace)),
             (None, false) => Ok(None),
         }
@@ -301,7 +303,7 @@ impl Backend {
                 ));
             }
             (Some(code), None) => ScriptSource::Code(code),
-            (None, Some(path)) => ScriptSource::Path(self.resolve_path(&path)),
+            (None, Some(path)) => ScriptSource::Path(self.inside_workspace(&path, "path")?),
         };
         let label = match &source {
             ScriptSource::Code(c) => format!(
