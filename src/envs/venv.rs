@@ -186,14 +186,7 @@ pub async fn ensure(
 }
 
 fn check_session_name(name: &str) -> Result<(), EnvError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name != "."
-        && name != ".."
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
+    if crate::repl::is_valid_session_name(name) {
         Ok(())
     } else {
         Err(EnvError::BadSessionName(name.to_string()))
