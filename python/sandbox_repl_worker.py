@@ -369,8 +369,12 @@ class _Flusher:
     @classmethod
     def start(cls):
         cls.gate.acquire()
+        # The hooks look `busy` up at fork time: a child replaces it with a fresh lock, and
+        # a hook bound to the old (copied while held) lock would deadlock its next fork.
         os.register_at_fork(
-            before=cls.busy.acquire, after_in_parent=cls.busy.release, after_in_child=cls.after_fork_in_child
+            before=lambda: cls.busy.acquire(),
+            after_in_parent=lambda: cls.busy.release(),
+            after_in_child=cls.after_fork_in_child,
         )
         _thread.start_new_thread(cls.run, ())
 

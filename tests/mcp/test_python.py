@@ -156,3 +156,24 @@ def test_images_come_back_as_image_content(server):
         assert img.mime_type == "image/png"
 
     server.run(scenario)
+
+
+def test_a_cell_that_forks_twice_completes(server):
+    """A cell that daemonizes by hand (fork, setsid, fork, exec) finishes: the worker's
+    fork hooks must not leave a lock held in the child (which deadlocked its next fork)."""
+
+    async def scenario(c):
+        code = (
+            "import os\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    os.setsid()\n"
+            "    if os.fork() == 0:\n"
+            "        os.execvp('true', ['true'])\n"
+            "    os._exit(0)\n"
+            "os.waitpid(pid, 0)[1]\n"
+        )
+        r = await c.py(code, wait_seconds=10)
+        assert (r["status"], r.get("value")) == ("completed", "0"), r
+
+    server.run(scenario)
