@@ -7,9 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mcp_sandbox_repl::repl::CellStatus;
-
-use super::{Sink, fixture, wait_for};
+use super::{Sink, fixture, time_interrupts, time_restarts};
 
 fn median(v: &mut [Duration]) -> Duration {
     v.sort();
@@ -62,33 +60,8 @@ async fn bench_repl() {
         assert_eq!(o.value.as_deref(), Some("1"));
     }
 
-    let mut interrupt = Vec::new();
-    for _ in 0..10 {
-        let sink = Arc::new(Sink::default());
-        let task = {
-            let (s, sink) = (s.clone(), sink.clone());
-            tokio::spawn(async move {
-                s.execute("print('go', flush=True)\nwhile True: pass", sink)
-                    .await
-            })
-        };
-        wait_for(|| sink.out().contains("go")).await;
-        let t = Instant::now();
-        s.interrupt();
-        let o = task.await.unwrap().unwrap();
-        interrupt.push(t.elapsed());
-        assert_eq!(o.status, CellStatus::Interrupted);
-    }
-
-    let mut restart = Vec::new();
-    for _ in 0..10 {
-        // Calls are seconds apart in real use: by then the spare worker is up.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let t = Instant::now();
-        s.restart().await.unwrap();
-        s.execute("1", Arc::new(Sink::default())).await.unwrap();
-        restart.push(t.elapsed());
-    }
+    let mut interrupt = time_interrupts(&s, 10).await;
+    let mut restart = time_restarts(&s, 10, Duration::from_millis(500)).await;
 
     println!("| What (Rust API, real launcher, workspace-write) | Result |");
     println!("|---|---|");

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use mcp_sandbox_repl::repl::{CellStatus, ReplConfig, SessionManager, SessionState};
 use mcp_sandbox_repl::sandbox::Policy;
 
-use super::{Fixture, Sink, fixture, run, use_real_launcher, wait_for};
+use super::{
+    Fixture, Sink, fixture, run, time_interrupts, time_restarts, use_real_launcher, wait_for,
+};
 
 /// Interrupt stops a running loop with KeyboardInterrupt quickly; state survives.
 #[tokio::test]
@@ -221,32 +223,8 @@ async fn start_interrupt_and_restart_timings() {
     let o = s.execute("1", Arc::new(Sink::default())).await.unwrap();
     let first = t0.elapsed();
     assert_eq!(o.value.as_deref(), Some("1"));
-    let mut interrupts = Vec::new();
-    for _ in 0..5 {
-        let sink = Arc::new(Sink::default());
-        let task = {
-            let (s, sink) = (s.clone(), sink.clone());
-            tokio::spawn(async move {
-                s.execute("print('go', flush=True)\nwhile True: pass", sink)
-                    .await
-            })
-        };
-        wait_for(|| sink.out().contains("go")).await;
-        let t = Instant::now();
-        s.interrupt();
-        let o = task.await.unwrap().unwrap();
-        interrupts.push(t.elapsed());
-        assert_eq!(o.status, CellStatus::Interrupted);
-    }
-    let mut restarts = Vec::new();
-    for _ in 0..5 {
-        // An agent's calls are seconds apart: by then the spare worker is up.
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        let t = Instant::now();
-        s.restart().await.unwrap();
-        s.execute("1", Arc::new(Sink::default())).await.unwrap();
-        restarts.push(t.elapsed());
-    }
+    let interrupts = time_interrupts(&s, 5).await;
+    let restarts = time_restarts(&s, 5, Duration::from_millis(700)).await;
     eprintln!(
         "spawn {spawned:?}, first cell after spawn {first:?}, interrupts {interrupts:?}, restart+cell {restarts:?}"
     );

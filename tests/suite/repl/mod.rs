@@ -103,3 +103,47 @@ pub(super) async fn wait_for(cond: impl Fn() -> bool) {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
+
+/// Interrupt a busy loop `n` times; each entry is the time from `interrupt()` to the
+/// cell reported as interrupted (asserted).
+pub(super) async fn time_interrupts(
+    s: &Arc<mcp_sandbox_repl::repl::Session>,
+    n: usize,
+) -> Vec<Duration> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let sink = Arc::new(Sink::default());
+        let task = {
+            let (s, sink) = (s.clone(), sink.clone());
+            tokio::spawn(async move {
+                s.execute("print('go', flush=True)\nwhile True: pass", sink)
+                    .await
+            })
+        };
+        wait_for(|| sink.out().contains("go")).await;
+        let t = Instant::now();
+        s.interrupt();
+        let o = task.await.unwrap().unwrap();
+        out.push(t.elapsed());
+        assert_eq!(o.status, mcp_sandbox_repl::repl::CellStatus::Interrupted);
+    }
+    out
+}
+
+/// Restart `n` times, `gap` apart (an agent's calls are seconds apart: by then the spare
+/// worker is up); each entry is restart plus the next trivial cell answered.
+pub(super) async fn time_restarts(
+    s: &Arc<mcp_sandbox_repl::repl::Session>,
+    n: usize,
+    gap: Duration,
+) -> Vec<Duration> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        tokio::time::sleep(gap).await;
+        let t = Instant::now();
+        s.restart().await.unwrap();
+        s.execute("1", Arc::new(Sink::default())).await.unwrap();
+        out.push(t.elapsed());
+    }
+    out
+}
