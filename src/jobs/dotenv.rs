@@ -7,19 +7,86 @@ use std::path::Path;
 
 use super::JobError;
 
-/// Read and parse the `.env` file at `path`.
-pub fn load(path: &Path) -> Result<Vec<(String, String)>, JobError> {
-    let text = std::fs::read(path)
-        .map_err(|e| JobError::io(format!("could not read the env file {}", path.display()), e))?;
-    let text = String::from_utf8(text).map_err(|e| JobError::DotEnv {
-        file: path.display().to_string(),
+/// Largest `.env` file accepted.
+const MAX_BYTES: u64 = 1 << 20;
+
+/// Read and parse the `.env` file at `path` (absolute), which must lie beneath `root`.
+///
+/// The server reads this file itself, outside the sandbox, so it is opened with
+/// `openat2(RESOLVE_BENEATH)` from `root`: no `..`, absolute symlink or link chain can
+/// lead out (and no check-then-open race), only a regular file of at most 1 MiB. A file
+/// outside is refused as [`JobError::Denied`] without a word of its content.
+pub fn load_beneath(
+    root: &Path,
+    path: &Path,
+    policy: &str,
+) -> Result<Vec<(String, String)>, JobError> {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+    use nix::sys::stat::Mode;
+
+    let name = path.display().to_string();
+    let denied = || JobError::Denied {
+        what: "env file",
+        path: path.canonicalize().unwrap_or_else(|_| path.to_path_buf()),
+        policy: policy.to_string(),
+    };
+    let rel = path.strip_prefix(root).map_err(|_| denied())?;
+    let rel = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
+    let dir = std::fs::File::open(root).map_err(|e| {
+        JobError::io(
+            format!("could not open the workspace {}", root.display()),
+            e,
+        )
+    })?;
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY)
+        .mode(Mode::empty())
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let fd = match openat2(dir.as_fd(), rel, how) {
+        Ok(fd) => fd,
+        Err(nix::errno::Errno::EXDEV) => return Err(denied()),
+        Err(e) => {
+            return Err(JobError::io(
+                format!("could not read the env file {name}"),
+                std::io::Error::from(e),
+            ));
+        }
+    };
+    let mut file = std::fs::File::from(fd);
+    let meta = file
+        .metadata()
+        .map_err(|e| JobError::io(format!("could not read the env file {name}"), e))?;
+    if !meta.is_file() {
+        return Err(JobError::Request(format!(
+            "env file {name} is not a regular file"
+        )));
+    }
+    let mut bytes = Vec::new();
+    (&mut file)
+        .take(MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| JobError::io(format!("could not read the env file {name}"), e))?;
+    if bytes.len() as u64 > MAX_BYTES {
+        return Err(JobError::Request(format!(
+            "env file {name} is larger than 1 MiB"
+        )));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| JobError::DotEnv {
+        file: name.clone(),
         line: 1 + e.as_bytes()[..e.utf8_error().valid_up_to()]
             .iter()
             .filter(|&&b| b == b'\n')
             .count(),
         reason: "the file is not valid UTF-8".into(),
     })?;
-    parse(&text, &path.display().to_string())
+    parse(&text, &name)
 }
 
 /// Parse `.env` text; `file` names the source in errors.

@@ -59,6 +59,8 @@ pub struct ShellRequest {
     pub stdin: bool,
     /// Time between SIGTERM and SIGKILL on cancel (default 2 s).
     pub cancel_grace: Option<Duration>,
+    /// The job's private temp dir (its policy's `{tmp}`), removed once the job has ended.
+    pub private_tmp: Option<PathBuf>,
 }
 
 impl Default for ShellRequest {
@@ -72,6 +74,7 @@ impl Default for ShellRequest {
             session: None,
             stdin: true,
             cancel_grace: None,
+            private_tmp: None,
         }
     }
 }
@@ -103,6 +106,7 @@ pub fn start_shell_job(
         check_readable(&policy, dir, "working directory")?;
     }
     let env = environment(&req, cwd.as_deref(), &policy)?;
+    let req_tmp = req.private_tmp.clone();
 
     let mut cmd = SandboxCommand::new(policy, &program);
     cmd.args(&args);
@@ -180,7 +184,7 @@ pub fn start_shell_job(
     .into_iter()
     .filter_map(|(r, stream)| r.map(|r| rt.spawn(pump(r, handle.clone(), stream))))
     .collect();
-    rt.spawn(supervise(child, pumps, control, handle.clone()));
+    rt.spawn(supervise(child, pumps, control, handle.clone(), req_tmp));
     Ok(handle)
 }
 
@@ -249,12 +253,12 @@ fn environment(
             Some(dir) if file.is_relative() => dir.join(file),
             _ => file.clone(),
         };
-        // The server reads the file, outside the sandbox: it must be one the job
-        // itself could read, or env_file would leak files the policy protects.
-        if path.exists() {
-            check_readable(policy, &path, "env file")?;
-        }
-        vars.extend(dotenv::load(&path)?);
+        // Read by the server, outside the sandbox: only beneath the workspace.
+        vars.extend(dotenv::load_beneath(
+            &policy.workspace,
+            &path,
+            &policy.name,
+        )?);
     }
     vars.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     for (k, v) in &vars {
@@ -448,6 +452,7 @@ async fn supervise(
     pumps: Vec<tokio::task::JoinHandle<()>>,
     control: Arc<ShellControl>,
     handle: JobHandle,
+    private_tmp: Option<PathBuf>,
 ) {
     let report = child.wait().await;
     // Whatever is left of the group (background processes, children that ignored
@@ -465,6 +470,9 @@ async fn supervise(
         }
     }
     handle.finish(outcome(&report));
+    if let Some(dir) = private_tmp {
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+    }
 }
 
 /// The job outcome for an exit report.

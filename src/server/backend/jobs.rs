@@ -1,15 +1,13 @@
 //! Job glue: long-poll, input, cancel, list, the output pager, prune, and shell jobs.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
 use super::{Backend, R, listing};
 use crate::jobs::store::WaitFor;
-use crate::jobs::{JobFilter, JobKind, JobStatus, JobStore, ShellRequest, Stream, start_shell_job};
+use crate::jobs::{JobFilter, JobKind, JobStatus, ShellRequest, Stream, start_shell_job};
 use crate::server::progress::CallCtx;
 use crate::server::tools::ToolError;
 use crate::server::tools::jobs::{KindFilter, OutputArgs, PruneArgs, StatusFilter, StreamArg};
@@ -199,24 +197,17 @@ impl Backend {
     pub async fn shell_run(&self, args: ShellArgs, wait: Duration, call: &CallCtx) -> R {
         let (policy, tmp) = self.job_policy().await?;
         let cwd = self.resolve_path(args.cwd.as_deref().unwrap_or("."));
-        // The server reads the env file itself, outside the sandbox: only beneath the
-        // workspace (see env_file.rs); `env` wins over it.
-        let mut env: std::collections::BTreeMap<String, String> = match args.env_file.as_deref() {
-            Some(f) => super::env_file::load(&self.workspace, f)?
-                .into_iter()
-                .collect(),
-            None => Default::default(),
-        };
-        env.extend(args.env);
         let req = ShellRequest {
             command: args.command,
             argv: args.argv,
             cwd: Some(cwd),
-            env,
-            env_file: None,
+            env: args.env,
+            // Relative to the workspace; read beneath it only (jobs::dotenv::load_beneath).
+            env_file: args.env_file.as_deref().map(|f| self.resolve_path(f)),
             session: args.session,
             stdin: true,
             cancel_grace: None,
+            private_tmp: Some(tmp.clone()),
         };
         let handle = match start_shell_job(&self.store, req, policy) {
             Ok(h) => h,
@@ -226,27 +217,10 @@ impl Backend {
             }
         };
         let id = handle.id().to_string();
-        remove_when_finished(self.store.clone(), id.clone(), tmp);
         if args.stdin.is_some() || args.stdin_eof {
             self.store
                 .send_input(&id, args.stdin.as_deref().unwrap_or(""), args.stdin_eof)?;
         }
         self.follow(&id, wait, WaitFor::Settled, call, true).await
     }
-}
-
-/// Remove a shell job's private temp dir once the job has ended. Polls the job's status
-/// (a summary, which does not consume output the client has not seen yet) once a second.
-fn remove_when_finished(store: Arc<JobStore>, id: String, tmp: PathBuf) {
-    tokio::spawn(async move {
-        loop {
-            match store.summary(&id) {
-                Ok(s) if !s.status.is_finished() => {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                _ => break,
-            }
-        }
-        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&tmp)).await;
-    });
 }

@@ -10,7 +10,6 @@
 //! Shutdown: sessions first (workers and their process groups are killed, so running
 //! cells end at once), then the store (kills shell job groups, records the rest).
 
-mod env_file;
 mod envs;
 mod jobs;
 mod python;
@@ -220,7 +219,7 @@ impl Backend {
     }
 
     /// A policy for one shell job: the server's, with a fresh private `{tmp}` that no other
-    /// job or session sees. The caller removes the directory when the job ends.
+    /// job or session sees; the job removes it when it ends (`ShellRequest::private_tmp`).
     async fn job_policy(&self) -> Result<(Arc<ResolvedPolicy>, PathBuf), ToolError> {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NEXT: AtomicU64 = AtomicU64::new(0);
