@@ -18,8 +18,10 @@
 
 pub mod cli;
 pub mod commands;
+pub mod app;
 pub mod envs;
 pub mod jobs;
+pub mod names;
 pub mod repl;
 pub mod sandbox;
 pub mod server;

@@ -186,7 +186,7 @@ pub async fn ensure(
 }
 
 fn check_session_name(name: &str) -> Result<(), EnvError> {
-    if crate::repl::is_valid_session_name(name) {
+    if crate::names::is_valid_session_name(name) {
         Ok(())
     } else {
         Err(EnvError::BadSessionName(name.to_string()))

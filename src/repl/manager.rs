@@ -267,20 +267,8 @@ async fn reap_idle(manager: Weak<SessionManager>, ttl: Duration) {
     }
 }
 
-/// Whether `name` can name a session: it becomes a directory name under the state dir
-/// (and a venv directory), so 1–64 of `[A-Za-z0-9._-]`, and not `.` or `..`.
-pub fn is_valid_session_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name != "."
-        && name != ".."
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-}
-
 fn validate_name(name: &str) -> Result<(), ReplError> {
-    if is_valid_session_name(name) {
+    if crate::names::is_valid_session_name(name) {
         Ok(())
     } else {
         Err(ReplError::InvalidSessionName {

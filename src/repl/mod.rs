@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use manager::{SessionManager, is_valid_session_name};
+pub use manager::SessionManager;
 pub use protocol::{DisplayItem, PyError, VariableDetail, VariableInfo};
 pub use python::{PythonInfo, discover_python};
 pub use session::Session;

@@ -19,7 +19,8 @@ use rmcp::model::CallToolResult;
 use super::handler::SandboxServer;
 use super::report::failure;
 
-pub const DEFAULT_SESSION: &str = "default";
+pub use crate::names::DEFAULT_SESSION;
+use crate::names::is_valid_session_name;
 pub const DEFAULT_WAIT_SECONDS: f64 = 3.0;
 pub const MAX_WAIT_SECONDS: f64 = 60.0;
 pub const DEFAULT_POLL_SECONDS: f64 = 30.0;
@@ -49,19 +50,16 @@ pub fn reply(r: Result<CallToolResult, ToolError>) -> Result<CallToolResult, Err
     Ok(r.unwrap_or_else(|e| failure(e.0)))
 }
 
-/// Validate a session name, or use `default`.
+/// Validate a session name (the one rule, [`crate::names`]), or use `default`.
 pub fn session_or_default(name: Option<String>) -> Result<String, ErrorData> {
     let name = name.unwrap_or_else(|| DEFAULT_SESSION.to_string());
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-    if ok {
+    if is_valid_session_name(&name) {
         Ok(name)
     } else {
         Err(ErrorData::invalid_params(
-            format!("invalid `session` {name:?}: use 1-64 letters, digits, '_', '-' or '.'"),
+            format!(
+                "invalid `session` {name:?}: use 1-64 letters, digits, '_', '-' or '.' (not `.` or `..`)"
+            ),
             None,
         ))
     }
@@ -104,7 +102,9 @@ mod tests {
         assert_eq!(session_or_default(None).ok().as_deref(), Some("default"));
         assert!(session_or_default(Some("a-b_1.x".into())).is_ok());
         assert!(session_or_default(Some("".into())).is_err());
-        assert!(session_or_default(Some("../x".into())).is_err());
+        for bad in ["../x", ".", "..", "a/b", "x\ny"] {
+            assert!(session_or_default(Some(bad.into())).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
