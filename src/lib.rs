@@ -16,9 +16,9 @@
 //!   rlimits → capability drop → no_new_privs → Landlock → seccomp, then execs.
 //!   The only module that knows landlock and seccompiler.
 
+pub mod app;
 pub mod cli;
 pub mod commands;
-pub mod app;
 pub mod envs;
 pub mod jobs;
 pub mod names;

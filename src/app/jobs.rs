@@ -1,57 +1,46 @@
-//! Job glue: long-poll, input, cancel, list, the output pager, prune, and shell jobs.
+//! Job use cases: long-poll, input, cancel, list, the output pager, prune, and shell jobs.
 
-use std::fmt::Write as _;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::json;
-
-use super::{Backend, R, listing};
+use super::{App, AppError, Call, JobView};
 use crate::jobs::store::WaitFor;
-use crate::jobs::{JobFilter, JobKind, JobStatus, ShellRequest, Stream, start_shell_job};
-use crate::server::progress::CallCtx;
-use crate::server::tools::ToolError;
-use crate::server::tools::jobs::{KindFilter, OutputArgs, PruneArgs, StatusFilter, StreamArg};
-use crate::server::tools::shell::ShellArgs;
+use crate::jobs::{
+    JobFilter, JobSummary, OutputChunk, SearchHit, ShellRequest, Stream, start_shell_job,
+};
 
-fn statuses(f: Option<StatusFilter>) -> Option<Vec<JobStatus>> {
-    f.map(|f| match f {
-        StatusFilter::Running => vec![JobStatus::Running],
-        StatusFilter::AwaitingInput => vec![JobStatus::AwaitingInput],
-        StatusFilter::Completed => vec![JobStatus::Completed],
-        StatusFilter::Failed => vec![JobStatus::Failed],
-        StatusFilter::Cancelled => vec![JobStatus::Cancelled],
-        StatusFilter::Lost => vec![JobStatus::Lost],
-        StatusFilter::Finished => vec![
-            JobStatus::Completed,
-            JobStatus::Failed,
-            JobStatus::Cancelled,
-            JobStatus::Lost,
-        ],
-    })
+/// A shell job as the caller asks for it (paths relative to the workspace).
+#[derive(Debug, Clone, Default)]
+pub struct ShellArgs {
+    /// A shell command line, run with `sh -c`.
+    pub command: Option<String>,
+    /// The program and its arguments, run without a shell.
+    pub argv: Option<Vec<String>>,
+    pub cwd: Option<String>,
+    pub env: BTreeMap<String, String>,
+    pub env_file: Option<String>,
+    /// Text written to stdin at start.
+    pub stdin: Option<String>,
+    /// Close stdin after `stdin`.
+    pub stdin_eof: bool,
+    /// A session label for list filters.
+    pub session: Option<String>,
 }
 
-fn kinds(f: Option<KindFilter>) -> Option<Vec<JobKind>> {
-    f.map(|k| {
-        vec![match k {
-            KindFilter::Python => JobKind::Python,
-            KindFilter::Shell => JobKind::Shell,
-            KindFilter::Install => JobKind::Install,
-            KindFilter::Script => JobKind::Script,
-        }]
-    })
-}
+/// Most search hits one call returns.
+const MAX_HITS: usize = 50;
 
 /// How long job_cancel waits for the job to report its end.
 const CANCEL_SETTLE: Duration = Duration::from_secs(5);
 
-impl Backend {
+impl App {
     pub async fn job_wait(
         &self,
         id: &str,
         timeout: Duration,
         until_done: bool,
-        call: &CallCtx,
-    ) -> R {
+        call: &Call,
+    ) -> Result<JobView, AppError> {
         let until = if until_done {
             WaitFor::Settled
         } else {
@@ -66,144 +55,81 @@ impl Backend {
         text: &str,
         eof: bool,
         wait: Duration,
-        call: &CallCtx,
-    ) -> R {
+        call: &Call,
+    ) -> Result<JobView, AppError> {
         self.store.send_input(id, text, eof)?;
         self.follow(id, wait, WaitFor::Settled, call, false).await
     }
 
-    pub async fn job_cancel(&self, id: &str) -> R {
+    pub async fn job_cancel(&self, id: &str) -> Result<JobView, AppError> {
         self.store.cancel(id)?;
         self.follow(
             id,
             CANCEL_SETTLE,
             WaitFor::Settled,
-            &CallCtx::detached(),
+            &Call::detached(),
             false,
         )
         .await
     }
 
-    pub fn job_list(
+    pub fn job_list(&self, filter: &JobFilter) -> Vec<JobSummary> {
+        self.store.list(filter)
+    }
+
+    /// Lines of `stream` matching `pattern`, with `context` lines around each.
+    pub fn job_search(
         &self,
-        status: Option<StatusFilter>,
-        kind: Option<KindFilter>,
-        session: Option<&str>,
-    ) -> R {
-        let filter = JobFilter {
-            status: statuses(status),
-            kind: kinds(kind),
-            session: session.map(str::to_string),
-            ..Default::default()
-        };
-        let jobs = self.store.list(&filter);
-        let mut text = format!("{} job(s)\n", jobs.len());
-        for j in &jobs {
-            let exit = j
-                .exit_code
-                .map(|c| format!(" exit {c}"))
-                .unwrap_or_default();
-            let sess = j
-                .session
-                .as_deref()
-                .map(|s| format!(" [{s}]"))
-                .unwrap_or_default();
-            let _ = writeln!(
-                text,
-                "{} {:?}{sess} {}{exit} · {} ms · out {} B, err {} B · {}",
-                j.id, j.kind, j.status, j.elapsed_ms, j.stdout_bytes, j.stderr_bytes, j.label
-            );
-        }
-        Ok(listing(text, &json!({ "jobs": jobs })))
+        id: &str,
+        stream: Stream,
+        pattern: &str,
+        context: usize,
+    ) -> Result<Vec<SearchHit>, AppError> {
+        Ok(self.store.search(id, stream, pattern, context, MAX_HITS)?)
     }
 
-    pub fn job_output(&self, args: OutputArgs) -> R {
-        let stream = match args.stream {
-            StreamArg::Stdout => Stream::Stdout,
-            StreamArg::Stderr => Stream::Stderr,
-        };
-        if let Some(pattern) = &args.pattern {
-            let context = args.context_lines.unwrap_or(2);
-            let hits = self
-                .store
-                .search(&args.job_id, stream, pattern, context, 50)?;
-            let mut text = format!(
-                "{} match(es) of {pattern:?} in {stream} of job {}\n",
-                hits.len(),
-                args.job_id
-            );
-            for h in &hits {
-                let _ = writeln!(text, "--- line {} (byte {}) ---", h.line, h.offset);
-                for l in &h.before {
-                    let _ = writeln!(text, "  {l}");
-                }
-                let _ = writeln!(text, "> {}", h.text);
-                for l in &h.after {
-                    let _ = writeln!(text, "  {l}");
-                }
-            }
-            return Ok(listing(
-                text,
-                &json!({ "job_id": args.job_id, "stream": stream, "hits": hits }),
-            ));
-        }
+    /// Bytes `[offset, offset + len)` of `stream`, `len` capped at the response size.
+    pub fn job_read(
+        &self,
+        id: &str,
+        stream: Stream,
+        offset: u64,
+        len: Option<u64>,
+    ) -> Result<OutputChunk, AppError> {
         let cap = self.response_bytes as u64;
-        let len = args.length.unwrap_or(cap).min(cap);
-        let chunk = self
-            .store
-            .read(&args.job_id, stream, args.offset.unwrap_or(0), len)?;
-        let more = if chunk.end < chunk.total {
-            format!(
-                "; {} more bytes: call job_output with offset {}",
-                chunk.total - chunk.end,
-                chunk.end
-            )
-        } else if chunk.eof {
-            "; end of output".to_string()
-        } else {
-            "; the job is still writing".to_string()
-        };
-        let text = format!(
-            "{stream} of job {} bytes [{}..{}) of {}{more}\n{}",
-            chunk.id, chunk.offset, chunk.end, chunk.total, chunk.text
-        );
-        Ok(listing(text, &chunk))
+        let len = len.unwrap_or(cap).min(cap);
+        Ok(self.store.read(id, stream, offset, len)?)
     }
 
-    pub fn job_prune(&self, args: PruneArgs) -> R {
-        let filter = JobFilter {
-            ids: args.job_id.clone().map(|j| vec![j]),
-            status: statuses(args.status),
-            kind: kinds(args.kind),
-            session: args.session.clone(),
-            ..Default::default()
-        };
-        if let Some(id) = &args.job_id {
+    /// Remove the finished jobs `filter` selects; a single job named by id must be finished.
+    pub fn job_prune(&self, filter: &JobFilter) -> Result<Vec<String>, AppError> {
+        if let Some([id]) = filter.ids.as_deref() {
             let s = self.store.summary(id)?;
             if !s.status.is_finished() {
-                return Err(ToolError(format!(
-                    "job {id} is still {}; cancel it first (job_cancel) or wait for it",
-                    s.status
-                )));
+                return Err(AppError::StillRunning {
+                    id: id.clone(),
+                    status: s.status,
+                });
             }
         }
-        let pruned = self.store.prune(&filter)?;
-        Ok(listing(
-            format!("pruned {} job(s): {}", pruned.len(), pruned.join(", ")),
-            &json!({ "pruned": pruned }),
-        ))
+        Ok(self.store.prune(filter)?)
     }
 
-    pub async fn shell_run(&self, args: ShellArgs, wait: Duration, call: &CallCtx) -> R {
+    pub async fn shell_run(
+        &self,
+        args: ShellArgs,
+        wait: Duration,
+        call: &Call,
+    ) -> Result<JobView, AppError> {
         let (policy, tmp) = self.job_policy().await?;
-        let cwd = self.resolve_path(args.cwd.as_deref().unwrap_or("."));
+        let cwd = self.workspace.resolve(args.cwd.as_deref().unwrap_or("."));
         let req = ShellRequest {
             command: args.command,
             argv: args.argv,
             cwd: Some(cwd),
             env: args.env,
             // Relative to the workspace; read beneath it only (jobs::dotenv::load_beneath).
-            env_file: args.env_file.as_deref().map(|f| self.resolve_path(f)),
+            env_file: args.env_file.as_deref().map(|f| self.workspace.resolve(f)),
             session: args.session,
             stdin: true,
             cancel_grace: None,

@@ -1,218 +1,184 @@
-//! The glue between MCP tools and the subsystems: one [`Backend`] per server holds the
-//! Python [`SessionManager`] and the [`JobStore`]; every execution is a job.
+//! The application layer: the use cases the tools call — run a cell, run a shell job,
+//! install, script, sessions, job queries — over the subsystems below (repl, jobs, envs,
+//! sandbox). It returns domain types ([`JobView`], `jobs::JobSummary`, ...) and
+//! [`AppError`]; it knows nothing of MCP (the server renders and maps errors).
+//!
+//! One [`App`] per server holds the Python [`SessionManager`] and the [`JobStore`]; every
+//! execution is a job. It owns workspace confinement ([`workspace::Workspace`]), per-job
+//! temp dirs ([`tmp`]) and policy resolution.
 //!
 //! Python: `python_exec` creates a job, registers a [`python::PyControl`] (cancel →
 //! interrupt, input → the pending `input()`), and spawns a task running the cell with a
 //! [`python::JobSink`] that spools output into the job. Shell: `jobs::start_shell_job`.
-//! Either way the tool then waits on the store for up to its window ([`Backend::follow`]):
+//! Either way the call then waits on the store for up to its window ([`App::follow`]):
 //! a quick job answers inline, a slow one answers with its id and the output so far.
 //!
 //! Shutdown: sessions first (workers and their process groups are killed, so running
 //! cells end at once), then the store (kills shell job groups, records the rest).
 
+mod call;
+mod config;
 mod envs;
+mod error;
 mod jobs;
 mod python;
+pub mod tmp;
+pub mod workspace;
 
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rmcp::model::{CallToolResult, ContentBlock};
-use serde_json::Value;
 use tokio::sync::OnceCell;
 
-use super::progress::CallCtx;
-use super::report::{JobReport, OutputPart, structured};
-use super::tools::ToolError;
-use crate::cli::ServeArgs;
+pub use call::{Call, ProgressSink};
+pub use config::Config;
+pub use envs::{EnvInfo, EnvInfoRequest, InstallArgs, ScriptArgs};
+pub use error::{AppError, AppResult};
+pub use jobs::ShellArgs;
+pub use python::{VarsOutcome, VarsRequest};
+
 use crate::jobs::store::WaitFor;
-use crate::jobs::{Excerpt, JobSnapshot, JobStore, StoreConfig};
-use crate::repl::{CellOutcome, ReplConfig, SessionManager};
+use crate::jobs::{JobKind, JobSnapshot, JobStatus, JobStore, StoreConfig};
+use crate::names::DEFAULT_SESSION;
+use crate::repl::{ReplConfig, SessionManager};
 use crate::sandbox::{Placeholders, Policy, ResolvedPolicy};
+use workspace::Workspace;
 
-type R = Result<CallToolResult, ToolError>;
+/// A job as a call answers it: the snapshot, plus what the sandbox blocked in words
+/// (found in the output of a job that failed).
+#[derive(Debug, Clone)]
+pub struct JobView {
+    pub snapshot: JobSnapshot,
+    pub denied: Vec<String>,
+}
 
-pub struct Backend {
+pub struct App {
     sessions: Arc<SessionManager>,
     store: Arc<JobStore>,
     policy: Policy,
-    workspace: PathBuf,
+    workspace: Workspace,
     state_dir: PathBuf,
     response_bytes: usize,
     /// The server's policy resolved for the workspace on first use (needs the
     /// interpreter's prefixes); each shell job gets a copy with its own `{tmp}`.
     shell_policy: OnceCell<(Arc<ResolvedPolicy>, Placeholders)>,
     /// The job currently running in each session, to point a caller at it when busy.
-    running: Mutex<std::collections::HashMap<String, String>>,
+    running: Mutex<HashMap<String, String>>,
     /// uv venvs, installs and scripts (built on first use: needs the interpreter).
     envs: OnceCell<Arc<crate::envs::EnvManager>>,
-    /// `--uv`: the uv executable, if configured.
+    /// The uv executable, if configured.
     uv: Option<PathBuf>,
     /// Set when shutdown begins, so a background prewarm does not leave a worker behind.
-    stopping: std::sync::atomic::AtomicBool,
+    stopping: AtomicBool,
 }
 
-impl Backend {
-    /// Build from the server flags: workspace, policy, state dir, store, sessions.
-    pub fn new(args: &ServeArgs) -> Result<Backend, String> {
-        let workspace = match &args.workspace {
+impl App {
+    /// Build from the config: workspace, policy, state dir, store, sessions.
+    pub fn new(cfg: &Config) -> Result<App, AppError> {
+        let workspace = match &cfg.workspace {
             Some(w) => w.clone(),
-            None => std::env::current_dir()
-                .map_err(|e| format!("cannot read the current directory: {e}"))?,
+            None => std::env::current_dir().map_err(AppError::CurrentDir)?,
         };
-        let workspace = workspace.canonicalize().map_err(|e| {
-            format!(
-                "workspace {} is not usable: {e}; pass an existing directory with --workspace",
-                workspace.display()
-            )
-        })?;
-        let policy_name = args
-            .policy
-            .clone()
-            .unwrap_or_else(|| args.sandbox_state.policy_name().to_string());
-        let mut policy = Policy::load(&policy_name).map_err(|e| e.to_string())?;
-        let state_dir = args
+        let workspace = workspace
+            .canonicalize()
+            .map_err(|error| AppError::Workspace {
+                path: workspace.clone(),
+                error,
+            })?;
+        let mut policy = Policy::load(&cfg.policy)?;
+        let state_dir = cfg
             .state_dir
             .clone()
             .unwrap_or_else(crate::jobs::default_state_dir);
-        std::fs::create_dir_all(&state_dir).map_err(|e| {
-            format!(
-                "cannot create the state directory {}: {e}; pass --state-dir",
-                state_dir.display()
-            )
+        std::fs::create_dir_all(&state_dir).map_err(|error| AppError::StateDir {
+            path: state_dir.clone(),
+            error,
         })?;
         let store = JobStore::open(StoreConfig {
             state_dir: state_dir.clone(),
-            disk_cap: args.disk_cap,
-            response_bytes: args.response_bytes,
-        })
-        .map_err(|e| e.to_string())?;
-        crate::envs::allow_session_venvs(&mut policy, &state_dir).map_err(|e| e.to_string())?;
-        let mut cfg = ReplConfig::new(workspace.clone(), policy.clone(), state_dir.clone());
-        cfg.python = args.python.clone();
-        cfg.max_sessions = args.max_sessions;
-        cfg.idle_ttl = Duration::from_secs(args.session_ttl);
-        cfg.repr_limit = args.response_bytes.min(20_000);
-        Ok(Backend {
-            sessions: SessionManager::new(cfg),
+            disk_cap: cfg.disk_cap,
+            response_bytes: cfg.response_bytes,
+        })?;
+        crate::envs::allow_session_venvs(&mut policy, &state_dir)?;
+        let mut repl = ReplConfig::new(workspace.clone(), policy.clone(), state_dir.clone());
+        repl.python = cfg.python.clone();
+        repl.max_sessions = cfg.max_sessions;
+        repl.idle_ttl = cfg.session_ttl;
+        repl.repr_limit = cfg.response_bytes.min(20_000);
+        Ok(App {
+            sessions: SessionManager::new(repl),
             store,
             policy,
-            workspace,
+            workspace: Workspace::new(workspace),
             state_dir,
-            response_bytes: args.response_bytes,
+            response_bytes: cfg.response_bytes,
             shell_policy: OnceCell::new(),
-            running: Mutex::new(Default::default()),
-            stopping: Default::default(),
+            running: Mutex::new(HashMap::new()),
+            stopping: AtomicBool::new(false),
             envs: OnceCell::new(),
-            uv: args.uv.clone(),
+            uv: cfg.uv.clone(),
         })
     }
 
+    /// Approximate cap, in bytes, on the text of one response.
+    pub fn response_bytes(&self) -> usize {
+        self.response_bytes
+    }
+
     /// Start the default session's worker ahead of the first call (best effort: a failure
-    /// is reported again, in words, when a tool first needs the session).
+    /// is reported again, in words, when a call first needs the session).
     pub async fn prewarm(&self) {
-        use std::sync::atomic::Ordering;
         if self.stopping.load(Ordering::SeqCst) {
             return;
         }
-        let name = crate::server::tools::DEFAULT_SESSION;
-        match self.session(name).await {
+        match self.session(DEFAULT_SESSION).await {
             Ok(s) => {
                 if let Err(e) = s.wait_ready().await {
                     tracing::debug!("prewarming the default session failed: {e}");
                 }
             }
-            Err(e) => tracing::debug!("prewarming the default session failed: {}", e.0),
+            Err(e) => tracing::debug!("prewarming the default session failed: {e}"),
         }
         // Shutdown may have closed every session while this one was starting.
         if self.stopping.load(Ordering::SeqCst) {
-            let _ = self.sessions.close(name);
+            let _ = self.sessions.close(DEFAULT_SESSION);
         }
     }
 
     /// Kill every worker and job; returns when all have been told and recorded.
     pub async fn shutdown(&self) {
-        self.stopping
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stopping.store(true, Ordering::SeqCst);
         self.sessions.shutdown();
         self.store.shutdown().await;
     }
 
-    /// `p` as a path inside the workspace, for arguments the server hands on with extra
-    /// rights (a venv gets written, a script gets a read grant): a path outside (absolute,
-    /// `..`, or through a symlink in the workspace) would open the host to a tool call.
-    /// The longest existing prefix is resolved; what is left must be plain names.
-    fn inside_workspace(&self, p: &str, what: &str) -> Result<PathBuf, ToolError> {
-        let refuse = || {
-            ToolError(format!(
-                "{what} {p} is outside the workspace {}; give a path inside it",
-                self.workspace.display()
-            ))
-        };
-        let path = self.resolve_path(p);
-        let mut existing = path.as_path();
-        let mut rest = Vec::new();
-        // A dangling symlink counts as existing (and then fails to resolve): it would be
-        // followed by whoever creates the path.
-        while existing.symlink_metadata().is_err() {
-            let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
-                return Err(refuse());
-            };
-            rest.push(name.to_owned());
-            existing = parent;
-        }
-        let mut real = existing.canonicalize().map_err(|_| refuse())?;
-        if !real.starts_with(&self.workspace) || (real == self.workspace && rest.is_empty()) {
-            return Err(refuse());
-        }
-        for name in rest.iter().rev() {
-            if name == ".." || name == "." {
-                return Err(refuse());
-            }
-            real.push(name);
-        }
-        Ok(real)
-    }
-
-    fn resolve_path(&self, p: &str) -> PathBuf {
-        let path = Path::new(p);
-        if path.is_absolute() {
-            path.to_path_buf()
-        } else {
-            self.workspace.join(path)
-        }
-    }
-
     /// The policy resolved for the workspace (its `{tmp}` is `<state>/shell-tmp`); what
     /// denials are explained against.
-    async fn shell_policy(&self) -> Result<Arc<ResolvedPolicy>, ToolError> {
+    async fn shell_policy(&self) -> Result<Arc<ResolvedPolicy>, AppError> {
         Ok(self.resolved_base().await?.0.clone())
     }
 
-    async fn resolved_base(&self) -> Result<&(Arc<ResolvedPolicy>, Placeholders), ToolError> {
+    async fn resolved_base(&self) -> Result<&(Arc<ResolvedPolicy>, Placeholders), AppError> {
         self.shell_policy
             .get_or_try_init(|| async {
                 let tmp = self.state_dir.join("shell-tmp");
-                sweep_dead_job_tmps(&tmp);
-                std::fs::create_dir_all(&tmp)
-                    .map_err(|e| ToolError(format!("cannot create {}: {e}", tmp.display())))?;
+                tmp::sweep_dead_job_tmps(&tmp);
+                tmp::create_dir(&tmp)?;
                 let (python, venv) = match self.sessions.python().await {
                     Ok(info) => (info.prefixes.clone(), info.venv.clone()),
                     Err(_) => (Vec::new(), None),
                 };
                 let ph = Placeholders {
-                    workspace: self.workspace.clone(),
+                    workspace: self.workspace.root().to_path_buf(),
                     tmp,
                     python,
                     venv,
                     uv_cache: None,
                 };
-                let policy = self
-                    .policy
-                    .resolve(&ph)
-                    .map(Arc::new)
-                    .map_err(|e| ToolError(e.to_string()))?;
+                let policy = self.policy.resolve(&ph).map(Arc::new)?;
                 Ok((policy, ph))
             })
             .await
@@ -220,17 +186,9 @@ impl Backend {
 
     /// A policy for one shell job: the server's, with a fresh private `{tmp}` that no other
     /// job or session sees; the job removes it when it ends (`ShellRequest::private_tmp`).
-    async fn job_policy(&self) -> Result<(Arc<ResolvedPolicy>, PathBuf), ToolError> {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static NEXT: AtomicU64 = AtomicU64::new(0);
+    async fn job_policy(&self) -> Result<(Arc<ResolvedPolicy>, PathBuf), AppError> {
         let (_, base) = self.resolved_base().await?;
-        let tmp = base.tmp.join(format!(
-            "{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&tmp)
-            .map_err(|e| ToolError(format!("cannot create {}: {e}", tmp.display())))?;
+        let tmp = tmp::create_job_tmp(&base.tmp)?;
         let ph = Placeholders {
             tmp: tmp.clone(),
             ..base.clone()
@@ -239,21 +197,21 @@ impl Backend {
             Ok(policy) => Ok((Arc::new(policy), tmp)),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&tmp);
-                Err(ToolError(e.to_string()))
+                Err(e.into())
             }
         }
     }
 
-    /// Wait on a job for up to `window`, reporting progress, and render what we have.
-    /// If the client cancels the request, `cancel_job` decides whether the job goes too.
+    /// Wait on a job for up to `window`, reporting progress, and return what we have.
+    /// If the caller cancels the request, `cancel_job` decides whether the job goes too.
     async fn follow(
         &self,
         id: &str,
         window: Duration,
         until: WaitFor,
-        call: &CallCtx,
+        call: &Call,
         cancel_job: bool,
-    ) -> R {
+    ) -> Result<JobView, AppError> {
         let wait = self.store.wait_for(id, window, until);
         tokio::pin!(wait);
         const TICK: Duration = Duration::from_millis(500);
@@ -263,14 +221,14 @@ impl Backend {
             tokio::select! {
                 snap = &mut wait => break snap?,
                 _ = call.closing.cancelled() => {
-                    return Err(ToolError(format!("the server is shutting down; job {id} is being stopped")));
+                    return Err(AppError::ShuttingDown { id: id.to_string() });
                 }
                 _ = call.ct.cancelled() => {
                     if cancel_job {
                         let _ = self.store.cancel(id);
                     }
-                    return Err(ToolError(format!("request cancelled; job {id} {}",
-                        if cancel_job { "was cancelled" } else { "keeps running" })));
+                    let fate = if cancel_job { "was cancelled" } else { "keeps running" };
+                    return Err(AppError::RequestCancelled { id: id.to_string(), fate });
                 }
                 _ = tick.tick() => {
                     if let Ok(s) = self.store.summary(id) {
@@ -284,93 +242,62 @@ impl Backend {
                 }
             }
         };
-        if snap.status == crate::jobs::JobStatus::Failed {
+        if snap.status == JobStatus::Failed {
             // Resolved once; needed to explain denials in words.
             let _ = self.shell_policy().await;
         }
-        Ok(self.render(snap))
+        Ok(self.view(snap))
     }
 
-    /// A job snapshot as the MCP result (text + structured + images).
-    fn render(&self, snap: JobSnapshot) -> CallToolResult {
-        let mut report = JobReport {
-            job_id: snap.id.clone(),
-            kind: serde_plain(&snap.kind),
-            session: snap.session.clone(),
-            status: snap.status.as_str().to_string(),
-            prompt: snap.prompt.clone(),
-            stdout: part(snap.stdout),
-            stderr: part(snap.stderr),
-            elapsed_ms: snap.elapsed_ms,
-            exit_code: snap.exit_code,
-            signal: snap.signal.clone(),
-            message: snap.message.clone(),
-            ..Default::default()
+    /// The snapshot with its denials explained; a finished Python job frees its session.
+    fn view(&self, snapshot: JobSnapshot) -> JobView {
+        let denied = match self.shell_policy.get() {
+            Some((policy, _)) => denials(&snapshot, policy),
+            None => Vec::new(),
         };
-        let mut images = Vec::new();
-        if let Some(result) = &snap.result {
-            match snap.kind {
-                crate::jobs::JobKind::Install | crate::jobs::JobKind::Script => {
-                    report.result = Some(result.clone())
-                }
-                _ => python::fill_python_result(&mut report, result, &mut images),
-            }
-        }
-        if let Some((policy, _)) = self.shell_policy.get() {
-            report.explain_denials(policy);
-        }
-        if report.is_finished()
-            && let Some(session) = &report.session
+        if snapshot.status.is_finished()
+            && let Some(session) = &snapshot.session
         {
             let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-            if running.get(session) == Some(&report.job_id) {
+            if running.get(session) == Some(&snapshot.id) {
                 running.remove(session);
             }
         }
-        report.with_next_step().into_result(images)
+        JobView { snapshot, denied }
     }
 }
 
-/// Remove job temp dirs (`<pid>-<n>`) left by servers that are no longer running (killed
-/// before their jobs ended); those of a live server sharing the state dir stay.
-fn sweep_dead_job_tmps(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
+/// For a job that failed, what the sandbox blocked, in words, if the output it shows or
+/// its traceback shows a denial (the kernel itself only answers EACCES/EROFS/EPERM).
+fn denials(snap: &JobSnapshot, policy: &ResolvedPolicy) -> Vec<String> {
+    let traceback = match snap.kind {
+        JobKind::Install | JobKind::Script => None,
+        JobKind::Python | JobKind::Shell => snap
+            .result
+            .as_ref()
+            .and_then(|r| r.get("error"))
+            .filter(|e| !e.is_null())
+            .map(|e| {
+                e.get("traceback")
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            }),
     };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let pid = name.to_str().and_then(|n| n.split('-').next());
-        let alive = pid.is_some_and(|p| Path::new("/proc").join(p).exists());
-        if !alive {
-            let _ = std::fs::remove_dir_all(entry.path());
+    if snap.status != JobStatus::Failed && traceback.is_none() {
+        return Vec::new();
+    }
+    let mut text = String::new();
+    for part in [&snap.stderr, &snap.stdout] {
+        text.push_str(&part.head);
+        text.push('\n');
+        if let Some(tail) = &part.tail {
+            text.push_str(tail);
+            text.push('\n');
         }
     }
-}
-
-fn part(e: Excerpt) -> OutputPart {
-    OutputPart {
-        offset: e.offset,
-        end: e.end,
-        text: e.head,
-        tail: e.tail,
-        omitted: e.omitted,
+    if let Some(tb) = traceback {
+        text.push_str(&tb);
     }
-}
-
-/// The snake_case name serde gives a unit enum variant.
-fn serde_plain<T: serde::Serialize>(v: &T) -> String {
-    match serde_json::to_value(v) {
-        Ok(Value::String(s)) => s,
-        _ => String::new(),
-    }
-}
-
-/// A plain-text + structured result for list-style tools.
-fn listing<T: serde::Serialize>(text: String, value: &T) -> CallToolResult {
-    structured(vec![ContentBlock::text(text)], value, false)
-}
-
-/// The structured result of a Python cell as stored in the job (`JobOutcome::result`).
-pub(crate) fn cell_result(outcome: &CellOutcome) -> Value {
-    serde_json::to_value(outcome).unwrap_or(Value::Null)
+    crate::sandbox::explain_denials(policy, &text)
 }

@@ -1,20 +1,38 @@
-//! Python glue: cells run as jobs, the sink that spools their output, the control that
-//! maps cancel/input onto the session, and the session / variable / history tools.
+//! Python use cases: cells run as jobs, the sink that spools their output, the control
+//! that maps cancel/input onto the session, and sessions / variables / history.
 
-use std::fmt::Write as _;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::{Backend, R, listing};
+use super::{App, AppError, Call, JobView};
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
-use crate::repl::{CellOutcome, CellSink, CellStatus, OutStream, ReplError, Session};
-use crate::server::progress::CallCtx;
-use crate::server::report::{DisplayReport, Image, JobReport, PyErrorReport, failure};
-use crate::server::tools::ToolError;
-use crate::server::tools::python::VarAction;
+use crate::repl::{
+    CellOutcome, CellSink, CellStatus, HistoryEntry, OutStream, ReplError, Session, SessionInfo,
+    VariableDetail, VariableInfo,
+};
+
+/// What to do with a session's variables.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VarsRequest {
+    List,
+    Get(String),
+    Set(String, Value),
+    Delete(String),
+    Clear,
+}
+
+/// The answer to a [`VarsRequest`].
+#[derive(Debug, Clone)]
+pub enum VarsOutcome {
+    List(Vec<VariableInfo>),
+    Get(VariableDetail),
+    Set(String),
+    Deleted(String),
+    Cleared,
+}
 
 /// Adapts a job to the REPL's output sink: output is spooled, input requests flip status.
 pub struct JobSink(pub JobHandle);
@@ -98,56 +116,13 @@ pub fn job_outcome(r: Result<CellOutcome, ReplError>, cancel_requested: bool) ->
         exit_code: None,
         signal: None,
         message,
-        result: Some(super::cell_result(&o)),
+        result: Some(cell_result(&o)),
     }
 }
 
-/// Copy a stored cell result into the report; images go to `images`.
-pub fn fill_python_result(report: &mut JobReport, result: &Value, images: &mut Vec<Image>) {
-    report.value = result
-        .get("value")
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    if let Some(e) = result.get("error").filter(|e| !e.is_null()) {
-        let f = |k: &str| {
-            e.get(k)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string()
-        };
-        report.error = Some(PyErrorReport {
-            ename: f("ename"),
-            evalue: f("evalue"),
-            traceback: f("traceback"),
-        });
-    }
-    if result.get("state_lost").and_then(Value::as_bool) == Some(true) {
-        report.state_lost = Some(true);
-    }
-    for item in result
-        .get("display")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let (Some(mime), Some(data)) = (
-            item.get("mime").and_then(Value::as_str),
-            item.get("data").and_then(Value::as_str),
-        ) else {
-            continue;
-        };
-        if mime.starts_with("image/") && mime != "image/svg+xml" {
-            images.push(Image {
-                mime: mime.to_string(),
-                data: data.to_string(),
-            });
-        } else {
-            report.display.push(DisplayReport {
-                mime: mime.to_string(),
-                data: data.to_string(),
-            });
-        }
-    }
+/// The structured result of a Python cell as stored in the job (`JobOutcome::result`).
+pub(crate) fn cell_result(outcome: &CellOutcome) -> Value {
+    serde_json::to_value(outcome).unwrap_or(Value::Null)
 }
 
 fn first_line(code: &str) -> String {
@@ -160,15 +135,15 @@ fn first_line(code: &str) -> String {
     }
 }
 
-impl Backend {
+impl App {
     async fn start_cell(
         &self,
         session_name: &str,
         label: String,
         wait: Duration,
-        call: &CallCtx,
+        call: &Call,
         run: impl FnOnce(Arc<Session>, Arc<dyn CellSink>) -> futures_cell::CellFuture + Send + 'static,
-    ) -> R {
+    ) -> Result<JobView, AppError> {
         let session = self.session(session_name).await?;
         // Our own record of the session's running cell (in memory; no /proc reads on the
         // hot path). A race with another caller is still caught by the session itself.
@@ -179,11 +154,11 @@ impl Backend {
             .get(session_name)
             .cloned()
             .filter(|j| self.store.summary(j).is_ok_and(|s| !s.status.is_finished()));
-        if let Some(j) = busy_with {
-            return Ok(failure(format!(
-                "session {session_name:?} is busy with another cell: follow job {j} with job_wait, \
-                 stop it with job_cancel, or use another session name to run in parallel"
-            )));
+        if let Some(job) = busy_with {
+            return Err(AppError::SessionBusy {
+                session: session_name.to_string(),
+                job,
+            });
         }
         let handle = self
             .store
@@ -212,8 +187,8 @@ impl Backend {
         session: &str,
         code: String,
         wait: Duration,
-        call: &CallCtx,
-    ) -> R {
+        call: &Call,
+    ) -> Result<JobView, AppError> {
         let label = first_line(&code);
         self.start_cell(session, label, wait, call, move |s, sink| {
             Box::pin(async move { s.execute(&code, sink).await })
@@ -227,15 +202,14 @@ impl Backend {
         path: &str,
         args: Vec<String>,
         wait: Duration,
-        call: &CallCtx,
-    ) -> R {
-        let full = self.resolve_path(path);
+        call: &Call,
+    ) -> Result<JobView, AppError> {
+        let full = self.workspace.resolve(path);
         if !full.is_file() {
-            return Err(ToolError(format!(
-                "no such file: {} (paths are relative to the workspace {})",
-                full.display(),
-                self.workspace.display()
-            )));
+            return Err(AppError::NoSuchFile {
+                path: full,
+                workspace: self.workspace.root().to_path_buf(),
+            });
         }
         let label = format!("run_file {path} {}", args.join(" "))
             .trim_end()
@@ -247,137 +221,60 @@ impl Backend {
         .await
     }
 
-    pub async fn python_interrupt(&self, session: &str) -> R {
-        let s = self.sessions.get(session)?;
-        let text = if s.interrupt() {
-            format!("KeyboardInterrupt sent to session {session:?}; the running job reports it")
-        } else {
-            format!("session {session:?} was idle; nothing to interrupt")
-        };
-        Ok(listing(
-            text,
-            &json!({ "session": session, "interrupted": true }),
-        ))
+    /// Send KeyboardInterrupt to the session's running cell; false if it was idle.
+    pub async fn python_interrupt(&self, session: &str) -> Result<bool, AppError> {
+        Ok(self.sessions.get(session)?.interrupt())
     }
 
     pub async fn python_vars(
         &self,
         session: &str,
-        action: VarAction,
-        name: Option<&str>,
-        value: Option<Value>,
-    ) -> R {
+        request: VarsRequest,
+    ) -> Result<VarsOutcome, AppError> {
         let s = self.session(session).await?;
-        let name = name.unwrap_or_default();
-        match action {
-            VarAction::List => {
-                let vars = s.variables().await?;
-                let mut text = format!("{} variable(s) in session {session:?}\n", vars.len());
-                for v in &vars {
-                    let size = v.size.map(|b| format!(" ({b} B)")).unwrap_or_default();
-                    let _ = writeln!(text, "{}: {}{size} = {}", v.name, v.type_name, v.repr);
-                }
-                Ok(listing(
-                    text,
-                    &json!({ "session": session, "variables": vars }),
-                ))
+        Ok(match request {
+            VarsRequest::List => VarsOutcome::List(s.variables().await?),
+            VarsRequest::Get(name) => VarsOutcome::Get(s.get_variable(&name).await?),
+            VarsRequest::Set(name, value) => {
+                s.set_variable(&name, value).await?;
+                VarsOutcome::Set(name)
             }
-            VarAction::Get => {
-                let v = s.get_variable(name).await?;
-                let more = if v.truncated {
-                    format!("\n… cut; the full repr has {} characters", v.chars)
-                } else {
-                    String::new()
-                };
-                Ok(listing(
-                    format!("{}: {} = {}{more}", v.name, v.type_name, v.repr),
-                    &v,
-                ))
+            VarsRequest::Delete(name) => {
+                s.delete_variable(&name).await?;
+                VarsOutcome::Deleted(name)
             }
-            VarAction::Set => {
-                s.set_variable(name, value.unwrap_or(Value::Null)).await?;
-                Ok(listing(
-                    format!("set {name} in session {session:?}"),
-                    &json!({ "session": session, "set": name }),
-                ))
-            }
-            VarAction::Delete => {
-                s.delete_variable(name).await?;
-                Ok(listing(
-                    format!("deleted {name} from session {session:?}"),
-                    &json!({ "session": session, "deleted": name }),
-                ))
-            }
-            VarAction::Clear => {
+            VarsRequest::Clear => {
                 s.clear_variables().await?;
-                Ok(listing(
-                    format!("cleared the variables of session {session:?}"),
-                    &json!({ "session": session, "cleared": true }),
-                ))
+                VarsOutcome::Cleared
             }
-        }
+        })
     }
 
-    pub async fn python_history(&self, session: &str, limit: Option<usize>) -> R {
-        let s = self.sessions.get(session)?;
-        let mut cells = s.history();
+    /// The session's cells, the most recent `limit` if given.
+    pub async fn python_history(
+        &self,
+        session: &str,
+        limit: Option<usize>,
+    ) -> Result<Vec<HistoryEntry>, AppError> {
+        let mut cells = self.sessions.get(session)?.history();
         if let Some(n) = limit {
             let skip = cells.len().saturating_sub(n);
             cells.drain(..skip);
         }
-        let mut text = format!("{} cell(s) in session {session:?}\n", cells.len());
-        for c in &cells {
-            let _ = writeln!(
-                text,
-                "[{}] {:?} {:.1} ms\n{}",
-                c.cell, c.status, c.elapsed_ms, c.code
-            );
-        }
-        Ok(listing(
-            text,
-            &json!({ "session": session, "cells": cells }),
-        ))
+        Ok(cells)
     }
 
-    pub async fn session_list(&self) -> R {
-        let sessions = self.sessions.list();
-        let mut text = format!("{} session(s)\n", sessions.len());
-        for s in &sessions {
-            let mem = s
-                .memory_bytes
-                .map(|b| format!("{:.1} MB", b as f64 / 1e6))
-                .unwrap_or_else(|| "-".into());
-            let _ = writeln!(
-                text,
-                "{}: {:?} · policy {} · pid {} · {mem} · idle {} s · {} cells",
-                s.name,
-                s.state,
-                s.policy,
-                s.worker_pid
-                    .map(|p| p.to_string())
-                    .unwrap_or_else(|| "-".into()),
-                s.idle_seconds,
-                s.cells
-            );
-        }
-        Ok(listing(text, &json!({ "sessions": sessions })))
+    pub fn session_list(&self) -> Vec<SessionInfo> {
+        self.sessions.list()
     }
 
-    pub async fn session_restart(&self, session: &str) -> R {
-        let s = self.session(session).await?;
-        s.restart().await?;
-        Ok(listing(
-            format!("session {session:?} restarted: fresh worker, no variables"),
-            &json!({ "session": session, "restarted": true }),
-        ))
+    pub async fn session_restart(&self, session: &str) -> Result<(), AppError> {
+        self.session(session).await?.restart().await?;
+        Ok(())
     }
 
-    pub async fn session_close(&self, session: &str) -> R {
-        self.sessions.close(session)?;
-        Ok(listing(
-            format!("session {session:?} closed"),
-            &json!({ "session": session, "closed": true }),
-        ))
+    pub fn session_close(&self, session: &str) -> Result<(), AppError> {
+        Ok(self.sessions.close(session)?)
     }
 }
 

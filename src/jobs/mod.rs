@@ -57,6 +57,24 @@ pub enum JobKind {
     Script,
 }
 
+impl JobKind {
+    /// The snake_case name used in JSON and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobKind::Python => "python",
+            JobKind::Shell => "shell",
+            JobKind::Install => "install",
+            JobKind::Script => "script",
+        }
+    }
+}
+
+impl std::fmt::Display for JobKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Where a job is in its life.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

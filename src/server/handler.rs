@@ -1,5 +1,5 @@
 //! The MCP handler: one [`SandboxServer`] per client connection, all sharing one
-//! [`Backend`] (sessions, job store). Routes tool calls, answers `tools/list`, and turns
+//! [`App`] (sessions, job store). Routes tool calls, answers `tools/list`, and turns
 //! malformed tool arguments into readable tool errors that name the field.
 
 use std::sync::Arc;
@@ -15,9 +15,9 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 
 use tokio_util::sync::CancellationToken;
 
-use super::backend::Backend;
 use super::report::failure;
 use super::tools::all_tools;
+use crate::app::App;
 
 const INSTRUCTIONS: &str = "\
 Sandboxed Python REPL and shell jobs. Every process runs under the server's sandbox policy \
@@ -31,16 +31,16 @@ or search with job_output. Sessions are named (default \"default\") and independ
 
 #[derive(Clone)]
 pub struct SandboxServer {
-    pub(crate) backend: Arc<Backend>,
+    pub(crate) app: Arc<App>,
     /// Cancelled when this connection goes away; long waits of its tool calls end then.
     pub(crate) closing: CancellationToken,
     tools: ToolRouter<SandboxServer>,
 }
 
 impl SandboxServer {
-    pub fn new(backend: Arc<Backend>, closing: CancellationToken) -> Self {
+    pub fn new(app: Arc<App>, closing: CancellationToken) -> Self {
         SandboxServer {
-            backend,
+            app,
             closing,
             tools: all_tools(),
         }
@@ -90,8 +90,8 @@ impl ServerHandler for SandboxServer {
     /// Once the client is set up, start the default session's worker in the background, so
     /// the first `python_exec` does not pay for interpreter discovery and worker start.
     async fn on_initialized(&self, _context: NotificationContext<RoleServer>) {
-        let backend = self.backend.clone();
-        tokio::spawn(async move { backend.prewarm().await });
+        let app = self.app.clone();
+        tokio::spawn(async move { app.prewarm().await });
     }
 
     fn get_info(&self) -> ServerConfig {

@@ -1,27 +1,49 @@
 //! The MCP layer: tools, their argument and output schemas, transports, rendering.
-//! The only module that knows rmcp.
+//! The only module that knows rmcp. The use cases themselves live in [`crate::app`]; a
+//! tool checks its arguments, calls the app and renders the answer ([`report`],
+//! [`render`]); an [`AppError`](crate::app::AppError) becomes a tool error in words.
 //!
-//! Flow: [`serve`] builds the tokio runtime, the shared [`backend::Backend`] (sessions and
-//! job store) and one transport. Shutdown flows one way: a signal (SIGTERM/SIGINT) or the
-//! client closing stdin ends the transport; then the backend kills every session worker
+//! Flow: [`serve`] builds the tokio runtime, the shared [`App`] (sessions and job
+//! store) and one transport. Shutdown flows one way: a signal (SIGTERM/SIGINT) or the
+//! client closing stdin ends the transport; then the app kills every session worker
 //! and every job's process group before the runtime is dropped, so nothing outlives the
 //! server.
 
 mod args_check;
-pub mod backend;
 pub mod handler;
 pub mod progress;
+pub mod render;
 pub mod report;
 pub mod tools;
 pub mod transport;
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{ServeArgs, Transport};
+use crate::app::App;
+
+/// How the server is reached.
+#[derive(Debug, Clone)]
+pub enum Transport {
+    /// MCP over stdin/stdout.
+    Stdio,
+    /// Streamable HTTP on `listen`, with a bearer `token` (required off loopback).
+    Http {
+        listen: SocketAddr,
+        token: Option<String>,
+    },
+}
+
+/// Everything `serve` needs: the app's settings and the transport.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub app: crate::app::Config,
+    pub transport: Transport,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -34,7 +56,7 @@ pub enum ServerError {
 }
 
 /// Run the MCP server until the client leaves or a signal arrives.
-pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+pub fn serve(config: ServerConfig) -> anyhow::Result<ExitCode> {
     init_logging();
     // Sandboxed code runs as our uid: it must not read our memory, environment (the HTTP
     // token) or ptrace us.
@@ -46,35 +68,30 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .map_err(ServerError::Runtime)?;
-    let result = runtime.block_on(run(args));
+    let result = runtime.block_on(run(config));
     // Anything still blocking (a stuck reader thread) must not keep the process alive.
     runtime.shutdown_timeout(Duration::from_millis(200));
     result?;
     Ok(ExitCode::SUCCESS)
 }
 
-async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let backend = Arc::new(backend::Backend::new(&args).map_err(ServerError::Config)?);
+async fn run(config: ServerConfig) -> anyhow::Result<()> {
+    // The app's error is one sentence; its sources are already in it.
+    let app = Arc::new(App::new(&config.app).map_err(|e| ServerError::Config(e.to_string()))?);
     let shutdown = CancellationToken::new();
     spawn_signal_watch(shutdown.clone());
-    let served = match args.transport {
-        Transport::Stdio => transport::serve_stdio(backend.clone(), shutdown.clone()).await,
-        Transport::Http => {
-            transport::serve_http(
-                backend.clone(),
-                args.listen,
-                args.token.clone(),
-                shutdown.clone(),
-            )
-            .await
+    let served = match config.transport {
+        Transport::Stdio => transport::serve_stdio(app.clone(), shutdown.clone()).await,
+        Transport::Http { listen, token } => {
+            transport::serve_http(app.clone(), listen, token, shutdown.clone()).await
         }
     };
     shutdown.cancel();
-    backend.shutdown().await;
+    app.shutdown().await;
     served.map_err(anyhow::Error::from)
 }
 
-/// SIGTERM / SIGINT cancel `shutdown`; the transports return and the backend is torn down.
+/// SIGTERM / SIGINT cancel `shutdown`; the transports return and the app is torn down.
 fn spawn_signal_watch(shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
     tokio::spawn(async move {

@@ -1,50 +1,52 @@
-//! Per-call context handed from a tool to the backend: the request's cancellation token and,
-//! when the client asked for it, a channel for MCP progress notifications.
+//! Per-call context handed from a tool to the app: the request's cancellation token and,
+//! when the client asked for it, MCP progress notifications as the app's progress sink.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::service::RequestContext;
 use rmcp::{Peer, RoleServer};
 use tokio_util::sync::CancellationToken;
 
-/// What a long-running tool call needs from MCP while it waits on a job.
-#[derive(Clone)]
-pub struct CallCtx {
-    /// Cancelled when the client sends `notifications/cancelled` for this request.
-    pub ct: CancellationToken,
-    /// Cancelled when the connection is going away (stdin closed, server stopping):
-    /// waits must end at once so shutdown is not held up by a long-poll.
-    pub closing: CancellationToken,
-    progress: Option<(Peer<RoleServer>, ProgressToken)>,
+use crate::app::{Call, ProgressSink};
+
+/// Progress notifications on the request that asked for them.
+struct McpProgress {
+    peer: Peer<RoleServer>,
+    token: ProgressToken,
 }
 
-impl CallCtx {
-    pub fn from_request(ctx: &RequestContext<RoleServer>, closing: &CancellationToken) -> Self {
-        let progress = ctx.meta.get_progress_token().map(|t| (ctx.peer.clone(), t));
-        CallCtx {
-            ct: ctx.ct.clone(),
-            closing: closing.clone(),
-            progress,
-        }
-    }
-
-    /// A context that is never cancelled and reports no progress (tests, internal calls).
-    pub fn detached() -> Self {
-        CallCtx {
-            ct: CancellationToken::new(),
-            closing: CancellationToken::new(),
-            progress: None,
-        }
-    }
-
-    /// Send a progress notification if the client asked for them; errors are ignored
-    /// (a client that went away must not fail the job).
-    pub async fn progress(&self, amount: f64, message: impl Into<String>) {
-        if let Some((peer, token)) = &self.progress {
+impl ProgressSink for McpProgress {
+    /// Errors are ignored (a client that went away must not fail the job).
+    fn report(
+        &self,
+        amount: f64,
+        message: String,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
             let param =
-                ProgressNotificationParam::new(token.clone(), amount).with_message(message.into());
-            if let Err(e) = peer.notify_progress(param).await {
+                ProgressNotificationParam::new(self.token.clone(), amount).with_message(message);
+            if let Err(e) = self.peer.notify_progress(param).await {
                 tracing::debug!("progress notification not delivered: {e}");
             }
-        }
+        })
+    }
+}
+
+/// The app's view of one MCP request: its cancellation, the connection's (`closing`),
+/// and progress if the client sent a progress token.
+pub fn call_of(ctx: &RequestContext<RoleServer>, closing: &CancellationToken) -> Call {
+    let progress = ctx.meta.get_progress_token().map(|token| {
+        Arc::new(McpProgress {
+            peer: ctx.peer.clone(),
+            token,
+        }) as Arc<dyn ProgressSink>
+    });
+    Call {
+        ct: ctx.ct.clone(),
+        closing: closing.clone(),
+        progress,
     }
 }

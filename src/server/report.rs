@@ -7,6 +7,10 @@
 use rmcp::model::{CallToolResult, ContentBlock};
 use schemars::JsonSchema;
 use serde::Serialize;
+use serde_json::Value;
+
+use crate::app::JobView;
+use crate::jobs::{Excerpt, JobKind, JobSnapshot, JobStatus};
 
 /// A slice of one output stream of a job: bytes `[offset, end)` were delivered. When the
 /// slice was too big for one response, `head` and `tail` are shown and `omitted` is the
@@ -53,18 +57,22 @@ pub struct Image {
     pub data: String,
 }
 
-/// The state of a job (a Python cell or a shell command) and its new output.
-#[derive(Debug, Clone, Default, Serialize, JsonSchema, PartialEq)]
+/// The state of a job (a Python cell or a shell command) and its new output: a
+/// [`JobSnapshot`] as the client sees it ([`JobReport::new`]), plus what the cell's result
+/// holds and what the sandbox blocked.
+#[derive(Debug, Clone, Serialize, JsonSchema, PartialEq)]
 pub struct JobReport {
     /// Job id; pass it to job_wait, job_input, job_cancel, job_output.
     pub job_id: String,
     /// python, shell, install or script.
-    pub kind: String,
+    #[schemars(with = "String")]
+    pub kind: JobKind,
     /// The Python session, for Python jobs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
     /// running, awaiting_input, completed, failed, cancelled or lost.
-    pub status: String,
+    #[schemars(with = "String")]
+    pub status: JobStatus,
     /// The prompt of a pending `input()` (status awaiting_input).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
@@ -114,41 +122,138 @@ fn is_zero(n: &usize) -> bool {
     *n == 0
 }
 
-impl JobReport {
-    pub fn is_finished(&self) -> bool {
-        !matches!(self.status.as_str(), "running" | "awaiting_input")
-    }
-
-    /// For a job that failed, say in words what the sandbox blocked, if its output or
-    /// traceback shows a denial (the kernel itself only answers EACCES/EROFS/EPERM).
-    pub fn explain_denials(&mut self, policy: &crate::sandbox::ResolvedPolicy) {
-        let failed = self.status == "failed" || self.error.is_some();
-        if !failed {
-            return;
+impl From<Excerpt> for OutputPart {
+    fn from(e: Excerpt) -> Self {
+        let Excerpt {
+            offset,
+            end,
+            head,
+            tail,
+            omitted,
+        } = e;
+        OutputPart {
+            offset,
+            end,
+            text: head,
+            tail,
+            omitted,
         }
-        let mut text = String::new();
-        for part in [&self.stderr, &self.stdout] {
-            text.push_str(&part.text);
-            text.push('\n');
-            if let Some(tail) = &part.tail {
-                text.push_str(tail);
-                text.push('\n');
+    }
+}
+
+impl JobReport {
+    /// The report of a job; images of a Python cell go to the returned list. Every field
+    /// of the snapshot is named here (no `..`), so a new one cannot be forgotten.
+    pub fn new(view: JobView) -> (JobReport, Vec<Image>) {
+        let JobView { snapshot, denied } = view;
+        let JobSnapshot {
+            id,
+            kind,
+            session,
+            label: _,
+            status,
+            prompt,
+            stdout,
+            stderr,
+            elapsed_ms,
+            exit_code,
+            signal,
+            message,
+            result,
+        } = snapshot;
+        let mut report = JobReport {
+            job_id: id,
+            kind,
+            session,
+            status,
+            prompt,
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+            elapsed_ms,
+            exit_code,
+            signal,
+            message,
+            value: None,
+            error: None,
+            state_lost: None,
+            display: Vec::new(),
+            images: 0,
+            result: None,
+            denied,
+            next: None,
+        };
+        let mut images = Vec::new();
+        if let Some(result) = result {
+            match kind {
+                JobKind::Install | JobKind::Script => report.result = Some(result),
+                JobKind::Python | JobKind::Shell => report.fill_python_result(&result, &mut images),
             }
         }
-        if let Some(e) = &self.error {
-            text.push_str(&e.traceback);
+        (report, images)
+    }
+
+    /// Copy a stored cell result into the report; images go to `images`.
+    fn fill_python_result(&mut self, result: &Value, images: &mut Vec<Image>) {
+        self.value = result
+            .get("value")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if let Some(e) = result.get("error").filter(|e| !e.is_null()) {
+            let f = |k: &str| {
+                e.get(k)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            self.error = Some(PyErrorReport {
+                ename: f("ename"),
+                evalue: f("evalue"),
+                traceback: f("traceback"),
+            });
         }
-        self.denied = crate::sandbox::explain_denials(policy, &text);
+        if result.get("state_lost").and_then(Value::as_bool) == Some(true) {
+            self.state_lost = Some(true);
+        }
+        for item in result
+            .get("display")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let (Some(mime), Some(data)) = (
+                item.get("mime").and_then(Value::as_str),
+                item.get("data").and_then(Value::as_str),
+            ) else {
+                continue;
+            };
+            if mime.starts_with("image/") && mime != "image/svg+xml" {
+                images.push(Image {
+                    mime: mime.to_string(),
+                    data: data.to_string(),
+                });
+            } else {
+                self.display.push(DisplayReport {
+                    mime: mime.to_string(),
+                    data: data.to_string(),
+                });
+            }
+        }
+    }
+
+    /// The whole MCP answer for a job view: report, next step, images.
+    pub fn result_of(view: JobView) -> CallToolResult {
+        let (report, images) = JobReport::new(view);
+        report.with_next_step().into_result(images)
     }
 
     /// Fill in `next` for unfinished jobs, so the caller always knows the next move.
     pub fn with_next_step(mut self) -> Self {
-        self.next = match self.status.as_str() {
-            "running" => Some(format!(
+        self.next = match self.status {
+            JobStatus::Running => Some(format!(
                 "still running in the background: call job_wait with job_id \"{}\" to follow it, job_cancel to stop it",
                 self.job_id
             )),
-            "awaiting_input" => Some(format!(
+            JobStatus::AwaitingInput => Some(format!(
                 "waiting for input: call job_input with job_id \"{}\" and the text",
                 self.job_id
             )),
@@ -208,7 +313,7 @@ impl JobReport {
     /// The MCP result: text + structured content (+ images). Failed jobs are tool errors
     /// (`isError`) so the model notices them; the structured content is the same either way.
     pub fn into_result(self, images: Vec<Image>) -> CallToolResult {
-        let failed = matches!(self.status.as_str(), "failed" | "lost");
+        let failed = matches!(self.status, JobStatus::Failed | JobStatus::Lost);
         let mut report = self;
         report.images = images.len();
         let text = report.to_text();
@@ -267,35 +372,97 @@ pub fn failure(text: impl Into<String>) -> CallToolResult {
 mod tests {
     use super::*;
 
+    fn snapshot(kind: JobKind, status: JobStatus) -> JobSnapshot {
+        JobSnapshot {
+            id: "j3".into(),
+            kind,
+            session: Some("default".into()),
+            label: "print(1)".into(),
+            status,
+            prompt: None,
+            stdout: Excerpt::default(),
+            stderr: Excerpt::default(),
+            elapsed_ms: 5,
+            exit_code: None,
+            signal: None,
+            message: None,
+            result: None,
+        }
+    }
+
+    fn report(kind: JobKind, status: JobStatus) -> JobReport {
+        JobReport::new(JobView {
+            snapshot: snapshot(kind, status),
+            denied: Vec::new(),
+        })
+        .0
+    }
+
     #[test]
     fn running_jobs_say_what_to_do_next() {
-        let r = JobReport {
-            job_id: "j3".into(),
-            kind: "python".into(),
-            status: "running".into(),
-            ..Default::default()
-        }
-        .with_next_step();
+        let r = report(JobKind::Python, JobStatus::Running).with_next_step();
         assert!(r.to_text().contains("job_wait with job_id \"j3\""));
-        let done = JobReport {
-            status: "completed".into(),
-            ..Default::default()
-        }
-        .with_next_step();
+        assert!(r.to_text().starts_with("[python j3] running"));
+        let done = report(JobKind::Shell, JobStatus::Completed).with_next_step();
         assert_eq!(done.next, None);
+    }
+
+    /// The JSON a client sees: states and kinds in lowercase snake_case, the job id as
+    /// `job_id`, no label, empty optionals left out.
+    #[test]
+    fn states_and_kinds_serialize_as_before() {
+        let v = serde_json::to_value(report(JobKind::Install, JobStatus::AwaitingInput)).unwrap();
+        assert_eq!(v["kind"], "install");
+        assert_eq!(v["status"], "awaiting_input");
+        assert_eq!(v["job_id"], "j3");
+        assert!(v.get("label").is_none() && v.get("id").is_none());
+        assert!(v.get("images").is_none() && v.get("denied").is_none());
+        assert_eq!(
+            v["stdout"],
+            serde_json::json!({"offset": 0, "end": 0, "text": ""})
+        );
+        // The output schema keeps them plain strings.
+        let schema = serde_json::to_value(schemars::schema_for!(JobReport)).unwrap();
+        assert_eq!(schema["properties"]["status"]["type"], "string");
+        assert_eq!(schema["properties"]["kind"]["type"], "string");
+    }
+
+    #[test]
+    fn cell_results_fill_value_error_and_images() {
+        let mut s = snapshot(JobKind::Python, JobStatus::Failed);
+        s.result = Some(serde_json::json!({
+            "value": "3",
+            "error": {"ename": "E", "evalue": "v", "traceback": "tb"},
+            "display": [{"mime": "image/png", "data": "AA"}, {"mime": "text/html", "data": "<b>"}],
+        }));
+        let (r, images) = JobReport::new(JobView {
+            snapshot: s,
+            denied: vec!["blocked".into()],
+        });
+        assert_eq!(r.value.as_deref(), Some("3"));
+        assert_eq!(r.error.as_ref().map(|e| e.ename.as_str()), Some("E"));
+        assert_eq!(images.len(), 1);
+        assert_eq!(r.display.len(), 1);
+        assert_eq!(r.denied, vec!["blocked".to_string()]);
+        let mut s = snapshot(JobKind::Script, JobStatus::Completed);
+        s.result = Some(serde_json::json!({"ok": true}));
+        let (r, _) = JobReport::new(JobView {
+            snapshot: s,
+            denied: Vec::new(),
+        });
+        assert_eq!(r.result, Some(serde_json::json!({"ok": true})));
+        assert_eq!(r.value, None);
     }
 
     #[test]
     fn omitted_ranges_are_marked() {
-        let r = JobReport {
-            stdout: OutputPart {
-                offset: 0,
-                end: 100,
-                text: "aa\n".into(),
-                tail: Some("zz\n".into()),
-                omitted: Some([3, 97]),
-            },
-            ..Default::default()
+        let mut r = report(JobKind::Shell, JobStatus::Completed);
+        r.stdout = OutputPart {
+            offset: 0,
+            end: 100,
+            text: "aa\n".into(),
+            tail: Some("zz\n".into()),
+            omitted: Some([3, 97]),
         };
         assert!(r.to_text().contains("94 bytes omitted [3..97)"));
     }

@@ -1,9 +1,9 @@
 //! Transports: stdio (the default) and streamable HTTP with bearer-token auth.
 //!
-//! Both run one [`SandboxServer`] per MCP connection over the same shared [`Backend`], so
+//! Both run one [`SandboxServer`] per MCP connection over the same shared [`App`], so
 //! sessions and jobs outlive a single HTTP connection. Both return when the client goes
 //! away (stdin closes) or when `shutdown` is cancelled by a signal; the caller then tears
-//! the backend down.
+//! the app down.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -23,14 +23,11 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
 use super::ServerError;
-use super::backend::Backend;
 use super::handler::SandboxServer;
+use crate::app::App;
 
 /// Serve one client on stdin/stdout until it disconnects or `shutdown` fires.
-pub async fn serve_stdio(
-    backend: Arc<Backend>,
-    shutdown: CancellationToken,
-) -> Result<(), ServerError> {
+pub async fn serve_stdio(app: Arc<App>, shutdown: CancellationToken) -> Result<(), ServerError> {
     // Stdin closing means the client is gone: cancel `closing` at once so tool calls still
     // waiting on jobs return now (rmcp would otherwise wait for them before it exits).
     let closing = shutdown.child_token();
@@ -39,7 +36,7 @@ pub async fn serve_stdio(
         inner: reader,
         on_eof: closing.clone(),
     };
-    let server = SandboxServer::new(backend, closing);
+    let server = SandboxServer::new(app, closing);
     let running = server
         .serve_with_ct((reader, writer), shutdown.child_token())
         .await
@@ -130,7 +127,7 @@ fn plain(status: StatusCode, text: &str) -> Response<HttpBody> {
 
 /// Serve streamable HTTP on `listen` (path `/mcp`) until `shutdown` fires.
 pub async fn serve_http(
-    backend: Arc<Backend>,
+    app: Arc<App>,
     listen: SocketAddr,
     token: Option<String>,
     shutdown: CancellationToken,
@@ -143,12 +140,12 @@ pub async fn serve_http(
         // public address is protected by its bearer token instead.
         config = config.disable_allowed_hosts();
     }
-    let factory_backend = backend.clone();
+    let factory_app = app.clone();
     let factory_shutdown = shutdown.clone();
     let service = StreamableHttpService::new(
         move || {
             Ok(SandboxServer::new(
-                factory_backend.clone(),
+                factory_app.clone(),
                 factory_shutdown.child_token(),
             ))
         },

@@ -1,5 +1,5 @@
-//! Environment glue: uv installs and one-off scripts run as jobs like any other, with
-//! uv's progress forwarded as MCP progress notifications; after an install the session
+//! Environment use cases: uv installs and one-off scripts run as jobs like any other,
+//! with uv's progress forwarded to the caller's progress sink; after an install the session
 //! runs the venv's activation code so it can import the packages without losing state.
 //!
 //! Progress: the install's [`EnvSink`] pushes steps into an unbounded channel (the sink
@@ -9,29 +9,76 @@
 //! cancellation but sends no time-based progress, so the client sees only uv's steps,
 //! strictly increasing.
 
-use std::fmt::Write as _;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::{Backend, R, listing};
+use super::{App, AppError, Call, JobView};
 use crate::envs::install;
 use crate::envs::{
-    Canceller, EnvConfig, EnvManager, EnvSink, InstallRequest, OutStream as EnvStream,
-    PackageSources, Progress, ScriptRequest, ScriptSource, Venv, VenvLocation,
+    Canceller, EnvConfig, EnvError, EnvManager, EnvSink, InstallRequest, OutStream as EnvStream,
+    PackageSources, Progress, ScriptRequest, ScriptSource, Uv, Venv, VenvLocation,
 };
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
 use crate::repl::{CellSink, CellStatus, OutStream, Session};
 use crate::sandbox::{Placeholders, ResolvedPolicy};
-use crate::server::progress::CallCtx;
-use crate::server::tools::ToolError;
-use crate::server::tools::env::{EnvInfoArgs, EnvInstallArgs, RunScriptArgs};
 use outcome::{install_outcome, script_outcome};
 
 mod outcome;
+
+/// Which venv a session's env call is about.
+#[derive(Debug, Clone, Default)]
+pub struct EnvInfoRequest {
+    /// Create the session's venv now if it has none yet.
+    pub create: bool,
+    /// A venv at this path inside the workspace instead of a managed one.
+    pub venv_path: Option<String>,
+    /// The workspace's existing `.venv` instead of a managed one.
+    pub use_workspace_venv: bool,
+}
+
+/// What `env_info` found.
+#[derive(Debug)]
+pub struct EnvInfo {
+    /// uv, or why it is not usable.
+    pub uv: Result<Uv, EnvError>,
+    /// The session's venv, if it has one.
+    pub venv: Option<Venv>,
+    /// uv's cache directory.
+    pub uv_cache: PathBuf,
+}
+
+/// A package install into a session's venv.
+#[derive(Debug, Clone, Default)]
+pub struct InstallArgs {
+    /// Requirement strings (PEP 508).
+    pub packages: Vec<String>,
+    pub upgrade: bool,
+    pub venv_path: Option<String>,
+    pub use_workspace_venv: bool,
+}
+
+/// A one-off script in a transient environment.
+#[derive(Debug, Clone, Default)]
+pub struct ScriptArgs {
+    /// Inline source; this or `path`.
+    pub code: Option<String>,
+    /// A script file inside the workspace; this or `code`.
+    pub path: Option<String>,
+    pub dependencies: Vec<String>,
+    pub python_version: Option<String>,
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    /// Relative to the workspace unless absolute.
+    pub cwd: Option<String>,
+    pub timeout: Option<Duration>,
+    /// Report wall time, CPU time and peak RSS of the whole process tree.
+    pub benchmark: bool,
+}
 
 /// Spools uv's output into the job and forwards progress steps to the request.
 struct EnvJobSink {
@@ -76,7 +123,7 @@ impl CellSink for QuietCell {
 }
 
 /// A forwarder of progress steps to `call`; returns the sender for the sink.
-fn forward_progress(call: &CallCtx) -> mpsc::UnboundedSender<Progress> {
+fn forward_progress(call: &Call) -> mpsc::UnboundedSender<Progress> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Progress>();
     let call = call.clone();
     tokio::spawn(async move {
@@ -87,23 +134,15 @@ fn forward_progress(call: &CallCtx) -> mpsc::UnboundedSender<Progress> {
     tx
 }
 
-/// The request's cancellation without time-based progress (see the module docs).
-fn quiet(call: &CallCtx) -> CallCtx {
-    let mut q = CallCtx::detached();
-    q.ct = call.ct.clone();
-    q.closing = call.closing.clone();
-    q
-}
-
-impl Backend {
+impl App {
     /// The environment manager, built on first use (it needs the REPL's interpreter).
-    pub(super) async fn envs(&self) -> Result<Arc<EnvManager>, ToolError> {
+    pub(super) async fn envs(&self) -> Result<Arc<EnvManager>, AppError> {
         self.envs
             .get_or_try_init(|| async {
                 let python = self.sessions.python().await?.executable.clone();
-                Ok::<_, ToolError>(EnvManager::new(EnvConfig {
+                Ok::<_, AppError>(EnvManager::new(EnvConfig {
                     state_dir: self.state_dir.clone(),
-                    workspace: self.workspace.clone(),
+                    workspace: self.workspace.root().to_path_buf(),
                     python,
                     uv: self.uv.clone(),
                     uv_cache: None,
@@ -120,37 +159,34 @@ impl Backend {
         &self,
         envs: &EnvManager,
         venv: Option<&Venv>,
-    ) -> Result<ResolvedPolicy, ToolError> {
+    ) -> Result<ResolvedPolicy, AppError> {
         let tmp = self.state_dir.join("env-tmp");
-        std::fs::create_dir_all(&tmp)
-            .map_err(|e| ToolError(format!("cannot create {}: {e}", tmp.display())))?;
+        super::tmp::create_dir(&tmp)?;
         let python = match self.sessions.python().await {
             Ok(info) => info.prefixes.clone(),
             Err(_) => Vec::new(),
         };
         let ph = Placeholders {
-            workspace: self.workspace.clone(),
+            workspace: self.workspace.root().to_path_buf(),
             tmp,
             python,
             venv: venv.map(|v| v.root().to_path_buf()),
             uv_cache: Some(envs.config().uv_cache_dir()),
         };
-        self.policy
-            .resolve(&ph)
-            .map_err(|e| ToolError(e.to_string()))
+        Ok(self.policy.resolve(&ph)?)
     }
 
     fn venv_location(
         &self,
         venv_path: Option<&str>,
         workspace_venv: bool,
-    ) -> Result<Option<VenvLocation>, ToolError> {
+    ) -> Result<Option<VenvLocation>, AppError> {
         match (venv_path, workspace_venv) {
-            (Some(_), true) => Err(ToolError(
-                "give `venv_path` or `use_workspace_venv`, not both".into(),
+            (Some(_), true) => Err(AppError::BadRequest(
+                "give `venv_path` or `use_workspace_venv`, not both",
             )),
             (Some(p), false) => Ok(Some(VenvLocation::Path(
-                self.inside_workspace(p, "venv_path")?,
+                self.workspace.inside(p, "venv_path")?,
             ))),
             (None, true) => Ok(Some(VenvLocation::Workspace)),
             (None, false) => Ok(None),
@@ -161,7 +197,7 @@ impl Backend {
     /// already exists (a managed one left by an earlier server run, or one chosen
     /// earlier in this run) gets its site-packages through the repl's start-up hook, so
     /// its packages import without another env_install.
-    pub(super) async fn session(&self, name: &str) -> Result<Arc<Session>, ToolError> {
+    pub(super) async fn session(&self, name: &str) -> Result<Arc<Session>, AppError> {
         if let Ok(s) = self.sessions.get(name) {
             return Ok(s);
         }
@@ -174,13 +210,11 @@ impl Backend {
         Ok(self.sessions.get_or_start(name).await?)
     }
 
-    pub async fn env_info(&self, session: &str, args: EnvInfoArgs) -> R {
+    pub async fn env_info(&self, session: &str, req: EnvInfoRequest) -> Result<EnvInfo, AppError> {
         let envs = self.envs().await?;
-        let location = self.venv_location(args.venv_path.as_deref(), args.use_workspace_venv)?;
-        let uv = envs
-            .uv()
-            .map(|u| json!({ "path": u.path, "version": u.version }));
-        let venv = if args.create {
+        let location = self.venv_location(req.venv_path.as_deref(), req.use_workspace_venv)?;
+        let uv = envs.uv().cloned();
+        let venv = if req.create {
             let policy = self.env_policy(&envs, None).await?;
             Some(
                 envs.ensure_session_venv(session, location.as_ref(), &policy)
@@ -189,61 +223,20 @@ impl Backend {
         } else {
             envs.session_venv(session).await
         };
-        let mut text = String::new();
-        match &uv {
-            Ok(u) => {
-                let _ = writeln!(
-                    text,
-                    "uv: {} ({})",
-                    u["version"].as_str().unwrap_or("?"),
-                    u["path"]
-                );
-            }
-            Err(e) => {
-                let _ = writeln!(text, "uv: missing: {e}");
-            }
-        }
-        match &venv {
-            Some(v) => {
-                let _ = writeln!(text, "session {session:?} venv: {}", v.root().display());
-                let _ = writeln!(
-                    text,
-                    "python: {} ({})",
-                    v.python().display(),
-                    v.python_version.as_deref().unwrap_or("?")
-                );
-                let _ = writeln!(text, "site-packages: {}", v.site_packages().display());
-            }
-            None => {
-                let _ = writeln!(
-                    text,
-                    "session {session:?} has no venv yet: env_install creates it (or env_info with create=true)"
-                );
-            }
-        }
-        let _ = writeln!(text, "uv cache: {}", envs.config().uv_cache_dir().display());
-        let value = json!({
-            "session": session,
-            "uv": uv.as_ref().ok(),
-            "uv_error": uv.as_ref().err().map(ToString::to_string),
-            "venv": venv.as_ref().map(|v| json!({
-                "root": v.root(),
-                "python": v.python(),
-                "python_version": v.python_version,
-                "site_packages": v.site_packages(),
-            })),
-            "uv_cache": envs.config().uv_cache_dir(),
-        });
-        Ok(listing(text, &value))
+        Ok(EnvInfo {
+            uv,
+            venv,
+            uv_cache: envs.config().uv_cache_dir(),
+        })
     }
 
     pub async fn env_install(
         &self,
         session: &str,
-        args: EnvInstallArgs,
+        args: InstallArgs,
         wait: Duration,
-        call: &CallCtx,
-    ) -> R {
+        call: &Call,
+    ) -> Result<JobView, AppError> {
         let req = InstallRequest {
             packages: args.packages,
             upgrade: args.upgrade,
@@ -285,25 +278,27 @@ impl Backend {
             };
             handle.finish(outcome);
         });
-        self.follow(&id, wait, WaitFor::Settled, &quiet(call), true)
+        self.follow(&id, wait, WaitFor::Settled, &call.quiet(), true)
             .await
     }
 
     pub async fn python_run_script(
         &self,
-        args: RunScriptArgs,
+        args: ScriptArgs,
         wait: Duration,
-        call: &CallCtx,
-    ) -> R {
+        call: &Call,
+    ) -> Result<JobView, AppError> {
         let source = match (args.code, args.path) {
-            (Some(_), Some(_)) => return Err(ToolError("give `code` or `path`, not both".into())),
+            (Some(_), Some(_)) => {
+                return Err(AppError::BadRequest("give `code` or `path`, not both"));
+            }
             (None, None) => {
-                return Err(ToolError(
-                    "`code` (inline source) or `path` (a script file) is required".into(),
+                return Err(AppError::BadRequest(
+                    "`code` (inline source) or `path` (a script file) is required",
                 ));
             }
             (Some(code), None) => ScriptSource::Code(code),
-            (None, Some(path)) => ScriptSource::Path(self.inside_workspace(&path, "path")?),
+            (None, Some(path)) => ScriptSource::Path(self.workspace.inside(&path, "path")?),
         };
         let label = match &source {
             ScriptSource::Code(c) => format!(
@@ -321,8 +316,8 @@ impl Backend {
             python_version: args.python_version,
             args: args.args,
             env: args.env.into_iter().collect(),
-            timeout: args.timeout_seconds.map(Duration::from_secs_f64),
-            cwd: args.cwd.map(|c| self.resolve_path(&c)),
+            timeout: args.timeout,
+            cwd: args.cwd.map(|c| self.workspace.resolve(&c)),
         };
         let envs = self.envs().await?;
         envs.uv()?;

@@ -12,8 +12,10 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::{MAX_WAIT_SECONDS, reply, seconds, session_or_default};
+use crate::app::{EnvInfoRequest, InstallArgs, ScriptArgs};
 use crate::server::handler::SandboxServer;
-use crate::server::progress::CallCtx;
+use crate::server::progress::call_of;
+use crate::server::render;
 use crate::server::report::JobReport;
 
 /// Installs and scripts resolve packages: wait longer than a cell by default.
@@ -109,8 +111,15 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<EnvInfoArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        let session = session_or_default(args.session.clone())?;
-        reply(self.backend.env_info(&session, args).await)
+        let session = session_or_default(args.session)?;
+        let request = EnvInfoRequest {
+            create: args.create,
+            venv_path: args.venv_path,
+            use_workspace_venv: args.use_workspace_venv,
+        };
+        reply(self.app.env_info(&session, request).await, |info| {
+            render::env_info(&session, info)
+        })
     }
 
     #[tool(
@@ -130,8 +139,17 @@ impl SandboxServer {
             MAX_WAIT_SECONDS,
             "wait_seconds",
         )?;
-        let call = CallCtx::from_request(&ctx, &self.closing);
-        reply(self.backend.env_install(&session, args, wait, &call).await)
+        let call = call_of(&ctx, &self.closing);
+        let install = InstallArgs {
+            packages: args.packages,
+            upgrade: args.upgrade,
+            venv_path: args.venv_path,
+            use_workspace_venv: args.use_workspace_venv,
+        };
+        reply(
+            self.app.env_install(&session, install, wait, &call).await,
+            JobReport::result_of,
+        )
     }
 
     #[tool(
@@ -158,7 +176,21 @@ impl SandboxServer {
                 None,
             ));
         }
-        let call = CallCtx::from_request(&ctx, &self.closing);
-        reply(self.backend.python_run_script(args, wait, &call).await)
+        let call = call_of(&ctx, &self.closing);
+        let script = ScriptArgs {
+            code: args.code,
+            path: args.path,
+            dependencies: args.dependencies,
+            python_version: args.python_version,
+            args: args.args,
+            env: args.env,
+            cwd: args.cwd,
+            timeout: args.timeout_seconds.map(std::time::Duration::from_secs_f64),
+            benchmark: args.benchmark,
+        };
+        reply(
+            self.app.python_run_script(script, wait, &call).await,
+            JobReport::result_of,
+        )
     }
 }

@@ -12,8 +12,10 @@ use super::{
     DEFAULT_POLL_SECONDS, DEFAULT_WAIT_SECONDS, MAX_POLL_SECONDS, reply, seconds,
     session_or_default, wait_window,
 };
+use crate::jobs::{JobFilter, JobKind, JobStatus, Stream};
 use crate::server::handler::SandboxServer;
-use crate::server::progress::CallCtx;
+use crate::server::progress::call_of;
+use crate::server::render;
 use crate::server::report::JobReport;
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -71,6 +73,63 @@ pub enum KindFilter {
     Shell,
     Install,
     Script,
+}
+
+/// The statuses a filter selects (`finished`: every status that is not running or
+/// awaiting input). A thin mapping: the argument schema keeps its own variant list.
+impl StatusFilter {
+    pub fn statuses(self) -> Vec<JobStatus> {
+        match self {
+            StatusFilter::Running => vec![JobStatus::Running],
+            StatusFilter::AwaitingInput => vec![JobStatus::AwaitingInput],
+            StatusFilter::Completed => vec![JobStatus::Completed],
+            StatusFilter::Failed => vec![JobStatus::Failed],
+            StatusFilter::Cancelled => vec![JobStatus::Cancelled],
+            StatusFilter::Lost => vec![JobStatus::Lost],
+            StatusFilter::Finished => vec![
+                JobStatus::Completed,
+                JobStatus::Failed,
+                JobStatus::Cancelled,
+                JobStatus::Lost,
+            ],
+        }
+    }
+}
+
+impl From<KindFilter> for JobKind {
+    fn from(k: KindFilter) -> JobKind {
+        match k {
+            KindFilter::Python => JobKind::Python,
+            KindFilter::Shell => JobKind::Shell,
+            KindFilter::Install => JobKind::Install,
+            KindFilter::Script => JobKind::Script,
+        }
+    }
+}
+
+impl From<StreamArg> for Stream {
+    fn from(s: StreamArg) -> Stream {
+        match s {
+            StreamArg::Stdout => Stream::Stdout,
+            StreamArg::Stderr => Stream::Stderr,
+        }
+    }
+}
+
+/// The store filter for list and prune arguments.
+fn filter(
+    ids: Option<String>,
+    status: Option<StatusFilter>,
+    kind: Option<KindFilter>,
+    session: Option<String>,
+) -> JobFilter {
+    JobFilter {
+        ids: ids.map(|j| vec![j]),
+        status: status.map(StatusFilter::statuses),
+        kind: kind.map(|k| vec![k.into()]),
+        session,
+        ..Default::default()
+    }
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -152,11 +211,12 @@ impl SandboxServer {
             MAX_POLL_SECONDS,
             "timeout_seconds",
         )?;
-        let call = CallCtx::from_request(&ctx, &self.closing);
+        let call = call_of(&ctx, &self.closing);
         reply(
-            self.backend
+            self.app
                 .job_wait(&args.job_id, timeout, args.until_done, &call)
                 .await,
+            JobReport::result_of,
         )
     }
 
@@ -171,11 +231,12 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
-        let call = CallCtx::from_request(&ctx, &self.closing);
+        let call = call_of(&ctx, &self.closing);
         reply(
-            self.backend
+            self.app
                 .job_input(&args.job_id, &args.text, args.eof, wait, &call)
                 .await,
+            JobReport::result_of,
         )
     }
 
@@ -188,7 +249,10 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<JobIdArg>,
     ) -> Result<CallToolResult, ErrorData> {
-        reply(self.backend.job_cancel(&args.job_id).await)
+        reply(
+            self.app.job_cancel(&args.job_id).await,
+            JobReport::result_of,
+        )
     }
 
     #[tool(
@@ -203,10 +267,10 @@ impl SandboxServer {
             .session
             .map(|s| session_or_default(Some(s)))
             .transpose()?;
-        reply(
-            self.backend
-                .job_list(args.status, args.kind, session.as_deref()),
-        )
+        let jobs = self
+            .app
+            .job_list(&filter(None, args.status, args.kind, session));
+        Ok(render::jobs(jobs))
     }
 
     #[tool(
@@ -222,7 +286,19 @@ impl SandboxServer {
                 "give either `pattern` (search) or `offset`/`length` (range), not both",
             ));
         }
-        reply(self.backend.job_output(args))
+        let stream = Stream::from(args.stream);
+        if let Some(pattern) = &args.pattern {
+            let context = args.context_lines.unwrap_or(2);
+            return reply(
+                self.app.job_search(&args.job_id, stream, pattern, context),
+                |hits| render::hits(&args.job_id, stream, pattern, hits),
+            );
+        }
+        reply(
+            self.app
+                .job_read(&args.job_id, stream, args.offset.unwrap_or(0), args.length),
+            render::chunk,
+        )
     }
 
     #[tool(
@@ -233,6 +309,7 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<PruneArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        reply(self.backend.job_prune(args))
+        let filter = filter(args.job_id, args.status, args.kind, args.session);
+        reply(self.app.job_prune(&filter), render::pruned)
     }
 }

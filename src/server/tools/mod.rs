@@ -18,6 +18,7 @@ use rmcp::model::CallToolResult;
 
 use super::handler::SandboxServer;
 use super::report::failure;
+use crate::app::AppError;
 
 pub use crate::names::DEFAULT_SESSION;
 use crate::names::is_valid_session_name;
@@ -35,19 +36,16 @@ pub fn all_tools() -> ToolRouter<SandboxServer> {
         + SandboxServer::env_tools()
 }
 
-/// A failure the model should read (bad session name, unknown job, Python error...).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolError(pub String);
-
-impl<E: std::fmt::Display> From<E> for ToolError {
-    fn from(e: E) -> Self {
-        ToolError(e.to_string())
-    }
-}
-
-/// Turn a backend answer into the MCP result: failures are `isError` results with words.
-pub fn reply(r: Result<CallToolResult, ToolError>) -> Result<CallToolResult, ErrorData> {
-    Ok(r.unwrap_or_else(|e| failure(e.0)))
+/// Turn an app answer into the MCP result: `render` the value; an [`AppError`] (unknown
+/// job, Python error, path outside the workspace...) is an `isError` result in words.
+pub fn reply<T>(
+    r: Result<T, AppError>,
+    render: impl FnOnce(T) -> CallToolResult,
+) -> Result<CallToolResult, ErrorData> {
+    Ok(match r {
+        Ok(v) => render(v),
+        Err(e) => failure(e.to_string()),
+    })
 }
 
 /// Validate a session name (the one rule, [`crate::names`]), or use `default`.

@@ -9,8 +9,10 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::{DEFAULT_WAIT_SECONDS, reply, session_or_default, wait_window};
+use crate::app::VarsRequest;
 use crate::server::handler::SandboxServer;
-use crate::server::progress::CallCtx;
+use crate::server::progress::call_of;
+use crate::server::render;
 use crate::server::report::JobReport;
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -101,11 +103,10 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_or_default(args.session)?;
         let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
-        let call = CallCtx::from_request(&ctx, &self.closing);
+        let call = call_of(&ctx, &self.closing);
         reply(
-            self.backend
-                .python_exec(&session, args.code, wait, &call)
-                .await,
+            self.app.python_exec(&session, args.code, wait, &call).await,
+            JobReport::result_of,
         )
     }
 
@@ -121,11 +122,12 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_or_default(args.session)?;
         let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
-        let call = CallCtx::from_request(&ctx, &self.closing);
+        let call = call_of(&ctx, &self.closing);
         reply(
-            self.backend
+            self.app
                 .python_run_file(&session, &args.path, args.args, wait, &call)
                 .await,
+            JobReport::result_of,
         )
     }
 
@@ -138,7 +140,9 @@ impl SandboxServer {
         Parameters(args): Parameters<SessionArg>,
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_or_default(args.session)?;
-        reply(self.backend.python_interrupt(&session).await)
+        reply(self.app.python_interrupt(&session).await, |was_running| {
+            render::interrupted(&session, was_running)
+        })
     }
 
     #[tool(
@@ -150,28 +154,26 @@ impl SandboxServer {
         Parameters(args): Parameters<VarsArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_or_default(args.session)?;
-        let needs_name = matches!(
-            args.action,
-            VarAction::Get | VarAction::Set | VarAction::Delete
-        );
-        let name = match (needs_name, args.name) {
-            (true, None) => {
+        let request = match (args.action, args.name, args.value) {
+            (VarAction::Get | VarAction::Set | VarAction::Delete, None, _) => {
                 return Ok(crate::server::report::failure(
                     "`name` is required for get, set and delete",
                 ));
             }
-            (_, name) => name,
+            (VarAction::Set, Some(_), None) => {
+                return Ok(crate::server::report::failure(
+                    "`value` (any JSON value) is required for set",
+                ));
+            }
+            (VarAction::List, _, _) => VarsRequest::List,
+            (VarAction::Clear, _, _) => VarsRequest::Clear,
+            (VarAction::Get, Some(name), _) => VarsRequest::Get(name),
+            (VarAction::Delete, Some(name), _) => VarsRequest::Delete(name),
+            (VarAction::Set, Some(name), Some(value)) => VarsRequest::Set(name, value),
         };
-        if args.action == VarAction::Set && args.value.is_none() {
-            return Ok(crate::server::report::failure(
-                "`value` (any JSON value) is required for set",
-            ));
-        }
-        reply(
-            self.backend
-                .python_vars(&session, args.action, name.as_deref(), args.value)
-                .await,
-        )
+        reply(self.app.python_vars(&session, request).await, |outcome| {
+            render::vars(&session, outcome)
+        })
     }
 
     #[tool(
@@ -183,6 +185,9 @@ impl SandboxServer {
         Parameters(args): Parameters<HistoryArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_or_default(args.session)?;
-        reply(self.backend.python_history(&session, args.limit).await)
+        reply(
+            self.app.python_history(&session, args.limit).await,
+            |cells| render::history(&session, cells),
+        )
     }
 }

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use super::python::SessionArg;
 use super::{reply, session_or_default};
 use crate::server::handler::SandboxServer;
+use crate::server::render;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -31,7 +32,7 @@ impl SandboxServer {
         &self,
         Parameters(_args): Parameters<NoArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        reply(self.backend.session_list().await)
+        Ok(render::sessions(self.app.session_list()))
     }
 
     #[tool(
@@ -43,7 +44,9 @@ impl SandboxServer {
         Parameters(args): Parameters<SessionArg>,
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_or_default(args.session)?;
-        reply(self.backend.session_restart(&session).await)
+        reply(self.app.session_restart(&session).await, |()| {
+            render::restarted(&session)
+        })
     }
 
     #[tool(
@@ -55,6 +58,8 @@ impl SandboxServer {
         Parameters(args): Parameters<CloseArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_or_default(Some(args.session))?;
-        reply(self.backend.session_close(&session).await)
+        reply(self.app.session_close(&session), |()| {
+            render::closed(&session)
+        })
     }
 }

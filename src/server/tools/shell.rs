@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::{DEFAULT_WAIT_SECONDS, reply, session_or_default, wait_window};
 use crate::server::handler::SandboxServer;
-use crate::server::progress::CallCtx;
+use crate::server::progress::call_of;
 use crate::server::report::{JobReport, failure};
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -74,7 +74,31 @@ impl SandboxServer {
             .map(|s| session_or_default(Some(s)))
             .transpose()?;
         let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
-        let call = CallCtx::from_request(&ctx, &self.closing);
-        reply(self.backend.shell_run(args, wait, &call).await)
+        let call = call_of(&ctx, &self.closing);
+        let ShellArgs {
+            command,
+            argv,
+            cwd,
+            env,
+            env_file,
+            stdin,
+            stdin_eof,
+            session,
+            wait_seconds: _,
+        } = args;
+        let job = crate::app::ShellArgs {
+            command,
+            argv,
+            cwd,
+            env,
+            env_file,
+            stdin,
+            stdin_eof,
+            session,
+        };
+        reply(
+            self.app.shell_run(job, wait, &call).await,
+            JobReport::result_of,
+        )
     }
 }

@@ -1,0 +1,27 @@
+//! [`Config`]: the plain settings the application layer is built from (`commands/serve`
+//! fills it from the command line; tests build it by hand).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The directory sandboxed code may write to (default: the current directory).
+    pub workspace: Option<PathBuf>,
+    /// A shipped policy name or a policy file path.
+    pub policy: String,
+    /// Python interpreter for workers (default: discovered from the workspace).
+    pub python: Option<PathBuf>,
+    /// Job tables, spooled output, session venvs (default: `jobs::default_state_dir`).
+    pub state_dir: Option<PathBuf>,
+    /// The uv executable (default: `uv` on PATH).
+    pub uv: Option<PathBuf>,
+    /// Most live Python sessions.
+    pub max_sessions: usize,
+    /// Idle time after which a session is closed.
+    pub session_ttl: Duration,
+    /// Approximate cap, in bytes, on the text of one response.
+    pub response_bytes: usize,
+    /// Cap, in bytes, on disk used by spooled job output.
+    pub disk_cap: u64,
+}

@@ -1,0 +1,78 @@
+//! [`AppError`]: every way a use case of the application layer fails, each message saying
+//! what failed, why, and what to do. The server turns it into a tool error (its `Display`
+//! is the text the agent reads).
+
+use std::path::PathBuf;
+
+use crate::envs::EnvError;
+use crate::jobs::{JobError, JobStatus};
+use crate::repl::ReplError;
+use crate::sandbox::PolicyError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("cannot read the current directory: {0}")]
+    CurrentDir(std::io::Error),
+    #[error(
+        "workspace {} is not usable: {error}; pass an existing directory with --workspace",
+        path.display()
+    )]
+    Workspace {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("cannot create the state directory {}: {error}; pass --state-dir", path.display())]
+    StateDir {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("cannot create {}: {error}", path.display())]
+    CreateDir {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// A path argument that would open the host to a tool call (absolute, `..`, or a
+    /// symlink leading out of the workspace).
+    #[error(
+        "{what} {path} is outside the workspace {}; give a path inside it",
+        workspace.display()
+    )]
+    OutsideWorkspace {
+        what: String,
+        path: String,
+        workspace: PathBuf,
+    },
+    #[error(
+        "no such file: {} (paths are relative to the workspace {})",
+        path.display(),
+        workspace.display()
+    )]
+    NoSuchFile { path: PathBuf, workspace: PathBuf },
+    #[error(
+        "session {session:?} is busy with another cell: follow job {job} with job_wait, \
+         stop it with job_cancel, or use another session name to run in parallel"
+    )]
+    SessionBusy { session: String, job: String },
+    #[error("job {id} is still {status}; cancel it first (job_cancel) or wait for it")]
+    StillRunning { id: String, status: JobStatus },
+    /// Arguments that contradict each other or miss a required one; the text names them.
+    #[error("{0}")]
+    BadRequest(&'static str),
+    #[error("the server is shutting down; job {id} is being stopped")]
+    ShuttingDown { id: String },
+    #[error("request cancelled; job {id} {fate}")]
+    RequestCancelled { id: String, fate: &'static str },
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Job(#[from] JobError),
+    #[error(transparent)]
+    Repl(#[from] ReplError),
+    #[error(transparent)]
+    Env(#[from] EnvError),
+}
+
+// The io errors are fields named `error`, not `source`: the message already carries them,
+// and a source would print them twice in an error chain (`{:#}`).
+
+pub type AppResult<T> = Result<T, AppError>;

@@ -1,0 +1,69 @@
+//! Private temp dirs: every shell job gets its own `{tmp}` (`<state>/shell-tmp/<pid>-<n>`)
+//! that no other job or session sees; the job removes it when it ends
+//! (`ShellRequest::private_tmp`). Those left by a server killed before its jobs ended are
+//! swept when the next server first resolves its policy.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::error::AppError;
+
+/// Create a fresh private dir under `base`, named after this server's pid (so a sweep by
+/// another server sharing the state dir leaves it alone while we run).
+pub fn create_job_tmp(base: &Path) -> Result<PathBuf, AppError> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let tmp = base.join(format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    create_dir(&tmp)?;
+    Ok(tmp)
+}
+
+/// `create_dir_all` with the error in words.
+pub fn create_dir(dir: &Path) -> Result<(), AppError> {
+    std::fs::create_dir_all(dir).map_err(|error| AppError::CreateDir {
+        path: dir.to_path_buf(),
+        error,
+    })
+}
+
+/// Remove job temp dirs (`<pid>-<n>`) left by servers that are no longer running (killed
+/// before their jobs ended); those of a live server sharing the state dir stay.
+pub fn sweep_dead_job_tmps(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name.to_str().and_then(|n| n.split('-').next());
+        let alive = pid.is_some_and(|p| Path::new("/proc").join(p).exists());
+        if !alive {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_keeps_live_servers_dirs_only() {
+        let base = std::env::temp_dir().join(format!("app-tmp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let mine = create_job_tmp(&base).unwrap();
+        let second = create_job_tmp(&base).unwrap();
+        assert_ne!(mine, second);
+        // No process has pid u32::MAX; a non-numeric name is no server's either.
+        let dead = base.join(format!("{}-0", u32::MAX));
+        let junk = base.join("junk");
+        std::fs::create_dir_all(&dead).unwrap();
+        std::fs::create_dir_all(&junk).unwrap();
+        sweep_dead_job_tmps(&base);
+        assert!(mine.is_dir() && second.is_dir());
+        assert!(!dead.exists() && !junk.exists());
+        let _ = std::fs::remove_dir_all(&base);
+    }
+}
