@@ -1,5 +1,6 @@
 //! Integration suites, one file per area.
 
+mod deps;
 mod doctor;
 mod envs;
 mod jobs;
