@@ -1,13 +1,50 @@
 //! One job in memory ([`Job`]) and the producer's side of it ([`JobHandle`]).
 //!
-//! Locks and why they exist (always taken in this order, never the other way):
-//! store `jobs` map → `Job::state` → `Job::spools[i]`. `Job::control` is only held to
-//! clone or replace the Arc, never while calling into it.
+//! # Locks and channels
 //!
-//! `version` is a watch channel bumped after every change a waiter may care about
-//! (output appended, input requested or resumed, finished). A waiter marks the
-//! current version seen *before* checking the state, so no change can slip between
-//! the check and the await.
+//! Every lock is a `std::sync::Mutex` held for a few field updates or one spool write,
+//! never across an `.await` and never while calling code outside this module (a
+//! [`JobControl`], a session). Poisoning is recovered ([`lock`]): the data stays
+//! consistent because every critical section is a handful of assignments.
+//!
+//! - `Job::state` ([`JobState`]): status, prompt, exit facts, the delivered cursors,
+//!   `cancel_requested` / `shutting_down`. Producers (the handle), waiters (snapshots)
+//!   and cancel/input routing all read and write it, from tasks and from the output
+//!   pump's threads.
+//! - `Job::spools[0]`, `Job::spools[1]` (stdout, stderr): the append-only spool files and
+//!   their lengths. Separate from `state` so a job printing fast does not contend with
+//!   the status a waiter reads; a snapshot takes both under `state` to cut a consistent
+//!   range.
+//! - `Job::result` ([`ResultSlot`]): the finished job's structured result while it is
+//!   not yet both on disk and delivered. Separate because writing `result.json` happens
+//!   outside `state`.
+//! - `Job::control`: the [`JobControl`] that cancels the job or feeds its input. Only
+//!   held to clone or replace the `Arc`; the clone is called after the lock is released,
+//!   because a control calls into a session or a process and may call back into the
+//!   handle (an input reply flips the status through `state`).
+//! - `JobStore::journal` and `JobStore::jobs` (store.rs): the log of started jobs and
+//!   the table.
+//!
+//! Lock order (a thread holding one may only take those to its right):
+//! `JobStore::journal` → `JobStore::jobs` → `Job::state` → `Job::spools[0]` →
+//! `Job::spools[1]` → `Job::result`; `Job::control` is taken alone. So
+//! [`JobHandle::append`] makes room under the disk cap (`jobs`, then each finished job's
+//! `state` and spools) *before* it takes its own spool lock, not while holding it.
+//!
+//! Channel: `Job::version` is a `tokio::sync::watch` sender bumped after every change a
+//! waiter may care about (output appended, input requested or resumed, finished). Each
+//! waiter subscribes and marks the current version seen *before* checking the state, so
+//! no change can slip between the check and the await. The sender lives as long as the
+//! job, so a waiter never sees it close: waits end on the job's state or their timeout.
+//!
+//! Shutdown flows through them in one direction: `JobStore::shutdown` takes `jobs` to
+//! list the running jobs and releases it; for each it sets `cancel_requested` and
+//! `shutting_down` under `state`, clones the control and calls `kill` outside the lock;
+//! then it waits on each job's `version` (up to a deadline) for the producer's
+//! [`Job::finish`], and finishes the stragglers itself as cancelled. `finish` takes
+//! `state`, closes the spools (later output is ignored), parks the result, drops the
+//! control (its pipes and tasks), and bumps `version`, which wakes every waiter with the
+//! final snapshot. Last, every record is written for the next start.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,11 +116,16 @@ pub(crate) struct Job {
     pub created_unix_ms: u64,
     pub started: Instant,
     pub dir: PathBuf,
+    /// Status and cursors; see the module docs for the lock order.
     pub state: Mutex<JobState>,
+    /// stdout, stderr spools (taken after `state`, stdout before stderr).
     pub spools: [Mutex<Spool>; 2],
+    /// Bumped after every change a waiter may care about (see the module docs).
     pub version: watch::Sender<u64>,
+    /// Cancels the job and feeds its input; held only to clone or replace the `Arc`.
     pub control: Mutex<Option<Arc<dyn JobControl>>>,
-    /// The structured result of a job that finished in this server (see [`ResultSlot`]).
+    /// The structured result of a job that finished in this server (see [`ResultSlot`]);
+    /// the last lock in the order.
     pub result: Mutex<ResultSlot>,
     /// Set when prune or eviction removed the job, so a late write of its files is
     /// undone.

@@ -325,7 +325,11 @@ fn signal_group(pgid: i32, sig: Signal) {
 }
 
 struct InputState {
-    /// Feeds the stdin writer task; `None` once stdin is closed.
+    /// Feeds the stdin writer task (`feed_stdin`). Unbounded so `send_input`, called
+    /// under the `input` lock from a tool call, never waits on a process that does not
+    /// read; the writer owns the pipe and applies the back-pressure. `None` once stdin is
+    /// closed: dropping the sender ends the writer, which closes the pipe (EOF). At
+    /// shutdown the control is dropped with the job (`Job::finish`), which closes it too.
     tx: Option<mpsc::UnboundedSender<Vec<u8>>>,
     /// Why stdin is closed, in words.
     closed: String,
@@ -338,6 +342,8 @@ struct ShellControl {
     /// The main process was reaped: its pid may be reused, stop signalling it.
     exited: Arc<AtomicBool>,
     cancelling: AtomicBool,
+    /// The stdin sender and why it closed. Taken alone (never with a job lock): by
+    /// `send_input`, and by the writer task when the process closes its stdin.
     input: Mutex<InputState>,
     rt: tokio::runtime::Handle,
 }

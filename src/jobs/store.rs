@@ -41,8 +41,14 @@ pub(super) struct Jobs {
 pub struct JobStore {
     pub(super) cfg: StoreConfig,
     dir: StoreDir,
+    /// The table and the next job number. Held only to look a job up, insert, remove or
+    /// collect `Arc`s (never while a job's `JobControl` runs). Lock order, for all of the
+    /// jobs module (`job.rs` has the full picture): `journal` → `jobs` → a job's
+    /// `state` → its spools → its `result`.
     pub(super) jobs: Mutex<Jobs>,
-    /// The log of started jobs. Lock order: `journal` → `jobs` → a job's locks.
+    /// The log of started jobs (`started.log`). Held across the insert of a new job so a
+    /// compaction, which rewrites the log from the table, cannot miss it; hence it comes
+    /// before `jobs` in the lock order.
     journal: Mutex<persist::Journal>,
     /// Bytes of spooled output on disk, for the disk cap.
     disk_used: AtomicU64,
