@@ -1,12 +1,16 @@
 //! mcp-sandbox-repl: an MCP server giving agents a persistent Python REPL and
 //! background shell jobs, every process locked in by the kernel.
 //!
-//! Map of the subsystems (dependencies point down the list):
+//! Map of the subsystems (imports point down the list; `tests/suite/deps.rs` checks it):
 //!
 //! - [`cli`] / [`commands`]: argument parsing and the thin bodies of each subcommand
-//!   (`serve`, `run`, `doctor`, `policy`, `install`).
+//!   (`serve`, `run`, `doctor`, `policy`, `install`); `commands::serve` turns the flags
+//!   into a plain [`server::ServerConfig`]. Nothing below imports `cli`.
 //! - [`server`]: MCP only — tools, argument/output schemas, transports (stdio, HTTP),
 //!   rendering results. The only module that knows rmcp.
+//! - [`app`]: the use cases the tools call (cells, shell jobs, installs, scripts,
+//!   sessions, job queries), workspace confinement and per-job temp dirs; domain types
+//!   and [`app::AppError`] out, no MCP.
 //! - [`repl`]: the persistent Python worker: spawn through the launcher, the typed
 //!   worker protocol, interrupt/restart, crash detection.
 //! - [`jobs`]: the job store: ids, statuses, spooled output, long-poll, cancel,
@@ -15,6 +19,7 @@
 //! - [`sandbox`]: policy files (load, validate, resolve) and the launcher that applies
 //!   rlimits → capability drop → no_new_privs → Landlock → seccomp, then execs.
 //!   The only module that knows landlock and seccompiler.
+//! - [`names`]: the session-name rule (a leaf).
 
 pub mod app;
 pub mod cli;

@@ -47,3 +47,46 @@ pub fn config(args: ServeArgs) -> ServerConfig {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Cli;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> ServerConfig {
+        let cli =
+            Cli::try_parse_from(std::iter::once("mcp-sandbox-repl").chain(args.iter().copied()))
+                .unwrap();
+        config(cli.serve)
+    }
+
+    #[test]
+    fn flags_become_the_plain_config() {
+        let c = parse(&["--sandbox-state", "read-only", "--session-ttl", "7"]);
+        assert_eq!(c.app.policy, "read-only");
+        assert_eq!(c.app.session_ttl, Duration::from_secs(7));
+        assert!(matches!(c.transport, server::Transport::Stdio));
+        // --policy wins over --sandbox-state; HTTP carries its address and token.
+        let c = parse(&[
+            "--sandbox-state",
+            "read-only",
+            "--policy",
+            "workspace-write",
+            "--transport",
+            "http",
+            "--listen",
+            "127.0.0.1:9",
+            "--token",
+            "t",
+        ]);
+        assert_eq!(c.app.policy, "workspace-write");
+        match c.transport {
+            server::Transport::Http { listen, token } => {
+                assert_eq!(listen.port(), 9);
+                assert_eq!(token.as_deref(), Some("t"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
