@@ -4,6 +4,7 @@ mod doctor;
 mod envs;
 mod jobs;
 mod jobs_bench;
+mod launch_errors;
 mod limits;
 mod policy_cli;
 mod repl;
