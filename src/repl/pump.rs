@@ -4,7 +4,7 @@
 //! pending call with the death message — a dead worker never leaves a call waiting.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -60,19 +60,6 @@ pub(super) struct Shared {
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-pub(super) fn pidfd_open(pid: u32) -> std::io::Result<AsyncFd<OwnedFd>> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    // SAFETY: `owned` is a valid descriptor the AsyncFd owns until it is dropped.
-    unsafe { AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }
-        .map_err(|e| e.into())
 }
 
 pub(super) async fn write_requests(
@@ -309,8 +296,7 @@ pub(super) fn kill_group(shared: &Shared, reason: &'static str) {
     let child = lock(&shared.child);
     if let Some(child) = child.as_ref() {
         lock(&shared.state).kill_reason.get_or_insert(reason);
+        // The process group and the cgroup (also what left the group with setsid).
         child.kill_all();
-        // SAFETY: see Worker::kill.
-        unsafe { libc::killpg(child.pid as libc::pid_t, libc::SIGKILL) };
     }
 }

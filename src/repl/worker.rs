@@ -15,7 +15,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::{OwnedMutexGuard, mpsc, oneshot, watch};
 
 use super::protocol::{self, Event, Request};
-use super::pump::{Pending, Shared, kill_group, lock, pidfd_open, pump, write_requests};
+use super::pump::{Pending, Shared, kill_group, lock, pump, write_requests};
 use super::{CellSink, OutStream, ReplError};
 use crate::sandbox::{ResolvedPolicy, SandboxCommand};
 
@@ -82,6 +82,7 @@ impl Worker {
         let pid = child.pid;
         let stdout = child.stdout.take().map(OwnedFd::from);
         let stderr = child.stderr.take().map(OwnedFd::from);
+        let exit_fd = child.exit_fd();
         let (ready, ready_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             state: Mutex::default(),
@@ -104,7 +105,7 @@ impl Worker {
                 pipe::Receiver::from_owned_fd(OwnedFd::from(ev_r))?,
                 pipe::Receiver::from_owned_fd(out)?,
                 pipe::Receiver::from_owned_fd(err)?,
-                pidfd_open(pid)?,
+                exit_fd?,
             ))
         })();
         let (req_tx, ev_rx, out_rx, err_rx, pidfd) = match pipes {
@@ -231,19 +232,12 @@ impl Worker {
 
     /// SIGINT to the worker's main thread (not its children): KeyboardInterrupt in running code.
     pub fn interrupt(&self) {
-        let child = lock(&self.shared.child);
-        if child.is_some() {
-            // To the main thread (tid == pid), where user code runs; process-directed it
-            // could land on another thread and not wake a blocking call in the main one.
-            // SAFETY: plain syscall on a pid we have not reaped yet (checked above).
-            unsafe {
-                libc::syscall(
-                    libc::SYS_tgkill,
-                    self.pid as libc::pid_t,
-                    self.pid as libc::pid_t,
-                    libc::SIGINT,
-                )
-            };
+        if let Some(child) = lock(&self.shared.child).as_ref() {
+            // To the main thread, where user code runs; process-directed it could land on
+            // another thread and not wake a blocking call in the main one.
+            if let Err(e) = child.signal_main_thread(libc::SIGINT) {
+                tracing::warn!(error = %e, "could not interrupt the Python worker");
+            }
         }
     }
 

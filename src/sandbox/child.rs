@@ -4,11 +4,13 @@
 //! which limit, if any, ended it. The rest of its process group and cgroup is killed
 //! once the main process has ended.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::process::{ChildStderr, ChildStdin, ChildStdout};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use tokio::io::unix::AsyncFd;
 
 use super::isolation::JobCgroupHandle;
 use super::resolve::Limits;
@@ -70,14 +72,8 @@ impl SandboxedChild {
         limits: Limits,
         unenforced: Vec<String>,
     ) -> std::io::Result<SandboxedChild> {
-        // SAFETY: pidfd_open on our own unreaped child; returns a fresh fd or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-        let pidfd = if fd >= 0 {
-            // SAFETY: fresh descriptor we own.
-            Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-        } else {
-            None
-        };
+        // Our own unreaped child: its pid cannot have been reused.
+        let pidfd = pidfd_open(pid).ok();
         Ok(SandboxedChild {
             pid,
             stdin: child.stdin.take(),
@@ -121,15 +117,42 @@ impl SandboxedChild {
         self.killer.clone()
     }
 
+    /// A descriptor that becomes readable once the process has ended, registered with
+    /// tokio (call inside a runtime): for a task that watches the process while another
+    /// owns it. Reaping stays with [`wait`](Self::wait).
+    pub fn exit_fd(&self) -> std::io::Result<AsyncFd<OwnedFd>> {
+        let fd = match &self.pidfd {
+            Some(fd) => fd.try_clone()?,
+            None => pidfd_open(self.pid)?,
+        };
+        register_readable(fd)
+    }
+
+    /// Send `signal` to the main thread only (tid == pid), not to the process group:
+    /// where user code runs, so a blocking call there is woken (a process-directed
+    /// signal may land on another thread). A no-op once the child has been reaped.
+    pub fn signal_main_thread(&self, signal: i32) -> std::io::Result<()> {
+        if self.reaped || self.killer.done.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let pid = self.pid as libc::pid_t;
+        // SAFETY: tgkill with integer arguments on our own child, not reaped yet (checked
+        // above), so its pid cannot have been reused.
+        if unsafe { libc::syscall(libc::SYS_tgkill, pid, pid, signal) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     /// Wait for the process to end (async; never blocks the runtime) and report how.
     /// Enforces the wall-time limit when asked to.
     pub async fn wait(mut self) -> ExitReport {
         let mut wall_hit = false;
         if let Some(fd) = self.pidfd.take() {
-            // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, which owns it until dropped.
-            let registered = unsafe {
-                tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
-            };
+            let registered = register_readable(fd);
             // Without a reactor for this fd, the blocking reap below (off the runtime) waits,
             // without the wall-time limit.
             if let Ok(afd) = registered {
@@ -270,6 +293,27 @@ impl Drop for SandboxedChild {
             self.killer.done.store(true, Ordering::SeqCst);
         }
     }
+}
+
+/// `pidfd_open(2)`: a descriptor for `pid` that becomes readable once it has ended.
+/// Only meaningful for a process that cannot have been reaped yet (our own child).
+fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).map_err(std::io::Error::other)?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a fresh descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let fd = RawFd::try_from(fd).map_err(std::io::Error::other)?;
+    // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Register a pidfd with the tokio reactor for readability (the process ended).
+fn register_readable(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, which owns it until dropped.
+    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(|e| e.into())
 }
 
 /// wait4 for `pid`, retrying on EINTR. `None` if it cannot be reaped.
