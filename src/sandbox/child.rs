@@ -7,7 +7,7 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::process::{ChildStderr, ChildStdin, ChildStdout};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
@@ -108,6 +108,18 @@ impl SandboxedChild {
     /// SIGKILL everything the child started.
     pub fn kill_all(&self) {
         self.killer.kill_all();
+    }
+
+    /// Forward the terminal's signals to this child's process group from now on (and
+    /// any that arrived since `forwarding` was installed); see [`SignalForwarding`].
+    pub fn forward_terminal_signals(&self, forwarding: &SignalForwarding) {
+        let _ = forwarding;
+        FORWARD_PGID.store(self.pid as i32, Ordering::SeqCst);
+        let pending = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
+        if pending > 0 {
+            // SAFETY: kill(2) on our own child's process group.
+            unsafe { libc::kill(-(self.pid as i32), pending) };
+        }
     }
 
     /// A cloneable handle that can signal the process group while another task owns
@@ -292,6 +304,50 @@ impl Drop for SandboxedChild {
                 .spawn(move || reap(pid, 0));
             self.killer.done.store(true, Ordering::SeqCst);
         }
+    }
+}
+
+/// Process group the terminal's signals are forwarded to (0: none yet); see
+/// [`SignalForwarding`].
+static FORWARD_PGID: AtomicI32 = AtomicI32::new(0);
+/// A signal that arrived before the child's group was known, replayed once it is.
+static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward_signal(sig: libc::c_int) {
+    let pgid = FORWARD_PGID.load(Ordering::SeqCst);
+    if pgid > 0 {
+        // SAFETY: kill(2) is async-signal-safe; the group is our own child's.
+        unsafe { libc::kill(-pgid, sig) };
+    } else {
+        PENDING_SIGNAL.store(sig, Ordering::SeqCst);
+    }
+}
+
+/// Forwarding of SIGINT/SIGTERM/SIGHUP/SIGQUIT for the single-threaded `run` command:
+/// the sandboxed child leads its own session, so the terminal's signals (Ctrl-C, a CI
+/// timeout) reach only `run`. Install it *before* spawning, so that no signal is lost
+/// in between, then point it at the child with
+/// [`SandboxedChild::forward_terminal_signals`]. Dropping it stops the forwarding (the
+/// child has been reaped: its group id may be reused).
+#[must_use = "forwarding stops when the guard is dropped"]
+pub struct SignalForwarding(());
+
+impl SignalForwarding {
+    pub fn install() -> Self {
+        FORWARD_PGID.store(0, Ordering::SeqCst);
+        PENDING_SIGNAL.store(0, Ordering::SeqCst);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            // SAFETY: installs a handler that only touches atomics and calls kill(2),
+            // all async-signal-safe. exec (of the launcher) resets it in the child.
+            unsafe { libc::signal(sig, forward_signal as *const () as libc::sighandler_t) };
+        }
+        SignalForwarding(())
+    }
+}
+
+impl Drop for SignalForwarding {
+    fn drop(&mut self) {
+        FORWARD_PGID.store(0, Ordering::SeqCst);
     }
 }
 

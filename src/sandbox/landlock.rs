@@ -241,16 +241,7 @@ pub fn install_landlock_on_current_thread(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::{Placeholders, Policy};
-
-    fn resolved(name: &str) -> ResolvedPolicy {
-        let ph = Placeholders {
-            workspace: "/w".into(),
-            tmp: "/t".into(),
-            ..Default::default()
-        };
-        Policy::load(name).unwrap().resolve(&ph).unwrap()
-    }
+    use crate::sandbox::resolve::test_fixture::resolved;
 
     #[test]
     fn workspace_write_plan() {

@@ -233,16 +233,7 @@ pub fn install_seccomp_filter_on_current_thread(rules: &[SyscallDeny]) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::{Placeholders, Policy};
-
-    fn resolved(name: &str) -> ResolvedPolicy {
-        let ph = Placeholders {
-            workspace: "/w".into(),
-            tmp: "/t".into(),
-            ..Default::default()
-        };
-        Policy::load(name).unwrap().resolve(&ph).unwrap()
-    }
+    use crate::sandbox::resolve::test_fixture::resolved;
 
     fn find<'a>(rules: &'a [SyscallDeny], name: &str) -> Option<&'a SyscallDeny> {
         rules.iter().find(|r| r.name == name)
