@@ -63,9 +63,7 @@ pub fn pass_through(lookup: impl Fn(&str) -> Option<String>) -> PassThrough {
 fn has_credentials(value: &str) -> bool {
     value.match_indices("://").any(|(at, sep)| {
         let rest = &value[at + sep.len()..];
-        let authority_end = rest
-            .find(|c: char| c == '/' || c == ',' || c == ' ' || c == '?' || c == '#')
-            .unwrap_or(rest.len());
+        let authority_end = rest.find(['/', ',', ' ', '?', '#']).unwrap_or(rest.len());
         rest[..authority_end].contains('@')
     })
 }
