@@ -45,6 +45,8 @@ pub enum EditError {
         format: &'static str,
         detail: String,
     },
+    #[error("the top level is not an object; fix or move the file, then retry")]
+    TopNotAnObject,
     #[error("`{0}` is not an object (table); fix it, then retry")]
     NotAnObject(&'static str),
 }

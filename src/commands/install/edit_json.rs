@@ -62,7 +62,7 @@ pub fn merge(existing: &str, shape: Shape, name: &str, entry: &Entry) -> Result<
         })?;
     let top = root
         .object_value_or_create()
-        .ok_or(EditError::NotAnObject("the top level"))?;
+        .ok_or(EditError::TopNotAnObject)?;
     let servers = top
         .object_value_or_create(shape.servers_key)
         .ok_or(EditError::NotAnObject(shape.servers_key))?;
