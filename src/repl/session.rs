@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 
 use super::protocol::{Event, Request, WireStatus};
 use super::worker::{Reply, SpawnSpec, Worker};
+use crate::sandbox::Termination;
+
 use super::{
     CellOutcome, CellSink, CellStatus, HistoryEntry, PythonInfo, ReplError, SessionInfo,
     SessionState,
@@ -43,8 +45,9 @@ struct Inner {
     /// it instead of waiting for a new interpreter to start.
     spare: Option<Arc<Worker>>,
     closed: bool,
-    /// A worker died on its own: the next cell is told its state was lost.
-    state_lost: bool,
+    /// The session's state was lost since the last cell (a worker died, a cancel killed
+    /// it, the session expired): the next cell is told so, in these words.
+    lost: Option<String>,
     cells: u64,
     running_cell: u64,
     history: VecDeque<HistoryEntry>,
@@ -82,7 +85,7 @@ impl Session {
                 worker: Some(worker.clone()),
                 spare: None,
                 closed: false,
-                state_lost: false,
+                lost: None,
                 cells: 0,
                 running_cell: 0,
                 history: VecDeque::new(),
@@ -115,9 +118,9 @@ impl Session {
         }
     }
 
-    /// The live worker, starting a fresh one if there is none or it died. The flag says
-    /// whether state was lost since the last cell (reported once, by a cell).
-    fn live_worker(&self, report_loss: bool) -> Result<(Arc<Worker>, bool), ReplError> {
+    /// The live worker, starting a fresh one if there is none or it died. The note says
+    /// why state was lost since the last cell, if it was (reported once, by a cell).
+    fn live_worker(&self, report_loss: bool) -> Result<(Arc<Worker>, Option<String>), ReplError> {
         let mut inner = self.inner();
         if inner.closed {
             return Err(ReplError::Closed {
@@ -128,15 +131,20 @@ impl Session {
             && w.death().is_none()
         {
             let w = w.clone();
-            let lost = report_loss && std::mem::take(&mut inner.state_lost);
+            let lost = if report_loss { inner.lost.take() } else { None };
             return Ok((w, lost));
         }
-        if inner.worker.take().is_some() {
-            inner.state_lost = true;
+        if let Some(dead) = inner.worker.take()
+            && inner.lost.is_none()
+        {
+            let how = dead
+                .death()
+                .unwrap_or_else(|| "the Python worker ended".into());
+            inner.lost = Some(lost_note(&how));
         }
         let worker = self.fresh_worker(&mut inner)?;
         inner.worker = Some(worker.clone());
-        let lost = report_loss && std::mem::take(&mut inner.state_lost);
+        let lost = if report_loss { inner.lost.take() } else { None };
         drop(inner);
         self.refill_spare();
         Ok((worker, lost))
@@ -239,7 +247,7 @@ impl Session {
             .clone()
             .try_lock_owned()
             .map_err(|_| self.busy())?;
-        let (worker, state_lost) = self.live_worker(true)?;
+        let (worker, earlier_loss) = self.live_worker(true)?;
         let cell = {
             let mut inner = self.inner();
             inner.cells += 1;
@@ -262,7 +270,10 @@ impl Session {
             error: None,
             display: Vec::new(),
             worker_exit: None,
-            state_lost,
+            signal: None,
+            exit_code: None,
+            state_lost: earlier_loss.is_some(),
+            state_note: earlier_loss,
             elapsed,
         };
         match reply {
@@ -294,7 +305,15 @@ impl Session {
             Reply::Died(message) => {
                 out.status = CellStatus::WorkerDied;
                 out.worker_exit = Some(message.to_string());
+                match worker.exit_status() {
+                    Some(Termination::Signaled(sig)) => out.signal = Some(sig),
+                    Some(Termination::Exited(code)) => out.exit_code = Some(code),
+                    _ => {}
+                }
+                // This cell's own answer names the death; only the next cell is told
+                // it runs in a fresh worker.
                 out.state_lost = true;
+                out.state_note = None;
                 let mut inner = self.inner();
                 if inner
                     .worker
@@ -302,7 +321,7 @@ impl Session {
                     .is_some_and(|w| Arc::ptr_eq(w, &worker))
                 {
                     inner.worker = None;
-                    inner.state_lost = true;
+                    inner.lost = Some(lost_note(&message));
                 }
             }
         }
@@ -330,11 +349,96 @@ impl Session {
         }
         match self.inner().worker.clone() {
             Some(w) => {
+                w.resume();
                 w.interrupt();
                 true
             }
             None => false,
         }
+    }
+
+    /// Cancel the running cell: continue a stopped worker, KeyboardInterrupt, and if the
+    /// same cell still runs `grace` later, kill the worker and start a fresh one (the
+    /// cell ends `worker_died` with the reason in words). False when no cell runs.
+    pub fn cancel_cell(&self, grace: Duration) -> bool {
+        if self.op_lock.try_lock().is_ok() {
+            return false;
+        }
+        let (worker, cell) = {
+            let inner = self.inner();
+            match inner.worker.clone() {
+                Some(w) => (w, inner.running_cell),
+                None => return false,
+            }
+        };
+        let deadline = tokio::time::Instant::now() + grace;
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            // A worker still starting up would die of a SIGINT in its own start-up code:
+            // the interrupt waits until it is ready (within the grace period).
+            worker.resume();
+            worker.interrupt();
+            tokio::time::sleep_until(deadline).await;
+            let Some(session) = me.upgrade() else { return };
+            let still_running = {
+                let inner = session.inner();
+                session.op_lock.try_lock().is_err()
+                    && inner.running_cell == cell
+                    && inner
+                        .worker
+                        .as_ref()
+                        .is_some_and(|w| Arc::ptr_eq(w, &worker))
+            };
+            if !still_running {
+                return;
+            }
+            let reason = format!(
+                "the cell did not respond to KeyboardInterrupt within {}; the worker was restarted",
+                seconds_words(grace)
+            );
+            tracing::info!(session = %session.name, cell, "{reason}");
+            if let Err(e) = session.replace_worker(&worker, &reason).await {
+                tracing::warn!(session = %session.name, error = %e, "could not restart the worker after a cancel");
+            }
+        });
+        true
+    }
+
+    /// Kill `old` (if it is still the session's worker), wait until its cell has ended,
+    /// and put a fresh worker in its place; the next cell is told state was lost.
+    async fn replace_worker(&self, old: &Arc<Worker>, reason: &str) -> Result<(), ReplError> {
+        old.kill(reason);
+        let _guard = self.wait_op_lock().await?;
+        let worker = {
+            let mut inner = self.inner();
+            if inner.closed || !inner.worker.as_ref().is_some_and(|w| Arc::ptr_eq(w, old)) {
+                return Ok(());
+            }
+            inner.worker = None;
+            let how = old.death().unwrap_or_else(|| reason.into());
+            inner.lost = Some(lost_note(&how));
+            let worker = self.fresh_worker(&mut inner)?;
+            inner.worker = Some(worker.clone());
+            worker
+        };
+        self.refill_spare();
+        worker.wait_ready(self.env.start_timeout).await
+    }
+
+    /// The operation lock, waited for (a killed worker's cell releases it as soon as the
+    /// I/O task has seen the death). Bounded, so a bug cannot hang the caller.
+    async fn wait_op_lock(&self) -> Result<tokio::sync::OwnedMutexGuard<()>, ReplError> {
+        tokio::time::timeout(self.env.start_timeout, self.op_lock.clone().lock_owned())
+            .await
+            .map_err(|_| ReplError::Protocol {
+                detail: "the stopped worker's cell did not end".into(),
+            })
+    }
+
+    /// The state of this session was lost before it started (the session of this name
+    /// expired): the first cell says so in `note`.
+    pub(crate) fn mark_state_lost(&self, note: String) {
+        self.inner().lost = Some(note);
     }
 
     /// Answer the pending `input()`: `eof` makes it raise EOFError instead.
@@ -365,7 +469,7 @@ impl Session {
             if let Some(old) = inner.worker.take() {
                 old.kill("the session was restarted");
             }
-            inner.state_lost = false;
+            inner.lost = None;
             inner.cells = 0;
             inner.history.clear();
             inner.last_active = Instant::now();
@@ -374,7 +478,12 @@ impl Session {
             worker
         };
         self.refill_spare();
-        worker.wait_ready(self.env.start_timeout).await
+        // Synchronous: the killed worker's cell must have ended (its lock released) before
+        // the restart answers, or the next call would find the session busy.
+        let guard = self.wait_op_lock().await?;
+        let ready = worker.wait_ready(self.env.start_timeout).await;
+        drop(guard);
+        ready
     }
 
     /// Wait until the current worker is ready (for callers that want a warm session).
@@ -464,5 +573,22 @@ impl std::fmt::Debug for Session {
             .field("name", &self.name)
             .field("policy", &self.env.policy_name)
             .finish()
+    }
+}
+
+/// The note for the first cell after state was lost because a worker ended.
+fn lost_note(how: &str) -> String {
+    format!(
+        "the previous worker ended ({how}); this ran in a fresh worker and earlier state is lost"
+    )
+}
+
+/// "2 s", "0.5 s".
+fn seconds_words(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0} s")
+    } else {
+        format!("{s} s")
     }
 }

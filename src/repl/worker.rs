@@ -229,27 +229,37 @@ impl Worker {
         true
     }
 
-    /// SIGINT to the worker's main thread (not its children): KeyboardInterrupt in running code.
-    pub fn interrupt(&self) {
+    /// SIGCONT to the worker's process group: a stopped worker (SIGSTOP) would keep a
+    /// SIGINT pending and the cancel would be lost.
+    pub fn resume(&self) {
         let child = lock(&self.shared.child);
         if child.is_some() {
-            // To the main thread (tid == pid), where user code runs; process-directed it
-            // could land on another thread and not wake a blocking call in the main one.
-            // SAFETY: plain syscall on a pid we have not reaped yet (checked above).
-            unsafe {
-                libc::syscall(
-                    libc::SYS_tgkill,
-                    self.pid as libc::pid_t,
-                    self.pid as libc::pid_t,
-                    libc::SIGINT,
-                )
-            };
+            // SAFETY: plain syscall on a process group whose leader we have not reaped
+            // yet (checked above), so the group id cannot have been reused.
+            unsafe { libc::killpg(self.pid as libc::pid_t, libc::SIGCONT) };
         }
     }
 
+    /// KeyboardInterrupt in the running cell, through the protocol: the worker's reader
+    /// thread raises it in the main thread (`pthread_kill`), or at the start of the cell
+    /// if it has not started yet, so an interrupt sent just after the cell is never lost
+    /// and one sent between cells interrupts nothing. False when no cell runs.
+    pub fn interrupt(&self) -> bool {
+        let Some(id) = lock(&self.shared.state).current else {
+            return false;
+        };
+        self.send(&Request::Interrupt { id });
+        true
+    }
+
     /// Kill the whole process group; pending calls get a death message naming `reason`.
-    pub fn kill(&self, reason: &'static str) {
+    pub fn kill(&self, reason: &str) {
         kill_group(&self.shared, reason);
+    }
+
+    /// How the process ended (signal or exit code), once it is dead and reaped.
+    pub fn exit_status(&self) -> Option<crate::sandbox::Termination> {
+        lock(&self.shared.state).exit.clone()
     }
 }
 

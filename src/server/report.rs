@@ -92,6 +92,10 @@ pub struct JobReport {
     /// True when the session's worker had died before this cell: earlier variables are gone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_lost: Option<bool>,
+    /// Why this cell ran in a fresh worker (a crash, a cancel that restarted the worker,
+    /// the session's idle expiry), in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_note: Option<String>,
     /// Rich non-image display output (HTML, markdown).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub display: Vec<DisplayReport>,
@@ -173,8 +177,8 @@ impl JobReport {
         }
         out.push_str(&head);
         out.push('\n');
-        if self.state_lost == Some(true) {
-            out.push_str("note: the previous worker had died; this ran in a fresh worker and earlier state is lost\n");
+        if let Some(note) = &self.state_note {
+            out.push_str(&format!("note: {note}\n"));
         }
         push_part(&mut out, "stdout", &self.stdout);
         push_part(&mut out, "stderr", &self.stderr);

@@ -72,11 +72,11 @@ impl Backend {
         self.follow(id, wait, WaitFor::Settled, call, false).await
     }
 
-    pub async fn job_cancel(&self, id: &str) -> R {
-        self.store.cancel(id)?;
+    pub async fn job_cancel(&self, id: &str, grace: Option<Duration>) -> R {
+        self.store.cancel_within(id, grace)?;
         self.follow(
             id,
-            CANCEL_SETTLE,
+            CANCEL_SETTLE.max(grace.unwrap_or_default() + Duration::from_secs(3)),
             WaitFor::Settled,
             &CallCtx::detached(),
             false,

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::{Backend, R, listing};
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
-use crate::repl::{CellOutcome, CellSink, CellStatus, OutStream, ReplError, Session};
+use crate::repl::{CellOutcome, CellSink, CellStatus, OutStream, ReplError, Session, SessionState};
 use crate::server::progress::CallCtx;
 use crate::server::report::{DisplayReport, Image, JobReport, PyErrorReport, failure};
 use crate::server::tools::ToolError;
@@ -38,10 +38,17 @@ impl CellSink for JobSink {
 /// Routes job cancel/input to the session (weakly: a closed session needs no control).
 pub struct PyControl(pub Weak<Session>);
 
+/// How long a cancelled cell has to react to KeyboardInterrupt before its worker is
+/// killed and restarted.
+pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(2);
+
 impl JobControl for PyControl {
     fn cancel(&self) {
+        self.cancel_within(None);
+    }
+    fn cancel_within(&self, grace: Option<Duration>) {
         if let Some(s) = self.0.upgrade() {
-            s.interrupt();
+            s.cancel_cell(grace.unwrap_or(DEFAULT_CANCEL_GRACE));
         }
     }
     fn send_input(&self, text: &str, eof: bool) -> Result<(), String> {
@@ -88,15 +95,15 @@ pub fn job_outcome(r: Result<CellOutcome, ReplError>, cancel_requested: bool) ->
                 JobStatus::Failed
             },
             Some(format!(
-                "{}; the session's state is lost, the next call starts a fresh worker",
+                "{}; the session's state is lost, the next call runs in a fresh worker",
                 o.worker_exit.as_deref().unwrap_or("the Python worker died")
             )),
         ),
     };
     JobOutcome {
         status,
-        exit_code: None,
-        signal: None,
+        exit_code: o.exit_code,
+        signal: o.signal.clone(),
         message,
         result: Some(super::cell_result(&o)),
     }
@@ -123,6 +130,17 @@ pub fn fill_python_result(report: &mut JobReport, result: &Value, images: &mut V
     }
     if result.get("state_lost").and_then(Value::as_bool) == Some(true) {
         report.state_lost = Some(true);
+        // The crashing cell's own answer names the crash in `message`; only a cell that
+        // ran in a fresh worker carries the note.
+        if result.get("status").and_then(Value::as_str) != Some("worker_died") {
+            report.state_note = Some(
+                result
+                    .get("state_note")
+                    .and_then(Value::as_str)
+                    .unwrap_or("the previous worker had died; this ran in a fresh worker and earlier state is lost")
+                    .to_string(),
+            );
+        }
     }
     for item in result
         .get("display")
@@ -178,7 +196,15 @@ impl Backend {
             .unwrap_or_else(|p| p.into_inner())
             .get(session_name)
             .cloned()
-            .filter(|j| self.store.summary(j).is_ok_and(|s| !s.status.is_finished()));
+            .filter(|j| self.store.summary(j).is_ok_and(|s| !s.status.is_finished()))
+            // A killed cell's job may still be settling after the session is free again
+            // (restart, cancel): the session's own lock decides.
+            .filter(|_| {
+                matches!(
+                    session.state(),
+                    SessionState::Busy | SessionState::AwaitingInput
+                )
+            });
         if let Some(j) = busy_with {
             return Ok(failure(format!(
                 "session {session_name:?} is busy with another cell: follow job {j} with job_wait, \
@@ -247,10 +273,15 @@ impl Backend {
         .await
     }
 
-    pub async fn python_interrupt(&self, session: &str) -> R {
+    pub async fn python_interrupt(&self, session: &str, grace: Option<Duration>) -> R {
         let s = self.sessions.get(session)?;
-        let text = if s.interrupt() {
-            format!("KeyboardInterrupt sent to session {session:?}; the running job reports it")
+        let grace = grace.unwrap_or(DEFAULT_CANCEL_GRACE);
+        let text = if s.cancel_cell(grace) {
+            format!(
+                "KeyboardInterrupt sent to session {session:?}; if the cell has not ended {:.1} s later \
+                 its worker is killed and restarted (state lost); the running job reports it",
+                grace.as_secs_f64()
+            )
         } else {
             format!("session {session:?} was idle; nothing to interrupt")
         };
