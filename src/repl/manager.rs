@@ -15,6 +15,9 @@ use super::worker::SpawnSpec;
 use super::{PythonInfo, ReplConfig, ReplError, Session, SessionInfo, discover_python};
 use crate::sandbox::Placeholders;
 
+/// How many expired session names are remembered for their next cell's note.
+const EXPIRED_CAP: usize = 4096;
+
 pub struct SessionManager {
     cfg: ReplConfig,
     python: tokio::sync::OnceCell<PythonInfo>,
@@ -276,10 +279,11 @@ impl SessionManager {
         for (name, idle) in idle {
             tracing::info!(session = %name, "closing a session idle for longer than {ttl:?}");
             if self.close(&name).is_ok() {
-                self.expired
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(name.clone(), idle);
+                let mut expired = self.expired.lock().unwrap_or_else(|p| p.into_inner());
+                if expired.len() >= EXPIRED_CAP {
+                    expired.clear(); // bounded memory; only the notes of old names are lost
+                }
+                expired.insert(name.clone(), idle);
             }
             names.push(name);
         }

@@ -46,13 +46,6 @@ pub struct InputArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct JobIdArg {
-    /// The job id.
-    pub job_id: String,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct CancelArgs {
     /// The job id.
     pub job_id: String,

@@ -533,10 +533,7 @@ mod tests {
         assert_eq!(reply(ver), (-32600, json!(10)));
         let bad_id = r#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}"#;
         assert_eq!(reply(bad_id), (-32600, Value::Null));
-        assert_eq!(
-            validate_line(b"\xff\xfe{}").is_parse_error_with_null_id(),
-            true
-        );
+        assert!(validate_line(b"\xff\xfe{}").is_parse_error_with_null_id());
     }
 
     impl Verdict {
