@@ -353,6 +353,10 @@ impl ShellControl {
 
 impl JobControl for ShellControl {
     fn cancel(&self) {
+        self.cancel_within(None);
+    }
+
+    fn cancel_within(&self, grace: Option<Duration>) {
         if self.exited.load(Ordering::SeqCst) {
             return;
         }
@@ -364,7 +368,7 @@ impl JobControl for ShellControl {
         tracing::debug!(job = %self.job, pgid = self.pgid, "cancel: SIGTERM to the process group");
         signal_group(self.pgid, Signal::SIGTERM);
         signal_group(self.pgid, Signal::SIGCONT);
-        let (pgid, grace, exited) = (self.pgid, self.grace, self.exited.clone());
+        let (pgid, grace, exited) = (self.pgid, grace.unwrap_or(self.grace), self.exited.clone());
         // The supervisor kills the whole group once the main process exits, so
         // children that ignore SIGTERM die with it; this timer handles a main process
         // that ignores SIGTERM itself.

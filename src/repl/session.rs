@@ -358,8 +358,9 @@ impl Session {
     }
 
     /// Cancel the running cell: continue a stopped worker, KeyboardInterrupt, and if the
-    /// same cell still runs `grace` later, kill the worker and start a fresh one (the
-    /// cell ends `worker_died` with the reason in words). False when no cell runs.
+    /// same cell still runs `grace` later, kill the worker (the cell ends `worker_died`
+    /// with the reason in words; the next call runs in a fresh worker, the spare if one is
+    /// kept). False when no cell runs.
     pub fn cancel_cell(&self, grace: Duration) -> bool {
         if self.op_lock.try_lock().is_ok() {
             return false;
@@ -397,32 +398,12 @@ impl Session {
                 seconds_words(grace)
             );
             tracing::info!(session = %session.name, cell, "{reason}");
-            if let Err(e) = session.replace_worker(&worker, &reason).await {
-                tracing::warn!(session = %session.name, error = %e, "could not restart the worker after a cancel");
-            }
+            // The cell ends `worker_died` with this reason; the next call takes the spare
+            // (already started) worker. Nothing holds the session's lock meanwhile, so
+            // that call is never told "busy".
+            worker.kill(&reason);
         });
         true
-    }
-
-    /// Kill `old` (if it is still the session's worker), wait until its cell has ended,
-    /// and put a fresh worker in its place; the next cell is told state was lost.
-    async fn replace_worker(&self, old: &Arc<Worker>, reason: &str) -> Result<(), ReplError> {
-        old.kill(reason);
-        let _guard = self.wait_op_lock().await?;
-        let worker = {
-            let mut inner = self.inner();
-            if inner.closed || !inner.worker.as_ref().is_some_and(|w| Arc::ptr_eq(w, old)) {
-                return Ok(());
-            }
-            inner.worker = None;
-            let how = old.death().unwrap_or_else(|| reason.into());
-            inner.lost = Some(lost_note(&how));
-            let worker = self.fresh_worker(&mut inner)?;
-            inner.worker = Some(worker.clone());
-            worker
-        };
-        self.refill_spare();
-        worker.wait_ready(self.env.start_timeout).await
     }
 
     /// The operation lock, waited for (a killed worker's cell releases it as soon as the
