@@ -50,6 +50,11 @@ struct Inner {
     lost: Option<String>,
     cells: u64,
     running_cell: u64,
+    /// A cell holds the operation lock (not a variable operation).
+    cell_active: bool,
+    /// An interrupt came before the running cell was handed to its worker: it is sent
+    /// right after.
+    interrupt_pending: bool,
     history: VecDeque<HistoryEntry>,
     last_active: Instant,
     /// The start-up hook: directories every new worker adds to `sys.path` (`site_dirs`).
@@ -88,6 +93,8 @@ impl Session {
                 lost: None,
                 cells: 0,
                 running_cell: 0,
+                cell_active: false,
+                interrupt_pending: false,
                 history: VecDeque::new(),
                 last_active: Instant::now(),
                 site_dirs: site_dirs.clone(),
@@ -247,19 +254,44 @@ impl Session {
             .clone()
             .try_lock_owned()
             .map_err(|_| self.busy())?;
-        let (worker, earlier_loss) = self.live_worker(true)?;
         let cell = {
             let mut inner = self.inner();
             inner.cells += 1;
             inner.running_cell = inner.cells;
+            inner.cell_active = true;
+            inner.interrupt_pending = false;
             inner.cells
+        };
+        let (worker, earlier_loss) = match self.live_worker(true) {
+            Ok(w) => w,
+            Err(e) => {
+                let mut inner = self.inner();
+                inner.cells -= 1;
+                inner.cell_active = false;
+                return Err(e);
+            }
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        let rx = worker.call(id, &request(id, cell), Some(sink), Some(guard));
+        let rx = {
+            // Under `inner`, like `interrupt`: an interrupt is either sent by it (the call
+            // is registered) or left pending for us.
+            let mut inner = self.inner();
+            let rx = worker.call(id, &request(id, cell), Some(sink), Some(guard));
+            if std::mem::take(&mut inner.interrupt_pending) {
+                worker.resume();
+                worker.interrupt();
+            }
+            rx
+        };
         let reply = rx
             .await
             .unwrap_or_else(|_| Reply::Died("the Python worker's I/O task ended".into()));
+        {
+            let mut inner = self.inner();
+            inner.cell_active = false;
+            inner.interrupt_pending = false;
+        }
         let elapsed = started.elapsed();
         let mut out = CellOutcome {
             cell,
@@ -344,17 +376,21 @@ impl Session {
     /// KeyboardInterrupt in the running cell (also while it waits in `input()`).
     /// Returns false when no cell was running (nothing to interrupt).
     pub fn interrupt(&self) -> bool {
-        if self.op_lock.try_lock().is_ok() {
+        let mut inner = self.inner();
+        if !inner.cell_active || self.op_lock.try_lock().is_ok() {
             return false;
         }
-        match self.inner().worker.clone() {
+        let worker = inner.worker.clone();
+        match worker {
             Some(w) => {
                 w.resume();
-                w.interrupt();
-                true
+                if !w.interrupt() {
+                    inner.interrupt_pending = true;
+                }
             }
-            None => false,
+            None => inner.interrupt_pending = true,
         }
+        true
     }
 
     /// Cancel the running cell: continue a stopped worker, KeyboardInterrupt, and if the
@@ -362,37 +398,24 @@ impl Session {
     /// with the reason in words; the next call runs in a fresh worker, the spare if one is
     /// kept). False when no cell runs.
     pub fn cancel_cell(&self, grace: Duration) -> bool {
-        if self.op_lock.try_lock().is_ok() {
+        if !self.interrupt() {
             return false;
         }
-        let (worker, cell) = {
-            let inner = self.inner();
-            match inner.worker.clone() {
-                Some(w) => (w, inner.running_cell),
-                None => return false,
-            }
-        };
-        let deadline = tokio::time::Instant::now() + grace;
+        let cell = self.inner().running_cell;
         let me = self.me.clone();
         tokio::spawn(async move {
-            // A worker still starting up would die of a SIGINT in its own start-up code:
-            // the interrupt waits until it is ready (within the grace period).
-            worker.resume();
-            worker.interrupt();
-            tokio::time::sleep_until(deadline).await;
+            tokio::time::sleep(grace).await;
             let Some(session) = me.upgrade() else { return };
-            let still_running = {
+            let worker = {
                 let inner = session.inner();
-                session.op_lock.try_lock().is_err()
-                    && inner.running_cell == cell
-                    && inner
-                        .worker
-                        .as_ref()
-                        .is_some_and(|w| Arc::ptr_eq(w, &worker))
+                let running = session.op_lock.try_lock().is_err()
+                    && inner.cell_active
+                    && inner.running_cell == cell;
+                match inner.worker.clone() {
+                    Some(w) if running => w,
+                    _ => return,
+                }
             };
-            if !still_running {
-                return;
-            }
             let reason = format!(
                 "the cell did not respond to KeyboardInterrupt within {}; the worker was restarted",
                 seconds_words(grace)
