@@ -89,7 +89,8 @@ pub struct JobReport {
     /// The Python exception, if the cell raised one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<PyErrorReport>,
-    /// True when the session's worker had died before this cell: earlier variables are gone.
+    /// True when the session's variables are gone: its worker died during this cell (see
+    /// `message`, `signal`, `exit_code`) or before it (see `state_note`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_lost: Option<bool>,
     /// Why this cell ran in a fresh worker (a crash, a cancel that restarted the worker,
