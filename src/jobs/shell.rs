@@ -347,6 +347,10 @@ impl ShellControl {
 
 impl JobControl for ShellControl {
     fn cancel(&self) {
+        self.cancel_within(None);
+    }
+
+    fn cancel_within(&self, grace: Option<Duration>) {
         if self.exited.load(Ordering::SeqCst) {
             return;
         }
@@ -358,7 +362,11 @@ impl JobControl for ShellControl {
         tracing::debug!(job = %self.job, "cancel: SIGTERM to the process group");
         let _ = self.killer.signal(libc::SIGTERM);
         let _ = self.killer.signal(libc::SIGCONT);
-        let (killer, grace, exited) = (self.killer.clone(), self.grace, self.exited.clone());
+        let (killer, grace, exited) = (
+            self.killer.clone(),
+            grace.unwrap_or(self.grace),
+            self.exited.clone(),
+        );
         // The supervisor kills the whole group once the main process exits, so
         // children that ignore SIGTERM die with it; this timer handles a main process
         // that ignores SIGTERM itself.

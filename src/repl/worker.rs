@@ -230,20 +230,36 @@ impl Worker {
         true
     }
 
-    /// SIGINT to the worker's main thread (not its children): KeyboardInterrupt in running code.
-    pub fn interrupt(&self) {
-        if let Some(child) = lock(&self.shared.child).as_ref() {
-            // To the main thread, where user code runs; process-directed it could land on
-            // another thread and not wake a blocking call in the main one.
-            if let Err(e) = child.signal_main_thread(libc::SIGINT) {
-                tracing::warn!(error = %e, "could not interrupt the Python worker");
-            }
+    /// SIGCONT to the worker's process group: a stopped worker (SIGSTOP) would keep a
+    /// SIGINT pending and the cancel would be lost.
+    pub fn resume(&self) {
+        if let Some(child) = lock(&self.shared.child).as_ref()
+            && let Err(e) = child.signal_group(libc::SIGCONT)
+        {
+            tracing::warn!(error = %e, "could not continue the Python worker");
         }
     }
 
+    /// KeyboardInterrupt in the running cell, through the protocol: the worker's reader
+    /// thread raises it in the main thread (`pthread_kill`), or at the start of the cell
+    /// if it has not started yet, so an interrupt sent just after the cell is never lost
+    /// and one sent between cells interrupts nothing. False when no cell runs.
+    pub fn interrupt(&self) -> bool {
+        let Some(id) = lock(&self.shared.state).current else {
+            return false;
+        };
+        self.send(&Request::Interrupt { id });
+        true
+    }
+
     /// Kill the whole process group; pending calls get a death message naming `reason`.
-    pub fn kill(&self, reason: &'static str) {
+    pub fn kill(&self, reason: &str) {
         kill_group(&self.shared, reason);
+    }
+
+    /// How the process ended (signal or exit code), once it is dead and reaped.
+    pub fn exit_status(&self) -> Option<crate::sandbox::Termination> {
+        lock(&self.shared.state).exit.clone()
     }
 }
 

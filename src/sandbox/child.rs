@@ -140,25 +140,6 @@ impl SandboxedChild {
         register_readable(fd)
     }
 
-    /// Send `signal` to the main thread only (tid == pid), not to the process group:
-    /// where user code runs, so a blocking call there is woken (a process-directed
-    /// signal may land on another thread). A no-op once the child has been reaped.
-    pub fn signal_main_thread(&self, signal: i32) -> std::io::Result<()> {
-        if self.reaped || self.killer.done.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        let pid = self.pid as libc::pid_t;
-        // SAFETY: tgkill with integer arguments on our own child, not reaped yet (checked
-        // above), so its pid cannot have been reused.
-        if unsafe { libc::syscall(libc::SYS_tgkill, pid, pid, signal) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ESRCH) {
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
     /// Wait for the process to end (async; never blocks the runtime) and report how.
     /// Enforces the wall-time limit when asked to.
     pub async fn wait(mut self) -> ExitReport {
