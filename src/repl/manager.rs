@@ -113,7 +113,11 @@ impl SessionManager {
         validate_name(name)?;
         let python = self.python().await?.clone();
         self.check_room(name, &self.sessions())?;
-        let tmp = self.session_dir(name).join("tmp");
+        // One directory per session *instance*: a session closed (or expired) a moment ago
+        // under the same name is still having its directory removed.
+        let tmp = self
+            .session_dir(name)
+            .join(format!("tmp-{}", unique_suffix()));
         std::fs::create_dir_all(&tmp).map_err(|source| ReplError::Io {
             what: format!("create the session directory {}", tmp.display()),
             source,
@@ -210,6 +214,7 @@ impl SessionManager {
         });
     }
 
+    /// The directory that holds the temp dirs of every instance of session `name`.
     fn session_dir(&self, name: &str) -> PathBuf {
         self.cfg.state_dir.join("repl").join(name)
     }
@@ -236,16 +241,13 @@ impl SessionManager {
         };
         session.close();
         // Removing a big temp tree can take a while; never on the caller's time. Moved
-        // aside first, so a session started again under this name at once keeps its
-        // new directory.
-        let mut dir = self.session_dir(name);
-        let aside = self.cfg.state_dir.join("repl").join(format!(
-            ".closed-{name}-{}",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or_default()
-        ));
+        // aside first, so it is gone from the session's directory at once.
+        let mut dir = session.tmp_dir().to_path_buf();
+        let aside = self
+            .cfg
+            .state_dir
+            .join("repl")
+            .join(format!(".closed-{name}-{}", unique_suffix()));
         if std::fs::rename(&dir, &aside).is_ok() {
             dir = aside;
         }
@@ -308,6 +310,18 @@ fn validate_name(name: &str) -> Result<(), ReplError> {
             name: name.to_string(),
         })
     }
+}
+
+/// A suffix no other directory made by this server has (nanoseconds since the epoch
+/// plus a per-process counter).
+fn unique_suffix() -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{nanos:x}-{n}")
 }
 
 #[cfg(test)]
