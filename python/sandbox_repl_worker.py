@@ -928,8 +928,9 @@ class _Snapshots:
             os.dup2(0, 2)
         except OSError:
             pass
+        # Live workers forked from here are reaped only when the next message comes: until
+        # then an ended one stays a zombie, so the server can read its exit status in /proc.
         cls.children = []
-        _signal.signal(_signal.SIGCHLD, cls.reap)
         while True:
             try:
                 msg, fds = _recv_msg(sock)
@@ -939,6 +940,7 @@ class _Snapshots:
                 os._exit(0)
             if msg is None:
                 os._exit(0)
+            cls.reap()
             if not (isinstance(msg, dict) and msg.get("op") == "fork" and len(fds) == 5):
                 for fd in fds:
                     os.close(fd)
@@ -971,7 +973,6 @@ class _Snapshots:
         and report `ready`."""
         global _WORKER_PID
         _WORKER_PID = os.getpid()
-        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
         req_r, ev_w, out_w, err_w, ctl = fds
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)

@@ -126,12 +126,15 @@ impl SessionManager {
                 tmp,
                 policy,
                 code: python.worker_code.clone(),
+                snapshots: self.cfg.max_snapshots > 0,
             },
             policy_name: self.cfg.policy.name.clone(),
             python,
             repr_limit: self.cfg.repr_limit,
             start_timeout: self.cfg.start_timeout,
             spare: self.cfg.spare_worker,
+            max_snapshots: self.cfg.max_snapshots,
+            graph_file: Some(self.session_dir(name).join("graph.jsonl")),
         };
         // Start the worker without holding the map: other sessions stay reachable while
         // the launcher sets up. A concurrent start of the same name wins; ours is closed.
@@ -201,8 +204,24 @@ impl SessionManager {
         sessions.iter().map(|s| s.info()).collect()
     }
 
-    /// Kill the session's worker and forget it (its temp directory is removed).
+    /// Kill the session's worker and forget it (its directory, graph included, is removed).
     pub fn close(&self, name: &str) -> Result<(), ReplError> {
+        self.close_session(name, true)
+    }
+
+    /// The sessions (other than `but`) that have a cell numbered `cell`.
+    pub fn sessions_with_cell(&self, cell: u64, but: &str) -> Vec<String> {
+        let sessions: Vec<Arc<Session>> = self.sessions().values().cloned().collect();
+        sessions
+            .iter()
+            .filter(|s| s.name() != but && s.has_cell(cell))
+            .map(|s| s.name().to_string())
+            .collect()
+    }
+
+    /// Close a session; `forget` removes its directory, else only its temp directory
+    /// goes and its cell graph stays for a later server (shutdown).
+    fn close_session(&self, name: &str, forget: bool) -> Result<(), ReplError> {
         let session = {
             let mut map = self.sessions();
             map.remove(name).ok_or_else(|| ReplError::NoSuchSession {
@@ -215,6 +234,9 @@ impl SessionManager {
         // aside first, so a session started again under this name at once keeps its
         // new directory.
         let mut dir = self.session_dir(name);
+        if !forget {
+            dir = dir.join("tmp");
+        }
         let aside = self.cfg.state_dir.join("repl").join(format!(
             ".closed-{name}-{}",
             std::time::SystemTime::now()
@@ -237,7 +259,7 @@ impl SessionManager {
     pub fn shutdown(&self) {
         let names: Vec<String> = self.sessions().keys().cloned().collect();
         for name in names {
-            let _ = self.close(&name);
+            let _ = self.close_session(&name, false);
         }
     }
 

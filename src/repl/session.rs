@@ -8,12 +8,13 @@
 //! worker answers or dies — not when a caller gives up waiting. `inner` (sync) guards
 //! plain bookkeeping and is never held across an await. Sessions share no lock.
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::graph::{CellCode, Graph, Node};
 use super::protocol::{Event, Request, WireStatus};
 use super::worker::{Reply, SpawnSpec, Worker};
 use super::{
@@ -21,8 +22,11 @@ use super::{
     SessionState,
 };
 
+mod branch;
 mod site_dirs;
 mod variables;
+
+pub use branch::Parent;
 
 const HISTORY_CAP: usize = 1000;
 
@@ -35,6 +39,10 @@ pub(crate) struct SessionEnv {
     pub start_timeout: Duration,
     /// Keep a started, idle worker in reserve for restarts and crash recovery.
     pub spare: bool,
+    /// Snapshots kept at most (0: off).
+    pub max_snapshots: usize,
+    /// Where the cell graph is persisted (JSON lines).
+    pub graph_file: Option<PathBuf>,
 }
 
 struct Inner {
@@ -47,7 +55,13 @@ struct Inner {
     state_lost: bool,
     cells: u64,
     running_cell: u64,
-    history: VecDeque<HistoryEntry>,
+    /// The cells, their parents and snapshots; `graph.head` is the head's cell.
+    graph: Graph,
+    /// Spawned workers replaced as the head by a branch, by pid (their process group):
+    /// killed but not reaped, so ending one kills its tree (snapshots, forked heads).
+    roots: HashMap<u32, Arc<Worker>>,
+    /// The process tree (root pid) the head belongs to.
+    head_tree: u32,
     last_active: Instant,
     /// The start-up hook: directories every new worker adds to `sys.path` (`site_dirs`).
     site_dirs: Vec<PathBuf>,
@@ -73,6 +87,7 @@ impl Session {
         site_dirs: Vec<PathBuf>,
     ) -> Result<Arc<Session>, ReplError> {
         let worker = Arc::new(Worker::spawn(&env.spec)?);
+        let graph = Graph::open(env.max_snapshots, env.graph_file.clone());
         let session = Arc::new_cyclic(|me| Session {
             name,
             env,
@@ -83,14 +98,17 @@ impl Session {
                 spare: None,
                 closed: false,
                 state_lost: false,
-                cells: 0,
+                cells: graph.last_cell(),
                 running_cell: 0,
-                history: VecDeque::new(),
+                head_tree: worker.pid,
+                graph,
+                roots: HashMap::new(),
                 last_active: Instant::now(),
                 site_dirs: site_dirs.clone(),
             }),
             next_id: AtomicU64::new(1),
         });
+        worker.on_snapshot(session.snapshot_hook());
         session.apply_site_dirs(&worker, &site_dirs);
         Ok(session)
     }
@@ -133,8 +151,10 @@ impl Session {
         }
         if inner.worker.take().is_some() {
             inner.state_lost = true;
+            Self::head_lost(&mut inner);
         }
         let worker = self.fresh_worker(&mut inner)?;
+        inner.head_tree = worker.pid;
         inner.worker = Some(worker.clone());
         let lost = report_loss && std::mem::take(&mut inner.state_lost);
         drop(inner);
@@ -149,6 +169,7 @@ impl Session {
             Some(w) if w.death().is_none() => Ok(w),
             _ => {
                 let w = Arc::new(Worker::spawn(&self.env.spec)?);
+                w.on_snapshot(self.snapshot_hook());
                 self.apply_site_dirs(&w, &inner.site_dirs);
                 Ok(w)
             }
@@ -171,7 +192,10 @@ impl Session {
         tokio::task::spawn_blocking(move || {
             let Some(session) = me.upgrade() else { return };
             let worker = match Worker::spawn(&session.env.spec) {
-                Ok(w) => Arc::new(w),
+                Ok(w) => {
+                    w.on_snapshot(session.snapshot_hook());
+                    Arc::new(w)
+                }
                 Err(e) => {
                     tracing::warn!(session = %session.name, error = %e, "could not start a spare worker");
                     return;
@@ -193,8 +217,22 @@ impl Session {
         code: &str,
         sink: Arc<dyn CellSink>,
     ) -> Result<CellOutcome, ReplError> {
+        self.execute_on(code, None, sink).await
+    }
+
+    /// Run `code` as the next cell on the state right after cell `parent` (see
+    /// docs/branching.md), or on the head when `parent` is `None`.
+    pub async fn execute_on(
+        &self,
+        code: &str,
+        parent: Option<Parent>,
+        sink: Arc<dyn CellSink>,
+    ) -> Result<CellOutcome, ReplError> {
         let repr_limit = self.env.repr_limit;
-        self.run_cell(code.to_string(), sink, |id, cell| Request::Execute {
+        let saved = CellCode::Execute {
+            code: code.to_string(),
+        };
+        self.run_cell(code.to_string(), saved, parent, sink, |id, cell| Request::Execute {
             id,
             cell,
             code: code.to_string(),
@@ -218,7 +256,11 @@ impl Session {
             .collect::<Vec<_>>()
             .join(" ");
         let repr_limit = self.env.repr_limit;
-        self.run_cell(label, sink, |id, cell| Request::RunFile {
+        let saved = CellCode::RunFile {
+            path: full.clone(),
+            argv: argv.clone(),
+        };
+        self.run_cell(label, saved, None, sink, |id, cell| Request::RunFile {
             id,
             cell,
             path: full.clone(),
@@ -231,6 +273,8 @@ impl Session {
     async fn run_cell(
         &self,
         label: String,
+        saved: CellCode,
+        parent: Option<Parent>,
         sink: Arc<dyn CellSink>,
         request: impl FnOnce(u64, u64) -> Request,
     ) -> Result<CellOutcome, ReplError> {
@@ -239,7 +283,21 @@ impl Session {
             .clone()
             .try_lock_owned()
             .map_err(|_| self.busy())?;
-        let (worker, state_lost) = self.live_worker(true)?;
+        let (worker, state_lost, replayed) = match parent {
+            None => {
+                let (w, lost) = self.live_worker(true)?;
+                (w, lost, Vec::new())
+            }
+            Some(p) => {
+                let (w, replayed) = self.branch_to(&p).await?;
+                (w, false, replayed)
+            }
+        };
+        let parent = self.inner().graph.head;
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or_default();
         let cell = {
             let mut inner = self.inner();
             inner.cells += 1;
@@ -255,6 +313,8 @@ impl Session {
         let elapsed = started.elapsed();
         let mut out = CellOutcome {
             cell,
+            parent,
+            replayed: replayed.clone(),
             status: CellStatus::Ok,
             value: None,
             value_chars: None,
@@ -303,20 +363,27 @@ impl Session {
                 {
                     inner.worker = None;
                     inner.state_lost = true;
+                    Self::head_lost(&mut inner);
                 }
             }
         }
         let mut inner = self.inner();
         inner.last_active = Instant::now();
-        inner.history.push_back(HistoryEntry {
+        inner.graph.add(Node {
             cell,
-            code: label,
+            parent,
+            label,
+            code: saved,
             status: out.status,
+            started_ms,
             elapsed_ms: (elapsed.as_secs_f64() * 1e6).round() / 1e3,
+            replayed,
         });
-        if inner.history.len() > HISTORY_CAP {
-            inner.history.pop_front();
-        }
+        let alive = inner
+            .worker
+            .as_ref()
+            .is_some_and(|w| Arc::ptr_eq(w, &worker));
+        inner.graph.head = alive.then_some(cell);
         drop(inner);
         self.refill_spare();
         Ok(out)
@@ -365,11 +432,15 @@ impl Session {
             if let Some(old) = inner.worker.take() {
                 old.kill("the session was restarted");
             }
+            for (_, root) in inner.roots.drain() {
+                root.end_tree("the session was restarted");
+            }
             inner.state_lost = false;
             inner.cells = 0;
-            inner.history.clear();
+            inner.graph.clear();
             inner.last_active = Instant::now();
             let worker = self.fresh_worker(&mut inner)?;
+            inner.head_tree = worker.pid;
             inner.worker = Some(worker.clone());
             worker
         };
@@ -383,9 +454,13 @@ impl Session {
         worker.wait_ready(self.env.start_timeout).await
     }
 
-    /// The cells run since the session started or was last restarted (last 1000).
+    /// The cells run since the session started or was last restarted (last 1000), as a
+    /// graph: parents, snapshots, the head.
     pub fn history(&self) -> Vec<HistoryEntry> {
-        self.inner().history.iter().cloned().collect()
+        let mut all = self.inner().graph.entries();
+        let skip = all.len().saturating_sub(HISTORY_CAP);
+        all.drain(..skip);
+        all
     }
 
     pub fn idle_for(&self) -> Duration {
@@ -434,6 +509,7 @@ impl Session {
                 inner.last_active.elapsed().as_secs()
             },
             cells: inner.cells,
+            snapshots: inner.graph.held_count(),
         }
     }
 
@@ -447,6 +523,10 @@ impl Session {
         if let Some(w) = inner.spare.take() {
             w.kill("the session was closed");
         }
+        for (_, root) in inner.roots.drain() {
+            root.end_tree("the session was closed");
+        }
+        inner.graph.drop_snapshots("the session was closed");
     }
 }
 

@@ -92,6 +92,15 @@ pub struct JobReport {
     /// True when the session's worker had died before this cell: earlier variables are gone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_lost: Option<bool>,
+    /// The id of a Python cell ("c7"): pass it as `parent` to branch from its state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cell: Option<String>,
+    /// The cell this one ran on top of (null: an empty state). Present with `cell`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<Option<String>>,
+    /// Cells re-run to rebuild the parent's state (its snapshot was gone).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replayed: Vec<String>,
     /// Rich non-image display output (HTML, markdown).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub display: Vec<DisplayReport>,
@@ -164,6 +173,12 @@ impl JobReport {
         if let Some(s) = &self.session {
             head.push_str(&format!(" · session {s}"));
         }
+        if let Some(c) = &self.cell {
+            head.push_str(&format!(" · cell {c}"));
+            if let Some(Some(p)) = &self.parent {
+                head.push_str(&format!(" (on {p})"));
+            }
+        }
         head.push_str(&format!(" · {} ms", self.elapsed_ms));
         if let Some(c) = self.exit_code {
             head.push_str(&format!(" · exit {c}"));
@@ -175,6 +190,12 @@ impl JobReport {
         out.push('\n');
         if self.state_lost == Some(true) {
             out.push_str("note: the previous worker had died; this ran in a fresh worker and earlier state is lost\n");
+        }
+        if !self.replayed.is_empty() {
+            out.push_str(&format!(
+                "note: replayed {} to rebuild the parent's state (no snapshot held it); their side effects happened again\n",
+                self.replayed.join(", ")
+            ));
         }
         push_part(&mut out, "stdout", &self.stdout);
         push_part(&mut out, "stderr", &self.stderr);

@@ -93,6 +93,7 @@ impl Backend {
         cfg.python = args.python.clone();
         cfg.max_sessions = args.max_sessions;
         cfg.idle_ttl = Duration::from_secs(args.session_ttl);
+        cfg.max_snapshots = args.max_snapshots;
         cfg.repr_limit = args.response_bytes.min(20_000);
         Ok(Backend {
             sessions: SessionManager::new(cfg),

@@ -10,7 +10,10 @@ use serde_json::{Value, json};
 use super::{Backend, R, listing};
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
-use crate::repl::{CellOutcome, CellSink, CellStatus, OutStream, ReplError, Session};
+use crate::repl::{
+    CellOutcome, CellSink, CellStatus, OutStream, Parent, ReplError, Session, SnapshotState,
+    cell_name, parse_cell,
+};
 use crate::server::progress::CallCtx;
 use crate::server::report::{DisplayReport, Image, JobReport, PyErrorReport, failure};
 use crate::server::tools::ToolError;
@@ -124,6 +127,18 @@ pub fn fill_python_result(report: &mut JobReport, result: &Value, images: &mut V
     if result.get("state_lost").and_then(Value::as_bool) == Some(true) {
         report.state_lost = Some(true);
     }
+    if let Some(cell) = result.get("cell").and_then(Value::as_u64) {
+        report.cell = Some(cell_name(cell));
+        report.parent = Some(result.get("parent").and_then(Value::as_u64).map(cell_name));
+    }
+    report.replayed = result
+        .get("replayed")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_u64)
+        .map(cell_name)
+        .collect();
     for item in result
         .get("display")
         .and_then(Value::as_array)
@@ -148,6 +163,20 @@ pub fn fill_python_result(report: &mut JobReport, result: &Value, images: &mut V
             });
         }
     }
+}
+
+/// The code of a cell, cut to a few lines for the history listing.
+fn excerpt(code: &str) -> String {
+    const LINES: usize = 6;
+    let lines: Vec<&str> = code.lines().collect();
+    if lines.len() <= LINES {
+        return code.to_string();
+    }
+    format!(
+        "{}\n… {} more line(s)",
+        lines[..LINES].join("\n"),
+        lines.len() - LINES
+    )
 }
 
 fn first_line(code: &str) -> String {
@@ -207,16 +236,46 @@ impl Backend {
         self.follow(&id, wait, WaitFor::Settled, call, true).await
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub async fn python_exec(
         &self,
         session: &str,
         code: String,
+        parent: Option<String>,
+        replay: bool,
         wait: Duration,
         call: &CallCtx,
     ) -> R {
+        let parent = match parent {
+            None => None,
+            Some(text) => {
+                let Some(cell) = parse_cell(&text) else {
+                    return Ok(failure(format!(
+                        "parent {text:?} is not a cell id: use the `cell` of an earlier answer, e.g. \"c3\""
+                    )));
+                };
+                let p = Parent { cell, text, replay };
+                // A bad parent is refused before a job exists: nothing changes.
+                let s = self.session(session).await?;
+                if let Err(e) = s.check_parent(&p).await {
+                    let mut msg = e.to_string();
+                    let elsewhere = self.sessions.sessions_with_cell(cell, session);
+                    if !s.has_cell(cell) && !elsewhere.is_empty() {
+                        msg.push_str(&format!(
+                            ". Session(s) {} have a {}: cells belong to their session, and a branch \
+                             runs in the session of its parent (pass that session's name)",
+                            elsewhere.join(", "),
+                            p.text
+                        ));
+                    }
+                    return Ok(failure(msg));
+                }
+                Some(p)
+            }
+        };
         let label = first_line(&code);
         self.start_cell(session, label, wait, call, move |s, sink| {
-            Box::pin(async move { s.execute(&code, sink).await })
+            Box::pin(async move { s.execute_on(&code, parent, sink).await })
         })
         .await
     }
@@ -320,22 +379,41 @@ impl Backend {
 
     pub async fn python_history(&self, session: &str, limit: Option<usize>) -> R {
         let s = self.sessions.get(session)?;
+        s.settle_snapshots().await;
         let mut cells = s.history();
         if let Some(n) = limit {
             let skip = cells.len().saturating_sub(n);
             cells.drain(..skip);
         }
-        let mut text = format!("{} cell(s) in session {session:?}\n", cells.len());
+        let head = cells.iter().find(|c| c.head).map(|c| cell_name(c.cell));
+        let mut text = format!(
+            "{} cell(s) in session {session:?}; head: {}\n",
+            cells.len(),
+            head.as_deref().unwrap_or("none (empty state)")
+        );
         for c in &cells {
+            let parent = c.parent.map(cell_name).unwrap_or_else(|| "-".into());
+            let state = match c.snapshot {
+                SnapshotState::Held => "snapshot".to_string(),
+                SnapshotState::Replay => format!(
+                    "replay{}",
+                    c.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
+                ),
+                SnapshotState::None => "no state".to_string(),
+            };
             let _ = writeln!(
                 text,
-                "[{}] {:?} {:.1} ms\n{}",
-                c.cell, c.status, c.elapsed_ms, c.code
+                "[{}{}] on {parent} · {:?} · {:.1} ms · {state}\n{}",
+                cell_name(c.cell),
+                if c.head { ", head" } else { "" },
+                c.status,
+                c.elapsed_ms,
+                excerpt(&c.code)
             );
         }
         Ok(listing(
             text,
-            &json!({ "session": session, "cells": cells }),
+            &json!({ "session": session, "head": head, "cells": cells }),
         ))
     }
 
