@@ -107,16 +107,18 @@ def test_the_cap_evicts_and_an_evicted_cell_replays(server: Harness):
         msg = await c.err("python_exec", code="log", parent="c2")
         assert "replay=true" in msg and "c1, c2" in msg, msg
         assert (await c.ok("python_exec", code="log"))["value"] == "['a', 'b', 'c', 'd']", "nothing changed"
-        r = await c.ok("python_exec", code="log", parent="c2", replay=True)
-        assert r["value"] == "['a', 'b']" and r["replayed"] == ["c1", "c2"]
-        text = (await c.call("python_exec", code="1")).content[0].text
-        assert "replayed" not in text
-        # The replay took snapshots of c1 and c2 again: c3 replays only itself, from c2's.
+        res = await c.call("python_exec", code="log", parent="c2", replay=True)
+        r = res.structured_content
+        assert r["value"] == "['a', 'b']" and r["replayed"] == ["c1", "c2"], res.content[0].text
+        assert "note: replayed c1, c2" in res.content[0].text
+        # The replay took snapshots of c1, c2 again, then c7's evicted c1's (cap 2): c3
+        # replays only itself, from c2's.
         res = await c.call("python_exec", code="log", parent="c3")
         r = res.structured_content
+        assert r is not None, res.content[0].text
         assert r["value"] == "['a', 'b', 'c']" and r["replayed"] == ["c3"], r
         assert "note: replayed c3" in res.content[0].text
         h = by_cell(await c.ok("python_history"))
-        assert h["c9"]["replayed"] == ["c3"] and h["c7"]["replayed"] == ["c1", "c2"]
+        assert h["c8"]["replayed"] == ["c3"] and h["c7"]["replayed"] == ["c1", "c2"]
 
     server.run(scenario)
