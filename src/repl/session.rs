@@ -55,6 +55,8 @@ struct Inner {
     state_lost: bool,
     cells: u64,
     running_cell: u64,
+    /// The running cell and its parent, once numbered (for answers while it runs).
+    running: Option<(u64, Option<u64>)>,
     /// The cells, their parents and snapshots; `graph.head` is the head's cell.
     graph: Graph,
     /// Spawned workers replaced as the head by a branch, by pid (their process group):
@@ -100,6 +102,7 @@ impl Session {
                 state_lost: false,
                 cells: graph.last_cell(),
                 running_cell: 0,
+                running: None,
                 head_tree: worker.pid,
                 graph,
                 roots: HashMap::new(),
@@ -302,6 +305,7 @@ impl Session {
             let mut inner = self.inner();
             inner.cells += 1;
             inner.running_cell = inner.cells;
+            inner.running = Some((inner.cells, parent));
             inner.cells
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -369,6 +373,7 @@ impl Session {
         }
         let mut inner = self.inner();
         inner.last_active = Instant::now();
+        inner.running = None;
         inner.graph.add(Node {
             cell,
             parent,
@@ -446,6 +451,14 @@ impl Session {
         };
         self.refill_spare();
         worker.wait_ready(self.env.start_timeout).await
+    }
+
+    /// The running cell and its parent, if a cell runs.
+    pub fn running_cell(&self) -> Option<(u64, Option<u64>)> {
+        if self.op_lock.try_lock().is_ok() {
+            return None;
+        }
+        self.inner().running
     }
 
     /// Wait until the current worker is ready (for callers that want a warm session).

@@ -122,3 +122,144 @@ def test_the_cap_evicts_and_an_evicted_cell_replays(server: Harness):
         assert h["c8"]["replayed"] == ["c3"] and h["c7"]["replayed"] == ["c1", "c2"]
 
     server.run(scenario)
+
+
+def test_bad_parents_are_refused_with_usable_cells_and_change_nothing(server: Harness):
+    server.env["MCP_SANDBOX_MAX_SNAPSHOTS"] = "1"
+
+    async def scenario(c):
+        await c.ok("python_exec", code="x = 1")  # c1
+        bad = await c.py("x = 2\n1 / 0")  # c2: raised; its snapshot holds x == 2
+        assert bad["cell"] == "c2" and bad["error"]["ename"] == "ZeroDivisionError"
+        # A failed cell's snapshot is usable while it is held.
+        assert (await c.ok("python_exec", code="x", parent="c2"))["value"] == "2"  # c3 (evicts c2)
+        await c.ok("python_exec", code="x = 4")  # c4
+        before = await c.ok("python_history")
+        for parent, words in [
+            ("c99", "there is no cell c99"),
+            ("c2", "c2 raised an exception and has no snapshot"),
+        ]:
+            msg = await c.err("python_exec", code="x = 'changed'", parent=parent)
+            assert words in msg and "cells you can use: c4 (head)" in msg, msg
+        msg = await c.err("python_exec", code="x = 'changed'", parent="first")
+        assert "not a cell id" in msg
+        # Cells belong to their session: another session's id is named as such.
+        for _ in range(6):
+            await c.ok("python_exec", code="y = 1", session="other")
+        msg = await c.err("python_exec", code="x = 'changed'", parent="c6")
+        assert "no cell c6" in msg and "other" in msg, msg
+        # The worker died in c5 (of session default): there is nothing to branch from.
+        dead = await c.py("import os; os._exit(3)")
+        assert dead["status"] == "failed" and dead["cell"] == "c5"
+        msg = await c.err("python_exec", code="1", parent="c5")
+        assert "the worker died in c5" in msg, msg
+        # Nothing changed: the graph is the same but for c5, and no job ran the code.
+        after = await c.ok("python_history")
+        assert after["cells"][:4] == before["cells"][:4] or [
+            (a["cell"], a["parent"]) for a in after["cells"][:4]] == [(b["cell"], b["parent"]) for b in before["cells"][:4]]
+        jobs = await c.ok("job_list")
+        assert not any("changed" in (j.get("label") or j.get("command") or "") for j in jobs["jobs"]), jobs
+
+    server.run(scenario)
+
+
+def test_interrupt_input_images_and_crash_on_a_branched_head(server: Harness):
+    async def scenario(c):
+        await c.ok("python_exec", code="x = 1")  # c1
+        await c.ok("python_exec", code="x = 2")  # c2
+        # Interrupt reaches the branched head's main thread; its state stays.
+        job = await c.py("import time\nwhile True: time.sleep(0.05)", parent="c1", wait_seconds=0.5)
+        assert job["status"] == "running" and job["parent"] == "c1"
+        await c.ok("python_interrupt")
+        done = (await c.call("job_wait", job_id=job["job_id"], timeout_seconds=30)).structured_content
+        assert done["status"] == "failed" and done["error"]["ename"] == "KeyboardInterrupt", done
+        assert (await c.ok("python_exec", code="x"))["value"] == "1"
+        # input() is bridged on a branched head.
+        job = await c.py("name = input('who? ')", parent="c2", wait_seconds=5)
+        assert job["status"] == "awaiting_input" and job["prompt"] == "who? ", job
+        await c.ok("job_input", job_id=job["job_id"], text="ann")
+        await c.finish(await c.ok("job_wait", job_id=job["job_id"], timeout_seconds=30))
+        assert (await c.ok("python_exec", code="(x, name)"))["value"] == "(2, 'ann')"
+        # Images come back as image content.
+        png = (
+            "import base64\nclass Img:\n    def _repr_png_(self):\n"
+            "        return base64.b64decode('iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
+            "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==')\nImg()"
+        )
+        res = await c.call("python_exec", code=png, parent="c1")
+        assert [b.type for b in res.content].count("image") == 1, res.content
+        # A crash of a branched head: the cell says how, the next cell has lost state,
+        # and the other session is untouched.
+        await c.ok("python_exec", code="keep = 'me'", session="side")
+        crash = await c.py("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", parent="c1")
+        assert crash["status"] == "failed" and "SIGSEGV" in crash["message"], crash
+        nxt = await c.ok("python_exec", code="'x' in dir()")
+        assert (nxt["value"], nxt.get("state_lost"), nxt["parent"]) == ("False", True, None), nxt
+        assert (await c.ok("python_exec", code="keep", session="side"))["value"] == "'me'"
+        # The crashed head's process tree (and its snapshots) went with it: c1 replays.
+        msg = await c.err("python_exec", code="x", parent="c1")
+        assert "replay=true" in msg, msg
+        r = await c.ok("python_exec", code="x", parent="c1", replay=True)
+        assert (r["value"], r["replayed"]) == ("1", ["c1"])
+
+    server.run(scenario)
+
+
+def test_snapshots_die_with_restart_close_and_the_server(server: Harness):
+    tag = f"br{os.getpid() % 100000}"
+
+    async def mark_and_branch(c, session, name):
+        await c.ok("python_exec", code=MARK_CODE.format(name=name), session=session)  # c1
+        await c.ok("python_exec", code="x = 1", session=session)  # c2
+        await c.ok("python_exec", code="x", parent="c1", session=session)  # c3, forked
+        h = await c.ok("python_history", session=session)
+        assert [e["snapshot"] for e in h["cells"]] == ["held"] * 3, h
+        # Snapshots of c1, c2, c3 and the forked head (the old head is dead).
+        pids = comm_pids(name)
+        assert len(pids) == 4, pids
+        return pids
+
+    async def scenario(c):
+        await mark_and_branch(c, "r", tag + "r")
+        await c.ok("session_restart", session="r")
+        assert not await gone(tag + "r"), "snapshots outlived session_restart"
+        assert (await c.ok("python_history", session="r"))["cells"] == []
+        await mark_and_branch(c, "k", tag + "k")
+        await c.ok("session_close", session="k")
+        assert not await gone(tag + "k"), "snapshots outlived session_close"
+        # A session started again under the name has no graph.
+        await c.ok("python_exec", code="1", session="k")
+        assert [e["cell"] for e in (await c.ok("python_history", session="k"))["cells"]] == ["c1"]
+        await mark_and_branch(c, "s", tag + "s")
+        os.kill(c.server_pid, signal.SIGKILL)
+
+    try:
+        server.run(scenario)
+    except Exception:
+        pass  # the connection broke: the server was killed on purpose
+    assert not anyio.run(gone, tag + "s"), "snapshots outlived the server"
+
+
+def test_graph_survives_a_server_restart_and_replays_only_when_asked(server: Harness):
+    async def first(c):
+        await c.ok("python_exec", code="import random; r = random.random()")
+        await c.ok("python_exec", code="x = 7")
+        await c.ok("python_exec", code="y = 1", session="gone")
+        await c.ok("session_close", session="gone")
+
+    async def second(c):
+        await c.ok("python_exec", code="1", session="gone")
+        assert len((await c.ok("python_history", session="gone"))["cells"]) == 1
+        h = await c.ok("python_history")
+        assert [(e["cell"], e["parent"], e["snapshot"]) for e in h["cells"]] == [
+            ("c1", None, "replay"), ("c2", "c1", "replay")]
+        assert "server restarted" in h["cells"][0]["note"] and h["head"] is None
+        msg = await c.err("python_exec", code="x", parent="c2")
+        assert "re-running c1, c2" in msg and 'parent="c2" and replay=true' in msg, msg
+        fresh = await c.ok("python_exec", code="'x' in dir()")
+        assert fresh["value"] == "False" and fresh["cell"] == "c3" and fresh["parent"] is None
+        r = await c.ok("python_exec", code="x", parent="c2", replay=True)
+        assert (r["value"], r["replayed"], r["parent"]) == ("7", ["c1", "c2"], "c2")
+
+    server.run(first)
+    server.run(second)

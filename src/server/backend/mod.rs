@@ -316,6 +316,13 @@ impl Backend {
                 }
                 _ => python::fill_python_result(&mut report, result, &mut images),
             }
+        } else if let Some(session) = &snap.session
+            && let Ok(s) = self.sessions.get(session)
+            && let Some((cell, parent)) = s.running_cell()
+        {
+            // A cell still running: its id and parent come from the session.
+            report.cell = Some(crate::repl::cell_name(cell));
+            report.parent = Some(parent.map(crate::repl::cell_name));
         }
         if let Some((policy, _)) = self.shell_policy.get() {
             report.explain_denials(policy);
