@@ -99,7 +99,11 @@ impl Graph {
             file,
             ..Default::default()
         };
-        if let Some(text) = g.file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
+        if let Some(text) = g
+            .file
+            .as_ref()
+            .and_then(|f| std::fs::read_to_string(f).ok())
+        {
             if !text.is_empty() && !text.ends_with('\n') {
                 // A torn last line (a crash while writing): end it, so the next line
                 // appended is whole.
@@ -137,10 +141,15 @@ impl Graph {
             node.started_ms = now_ms();
         }
         if let Some(file) = &self.file {
-            let appended = serde_json::to_string(&node).map_err(std::io::Error::other).and_then(|line| {
-                let mut f = std::fs::OpenOptions::new().create(true).append(true).open(file)?;
-                f.write_all(format!("{line}\n").as_bytes())
-            });
+            let appended = serde_json::to_string(&node)
+                .map_err(std::io::Error::other)
+                .and_then(|line| {
+                    let mut f = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(file)?;
+                    f.write_all(format!("{line}\n").as_bytes())
+                });
             if let Err(e) = appended {
                 tracing::warn!(file = %file.display(), error = %e, "could not persist the cell graph");
             }
@@ -272,10 +281,11 @@ impl Graph {
             return Err(Unusable::FailedNoSnapshot);
         }
         let path = self.path(cell);
-        if let Some(&died) = path
-            .iter()
-            .find(|c| self.nodes.get(c).is_some_and(|n| n.status == CellStatus::WorkerDied))
-        {
+        if let Some(&died) = path.iter().find(|c| {
+            self.nodes
+                .get(c)
+                .is_some_and(|n| n.status == CellStatus::WorkerDied)
+        }) {
             return Err(Unusable::Died(died));
         }
         let from = path.iter().rposition(|c| self.is_held(*c));
@@ -301,7 +311,9 @@ impl Graph {
                     Plan::Head => (0, "head".to_string()),
                     Plan::Fork { replay, .. } if replay.is_empty() => (0, "snapshot".to_string()),
                     Plan::Fork { from, .. } => (1, format!("replays from the snapshot of c{from}")),
-                    Plan::Scratch { .. } => (2, "replay from the start, with replay=true".to_string()),
+                    Plan::Scratch { .. } => {
+                        (2, "replay from the start, with replay=true".to_string())
+                    }
                 };
                 Some((rank, c.abs_diff(cell), format!("c{c} ({how})")))
             })
@@ -351,7 +363,7 @@ mod tests {
                 code: format!("x = {cell}"),
             },
             status,
-            started_ms: 0,
+            started_ms: 1,
             elapsed_ms: 1.0,
             replayed: vec![],
         }
@@ -377,7 +389,12 @@ mod tests {
         let mut g = sample();
         g.head = Some(4);
         assert_eq!(g.plan(4, true), Ok(Plan::Head));
-        assert_eq!(g.plan(3, true), Ok(Plan::Scratch { replay: vec![1, 2, 3] }));
+        assert_eq!(
+            g.plan(3, true),
+            Ok(Plan::Scratch {
+                replay: vec![1, 2, 3]
+            })
+        );
         g.hold(snap(1), 10);
         assert_eq!(
             g.plan(3, true),
@@ -396,7 +413,13 @@ mod tests {
         );
         assert_eq!(g.plan(9, true), Err(Unusable::Unknown));
         // The head's worker is dead: the head cell is forked (or replayed) like any other.
-        assert_eq!(g.plan(4, false), Ok(Plan::Fork { from: 1, replay: vec![4] }));
+        assert_eq!(
+            g.plan(4, false),
+            Ok(Plan::Fork {
+                from: 1,
+                replay: vec![4]
+            })
+        );
     }
 
     #[test]
@@ -410,11 +433,18 @@ mod tests {
         assert_eq!(g.plan(7, true), Err(Unusable::Died(7)));
         assert_eq!(g.plan(8, true), Err(Unusable::Died(7)));
         g.hold(snap(5), 1);
-        assert!(g.plan(5, true).is_ok(), "a failed cell's snapshot is usable");
+        assert!(
+            g.plan(5, true).is_ok(),
+            "a failed cell's snapshot is usable"
+        );
         // Usable cells are listed nearest first and never include the dead ones.
         let near = g.usable_near(7, 3);
         assert_eq!(near.len(), 3);
-        assert!(near.iter().all(|s| !s.starts_with("c7") && !s.starts_with("c8")), "{near:?}");
+        assert!(
+            near.iter()
+                .all(|s| !s.starts_with("c7") && !s.starts_with("c8")),
+            "{near:?}"
+        );
         assert!(near[0].starts_with("c5 (snapshot)"), "{near:?}");
     }
 
@@ -462,7 +492,10 @@ mod tests {
         assert_eq!(again.last_cell(), 2);
         assert_eq!(again.get(2), Some(&n));
         assert_eq!(again.held_count(), 0);
-        assert_eq!(again.plan(2, true), Ok(Plan::Scratch { replay: vec![1, 2] }));
+        assert_eq!(
+            again.plan(2, true),
+            Ok(Plan::Scratch { replay: vec![1, 2] })
+        );
         let mut again = again;
         again.clear();
         assert!(!file.exists());

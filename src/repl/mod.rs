@@ -103,7 +103,9 @@ impl ReplConfig {
 }
 
 /// How a cell ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum CellStatus {
     Ok,
@@ -284,7 +286,9 @@ pub enum ReplError {
     Python { message: String },
     #[error("the Python worker broke the protocol: {detail}; restart the session")]
     Protocol { detail: String },
-    #[error("cannot branch from {parent:?} in session {session:?}: {why}; cells you can use: {usable}")]
+    #[error(
+        "cannot branch from {parent:?} in session {session:?}: {why}; cells you can use: {usable}"
+    )]
     BadParent {
         session: String,
         parent: String,

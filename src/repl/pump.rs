@@ -144,7 +144,9 @@ impl Shared {
             } => {
                 drop(st);
                 let snap = match (&self.control, held) {
-                    (Some(control), true) => take_snapshot(control, cell).map_err(|e| e.to_string()),
+                    (Some(control), true) => {
+                        take_snapshot(control, cell).map_err(|e| e.to_string())
+                    }
                     (None, true) => Err("no control socket".to_string()),
                     (_, false) => Err(note.unwrap_or_else(|| "not taken".into())),
                 };

@@ -235,11 +235,13 @@ impl Session {
         let saved = CellCode::Execute {
             code: code.to_string(),
         };
-        self.run_cell(code.to_string(), saved, parent, sink, |id, cell| Request::Execute {
-            id,
-            cell,
-            code: code.to_string(),
-            repr_limit,
+        self.run_cell(code.to_string(), saved, parent, sink, |id, cell| {
+            Request::Execute {
+                id,
+                cell,
+                code: code.to_string(),
+                repr_limit,
+            }
         })
         .await
     }

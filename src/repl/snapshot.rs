@@ -254,6 +254,9 @@ mod tests {
         assert!(e.to_string().contains("EAGAIN"), "{e}");
         t.join().unwrap();
         let e = s.fork_live(Duration::from_secs(5)).err().unwrap();
-        assert!(e.to_string().contains("gone") || e.to_string().contains("send"), "{e}");
+        assert!(
+            e.to_string().contains("gone") || e.to_string().contains("send"),
+            "{e}"
+        );
     }
 }

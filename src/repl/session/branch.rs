@@ -68,9 +68,10 @@ impl Session {
     /// The head died: its process tree goes with it (snapshots included).
     pub(super) fn head_lost(inner: &mut Inner) {
         let tree = inner.head_tree;
-        inner
-            .graph
-            .drop_tree(tree, "the worker died, and the snapshots of its process tree with it");
+        inner.graph.drop_tree(
+            tree,
+            "the worker died, and the snapshots of its process tree with it",
+        );
         if let Some(root) = inner.roots.remove(&tree) {
             root.end_tree("the head of its process tree died");
         }
@@ -114,7 +115,11 @@ impl Session {
     /// The live head, once every snapshot it announced before now is in (a ping is
     /// answered after them).
     async fn settle(&self) -> Option<Arc<Worker>> {
-        let head = self.inner().worker.clone().filter(|w| w.death().is_none())?;
+        let head = self
+            .inner()
+            .worker
+            .clone()
+            .filter(|w| w.death().is_none())?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let _ = head.call(id, &Request::Ping { id }, None, None).await;
         head.death().is_none().then_some(head)
@@ -160,10 +165,9 @@ impl Session {
                 })
             }
             Ok(plan) => Ok(plan),
-            Err(Unusable::Unknown) => Err(self.bad_parent(
-                p,
-                format!("there is no cell {} in this session", p.text),
-            )),
+            Err(Unusable::Unknown) => {
+                Err(self.bad_parent(p, format!("there is no cell {} in this session", p.text)))
+            }
             Err(Unusable::Died(c)) => Err(self.bad_parent(
                 p,
                 format!(
@@ -210,7 +214,20 @@ impl Session {
                 }),
             },
             Plan::Fork { from, replay } => {
-                let w = self.fork_from(from).await?;
+                let w = match self.fork_from(from).await {
+                    Ok(w) => w,
+                    // A snapshot that died (e.g. killed at the memory limit) is forgotten
+                    // by `fork_from`: plan again, from an older snapshot or by replay.
+                    Err(first) => match self.plan_for(p, head.is_some())? {
+                        Plan::Fork { from: again, .. } if again == from => return Err(first),
+                        Plan::Fork { from, replay } => {
+                            let w = self.fork_from(from).await?;
+                            self.replay(&w, &replay).await?;
+                            return Ok((w, replay));
+                        }
+                        _ => return Err(first),
+                    },
+                };
                 self.replay(&w, &replay).await?;
                 Ok((w, replay))
             }
@@ -249,7 +266,10 @@ impl Session {
                     .graph
                     .not_held(from, format!("its snapshot failed: {e}"));
                 return Err(ReplError::Branch {
-                    detail: format!("the snapshot of {} could not fork a worker: {e}", cell_name(from)),
+                    detail: format!(
+                        "the snapshot of {} could not fork a worker: {e}",
+                        cell_name(from)
+                    ),
                 });
             }
         };
@@ -258,7 +278,10 @@ impl Session {
         if let Err(e) = w.wait_ready(self.env.start_timeout).await {
             w.kill_alone("it did not start");
             return Err(ReplError::Branch {
-                detail: format!("the worker forked from {} did not start: {e}", cell_name(from)),
+                detail: format!(
+                    "the worker forked from {} did not start: {e}",
+                    cell_name(from)
+                ),
             });
         }
         self.switch_head(w.clone(), tree, Some(from));

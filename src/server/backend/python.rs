@@ -397,7 +397,10 @@ impl Backend {
                 SnapshotState::Held => "snapshot".to_string(),
                 SnapshotState::Replay => format!(
                     "replay{}",
-                    c.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
+                    c.note
+                        .as_deref()
+                        .map(|n| format!(" ({n})"))
+                        .unwrap_or_default()
                 ),
                 SnapshotState::None => "no state".to_string(),
             };
