@@ -98,10 +98,12 @@ class Server:
 
 
 async def call(s: ClientSession, **args) -> tuple[float, dict]:
+    args.setdefault("wait_seconds", 60)
     t = time.perf_counter()
     res = await s.call_tool("python_exec", args)
     took = time.perf_counter() - t
     assert not res.is_error, res.content[0].text
+    assert res.structured_content["status"] == "completed", res.content[0].text
     return took, res.structured_content
 
 
@@ -114,16 +116,30 @@ async def with_server(binary: str, snapshots: int, body):
                 return await body(s)
 
 
+FORK = ("import os, time\nt = time.perf_counter(); pid = os.fork()\nif pid == 0: os._exit(0)\n"
+        "os.waitpid(pid, 0); time.perf_counter() - t")
+
+
 async def branch_latency(s: ClientSession, n: int) -> dict:
+    out = {"small": [], "branch": [], "head": [], "fork": []}
+    _, a = await call(s, code="x = 0", session="small")
+    await call(s, code="x = 1", session="small")
+    for _ in range(n):
+        out["small"].append((await call(s, code="1", parent=a["cell"], session="small"))[0])
+        await anyio.sleep(0.2)
     _, a = await call(s, code=BIG, wait_seconds=60)
     await call(s, code="x = 1")
-    out = {"branch": [], "head": []}
     for _ in range(n):
+        await anyio.sleep(1)  # an agent's pause: the last cell's snapshot is taken by now
         t, r = await call(s, code="1", parent=a["cell"])
         assert not r.get("replayed"), r
         out["branch"].append(t)
+        await anyio.sleep(1)
         t, _ = await call(s, code="1")
         out["head"].append(t)
+    for _ in range(3):
+        await anyio.sleep(1)
+        out["fork"].append(float((await call(s, code=FORK))[1]["value"]))
     return out
 
 
@@ -181,9 +197,11 @@ async def main(binary: str, n: int) -> None:
           f"{load0[0]:.1f} at start, {load1[0]:.1f} at end, {os.cpu_count()} cores)\n")
     print("| What (through MCP, session holding a 1 GiB bytearray, every page touched) | Result |")
     print("|---|---|")
+    print(f"| branch in a small session (a few variables) | {summary(br['small'])} |")
     print(f"| branch: `python_exec code=\"1\" parent=<that cell>` (fork from its snapshot) | {summary(br['branch'])} |")
     print(f"| replay of the same path: same call, `replay=true`, snapshots off | {summary(rp)} |")
     print(f"| the same trivial cell on the head, no branch (scale) | {summary(br['head'])} |")
+    print(f"| one `os.fork()` of that worker, timed inside it (what a snapshot costs) | {summary(br['fork'])} |")
     print(f"| memory, 10 snapshots, each cell changing a few variables — cgroup | {mib(mem_on['cgroup'])} vs {mib(mem_off['cgroup'])} without snapshots ({extra(mem_on['cgroup'], mem_off['cgroup'])}) |")
     print(f"| memory, same — Σ PSS of the session's processes | {mib(mem_on['pss'])} over {mem_on['pids']} processes vs {mib(mem_off['pss'])} over {mem_off['pids']} ({extra(mem_on['pss'], mem_off['pss'])}) |")
     print(f"| back-to-back trivial cells, snapshots on (cap 8) | {summary(triv_on)} |")
