@@ -796,6 +796,7 @@ class _Snapshots:
 
     ctl = None  # control socket to the server (a _socket.socket), or None: no snapshots
     children = []  # pids of the snapshots this process forked, reaped between cells
+    REAP_AFTER = 5.0  # seconds a snapshot waits before reaping the workers it forked
     # asyncio loops inherited from a snapshot: kept, never closed (closing one would
     # unregister descriptors from an epoll instance the snapshot shares).
     old_loops = []
@@ -928,12 +929,18 @@ class _Snapshots:
             os.dup2(0, 2)
         except OSError:
             pass
-        # Live workers forked from here are reaped only when the next message comes: until
-        # then an ended one stays a zombie, so the server can read its exit status in /proc.
+        # Live workers forked from here are reaped a few seconds after they end (or when
+        # the next message comes), not at once: the server reads an ended one's exit
+        # status in /proc while it is a zombie. Reaping keeps zombies from filling the
+        # session's process cap.
         cls.children = []
+        sock.settimeout(cls.REAP_AFTER)
         while True:
             try:
                 msg, fds = _recv_msg(sock)
+            except TimeoutError:
+                cls.reap()
+                continue
             except InterruptedError:
                 continue
             except OSError:

@@ -263,3 +263,34 @@ def test_graph_survives_a_server_restart_and_replays_only_when_asked(server: Har
 
     server.run(first)
     server.run(second)
+
+
+def test_replaced_heads_are_reaped_by_their_snapshot(server: Harness):
+    """Each branch kills the old head; its snapshot parent reaps it a few seconds later, so
+    zombies do not pile up against the session's process cap."""
+    name = f"brz{os.getpid() % 100000}"
+
+    def zombies() -> list[int]:
+        out = []
+        for p in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if Path(f"/proc/{p}/comm").read_text().strip() != name:
+                    continue
+                fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            # The spawned worker is the server's child, kept unreaped on purpose.
+            if fields[0] == "Z" and int(fields[1]) != server.last_server_pid:
+                out.append(int(p))
+        return out
+
+    async def scenario(c):
+        await c.ok("python_exec", code=MARK_CODE.format(name=name))  # c1
+        for _ in range(4):
+            await c.ok("python_exec", code="1", parent="c1")
+        deadline = time.monotonic() + 20
+        while zombies() and time.monotonic() < deadline:
+            await anyio.sleep(0.2)
+        assert not zombies()
+
+    server.run(scenario)
