@@ -294,3 +294,24 @@ def test_replaced_heads_are_reaped_by_their_snapshot(server: Harness):
         assert not zombies()
 
     server.run(scenario)
+
+
+def test_a_dead_snapshot_falls_back_to_replay_and_the_session_goes_on(server: Harness):
+    """A snapshot killed from outside (as the memory limit may) is forgotten: branching
+    from its cell asks for replay; the head and the other snapshots keep working."""
+    tag = f"brd{os.getpid() % 100000}"
+
+    async def scenario(c):
+        await c.ok("python_exec", code=MARK_CODE.format(name=tag + "a") + "; x = 1")  # c1
+        await c.ok("python_exec", code=MARK_CODE.format(name=tag + "b") + "; x = 2")  # c2
+        await c.ok("python_history")  # both snapshots are in
+        (snap_c1,) = comm_pids(tag + "a")
+        os.kill(snap_c1, signal.SIGKILL)
+        r = await c.py("x", parent="c1")
+        assert r["status"] == "failed" and "replay=true" in r["message"], r
+        cells = by_cell(await c.ok("python_history"))
+        assert cells["c1"]["snapshot"] == "replay" and "failed" in cells["c1"]["note"], cells["c1"]
+        assert (await c.ok("python_exec", code="x", parent="c2"))["value"] == "2"
+        assert (await c.ok("python_exec", code="x", parent="c1", replay=True))["value"] == "1"
+
+    server.run(scenario)
