@@ -112,6 +112,11 @@ pub struct ServeArgs {
     /// Idle seconds after which a session is closed.
     #[arg(long, env = "MCP_SANDBOX_SESSION_TTL", default_value_t = 3600)]
     pub session_ttl: u64,
+    /// Snapshots (forked copies of a session's state after each cell, for branching with
+    /// `python_exec parent=...`) kept per session; the least recently used is evicted.
+    /// 0 turns snapshots off.
+    #[arg(long, env = "MCP_SANDBOX_MAX_SNAPSHOTS", default_value_t = 8)]
+    pub max_snapshots: usize,
     /// Approximate cap, in bytes, on the text of one tool response.
     #[arg(long, env = "MCP_SANDBOX_RESPONSE_BYTES", default_value_t = 20_000)]
     pub response_bytes: usize,

@@ -20,6 +20,8 @@ pub struct Config {
     pub max_sessions: usize,
     /// Idle time after which a session is closed.
     pub session_ttl: Duration,
+    /// Fork snapshots kept per session for branching (0: off).
+    pub max_snapshots: usize,
     /// Approximate cap, in bytes, on the text of one response.
     pub response_bytes: usize,
     /// Cap, in bytes, on disk used by spooled job output.

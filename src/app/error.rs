@@ -53,6 +53,9 @@ pub enum AppError {
          stop it with job_cancel, or use another session name to run in parallel"
     )]
     SessionBusy { session: String, job: String },
+    /// A `parent` cell that cannot be branched from; the text lists the usable cells.
+    #[error("{0}")]
+    BadParent(String),
     #[error("job {id} is still {status}; cancel it first (job_cancel) or wait for it")]
     StillRunning { id: String, status: JobStatus },
     /// Arguments that contradict each other or miss a required one; the text names them.

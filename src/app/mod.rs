@@ -53,6 +53,9 @@ use workspace::Workspace;
 pub struct JobView {
     pub snapshot: JobSnapshot,
     pub denied: Vec<String>,
+    /// A Python cell still running: its cell number and the cell it runs on top of
+    /// (finished cells carry both in their result).
+    pub running_cell: Option<(u64, Option<u64>)>,
 }
 
 pub struct App {
@@ -107,6 +110,7 @@ impl App {
         repl.python = cfg.python.clone();
         repl.max_sessions = cfg.max_sessions;
         repl.idle_ttl = cfg.session_ttl;
+        repl.max_snapshots = cfg.max_snapshots;
         repl.repr_limit = cfg.response_bytes.min(20_000);
         Ok(App {
             sessions: SessionManager::new(repl),
@@ -263,7 +267,19 @@ impl App {
                 running.remove(session);
             }
         }
-        JobView { snapshot, denied }
+        let running_cell = match (&snapshot.session, snapshot.kind, snapshot.result.is_none()) {
+            (Some(session), JobKind::Python, true) => self
+                .sessions
+                .get(session)
+                .ok()
+                .and_then(|s| s.running_cell()),
+            _ => None,
+        };
+        JobView {
+            snapshot,
+            denied,
+            running_cell,
+        }
     }
 }
 

@@ -26,6 +26,7 @@ pub fn config(args: ServeArgs) -> ServerConfig {
         token,
         max_sessions,
         session_ttl,
+        max_snapshots,
         response_bytes,
         disk_cap,
     } = args;
@@ -38,6 +39,7 @@ pub fn config(args: ServeArgs) -> ServerConfig {
             uv,
             max_sessions,
             session_ttl: Duration::from_secs(session_ttl),
+            max_snapshots,
             response_bytes,
             disk_cap,
         },

@@ -137,12 +137,15 @@ impl SessionManager {
                 tmp,
                 policy,
                 code: python.worker_code.clone(),
+                snapshots: self.cfg.max_snapshots > 0,
             },
             policy_name: self.cfg.policy.name.clone(),
             python,
             repr_limit: self.cfg.repr_limit,
             start_timeout: self.cfg.start_timeout,
             spare: self.cfg.spare_worker,
+            max_snapshots: self.cfg.max_snapshots,
+            graph_file: Some(self.session_dir(name).join("graph.jsonl")),
         };
         // Start the worker without holding the map: other sessions stay reachable while
         // the launcher sets up. A concurrent start of the same name wins; ours is closed.
@@ -225,13 +228,31 @@ impl SessionManager {
         sessions.iter().map(|s| s.info()).collect()
     }
 
-    /// Kill the session's worker and forget it (its temp directory is removed).
+    /// Kill the session's worker and forget it (its directory, graph included, is removed).
     pub fn close(&self, name: &str) -> Result<(), ReplError> {
-        // Closed on purpose: a later session of this name is not "expired".
-        self.expired
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(name);
+        self.close_session(name, true)
+    }
+
+    /// The sessions (other than `but`) that have a cell numbered `cell`.
+    pub fn sessions_with_cell(&self, cell: u64, but: &str) -> Vec<String> {
+        let sessions: Vec<Arc<Session>> = self.sessions().values().cloned().collect();
+        sessions
+            .iter()
+            .filter(|s| s.name() != but && s.has_cell(cell))
+            .map(|s| s.name().to_string())
+            .collect()
+    }
+
+    /// Close a session; `forget` removes its directory, else only its temp directory
+    /// goes and its cell graph stays for a later server (shutdown).
+    fn close_session(&self, name: &str, forget: bool) -> Result<(), ReplError> {
+        if forget {
+            // Closed on purpose: a later session of this name is not "expired".
+            self.expired
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(name);
+        }
         let session = {
             let mut map = self.sessions();
             map.remove(name).ok_or_else(|| ReplError::NoSuchSession {
@@ -241,7 +262,11 @@ impl SessionManager {
         };
         session.close();
         // Removing a big temp tree can take a while; never on the caller's time. Moved
-        // aside first, so it is gone from the session's directory at once.
+        // aside first, so it is gone from the session's directory at once (a session
+        // started again under this name has a directory of its own).
+        if forget {
+            let _ = std::fs::remove_file(self.session_dir(name).join("graph.jsonl"));
+        }
         let mut dir = session.tmp_dir().to_path_buf();
         let aside = self
             .cfg
@@ -263,7 +288,7 @@ impl SessionManager {
     pub fn shutdown(&self) {
         let names: Vec<String> = self.sessions().keys().cloned().collect();
         for name in names {
-            let _ = self.close(&name);
+            let _ = self.close_session(&name, false);
         }
     }
 
