@@ -21,6 +21,18 @@ pub enum AppError {
         path: PathBuf,
         error: std::io::Error,
     },
+    /// A workspace so broad that writing it means writing the user's files or our state.
+    #[error(
+        "refusing workspace {}: it is {why}, so sandboxed code could write anywhere under it; \
+         pass --workspace <a project directory>, or --allow-broad-workspace to accept it",
+        path.display()
+    )]
+    BroadWorkspace { path: PathBuf, why: String },
+    #[error(
+        "workspace {} is not a directory; pass a directory with --workspace",
+        path.display()
+    )]
+    WorkspaceNotADirectory { path: PathBuf },
     #[error("cannot create the state directory {}: {error}; pass --state-dir", path.display())]
     StateDir {
         path: PathBuf,

@@ -88,6 +88,9 @@ impl App {
                 path: workspace.clone(),
                 error,
             })?;
+        if !workspace.is_dir() {
+            return Err(AppError::WorkspaceNotADirectory { path: workspace });
+        }
         let mut policy = Policy::load(&cfg.policy)?;
         let state_dir = cfg
             .state_dir
@@ -97,6 +100,21 @@ impl App {
             path: state_dir.clone(),
             error,
         })?;
+        let state_dir = state_dir
+            .canonicalize()
+            .map_err(|error| AppError::StateDir {
+                path: state_dir.clone(),
+                error,
+            })?;
+        let home = std::env::var_os("HOME")
+            .filter(|h| !h.is_empty())
+            .and_then(|h| PathBuf::from(h).canonicalize().ok());
+        workspace::check_breadth(
+            &workspace,
+            &state_dir,
+            home.as_deref(),
+            cfg.allow_broad_workspace,
+        )?;
         let store = JobStore::open(StoreConfig {
             state_dir: state_dir.clone(),
             disk_cap: cfg.disk_cap,
@@ -121,6 +139,11 @@ impl App {
             envs: OnceCell::new(),
             uv: cfg.uv.clone(),
         })
+    }
+
+    /// The server's state dir (job tables, spooled output, the generated HTTP token).
+    pub fn state_dir(&self) -> &std::path::Path {
+        &self.state_dir
     }
 
     /// Approximate cap, in bytes, on the text of one response.

@@ -68,6 +68,42 @@ impl Workspace {
     }
 }
 
+/// Refuse a workspace that would hand sandboxed code the whole machine, the user's files
+/// or the server's own state: `/`, `home`, a parent of `state_dir` or anything inside
+/// it — unless `allow_broad` (then the state dir is still masked from the job's view).
+/// All paths canonical.
+pub fn check_breadth(
+    root: &Path,
+    state_dir: &Path,
+    home: Option<&Path>,
+    allow_broad: bool,
+) -> Result<(), AppError> {
+    let why = if root == Path::new("/") {
+        Some("the root directory".to_string())
+    } else if home == Some(root) {
+        Some("your home directory".to_string())
+    } else if state_dir.starts_with(root) {
+        Some(format!(
+            "a parent of the server's state dir {} (job records and output)",
+            state_dir.display()
+        ))
+    } else if root.starts_with(state_dir) {
+        Some(format!(
+            "inside the server's state dir {}",
+            state_dir.display()
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(why) if !allow_broad => Err(AppError::BroadWorkspace {
+            path: root.to_path_buf(),
+            why,
+        }),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +177,39 @@ mod tests {
                 "{p:?} accepted or wrong error: {e}"
             );
             assert!(e.to_string().contains("is outside the workspace"), "{e}");
+        }
+    }
+
+    #[test]
+    fn broad_workspaces_are_refused_unless_allowed() {
+        let state = Path::new("/home/u/.local/state/mcp");
+        let home = Some(Path::new("/home/u"));
+        for (root, word) in [
+            ("/", "root directory"),
+            ("/home/u", "home directory"),
+            ("/home", "parent of the server's state dir"),
+            ("/home/u/.local", "parent of the server's state dir"),
+            (
+                "/home/u/.local/state/mcp",
+                "parent of the server's state dir",
+            ),
+            (
+                "/home/u/.local/state/mcp/x",
+                "inside the server's state dir",
+            ),
+        ] {
+            let e = check_breadth(Path::new(root), state, home, false).unwrap_err();
+            let text = e.to_string();
+            assert!(text.contains(word), "{root}: {text}");
+            assert!(text.contains("--allow-broad-workspace"), "{text}");
+            assert!(!text.contains('\n'), "{text}");
+            assert!(check_breadth(Path::new(root), state, home, true).is_ok());
+        }
+        for root in ["/home/u/project", "/home/u/.local/statex", "/srv/w"] {
+            assert!(
+                check_breadth(Path::new(root), state, home, false).is_ok(),
+                "{root}"
+            );
         }
     }
 

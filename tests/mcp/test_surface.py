@@ -1,0 +1,218 @@
+"""The server's own surface: the HTTP endpoint's authentication and Origin checks, and the
+workspace it refuses to start with. Every test drives the real binary."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import anyio
+import pytest
+
+from conftest import binary
+
+INIT = {
+    "jsonrpc": "2.0", "id": 1, "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url, body, headers=None):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    req.add_header("Accept", "application/json, text/event-stream")
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def start_http(server, *extra, log_env=None):
+    """Start the HTTP server; return (proc, url, port). stderr goes to a file we can read."""
+    port = free_port()
+    env = server.server_env()
+    if log_env is None:
+        env.pop("RUST_LOG", None)  # the default level must show the start-up line
+    err = open(server.root / f"http-{port}.log", "w")
+    proc = subprocess.Popen(
+        [binary(), "--transport", "http", "--listen", f"127.0.0.1:{port}", *extra],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+    )
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"http://127.0.0.1:{port}/mcp", port
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"HTTP server did not start: {(server.root / f'http-{port}.log').read_text()}")
+
+
+def stop(proc):
+    proc.terminate()
+    assert proc.wait(timeout=10) == 0
+
+
+def test_http_without_token_generates_one_and_refuses_requests_without_it(server):
+    """No --token: a random token is written 0600 in the state dir, stderr names the file and
+    the URL, a request without it (or with a wrong one) gets 401, the bearer scheme is matched
+    in any case, and the token file is not a guessable value."""
+    proc, url, port = start_http(server)
+    try:
+        token_file = server.state_dir / "http-token"
+        assert token_file.is_file()
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        token = token_file.read_text().strip()
+        assert len(token) >= 32
+        status, body = post(url, INIT)
+        assert status == 401, body
+        status, _ = post(url, INIT, {"Authorization": "Bearer " + "0" * len(token)})
+        assert status == 401
+        status, _ = post(url, INIT, {"Authorization": token})
+        assert status == 401
+        status, body = post(url, INIT, {"Authorization": f"bEaReR {token}"})
+        assert status == 200, body
+        log = (server.root / f"http-{port}.log").read_text()
+        assert f"http://127.0.0.1:{port}/mcp" in log, log
+        assert str(token_file) in log, log
+        assert token not in log
+    finally:
+        stop(proc)
+
+
+def test_http_refuses_a_cross_origin_request(server):
+    """A browser request from another origin (DNS rebinding) gets 403 even with the token;
+    our own loopback origin and no Origin at all pass."""
+    proc, url, port = start_http(server)
+    try:
+        token = (server.state_dir / "http-token").read_text().strip()
+        auth = {"Authorization": f"Bearer {token}"}
+        status, body = post(url, INIT, {**auth, "Origin": "http://evil.example"})
+        assert status == 403, body
+        status, body = post(url, INIT, {**auth, "Origin": f"http://evil.example:{port}"})
+        assert status == 403, body
+        status, body = post(url, INIT, {**auth, "Origin": f"http://localhost:{port}"})
+        assert status == 200, body
+        status, body = post(url, INIT, auth)
+        assert status == 200, body
+    finally:
+        stop(proc)
+
+
+def test_no_auth_is_explicit_and_loopback_only(server):
+    """--no-auth serves without a token on loopback (no token file is written); on a public
+    address it is refused (test_protocol.py::test_http_refuses_public_address_without_token)."""
+    proc, url, _ = start_http(server, "--no-auth")
+    try:
+        status, body = post(url, INIT)
+        assert status == 200, body
+        assert not (server.state_dir / "http-token").exists()
+    finally:
+        stop(proc)
+
+
+def test_token_with_stdio_is_an_error(server):
+    out = subprocess.run(
+        [binary(), "--token", "t"], env=server.server_env(), stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=20,
+    )
+    assert out.returncode != 0
+    assert "--transport http" in out.stderr, out.stderr
+
+
+CONNECT = """
+import socket, sys
+port = int(sys.argv[1]) if len(sys.argv) > 1 else PORT
+for host in ("127.0.0.1", "::1"):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        print("CONNECTED", host)
+    except OSError as e:
+        print("REFUSED", host, type(e).__name__, e.errno)
+"""
+
+
+def test_sandboxed_code_cannot_reach_the_http_endpoint(server):
+    """Code in a session and in a shell job can't connect to the server's own endpoint,
+    on 127.0.0.1 or ::1 (the test first checks the endpoint answers from outside)."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    proc, url, port = start_http(server)
+    (server.workspace / "probe.py").write_text(CONNECT.replace("PORT", str(port)))
+    socket.create_connection(("127.0.0.1", port), timeout=3).close()
+    token = (server.state_dir / "http-token").read_text().strip()
+
+    async def main():
+        client = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+        async with client, streamable_http_client(url, http_client=client) as streams:
+            async with ClientSession(streams[0], streams[1]) as s:
+                await s.initialize()
+                shell = await s.call_tool("shell_run", {"command": f"python3 probe.py {port}"})
+                py = await s.call_tool("python_exec", {"code": CONNECT.replace("PORT", str(port))})
+                return shell, py
+
+    try:
+        shell, py = anyio.run(main)
+    finally:
+        stop(proc)
+    for res in (shell, py):
+        text = "\n".join(getattr(c, "text", "") for c in res.content)
+        assert "CONNECTED" not in text, text
+        assert text.count("REFUSED") == 2, text
+
+
+def run_server_in(cwd: Path, env: dict, *args: str):
+    return subprocess.run(
+        [binary(), *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=30,
+    )
+
+
+@pytest.mark.parametrize("where", ["root", "home"])
+def test_broad_workspace_refused_with_one_line(server, where):
+    """Started in `/` or in $HOME with no --workspace, the server exits non-zero with one
+    clear line naming the way out; --allow-broad-workspace is the explicit opt-in."""
+    env = {k: v for k, v in server.server_env().items() if k != "MCP_SANDBOX_WORKSPACE"}
+    home = server.root / "home"
+    home.mkdir()
+    env["HOME"] = str(home)
+    cwd = Path("/") if where == "root" else home
+    out = run_server_in(cwd, env)
+    assert out.returncode != 0
+    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, out.stderr
+    assert "refusing workspace" in lines[0] and "--allow-broad-workspace" in lines[0], lines
+    assert ("root directory" if where == "root" else "home directory") in lines[0]
+
+
+def test_workspace_that_is_a_file_or_holds_the_state_dir_is_refused(server):
+    env = server.server_env()
+    f = server.root / "file"
+    f.write_text("")
+    out = run_server_in(server.root, {**env, "MCP_SANDBOX_WORKSPACE": str(f)})
+    assert out.returncode != 0 and "not a directory" in out.stderr, out.stderr
+    # The harness's root holds the state dir.
+    out = run_server_in(server.root, {**env, "MCP_SANDBOX_WORKSPACE": str(server.root)})
+    assert out.returncode != 0 and "state dir" in out.stderr, out.stderr
+    (server.state_dir / "x").mkdir()
+    out = run_server_in(server.root, {**env, "MCP_SANDBOX_WORKSPACE": str(server.state_dir / "x")})
+    assert out.returncode != 0 and "inside the server's state dir" in out.stderr, out.stderr
