@@ -115,12 +115,20 @@ impl App {
             home.as_deref(),
             cfg.allow_broad_workspace,
         )?;
+        tmp::sweep_at_start(&state_dir);
         let store = JobStore::open(StoreConfig {
             state_dir: state_dir.clone(),
             disk_cap: cfg.disk_cap,
             response_bytes: cfg.response_bytes,
         })?;
         crate::envs::allow_session_venvs(&mut policy, &state_dir)?;
+        // Whatever the workspace is (`--allow-broad-workspace`), sandboxed code never sees
+        // the state dir (job records, spooled output, the HTTP token): the mount view
+        // covers it, re-exposing only what the policy lists inside (venvs, private tmp).
+        policy
+            .filesystem
+            .hide
+            .push(state_dir.to_string_lossy().into_owned());
         let mut repl = ReplConfig::new(workspace.clone(), policy.clone(), state_dir.clone());
         repl.python = cfg.python.clone();
         repl.max_sessions = cfg.max_sessions;

@@ -216,3 +216,131 @@ def test_workspace_that_is_a_file_or_holds_the_state_dir_is_refused(server):
     (server.state_dir / "x").mkdir()
     out = run_server_in(server.root, {**env, "MCP_SANDBOX_WORKSPACE": str(server.state_dir / "x")})
     assert out.returncode != 0 and "inside the server's state dir" in out.stderr, out.stderr
+
+
+def test_state_dir_is_hidden_even_inside_an_allowed_broad_workspace(server):
+    """With --allow-broad-workspace and the state dir inside the workspace, code in a shell
+    job and in a session sees an empty, read-only directory there: no job records, no
+    spooled output; writes fail; the server's own files are untouched."""
+    server.env["MCP_SANDBOX_WORKSPACE"] = str(server.root)
+    state = server.state_dir
+
+    async def scenario(c):
+        first = await c.ok("shell_run", command="echo first-job-output")
+        assert "first-job-output" in first["stdout"]["text"]
+        records = sorted(p.name for p in state.rglob("*") if p.is_file())
+        assert records, "the server keeps job records in its state dir"
+        probe = (
+            f"find {state} -type f | head; "
+            f"grep -rl first-job-output {state} 2>&1 | head -3; "
+            f"echo x > {state}/planted && echo WROTE-STATE; "
+            f"echo x > {server.root}/in-workspace && echo WROTE-WS"
+        )
+        r = await c.ok("shell_run", command=probe)
+        text = r["stdout"]["text"] + r["stderr"]["text"]
+        assert "WROTE-WS" in text, text  # the workspace itself is writable
+        assert "WROTE-STATE" not in text and "first-job-output" not in text, text
+        assert "job.json" not in text, text
+        py = await c.py(
+            f"import os\nprint(sorted(os.listdir({str(state)!r})))\n"
+            f"print([f for d, _, fs in os.walk({str(state)!r}) for f in fs])"
+        )
+        out = py["stdout"]["text"]
+        assert "job" not in out and ".json" not in out, py
+        return records
+
+    server.run(scenario, "--allow-broad-workspace")
+    assert not (state / "planted").exists()
+    assert (server.root / "in-workspace").exists()
+
+
+def small_tmp_policy(server, size: str) -> Path:
+    text = (Path(binary()).resolve().parents[2] / "policies" / "workspace-write.toml").read_text()
+    assert 'tmp_size = "1GiB"' in text
+    p = server.root / "small-tmp.toml"
+    p.write_text(text.replace('tmp_size = "1GiB"', f'tmp_size = "{size}"'))
+    return p
+
+
+def test_a_job_cannot_fill_the_host_disk_through_tmp(server):
+    """A shell job writing 2 GiB to $TMPDIR stops at the policy's tmp_size (ENOSPC): its
+    {tmp} is a tmpfs in its own mount view; the host file system gains nothing."""
+    policy = small_tmp_policy(server, "32MiB")
+    before = os.statvfs(server.state_dir)
+
+    async def scenario(c):
+        r = await c.ok(
+            "shell_run",
+            command='stat -f -c %T "$TMPDIR"; head -c 2G /dev/zero > "$TMPDIR/big"; echo rc=$?; '
+                    'stat -c %s "$TMPDIR/big"',
+            wait_seconds=60,
+        )
+        return await c.finish(r, timeout=120)
+
+    r = server.run(scenario, "--policy", str(policy), timeout=180)
+    out = r["all_stdout"].split()
+    assert out[0] == "tmpfs", r
+    assert out[1] != "rc=0", r
+    assert "No space left" in r["all_stderr"], r
+    assert int(out[2]) <= 32 * 1024 * 1024, r
+    after = os.statvfs(server.state_dir)
+    freed = (after.f_bavail - before.f_bavail) * after.f_frsize
+    assert freed > -16 * 1024 * 1024, f"host disk lost {-freed} bytes"
+    host_bytes = sum(p.stat().st_size for p in server.state_dir.rglob("*") if p.is_file())
+    assert host_bytes < 4 * 1024 * 1024, host_bytes
+
+
+def test_bad_tmp_size_is_one_clear_line(server):
+    policy = small_tmp_policy(server, "lots")
+    out = subprocess.run(
+        [binary(), "policy", "check", str(policy)], capture_output=True, text=True, timeout=30,
+    )
+    assert out.returncode != 0
+    assert "limits.tmp_size" in out.stderr and str(policy) in out.stderr, out.stderr
+
+
+PLANT = r"""
+import os, site, subprocess, sys
+line = "import sys; sys.stderr.write('PTH RAN\\n')\n"
+dirs = {site.getusersitepackages(), os.environ["TMPDIR"], os.environ["HOME"]}
+for d in dirs:
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "zz_planted.pth"), "w") as f:
+        f.write(line)
+with open(os.path.join(os.environ["TMPDIR"], "sitecustomize.py"), "w") as f:
+    f.write(line)
+# Control: a fresh interpreter of this same job does run the planted file.
+ctl = subprocess.run([sys.executable, "-c", "pass"], capture_output=True, text=True,
+                     env={**os.environ, "PYTHONPATH": os.environ["TMPDIR"]})
+print("control", "PTH RAN" in ctl.stderr)
+print("home", os.environ["HOME"])
+"""
+
+
+def test_a_pth_planted_by_one_script_does_not_run_in_the_next(server):
+    """Scripts don't share HOME/TMPDIR: a .pth (and a sitecustomize) one script plants in
+    its user site and temp dir is gone for the next script, which gets a different HOME."""
+    server.env.update(
+        UV_OFFLINE="1", UV_NO_INDEX="1", UV_CACHE_DIR=str(server.root / "uv-cache"),
+        UV_PYTHON_DOWNLOADS="never",
+    )
+
+    async def scenario(c):
+        first = await c.finish(await c.ok("python_run_script", code=PLANT))
+        second = await c.finish(await c.ok(
+            "python_run_script",
+            code="import os, sys\nprint('home', os.environ['HOME'])\nsys.path.insert(0, os.environ['TMPDIR'])\n"
+                 "import importlib.util\nprint('sitecustomize', importlib.util.find_spec('sitecustomize') is not None)",
+        ))
+        return first, second
+
+    first, second = server.run(scenario)
+    assert first["status"] == "completed", first
+    assert "control True" in first["all_stdout"], first
+    assert second["status"] == "completed", second
+    assert "PTH RAN" not in second["all_stdout"] + second["all_stderr"], second
+    assert "sitecustomize False" in second["all_stdout"], second
+    home1 = first["all_stdout"].split("home ")[1].split()[0]
+    home2 = second["all_stdout"].split("home ")[1].split()[0]
+    assert home1 != home2
+    assert not Path(home1).exists(), "the first script's HOME outlived it"

@@ -154,26 +154,28 @@ impl App {
             .cloned()
     }
 
-    /// The server policy resolved for uv work (the envs module adds the grants).
+    /// The server policy resolved for uv work (the envs module adds the grants), with a
+    /// private `{tmp}` (HOME, TMPDIR) of its own: nothing one script or install leaves
+    /// there (a `.pth` in its user site) is seen by the next. Removed when the guard drops.
     async fn env_policy(
         &self,
         envs: &EnvManager,
         venv: Option<&Venv>,
-    ) -> Result<ResolvedPolicy, AppError> {
-        let tmp = self.state_dir.join("env-tmp");
-        super::tmp::create_dir(&tmp)?;
+    ) -> Result<(ResolvedPolicy, super::tmp::TmpDir), AppError> {
+        let base = self.state_dir.join("env-tmp");
+        let tmp = super::tmp::TmpDir(super::tmp::create_job_tmp(&base)?);
         let python = match self.sessions.python().await {
             Ok(info) => info.prefixes.clone(),
             Err(_) => Vec::new(),
         };
         let ph = Placeholders {
             workspace: self.workspace.root().to_path_buf(),
-            tmp,
+            tmp: tmp.0.clone(),
             python,
             venv: venv.map(|v| v.root().to_path_buf()),
             uv_cache: Some(envs.config().uv_cache_dir()),
         };
-        Ok(self.policy.resolve(&ph)?)
+        Ok((self.policy.resolve(&ph)?, tmp))
     }
 
     fn venv_location(
@@ -215,7 +217,7 @@ impl App {
         let location = self.venv_location(req.venv_path.as_deref(), req.use_workspace_venv)?;
         let uv = envs.uv().cloned();
         let venv = if req.create {
-            let policy = self.env_policy(&envs, None).await?;
+            let (policy, _tmp) = self.env_policy(&envs, None).await?;
             Some(
                 envs.ensure_session_venv(session, location.as_ref(), &policy)
                     .await?,
@@ -245,7 +247,7 @@ impl App {
         let envs = self.envs().await?;
         envs.uv()?;
         let location = self.venv_location(args.venv_path.as_deref(), args.use_workspace_venv)?;
-        let policy = self.env_policy(&envs, None).await?;
+        let (policy, tmp) = self.env_policy(&envs, None).await?;
         let label = format!("install {}", req.packages.join(" "));
         let handle = self.store.create(JobKind::Install, Some(session), &label)?;
         let cancel = Canceller::new();
@@ -258,6 +260,7 @@ impl App {
         let sessions = self.sessions.clone();
         let session = session.to_string();
         tokio::spawn(async move {
+            let _tmp = tmp;
             let r = envs
                 .install(&session, location.as_ref(), &req, &policy, sink, &cancel)
                 .await;
@@ -321,7 +324,7 @@ impl App {
         };
         let envs = self.envs().await?;
         envs.uv()?;
-        let policy = self.env_policy(&envs, None).await?;
+        let (policy, tmp) = self.env_policy(&envs, None).await?;
         let handle = self.store.create(JobKind::Script, None, &label)?;
         let cancel = Canceller::new();
         handle.set_control(Arc::new(EnvControl(cancel.clone())));
@@ -332,6 +335,7 @@ impl App {
         });
         let benchmark = args.benchmark;
         tokio::spawn(async move {
+            let _tmp = tmp;
             let outcome = match envs.run_script(&req, &policy, sink, &cancel).await {
                 Err(e) => JobOutcome {
                     status: JobStatus::Failed,
