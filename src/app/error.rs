@@ -54,12 +54,17 @@ pub enum AppError {
         path: String,
         workspace: PathBuf,
     },
+    /// A path inside the workspace that is missing or of the wrong kind.
     #[error(
-        "no such file: {} (paths are relative to the workspace {})",
-        path.display(),
+        "{what} {path} {reason} (paths are relative to the workspace {})",
         workspace.display()
     )]
-    NoSuchFile { path: PathBuf, workspace: PathBuf },
+    PathUnusable {
+        what: String,
+        path: String,
+        reason: String,
+        workspace: PathBuf,
+    },
     #[error(
         "session {session:?} is busy with another cell: follow job {job} with job_wait, \
          stop it with job_cancel, or use another session name to run in parallel"

@@ -344,3 +344,114 @@ def test_a_pth_planted_by_one_script_does_not_run_in_the_next(server):
     home2 = second["all_stdout"].split("home ")[1].split()[0]
     assert home1 != home2
     assert not Path(home1).exists(), "the first script's HOME outlived it"
+
+
+def uv_offline(server):
+    server.env.update(
+        UV_OFFLINE="1", UV_NO_INDEX="1", UV_CACHE_DIR=str(server.root / "uv-cache"),
+        UV_PYTHON_DOWNLOADS="never",
+    )
+
+
+SWAPPER = r"""
+import os, threading
+os.makedirs('sub', exist_ok=True)
+def swap():
+    n = 0
+    while not os.path.exists('stop-swapping'):
+        try:
+            os.replace('sub', 'sub-real')          # the directory goes away...
+            os.symlink(OUT, 'sub')                 # ...a symlink out takes its place...
+            os.unlink('sub')
+            os.replace('sub-real', 'sub')          # ...and the directory comes back
+            n += 1
+        except OSError:
+            if os.path.islink('sub'):
+                os.unlink('sub')
+            if os.path.isdir('sub-real') and not os.path.exists('sub'):
+                os.replace('sub-real', 'sub')
+    open('swaps', 'w').write(str(n))
+t = threading.Thread(target=swap, daemon=True)
+t.start()
+'"swapping"'
+"""
+
+
+def test_venv_path_race_creates_nothing_outside(server):
+    """A session swaps `sub` between a directory and a symlink to an outside directory in a
+    tight loop while env_info(venv_path=sub/vN, create=true) is called 200 times: every
+    call either works inside the workspace or is refused; nothing is created outside."""
+    uv_offline(server)
+    outside = server.root / "outside"
+    outside.mkdir()
+    before = sorted(p.name for p in server.root.iterdir())
+
+    async def scenario(c):
+        r = await c.py(SWAPPER.replace("OUT", repr(str(outside))), session="racer")
+        assert r["status"] == "completed", r
+        outcomes = {"ok": 0, "refused": 0}
+        for i in range(200):
+            res = await c.call("env_info", create=True, venv_path=f"sub/v{i}", session="target", timeout=120)
+            outcomes["refused" if res.is_error else "ok"] += 1
+        (server.workspace / "stop-swapping").write_text("")
+        for _ in range(100):
+            if (server.workspace / "swaps").exists():
+                break
+            await anyio.sleep(0.1)
+        return outcomes, int((server.workspace / "swaps").read_text())
+
+    outcomes, swaps = server.run(scenario, timeout=600)
+    assert swaps >= 10, f"the swap loop barely ran ({swaps} swaps)"
+    assert list(outside.iterdir()) == [], f"created outside: {list(outside.iterdir())}"
+    new = {p.name for p in server.root.iterdir()} - set(before)
+    assert new <= {"server-stderr.log", "uv-cache"}, new
+    # Some calls ran while `sub` was a directory and made their venv dir inside.
+    made = [p.name for p in (server.workspace / "sub").iterdir()] if (server.workspace / "sub").is_dir() else []
+    made += [p.name for p in (server.workspace / "sub-real").iterdir()] if (server.workspace / "sub-real").is_dir() else []
+    assert outcomes["ok"] + outcomes["refused"] == 200
+    assert made or outcomes["ok"] == 0
+
+
+def test_refusals_read_the_same_whether_or_not_the_host_path_exists(server):
+    """Each path argument, pointed outside the workspace at a host path that exists and at
+    one that does not (absolute, by `..`, through a planted symlink, /proc/self/cwd), gets
+    the same refusal once the path itself is taken out of the text."""
+    uv_offline(server)
+    there = server.root / "exists"
+    there.mkdir()
+    (there / "f.py").write_text("print('HOSTFILE')\n")
+    os.symlink(server.root, server.workspace / "up")
+    pairs = [
+        (str(there / "f.py"), str(server.root / "nope" / "f.py")),
+        ("../exists/f.py", "../nope/f.py"),
+        ("up/exists/f.py", "up/nope/f.py"),
+        (str(there), str(server.root / "nope")),
+        ("/proc/self/cwd", "/proc/self/nope"),
+        ("/root/.bashrc", "/root/.nope-bashrc"),
+    ]
+    calls = [
+        ("python_run_file", lambda p: {"path": p}),
+        ("shell_run", lambda p: {"command": "true", "cwd": p}),
+        ("shell_run", lambda p: {"command": "true", "env_file": p}),
+        ("env_info", lambda p: {"create": True, "venv_path": p}),
+        ("python_run_script", lambda p: {"path": p}),
+        ("python_run_script", lambda p: {"code": "print(1)", "cwd": p}),
+    ]
+
+    async def scenario(c):
+        seen = []
+        for tool, args in calls:
+            for yes, no in pairs:
+                a = await c.call(tool, **args(yes))
+                b = await c.call(tool, **args(no))
+                ta = "\n".join(getattr(x, "text", "") for x in a.content)
+                tb = "\n".join(getattr(x, "text", "") for x in b.content)
+                assert a.is_error and b.is_error, (tool, yes, ta, tb)
+                assert "HOSTFILE" not in ta
+                assert ta.replace(yes, "<P>") == tb.replace(no, "<P>"), (tool, ta, tb)
+                assert "outside the workspace" in ta, (tool, yes, ta)
+                seen.append(tool)
+        return seen
+
+    assert len(server.run(scenario, timeout=300)) == len(calls) * len(pairs)
+    assert not (server.workspace / "exists").exists()

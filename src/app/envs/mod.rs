@@ -178,17 +178,24 @@ impl App {
         Ok((self.policy.resolve(&ph)?, tmp))
     }
 
+    /// Where the venv goes. A `venv_path` is made beneath the workspace now when it will
+    /// be used (`create`): by the server, through descriptors (`Workspace::create_dir`),
+    /// so nothing later creates it by path (that could follow a swapped-in symlink).
     fn venv_location(
         &self,
         venv_path: Option<&str>,
         workspace_venv: bool,
+        create: bool,
     ) -> Result<Option<VenvLocation>, AppError> {
         match (venv_path, workspace_venv) {
             (Some(_), true) => Err(AppError::BadRequest(
                 "give `venv_path` or `use_workspace_venv`, not both",
             )),
+            (Some(p), false) if create => Ok(Some(VenvLocation::Path(
+                self.workspace.create_dir(p, "venv_path")?,
+            ))),
             (Some(p), false) => Ok(Some(VenvLocation::Path(
-                self.workspace.inside(p, "venv_path")?,
+                self.workspace.dir(p, "venv_path")?,
             ))),
             (None, true) => Ok(Some(VenvLocation::Workspace)),
             (None, false) => Ok(None),
@@ -214,7 +221,8 @@ impl App {
 
     pub async fn env_info(&self, session: &str, req: EnvInfoRequest) -> Result<EnvInfo, AppError> {
         let envs = self.envs().await?;
-        let location = self.venv_location(req.venv_path.as_deref(), req.use_workspace_venv)?;
+        let location =
+            self.venv_location(req.venv_path.as_deref(), req.use_workspace_venv, req.create)?;
         let uv = envs.uv().cloned();
         let venv = if req.create {
             let (policy, _tmp) = self.env_policy(&envs, None).await?;
@@ -246,7 +254,8 @@ impl App {
         install::validate(&req)?;
         let envs = self.envs().await?;
         envs.uv()?;
-        let location = self.venv_location(args.venv_path.as_deref(), args.use_workspace_venv)?;
+        let location =
+            self.venv_location(args.venv_path.as_deref(), args.use_workspace_venv, true)?;
         let (policy, tmp) = self.env_policy(&envs, None).await?;
         let label = format!("install {}", req.packages.join(" "));
         let handle = self.store.create(JobKind::Install, Some(session), &label)?;
@@ -301,7 +310,7 @@ impl App {
                 ));
             }
             (Some(code), None) => ScriptSource::Code(code),
-            (None, Some(path)) => ScriptSource::Path(self.workspace.inside(&path, "path")?),
+            (None, Some(path)) => ScriptSource::Path(self.workspace.file(&path, "path")?),
         };
         let label = match &source {
             ScriptSource::Code(c) => format!(
@@ -320,7 +329,10 @@ impl App {
             args: args.args,
             env: args.env.into_iter().collect(),
             timeout: args.timeout,
-            cwd: args.cwd.map(|c| self.workspace.resolve(&c)),
+            cwd: args
+                .cwd
+                .map(|c| self.workspace.dir(&c, "cwd"))
+                .transpose()?,
         };
         let envs = self.envs().await?;
         envs.uv()?;
