@@ -126,15 +126,13 @@ impl App {
         let cwd = self
             .workspace
             .dir(args.cwd.as_deref().unwrap_or("."), "cwd")?;
-        // Relative to `cwd`; the server reads it itself, beneath the workspace only (again
-        // through openat2 in jobs::dotenv::load_beneath).
-        let env_file = match args.env_file.as_deref() {
-            Some(f) => {
-                let path = cwd.join(f);
-                Some(self.workspace.file(&path.to_string_lossy(), "env_file")?)
-            }
-            None => None,
-        };
+        // Relative to the workspace; the server reads it itself, beneath the workspace
+        // only (again through openat2 in jobs::dotenv::load_beneath).
+        let env_file = args
+            .env_file
+            .as_deref()
+            .map(|f| self.workspace.file(f, "env_file"))
+            .transpose()?;
         let (policy, tmp) = self.job_policy().await?;
         let req = ShellRequest {
             command: args.command,
