@@ -260,7 +260,8 @@ mod tests {
         std::fs::write(root.join("sub/a.py"), "").unwrap();
         symlink(&outside.0, root.join("out")).unwrap();
         symlink(outside.0.join("nothing"), root.join("dangling")).unwrap();
-        symlink(root.join("sub"), root.join("in")).unwrap();
+        symlink("sub", root.join("in")).unwrap();
+        symlink(root.join("sub"), root.join("abs-in")).unwrap();
         (ws, outside, Workspace::new(root))
     }
 
@@ -280,6 +281,8 @@ mod tests {
         assert_eq!(w.dir(".", "cwd").unwrap(), root);
         assert_eq!(w.dir("", "cwd").unwrap(), root);
         assert_eq!(w.dir("in", "cwd").unwrap(), root.join("sub"));
+        // An absolute symlink is refused even when it points inside (RESOLVE_BENEATH).
+        assert!(w.file("abs-in/a.py", "p").is_err());
         assert_eq!(
             w.create_dir("new/venv", "p").unwrap(),
             root.join("new/venv")
