@@ -230,6 +230,8 @@ pub async fn serve_http(
         .await
         .map_err(|e| ServerError::Transport(format!("cannot listen on {listen}: {e}")))?;
     let url = format!("http://{listen}/mcp");
+    // A generated token is good for this run only: its file goes when the server stops.
+    let mut token_file = None;
     let token: Option<Arc<str>> = match auth {
         HttpAuth::Token(t) => {
             tracing::info!("MCP over streamable HTTP at {url} (bearer token from --token)");
@@ -243,6 +245,7 @@ pub async fn serve_http(
                 "MCP over streamable HTTP at {url}; send `Authorization: Bearer <token>` with the token in {} (generated for this run; pass --token to choose one)",
                 path.display()
             );
+            token_file = Some(path);
             Some(Arc::from(t))
         }
         HttpAuth::NoAuth => {
@@ -276,6 +279,9 @@ pub async fn serve_http(
                 _ = conn_shutdown.cancelled() => {}
             }
         });
+    }
+    if let Some(path) = token_file {
+        let _ = std::fs::remove_file(path);
     }
     Ok(())
 }

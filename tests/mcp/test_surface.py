@@ -95,6 +95,7 @@ def test_http_without_token_generates_one_and_refuses_requests_without_it(server
         assert token not in log
     finally:
         stop(proc)
+    assert not token_file.exists(), "the generated token outlived the server"
 
 
 def test_http_refuses_a_cross_origin_request(server):
