@@ -26,4 +26,6 @@ pub struct Config {
     pub response_bytes: usize,
     /// Cap, in bytes, on disk used by spooled job output.
     pub disk_cap: u64,
+    /// Accept a workspace that is `/`, the user's home or a parent of the state dir.
+    pub allow_broad_workspace: bool,
 }

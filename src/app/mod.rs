@@ -91,6 +91,9 @@ impl App {
                 path: workspace.clone(),
                 error,
             })?;
+        if !workspace.is_dir() {
+            return Err(AppError::WorkspaceNotADirectory { path: workspace });
+        }
         let mut policy = Policy::load(&cfg.policy)?;
         let state_dir = cfg
             .state_dir
@@ -100,12 +103,35 @@ impl App {
             path: state_dir.clone(),
             error,
         })?;
+        let state_dir = state_dir
+            .canonicalize()
+            .map_err(|error| AppError::StateDir {
+                path: state_dir.clone(),
+                error,
+            })?;
+        let home = std::env::var_os("HOME")
+            .filter(|h| !h.is_empty())
+            .and_then(|h| PathBuf::from(h).canonicalize().ok());
+        workspace::check_breadth(
+            &workspace,
+            &state_dir,
+            home.as_deref(),
+            cfg.allow_broad_workspace,
+        )?;
+        tmp::sweep_at_start(&state_dir);
         let store = JobStore::open(StoreConfig {
             state_dir: state_dir.clone(),
             disk_cap: cfg.disk_cap,
             response_bytes: cfg.response_bytes,
         })?;
         crate::envs::allow_session_venvs(&mut policy, &state_dir)?;
+        // Whatever the workspace is (`--allow-broad-workspace`), sandboxed code never sees
+        // the state dir (job records, spooled output, the HTTP token): the mount view
+        // covers it, re-exposing only what the policy lists inside (venvs, private tmp).
+        policy
+            .filesystem
+            .hide
+            .push(state_dir.to_string_lossy().into_owned());
         let mut repl = ReplConfig::new(workspace.clone(), policy.clone(), state_dir.clone());
         repl.python = cfg.python.clone();
         repl.max_sessions = cfg.max_sessions;
@@ -125,6 +151,11 @@ impl App {
             envs: OnceCell::new(),
             uv: cfg.uv.clone(),
         })
+    }
+
+    /// The server's state dir (job tables, spooled output, the generated HTTP token).
+    pub fn state_dir(&self) -> &std::path::Path {
+        &self.state_dir
     }
 
     /// Approximate cap, in bytes, on the text of one response.

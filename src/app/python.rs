@@ -259,13 +259,7 @@ impl App {
         wait: Duration,
         call: &Call,
     ) -> Result<JobView, AppError> {
-        let full = self.workspace.resolve(path);
-        if !full.is_file() {
-            return Err(AppError::NoSuchFile {
-                path: full,
-                workspace: self.workspace.root().to_path_buf(),
-            });
-        }
+        let full = self.workspace.file(path, "path")?;
         let label = format!("run_file {path} {}", args.join(" "))
             .trim_end()
             .to_string();

@@ -6,14 +6,16 @@ use std::time::Duration;
 
 use crate::app;
 use crate::cli::{ServeArgs, Transport};
-use crate::server::{self, ServerConfig};
+use crate::server::transport::HttpAuth;
+use crate::server::{self, ServerConfig, ServerError};
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    server::serve(config(args))
+    server::serve(config(args)?)
 }
 
-/// The server config the flags describe; `--policy` wins over `--sandbox-state`.
-pub fn config(args: ServeArgs) -> ServerConfig {
+/// The server config the flags describe; `--policy` wins over `--sandbox-state`. Flags
+/// that only make sense with HTTP are refused with stdio rather than ignored.
+pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
     let ServeArgs {
         sandbox_state,
         policy,
@@ -24,13 +26,36 @@ pub fn config(args: ServeArgs) -> ServerConfig {
         transport,
         listen,
         token,
+        no_auth,
+        allow_broad_workspace,
         max_sessions,
         session_ttl,
         max_snapshots,
         response_bytes,
         disk_cap,
     } = args;
-    ServerConfig {
+    let transport = match transport {
+        Transport::Stdio if token.is_some() => {
+            return Err(ServerError::Config(
+                "--token (or MCP_SANDBOX_TOKEN) is for --transport http; stdio needs no token: drop it, or add --transport http".into(),
+            ));
+        }
+        Transport::Stdio if no_auth => {
+            return Err(ServerError::Config(
+                "--no-auth is for --transport http; stdio has no authentication to turn off: drop it".into(),
+            ));
+        }
+        Transport::Stdio => server::Transport::Stdio,
+        Transport::Http => server::Transport::Http {
+            listen,
+            auth: match (token, no_auth) {
+                (Some(t), _) => HttpAuth::Token(t),
+                (None, true) => HttpAuth::NoAuth,
+                (None, false) => HttpAuth::Generate,
+            },
+        },
+    };
+    Ok(ServerConfig {
         app: app::Config {
             workspace,
             policy: policy.unwrap_or_else(|| sandbox_state.policy_name().to_string()),
@@ -42,12 +67,10 @@ pub fn config(args: ServeArgs) -> ServerConfig {
             max_snapshots,
             response_bytes,
             disk_cap,
+            allow_broad_workspace,
         },
-        transport: match transport {
-            Transport::Stdio => server::Transport::Stdio,
-            Transport::Http => server::Transport::Http { listen, token },
-        },
-    }
+        transport,
+    })
 }
 
 #[cfg(test)]
@@ -56,11 +79,15 @@ mod tests {
     use crate::cli::Cli;
     use clap::Parser;
 
-    fn parse(args: &[&str]) -> ServerConfig {
+    fn try_parse(args: &[&str]) -> Result<ServerConfig, String> {
         let cli =
             Cli::try_parse_from(std::iter::once("mcp-sandbox-repl").chain(args.iter().copied()))
-                .unwrap();
-        config(cli.serve)
+                .map_err(|e| e.to_string())?;
+        config(cli.serve).map_err(|e| e.to_string())
+    }
+
+    fn parse(args: &[&str]) -> ServerConfig {
+        try_parse(args).unwrap()
     }
 
     #[test]
@@ -84,11 +111,40 @@ mod tests {
         ]);
         assert_eq!(c.app.policy, "workspace-write");
         match c.transport {
-            server::Transport::Http { listen, token } => {
+            server::Transport::Http { listen, auth } => {
                 assert_eq!(listen.port(), 9);
-                assert_eq!(token.as_deref(), Some("t"));
+                assert_eq!(auth, HttpAuth::Token("t".into()));
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn http_without_token_generates_one_and_no_auth_is_explicit() {
+        let c = parse(&["--transport", "http"]);
+        assert!(matches!(
+            c.transport,
+            server::Transport::Http {
+                auth: HttpAuth::Generate,
+                ..
+            }
+        ));
+        let c = parse(&["--transport", "http", "--no-auth"]);
+        assert!(matches!(
+            c.transport,
+            server::Transport::Http {
+                auth: HttpAuth::NoAuth,
+                ..
+            }
+        ));
+        assert!(try_parse(&["--transport", "http", "--no-auth", "--token", "t"]).is_err());
+    }
+
+    #[test]
+    fn http_only_flags_are_refused_with_stdio() {
+        let e = try_parse(&["--token", "t"]).unwrap_err();
+        assert!(e.contains("--transport http"), "{e}");
+        let e = try_parse(&["--no-auth"]).unwrap_err();
+        assert!(e.contains("--no-auth"), "{e}");
     }
 }
