@@ -78,6 +78,8 @@ pub struct App {
 impl App {
     /// Build from the config: workspace, policy, state dir, store, sessions.
     pub fn new(cfg: &Config) -> Result<App, AppError> {
+        // Proxy-mode jobs get their network through the broker, served on this runtime.
+        crate::broker::install();
         let workspace = match &cfg.workspace {
             Some(w) => w.clone(),
             None => std::env::current_dir().map_err(AppError::CurrentDir)?,

@@ -20,7 +20,9 @@ pub struct Grants {
     pub read: Vec<PathBuf>,
     /// Programs the process may execute: the uv binary, the base interpreter.
     pub execute: Vec<PathBuf>,
-    /// Whether the process may use the network (package resolution and downloads).
+    /// Whether the process gets the installer's network (package resolution and
+    /// downloads): the policy's `[installer.network]`, by default the broker's proxy
+    /// to uv's configured indexes only.
     pub network: bool,
     /// Take away the session's writes to the workspace (they become reads), so the
     /// process writes only to `write`, its private temp dir and devices. For installers:
@@ -54,9 +56,20 @@ pub fn extend(base: &ResolvedPolicy, grants: &Grants) -> ResolvedPolicy {
         p = p.with_execute(x);
     }
     if grants.network {
-        p = p.with_network(NetworkPolicy::Full);
+        p = p.with_network(installer_network(base));
     }
     p
+}
+
+/// The installer's network: `[installer.network]`, with an empty proxy allow list
+/// filled from uv's configured indexes.
+pub fn installer_network(base: &ResolvedPolicy) -> NetworkPolicy {
+    match &base.installer_network {
+        NetworkPolicy::Proxy { allow } if allow.is_empty() => NetworkPolicy::Proxy {
+            allow: super::uv::default_index_allow(std::env::vars()),
+        },
+        other => other.clone(),
+    }
 }
 
 /// `PATH` for a uv process: the directory of `python` first, then the entries of
@@ -116,7 +129,11 @@ mod tests {
             p.read.contains(&PathBuf::from("/ws")) && p.read.contains(&PathBuf::from("/wheels"))
         );
         assert!(p.execute.contains(&PathBuf::from("/bin/uv")));
-        assert_eq!(p.network, NetworkPolicy::Full);
+        assert!(
+            matches!(&p.network, NetworkPolicy::Proxy { allow } if allow.iter().any(|a| a == "files.pythonhosted.org") || std::env::var_os("UV_INDEX_URL").is_some()),
+            "{:?}",
+            p.network
+        );
         assert_eq!(base.network, NetworkPolicy::None);
         assert!(!base.write.contains(&PathBuf::from("/state/venvs/s")));
     }

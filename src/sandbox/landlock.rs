@@ -90,6 +90,8 @@ pub fn landlock_rules(policy: &ResolvedPolicy) -> LandlockPlan {
     });
     let tcp = match &policy.network {
         NetworkPolicy::Ports { connect, bind } => Some((connect.clone(), bind.clone())),
+        // No port at all here; the launcher adds the broker's port of this job.
+        NetworkPolicy::Proxy { .. } => Some((Vec::new(), Vec::new())),
         _ => None,
     };
     LandlockPlan {

@@ -9,6 +9,7 @@
 //! - one file per mechanism: `rlimits`, `privileges`, `landlock`, `seccomp`, and
 //!   `isolation`, the adapter to the cgroup / network namespace / mount view modules.
 
+pub mod allow;
 pub mod cgroup;
 pub mod child;
 pub mod error;
@@ -20,6 +21,7 @@ pub mod mounts;
 pub mod netns;
 pub mod policy;
 pub mod privileges;
+pub mod proxy;
 pub mod probe;
 pub mod resolve;
 pub mod rlimits;

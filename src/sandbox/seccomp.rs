@@ -139,7 +139,9 @@ pub fn seccomp_rules(policy: &ResolvedPolicy) -> Vec<SyscallDeny> {
             ArgCheck::Ne(0, inet),
             ArgCheck::Ne(0, inet6),
         ]]),
-        NetworkPolicy::Ports { .. } => {
+        // The proxy mode's namespace holds only the broker's listener; Landlock lets
+        // TCP connect to its port alone, and only plain TCP sockets may be made.
+        NetworkPolicy::Ports { .. } | NetworkPolicy::Proxy { .. } => {
             let mut when = vec![vec![
                 ArgCheck::Ne(0, unix),
                 ArgCheck::Ne(0, inet),
