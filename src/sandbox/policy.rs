@@ -124,7 +124,7 @@ pub struct NetworkSection {
 
 /// `[installer]`: the network of package installs, dependency resolution and build
 /// hooks (always confined: they write only the venv, the uv cache and a temp dir).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InstallerSection {
     /// `mode` is "proxy" (the default), "none" or "full"; `allow` left out (or empty) in
@@ -135,6 +135,15 @@ pub struct InstallerSection {
     /// Install wheels only (`uv --no-build`): no package's build code ever runs.
     #[serde(default)]
     pub wheels_only: bool,
+}
+
+impl Default for InstallerSection {
+    fn default() -> Self {
+        InstallerSection {
+            network: installer_default_network(),
+            wheels_only: false,
+        }
+    }
 }
 
 fn installer_default_network() -> NetworkSection {
@@ -640,6 +649,9 @@ mod tests {
         )
         .unwrap();
         assert!(ok.installer.wheels_only && !ok.uses_proxy());
+        // Without an [installer] table, installs go through the broker.
+        let none = Policy::parse("t", "", "t").unwrap();
+        assert_eq!(none.installer.network.mode, NetworkMode::Proxy);
     }
 
     #[test]
