@@ -69,7 +69,11 @@ async fn handle(client: &mut TcpStream, rules: &Rules) -> Result<(), Refusal> {
     let tunnel = head.method.eq_ignore_ascii_case("CONNECT");
     let (host, port, path) = if tunnel {
         let (h, p) = split_authority(&head.target).ok_or_else(|| {
-            refuse(400, "Bad Request", format!("CONNECT target {:?} is not host:port", head.target))
+            refuse(
+                400,
+                "Bad Request",
+                format!("CONNECT target {:?} is not host:port", head.target),
+            )
         })?;
         (h, p, String::new())
     } else {
@@ -168,7 +172,11 @@ async fn read_head(client: &mut TcpStream) -> Result<(Head, Vec<u8>), Refusal> {
             .await
             .map_err(|e| refuse(400, "Bad Request", e.to_string()))?;
         if n == 0 {
-            return Err(refuse(400, "Bad Request", "connection closed before the request head ended"));
+            return Err(refuse(
+                400,
+                "Bad Request",
+                "connection closed before the request head ended",
+            ));
         }
         buf.extend_from_slice(&chunk[..n]);
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -194,7 +202,13 @@ async fn read_head(client: &mut TcpStream) -> Result<(Head, Vec<u8>), Refusal> {
                     format!("the request head exceeds {MAX_HEAD} bytes or {MAX_HEADERS} headers"),
                 ));
             }
-            Err(e) => return Err(refuse(400, "Bad Request", format!("malformed request: {e}"))),
+            Err(e) => {
+                return Err(refuse(
+                    400,
+                    "Bad Request",
+                    format!("malformed request: {e}"),
+                ));
+            }
         }
         if buf.len() > MAX_HEAD {
             return Err(refuse(
@@ -242,7 +256,13 @@ async fn connect_checked(
         Ok(ip) => vec![SocketAddr::new(ip, port)],
         Err(_) => tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host((host, port)))
             .await
-            .map_err(|_| refuse(504, "Gateway Timeout", format!("resolving {host} timed out")))?
+            .map_err(|_| {
+                refuse(
+                    504,
+                    "Gateway Timeout",
+                    format!("resolving {host} timed out"),
+                )
+            })?
             .map_err(|e| refuse(502, "Bad Gateway", format!("cannot resolve {host}: {e}")))?
             .collect(),
     };
@@ -254,7 +274,10 @@ async fn connect_checked(
     if usable.is_empty() {
         let why = format!(
             "it resolves to a local address ({}), which only an entry naming that address reaches",
-            addrs.first().map(|a| a.ip().to_string()).unwrap_or_default()
+            addrs
+                .first()
+                .map(|a| a.ip().to_string())
+                .unwrap_or_default()
         );
         return Err(refuse(403, "Forbidden", rules.deny(host, port, Some(&why))));
     }
@@ -266,7 +289,11 @@ async fn connect_checked(
             Err(_) => last = format!("{addr}: timed out"),
         }
     }
-    Err(refuse(502, "Bad Gateway", format!("cannot connect to {}: {last}", authority(host, port))))
+    Err(refuse(
+        502,
+        "Bad Gateway",
+        format!("cannot connect to {}: {last}", authority(host, port)),
+    ))
 }
 
 async fn connect_to(host: &str, port: u16) -> Result<TcpStream, Refusal> {
@@ -275,9 +302,16 @@ async fn connect_to(host: &str, port: u16) -> Result<TcpStream, Refusal> {
         Ok(Err(e)) => Err(refuse(
             502,
             "Bad Gateway",
-            format!("cannot reach the upstream proxy {}: {e}", authority(host, port)),
+            format!(
+                "cannot reach the upstream proxy {}: {e}",
+                authority(host, port)
+            ),
         )),
-        Err(_) => Err(refuse(504, "Gateway Timeout", "the upstream proxy did not answer")),
+        Err(_) => Err(refuse(
+            504,
+            "Gateway Timeout",
+            "the upstream proxy did not answer",
+        )),
     }
 }
 
@@ -326,7 +360,9 @@ async fn open_upstream_tunnel(
             resp.code.unwrap_or(0),
             resp.reason.unwrap_or("")
         ))),
-        Err(e) => Err(bad(format!("the upstream proxy's answer is malformed: {e}"))),
+        Err(e) => Err(bad(format!(
+            "the upstream proxy's answer is malformed: {e}"
+        ))),
     }
 }
 
@@ -336,7 +372,10 @@ mod tests {
 
     #[test]
     fn connect_targets() {
-        assert_eq!(split_authority("PyPI.org:443"), Some(("pypi.org".into(), 443)));
+        assert_eq!(
+            split_authority("PyPI.org:443"),
+            Some(("pypi.org".into(), 443))
+        );
         assert_eq!(split_authority("[::1]:8000"), Some(("::1".into(), 8000)));
         assert_eq!(split_authority("pypi.org"), None);
         assert_eq!(split_authority("pypi.org:0"), None);

@@ -149,7 +149,12 @@ impl ProxyProvider for Broker {
         let url = format!("http://127.0.0.1:{port}");
         let env = ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"]
             .iter()
-            .flat_map(|k| [(k.to_string(), url.clone()), (k.to_lowercase(), url.clone())])
+            .flat_map(|k| {
+                [
+                    (k.to_string(), url.clone()),
+                    (k.to_lowercase(), url.clone()),
+                ]
+            })
             .collect();
         Ok(ProxyNetwork {
             netns: ns.netns,
@@ -179,3 +184,6 @@ async fn accept_loop(listener: tokio::net::TcpListener, rules: Arc<Rules>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

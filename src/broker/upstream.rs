@@ -58,7 +58,10 @@ fn proxy_target(url: &str) -> Option<ProxyTarget> {
     };
     let u = UrlParts::parse(&with_scheme)?;
     if u.scheme != "http" {
-        tracing::warn!("upstream proxy {} ignored: only http:// proxies are supported", u.allow_entry());
+        tracing::warn!(
+            "upstream proxy {} ignored: only http:// proxies are supported",
+            u.allow_entry()
+        );
         return None;
     }
     Some(ProxyTarget {
@@ -151,7 +154,11 @@ impl Upstream {
     /// `NO_PROXY` exempts the host.
     pub fn proxy_for(&self, host: &str, tunnel: bool) -> Option<&ProxyTarget> {
         let exempt = self.no_proxy.iter().any(|n| {
-            n == "*" || host == n || host.strip_suffix(n.as_str()).is_some_and(|h| h.ends_with('.'))
+            n == "*"
+                || host == n
+                || host
+                    .strip_suffix(n.as_str())
+                    .is_some_and(|h| h.ends_with('.'))
         });
         if exempt {
             return None;
@@ -201,7 +208,10 @@ mod tests {
     fn index_credentials_inline_and_named() {
         let u = up(&[
             ("UV_INDEX_URL", "http://alice:pw@127.0.0.1:8123/simple"),
-            ("UV_INDEX", "corp=https://pkgs.corp/simple other=https://x.org"),
+            (
+                "UV_INDEX",
+                "corp=https://pkgs.corp/simple other=https://x.org",
+            ),
             ("UV_INDEX_CORP_USERNAME", "svc"),
             ("UV_INDEX_CORP_PASSWORD", "tok"),
         ]);
@@ -209,7 +219,10 @@ mod tests {
             u.index_authorization("127.0.0.1", 8123),
             Some("Basic YWxpY2U6cHc=")
         );
-        assert_eq!(u.index_authorization("pkgs.corp", 443), Some("Basic c3ZjOnRvaw=="));
+        assert_eq!(
+            u.index_authorization("pkgs.corp", 443),
+            Some("Basic c3ZjOnRvaw==")
+        );
         assert_eq!(u.index_authorization("x.org", 443), None);
     }
 }

@@ -174,8 +174,18 @@ pub async fn run_script(
         let python = if needs_env {
             let dir = transient_env_dir(cfg)?;
             env_dir = Some(dir.clone());
-            match build_env(cfg, uv, req, session_policy, &script, pep723, &dir, &sink, cancel)
-                .await?
+            match build_env(
+                cfg,
+                uv,
+                req,
+                session_policy,
+                &script,
+                pep723,
+                &dir,
+                &sink,
+                cancel,
+            )
+            .await?
             {
                 Ok(b) => {
                     add(&mut benchmark, &b);
@@ -264,8 +274,7 @@ fn add(total: &mut Benchmark, b: &Benchmark) {
 /// Whether the script has a PEP 723 `# /// script` block (then uv reads its
 /// dependencies with `-r script`).
 fn has_script_block(script: &std::path::Path) -> bool {
-    std::fs::read_to_string(script)
-        .is_ok_and(|t| t.lines().any(|l| l.trim_end() == "# /// script"))
+    std::fs::read_to_string(script).is_ok_and(|t| t.lines().any(|l| l.trim_end() == "# /// script"))
 }
 
 fn transient_env_dir(cfg: &EnvConfig) -> Result<PathBuf, EnvError> {

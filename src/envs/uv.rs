@@ -242,9 +242,16 @@ pub fn tls_paths() -> Vec<PathBuf> {
 /// Credentials uv reads from the environment are not handed to sandboxed processes.
 fn is_secret_name(key: &str) -> bool {
     let k = key.to_ascii_uppercase();
-    ["PASSWORD", "TOKEN", "SECRET", "USERNAME", "CREDENTIAL", "AUTH"]
-        .iter()
-        .any(|w| k.contains(w))
+    [
+        "PASSWORD",
+        "TOKEN",
+        "SECRET",
+        "USERNAME",
+        "CREDENTIAL",
+        "AUTH",
+    ]
+    .iter()
+    .any(|w| k.contains(w))
 }
 
 /// Local directories named by `UV_FIND_LINKS` (comma-separated; URLs skipped): the
@@ -341,7 +348,10 @@ mod tests {
         assert_eq!(
             v(&[
                 ("UV_INDEX_URL", "https://u:p@pkgs.corp/simple"),
-                ("UV_EXTRA_INDEX_URL", "http://127.0.0.1:8123/simple https://x.org/s"),
+                (
+                    "UV_EXTRA_INDEX_URL",
+                    "http://127.0.0.1:8123/simple https://x.org/s"
+                ),
                 ("UV_FIND_LINKS", "/local/dir,http://[::1]:9000/"),
                 ("HOME", "https://not.an.index"),
             ]),

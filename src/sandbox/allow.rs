@@ -54,18 +54,16 @@ impl AllowEntry {
             return Err(not_a_host());
         }
         let (host, port) = split_host_port(text).ok_or_else(not_a_host)?;
-        let port = match port {
-            None => None,
-            Some(p) => Some(
-                p.parse::<u16>()
-                    .ok()
-                    .filter(|&n| n != 0)
-                    .ok_or_else(|| AllowError::Port {
+        let port =
+            match port {
+                None => None,
+                Some(p) => Some(p.parse::<u16>().ok().filter(|&n| n != 0).ok_or_else(|| {
+                    AllowError::Port {
                         entry: entry.to_string(),
                         port: p.to_string(),
-                    })?,
-            ),
-        };
+                    }
+                })?),
+            };
         let host = parse_host(host, entry)?;
         Ok(AllowEntry { host, port })
     }
@@ -383,10 +381,18 @@ mod tests {
         assert_eq!(u.user.as_deref(), Some("us@er"));
         assert_eq!(u.password.as_deref(), Some("p:ss"));
         assert_eq!(u.allow_entry(), "index.example.com:8443");
-        assert_eq!(u.without_credentials(), "https://index.example.com:8443/simple/");
+        assert_eq!(
+            u.without_credentials(),
+            "https://index.example.com:8443/simple/"
+        );
         let v = UrlParts::parse("http://[::1]:8000").unwrap();
         assert_eq!((v.host.as_str(), v.port_or_default()), ("::1", 8000));
-        assert_eq!(UrlParts::parse("https://pypi.org").unwrap().port_or_default(), 443);
+        assert_eq!(
+            UrlParts::parse("https://pypi.org")
+                .unwrap()
+                .port_or_default(),
+            443
+        );
         assert!(UrlParts::parse("file:///wheels").is_none());
         assert!(UrlParts::parse("http://host:99999/").is_none());
     }

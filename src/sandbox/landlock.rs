@@ -271,6 +271,17 @@ mod tests {
     }
 
     #[test]
+    fn proxy_plan_handles_tcp_with_no_port_of_its_own() {
+        let p = resolved("workspace-write").with_network(NetworkPolicy::Proxy {
+            allow: vec!["pypi.org".into()],
+        });
+        let plan = landlock_rules(&p);
+        // The launcher adds the broker's port; nothing else may be connected or bound.
+        assert_eq!(plan.tcp, Some((Vec::new(), Vec::new())));
+        assert_eq!(plan.required_abi(), 6);
+    }
+
+    #[test]
     fn ports_plan() {
         let p = resolved("workspace-write").with_network(NetworkPolicy::Ports {
             connect: vec![443],

@@ -53,8 +53,11 @@ pub fn namespace_with_listener() -> Result<NamespaceListener, NetnsError> {
                 return Err(NetnsError::Unshare(io::Error::last_os_error()));
             }
             bring_up_loopback()?;
-            let listener = TcpListener::bind(("127.0.0.1", 0))
-                .map_err(|source| NetnsError::Listener { step: "bind 127.0.0.1", source })?;
+            let listener =
+                TcpListener::bind(("127.0.0.1", 0)).map_err(|source| NetnsError::Listener {
+                    step: "bind 127.0.0.1",
+                    source,
+                })?;
             let netns = std::fs::File::open("/proc/thread-self/ns/net").map_err(|source| {
                 NetnsError::Listener {
                     step: "open /proc/thread-self/ns/net",
@@ -172,7 +175,10 @@ mod tests {
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(text.trim(), "ok ConnectionRefusedError", "{out:?}");
         ns.listener.set_nonblocking(true).unwrap();
-        assert!(ns.listener.accept().is_ok(), "the server accepts the job's connection");
+        assert!(
+            ns.listener.accept().is_ok(),
+            "the server accepts the job's connection"
+        );
     }
 
     #[test]

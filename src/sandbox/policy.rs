@@ -277,8 +277,7 @@ impl Policy {
 
     /// Whether any path of this policy uses the proxy (which needs network namespaces).
     pub fn uses_proxy(&self) -> bool {
-        self.network.mode == NetworkMode::Proxy
-            || self.installer.network.mode == NetworkMode::Proxy
+        self.network.mode == NetworkMode::Proxy || self.installer.network.mode == NetworkMode::Proxy
     }
 
     /// Fail closed where the kernel cannot give what the policy asks for at all.
@@ -342,11 +341,12 @@ impl Policy {
                 .map_err(|e| invalid(format!("network.allow[{i}]"), e.to_string()))?;
         }
         let inst = &self.installer.network;
-        if !matches!(
+        let mode_ok = matches!(
             inst.mode,
             NetworkMode::None | NetworkMode::Proxy | NetworkMode::Full
-        ) || !(inst.connect.is_empty() && inst.bind.is_empty())
-        {
+        );
+        let no_ports = inst.connect.is_empty() && inst.bind.is_empty();
+        if !(mode_ok && no_ports) {
             return Err(invalid(
                 "installer.network.mode".into(),
                 format!(
@@ -635,10 +635,13 @@ mod tests {
             "{e}"
         );
         let e = err("network = { mode = \"none\", allow = [\"pypi.org\"] }\n");
-        assert!(e.contains("network.allow") && e.contains("mode = \"proxy\""), "{e}");
+        assert!(
+            e.contains("network.allow") && e.contains("mode = \"proxy\""),
+            "{e}"
+        );
         let e = err("[installer]\nnetwork = { mode = \"ports\" }\n");
         assert!(e.contains("installer.network.mode"), "{e}");
-        let e = err("[installer.network]\nallow = [\"*\"]\n");
+        let e = err("[installer.network]\nmode = \"proxy\"\nallow = [\"*\"]\n");
         assert!(e.contains("installer.network.allow[0]"), "{e}");
         let e = err("[installer]\nwheels = true\n");
         assert!(e.contains("wheels") && e.contains("wheels_only"), "{e}");

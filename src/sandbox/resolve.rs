@@ -56,10 +56,9 @@ impl NetworkPolicy {
             NetworkPolicy::Proxy { allow } if allow.is_empty() => {
                 "only through the server's proxy, to no host".to_string()
             }
-            NetworkPolicy::Proxy { allow } => format!(
-                "only through the server's proxy, to {}",
-                allow.join(", ")
-            ),
+            NetworkPolicy::Proxy { allow } => {
+                format!("only through the server's proxy, to {}", allow.join(", "))
+            }
             NetworkPolicy::Full => "on".to_string(),
         }
     }
