@@ -72,6 +72,27 @@ pub fn installer_network(base: &ResolvedPolicy) -> NetworkPolicy {
     }
 }
 
+/// What each path of the server may reach over the network under `policy`, in words:
+/// (path, what). For `doctor` and `policy show`.
+pub fn network_reach(policy: &ResolvedPolicy) -> Vec<(&'static str, String)> {
+    let session = policy.network.describe();
+    let installer = installer_network(policy).describe();
+    let build = if policy.wheels_only {
+        "wheels only (--no-build): no package build code runs"
+    } else {
+        "sdists are built: their build hooks run under these same rules"
+    };
+    vec![
+        ("session (python_exec)", session.clone()),
+        ("shell (shell_run)", session.clone()),
+        (
+            "script (python_run_script)",
+            format!("dependencies resolved {installer}; the script itself: {session}"),
+        ),
+        ("install (env_install)", format!("{installer}; {build}")),
+    ]
+}
+
 /// `PATH` for a uv process: the directory of `python` first, then the entries of
 /// `path` the policy lets it execute from. uv searches PATH for interpreters and stops
 /// at the first one it cannot run (a pyenv shim outside the sandbox's execute set), so
@@ -152,6 +173,28 @@ mod tests {
             p.write.contains(&PathBuf::from("/ws"))
                 && p.write.contains(&PathBuf::from("/state/uv-cache"))
         );
+    }
+
+    #[test]
+    fn reach_names_every_path() {
+        let base = session_policy("workspace-write");
+        let reach = network_reach(&base);
+        let paths: Vec<&str> = reach.iter().map(|(p, _)| *p).collect();
+        assert_eq!(
+            paths,
+            [
+                "session (python_exec)",
+                "shell (shell_run)",
+                "script (python_run_script)",
+                "install (env_install)"
+            ]
+        );
+        assert_eq!(reach[0].1, "off");
+        assert!(
+            reach[3].1.contains("through the server's proxy"),
+            "{reach:?}"
+        );
+        assert!(reach[2].1.ends_with("the script itself: off"), "{reach:?}");
     }
 
     #[test]

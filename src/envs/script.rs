@@ -206,6 +206,9 @@ pub async fn run_script(
             for prefix in base_prefixes(dir) {
                 policy = policy.with_execute(prefix);
             }
+        } else if let Some(prefix) = interpreter_prefix(&python) {
+            // The REPL's interpreter: what the session runs already.
+            policy = policy.with_execute(prefix);
         }
         let policy = Arc::new(policy);
         let mut cmd = SandboxCommand::new(policy, &python);
@@ -317,6 +320,13 @@ fn base_prefixes(venv: &std::path::Path) -> Vec<PathBuf> {
         out.push(prefix.to_path_buf());
     }
     out
+}
+
+/// The installation prefix of an interpreter (`<prefix>/bin/python3` → `<prefix>`).
+fn interpreter_prefix(python: &std::path::Path) -> Option<PathBuf> {
+    let real = python.canonicalize().ok()?;
+    let prefix = real.parent()?.parent()?;
+    (prefix != std::path::Path::new("/")).then(|| prefix.to_path_buf())
 }
 
 /// Step 1: `uv venv` + `uv pip install` into `dir` under the installer's rules. `Ok(Ok)`
