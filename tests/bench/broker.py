@@ -75,7 +75,7 @@ async def start(stack: AsyncExitStack, binary: str, root: Path, name: str, pol: 
 
 
 async def call(s: ClientSession, tool: str, **args) -> dict:
-    r = await s.call_tool(tool, args, read_timeout_seconds=__import__("datetime").timedelta(seconds=300))
+    r = await s.call_tool(tool, args, read_timeout_seconds=300)
     if r.is_error:
         raise SystemExit(f"{tool} failed: {r.content[0].text[:2000]}")
     return r.structured_content
@@ -127,7 +127,7 @@ async def main(args) -> None:
             "statistics.median(ts) * 1000\n"
         )
         for mode, s in servers.items():
-            r = await call(s, "python_exec", code=code, timeout_seconds=300)
+            r = await call(s, "python_exec", code=code, wait_seconds=60)
             assert r["status"] == "completed", r
             gets[mode] = float(r["value"])
     med = {k: statistics.median(v) * 1000 for k, v in installs.items()}
