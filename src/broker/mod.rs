@@ -133,8 +133,11 @@ impl ProxyProvider for Broker {
         ns.listener
             .set_nonblocking(true)
             .map_err(|e| ProxyError::Broker(Box::new(e)))?;
+        // The runtime of the caller if it has one (tests run several), else the server's.
+        let runtime =
+            tokio::runtime::Handle::try_current().unwrap_or_else(|_| self.runtime.clone());
         let listener = {
-            let _enter = self.runtime.enter();
+            let _enter = runtime.enter();
             tokio::net::TcpListener::from_std(ns.listener)
                 .map_err(|e| ProxyError::Broker(Box::new(e)))?
         };
@@ -145,7 +148,7 @@ impl ProxyProvider for Broker {
             denials: denials.clone(),
             upstream: self.upstream.clone(),
         });
-        let task = self.runtime.spawn(accept_loop(listener, rules));
+        let task = runtime.spawn(accept_loop(listener, rules));
         let url = format!("http://127.0.0.1:{port}");
         let env = ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"]
             .iter()

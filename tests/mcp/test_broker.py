@@ -310,6 +310,7 @@ def test_install_through_broker_from_a_local_index(server):
         words = job["message"] + json.dumps(job["result"])
         assert f"connection to {where}" in words and "blocked by policy" in words, words
         assert "pypi.org" in words, words  # what is allowed instead
+        assert any(d.startswith(f"blocked by policy") and where in d for d in job.get("denied", [])), job
 
     try:
         server.run(allowed, "--policy", str(installer_policy(server.root, [where])), timeout=240)
