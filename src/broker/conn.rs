@@ -125,25 +125,29 @@ async fn handle(client: &mut TcpStream, rules: &Rules) -> Result<(), Refusal> {
             None => path,
         };
         let mut out = format!("{} {target} HTTP/1.1\r\n", head.method).into_bytes();
-        let mut has_host = false;
+        // Host is always the checked authority: a different Host header could reach
+        // another site served from the same address (a CDN) over plain HTTP.
+        let default_port = port == 80;
+        let host_value = match (default_port, host.contains(':')) {
+            (true, true) => format!("[{host}]"),
+            (true, false) => host.clone(),
+            (false, _) => authority(&host, port),
+        };
+        out.extend_from_slice(format!("Host: {host_value}\r\n").as_bytes());
         let mut has_auth = false;
         for (name, value) in &head.headers {
             let lower = name.to_ascii_lowercase();
             if matches!(
                 lower.as_str(),
-                "proxy-authorization" | "proxy-connection" | "connection" | "keep-alive"
+                "host" | "proxy-authorization" | "proxy-connection" | "connection" | "keep-alive"
             ) {
                 continue;
             }
-            has_host |= lower == "host";
             has_auth |= lower == "authorization";
             out.extend_from_slice(name.as_bytes());
             out.extend_from_slice(b": ");
             out.extend_from_slice(value);
             out.extend_from_slice(b"\r\n");
-        }
-        if !has_host {
-            out.extend_from_slice(format!("Host: {}\r\n", authority(&host, port)).as_bytes());
         }
         if !has_auth && let Some(auth) = rules.upstream.index_authorization(&host, port) {
             out.extend_from_slice(format!("Authorization: {auth}\r\n").as_bytes());

@@ -122,7 +122,7 @@ async fn plain_http_is_forwarded_with_index_credentials_and_without_proxy_header
     );
     let (port, _) = broker(&[&entry], upstream).await;
     let req = format!(
-        "GET http://127.0.0.1:{web}/simple/x/?q=1 HTTP/1.1\r\nHost: 127.0.0.1:{web}\r\nProxy-Authorization: Basic leak\r\nProxy-Connection: keep-alive\r\n\r\n"
+        "GET http://127.0.0.1:{web}/simple/x/?q=1 HTTP/1.1\r\nHost: other.example\r\nProxy-Authorization: Basic leak\r\nProxy-Connection: keep-alive\r\n\r\n"
     );
     let answer = exchange(port, req.as_bytes()).await;
     assert!(
@@ -136,6 +136,12 @@ async fn plain_http_is_forwarded_with_index_credentials_and_without_proxy_header
     );
     assert!(head.contains("Authorization: Basic dTpw\r\n"), "{head}"); // base64("u:p")
     assert!(head.contains("Connection: close\r\n"), "{head}");
+    // The Host header is the checked authority, never the client's.
+    assert!(
+        head.contains(&format!("Host: 127.0.0.1:{web}\r\n")),
+        "{head}"
+    );
+    assert!(!head.contains("other.example"), "{head}");
     assert!(!head.to_ascii_lowercase().contains("proxy-"), "{head}");
 }
 
