@@ -179,3 +179,21 @@ async fn connect_tunnels_through_the_upstream_proxy_with_its_credentials() {
         "{head}"
     );
 }
+
+#[tokio::test]
+async fn connect_opens_a_tunnel_to_an_allowed_address_and_passes_early_bytes() {
+    let (web, head) = origin("pong", true).await;
+    let (port, denials) = broker(&[&format!("127.0.0.1:{web}")], Upstream::default()).await;
+    let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    // The first bytes of the tunnel arrive with the CONNECT (as a TLS client may send them).
+    let req = format!("CONNECT 127.0.0.1:{web} HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n");
+    c.write_all(req.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 39 + 4];
+    c.read_exact(&mut answer).await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&answer),
+        "HTTP/1.1 200 Connection established\r\n\r\npong"
+    );
+    assert_eq!(head.await.unwrap(), "GET / HTTP/1.1\r\n\r\n");
+    assert!(denials.lock().unwrap().is_empty());
+}
