@@ -7,7 +7,7 @@
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
-use crate::sandbox::{NetworkPolicy, ResolvedPolicy};
+use crate::sandbox::{KernelSupportMode, NetworkPolicy, ResolvedPolicy};
 
 /// What a uv process may do beyond the session's policy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -63,7 +63,22 @@ pub fn extend(base: &ResolvedPolicy, grants: &Grants) -> ResolvedPolicy {
 
 /// The installer's network: `[installer.network]`, with an empty proxy allow list
 /// filled from uv's configured indexes.
+///
+/// Under `kernel_support = "best_effort"` on a machine where this process cannot make
+/// network namespaces (not root), proxy mode cannot be had: the installer then gets the
+/// host's network, as the rest of a best-effort policy runs without what is missing. A
+/// `required` policy keeps proxy mode and fails closed at spawn.
 pub fn installer_network(base: &ResolvedPolicy) -> NetworkPolicy {
+    if matches!(base.installer_network, NetworkPolicy::Proxy { .. })
+        && base.kernel_support == KernelSupportMode::BestEffort
+        && !crate::sandbox::netns::namespaces_usable()
+    {
+        tracing::warn!(
+            "policy {}: no network namespaces here, so installs use the host's network instead of the broker",
+            base.name
+        );
+        return NetworkPolicy::Full;
+    }
     match &base.installer_network {
         NetworkPolicy::Proxy { allow } if allow.is_empty() => NetworkPolicy::Proxy {
             allow: super::uv::default_index_allow(std::env::vars()),

@@ -81,6 +81,20 @@ pub fn namespace_with_listener() -> Result<NamespaceListener, NetnsError> {
     })
 }
 
+/// Whether this process can make network namespaces (root, or CAP_SYS_ADMIN): tried once
+/// in a short-lived thread, then remembered.
+pub fn namespaces_usable() -> bool {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(|| {
+        std::thread::spawn(|| {
+            // SAFETY: unshare(2) with a constant flag, in a thread that ends right after.
+            unsafe { libc::unshare(libc::CLONE_NEWNET) == 0 }
+        })
+        .join()
+        .unwrap_or(false)
+    })
+}
+
 /// Launcher child (still privileged): move into the network namespace `netns`.
 pub fn join_namespace(netns: &OwnedFd) -> Result<(), NetnsError> {
     // SAFETY: setns(2) on a descriptor we own; affects only this single-threaded process.
@@ -155,6 +169,16 @@ mod tests {
     /// The listener lives in a namespace of its own: a host client cannot reach its
     /// port on the host's 127.0.0.1, yet the server accepts on it; a process that joins
     /// the namespace reaches it and nothing of the host.
+    #[test]
+    fn namespaces_are_usable_as_root() {
+        // SAFETY: geteuid cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        assert_eq!(
+            namespaces_usable(),
+            root || namespace_with_listener().is_ok()
+        );
+    }
+
     #[test]
     fn namespace_listener_is_reachable_only_from_inside() {
         let ns = namespace_with_listener().unwrap();
