@@ -22,6 +22,7 @@ mod envs;
 mod error;
 mod jobs;
 mod python;
+pub mod result;
 pub mod tmp;
 pub mod workspace;
 
@@ -37,7 +38,7 @@ pub use call::{Call, ProgressSink};
 pub use config::Config;
 pub use envs::{EnvInfo, EnvInfoRequest, InstallArgs, ScriptArgs};
 pub use error::{AppError, AppResult};
-pub use jobs::ShellArgs;
+pub use jobs::{Chunk, OutputStream, ShellArgs};
 pub use python::{VarsOutcome, VarsRequest};
 
 use crate::jobs::store::WaitFor;

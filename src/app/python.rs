@@ -84,9 +84,13 @@ pub fn job_outcome(r: Result<CellOutcome, ReplError>, cancel_requested: bool) ->
         CellStatus::Ok => (JobStatus::Completed, None),
         CellStatus::Error => (
             JobStatus::Failed,
-            o.error
-                .as_ref()
-                .map(|e| format!("{}: {}", e.ename, e.evalue)),
+            // One line for listings; the whole message ends the traceback.
+            o.error.as_ref().map(|e| {
+                let line = e.evalue.lines().next().unwrap_or_default();
+                let short: String = line.chars().take(200).collect();
+                let more = if short.len() < e.evalue.len() { " …" } else { "" };
+                format!("{}: {short}{more}", e.ename)
+            }),
         ),
         CellStatus::Interrupted if cancel_requested => (
             JobStatus::Cancelled,

@@ -3,11 +3,13 @@
 
 use std::sync::Arc;
 
-use super::excerpt::read_text;
+use super::excerpt::{make_excerpt, read_text};
 use super::job::{Job, lock, now_unix_ms};
 use super::persist::parse_id;
 use super::store::JobStore;
-use super::{JobError, JobFilter, JobId, JobSummary, OutputChunk, SearchHit, Stream, search};
+use super::{
+    Excerpt, JobError, JobFilter, JobId, JobSummary, OutputChunk, SearchHit, Stream, search,
+};
 
 impl JobStore {
     /// Read bytes `[offset, offset + len)` of a stream (at most `response_bytes`; the
@@ -51,6 +53,23 @@ impl JobStore {
             eof: finished && end == total,
             text,
         })
+    }
+
+    /// An excerpt of bytes `[offset, end)` of a stream in about `budget` bytes of text
+    /// (head and tail with the exact range left out), for an answer that must share its
+    /// budget with other parts. Does not move the delivered cursors.
+    pub fn excerpt(
+        &self,
+        id: &str,
+        stream: Stream,
+        offset: u64,
+        end: u64,
+        budget: usize,
+    ) -> Result<Excerpt, JobError> {
+        let job = self.get(id)?;
+        let path = lock(&job.spools[stream.index()]).path().to_path_buf();
+        make_excerpt(&path, offset, end, budget)
+            .map_err(|e| JobError::io(format!("could not read {stream} of job {}", job.id), e))
     }
 
     /// Lines of a stream matching `pattern` (regex), with `context_lines` lines around

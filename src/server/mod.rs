@@ -10,6 +10,7 @@
 //! server.
 
 mod args_check;
+pub mod budget;
 pub mod handler;
 pub mod progress;
 pub mod render;

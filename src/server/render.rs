@@ -7,9 +7,11 @@ use std::fmt::Write as _;
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::json;
 
+use super::budget::{Whole, cut};
 use super::report::structured;
-use crate::app::{EnvInfo, VarsOutcome};
-use crate::jobs::{JobSummary, OutputChunk, SearchHit, Stream};
+use crate::app::result::ResultImage;
+use crate::app::{Chunk, EnvInfo, VarsOutcome};
+use crate::jobs::{JobSummary, SearchHit, Stream};
 use crate::repl::{HistoryEntry, SessionInfo};
 
 /// A plain-text + structured result for list-style tools.
@@ -26,7 +28,7 @@ pub fn interrupted(session: &str, was_running: bool) -> CallToolResult {
     listing(text, &json!({ "session": session, "interrupted": true }))
 }
 
-pub fn vars(session: &str, outcome: VarsOutcome) -> CallToolResult {
+pub fn vars(session: &str, outcome: VarsOutcome, cap: usize) -> CallToolResult {
     match outcome {
         VarsOutcome::List(vars) => {
             let mut text = format!("{} variable(s) in session {session:?}\n", vars.len());
@@ -36,16 +38,35 @@ pub fn vars(session: &str, outcome: VarsOutcome) -> CallToolResult {
             }
             listing(text, &json!({ "session": session, "variables": vars }))
         }
-        VarsOutcome::Get(v) => {
-            let more = if v.truncated {
-                format!("\n… cut; the full repr has {} characters", v.chars)
-            } else {
-                String::new()
-            };
-            listing(
-                format!("{}: {} = {}{more}", v.name, v.type_name, v.repr),
-                &v,
-            )
+        VarsOutcome::Get(mut v) => {
+            // One budget per answer: the repr is cut at the edge, and a JSON copy that
+            // would not fit beside it is left out (its size said).
+            v.repr = cut(
+                &v.repr,
+                cap * 2 / 3,
+                Whole::Elsewhere("print slices of it with python_exec"),
+            );
+            if v.repr.len() < v.chars as usize {
+                v.truncated = true;
+            }
+            let json_bytes = v
+                .json
+                .as_ref()
+                .and_then(|j| serde_json::to_string(j).ok())
+                .map_or(0, |s| s.len());
+            let mut value = serde_json::to_value(&v).unwrap_or_default();
+            let mut more = String::new();
+            if v.truncated {
+                more = format!("\n… cut; the full repr has {} characters", v.chars);
+            }
+            if json_bytes > cap / 4 {
+                value["json"] = serde_json::Value::Null;
+                value["json_left_out"] = json!(json_bytes);
+                more.push_str(&format!(
+                    "\nits JSON form ({json_bytes} bytes) is left out: write it to a file with python_exec (json.dump) and read that"
+                ));
+            }
+            listing(format!("{}: {} = {}{more}", v.name, v.type_name, v.repr), &value)
         }
         VarsOutcome::Set(name) => listing(
             format!("set {name} in session {session:?}"),
@@ -153,11 +174,26 @@ pub fn hits(job_id: &str, stream: Stream, pattern: &str, hits: Vec<SearchHit>) -
     )
 }
 
-pub fn chunk(chunk: OutputChunk) -> CallToolResult {
+/// One image of a finished cell, as MCP image content.
+pub fn image(img: ResultImage) -> CallToolResult {
+    let text = format!("image {} of {} ({})", img.index, img.of, img.mime);
+    let value = json!({ "image": img.index, "images": img.of, "mime": img.mime });
+    structured(
+        vec![
+            ContentBlock::text(text),
+            ContentBlock::image(img.data, img.mime),
+        ],
+        &value,
+        false,
+    )
+}
+
+pub fn chunk(chunk: Chunk) -> CallToolResult {
     let more = if chunk.end < chunk.total {
         format!(
-            "; {} more bytes: call job_output with offset {}",
+            "; {} more bytes: call job_output with stream=\"{}\" offset={}",
             chunk.total - chunk.end,
+            chunk.stream.as_str(),
             chunk.end
         )
     } else if chunk.eof {
@@ -167,9 +203,23 @@ pub fn chunk(chunk: OutputChunk) -> CallToolResult {
     };
     let text = format!(
         "{} of job {} bytes [{}..{}) of {}{more}\n{}",
-        chunk.stream, chunk.id, chunk.offset, chunk.end, chunk.total, chunk.text
+        chunk.stream.as_str(),
+        chunk.job_id,
+        chunk.offset,
+        chunk.end,
+        chunk.total,
+        chunk.text
     );
-    listing(text, &chunk)
+    let value = json!({
+        "job_id": chunk.job_id,
+        "stream": chunk.stream.as_str(),
+        "offset": chunk.offset,
+        "end": chunk.end,
+        "total": chunk.total,
+        "eof": chunk.eof,
+        "text": chunk.text,
+    });
+    listing(text, &value)
 }
 
 pub fn pruned(pruned: Vec<String>) -> CallToolResult {

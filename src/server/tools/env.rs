@@ -148,7 +148,7 @@ impl SandboxServer {
         };
         reply(
             self.app.env_install(&session, install, wait, &call).await,
-            JobReport::result_of,
+            |v| JobReport::answer(v, &self.app),
         )
     }
 
@@ -190,7 +190,7 @@ impl SandboxServer {
         };
         reply(
             self.app.python_run_script(script, wait, &call).await,
-            JobReport::result_of,
+            |v| JobReport::answer(v, &self.app),
         )
     }
 }

@@ -12,6 +12,7 @@ use super::{
     DEFAULT_POLL_SECONDS, DEFAULT_WAIT_SECONDS, MAX_POLL_SECONDS, reply, seconds,
     session_or_default, wait_window,
 };
+use crate::app::OutputStream;
 use crate::jobs::{JobFilter, JobKind, JobStatus, Stream};
 use crate::server::handler::SandboxServer;
 use crate::server::progress::call_of;
@@ -107,11 +108,12 @@ impl From<KindFilter> for JobKind {
     }
 }
 
-impl From<StreamArg> for Stream {
-    fn from(s: StreamArg) -> Stream {
+impl From<StreamArg> for OutputStream {
+    fn from(s: StreamArg) -> OutputStream {
         match s {
-            StreamArg::Stdout => Stream::Stdout,
-            StreamArg::Stderr => Stream::Stderr,
+            StreamArg::Stdout => OutputStream::Stdout,
+            StreamArg::Stderr => OutputStream::Stderr,
+            StreamArg::Result => OutputStream::Result,
         }
     }
 }
@@ -152,6 +154,9 @@ pub enum StreamArg {
     #[default]
     Stdout,
     Stderr,
+    /// The job's result as text: value, full traceback, display items (or an install's
+    /// report); answers that cut one of these point here.
+    Result,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -174,6 +179,9 @@ pub struct OutputArgs {
     /// Lines of context around each match (default 2).
     #[serde(default)]
     pub context_lines: Option<usize>,
+    /// Fetch image N (from 1) of a finished Python cell instead.
+    #[serde(default)]
+    pub image: Option<usize>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -216,7 +224,7 @@ impl SandboxServer {
             self.app
                 .job_wait(&args.job_id, timeout, args.until_done, &call)
                 .await,
-            JobReport::result_of,
+            |v| JobReport::answer(v, &self.app),
         )
     }
 
@@ -236,7 +244,7 @@ impl SandboxServer {
             self.app
                 .job_input(&args.job_id, &args.text, args.eof, wait, &call)
                 .await,
-            JobReport::result_of,
+            |v| JobReport::answer(v, &self.app),
         )
     }
 
@@ -251,7 +259,7 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ErrorData> {
         reply(
             self.app.job_cancel(&args.job_id).await,
-            JobReport::result_of,
+            |v| JobReport::answer(v, &self.app),
         )
     }
 
@@ -286,8 +294,25 @@ impl SandboxServer {
                 "give either `pattern` (search) or `offset`/`length` (range), not both",
             ));
         }
-        let stream = Stream::from(args.stream);
+        if let Some(index) = args.image {
+            if args.pattern.is_some() || args.offset.is_some() || args.length.is_some() {
+                return Ok(crate::server::report::failure(
+                    "give `image` alone: it fetches one image of a finished cell",
+                ));
+            }
+            return reply(self.app.job_image(&args.job_id, index), render::image);
+        }
+        let stream = OutputStream::from(args.stream);
         if let Some(pattern) = &args.pattern {
+            let stream = match stream {
+                OutputStream::Stdout => Stream::Stdout,
+                OutputStream::Stderr => Stream::Stderr,
+                OutputStream::Result => {
+                    return Ok(crate::server::report::failure(
+                        "search reads stdout or stderr; read the result stream by offset",
+                    ));
+                }
+            };
             let context = args.context_lines.unwrap_or(2);
             return reply(
                 self.app.job_search(&args.job_id, stream, pattern, context),

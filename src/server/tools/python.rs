@@ -106,7 +106,7 @@ impl SandboxServer {
         let call = call_of(&ctx, &self.closing);
         reply(
             self.app.python_exec(&session, args.code, wait, &call).await,
-            JobReport::result_of,
+            |v| JobReport::answer(v, &self.app),
         )
     }
 
@@ -127,7 +127,7 @@ impl SandboxServer {
             self.app
                 .python_run_file(&session, &args.path, args.args, wait, &call)
                 .await,
-            JobReport::result_of,
+            |v| JobReport::answer(v, &self.app),
         )
     }
 
@@ -172,7 +172,7 @@ impl SandboxServer {
             (VarAction::Set, Some(name), Some(value)) => VarsRequest::Set(name, value),
         };
         reply(self.app.python_vars(&session, request).await, |outcome| {
-            render::vars(&session, outcome)
+            render::vars(&session, outcome, self.app.response_bytes())
         })
     }
 

@@ -98,7 +98,7 @@ impl SandboxServer {
         };
         reply(
             self.app.shell_run(job, wait, &call).await,
-            JobReport::result_of,
+            |v| JobReport::answer(v, &self.app),
         )
     }
 }

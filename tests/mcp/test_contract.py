@@ -1,0 +1,188 @@
+"""The agent contract (issue 14): every answer bounded, compact and exact, through the real
+MCP client. One budget per answer (20 KB of text, 20 KB of structured content) whatever the
+source, with the rest readable through job_output; a compact, standard tool table;
+progress while a call waits; spec errors; search that says what it skipped."""
+
+import base64
+import json
+import re
+import struct
+import zlib
+
+from conftest import text_of
+
+CAP = 20_000
+
+
+def sizes(res) -> tuple[int, int]:
+    """(bytes of text content, bytes of structured content as compact JSON)."""
+    text = sum(len(c.text.encode()) for c in res.content if c.type == "text")
+    structured = len(json.dumps(res.structured_content, separators=(",", ":"), ensure_ascii=False).encode())
+    return text, structured
+
+
+def assert_bounded(res, what: str):
+    text, structured = sizes(res)
+    print(f"{what}: text {text} B, structured {structured} B")
+    assert text <= CAP, f"{what}: {text} bytes of text"
+    assert structured <= CAP, f"{what}: {structured} bytes of structured content"
+
+
+async def read_result(c, job_id: str) -> str:
+    """The whole `result` stream of a job, paged with job_output."""
+    out, offset = [], 0
+    while True:
+        r = await c.ok("job_output", job_id=job_id, stream="result", offset=offset)
+        assert r["stream"] == "result"
+        out.append(r["text"])
+        if r["eof"]:
+            return "".join(out)
+        assert r["end"] > offset
+        offset = r["end"]
+
+
+def left_out(text: str) -> list[tuple[int, int]]:
+    """The [a..b) ranges of the result stream an answer says it left out."""
+    return [(int(a), int(b)) for a, b in re.findall(r'\[(\d+)\.\.(\d+)\) of stream "result"', text)]
+
+
+def test_a_huge_exception_is_cut_and_kept_whole_in_the_result_stream(server):
+    async def scenario(c):
+        res = await c.call("python_exec", code="raise ValueError('v' * 100000)")
+        assert res.is_error
+        assert_bounded(res, "exception")
+        report = res.structured_content
+        assert report["error"]["ename"] == "ValueError"
+        tb = report["error"]["traceback"]
+        # Head (where it was raised) and tail (the last frame and the exception line) kept.
+        assert tb.startswith("Traceback (most recent call last):")
+        assert "raise ValueError" in tb
+        assert tb.rstrip().endswith("vvv")
+        cuts = left_out(tb)
+        assert len(cuts) == 1
+        whole = await read_result(c, report["job_id"])
+        assert ("v" * 100000) in whole
+        a, b = cuts[0]
+        # What the answer shows plus the range it names is the whole traceback.
+        head, tail = tb.split("\n… ", 1)[0], tb.split(" …\n", 1)[1]
+        assert whole.encode()[:a].decode().endswith(head)
+        assert whole.encode()[b:].decode().startswith(tail)
+        # The exception line is printed once, not again as a message.
+        text = text_of(res)
+        assert text.count("ValueError: ") == 1, text[-500:]
+
+    server.run(scenario)
+
+
+def test_rich_display_and_values_share_the_budget(server):
+    async def scenario(c):
+        code = (
+            "class H:\n"
+            "    def _repr_html_(self):\n"
+            "        return '<p>' + 'h' * 200000 + '</p>'\n"
+            "print('o' * 50000)\n"
+            "display(H())\n"
+            "'x' * 15000"
+        )
+        res = await c.call("python_exec", code=code)
+        assert not res.is_error, text_of(res)
+        assert_bounded(res, "html + stdout + value")
+        r = res.structured_content
+        assert r["display"][0]["mime"] == "text/html"
+        html = r["display"][0]["data"]
+        assert html.startswith("<p>hh") and html.endswith("hh</p>")
+        assert left_out(html)
+        assert r["stdout"]["omitted"], "stdout is cut with its exact byte range"
+        assert r["value"].startswith("'xx") and left_out(r["value"])
+        whole = await read_result(c, r["job_id"])
+        assert "<p>" + "h" * 200000 + "</p>" in whole
+        assert "x" * 14000 in whole
+        # The stdout range left out is readable as usual.
+        a, b = r["stdout"]["omitted"]
+        chunk = await c.ok("job_output", job_id=r["job_id"], offset=a, length=b - a)
+        assert set(chunk["text"]) == {"o"}
+
+    server.run(scenario)
+
+
+def test_variable_values_stay_within_the_budget(server):
+    async def scenario(c):
+        await c.ok("python_exec", code="big = 'q' * 120000\nnested = {'k': ['w' * 1000] * 200}")
+        for name in ("big", "nested"):
+            res = await c.call("python_vars", action="get", name=name)
+            assert not res.is_error, text_of(res)
+            assert_bounded(res, f"python_vars get {name}")
+            r = res.structured_content
+            assert r["name"] == name and r["truncated"] is True
+            assert r.get("json") is None and "json_left_out" in r
+
+    server.run(scenario)
+
+
+def png(n: int) -> bytes:
+    """A valid 1x1 PNG whose pixel value depends on n."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    raw = zlib.compress(bytes([0, n % 256, 0, 0]))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)) + chunk(
+        b"IDAT", raw
+    ) + chunk(b"IEND", b"")
+
+
+def test_thirty_figures_return_four_images_and_the_rest_by_index(server):
+    async def scenario(c):
+        code = (
+            "import struct, zlib\n"
+            f"exec({PNG_SRC!r})\n"
+            "class Fig:\n"
+            "    def __init__(self, n): self.n = n\n"
+            "    def _repr_png_(self): return png(self.n)\n"
+            "for i in range(30):\n"
+            "    display(Fig(i))\n"
+        )
+        res = await c.call("python_exec", code=code)
+        assert not res.is_error, text_of(res)
+        assert_bounded(res, "30 figures")
+        images = [b for b in res.content if b.type == "image"]
+        assert len(images) == 4
+        r = res.structured_content
+        assert r["images"] == 4 and r["images_held"] == 26
+        assert "image=5..30" in text_of(res)
+        for i, img in enumerate(images):
+            assert base64.b64decode(img.data) == png(i)
+        for n in (5, 17, 30):
+            got = await c.call("job_output", job_id=r["job_id"], image=n)
+            assert not got.is_error, text_of(got)
+            blocks = [b for b in got.content if b.type == "image"]
+            assert len(blocks) == 1 and base64.b64decode(blocks[0].data) == png(n - 1)
+            assert got.structured_content == {"image": n, "images": 30, "mime": "image/png"}
+        bad = await c.err("job_output", job_id=r["job_id"], image=31)
+        assert "30 image(s)" in bad
+
+    server.run(scenario)
+
+
+PNG_SRC = '''
+def png(n):
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    raw = zlib.compress(bytes([0, n % 256, 0, 0]))
+    return b"\\x89PNG\\r\\n\\x1a\\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)) + chunk(b"IDAT", raw) + chunk(b"IEND", b"")
+'''
+
+
+def test_the_result_stream_needs_a_finished_job(server):
+    async def scenario(c):
+        r = await c.ok("python_exec", code="x = 1")
+        empty = await c.ok("job_output", job_id=r["job_id"], stream="result")
+        assert empty["text"] == "" and empty["total"] == 0 and empty["eof"] is True
+        err = await c.err("job_output", job_id=r["job_id"], stream="result", pattern="x")
+        assert "search" in err
+        running = await c.ok("python_exec", code="import time; time.sleep(30)", wait_seconds=0)
+        err = await c.err("job_output", job_id=running["job_id"], stream="result")
+        assert "when the job finishes" in err
+        await c.ok("job_cancel", job_id=running["job_id"])
+
+    server.run(scenario)
