@@ -62,8 +62,9 @@ pub fn cut(s: &str, budget: usize, whole: Whole) -> String {
     let keep = budget.saturating_sub(MARKER);
     // Head: half, ending after a newline in its last quarter if there is one.
     let mut head = floor_boundary(s, keep / 2);
-    if let Some(nl) = s[head - head / 4..head].rfind('\n') {
-        head = head - head / 4 + nl + 1;
+    let from = floor_boundary(s, head - head / 4);
+    if let Some(nl) = s[from..head].rfind('\n') {
+        head = from + nl + 1;
     }
     // Tail: the rest, starting after a newline in its first quarter if there is one.
     let mut tail = ceil_boundary(s, s.len() - (keep - head));
