@@ -6,9 +6,9 @@ use std::time::Duration;
 use super::{App, AppError, Call, JobView};
 use crate::jobs::store::WaitFor;
 use super::result::{self, ResultImage};
+use crate::jobs::search::{Found, Limits};
 use crate::jobs::{
-    Excerpt, JobFilter, JobSnapshot, JobSummary, SearchHit, ShellRequest, Stream,
-    start_shell_job,
+    Excerpt, JobFilter, JobSnapshot, JobSummary, ShellRequest, Stream, start_shell_job,
 };
 
 /// A shell job as the caller asks for it (paths relative to the workspace).
@@ -65,7 +65,9 @@ pub struct Chunk {
 }
 
 /// Most search hits one call returns.
-const MAX_HITS: usize = 50;
+const MAX_HITS: usize = 200;
+/// A search counts matches up to this many; beyond, it says "at least".
+const COUNT_CAP: u64 = 1_000_000;
 
 /// How long job_cancel waits for the job to report its end.
 const CANCEL_SETTLE: Duration = Duration::from_secs(5);
@@ -114,15 +116,25 @@ impl App {
         self.store.list(filter)
     }
 
-    /// Lines of `stream` matching `pattern`, with `context` lines around each.
+    /// Lines of `stream` matching `pattern` from byte `offset` on, with `context` lines
+    /// around each: every match counted (up to a cap), the first ones shown within the
+    /// answer budget, and the cursor to continue from.
     pub fn job_search(
         &self,
         id: &str,
         stream: Stream,
         pattern: &str,
         context: usize,
-    ) -> Result<Vec<SearchHit>, AppError> {
-        Ok(self.store.search(id, stream, pattern, context, MAX_HITS)?)
+        offset: u64,
+    ) -> Result<Found, AppError> {
+        let limits = Limits {
+            start: offset,
+            context,
+            max_hits: MAX_HITS,
+            text_budget: self.response_bytes * 3 / 4,
+            count_cap: COUNT_CAP,
+        };
+        Ok(self.store.search_from(id, stream, pattern, &limits)?)
     }
 
     /// Bytes `[offset, offset + len)` of `stream`, `len` capped at the response size.

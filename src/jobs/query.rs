@@ -104,6 +104,44 @@ impl JobStore {
         hits.map_err(|e| JobError::io(format!("could not search {stream} of job {}", job.id), e))
     }
 
+    /// A search from a cursor within limits: the hits, the count of all matches and
+    /// where to continue (see [`search::scan`]).
+    pub fn search_from(
+        &self,
+        id: &str,
+        stream: Stream,
+        pattern: &str,
+        limits: &search::Limits,
+    ) -> Result<search::Found, JobError> {
+        let job = self.get(id)?;
+        let re = search::compile(pattern).map_err(|reason| JobError::Pattern {
+            pattern: pattern.into(),
+            reason,
+        })?;
+        let (path, total) = {
+            let spool = lock(&job.spools[stream.index()]);
+            (spool.path().to_path_buf(), spool.len())
+        };
+        if limits.start > total {
+            return Err(JobError::PastEnd {
+                id: job.id.clone(),
+                stream,
+                offset: limits.start,
+                total,
+                more: "",
+            });
+        }
+        let run = || search::scan(&path, total, &re, limits);
+        let on_worker = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let found = if on_worker {
+            tokio::task::block_in_place(run)
+        } else {
+            run()
+        };
+        found.map_err(|e| JobError::io(format!("could not search {stream} of job {}", job.id), e))
+    }
+
     /// Jobs matching `filter`, newest first.
     pub fn list(&self, filter: &JobFilter) -> Vec<JobSummary> {
         let jobs: Vec<Arc<Job>> = lock(&self.jobs).map.values().rev().cloned().collect();

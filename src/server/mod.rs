@@ -15,6 +15,8 @@ pub mod handler;
 pub mod progress;
 pub mod render;
 pub mod report;
+pub mod schema;
+pub mod shapes;
 pub mod tools;
 pub mod transport;
 

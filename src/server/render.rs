@@ -5,12 +5,15 @@
 use std::fmt::Write as _;
 
 use rmcp::model::{CallToolResult, ContentBlock};
-use serde_json::json;
 
 use super::budget::{Whole, cut};
 use super::report::structured;
 use crate::app::result::ResultImage;
 use crate::app::{Chunk, EnvInfo, VarsOutcome};
+use super::shapes::{
+    EnvReport, History, JobEntry, Jobs, Output, Pruned, SessionDone, Sessions, Uv, Venv, Vars,
+};
+use crate::jobs::search::Found;
 use crate::jobs::{JobSummary, SearchHit, Stream};
 use crate::repl::{HistoryEntry, SessionInfo};
 
@@ -25,7 +28,14 @@ pub fn interrupted(session: &str, was_running: bool) -> CallToolResult {
     } else {
         format!("session {session:?} was idle; nothing to interrupt")
     };
-    listing(text, &json!({ "session": session, "interrupted": true }))
+    listing(
+        text,
+        &SessionDone {
+            session: session.into(),
+            interrupted: Some(was_running),
+            ..Default::default()
+        },
+    )
 }
 
 pub fn vars(session: &str, outcome: VarsOutcome, cap: usize) -> CallToolResult {
@@ -36,7 +46,14 @@ pub fn vars(session: &str, outcome: VarsOutcome, cap: usize) -> CallToolResult {
                 let size = v.size.map(|b| format!(" ({b} B)")).unwrap_or_default();
                 let _ = writeln!(text, "{}: {}{size} = {}", v.name, v.type_name, v.repr);
             }
-            listing(text, &json!({ "session": session, "variables": vars }))
+            listing(
+                text,
+                &Vars {
+                    session: session.into(),
+                    variables: Some(vars),
+                    ..Default::default()
+                },
+            )
         }
         VarsOutcome::Get(mut v) => {
             // One budget per answer: the repr is cut at the edge, and a JSON copy that
@@ -54,31 +71,52 @@ pub fn vars(session: &str, outcome: VarsOutcome, cap: usize) -> CallToolResult {
                 .as_ref()
                 .and_then(|j| serde_json::to_string(j).ok())
                 .map_or(0, |s| s.len());
-            let mut value = serde_json::to_value(&v).unwrap_or_default();
             let mut more = String::new();
             if v.truncated {
                 more = format!("\n… cut; the full repr has {} characters", v.chars);
             }
+            let mut json_left_out = None;
             if json_bytes > cap / 4 {
-                value["json"] = serde_json::Value::Null;
-                value["json_left_out"] = json!(json_bytes);
+                v.json = None;
+                json_left_out = Some(json_bytes as u64);
                 more.push_str(&format!(
                     "\nits JSON form ({json_bytes} bytes) is left out: write it to a file with python_exec (json.dump) and read that"
                 ));
             }
-            listing(format!("{}: {} = {}{more}", v.name, v.type_name, v.repr), &value)
+            let text = format!("{}: {} = {}{more}", v.name, v.type_name, v.repr);
+            listing(
+                text,
+                &Vars {
+                    session: session.into(),
+                    variable: Some(v),
+                    json_left_out,
+                    ..Default::default()
+                },
+            )
         }
         VarsOutcome::Set(name) => listing(
             format!("set {name} in session {session:?}"),
-            &json!({ "session": session, "set": name }),
+            &Vars {
+                session: session.into(),
+                set: Some(name),
+                ..Default::default()
+            },
         ),
         VarsOutcome::Deleted(name) => listing(
             format!("deleted {name} from session {session:?}"),
-            &json!({ "session": session, "deleted": name }),
+            &Vars {
+                session: session.into(),
+                deleted: Some(name),
+                ..Default::default()
+            },
         ),
         VarsOutcome::Cleared => listing(
             format!("cleared the variables of session {session:?}"),
-            &json!({ "session": session, "cleared": true }),
+            &Vars {
+                session: session.into(),
+                cleared: Some(true),
+                ..Default::default()
+            },
         ),
     }
 }
@@ -92,7 +130,13 @@ pub fn history(session: &str, cells: Vec<HistoryEntry>) -> CallToolResult {
             c.cell, c.status, c.elapsed_ms, c.code
         );
     }
-    listing(text, &json!({ "session": session, "cells": cells }))
+    listing(
+        text,
+        &History {
+            session: session.into(),
+            cells,
+        },
+    )
 }
 
 pub fn sessions(sessions: Vec<SessionInfo>) -> CallToolResult {
@@ -115,20 +159,28 @@ pub fn sessions(sessions: Vec<SessionInfo>) -> CallToolResult {
             s.cells
         );
     }
-    listing(text, &json!({ "sessions": sessions }))
+    listing(text, &Sessions { sessions })
 }
 
 pub fn restarted(session: &str) -> CallToolResult {
     listing(
         format!("session {session:?} restarted: fresh worker, no variables"),
-        &json!({ "session": session, "restarted": true }),
+        &SessionDone {
+            session: session.into(),
+            restarted: Some(true),
+            ..Default::default()
+        },
     )
 }
 
 pub fn closed(session: &str) -> CallToolResult {
     listing(
         format!("session {session:?} closed"),
-        &json!({ "session": session, "closed": true }),
+        &SessionDone {
+            session: session.into(),
+            closed: Some(true),
+            ..Default::default()
+        },
     )
 }
 
@@ -146,18 +198,61 @@ pub fn jobs(jobs: Vec<JobSummary>) -> CallToolResult {
             .unwrap_or_default();
         let _ = writeln!(
             text,
-            "{} {:?}{sess} {}{exit} · {} ms · out {} B, err {} B · {}",
+            "{} {}{sess} {}{exit} · {} ms · out {} B, err {} B · {}",
             j.id, j.kind, j.status, j.elapsed_ms, j.stdout_bytes, j.stderr_bytes, j.label
         );
     }
-    listing(text, &json!({ "jobs": jobs }))
+    let jobs = jobs.into_iter().map(JobEntry::from).collect();
+    listing(text, &Jobs { jobs })
 }
 
-pub fn hits(job_id: &str, stream: Stream, pattern: &str, hits: Vec<SearchHit>) -> CallToolResult {
+pub fn hits(
+    job_id: &str,
+    stream: Stream,
+    pattern: &str,
+    found: Found,
+    cap: usize,
+) -> CallToolResult {
+    let Found {
+        mut hits,
+        matches,
+        at_least,
+        mut next_offset,
+    } = found;
+    // The hits were gathered within the budget; drop trailing ones if the words around
+    // them still tip it over (the cursor then points at the first one dropped).
+    let size = |h: &SearchHit| {
+        h.text.len() + h.before.iter().chain(&h.after).map(|l| l.len() + 4).sum::<usize>() + 40
+    };
+    let mut used = 0;
+    let keep = hits
+        .iter()
+        .take_while(|h| {
+            used += size(h);
+            used <= cap * 9 / 10
+        })
+        .count()
+        .max(1);
+    if keep < hits.len() {
+        next_offset = Some(hits[keep].offset);
+        hits.truncate(keep);
+    }
+    let count = if at_least {
+        format!("at least {matches}")
+    } else {
+        matches.to_string()
+    };
     let mut text = format!(
-        "{} match(es) of {pattern:?} in {stream} of job {job_id}\n",
-        hits.len(),
+        "{count} matching line(s) of {pattern:?} in {stream} of job {job_id}; showing {}",
+        hits.len()
     );
+    if let Some(o) = next_offset {
+        let _ = write!(
+            text,
+            "; more: job_output with the same pattern and offset={o}"
+        );
+    }
+    text.push('\n');
     for h in &hits {
         let _ = writeln!(text, "--- line {} (byte {}) ---", h.line, h.offset);
         for l in &h.before {
@@ -170,14 +265,30 @@ pub fn hits(job_id: &str, stream: Stream, pattern: &str, hits: Vec<SearchHit>) -
     }
     listing(
         text,
-        &json!({ "job_id": job_id, "stream": stream, "hits": hits }),
+        &Output {
+            job_id: job_id.into(),
+            stream: Some(stream.to_string()),
+            pattern: Some(pattern.into()),
+            hits: Some(hits),
+            matches: Some(matches),
+            matches_at_least: Some(at_least),
+            truncated: Some(next_offset.is_some()),
+            next_offset,
+            ..Default::default()
+        },
     )
 }
 
 /// One image of a finished cell, as MCP image content.
-pub fn image(img: ResultImage) -> CallToolResult {
+pub fn image(job_id: &str, img: ResultImage) -> CallToolResult {
     let text = format!("image {} of {} ({})", img.index, img.of, img.mime);
-    let value = json!({ "image": img.index, "images": img.of, "mime": img.mime });
+    let value = Output {
+        job_id: job_id.into(),
+        image: Some(img.index),
+        images: Some(img.of),
+        mime: Some(img.mime.clone()),
+        ..Default::default()
+    };
     structured(
         vec![
             ContentBlock::text(text),
@@ -210,42 +321,45 @@ pub fn chunk(chunk: Chunk) -> CallToolResult {
         chunk.total,
         chunk.text
     );
-    let value = json!({
-        "job_id": chunk.job_id,
-        "stream": chunk.stream.as_str(),
-        "offset": chunk.offset,
-        "end": chunk.end,
-        "total": chunk.total,
-        "eof": chunk.eof,
-        "text": chunk.text,
-    });
+    let value = Output {
+        job_id: chunk.job_id,
+        stream: Some(chunk.stream.as_str().into()),
+        offset: Some(chunk.offset),
+        end: Some(chunk.end),
+        total: Some(chunk.total),
+        eof: Some(chunk.eof),
+        text: Some(chunk.text),
+        ..Default::default()
+    };
     listing(text, &value)
 }
 
 pub fn pruned(pruned: Vec<String>) -> CallToolResult {
     listing(
         format!("pruned {} job(s): {}", pruned.len(), pruned.join(", ")),
-        &json!({ "pruned": pruned }),
+        &Pruned { pruned },
     )
 }
 
 pub fn env_info(session: &str, info: EnvInfo) -> CallToolResult {
     let EnvInfo { uv, venv, uv_cache } = info;
-    let uv = uv.map(|u| json!({ "path": u.path, "version": u.version }));
     let mut text = String::new();
-    match &uv {
+    let (uv, uv_error) = match uv {
         Ok(u) => {
-            let _ = writeln!(
-                text,
-                "uv: {} ({})",
-                u["version"].as_str().unwrap_or("?"),
-                u["path"]
-            );
+            let _ = writeln!(text, "uv: {} ({})", u.version, u.path.display());
+            (
+                Some(Uv {
+                    path: u.path.display().to_string(),
+                    version: u.version.to_string(),
+                }),
+                None,
+            )
         }
         Err(e) => {
             let _ = writeln!(text, "uv: missing: {e}");
+            (None, Some(e.to_string()))
         }
-    }
+    };
     match &venv {
         Some(v) => {
             let _ = writeln!(text, "session {session:?} venv: {}", v.root().display());
@@ -265,17 +379,17 @@ pub fn env_info(session: &str, info: EnvInfo) -> CallToolResult {
         }
     }
     let _ = writeln!(text, "uv cache: {}", uv_cache.display());
-    let value = json!({
-        "session": session,
-        "uv": uv.as_ref().ok(),
-        "uv_error": uv.as_ref().err().map(ToString::to_string),
-        "venv": venv.as_ref().map(|v| json!({
-            "root": v.root(),
-            "python": v.python(),
-            "python_version": v.python_version,
-            "site_packages": v.site_packages(),
-        })),
-        "uv_cache": uv_cache,
-    });
+    let value = EnvReport {
+        session: session.into(),
+        uv,
+        uv_error,
+        venv: venv.as_ref().map(|v| Venv {
+            root: v.root().display().to_string(),
+            python: v.python().display().to_string(),
+            python_version: v.python_version.clone(),
+            site_packages: v.site_packages().display().to_string(),
+        }),
+        uv_cache: uv_cache.display().to_string(),
+    };
     listing(text, &value)
 }

@@ -87,7 +87,7 @@ def test_install_into_session_is_a_job_with_progress_and_keeps_state(offline):
         assert r["value"] == "(42, '0.1')"
 
         listed = await c.ok("job_list", kind="install")
-        assert [j["id"] for j in listed["jobs"]] == [job["job_id"]]
+        assert [j["job_id"] for j in listed["jobs"]] == [job["job_id"]]
         info = await c.ok("env_info")
         assert info["venv"]["site_packages"].startswith(str(offline.state_dir))
 

@@ -289,9 +289,9 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<OutputArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        if args.pattern.is_some() && (args.offset.is_some() || args.length.is_some()) {
+        if args.pattern.is_some() && args.length.is_some() {
             return Ok(crate::server::report::failure(
-                "give either `pattern` (search) or `offset`/`length` (range), not both",
+                "give either `pattern` (search, `offset` = where to continue) or `length` (read a range), not both",
             ));
         }
         if let Some(index) = args.image {
@@ -300,7 +300,9 @@ impl SandboxServer {
                     "give `image` alone: it fetches one image of a finished cell",
                 ));
             }
-            return reply(self.app.job_image(&args.job_id, index), render::image);
+            return reply(self.app.job_image(&args.job_id, index), |img| {
+                render::image(&args.job_id, img)
+            });
         }
         let stream = OutputStream::from(args.stream);
         if let Some(pattern) = &args.pattern {
@@ -314,9 +316,11 @@ impl SandboxServer {
                 }
             };
             let context = args.context_lines.unwrap_or(2);
+            let from = args.offset.unwrap_or(0);
             return reply(
-                self.app.job_search(&args.job_id, stream, pattern, context),
-                |hits| render::hits(&args.job_id, stream, pattern, hits),
+                self.app
+                    .job_search(&args.job_id, stream, pattern, context, from),
+                |found| render::hits(&args.job_id, stream, pattern, found, self.app.response_bytes()),
             );
         }
         reply(
