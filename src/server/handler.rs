@@ -1,6 +1,7 @@
 //! The MCP handler: one [`SandboxServer`] per client connection, all sharing one
 //! [`App`] (sessions, job store). Routes tool calls, answers `tools/list`, and turns
-//! malformed tool arguments into readable tool errors that name the field.
+//! malformed tool arguments and unknown tools into JSON-RPC invalid-params errors
+//! (-32602) that name the field.
 
 use std::sync::Arc;
 
@@ -15,7 +16,6 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 
 use tokio_util::sync::CancellationToken;
 
-use super::report::failure;
 use super::tools::all_tools;
 use crate::app::App;
 
@@ -65,12 +65,14 @@ fn is_deserialize_failure(r: &CallToolResult) -> bool {
 }
 
 impl SandboxServer {
+    /// Arguments the tool cannot take, as the JSON-RPC error the spec asks for
+    /// (-32602, invalid params), in words that name the field.
     fn bad_arguments(
         &self,
         tool: &str,
         message: &str,
         args: &serde_json::Map<String, serde_json::Value>,
-    ) -> CallToolResult {
+    ) -> ErrorData {
         let detail = message
             .trim_start_matches("failed to deserialize parameters:")
             .trim();
@@ -82,7 +84,7 @@ impl SandboxServer {
             Some(w) => format!("invalid arguments for {tool}: {w} ({detail})"),
             None => format!("invalid arguments for {tool}: {detail}"),
         };
-        failure(text)
+        ErrorData::invalid_params(text, None)
     }
 }
 
@@ -128,11 +130,11 @@ impl ServerHandler for SandboxServer {
                 .into_iter()
                 .map(|t| t.name.to_string())
                 .collect();
-            return Ok(failure(format!(
-                "unknown tool {name:?}; tools are: {}",
-                known.join(", ")
-            ))
-            .into());
+            // The spec's answer to an unknown tool: invalid params.
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool {name:?}; tools are: {}", known.join(", ")),
+                None,
+            ));
         }
         let args = request.arguments.clone().unwrap_or_default();
         let started = std::time::Instant::now();
@@ -140,10 +142,11 @@ impl ServerHandler for SandboxServer {
         let outcome = self.tools.call(tcc).await;
         tracing::debug!(tool = %name, micros = started.elapsed().as_micros() as u64, "tool call handled");
         match outcome {
-            // Bad arguments are the model's to fix: answer with a readable tool error
-            // (MCP: input validation errors are tool execution errors) naming the field.
+            // Arguments that do not fit the schema (or a range the tool checks) are
+            // protocol errors (-32602) naming the field; failures of the work itself
+            // stay `isError` results.
             Err(e) if e.code == ErrorCode::INVALID_PARAMS => {
-                Ok(self.bad_arguments(&name, &e.message, &args).into())
+                Err(self.bad_arguments(&name, &e.message, &args))
             }
             Ok(CallToolResponse::Complete(r)) if is_deserialize_failure(&r) => {
                 let text = r
@@ -152,7 +155,7 @@ impl ServerHandler for SandboxServer {
                     .and_then(|c| c.as_text())
                     .map(|t| t.text.clone())
                     .unwrap_or_default();
-                Ok(self.bad_arguments(&name, &text, &args).into())
+                Err(self.bad_arguments(&name, &text, &args))
             }
             other => other,
         }

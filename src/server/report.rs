@@ -98,7 +98,7 @@ pub struct JobReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
     /// The Python exception, if the cell raised one.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "exception", skip_serializing_if = "Option::is_none")]
     pub error: Option<PyErrorReport>,
     /// True when the session's worker had died before this cell: earlier variables are gone.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -510,9 +510,13 @@ pub fn structured<T: Serialize>(
     result
 }
 
-/// A tool failure the caller should read: `isError` with words, no structured content.
+/// A tool failure the caller should read: `isError` with words, and the same words as
+/// `{"error": ...}` structured content (every output schema admits it).
 pub fn failure(text: impl Into<String>) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(text.into())])
+    let text = text.into();
+    let mut r = CallToolResult::error(vec![ContentBlock::text(text.clone())]);
+    r.structured_content = Some(serde_json::json!({ "error": text }));
+    r
 }
 
 #[cfg(test)]

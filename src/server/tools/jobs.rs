@@ -22,12 +22,12 @@ use crate::server::report::JobReport;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WaitArgs {
-    /// The job id returned by python_exec, shell_run, ...
     pub job_id: String,
-    /// Longest time to wait, in seconds (default 30, max 300).
+    /// Longest wait (max 300).
     #[serde(default)]
+    #[schemars(extend("default" = 30))]
     pub timeout_seconds: Option<f64>,
-    /// Wait for completion or an input request instead of returning at the first new output.
+    /// Wait for the end or an input request, not the first new output.
     #[serde(default)]
     pub until_done: bool,
 }
@@ -35,22 +35,21 @@ pub struct WaitArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InputArgs {
-    /// The job that is waiting for input.
     pub job_id: String,
-    /// The text to send (for Python `input()`: the line, without newline).
+    /// Text to send.
     pub text: String,
-    /// Close the job's stdin after the text (shell jobs).
+    /// Close the input after the text.
     #[serde(default)]
     pub eof: bool,
-    /// Seconds to wait afterwards for the job to progress (default 3, max 60).
+    /// Then answer with a job_id (max 60).
     #[serde(default)]
+    #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobIdArg {
-    /// The job id.
     pub job_id: String,
 }
 
@@ -137,13 +136,10 @@ fn filter(
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListArgs {
-    /// Only jobs with this status.
     #[serde(default)]
     pub status: Option<StatusFilter>,
-    /// Only jobs of this kind.
     #[serde(default)]
     pub kind: Option<KindFilter>,
-    /// Only jobs of this Python session.
     #[serde(default)]
     pub session: Option<String>,
 }
@@ -162,24 +158,24 @@ pub enum StreamArg {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OutputArgs {
-    /// The job id.
     pub job_id: String,
-    /// stdout (default) or stderr.
     #[serde(default)]
     pub stream: StreamArg,
-    /// Byte offset to start reading at (default 0).
+    /// Read from here; with `pattern`, continue here.
     #[serde(default)]
+    #[schemars(extend("default" = 0))]
     pub offset: Option<u64>,
-    /// Number of bytes to read (default and max: the response cap).
+    /// Bytes to read (max 20 KB).
     #[serde(default)]
     pub length: Option<u64>,
-    /// Search for this regular expression (or plain text) instead of reading a range.
+    /// Regex to search for.
     #[serde(default)]
     pub pattern: Option<String>,
-    /// Lines of context around each match (default 2).
+    /// Lines around each match.
     #[serde(default)]
+    #[schemars(extend("default" = 2))]
     pub context_lines: Option<usize>,
-    /// Fetch image N (from 1) of a finished Python cell instead.
+    /// Fetch image N (from 1) of a finished cell.
     #[serde(default)]
     pub image: Option<usize>,
 }
@@ -187,16 +183,12 @@ pub struct OutputArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PruneArgs {
-    /// Prune only this job.
     #[serde(default)]
     pub job_id: Option<String>,
-    /// Only finished jobs with this status.
     #[serde(default)]
     pub status: Option<StatusFilter>,
-    /// Only jobs of this kind.
     #[serde(default)]
     pub kind: Option<KindFilter>,
-    /// Only jobs of this session.
     #[serde(default)]
     pub session: Option<String>,
 }

@@ -18,37 +18,39 @@ use crate::server::report::JobReport;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecArgs {
-    /// Python source to run. The value of a final expression is returned as `value`.
+    /// Python source.
     pub code: String,
-    /// Session name (default "default"). Sessions are independent Python processes.
     #[serde(default)]
+    #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
-    /// Seconds to wait for completion before returning a job id (default 3, max 60; 0 = return at once).
+    /// Then answer with a job_id (max 60).
     #[serde(default)]
+    #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunFileArgs {
-    /// Path of the `.py` file, relative to the workspace unless absolute.
+    /// `.py` file in the workspace.
     pub path: String,
-    /// Command-line arguments (become `sys.argv[1:]`).
+    /// sys.argv[1:].
     #[serde(default)]
     pub args: Vec<String>,
-    /// Session name (default "default").
     #[serde(default)]
+    #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
-    /// Seconds to wait for completion before returning a job id (default 3, max 60).
+    /// Then answer with a job_id (max 60).
     #[serde(default)]
+    #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionArg {
-    /// Session name (default "default").
     #[serde(default)]
+    #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
 }
 
@@ -65,26 +67,25 @@ pub enum VarAction {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VarsArgs {
-    /// list | get | set | delete | clear.
     pub action: VarAction,
     /// Variable name (get, set, delete).
     #[serde(default)]
     pub name: Option<String>,
-    /// JSON value to assign (set).
+    /// JSON value (set).
     #[serde(default)]
     pub value: Option<serde_json::Value>,
-    /// Session name (default "default").
     #[serde(default)]
+    #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HistoryArgs {
-    /// Session name (default "default").
     #[serde(default)]
+    #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
-    /// Only the most recent N cells.
+    /// Only the newest N cells.
     #[serde(default)]
     pub limit: Option<usize>,
 }
