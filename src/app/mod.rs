@@ -215,9 +215,18 @@ impl App {
     ) -> Result<JobView, AppError> {
         let wait = self.store.wait_for(id, window, until);
         tokio::pin!(wait);
+        // Progress (when asked for): on new output, and a heartbeat at least every
+        // HEARTBEAT while the call waits in silence, so clients keep the call alive.
         const TICK: Duration = Duration::from_millis(500);
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + TICK, TICK);
+        const HEARTBEAT: Duration = Duration::from_secs(1);
+        let started = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval_at(started + TICK, TICK);
         let mut last_bytes = 0u64;
+        let mut last_sent = started;
+        let awaited = match until {
+            WaitFor::Output => "new output or its end",
+            WaitFor::Settled => "its end or an input request",
+        };
         let snap = loop {
             tokio::select! {
                 snap = &mut wait => break snap?,
@@ -231,13 +240,18 @@ impl App {
                     let fate = if cancel_job { "was cancelled" } else { "keeps running" };
                     return Err(AppError::RequestCancelled { id: id.to_string(), fate });
                 }
-                _ = tick.tick() => {
+                _ = tick.tick(), if call.wants_progress() => {
                     if let Ok(s) = self.store.summary(id) {
                         let bytes = s.stdout_bytes + s.stderr_bytes;
-                        if bytes != last_bytes {
+                        let now = tokio::time::Instant::now();
+                        if bytes != last_bytes || now - last_sent >= HEARTBEAT {
                             last_bytes = bytes;
-                            call.progress(s.elapsed_ms as f64 / 1000.0,
-                                format!("job {id} {}: {bytes} bytes of output", s.status)).await;
+                            last_sent = now;
+                            let waited = (now - started).as_secs_f64();
+                            call.progress(waited, format!(
+                                "job {id} {}: waited {waited:.0} s for {awaited}; {bytes} bytes of output",
+                                s.status
+                            )).await;
                         }
                     }
                 }

@@ -254,3 +254,32 @@ def test_tool_failures_validate_against_the_output_schema(server):
             Draft202012Validator(schemas[tool]).validate(res.structured_content)
 
     server.run(scenario)
+
+
+def test_a_silent_wait_sends_heartbeats(server):
+    """While a call waits in silence, progress comes at least every 2 s when asked for."""
+
+    async def scenario(c):
+        seen = []
+
+        async def on_progress(progress, total, message):
+            seen.append((progress, message))
+
+        res = await c.call("python_exec", code="import time; time.sleep(6); 'done'", wait_seconds=8, progress=on_progress)
+        r = res.structured_content
+        assert r["status"] == "completed" and r["value"] == "'done'", r
+        print(f"{len(seen)} progress notifications: {seen[:3]}")
+        assert len(seen) >= 3, seen
+        amounts = [p for p, _ in seen]
+        assert amounts == sorted(amounts) and len(set(amounts)) == len(amounts), amounts
+        assert all(r["job_id"] in m and "waited" in m for _, m in seen), seen
+        # job_wait on a silent job beats too.
+        seen.clear()
+        run = await c.ok("python_exec", code="import time; time.sleep(5)", wait_seconds=0)
+        await c.call("job_wait", job_id=run["job_id"], until_done=True, timeout_seconds=30, progress=on_progress)
+        assert len(seen) >= 2, seen
+        # Without a progress token, nothing is sent (and nothing breaks).
+        r = await c.ok("python_exec", code="import time; time.sleep(1.5); 1")
+        assert r["value"] == "1"
+
+    server.run(scenario)

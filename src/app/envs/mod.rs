@@ -5,9 +5,8 @@
 //! Progress: the install's [`EnvSink`] pushes steps into an unbounded channel (the sink
 //! is called from the output pump and must not block); a forwarder task sends each as a
 //! notification on the request that started the install, and ends when the install
-//! drops the sink. The job is followed with a context that keeps the request's
-//! cancellation but sends no time-based progress, so the client sees only uv's steps,
-//! strictly increasing.
+//! drops the sink. The job is followed with the same call, so heartbeats come between
+//! uv's steps while the install is silent; the call keeps the amounts strictly increasing.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -278,8 +277,7 @@ impl App {
             };
             handle.finish(outcome);
         });
-        self.follow(&id, wait, WaitFor::Settled, &call.quiet(), true)
-            .await
+        self.follow(&id, wait, WaitFor::Settled, call, true).await
     }
 
     pub async fn python_run_script(
