@@ -283,3 +283,43 @@ def test_a_silent_wait_sends_heartbeats(server):
         assert r["value"] == "1"
 
     server.run(scenario)
+
+
+def test_search_reports_the_total_and_continues_from_the_cursor(server):
+    """`seq 1 100000 | grep`: the first page says how many lines match in all and that it
+    is truncated; following `next_offset` page by page reaches every match, in order, each
+    page within the cap."""
+
+    async def scenario(c):
+        job = await c.ok("shell_run", command="seq 1 100000")
+        assert job["status"] == "completed", job
+        jid = job["job_id"]
+        first = await c.call("job_output", job_id=jid, pattern="7", context_lines=3)
+        assert_bounded(first, "search page with context")
+        r = first.structured_content
+        assert r["matches"] == 40951 and r["matches_at_least"] is False
+        assert r["truncated"] is True and r["next_offset"] > 0
+        assert "40951 matching line(s)" in text_of(first)
+        assert r["hits"][0]["after"] == ["8", "9", "10"]
+        expected = [str(i) for i in range(1, 100001) if "77" in str(i)]
+        got, offset, pages = [], 0, 0
+        while True:
+            page = await c.call("job_output", job_id=jid, pattern="77", context_lines=0, offset=offset)
+            assert_bounded(page, f"page {pages}")
+            p = page.structured_content
+            got.extend(h["text"] for h in p["hits"])
+            pages += 1
+            if not p["truncated"]:
+                assert "next_offset" not in p
+                break
+            assert p["next_offset"] > offset
+            offset = p["next_offset"]
+        assert got == expected, (len(got), len(expected))
+        assert pages > 1
+        # Line numbers stay those of the whole stream when continuing.
+        p = (await c.ok("job_output", job_id=jid, pattern="^99999$", offset=offset))["hits"]
+        assert p == [] or p[0]["line"] == 99999
+        last = await c.ok("job_output", job_id=jid, pattern="^99999$")
+        assert last["hits"][0]["line"] == 99999 and last["matches"] == 1
+
+    server.run(scenario)
