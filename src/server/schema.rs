@@ -16,7 +16,7 @@ pub fn input(schema: &Map<String, Value>) -> Map<String, Value> {
     if let Value::Object(m) = &mut v {
         m.remove("$defs");
     }
-    tidy(&mut v, true);
+    tidy(&mut v, true, true);
     into_map(v)
 }
 
@@ -24,7 +24,7 @@ pub fn input(schema: &Map<String, Value>) -> Map<String, Value> {
 /// call), and the fields it requires required only when there is no `error`.
 pub fn output(schema: &Map<String, Value>) -> Map<String, Value> {
     let mut v = Value::Object(schema.clone());
-    tidy(&mut v, true);
+    tidy(&mut v, true, false);
     let mut m = into_map(v);
     if let Some(Value::Object(props)) = m.get_mut("properties") {
         props.insert(
@@ -74,8 +74,10 @@ fn inline_refs(v: &mut Value, defs: &Value, depth: usize) {
     }
 }
 
-/// Standard, compact keywords only (see the module docs).
-fn tidy(v: &mut Value, root: bool) {
+/// Standard, compact keywords only (see the module docs). `plain`: optional types lose
+/// their `null` (inputs, where absent means the default); outputs keep it, as a value
+/// may be null there.
+fn tidy(v: &mut Value, root: bool, plain: bool) {
     match v {
         Value::Object(m) => {
             m.remove("title");
@@ -91,14 +93,14 @@ fn tidy(v: &mut Value, root: bool) {
                 m.remove("default");
             }
             // ["T", "null"] -> "T"
-            if let Some(Value::Array(types)) = m.get("type") {
+            if plain && let Some(Value::Array(types)) = m.get("type") {
                 let plain: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
                 if plain.len() == 1 {
                     m.insert("type".into(), plain[0].clone());
                 }
             }
             // anyOf [X, {type: null}] -> X (keeping this node's description)
-            if let Some(Value::Array(any)) = m.get("anyOf") {
+            if plain && let Some(Value::Array(any)) = m.get("anyOf") {
                 let rest: Vec<Value> = any
                     .iter()
                     .filter(|x| x.get("type") != Some(&json!("null")))
@@ -134,10 +136,10 @@ fn tidy(v: &mut Value, root: bool) {
                 }
             }
             for x in m.values_mut() {
-                tidy(x, false);
+                tidy(x, false, plain);
             }
         }
-        Value::Array(a) => a.iter_mut().for_each(|x| tidy(x, false)),
+        Value::Array(a) => a.iter_mut().for_each(|x| tidy(x, false, plain)),
         _ => {}
     }
 }

@@ -196,11 +196,10 @@ pub struct Venv {
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct EnvReport {
     pub session: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// null when uv is missing (`uv_error` says why).
     pub uv: Option<Uv>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub uv_error: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// null until the session has a venv.
     pub venv: Option<Venv>,
     pub uv_cache: String,
 }

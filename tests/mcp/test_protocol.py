@@ -8,8 +8,6 @@ import time
 import urllib.error
 import urllib.request
 
-from mcp import MCPError
-
 from conftest import binary, text_of
 
 EXPECTED_TOOLS = {
@@ -40,35 +38,25 @@ def test_tools_are_listed_with_schemas_and_annotations(server):
     server.run(scenario)
 
 
-async def invalid_params(c, tool: str, **args) -> str:
-    """Call a tool whose arguments are invalid: a JSON-RPC -32602 error; return its words."""
-    try:
-        res = await c.call(tool, **args)
-    except MCPError as e:
-        assert e.code == -32602, (tool, args, e.code, e.message)
-        return e.message
-    raise AssertionError(f"{tool}({args}) answered instead of -32602: {text_of(res)}")
-
-
 def test_malformed_arguments_name_the_field(server):
     """Bad tool arguments and unknown tools are JSON-RPC invalid-params errors (-32602)
     naming the offending field; a failure of the work itself is an isError result with
     structured content."""
 
     async def scenario(c):
-        msg = await invalid_params(c, "python_exec", code="1", sesion="x")
+        msg = await c.invalid("python_exec", code="1", sesion="x")
         assert "sesion" in msg
-        msg = await invalid_params(c, "python_exec")
+        msg = await c.invalid("python_exec")
         assert "code" in msg
-        msg = await invalid_params(c, "python_exec", code=5)
+        msg = await c.invalid("python_exec", code=5)
         assert "invalid" in msg.lower()
-        msg = await invalid_params(c, "job_wait", job_id="j1", timeout_seconds=-1)
+        msg = await c.invalid("job_wait", job_id="j1", timeout_seconds=-1)
         assert "timeout_seconds" in msg
-        msg = await invalid_params(c, "python_exec", code="1", session="../etc")
+        msg = await c.invalid("python_exec", code="1", session="../etc")
         assert "session" in msg
-        msg = await invalid_params(c, "job_output", job_id="j1", stream="stdin")
+        msg = await c.invalid("job_output", job_id="j1", stream="stdin")
         assert "stream" in msg or "stdin" in msg
-        msg = await invalid_params(c, "no_such_tool")
+        msg = await c.invalid("no_such_tool")
         assert "unknown tool" in msg and "python_exec" in msg
         # Arguments that fit the schema but not each other: a tool error, structured.
         res = await c.call("shell_run")
