@@ -324,3 +324,93 @@ def test_search_reports_the_total_and_continues_from_the_cursor(server):
         assert last["hits"][0]["line"] == 99999 and last["matches"] == 1
 
     server.run(scenario)
+
+
+def inspector_cli() -> list[str]:
+    """The MCP Inspector CLI: $MCP_INSPECTOR_BIN, else .ci/node (installed there by .ci/run,
+    or here with npm). Skipped only where npm is absent, and never in CI."""
+    import os
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from conftest import REPO
+
+    found = os.environ.get("MCP_INSPECTOR_BIN") or str(REPO / ".ci/node/node_modules/.bin/mcp-inspector")
+    if not os.access(found, os.X_OK):
+        if shutil.which("npm") is None:
+            if os.environ.get("CI"):
+                pytest.fail("npm is missing: CI must run the MCP Inspector test")
+            pytest.skip("npm is not installed: cannot run the MCP Inspector CLI")
+        subprocess.run(
+            ["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(REPO / ".ci/node"),
+             "@modelcontextprotocol/inspector"],
+            check=True, stdin=subprocess.DEVNULL, timeout=600,
+        )
+    return [found]
+
+
+def test_the_mcp_inspector_fills_an_optional_number(server):
+    """The Inspector CLI (TypeScript SDK) lists our tools without schema warnings and
+    calls python_exec with the optional number `wait_seconds` typed from the schema."""
+    import subprocess
+
+    from conftest import binary
+
+    cli = inspector_cli()
+    env_args = ["-e", f"MCP_SANDBOX_WORKSPACE={server.workspace}", "-e", f"MCP_SANDBOX_STATE_DIR={server.state_dir}"]
+
+    def run(*args: str) -> tuple[dict, str]:
+        p = subprocess.run([*cli, "--cli", *env_args, binary(), *args], capture_output=True, text=True,
+                           timeout=180, stdin=subprocess.DEVNULL)
+        assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+        return json.loads(p.stdout), p.stderr
+
+    listed, err = run("--method", "tools/list")
+    assert "unknown format" not in err.lower(), err[:2000]
+    assert {t["name"] for t in listed["tools"]} >= {"python_exec", "job_wait", "job_output"}
+    answer, err = run("--method", "tools/call", "--tool-name", "python_exec",
+                      "--tool-arg", "code=6*7", "--tool-arg", "wait_seconds=5")
+    assert answer["isError"] is False, answer
+    assert answer["structuredContent"]["value"] == "42"
+    # A failure: isError, and structured content the TypeScript SDK accepts.
+    answer, err = run("--method", "tools/call", "--tool-name", "job_wait",
+                      "--tool-arg", "job_id=j404", "--tool-arg", "timeout_seconds=1")
+    assert answer["isError"] is True and "j404" in answer["structuredContent"]["error"]
+
+
+def test_the_eight_step_scenario_takes_at_most_eight_calls(server):
+    """State, variables, input(), a 5 s loop collected whole, restart, a 3 s shell loop:
+    at most 8 tool calls with the documented defaults (windows widened by argument)."""
+
+    async def scenario(c):
+        calls = []
+        plain = c.call
+
+        async def counted(tool, *a, **kw):
+            calls.append(tool)
+            return await plain(tool, *a, **kw)
+
+        c.call = counted
+        r = await c.ok("python_exec", code="x = 41\ny = x + 1\ny")  # 1: state
+        assert r["value"] == "42"
+        v = await c.ok("python_vars", action="list")  # 2: variables
+        assert {"x", "y"} <= {x["name"] for x in v["variables"]}
+        r = await c.ok("python_exec", code="name = input('name? ')\nprint('hi', name)")  # 3: input()
+        assert r["status"] == "awaiting_input" and r["prompt"] == "name? "
+        r = await c.ok("job_input", job_id=r["job_id"], text="ada")  # 4
+        assert r["status"] == "completed" and "hi ada" in r["stdout"]["text"]
+        loop = "import time\nfor i in range(5):\n    print('tick', i, flush=True)\n    time.sleep(1)\n"
+        r = await c.ok("python_exec", code=loop, wait_seconds=10)  # 5: a 5 s loop, whole
+        assert r["status"] == "completed", r
+        assert [ln for ln in r["stdout"]["text"].splitlines()] == [f"tick {i}" for i in range(5)]
+        await c.ok("session_restart")  # 6: restart
+        r = await c.py("x")  # 7: state is gone
+        assert r["exception"]["ename"] == "NameError"
+        r = await c.ok("shell_run", command="for i in 1 2 3; do echo $i; sleep 1; done", wait_seconds=10)  # 8
+        assert r["status"] == "completed" and r["stdout"]["text"] == "1\n2\n3\n"
+        print(f"{len(calls)} calls: {calls}")
+        assert len(calls) <= 8, calls
+
+    server.run(scenario)
