@@ -3,10 +3,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::{App, AppError, Call, JobView};
-use crate::jobs::store::WaitFor;
 use super::result::{self, ResultImage};
+use super::{App, AppError, Call, JobView};
 use crate::jobs::search::{Found, Limits};
+use crate::jobs::store::WaitFor;
 use crate::jobs::{
     Excerpt, JobFilter, JobSnapshot, JobSummary, ShellRequest, Stream, start_shell_job,
 };
@@ -184,7 +184,10 @@ impl App {
 
     fn read_result(&self, id: &str, offset: u64, len: u64) -> Result<Chunk, AppError> {
         let snap = self.finished_result(id)?;
-        let layout = result::layout(snap.kind, snap.result.as_ref().unwrap_or(&serde_json::Value::Null));
+        let layout = result::layout(
+            snap.kind,
+            snap.result.as_ref().unwrap_or(&serde_json::Value::Null),
+        );
         let total = layout.text.len() as u64;
         if offset > total {
             return Err(AppError::ResultPastEnd {
@@ -208,12 +211,14 @@ impl App {
     /// Image `index` (1-based) of a finished cell.
     pub fn job_image(&self, id: &str, index: usize) -> Result<ResultImage, AppError> {
         let snap = self.finished_result(id)?;
-        result::image(snap.result.as_ref().unwrap_or(&serde_json::Value::Null), index).map_err(|of| {
-            AppError::NoImage {
-                id: snap.id,
-                index,
-                of,
-            }
+        result::image(
+            snap.result.as_ref().unwrap_or(&serde_json::Value::Null),
+            index,
+        )
+        .map_err(|of| AppError::NoImage {
+            id: snap.id,
+            index,
+            of,
         })
     }
 

@@ -88,7 +88,11 @@ pub fn job_outcome(r: Result<CellOutcome, ReplError>, cancel_requested: bool) ->
             o.error.as_ref().map(|e| {
                 let line = e.evalue.lines().next().unwrap_or_default();
                 let short: String = line.chars().take(200).collect();
-                let more = if short.len() < e.evalue.len() { " …" } else { "" };
+                let more = if short.len() < e.evalue.len() {
+                    " …"
+                } else {
+                    ""
+                };
                 format!("{}: {short}{more}", e.ename)
             }),
         ),

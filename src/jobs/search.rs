@@ -300,10 +300,14 @@ mod tests {
 
     #[test]
     fn counts_every_match_and_continues_from_the_cursor() {
-        let data: Vec<u8> = (1..=1000).flat_map(|i| format!("{i}\n").into_bytes()).collect();
+        let data: Vec<u8> = (1..=1000)
+            .flat_map(|i| format!("{i}\n").into_bytes())
+            .collect();
         let p = file_with("cursor", &data);
         let re = compile("7").unwrap();
-        let expected: Vec<u64> = (1..=1000u64).filter(|i| i.to_string().contains('7')).collect();
+        let expected: Vec<u64> = (1..=1000u64)
+            .filter(|i| i.to_string().contains('7'))
+            .collect();
         let mut limits = Limits {
             start: 0,
             context: 1,
@@ -321,7 +325,10 @@ mod tests {
                 first = false;
             }
             for h in &f.hits {
-                assert_eq!(h.line.to_string().as_bytes(), &data[h.offset as usize..][..h.line.to_string().len()]);
+                assert_eq!(
+                    h.line.to_string().as_bytes(),
+                    &data[h.offset as usize..][..h.line.to_string().len()]
+                );
             }
             seen.extend(f.hits.iter().map(|h| h.line));
             match f.next_offset {

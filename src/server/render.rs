@@ -8,11 +8,11 @@ use rmcp::model::{CallToolResult, ContentBlock};
 
 use super::budget::{Whole, cut};
 use super::report::structured;
+use super::shapes::{
+    EnvReport, History, JobEntry, Jobs, Output, Pruned, SessionDone, Sessions, Uv, Vars, Venv,
+};
 use crate::app::result::ResultImage;
 use crate::app::{Chunk, EnvInfo, VarsOutcome};
-use super::shapes::{
-    EnvReport, History, JobEntry, Jobs, Output, Pruned, SessionDone, Sessions, Uv, Venv, Vars,
-};
 use crate::jobs::search::Found;
 use crate::jobs::{JobSummary, SearchHit, Stream};
 use crate::repl::{HistoryEntry, SessionInfo};
@@ -222,7 +222,13 @@ pub fn hits(
     // The hits were gathered within the budget; drop trailing ones if the words around
     // them still tip it over (the cursor then points at the first one dropped).
     let size = |h: &SearchHit| {
-        h.text.len() + h.before.iter().chain(&h.after).map(|l| l.len() + 4).sum::<usize>() + 40
+        h.text.len()
+            + h.before
+                .iter()
+                .chain(&h.after)
+                .map(|l| l.len() + 4)
+                .sum::<usize>()
+            + 40
     };
     let mut used = 0;
     let keep = hits

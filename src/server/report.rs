@@ -303,7 +303,9 @@ impl JobReport {
         let mut needs = vec![
             shown(&r.stdout) + shown(&r.stderr),
             r.value.as_ref().map_or(0, String::len),
-            r.error.as_ref().map_or(0, |e| e.traceback.len() + e.evalue.len().min(300)),
+            r.error
+                .as_ref()
+                .map_or(0, |e| e.traceback.len() + e.evalue.len().min(300)),
             result_json.unwrap_or(0),
         ];
         needs.extend(r.display.iter().map(|d| d.data.len()));
@@ -320,7 +322,11 @@ impl JobReport {
                 app.job_excerpt(&job_id, stream, p.offset, p.end, b)
                     .map(OutputPart::from)
                     .unwrap_or_else(|_| OutputPart {
-                        text: cut(&p.text, b, Whole::Elsewhere("read the stream with job_output")),
+                        text: cut(
+                            &p.text,
+                            b,
+                            Whole::Elsewhere("read the stream with job_output"),
+                        ),
                         tail: None,
                         ..p.clone()
                     })
@@ -329,7 +335,10 @@ impl JobReport {
             r.stderr = again(&r.stderr, Stream::Stderr, b_err);
         }
         let at = |o: Option<u64>| {
-            o.map_or(Whole::Elsewhere("the job has no result stream"), Whole::ResultAt)
+            o.map_or(
+                Whole::Elsewhere("the job has no result stream"),
+                Whole::ResultAt,
+            )
         };
         let (offsets, text_display) = match layout {
             Some((l, raw)) => {
@@ -346,7 +355,11 @@ impl JobReport {
             r.value = Some(cut(v, grant[1], at(offsets.and_then(|l| l.value))));
         }
         if let Some(e) = &mut r.error {
-            e.evalue = cut(&e.evalue, 300, Whole::Elsewhere("the whole message ends the traceback"));
+            e.evalue = cut(
+                &e.evalue,
+                300,
+                Whole::Elsewhere("the whole message ends the traceback"),
+            );
             let room = grant[2].saturating_sub(e.evalue.len());
             e.traceback = cut(&e.traceback, room, at(offsets.and_then(|l| l.traceback)));
         }

@@ -200,9 +200,14 @@ mod tests {
 
     #[test]
     fn outputs_admit_an_error() {
-        let s = map(json!({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}));
+        let s = map(
+            json!({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}),
+        );
         let v = Value::Object(output(&s));
-        assert_eq!(v["anyOf"], json!([{"required": ["a"]}, {"required": ["error"]}]));
+        assert_eq!(
+            v["anyOf"],
+            json!([{"required": ["a"]}, {"required": ["error"]}])
+        );
         assert_eq!(v["properties"]["error"]["type"], "string");
     }
 

@@ -186,9 +186,8 @@ impl SandboxServer {
             timeout: args.timeout_seconds.map(std::time::Duration::from_secs_f64),
             benchmark: args.benchmark,
         };
-        reply(
-            self.app.python_run_script(script, wait, &call).await,
-            |v| JobReport::answer(v, &self.app),
-        )
+        reply(self.app.python_run_script(script, wait, &call).await, |v| {
+            JobReport::answer(v, &self.app)
+        })
     }
 }

@@ -249,10 +249,9 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<JobIdArg>,
     ) -> Result<CallToolResult, ErrorData> {
-        reply(
-            self.app.job_cancel(&args.job_id).await,
-            |v| JobReport::answer(v, &self.app),
-        )
+        reply(self.app.job_cancel(&args.job_id).await, |v| {
+            JobReport::answer(v, &self.app)
+        })
     }
 
     #[tool(
@@ -312,7 +311,15 @@ impl SandboxServer {
             return reply(
                 self.app
                     .job_search(&args.job_id, stream, pattern, context, from),
-                |found| render::hits(&args.job_id, stream, pattern, found, self.app.response_bytes()),
+                |found| {
+                    render::hits(
+                        &args.job_id,
+                        stream,
+                        pattern,
+                        found,
+                        self.app.response_bytes(),
+                    )
+                },
             );
         }
         reply(

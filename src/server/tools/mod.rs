@@ -19,8 +19,8 @@ use rmcp::handler::server::tool::schema_for_output;
 use rmcp::model::{CallToolResult, JsonObject};
 
 use super::handler::SandboxServer;
-use super::{schema, shapes};
 use super::report::failure;
+use super::{schema, shapes};
 use crate::app::AppError;
 
 pub use crate::names::DEFAULT_SESSION;

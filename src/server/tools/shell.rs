@@ -97,9 +97,8 @@ impl SandboxServer {
             stdin_eof,
             session,
         };
-        reply(
-            self.app.shell_run(job, wait, &call).await,
-            |v| JobReport::answer(v, &self.app),
-        )
+        reply(self.app.shell_run(job, wait, &call).await, |v| {
+            JobReport::answer(v, &self.app)
+        })
     }
 }
