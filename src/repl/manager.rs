@@ -169,10 +169,24 @@ impl SessionManager {
         map: &BTreeMap<String, Arc<Session>>,
     ) -> Result<(), ReplError> {
         if map.len() >= self.cfg.max_sessions {
+            // Name each open session with what it is doing and how long it has been
+            // idle, so the caller can pick one to close.
+            let open = map
+                .values()
+                .map(|s| {
+                    let i = s.info();
+                    let state = serde_json::to_value(i.state)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default();
+                    format!("{} ({state}, idle {} s, {} cells)", i.name, i.idle_seconds, i.cells)
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
             return Err(ReplError::TooManySessions {
                 name: name.to_string(),
                 max: self.cfg.max_sessions,
-                open: Self::open_names(map),
+                open,
             });
         }
         Ok(())

@@ -261,6 +261,7 @@ impl Session {
             value_truncated: false,
             error: None,
             display: Vec::new(),
+            new_variables: Vec::new(),
             worker_exit: None,
             state_lost,
             elapsed,
@@ -271,6 +272,7 @@ impl Session {
                 value,
                 error,
                 display,
+                new_variables,
                 ..
             }) => {
                 out.status = match status {
@@ -285,6 +287,7 @@ impl Session {
                 }
                 out.error = error;
                 out.display = display;
+                out.new_variables = new_variables;
             }
             Reply::Event(other) => {
                 return Err(ReplError::Protocol {

@@ -100,6 +100,9 @@ pub struct JobReport {
     /// The Python exception, if the cell raised one.
     #[serde(rename = "exception", skip_serializing_if = "Option::is_none")]
     pub error: Option<PyErrorReport>,
+    /// Variables the cell created or rebound (so there is no need to list them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub new_variables: Vec<String>,
     /// True when the session's worker had died before this cell: earlier variables are gone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_lost: Option<bool>,
@@ -182,6 +185,7 @@ impl JobReport {
             message,
             value: None,
             error: None,
+            new_variables: Vec::new(),
             state_lost: None,
             display: Vec::new(),
             images: 0,
@@ -219,6 +223,14 @@ impl JobReport {
                 traceback: f("traceback"),
             });
         }
+        self.new_variables = result
+            .get("new_variables")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect();
         if result.get("state_lost").and_then(Value::as_bool) == Some(true) {
             self.state_lost = Some(true);
         }
@@ -414,6 +426,9 @@ impl JobReport {
         push_part(&mut out, "stderr", &self.stderr);
         if let Some(v) = &self.value {
             out.push_str(&format!("value: {v}\n"));
+        }
+        if !self.new_variables.is_empty() {
+            out.push_str(&format!("new variables: {}\n", self.new_variables.join(", ")));
         }
         if let Some(e) = &self.error {
             out.push_str(&e.traceback);

@@ -414,3 +414,59 @@ def test_the_eight_step_scenario_takes_at_most_eight_calls(server):
         assert len(calls) <= 8, calls
 
     server.run(scenario)
+
+
+def test_getpass_is_asked_through_job_input_and_never_echoed(server):
+    async def scenario(c):
+        secret = "s3cr3t-XYZZY"
+        r = await c.ok("python_exec", code="import getpass\npw = getpass.getpass('pw: ')\nprint('got', len(pw))")
+        assert r["status"] == "awaiting_input" and r["prompt"] == "pw: ", r
+        res = await c.call("job_input", job_id=r["job_id"], text=secret)
+        done = res.structured_content
+        assert done["status"] == "completed", done
+        assert "got 12" in done["stdout"]["text"]
+        seen = [text_of(res), json.dumps(done)]
+        for stream in ("stdout", "stderr", "result"):
+            seen.append((await c.ok("job_output", job_id=r["job_id"], stream=stream))["text"])
+        seen.append(json.dumps(await c.ok("python_history")))
+        seen.append(json.dumps(await c.ok("job_list")))
+        assert all(secret not in s for s in seen), [s for s in seen if secret in s]
+        # The cell has it, though.
+        assert (await c.ok("python_exec", code="pw[-5:]"))["value"] == "'XYZZY'"
+
+    server.run(scenario)
+
+
+def test_stdin_reads_are_bridged_and_eof_ends_them(server):
+    async def scenario(c):
+        code = "import sys\nfirst = sys.stdin.readline()\nrest = sys.stdin.read()\nprint(repr(first), repr(rest))"
+        r = await c.ok("python_exec", code=code)
+        assert r["status"] == "awaiting_input", r
+        r = await c.ok("job_input", job_id=r["job_id"], text="one")
+        assert r["status"] == "awaiting_input", r  # read() goes on until EOF
+        r = await c.ok("job_input", job_id=r["job_id"], text="two")
+        r = await c.ok("job_input", job_id=r["job_id"], text="", eof=True)
+        assert r["status"] == "completed", r
+        assert "'one\\n' 'two\\n'" in r["stdout"]["text"], r["stdout"]
+        # The next cell reads afresh (EOF does not stick).
+        r = await c.ok("python_exec", code="import sys\nfor line in sys.stdin:\n    print('>', line.strip())")
+        r = await c.ok("job_input", job_id=r["job_id"], text="x")
+        out = r["stdout"]["text"]
+        r = await c.ok("job_input", job_id=r["job_id"], text="", eof=True)
+        out += r["stdout"]["text"]
+        assert r["status"] == "completed" and "> x" in out, (r, out)
+
+    server.run(scenario)
+
+
+def test_a_cell_names_the_variables_it_created_or_rebound(server):
+    async def scenario(c):
+        r = await c.ok("python_exec", code="a = 1\nb = [1]\nimport os\n_hidden = 3")
+        assert r["new_variables"] == ["a", "b"], r
+        r = await c.ok("python_exec", code="b.append(2)\na = 'x'")
+        assert r["new_variables"] == ["a"], r
+        r = await c.ok("python_exec", code="len(b)")
+        assert "new_variables" not in r
+        assert "new variables: a, b" not in text_of(await c.call("python_exec", code="1"))
+
+    server.run(scenario)
