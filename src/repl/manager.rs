@@ -179,7 +179,10 @@ impl SessionManager {
                         .ok()
                         .and_then(|v| v.as_str().map(str::to_string))
                         .unwrap_or_default();
-                    format!("{} ({state}, idle {} s, {} cells)", i.name, i.idle_seconds, i.cells)
+                    format!(
+                        "{} ({state}, idle {} s, {} cells)",
+                        i.name, i.idle_seconds, i.cells
+                    )
                 })
                 .collect::<Vec<_>>()
                 .join(", ");

@@ -25,9 +25,12 @@ Sandboxed Python REPL and shell jobs. Every process runs under the server's sand
 Async model: python_exec, python_run_file and shell_run wait a few seconds; if the work is not \
 done they return status \"running\" and a job_id. Then call job_wait(job_id) — it blocks until \
 new output, an input request or completion, so never sleep between calls. Status \
-\"awaiting_input\" means the code called input(): answer with job_input. Stop work with \
-job_cancel or python_interrupt. Big outputs are cut to a head and a tail; read any byte range \
-or search with job_output. Sessions are named (default \"default\") and independent.";
+\"awaiting_input\" means the code called input(), getpass or read sys.stdin: answer with \
+job_input (eof: true ends the input). Stop work with job_cancel or python_interrupt. Every \
+answer fits one 20 KB budget: a part over its share shows a head and a tail and names the \
+bytes left out; read them with job_output (stdout, stderr, or stream \"result\" for a whole \
+value, traceback or display item; image=N for images held back). Sessions are named \
+(default \"default\") and independent.";
 
 #[derive(Clone)]
 pub struct SandboxServer {

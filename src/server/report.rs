@@ -428,7 +428,10 @@ impl JobReport {
             out.push_str(&format!("value: {v}\n"));
         }
         if !self.new_variables.is_empty() {
-            out.push_str(&format!("new variables: {}\n", self.new_variables.join(", ")));
+            out.push_str(&format!(
+                "new variables: {}\n",
+                self.new_variables.join(", ")
+            ));
         }
         if let Some(e) = &self.error {
             out.push_str(&e.traceback);
