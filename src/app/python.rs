@@ -219,9 +219,13 @@ impl App {
                 workspace: self.workspace.root().to_path_buf(),
             });
         }
-        let label = format!("run_file {path} {}", args.join(" "))
-            .trim_end()
-            .to_string();
+        // Quoted as a shell would, so the history shows the arguments exactly.
+        let quoted = std::iter::once(path)
+            .chain(args.iter().map(String::as_str))
+            .map(|a| shlex::try_quote(a).map_or_else(|_| format!("{a:?}"), |q| q.into_owned()))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let label = format!("run_file {quoted}");
         let path = full.to_string_lossy().into_owned();
         self.start_cell(session, label, wait, call, move |s, sink| {
             Box::pin(async move { s.run_file(&path, args, sink).await })

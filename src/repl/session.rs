@@ -213,8 +213,15 @@ impl Session {
     ) -> Result<CellOutcome, ReplError> {
         let full: PathBuf = self.env.spec.workspace.join(path);
         let full = full.to_string_lossy().into_owned();
-        let label = std::iter::once(format!("run_file {path}"))
-            .chain(argv.iter().cloned())
+        // Quoted as a shell would, so the history keeps each argument exactly.
+        let label = std::iter::once("run_file".to_string())
+            .chain(
+                std::iter::once(path)
+                    .chain(argv.iter().map(String::as_str))
+                    .map(|a| {
+                        shlex::try_quote(a).map_or_else(|_| format!("{a:?}"), |q| q.into_owned())
+                    }),
+            )
             .collect::<Vec<_>>()
             .join(" ");
         let repr_limit = self.env.repr_limit;

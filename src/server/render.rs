@@ -17,6 +17,14 @@ use crate::jobs::search::Found;
 use crate::jobs::{JobSummary, SearchHit, Stream};
 use crate::repl::{HistoryEntry, SessionInfo};
 
+/// The name a value has in JSON (lowercase states), for the text to say the same.
+fn wire_name<T: serde::Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => String::new(),
+    }
+}
+
 /// A plain-text + structured result for list-style tools.
 fn listing<T: serde::Serialize>(text: String, value: &T) -> CallToolResult {
     structured(vec![ContentBlock::text(text)], value, false)
@@ -126,8 +134,11 @@ pub fn history(session: &str, cells: Vec<HistoryEntry>) -> CallToolResult {
     for c in &cells {
         let _ = writeln!(
             text,
-            "[{}] {:?} {:.1} ms\n{}",
-            c.cell, c.status, c.elapsed_ms, c.code
+            "[{}] {} {:.1} ms\n{}",
+            c.cell,
+            wire_name(&c.status),
+            c.elapsed_ms,
+            c.code
         );
     }
     listing(
@@ -148,9 +159,9 @@ pub fn sessions(sessions: Vec<SessionInfo>) -> CallToolResult {
             .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             text,
-            "{}: {:?} · policy {} · pid {} · {mem} · idle {} s · {} cells",
+            "{}: {} · policy {} · pid {} · {mem} · idle {} s · {} cells",
             s.name,
-            s.state,
+            wire_name(&s.state),
             s.policy,
             s.worker_pid
                 .map(|p| p.to_string())

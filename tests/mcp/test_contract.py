@@ -470,3 +470,25 @@ def test_a_cell_names_the_variables_it_created_or_rebound(server):
         assert "new variables: a, b" not in text_of(await c.call("python_exec", code="1"))
 
     server.run(scenario)
+
+
+def test_text_and_structure_say_the_same_and_history_keeps_argv(server):
+    (server.workspace / "echo args.py").write_text("import sys\nprint(sys.argv[1:])\n")
+
+    async def scenario(c):
+        r = await c.ok("python_run_file", path="echo args.py", args=["a b", "it's", ""])
+        assert r["stdout"]["text"] == "['a b', \"it's\", '']\n"
+        h = await c.ok("python_history")
+        import shlex
+
+        words = shlex.split(h["cells"][0]["code"])
+        assert words[0] == "run_file" and words[1].endswith("echo args.py"), h
+        assert words[2:] == ["a b", "it's", ""], h
+        res = await c.call("session_list")
+        state = res.structured_content["sessions"][0]["state"]
+        assert state == "idle" and f"default: {state} ·" in text_of(res), text_of(res)
+        assert "] ok " in text_of(await c.call("python_history"))
+        jobs = await c.ok("job_list")
+        assert all("job_id" in j and "id" not in j for j in jobs["jobs"])
+
+    server.run(scenario)
