@@ -106,7 +106,7 @@ pub struct ServeArgs {
     /// Bearer token required by the HTTP transport (required unless bound to loopback).
     #[arg(long, env = "MCP_SANDBOX_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Maximum number of live Python sessions.
+    /// Maximum number of live Python sessions (the prewarmed `default` counts once used).
     #[arg(long, env = "MCP_SANDBOX_MAX_SESSIONS", default_value_t = 8)]
     pub max_sessions: usize,
     /// Idle seconds after which a session is closed.

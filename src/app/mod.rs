@@ -135,7 +135,7 @@ impl App {
         if self.stopping.load(Ordering::SeqCst) {
             return;
         }
-        match self.session(DEFAULT_SESSION).await {
+        match self.session_for(DEFAULT_SESSION, true).await {
             Ok(s) => {
                 if let Err(e) = s.wait_ready().await {
                     tracing::debug!("prewarming the default session failed: {e}");

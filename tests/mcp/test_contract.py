@@ -492,3 +492,36 @@ def test_text_and_structure_say_the_same_and_history_keeps_argv(server):
         assert all("job_id" in j and "id" not in j for j in jobs["jobs"])
 
     server.run(scenario)
+
+
+def test_the_prewarmed_default_yields_its_slot_until_used(server):
+    """With --max-sessions 1 the prewarmed `default` does not block a named session; once
+    the one slot is taken, the limit error lists the open sessions with their idle time."""
+    import anyio
+
+    async def scenario(c):
+        for _ in range(100):  # the prewarm runs in the background after the handshake
+            if any(s["name"] == "default" for s in (await c.ok("session_list"))["sessions"]):
+                break
+            await anyio.sleep(0.1)
+        else:
+            raise AssertionError("the default session was not prewarmed")
+        r = await c.ok("python_exec", code="1 + 1", session="work")
+        assert r["value"] == "2", r
+        names = [s["name"] for s in (await c.ok("session_list"))["sessions"]]
+        assert names == ["work"], names
+        err = await c.err("python_exec", code="1")
+        assert "limit of 1 sessions" in err and "work (idle, idle " in err and "1 cells" in err, err
+        assert "session_close" in err
+
+    server.run(scenario, "--max-sessions", "1")
+
+
+def test_a_used_default_keeps_its_slot(server):
+    async def scenario(c):
+        await c.ok("python_exec", code="kept = 1")
+        err = await c.err("python_exec", code="1", session="other")
+        assert "limit of 1 sessions" in err and "default (idle" in err, err
+        assert (await c.ok("python_exec", code="kept"))["value"] == "1"
+
+    server.run(scenario, "--max-sessions", "1")

@@ -197,7 +197,17 @@ impl App {
     /// earlier in this run) gets its site-packages through the repl's start-up hook, so
     /// its packages import without another env_install.
     pub(super) async fn session(&self, name: &str) -> Result<Arc<Session>, AppError> {
-        if let Ok(s) = self.sessions.get(name) {
+        self.session_for(name, false).await
+    }
+
+    /// [`App::session`], or with `spare` a start ahead of use that does not count toward
+    /// the session limit until used (the prewarm).
+    pub(super) async fn session_for(
+        &self,
+        name: &str,
+        spare: bool,
+    ) -> Result<Arc<Session>, AppError> {
+        if !spare && let Ok(s) = self.sessions.get(name) {
             return Ok(s);
         }
         if let Ok(envs) = self.envs().await
@@ -205,6 +215,9 @@ impl App {
         {
             self.sessions
                 .set_site_dirs(name, vec![v.site_packages().to_path_buf()]);
+        }
+        if spare {
+            return Ok(self.sessions.prewarm(name).await?);
         }
         Ok(self.sessions.get_or_start(name).await?)
     }
