@@ -525,3 +525,29 @@ def test_a_used_default_keeps_its_slot(server):
         assert (await c.ok("python_exec", code="kept"))["value"] == "1"
 
     server.run(scenario, "--max-sessions", "1")
+
+
+def test_hostile_pager_arguments_are_refused_in_words(server):
+    async def scenario(c):
+        r = await c.py("print('x' * 10)\n1/0")
+        jid = r["job_id"]
+        assert "30 image(s)" not in await c.err("job_output", job_id=jid, image=0)
+        assert "0 image(s)" in await c.err("job_output", job_id=jid, image=1)
+        assert "alone" in await c.err("job_output", job_id=jid, image=1, pattern="x")
+        assert "past the end" in await c.err("job_output", job_id=jid, pattern="x", offset=10**12)
+        assert "past the end" in await c.err("job_output", job_id=jid, stream="result", offset=10**12)
+        assert "not both" in await c.err("job_output", job_id=jid, pattern="x", length=5)
+        assert "offset" in await c.invalid("job_output", job_id=jid, pattern="x", offset=-5)
+        assert "image" in await c.invalid("job_output", job_id=jid, image=-1)
+        # A cursor in the middle of a line still finds the following matches.
+        shell = await c.ok("shell_run", command="printf 'aXb\\naXc\\n'")
+        hits = await c.ok("job_output", job_id=shell["job_id"], pattern="X", offset=1)
+        assert [(h["line"], h["text"]) for h in hits["hits"]] == [(1, "Xb"), (2, "aXc")], hits
+        # The result stream pages by bytes without splitting a character.
+        r = await c.ok("python_exec", code="'€' * 10")
+        whole = await read_result(c, r["job_id"])
+        assert "€" * 10 in whole
+        piece = await c.ok("job_output", job_id=r["job_id"], stream="result", offset=0, length=16)
+        assert "\ufffd" not in piece["text"] and piece["end"] <= 16
+
+    server.run(scenario)
