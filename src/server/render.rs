@@ -129,22 +129,49 @@ pub fn vars(session: &str, outcome: VarsOutcome, cap: usize) -> CallToolResult {
     }
 }
 
-pub fn history(session: &str, cells: Vec<HistoryEntry>) -> CallToolResult {
-    let mut text = format!("{} cell(s) in session {session:?}\n", cells.len());
-    for c in &cells {
-        let _ = writeln!(
-            text,
-            "[{}] {} {:.1} ms\n{}",
-            c.cell,
-            wire_name(&c.status),
-            c.elapsed_ms,
-            c.code
-        );
+pub fn history(session: &str, mut cells: Vec<HistoryEntry>, cap: usize) -> CallToolResult {
+    // Within the answer budget: long cells cut, then the oldest left out.
+    for c in &mut cells {
+        c.code = cut(&c.code, cap / 8, Whole::Elsewhere("cut for this listing"));
     }
+    let total = cells.len();
+    let render = |cells: &[HistoryEntry]| {
+        let mut text = format!("{total} cell(s) in session {session:?}\n");
+        if cells.len() < total {
+            let _ = writeln!(
+                text,
+                "{} older cell(s) left out to fit the answer; showing the newest {}",
+                total - cells.len(),
+                cells.len()
+            );
+        }
+        for c in cells {
+            let _ = writeln!(
+                text,
+                "[{}] {} {:.1} ms\n{}",
+                c.cell,
+                wire_name(&c.status),
+                c.elapsed_ms,
+                c.code
+            );
+        }
+        text
+    };
+    let mut from = 0;
+    while from < cells.len()
+        && (render(&cells[from..]).len() > cap * 9 / 10
+            || serde_json::to_string(&cells[from..]).map_or(0, |j| j.len()) > cap * 9 / 10)
+    {
+        from += 1 + (cells.len() - from) / 8;
+    }
+    let from = from.min(cells.len());
+    let text = render(&cells[from..]);
+    let cells = cells.split_off(from);
     listing(
         text,
         &History {
             session: session.into(),
+            left_out: (from > 0).then_some(from),
             cells,
         },
     )
@@ -195,9 +222,12 @@ pub fn closed(session: &str) -> CallToolResult {
     )
 }
 
-pub fn jobs(jobs: Vec<JobSummary>) -> CallToolResult {
-    let mut text = format!("{} job(s)\n", jobs.len());
-    for j in &jobs {
+pub fn jobs(jobs: Vec<JobSummary>, cap: usize) -> CallToolResult {
+    let total = jobs.len();
+    let mut text = format!("{total} job(s)\n");
+    let mut shown = Vec::new();
+    let mut json = 0;
+    for j in jobs {
         let exit = j
             .exit_code
             .map(|c| format!(" exit {c}"))
@@ -207,14 +237,34 @@ pub fn jobs(jobs: Vec<JobSummary>) -> CallToolResult {
             .as_deref()
             .map(|s| format!(" [{s}]"))
             .unwrap_or_default();
-        let _ = writeln!(
-            text,
-            "{} {}{sess} {}{exit} · {} ms · out {} B, err {} B · {}",
+        let line = format!(
+            "{} {}{sess} {}{exit} · {} ms · out {} B, err {} B · {}\n",
             j.id, j.kind, j.status, j.elapsed_ms, j.stdout_bytes, j.stderr_bytes, j.label
         );
+        let entry = JobEntry::from(j);
+        let size = serde_json::to_string(&entry).map_or(0, |s| s.len());
+        // Newest first: the oldest are left out when the answer is full.
+        if text.len() + line.len() > cap * 9 / 10 || json + size > cap * 9 / 10 {
+            break;
+        }
+        json += size;
+        text.push_str(&line);
+        shown.push(entry);
     }
-    let jobs = jobs.into_iter().map(JobEntry::from).collect();
-    listing(text, &Jobs { jobs })
+    let left_out = total - shown.len();
+    if left_out > 0 {
+        let _ = writeln!(
+            text,
+            "{left_out} older job(s) left out to fit the answer: filter by status, kind or session, or job_prune"
+        );
+    }
+    listing(
+        text,
+        &Jobs {
+            jobs: shown,
+            left_out: (left_out > 0).then_some(left_out),
+        },
+    )
 }
 
 pub fn hits(

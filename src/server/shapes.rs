@@ -52,6 +52,9 @@ pub struct Vars {
 pub struct History {
     pub session: String,
     pub cells: Vec<HistoryEntry>,
+    /// Older cells left out to fit the answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub left_out: Option<usize>,
 }
 
 /// One job of job_list.
@@ -119,6 +122,9 @@ impl From<JobSummary> for JobEntry {
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct Jobs {
     pub jobs: Vec<JobEntry>,
+    /// Older jobs left out to fit the answer (narrow with the filters).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub left_out: Option<usize>,
 }
 
 /// job_prune.

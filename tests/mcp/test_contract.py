@@ -551,3 +551,24 @@ def test_hostile_pager_arguments_are_refused_in_words(server):
         assert "\ufffd" not in piece["text"] and piece["end"] <= 16
 
     server.run(scenario)
+
+
+def test_long_histories_and_job_lists_fit_the_answer(server):
+    async def scenario(c):
+        for i in range(110):
+            code = f"v{i} = '" + "a" * 190 + "'\n" + "# filler\n" * 300
+            await c.ok("python_exec", code=code)
+        res = await c.call("python_history")
+        assert_bounded(res, "python_history of 110 long cells")
+        h = res.structured_content
+        assert h["left_out"] > 0 and h["cells"][-1]["cell"] == 110
+        assert len(h["cells"]) + h["left_out"] == 110
+        res = await c.call("job_list")
+        assert_bounded(res, "job_list of 110 jobs")
+        jobs = res.structured_content
+        assert jobs["left_out"] > 0 and len(jobs["jobs"]) + jobs["left_out"] == 110
+        assert jobs["jobs"][0]["job_id"] == "j110"
+        few = await c.ok("job_list", status="failed")
+        assert few["jobs"] == [] and "left_out" not in few
+
+    server.run(scenario, timeout=300)

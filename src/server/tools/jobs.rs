@@ -269,7 +269,7 @@ impl SandboxServer {
         let jobs = self
             .app
             .job_list(&filter(None, args.status, args.kind, session));
-        Ok(render::jobs(jobs))
+        Ok(render::jobs(jobs, self.app.response_bytes()))
     }
 
     #[tool(

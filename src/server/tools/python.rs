@@ -188,7 +188,7 @@ impl SandboxServer {
         let session = session_or_default(args.session)?;
         reply(
             self.app.python_history(&session, args.limit).await,
-            |cells| render::history(&session, cells),
+            |cells| render::history(&session, cells, self.app.response_bytes()),
         )
     }
 }
