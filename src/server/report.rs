@@ -637,6 +637,41 @@ mod tests {
     }
 
     #[test]
+    fn images_are_capped_by_count_and_bytes() {
+        let img = |n: usize| Image {
+            mime: "image/png".into(),
+            data: "A".repeat(n),
+        };
+        let (sent, held) = pick_images((0..30).map(|_| img(10)).collect());
+        assert_eq!((sent.len(), held), (MAX_IMAGES, 30 - MAX_IMAGES));
+        let (sent, held) = pick_images(vec![img(IMAGE_BYTES - 5), img(10), img(1)]);
+        assert_eq!(
+            (sent.len(), held),
+            (1, 2),
+            "in order: the second would pass the byte budget"
+        );
+        let (sent, held) = pick_images(vec![img(IMAGE_BYTES + 1)]);
+        assert_eq!((sent.len(), held), (0, 1));
+        let mut r = report(JobKind::Python, JobStatus::Completed);
+        r.images = 4;
+        r.images_held = 26;
+        assert!(r.to_text().contains("26 more image(s) held back"));
+        assert!(r.to_text().contains("image=5..30"));
+    }
+
+    #[test]
+    fn a_failed_cell_prints_its_exception_once() {
+        let mut r = report(JobKind::Python, JobStatus::Failed);
+        r.message = Some("ValueError: boom".into());
+        r.error = Some(PyErrorReport {
+            ename: "ValueError".into(),
+            evalue: "boom".into(),
+            traceback: "Traceback (most recent call last):\nValueError: boom\n".into(),
+        });
+        assert_eq!(r.to_text().matches("ValueError: boom").count(), 1);
+    }
+
+    #[test]
     fn omitted_ranges_are_marked() {
         let mut r = report(JobKind::Shell, JobStatus::Completed);
         r.stdout = OutputPart {
