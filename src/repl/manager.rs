@@ -352,6 +352,10 @@ fn validate_name(name: &str) -> Result<(), ReplError> {
     }
 }
 
+fn lock_spare(m: &Mutex<Option<String>>) -> std::sync::MutexGuard<'_, Option<String>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,8 +368,4 @@ mod tests {
             assert!(validate_name(bad).is_err(), "{bad:?} accepted");
         }
     }
-}
-
-fn lock_spare(m: &Mutex<Option<String>>) -> std::sync::MutexGuard<'_, Option<String>> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
