@@ -25,12 +25,12 @@ pub fn input(schema: &Map<String, Value>) -> Map<String, Value> {
 pub fn output(schema: &Map<String, Value>) -> Map<String, Value> {
     let mut v = Value::Object(schema.clone());
     tidy(&mut v, true, false);
+    // Output schemas are for validation, not for the model: no descriptions (the fields
+    // are documented in docs/tools and the Rust types), which keeps tools/list small.
+    strip_descriptions(&mut v);
     let mut m = into_map(v);
     if let Some(Value::Object(props)) = m.get_mut("properties") {
-        props.insert(
-            "error".into(),
-            json!({"type": "string", "description": "Why the call failed (isError results)."}),
-        );
+        props.insert("error".into(), json!({"type": "string"}));
     }
     if let Some(required) = m.remove("required") {
         m.insert(
@@ -39,6 +39,20 @@ pub fn output(schema: &Map<String, Value>) -> Map<String, Value> {
         );
     }
     m
+}
+
+fn strip_descriptions(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            // A property *named* "description" stays; the keyword goes.
+            if m.get("description").is_some_and(Value::is_string) {
+                m.remove("description");
+            }
+            m.values_mut().for_each(strip_descriptions);
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_descriptions),
+        _ => {}
+    }
 }
 
 fn into_map(v: Value) -> Map<String, Value> {
