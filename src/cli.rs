@@ -114,7 +114,7 @@ pub struct ServeArgs {
     /// Serve HTTP without a bearer token (loopback only): any local process could run code.
     #[arg(long, env = "MCP_SANDBOX_NO_AUTH", conflicts_with = "token")]
     pub no_auth: bool,
-    /// Maximum number of live Python sessions.
+    /// Maximum number of live Python sessions (the prewarmed `default` counts once used).
     #[arg(long, env = "MCP_SANDBOX_MAX_SESSIONS", default_value_t = 8)]
     pub max_sessions: usize,
     /// Idle seconds after which a session is closed.

@@ -22,6 +22,7 @@ mod envs;
 mod error;
 mod jobs;
 mod python;
+pub mod result;
 pub mod tmp;
 pub mod workspace;
 
@@ -37,7 +38,7 @@ pub use call::{Call, ProgressSink};
 pub use config::Config;
 pub use envs::{EnvInfo, EnvInfoRequest, InstallArgs, ScriptArgs};
 pub use error::{AppError, AppResult};
-pub use jobs::ShellArgs;
+pub use jobs::{Chunk, OutputStream, ShellArgs};
 pub use python::{VarsOutcome, VarsRequest};
 
 use crate::jobs::store::WaitFor;
@@ -171,7 +172,7 @@ impl App {
         if self.stopping.load(Ordering::SeqCst) {
             return;
         }
-        match self.session(DEFAULT_SESSION).await {
+        match self.session_for(DEFAULT_SESSION, true).await {
             Ok(s) => {
                 if let Err(e) = s.wait_ready().await {
                     tracing::debug!("prewarming the default session failed: {e}");
@@ -251,9 +252,18 @@ impl App {
     ) -> Result<JobView, AppError> {
         let wait = self.store.wait_for(id, window, until);
         tokio::pin!(wait);
+        // Progress (when asked for): on new output, and a heartbeat at least every
+        // HEARTBEAT while the call waits in silence, so clients keep the call alive.
         const TICK: Duration = Duration::from_millis(500);
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + TICK, TICK);
+        const HEARTBEAT: Duration = Duration::from_secs(1);
+        let started = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval_at(started + TICK, TICK);
         let mut last_bytes = 0u64;
+        let mut last_sent = started;
+        let awaited = match until {
+            WaitFor::Output => "new output or its end",
+            WaitFor::Settled => "its end or an input request",
+        };
         let snap = loop {
             tokio::select! {
                 snap = &mut wait => break snap?,
@@ -267,13 +277,18 @@ impl App {
                     let fate = if cancel_job { "was cancelled" } else { "keeps running" };
                     return Err(AppError::RequestCancelled { id: id.to_string(), fate });
                 }
-                _ = tick.tick() => {
+                _ = tick.tick(), if call.wants_progress() => {
                     if let Ok(s) = self.store.summary(id) {
                         let bytes = s.stdout_bytes + s.stderr_bytes;
-                        if bytes != last_bytes {
+                        let now = tokio::time::Instant::now();
+                        if bytes != last_bytes || now - last_sent >= HEARTBEAT {
                             last_bytes = bytes;
-                            call.progress(s.elapsed_ms as f64 / 1000.0,
-                                format!("job {id} {}: {bytes} bytes of output", s.status)).await;
+                            last_sent = now;
+                            let waited = (now - started).as_secs_f64();
+                            call.progress(waited, format!(
+                                "job {id} {}: waited {waited:.0} s for {awaited}; {bytes} bytes of output",
+                                s.status
+                            )).await;
                         }
                     }
                 }

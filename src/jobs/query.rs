@@ -3,11 +3,13 @@
 
 use std::sync::Arc;
 
-use super::excerpt::read_text;
+use super::excerpt::{make_excerpt, read_text};
 use super::job::{Job, lock, now_unix_ms};
 use super::persist::parse_id;
 use super::store::JobStore;
-use super::{JobError, JobFilter, JobId, JobSummary, OutputChunk, SearchHit, Stream, search};
+use super::{
+    Excerpt, JobError, JobFilter, JobId, JobSummary, OutputChunk, SearchHit, Stream, search,
+};
 
 impl JobStore {
     /// Read bytes `[offset, offset + len)` of a stream (at most `response_bytes`; the
@@ -53,6 +55,23 @@ impl JobStore {
         })
     }
 
+    /// An excerpt of bytes `[offset, end)` of a stream in about `budget` bytes of text
+    /// (head and tail with the exact range left out), for an answer that must share its
+    /// budget with other parts. Does not move the delivered cursors.
+    pub fn excerpt(
+        &self,
+        id: &str,
+        stream: Stream,
+        offset: u64,
+        end: u64,
+        budget: usize,
+    ) -> Result<Excerpt, JobError> {
+        let job = self.get(id)?;
+        let path = lock(&job.spools[stream.index()]).path().to_path_buf();
+        make_excerpt(&path, offset, end, budget)
+            .map_err(|e| JobError::io(format!("could not read {stream} of job {}", job.id), e))
+    }
+
     /// Lines of a stream matching `pattern` (regex), with `context_lines` lines around
     /// each (at most 20), at most `max_hits` hits (1..=1000). Reads the spool
     /// sequentially without loading it. On a multi-threaded tokio runtime the scan runs
@@ -83,6 +102,44 @@ impl JobStore {
             scan()
         };
         hits.map_err(|e| JobError::io(format!("could not search {stream} of job {}", job.id), e))
+    }
+
+    /// A search from a cursor within limits: the hits, the count of all matches and
+    /// where to continue (see [`search::scan`]).
+    pub fn search_from(
+        &self,
+        id: &str,
+        stream: Stream,
+        pattern: &str,
+        limits: &search::Limits,
+    ) -> Result<search::Found, JobError> {
+        let job = self.get(id)?;
+        let re = search::compile(pattern).map_err(|reason| JobError::Pattern {
+            pattern: pattern.into(),
+            reason,
+        })?;
+        let (path, total) = {
+            let spool = lock(&job.spools[stream.index()]);
+            (spool.path().to_path_buf(), spool.len())
+        };
+        if limits.start > total {
+            return Err(JobError::PastEnd {
+                id: job.id.clone(),
+                stream,
+                offset: limits.start,
+                total,
+                more: "",
+            });
+        }
+        let run = || search::scan(&path, total, &re, limits);
+        let on_worker = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let found = if on_worker {
+            tokio::task::block_in_place(run)
+        } else {
+            run()
+        };
+        found.map_err(|e| JobError::io(format!("could not search {stream} of job {}", job.id), e))
     }
 
     /// Jobs matching `filter`, newest first.

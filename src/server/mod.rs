@@ -10,10 +10,13 @@
 //! server.
 
 mod args_check;
+pub mod budget;
 pub mod handler;
 pub mod progress;
 pub mod render;
 pub mod report;
+pub mod schema;
+pub mod shapes;
 pub mod tools;
 pub mod transport;
 

@@ -218,7 +218,8 @@ async fn session_limit_list_and_close() {
     f.manager.get_or_start("b").await.unwrap();
     let err = f.manager.get_or_start("c").await.unwrap_err().to_string();
     assert!(
-        err.contains("limit of 2 sessions") && err.contains("a, b"),
+        err.contains("limit of 2 sessions")
+            && err.contains("a (idle, idle 0 s, 0 cells), b (idle, idle 0 s, 0 cells)"),
         "{err}"
     );
     let list = f.manager.list();
