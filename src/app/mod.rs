@@ -75,6 +75,29 @@ pub struct App {
     stopping: AtomicBool,
 }
 
+/// What servers killed before their jobs ended left behind: their job cgroups (any
+/// process still in one is killed first) and their temp files in `state_dir`. Said at
+/// info level, since it means an earlier server did not end cleanly.
+fn sweep_leftovers(state_dir: &std::path::Path) {
+    let cgroups = crate::sandbox::isolation::sweep_orphaned_cgroups();
+    let files = tmp::sweep_state_dir(state_dir);
+    if !cgroups.is_empty() || !files.is_empty() {
+        let show = |v: &[PathBuf]| {
+            v.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        tracing::info!(
+            "swept what an earlier server left: {} job cgroup(s) [{}], {} temp path(s) [{}]",
+            cgroups.len(),
+            show(&cgroups),
+            files.len(),
+            show(&files)
+        );
+    }
+}
+
 impl App {
     /// Build from the config: workspace, policy, state dir, store, sessions.
     pub fn new(cfg: &Config) -> Result<App, AppError> {
@@ -97,6 +120,7 @@ impl App {
             path: state_dir.clone(),
             error,
         })?;
+        sweep_leftovers(&state_dir);
         let store = JobStore::open(StoreConfig {
             state_dir: state_dir.clone(),
             disk_cap: cfg.disk_cap,
@@ -165,7 +189,6 @@ impl App {
         self.shell_policy
             .get_or_try_init(|| async {
                 let tmp = self.state_dir.join("shell-tmp");
-                tmp::sweep_dead_job_tmps(&tmp);
                 tmp::create_dir(&tmp)?;
                 let (python, venv) = match self.sessions.python().await {
                     Ok(info) => (info.prefixes.clone(), info.venv.clone()),
