@@ -405,6 +405,11 @@ pub enum JobError {
     Request(String),
     #[error("could not start the job: {0}")]
     Launch(#[from] crate::sandbox::LaunchError),
+    #[error(
+        "state directory is full ({}): cannot record a new job; free space there (or remove \
+         old jobs with job_prune) and try again", path.display()
+    )]
+    StateDirFull { path: PathBuf },
     #[error("{what}: {source}")]
     Io {
         what: String,

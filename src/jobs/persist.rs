@@ -59,6 +59,10 @@ pub(crate) struct JobRecord {
     pub delivered: [u64; 2],
     /// Whether `result.json` exists.
     pub has_result: bool,
+    /// Set by [`load`] when the record came from `started.log` only (its `job.json` is
+    /// missing): it must be written before the log is next rewritten.
+    #[serde(skip)]
+    pub from_journal: bool,
 }
 
 /// An open store directory, locked for this process.
@@ -212,7 +216,13 @@ pub(crate) fn load(store_dir: &Path) -> (Vec<JobRecord>, u64) {
             .ok()
             .and_then(|b| serde_json::from_slice::<JobRecord>(&b).ok())
             .filter(|r| r.version == RECORD_VERSION && parse_id(&r.id) == Some(seq));
-        match rec.or_else(|| started.remove(&seq)) {
+        let from_log = || {
+            started.remove(&seq).map(|mut r| {
+                r.from_journal = true;
+                r
+            })
+        };
+        match rec.or_else(from_log) {
             Some(rec) => {
                 started.remove(&seq);
                 records.push(rec);
@@ -224,12 +234,52 @@ pub(crate) fn load(store_dir: &Path) -> (Vec<JobRecord>, u64) {
         }
     }
     // Started jobs that never wrote anything: they come back too.
-    for (seq, rec) in started {
+    for (seq, mut rec) in started {
         next_id = next_id.max(seq + 1);
+        rec.from_journal = true;
         records.push(rec);
     }
     records.sort_by_key(|r| parse_id(&r.id));
     (records, next_id)
+}
+
+/// Space set aside in each store directory (`.reserve`) so that the records of jobs can
+/// still be written when job output has filled the file system: released when a record
+/// write finds the disk full, taken again once there is room.
+const RESERVE_BYTES: i64 = 512 * 1024;
+const RESERVE: &str = ".reserve";
+
+/// Set the reserve aside if it is not there; whether it is.
+pub(crate) fn take_reserve(store_dir: &Path) -> bool {
+    let path = store_dir.join(RESERVE);
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() as i64 >= RESERVE_BYTES) {
+        return true;
+    }
+    let made = File::create(&path)
+        .and_then(|f| nix::fcntl::posix_fallocate(&f, 0, RESERVE_BYTES).map_err(io::Error::from));
+    if made.is_err() {
+        let _ = std::fs::remove_file(&path);
+    }
+    made.is_ok()
+}
+
+/// Give the reserve back to the file system; whether there was one.
+pub(crate) fn release_reserve(store_dir: &Path) -> bool {
+    std::fs::remove_file(store_dir.join(RESERVE)).is_ok()
+}
+
+/// Run `write`; if the disk is full, release the store's reserve and try once more.
+pub(crate) fn with_reserve<T>(
+    store_dir: &Path,
+    mut write: impl FnMut() -> io::Result<T>,
+) -> io::Result<T> {
+    match write() {
+        Err(e) if super::spool::is_disk_full(&e) && release_reserve(store_dir) => {
+            tracing::warn!(dir = %store_dir.display(), "the state directory is full; using the space reserved for job records");
+            write()
+        }
+        other => other,
+    }
 }
 
 /// Write one job's record atomically: readers see the old or the new record.
@@ -247,9 +297,11 @@ pub(crate) fn save_next_id(store_dir: &Path, next_id: u64) -> io::Result<()> {
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
-    let mut file = File::create(&tmp)?;
-    file.write_all(bytes)?;
-    drop(file);
+    let written = File::create(&tmp).and_then(|mut file| file.write_all(bytes));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     std::fs::rename(&tmp, path)
 }
 
@@ -311,6 +363,7 @@ mod tests {
             elapsed_ms: 7,
             delivered: [3, 0],
             has_result: false,
+            from_journal: false,
         }
     }
 
@@ -358,7 +411,11 @@ mod tests {
             .file
             .write_all(b"{\"version\":1,\"id\":\"j9\"")
             .unwrap();
-        assert_eq!(load(&dir.path), (vec![running.clone(), done], 9));
+        let logged = JobRecord {
+            from_journal: true,
+            ..running.clone()
+        };
+        assert_eq!(load(&dir.path), (vec![logged, done], 9));
         // Rewriting keeps only what it is given.
         journal.rewrite(&[]).unwrap();
         assert_eq!(load(&dir.path).0.len(), 1);

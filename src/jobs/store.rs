@@ -120,8 +120,10 @@ impl JobStore {
                 dir: job_dir,
             };
             let job = Arc::new(Job::new(meta, state, spools));
-            if was_running {
+            if was_running || rec.from_journal {
                 lost.push(job.clone());
+            } else {
+                job.record_saved.store(true, Ordering::SeqCst);
             }
             map.insert(seq, job);
         }
@@ -132,6 +134,7 @@ impl JobStore {
             journal: Mutex::new(journal),
             disk_used: AtomicU64::new(disk_used),
         });
+        store.retake_reserve();
         for job in &lost {
             store.save_job(job);
         }
@@ -196,6 +199,13 @@ impl JobStore {
             // the insert so a compaction cannot miss the new job.
             let mut journal = lock(&self.journal);
             if let Err(e) = journal.append(&job.record()) {
+                if super::spool::is_disk_full(&e) {
+                    // Without its line in the log the job could vanish at a restart:
+                    // refuse it while the disk is full.
+                    return Err(JobError::StateDirFull {
+                        path: self.cfg.state_dir.clone(),
+                    });
+                }
                 tracing::warn!(job = %job.id, error = %e, "could not log the job's start");
             }
             lock(&self.jobs).map.insert(seq, job.clone());
@@ -437,6 +447,7 @@ impl JobStore {
                     ..JobOutcome::default()
                 },
                 self.cfg.disk_cap,
+                &self.cfg.state_dir,
             );
         }
         // Record the delivered cursors of every job for the next start.
@@ -478,10 +489,6 @@ impl JobStore {
             id: id.to_string(),
             known,
         })
-    }
-
-    pub(crate) fn disk_cap(&self) -> u64 {
-        self.cfg.disk_cap
     }
 
     pub(crate) fn add_disk_used(&self, n: u64) {
@@ -571,9 +578,25 @@ impl JobStore {
         if job.removed.load(Ordering::SeqCst) {
             return;
         }
-        if let Err(e) = persist::save_record(&job.dir, &job.record()) {
-            tracing::warn!(job = %job.id, error = %e, "could not write the job's record");
+        let rec = job.record();
+        match persist::with_reserve(&self.dir.path, || persist::save_record(&job.dir, &rec)) {
+            Ok(()) => {
+                job.record_saved.store(true, Ordering::SeqCst);
+                // One stat while held; after a full disk used it, set it aside again.
+                self.retake_reserve();
+            }
+            Err(e) => {
+                job.record_saved.store(false, Ordering::SeqCst);
+                tracing::warn!(job = %job.id, error = %e, "could not write the job's record; it stays in the log of started jobs");
+                // The log keeps its start; give it the final record as well.
+                let _ = lock(&self.journal).append(&rec);
+            }
         }
+    }
+
+    /// Set the space for job records aside again (after a full disk used it up).
+    fn retake_reserve(&self) {
+        persist::take_reserve(&self.dir.path);
     }
 
     /// Write the next job number and rewrite the log of started jobs (after jobs were
@@ -592,7 +615,7 @@ impl JobStore {
         let running: Vec<persist::JobRecord> = lock(&self.jobs)
             .map
             .values()
-            .filter(|j| !j.is_finished())
+            .filter(|j| !j.is_finished() || !j.record_saved.load(Ordering::SeqCst))
             .map(|j| j.record())
             .collect();
         if let Err(e) = journal.rewrite(&running) {
