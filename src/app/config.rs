@@ -24,4 +24,6 @@ pub struct Config {
     pub response_bytes: usize,
     /// Cap, in bytes, on disk used by spooled job output.
     pub disk_cap: u64,
+    /// How many finished jobs, and for how long, are kept.
+    pub retention: crate::jobs::Retention,
 }

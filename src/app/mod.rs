@@ -125,6 +125,7 @@ impl App {
             state_dir: state_dir.clone(),
             disk_cap: cfg.disk_cap,
             response_bytes: cfg.response_bytes,
+            retention: cfg.retention,
         })?;
         crate::envs::allow_session_venvs(&mut policy, &state_dir)?;
         let mut repl = ReplConfig::new(workspace.clone(), policy.clone(), state_dir.clone());

@@ -70,7 +70,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut cmd = SandboxCommand::new(resolved.clone(), program);
     cmd.args(rest).current_dir(dir);
     let child = cmd.spawn()?;
-    forward_signals_to(child.pid as i32);
+    forward_signals_to(child.pgid as i32);
     let denied = child.unenforced().to_vec();
     let report = child.wait_blocking();
     CHILD_PGID.store(0, Ordering::SeqCst);

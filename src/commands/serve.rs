@@ -28,6 +28,8 @@ pub fn config(args: ServeArgs) -> ServerConfig {
         session_ttl,
         response_bytes,
         disk_cap,
+        keep_jobs,
+        keep_hours,
     } = args;
     ServerConfig {
         app: app::Config {
@@ -40,6 +42,10 @@ pub fn config(args: ServeArgs) -> ServerConfig {
             session_ttl: Duration::from_secs(session_ttl),
             response_bytes,
             disk_cap,
+            retention: crate::jobs::Retention {
+                max_jobs: keep_jobs,
+                max_age: Duration::from_secs(keep_hours.saturating_mul(3600)),
+            },
         },
         transport: match transport {
             Transport::Stdio => server::Transport::Stdio,

@@ -191,6 +191,7 @@ impl Job {
             delivered: st.delivered,
             has_result: st.has_result,
             from_journal: false,
+            removed: false,
         }
     }
 
@@ -281,6 +282,7 @@ impl Job {
             lock(&self.result).value = Some(result);
         }
         st.elapsed_ms = Some(self.started.elapsed().as_millis() as u64);
+        self.record_saved.store(false, Ordering::SeqCst);
         st.status = status;
         st.prompt = None;
         st.exit_code = outcome.exit_code;

@@ -132,9 +132,6 @@ impl JobStore {
         for job in &removed {
             self.forget_files(job);
         }
-        if !removed.is_empty() {
-            self.save_next_id();
-        }
         Ok(removed.iter().map(|j| j.id.clone()).collect())
     }
 }

@@ -123,7 +123,7 @@ pub fn start_shell_job(
     });
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
-    let pgid = child.pid as i32;
+    let pgid = child.pgid as i32;
 
     let handle = match store.create(JobKind::Shell, req.session.as_deref(), &label) {
         Ok(h) => h,

@@ -67,8 +67,10 @@ impl JobStore {
     /// jobs that were running when the previous server stopped as `lost`.
     pub fn open(cfg: StoreConfig) -> Result<Arc<JobStore>, JobError> {
         let dir = persist::open_dir(&cfg.state_dir)?;
-        let (records, next_id) = persist::load(&dir.path);
-        let journal = persist::Journal::open(&dir.path).map_err(|e| {
+        let loaded = persist::load_store(&dir.path);
+        let (records, next_id) = (loaded.records, loaded.next_id);
+        let legacy = loaded.legacy.then(|| records.clone());
+        let journal = persist::Journal::open(&dir.path, loaded.lines).map_err(|e| {
             JobError::io(
                 format!("could not open the job log in {}", dir.path.display()),
                 e,
@@ -138,9 +140,15 @@ impl JobStore {
         for job in &lost {
             store.save_job(job);
         }
-        // Every job of the log now has its record: start the log afresh.
-        store.compact_journal();
+        if let Some(records) = legacy {
+            // An older server's layout: its records are in the index from now on.
+            store.compact_journal();
+            persist::remove_legacy(&store.dir.path, &records);
+        } else {
+            store.compact_if_needed();
+        }
         store.make_room(0);
+        store.apply_retention();
         Ok(store)
     }
 
@@ -208,8 +216,9 @@ impl JobStore {
                 }
                 tracing::warn!(job = %job.id, error = %e, "could not log the job's start");
             }
-            lock(&self.jobs).map.insert(seq, job.clone());
-            journal.needs_compaction()
+            let mut jobs = lock(&self.jobs);
+            jobs.map.insert(seq, job.clone());
+            journal.needs_compaction(jobs.map.len())
         };
         if compact {
             self.compact_journal();
@@ -300,8 +309,10 @@ impl JobStore {
                 };
                 let start = st.delivered[i].min(end);
                 *range = (start, end);
-                if advance {
-                    st.delivered[i] = st.delivered[i].max(end);
+                if advance && end > st.delivered[i] {
+                    st.delivered[i] = end;
+                    // The cursor is part of the record: written at the next save or exit.
+                    job.record_saved.store(false, Ordering::SeqCst);
                 }
                 paths.push(spool.path().to_path_buf());
             }
@@ -450,12 +461,18 @@ impl JobStore {
                 &self.cfg.state_dir,
             );
         }
-        // Record the delivered cursors of every job for the next start.
-        let all: Vec<Arc<Job>> = lock(&self.jobs).map.values().cloned().collect();
-        for job in &all {
+        // Record what changed since it was last written (delivered cursors, mostly): the
+        // cost of exit follows the jobs touched in this run, not the history.
+        let dirty: Vec<Arc<Job>> = lock(&self.jobs)
+            .map
+            .values()
+            .filter(|j| !j.record_saved.load(Ordering::SeqCst))
+            .cloned()
+            .collect();
+        for job in &dirty {
             self.save_job(job);
         }
-        self.save_next_id();
+        self.write_next_id();
     }
 
     // ----- internals -----
@@ -527,24 +544,77 @@ impl JobStore {
             evicted
         };
         for job in &evicted {
-            job.removed.store(true, Ordering::SeqCst);
             tracing::info!(job = %job.id, "evicted a finished job: the disk cap for job output was reached");
-            persist::remove_job_files(&job.dir);
-        }
-        if !evicted.is_empty() {
-            self.save_next_id();
+            self.forget_removed(job);
         }
         self.disk_used.load(Ordering::Relaxed).saturating_add(need) <= cap
     }
 
+    /// A job taken out of the table (prune): its bytes, files and record go.
     pub(super) fn forget_files(&self, job: &Job) {
-        job.removed.store(true, Ordering::SeqCst);
         let bytes: u64 = job.lens().iter().sum();
         self.disk_used.fetch_sub(
             bytes.min(self.disk_used.load(Ordering::Relaxed)),
             Ordering::Relaxed,
         );
+        self.forget_removed(job);
+    }
+
+    /// Remove the files of a job already out of the table and append its `removed` line.
+    fn forget_removed(&self, job: &Job) {
+        job.removed.store(true, Ordering::SeqCst);
+        let mut rec = job.record();
+        rec.removed = true;
+        let compact = {
+            let mut journal = lock(&self.journal);
+            if let Err(e) = journal.append(&rec) {
+                tracing::warn!(job = %job.id, error = %e, "could not record the job's removal");
+            }
+            journal.needs_compaction(lock(&self.jobs).map.len())
+        };
+        if compact {
+            self.compact_journal();
+        }
         persist::remove_job_files(&job.dir);
+    }
+
+    /// Remove the oldest finished jobs beyond the retention limits (count and age; the
+    /// disk cap bounds bytes): jobs that print nothing are counted too. Cheap when
+    /// nothing is due: it looks at the oldest jobs only.
+    pub(crate) fn apply_retention(&self) {
+        let max_jobs = self.cfg.retention.max_jobs;
+        let max_age_ms = self.cfg.retention.max_age.as_millis() as u64;
+        let now = now_unix_ms();
+        let removed: Vec<Arc<Job>> = {
+            let mut jobs = lock(&self.jobs);
+            let finished = jobs.map.values().filter(|j| j.is_finished()).count();
+            let mut over = finished.saturating_sub(max_jobs);
+            let mut picked = Vec::new();
+            for (seq, job) in jobs.map.iter() {
+                if !job.is_finished() {
+                    continue;
+                }
+                let too_old = now.saturating_sub(job.created_unix_ms) > max_age_ms;
+                if over == 0 && !too_old {
+                    break;
+                }
+                over = over.saturating_sub(1);
+                picked.push(*seq);
+            }
+            picked
+                .iter()
+                .filter_map(|seq| jobs.map.remove(seq))
+                .collect()
+        };
+        if !removed.is_empty() {
+            tracing::debug!(
+                count = removed.len(),
+                "removed finished jobs past the retention limits"
+            );
+        }
+        for job in &removed {
+            self.forget_files(job);
+        }
     }
 
     /// Write a job's files after it finished: its result, then its record.
@@ -570,6 +640,7 @@ impl JobStore {
             // Pruned or evicted while we wrote: do not leave files behind.
             persist::remove_job_files(&job.dir);
         }
+        self.apply_retention();
     }
 
     /// Write one job's record (errors are logged: the record is for the next start,
@@ -579,7 +650,8 @@ impl JobStore {
             return;
         }
         let rec = job.record();
-        match persist::with_reserve(&self.dir.path, || persist::save_record(&job.dir, &rec)) {
+        let appended = persist::with_reserve(&self.dir.path, || lock(&self.journal).append(&rec));
+        match appended {
             Ok(()) => {
                 job.record_saved.store(true, Ordering::SeqCst);
                 // One stat while held; after a full disk used it, set it aside again.
@@ -587,9 +659,7 @@ impl JobStore {
             }
             Err(e) => {
                 job.record_saved.store(false, Ordering::SeqCst);
-                tracing::warn!(job = %job.id, error = %e, "could not write the job's record; it stays in the log of started jobs");
-                // The log keeps its start; give it the final record as well.
-                let _ = lock(&self.journal).append(&rec);
+                tracing::warn!(job = %job.id, error = %e, "could not write the job's record; it is written again at the next change or at exit");
             }
         }
     }
@@ -599,27 +669,40 @@ impl JobStore {
         persist::take_reserve(&self.dir.path);
     }
 
-    /// Write the next job number and rewrite the log of started jobs (after jobs were
-    /// removed, so they do not come back at the next start).
-    pub(super) fn save_next_id(&self) {
+    /// Write the next job number (the index may have lost the highest ones to removals).
+    fn write_next_id(&self) {
         let next_id = lock(&self.jobs).next_id;
         if let Err(e) = persist::save_next_id(&self.dir.path, next_id) {
             tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not write next_id");
         }
-        self.compact_journal();
     }
 
-    /// Rewrite `started.log` with only the jobs still running.
+    fn compact_if_needed(&self) {
+        let live = lock(&self.jobs).map.len();
+        if lock(&self.journal).needs_compaction(live) {
+            self.compact_journal();
+        }
+    }
+
+    /// Rewrite the index with the current record of every job in the table.
     fn compact_journal(&self) {
+        self.write_next_id();
         let mut journal = lock(&self.journal);
-        let running: Vec<persist::JobRecord> = lock(&self.jobs)
+        let live: Vec<(Arc<Job>, persist::JobRecord)> = lock(&self.jobs)
             .map
             .values()
-            .filter(|j| !j.is_finished() || !j.record_saved.load(Ordering::SeqCst))
-            .map(|j| j.record())
+            .map(|j| (j.clone(), j.record()))
             .collect();
-        if let Err(e) = journal.rewrite(&running) {
-            tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not rewrite the job log");
+        let recs: Vec<persist::JobRecord> = live.iter().map(|(_, r)| r.clone()).collect();
+        match journal.rewrite(&recs) {
+            Ok(()) => {
+                for (job, _) in &live {
+                    job.record_saved.store(true, Ordering::SeqCst);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not rewrite the job index");
+            }
         }
     }
 }

@@ -17,6 +17,7 @@ fn open(name: &str, response_bytes: usize, disk_cap: u64) -> Arc<JobStore> {
         state_dir: state_dir(name),
         disk_cap,
         response_bytes,
+        retention: Default::default(),
     })
     .unwrap()
 }
@@ -303,6 +304,7 @@ async fn restart_keeps_finished_jobs_and_marks_running_ones_lost() {
         state_dir: dir.clone(),
         disk_cap: 1 << 30,
         response_bytes: 20_000,
+        retention: Default::default(),
     };
     let (done_id, running_id) = {
         let store = JobStore::open(cfg.clone()).unwrap();
@@ -436,6 +438,7 @@ async fn shutdown_records_jobs_that_do_not_end_as_cancelled() {
         state_dir: dir,
         disk_cap: 1 << 30,
         response_bytes: 20_000,
+        retention: Default::default(),
     };
     let id = {
         let store = JobStore::open(cfg.clone()).unwrap();
@@ -466,6 +469,7 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
         state_dir: dir.clone(),
         disk_cap: 1 << 30,
         response_bytes: 20_000,
+        retention: Default::default(),
     };
     {
         let store = JobStore::open(cfg.clone()).unwrap();
@@ -476,7 +480,8 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
             result: Some(serde_json::json!({"value": "2"})),
             ..done()
         });
-        assert!(job_dir.join("job.json").exists() && !job_dir.join("stdout").exists());
+        // Its record is a line of the index; its result the one file it has.
+        assert!(job_dir.join("result.json").exists() && !job_dir.join("stdout").exists());
         // The fresh result is handed out once from memory, then read from disk.
         for _ in 0..2 {
             let snap = store

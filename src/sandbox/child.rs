@@ -47,9 +47,12 @@ pub struct ExitReport {
     pub limit: Option<LimitHit>,
 }
 
-/// A running sandboxed process; it leads its own process group (pgid == pid).
+/// A running sandboxed process: `pid` is the server's child (the launcher acting as
+/// the job's supervisor, or the target itself), `pgid` the job's process group (see
+/// `pidns`; equal to `pid` without a PID namespace).
 pub struct SandboxedChild {
     pub pid: u32,
+    pub pgid: u32,
     pub stdin: Option<ChildStdin>,
     pub stdout: Option<ChildStdout>,
     pub stderr: Option<ChildStderr>,
@@ -63,8 +66,10 @@ pub struct SandboxedChild {
 }
 
 impl SandboxedChild {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         pid: u32,
+        pgid: u32,
         mut child: std::process::Child,
         cgroup: Option<JobCgroupHandle>,
         started: Instant,
@@ -76,12 +81,13 @@ impl SandboxedChild {
         let pidfd = pidfd_open(pid).ok();
         Ok(SandboxedChild {
             pid,
+            pgid,
             stdin: child.stdin.take(),
             stdout: child.stdout.take(),
             stderr: child.stderr.take(),
             pidfd,
             killer: GroupKiller {
-                pid,
+                pgid,
                 cgroup: cgroup.map(Arc::new),
                 done: Arc::new(AtomicBool::new(false)),
             },
@@ -373,7 +379,7 @@ pub fn signal_number(name: &str) -> Option<i32> {
 /// [`SandboxedChild::killer`].
 #[derive(Debug, Clone)]
 pub struct GroupKiller {
-    pid: u32,
+    pgid: u32,
     cgroup: Option<Arc<JobCgroupHandle>>,
     /// Set once the child is reaped and its leftovers killed.
     done: Arc<AtomicBool>,
@@ -390,7 +396,7 @@ impl GroupKiller {
             cg.kill_all();
         }
         // SAFETY: kill(2) on our own child's process group.
-        if unsafe { libc::kill(-(self.pid as libc::pid_t), signal) } != 0 {
+        if unsafe { libc::kill(-(self.pgid as libc::pid_t), signal) } != 0 {
             let e = std::io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::ESRCH) {
                 return Err(e);

@@ -18,10 +18,13 @@
 //!   mount view — whose fresh `/proc` is that of the new namespace — rlimits, Landlock,
 //!   seccomp) and execs the target.
 //!
-//! All three share the launcher's session and process group, so group signals (cancel,
-//! `SIGTERM`, `SIGCONT`) reach the target directly; `L` and `T` ignore them (signals sent
-//! to a group arrive as `SI_USER`, forwarded ones as `SI_TKILL`). Only `G` joins the job
-//! cgroup, so the supervisor and init count against no job limit.
+//! All three share the launcher's session; `T` leads the job's process group, which `G`
+//! and its children join, and `L` names it to the server on the status pipe. Group
+//! signals (cancel, `SIGTERM`, `SIGCONT`) reach the target directly and `T` ignores them
+//! (signals sent to a group arrive as `SI_USER`, forwarded ones as `SI_TKILL`); a group
+//! `SIGKILL` ends `T`, the kernel empties the namespace, and only then does `L` report
+//! the end, so when the server sees the job end none of its processes is left. Only `G`
+//! joins the job cgroup, so the supervisor and init count against no job limit.
 //!
 //! Why not exec the target as pid 1 itself: an init ignores every signal it has no
 //! handler for (a shell job's `sleep` would survive `SIGTERM` and `SIGINT`), gets no
@@ -31,6 +34,9 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use super::error::SetupError;
+
+/// Status-pipe line naming the job's process group (the init's pid as the server sees it).
+pub const PGID_PREFIX: &str = "pgid: ";
 
 /// Launcher, first step: `SIGKILL` this process when the thread that forked it dies,
 /// and stop here if the server (`parent`) has already gone (the signal would never come).
@@ -51,7 +57,7 @@ pub fn bind_to_parent(parent: u32) -> Result<(), SetupError> {
 /// target (see the module docs). Returns only in the target process, `Ok(None)`; or in
 /// this same process with `Ok(Some(note))` when no PID namespace can be made (then the
 /// target is bound to the server by `PR_SET_PDEATHSIG` alone, not its descendants).
-pub fn split() -> Result<Option<String>, SetupError> {
+pub fn split(status_fd: RawFd) -> Result<Option<String>, SetupError> {
     // SAFETY: unshare(2) with a constant flag; it only affects children made from here on.
     if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
         let e = io::Error::last_os_error();
@@ -67,10 +73,20 @@ pub fn split() -> Result<Option<String>, SetupError> {
         -1 => Err(SetupError::PidNamespace(io::Error::last_os_error())),
         0 => {
             drop(from_init);
+            // SAFETY: setpgid on ourselves (the supervisor does it too: no race either way).
+            unsafe { libc::setpgid(0, 0) };
             init(to_supervisor)
         }
         init_pid => {
             drop(to_supervisor);
+            // SAFETY: setpgid of our own child, in our session.
+            unsafe { libc::setpgid(init_pid, init_pid) };
+            // The job's process group is the init's: the server signals that group, so a
+            // group SIGKILL ends the init (and with it the namespace) but not this
+            // supervisor, which then reports the end once every process of it is gone.
+            let line = format!("{PGID_PREFIX}{init_pid}\n");
+            // SAFETY: write of a buffer we own to the status pipe we hold.
+            unsafe { libc::write(status_fd, line.as_ptr().cast(), line.len()) };
             supervise(init_pid, from_init)
         }
     }

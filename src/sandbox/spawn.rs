@@ -228,7 +228,11 @@ impl SandboxCommand {
         let mut report = String::new();
         let mut status_r = std::fs::File::from(status_r);
         let _ = status_r.read_to_string(&mut report);
+        let mut pgid = pid;
         for line in report.lines() {
+            if let Some(n) = line.strip_prefix(super::pidns::PGID_PREFIX) {
+                pgid = n.trim().parse().unwrap_or(pid);
+            }
             if let Some(msg) = line.strip_prefix("error: ") {
                 let _ = child.wait();
                 return Err(LaunchError::Launcher(msg.to_string()));
@@ -244,6 +248,7 @@ impl SandboxCommand {
         };
         SandboxedChild::new(
             pid,
+            pgid,
             child,
             cgroup,
             started,

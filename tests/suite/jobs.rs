@@ -55,6 +55,7 @@ fn fixture_with(tag: &str, response_bytes: usize) -> Fixture {
         state_dir: dir.join("state"),
         disk_cap: 1 << 32,
         response_bytes,
+        retention: Default::default(),
     })
     .unwrap();
     Fixture {
