@@ -118,7 +118,7 @@ pub struct ServeArgs {
     /// Cap, in bytes, on disk used by spooled job output (oldest finished jobs are evicted).
     #[arg(long, env = "MCP_SANDBOX_DISK_CAP", default_value_t = 2 * 1024 * 1024 * 1024)]
     pub disk_cap: u64,
-    /// Most finished jobs kept (the oldest are removed first, printed output or not).
+    /// Most jobs kept (the oldest finished ones are removed first, printed output or not).
     #[arg(long, env = "MCP_SANDBOX_KEEP_JOBS", default_value_t = 10_000)]
     pub keep_jobs: usize,
     /// Hours a finished job is kept.

@@ -420,7 +420,11 @@ impl JobHandle {
     /// already finished (nothing to persist).
     pub fn finish_unpersisted(&self, outcome: JobOutcome) -> bool {
         let cfg = self.store.config();
-        self.job.finish(outcome, cfg.disk_cap, &cfg.state_dir)
+        let finished = self.job.finish(outcome, cfg.disk_cap, &cfg.state_dir);
+        if finished {
+            self.store.apply_retention();
+        }
+        finished
     }
 
     /// Write a finished job's result and record (see [`finish_unpersisted`](Self::finish_unpersisted)).

@@ -167,7 +167,7 @@ pub struct StoreConfig {
 /// or not they printed anything. Running jobs are never removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
-    /// Most finished jobs kept.
+    /// Most jobs kept in the table (finished ones go, oldest first, to stay under it).
     pub max_jobs: usize,
     /// Finished jobs created longer ago than this are removed.
     pub max_age: std::time::Duration,
@@ -349,6 +349,14 @@ pub struct JobFilter {
     /// At most this many jobs (the newest first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<usize>,
+}
+
+/// One page of a job listing, newest first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobPage {
+    pub jobs: Vec<JobSummary>,
+    /// Pass as `cursor` to get the next (older) page; `None` on the last page.
+    pub next_cursor: Option<String>,
 }
 
 /// One line of a job listing.

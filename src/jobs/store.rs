@@ -578,17 +578,16 @@ impl JobStore {
         persist::remove_job_files(&job.dir);
     }
 
-    /// Remove the oldest finished jobs beyond the retention limits (count and age; the
-    /// disk cap bounds bytes): jobs that print nothing are counted too. Cheap when
-    /// nothing is due: it looks at the oldest jobs only.
+    /// Remove the oldest finished jobs beyond the retention limits (jobs in the table,
+    /// and age; the disk cap bounds bytes): jobs that print nothing count too, running
+    /// jobs are never removed. O(1) when nothing is due: it looks at the oldest jobs only.
     pub(crate) fn apply_retention(&self) {
         let max_jobs = self.cfg.retention.max_jobs;
         let max_age_ms = self.cfg.retention.max_age.as_millis() as u64;
         let now = now_unix_ms();
         let removed: Vec<Arc<Job>> = {
             let mut jobs = lock(&self.jobs);
-            let finished = jobs.map.values().filter(|j| j.is_finished()).count();
-            let mut over = finished.saturating_sub(max_jobs);
+            let mut over = jobs.map.len().saturating_sub(max_jobs);
             let mut picked = Vec::new();
             for (seq, job) in jobs.map.iter() {
                 if !job.is_finished() {
@@ -640,7 +639,6 @@ impl JobStore {
             // Pruned or evicted while we wrote: do not leave files behind.
             persist::remove_job_files(&job.dir);
         }
-        self.apply_retention();
     }
 
     /// Write one job's record (errors are logged: the record is for the next start,

@@ -524,8 +524,8 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
     assert_eq!(store.read("j3", Stream::Stdout, 0, 10).unwrap().text, "");
 }
 
-/// Retention counts every finished job, silent ones included, removes the oldest first,
-/// never a running one, and what it removed stays gone after a restart (the index's
+/// Retention keeps at most `max_jobs` jobs, counting silent ones, removes the oldest
+/// finished first, never a running one, and what it removed stays gone after a restart (the index's
 /// `removed` lines), without job ids being reused.
 #[tokio::test]
 async fn retention_keeps_the_newest_finished_jobs_silent_or_not() {
@@ -558,8 +558,8 @@ async fn retention_keeps_the_newest_finished_jobs_silent_or_not() {
             .collect();
         assert_eq!(
             ids,
-            ["j11", "j10", "j9", "j1"],
-            "newest three finished + the running one"
+            ["j11", "j10", "j1"],
+            "three jobs: the running one stays"
         );
         assert!(
             !store.dir().join("j2").exists(),
@@ -574,18 +574,21 @@ async fn retention_keeps_the_newest_finished_jobs_silent_or_not() {
         .into_iter()
         .map(|s| (s.id, s.status))
         .collect();
-    // The running job was cancelled at shutdown: now finished and the oldest, it goes.
+    // The running job was cancelled at shutdown.
     assert_eq!(
         listed,
         [
             ("j11".to_string(), JobStatus::Completed),
             ("j10".to_string(), JobStatus::Completed),
-            ("j9".to_string(), JobStatus::Completed),
+            (running_id.clone(), JobStatus::Cancelled),
         ]
     );
-    assert!(store.summary(&running_id).is_err());
+    assert!(store.summary("j9").is_err());
     let next = store.create(JobKind::Shell, None, "true").unwrap();
     assert_eq!(next.id(), "j12");
+    next.finish(done());
+    // Now four: the oldest finished one (the cancelled j1) goes.
+    assert!(store.summary(&running_id).is_err());
     // Age: a store that keeps nothing older than 0 s removes every finished job.
     drop(store);
     let store = JobStore::open(StoreConfig {

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::report::structured;
 use crate::app::{EnvInfo, VarsOutcome};
-use crate::jobs::{JobSummary, OutputChunk, SearchHit, Stream};
+use crate::jobs::{JobPage, OutputChunk, SearchHit, Stream};
 use crate::repl::{HistoryEntry, SessionInfo};
 
 /// A plain-text + structured result for list-style tools.
@@ -111,7 +111,8 @@ pub fn closed(session: &str) -> CallToolResult {
     )
 }
 
-pub fn jobs(jobs: Vec<JobSummary>) -> CallToolResult {
+pub fn jobs(page: JobPage) -> CallToolResult {
+    let JobPage { jobs, next_cursor } = page;
     let mut text = format!("{} job(s)\n", jobs.len());
     for j in &jobs {
         let exit = j
@@ -129,7 +130,10 @@ pub fn jobs(jobs: Vec<JobSummary>) -> CallToolResult {
             j.id, j.kind, j.status, j.elapsed_ms, j.stdout_bytes, j.stderr_bytes, j.label
         );
     }
-    listing(text, &json!({ "jobs": jobs }))
+    if let Some(c) = &next_cursor {
+        let _ = writeln!(text, "more: call job_list with cursor={c:?} for older jobs");
+    }
+    listing(text, &json!({ "jobs": jobs, "next_cursor": next_cursor }))
 }
 
 pub fn hits(job_id: &str, stream: Stream, pattern: &str, hits: Vec<SearchHit>) -> CallToolResult {
