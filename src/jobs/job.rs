@@ -191,6 +191,7 @@ impl Job {
             delivered: st.delivered,
             has_result: st.has_result,
             from_journal: false,
+            bytes: Some(self.lens()),
             removed: false,
         }
     }

@@ -73,6 +73,10 @@ pub(crate) struct JobRecord {
     /// missing): it must be written before the log is next rewritten.
     #[serde(skip)]
     pub from_journal: bool,
+    /// Bytes in the stdout and stderr spools when the record was written (absent in
+    /// records of older servers: then the files are looked at).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<[u64; 2]>,
     /// A line saying the job was removed (pruned, evicted, past retention).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub removed: bool,
@@ -434,6 +438,7 @@ mod tests {
             delivered: [3, 0],
             has_result: false,
             from_journal: false,
+            bytes: None,
             removed: false,
         }
     }

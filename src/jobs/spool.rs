@@ -74,6 +74,21 @@ impl Spool {
             .ok_or_else(|| io::Error::other("the spool file is not open"))
     }
 
+    /// A finished job's spool whose length the index knows: no file system access (the
+    /// start-up cost must not grow with the history).
+    pub(crate) fn finished(path: PathBuf, len: u64) -> Spool {
+        Spool {
+            path,
+            len,
+            dropped: 0,
+            full_at: None,
+            file: None,
+            open: false,
+            last: [0; 3],
+            last_len: 0,
+        }
+    }
+
     /// A finished job's spool found on disk at start-up (missing file = empty).
     pub(crate) fn existing(path: PathBuf) -> Spool {
         let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);

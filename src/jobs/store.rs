@@ -96,10 +96,17 @@ impl JobStore {
                 )
             };
             let job_dir = persist::job_dir(&dir.path, &rec.id);
-            let spools = [
-                Spool::existing(job_dir.join("stdout")),
-                Spool::existing(job_dir.join("stderr")),
-            ];
+            let spools = match rec.bytes {
+                Some([out, err]) if !was_running => [
+                    Spool::finished(job_dir.join("stdout"), out),
+                    Spool::finished(job_dir.join("stderr"), err),
+                ],
+                // A job that was running has more output than its last record says.
+                _ => [
+                    Spool::existing(job_dir.join("stdout")),
+                    Spool::existing(job_dir.join("stderr")),
+                ],
+            };
             disk_used += spools[0].len() + spools[1].len();
             let state = JobState {
                 status,
