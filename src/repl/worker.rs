@@ -230,6 +230,14 @@ impl Worker {
         true
     }
 
+    /// The pid of the Python process itself (in a PID namespace the server's child is the
+    /// launcher supervising it), for its memory use.
+    pub fn python_pid(&self) -> u32 {
+        lock(&self.shared.child)
+            .as_ref()
+            .map_or(self.pid, |c| c.main_pid())
+    }
+
     /// SIGINT to the worker's main thread (not its children): KeyboardInterrupt in running code.
     pub fn interrupt(&self) {
         if let Some(child) = lock(&self.shared.child).as_ref() {

@@ -99,6 +99,29 @@ impl SandboxedChild {
         })
     }
 
+    /// The pid (as the server sees it) of the process that runs the target: `pid` itself,
+    /// or in a PID namespace the init's child (found in /proc: for occasional use, such
+    /// as reporting the target's memory).
+    pub fn main_pid(&self) -> u32 {
+        if self.pgid == self.pid {
+            return self.pid;
+        }
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return self.pid;
+        };
+        let pgid = self.pgid.to_string();
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .find(|p| {
+                let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+                let f: Vec<&str> = rest.split_whitespace().take(3).collect();
+                f.len() == 3 && f[1] == pgid && f[2] == pgid
+            })
+            .unwrap_or(self.pid)
+    }
+
     /// What the policy asked for but this kernel or build did not enforce
     /// (only ever non-empty where the policy allows best effort).
     pub fn unenforced(&self) -> &[String] {

@@ -52,8 +52,11 @@ def test_full_state_disk_fails_jobs_in_words_and_keeps_every_record(small_state)
             assert job["status"] == "failed", (job["status"], msg)
             m = re.search(r"state directory is full \((.*?)\): output truncated at byte (\d+)", msg)
             assert m, msg
-            assert m.group(1) == state and 0 < int(m.group(2)) < 20 << 20, msg
+            # The first job filled the disk; the second may find no room at all (byte 0).
+            assert m.group(1) == state and 0 <= int(m.group(2)) < 20 << 20, msg
+            job["kept"] = int(m.group(2))
             assert "disk cap" not in msg
+        assert py["kept"] > 0, "the first job kept what fit"
         seen["full"] = [py["job_id"], sh["job_id"]]
         # Earlier jobs stay readable; the server keeps answering.
         again = await c.ok("job_wait", job_id=seen["early"], timeout_seconds=1)
