@@ -28,4 +28,6 @@ pub struct Config {
     pub disk_cap: u64,
     /// Accept a workspace that is `/`, the user's home or a parent of the state dir.
     pub allow_broad_workspace: bool,
+    /// How many finished jobs, and for how long, are kept.
+    pub retention: crate::jobs::Retention,
 }

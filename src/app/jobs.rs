@@ -72,6 +72,11 @@ const COUNT_CAP: u64 = 1_000_000;
 /// How long job_cancel waits for the job to report its end.
 const CANCEL_SETTLE: Duration = Duration::from_secs(5);
 
+/// Jobs per `job_list` page unless the caller asks for fewer or more (up to the max);
+/// a page also stops where the response cap would be passed.
+const LIST_PAGE: usize = 50;
+const LIST_PAGE_MAX: usize = 500;
+
 impl App {
     pub async fn job_wait(
         &self,
@@ -116,6 +121,19 @@ impl App {
 
     pub fn job_list(&self, filter: &JobFilter) -> Vec<JobSummary> {
         self.store.list(filter)
+    }
+
+    /// One page of jobs, newest first, after `cursor`, within the response cap.
+    pub fn job_list_page(
+        &self,
+        filter: &JobFilter,
+        cursor: Option<&str>,
+        limit: Option<usize>,
+    ) -> Result<crate::jobs::JobPage, AppError> {
+        let limit = limit.unwrap_or(LIST_PAGE).clamp(1, LIST_PAGE_MAX);
+        Ok(self
+            .store
+            .list_page(filter, cursor, limit, self.response_bytes)?)
     }
 
     /// Lines of `stream` matching `pattern` from byte `offset` on, with `context` lines

@@ -79,6 +79,29 @@ pub struct App {
     stopping: AtomicBool,
 }
 
+/// What servers killed before their jobs ended left behind: their job cgroups (any
+/// process still in one is killed first) and their temp files in `state_dir`. Said at
+/// info level, since it means an earlier server did not end cleanly.
+fn sweep_leftovers(state_dir: &std::path::Path) {
+    let cgroups = crate::sandbox::isolation::sweep_orphaned_cgroups();
+    let files = tmp::sweep_state_dir(state_dir);
+    if !cgroups.is_empty() || !files.is_empty() {
+        let show = |v: &[PathBuf]| {
+            v.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        tracing::info!(
+            "swept what an earlier server left: {} job cgroup(s) [{}], {} temp path(s) [{}]",
+            cgroups.len(),
+            show(&cgroups),
+            files.len(),
+            show(&files)
+        );
+    }
+}
+
 impl App {
     /// Build from the config: workspace, policy, state dir, store, sessions.
     pub fn new(cfg: &Config) -> Result<App, AppError> {
@@ -122,10 +145,12 @@ impl App {
             cfg.allow_broad_workspace,
         )?;
         tmp::sweep_at_start(&state_dir);
+        sweep_leftovers(&state_dir);
         let store = JobStore::open(StoreConfig {
             state_dir: state_dir.clone(),
             disk_cap: cfg.disk_cap,
             response_bytes: cfg.response_bytes,
+            retention: cfg.retention,
         })?;
         crate::envs::allow_session_venvs(&mut policy, &state_dir)?;
         // Whatever the workspace is (`--allow-broad-workspace`), sandboxed code never sees
@@ -203,7 +228,6 @@ impl App {
         self.shell_policy
             .get_or_try_init(|| async {
                 let tmp = self.state_dir.join("shell-tmp");
-                tmp::sweep_dead_job_tmps(&tmp);
                 tmp::create_dir(&tmp)?;
                 let (python, venv) = match self.sessions.python().await {
                     Ok(info) => (info.prefixes.clone(), info.venv.clone()),

@@ -33,6 +33,8 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         max_snapshots,
         response_bytes,
         disk_cap,
+        keep_jobs,
+        keep_hours,
     } = args;
     let transport = match transport {
         Transport::Stdio if token.is_some() => {
@@ -68,6 +70,10 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
             response_bytes,
             disk_cap,
             allow_broad_workspace,
+            retention: crate::jobs::Retention {
+                max_jobs: keep_jobs,
+                max_age: Duration::from_secs(keep_hours.saturating_mul(3600)),
+            },
         },
         transport,
     })

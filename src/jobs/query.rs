@@ -8,7 +8,8 @@ use super::job::{Job, lock, now_unix_ms};
 use super::persist::parse_id;
 use super::store::JobStore;
 use super::{
-    Excerpt, JobError, JobFilter, JobId, JobSummary, OutputChunk, SearchHit, Stream, search,
+    Excerpt, JobError, JobFilter, JobId, JobPage, JobSummary, OutputChunk, SearchHit, Stream,
+    search,
 };
 
 impl JobStore {
@@ -159,6 +160,51 @@ impl JobStore {
         out
     }
 
+    /// One page of the jobs matching `filter`, newest first, starting after `cursor` (a
+    /// job id from the previous page's `next_cursor`): at most `max_jobs`, and no more than
+    /// fit in about `budget` bytes of response (each listed job is shown as a text line
+    /// and as structured data). Walks the table without copying it.
+    pub fn list_page(
+        &self,
+        filter: &JobFilter,
+        cursor: Option<&str>,
+        max_jobs: usize,
+        budget: usize,
+    ) -> Result<JobPage, JobError> {
+        let before = match cursor {
+            None => u64::MAX,
+            Some(c) => parse_id(c).ok_or_else(|| {
+                JobError::Request(format!(
+                    "cursor {c:?} is not a job id; pass the next_cursor of the previous page"
+                ))
+            })?,
+        };
+        let now = now_unix_ms();
+        let jobs = lock(&self.jobs);
+        let mut out: Vec<JobSummary> = Vec::new();
+        let mut used = 0usize;
+        let mut next_cursor = None;
+        for job in jobs.map.range(..before).rev().map(|(_, j)| j) {
+            let summary = job.summary();
+            if !matches(filter, &summary, now) {
+                continue;
+            }
+            // The text line and the JSON object: about twice the label plus the fields.
+            let cost =
+                2 * (summary.label.len() + summary.session.as_ref().map_or(0, String::len)) + 300;
+            if out.len() >= max_jobs.max(1) || (!out.is_empty() && used + cost > budget) {
+                next_cursor = out.last().map(|s| s.id.clone());
+                break;
+            }
+            used += cost;
+            out.push(summary);
+        }
+        Ok(JobPage {
+            jobs: out,
+            next_cursor,
+        })
+    }
+
     /// Summary of one job.
     pub fn summary(&self, id: &str) -> Result<JobSummary, JobError> {
         Ok(self.get(id)?.summary())
@@ -188,9 +234,6 @@ impl JobStore {
         };
         for job in &removed {
             self.forget_files(job);
-        }
-        if !removed.is_empty() {
-            self.save_next_id();
         }
         Ok(removed.iter().map(|j| j.id.clone()).collect())
     }

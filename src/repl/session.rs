@@ -644,7 +644,7 @@ impl Session {
                 self.env.python.version
             ),
             worker_pid: pid,
-            memory_bytes: pid.and_then(rss_bytes),
+            memory_bytes: live.map(|w| w.python_pid()).and_then(rss_bytes),
             idle_seconds: if busy {
                 0
             } else {

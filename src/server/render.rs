@@ -14,7 +14,7 @@ use super::shapes::{
 use crate::app::result::ResultImage;
 use crate::app::{Chunk, EnvInfo, VarsOutcome};
 use crate::jobs::search::Found;
-use crate::jobs::{JobSummary, SearchHit, Stream};
+use crate::jobs::{JobPage, SearchHit, Stream};
 use crate::repl::{HistoryEntry, SessionInfo, SnapshotState, cell_name};
 
 /// The name a value has in JSON (lowercase states), for the text to say the same.
@@ -254,11 +254,12 @@ pub fn closed(session: &str) -> CallToolResult {
     )
 }
 
-pub fn jobs(jobs: Vec<JobSummary>, cap: usize) -> CallToolResult {
-    let total = jobs.len();
-    let mut text = format!("{total} job(s)\n");
+/// One page of jobs ([`crate::jobs::JobStore::list_page`] already keeps it within the
+/// response cap).
+pub fn jobs(page: JobPage) -> CallToolResult {
+    let JobPage { jobs, next_cursor } = page;
+    let mut text = format!("{} job(s)\n", jobs.len());
     let mut shown = Vec::new();
-    let mut json = 0;
     for j in jobs {
         let exit = j
             .exit_code
@@ -273,28 +274,17 @@ pub fn jobs(jobs: Vec<JobSummary>, cap: usize) -> CallToolResult {
             "{} {}{sess} {}{exit} · {} ms · out {} B, err {} B · {}\n",
             j.id, j.kind, j.status, j.elapsed_ms, j.stdout_bytes, j.stderr_bytes, j.label
         );
-        let entry = JobEntry::from(j);
-        let size = serde_json::to_string(&entry).map_or(0, |s| s.len());
-        // Newest first: the oldest are left out when the answer is full.
-        if text.len() + line.len() > cap * 9 / 10 || json + size > cap * 9 / 10 {
-            break;
-        }
-        json += size;
         text.push_str(&line);
-        shown.push(entry);
+        shown.push(JobEntry::from(j));
     }
-    let left_out = total - shown.len();
-    if left_out > 0 {
-        let _ = writeln!(
-            text,
-            "{left_out} older job(s) left out to fit the answer: filter by status, kind or session, or job_prune"
-        );
+    if let Some(c) = &next_cursor {
+        let _ = writeln!(text, "more: call job_list with cursor={c:?} for older jobs");
     }
     listing(
         text,
         &Jobs {
             jobs: shown,
-            left_out: (left_out > 0).then_some(left_out),
+            next_cursor,
         },
     )
 }

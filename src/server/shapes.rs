@@ -124,9 +124,9 @@ impl From<JobSummary> for JobEntry {
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct Jobs {
     pub jobs: Vec<JobEntry>,
-    /// Older jobs left out to fit the answer (narrow with the filters).
+    /// Pass as `cursor` for the next (older) page; absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub left_out: Option<usize>,
+    pub next_cursor: Option<String>,
 }
 
 /// job_prune.

@@ -148,6 +148,13 @@ pub struct ListArgs {
     pub kind: Option<KindFilter>,
     #[serde(default)]
     pub session: Option<String>,
+    /// Continue after this job id: the `next_cursor` of the previous page.
+    #[serde(default)]
+    pub cursor: Option<String>,
+    /// Most jobs on this page (default 50, at most 500; a page also ends where the
+    /// response size cap would be passed).
+    #[serde(default)]
+    pub limit: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
@@ -276,10 +283,14 @@ impl SandboxServer {
             .session
             .map(|s| session_or_default(Some(s)))
             .transpose()?;
-        let jobs = self
-            .app
-            .job_list(&filter(None, args.status, args.kind, session));
-        Ok(render::jobs(jobs, self.app.response_bytes()))
+        reply(
+            self.app.job_list_page(
+                &filter(None, args.status, args.kind, session),
+                args.cursor.as_deref(),
+                args.limit,
+            ),
+            render::jobs,
+        )
     }
 
     #[tool(
