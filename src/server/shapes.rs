@@ -124,8 +124,7 @@ impl From<JobSummary> for JobEntry {
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct Jobs {
     pub jobs: Vec<JobEntry>,
-    /// Pass as `cursor` for the next (older) page; absent on the last page.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Pass as `cursor` for the next (older) page; null on the last page.
     pub next_cursor: Option<String>,
 }
 

@@ -76,14 +76,14 @@ def test_full_state_disk_fails_jobs_in_words_and_keeps_every_record(small_state)
         assert res.is_error and f"state directory is full ({state})" in text, text
         assert (await c.ok("job_list"))["jobs"], "the server keeps answering"
         listed = await c.ok("job_list")
-        seen["before"] = {j["id"]: j["status"] for j in listed["jobs"]}
+        seen["before"] = {j["job_id"]: j["status"] for j in listed["jobs"]}
 
     server.run(first)
     assert {seen["early"], *seen["full"]} <= set(seen["before"])
 
     async def second(c):
         listed = await c.ok("job_list")
-        after = {j["id"]: j["status"] for j in listed["jobs"]}
+        after = {j["job_id"]: j["status"] for j in listed["jobs"]}
         for job_id, status in seen["before"].items():
             if status != "running":
                 assert after.get(job_id) == status, (job_id, seen["before"], after)

@@ -22,7 +22,7 @@ def test_job_list_pages_with_a_cursor_and_stays_within_the_response_cap(server):
             text = "\n".join(getattr(x, "text", "") for x in res.content)
             assert len(text) <= 4000 + 500, len(text)
             assert 1 <= len(page["jobs"]) <= 10
-            seen += [j["id"] for j in page["jobs"]]
+            seen += [j["job_id"] for j in page["jobs"]]
             pages += 1
             cursor = page["next_cursor"]
             if cursor is None:
@@ -46,7 +46,7 @@ def test_retention_removes_the_oldest_finished_jobs_even_silent_ones(server):
         for i in range(8):
             job = await c.ok("python_exec", code="pass" if i % 2 else "print('out')")
             ids.append(job["job_id"])
-        listed = [j["id"] for j in (await c.ok("job_list"))["jobs"]]
+        listed = [j["job_id"] for j in (await c.ok("job_list"))["jobs"]]
         assert listed == list(reversed(ids[-5:])), listed
         assert "no job" in (await c.err("job_wait", job_id=ids[0])).lower()
         return ids
@@ -54,7 +54,7 @@ def test_retention_removes_the_oldest_finished_jobs_even_silent_ones(server):
     ids = server.run(scenario)
 
     async def again(c):
-        listed = [j["id"] for j in (await c.ok("job_list"))["jobs"]]
+        listed = [j["job_id"] for j in (await c.ok("job_list"))["jobs"]]
         assert listed == list(reversed(ids[-5:])), listed
 
     server.run(again)

@@ -126,7 +126,7 @@ def test_sigkill_of_the_server_leaves_no_process_and_no_cgroup(server):
 
     async def second(c):
         listed = await c.ok("job_list")
-        status = {j["id"]: j["status"] for j in listed["jobs"]}
+        status = {j["job_id"]: j["status"] for j in listed["jobs"]}
         assert {status.get(j) for j in seen["jobs"]} == {"lost"}, listed
         assert job_cgroups(seen["server"]) == [], "the dead server's job cgroups were swept"
 

@@ -52,9 +52,7 @@ pub struct InputArgs {
 pub struct CancelArgs {
     /// The job id.
     pub job_id: String,
-    /// Seconds the job has to end after the soft stop (Python: KeyboardInterrupt; shell:
-    /// SIGTERM) before it is killed (Python: the worker is restarted, losing the
-    /// session's state). Default 2, max 60.
+    /// Seconds before the soft stop becomes a kill (default 2, max 60).
     #[serde(default)]
     pub grace_seconds: Option<f64>,
 }
@@ -148,11 +146,10 @@ pub struct ListArgs {
     pub kind: Option<KindFilter>,
     #[serde(default)]
     pub session: Option<String>,
-    /// Continue after this job id: the `next_cursor` of the previous page.
+    /// The previous page's `next_cursor`.
     #[serde(default)]
     pub cursor: Option<String>,
-    /// Most jobs on this page (default 50, at most 500; a page also ends where the
-    /// response size cap would be passed).
+    /// Jobs per page (default 50, max 500).
     #[serde(default)]
     pub limit: Option<usize>,
 }

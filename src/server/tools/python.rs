@@ -27,12 +27,10 @@ pub struct ExecArgs {
     #[serde(default)]
     #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
-    /// Run on the state right after this earlier cell of the session (e.g. "c3") instead
-    /// of the latest state; the new cell becomes the session's head.
+    /// Run on the state right after this cell (e.g. "c3") instead of the head.
     #[serde(default)]
     pub parent: Option<String>,
-    /// With `parent`: allow rebuilding its state by re-running cells in a fresh worker
-    /// when no snapshot is left (repeats their side effects).
+    /// With `parent`: allow re-running cells when no snapshot is left.
     #[serde(default)]
     pub replay: bool,
 }
@@ -68,8 +66,7 @@ pub struct InterruptArgs {
     /// Session name (default "default").
     #[serde(default)]
     pub session: Option<String>,
-    /// Seconds the cell has to react to KeyboardInterrupt before its worker is killed and
-    /// restarted, losing the session's state (default 2, max 60).
+    /// Seconds before the worker is restarted instead (default 2, max 60).
     #[serde(default)]
     pub grace_seconds: Option<f64>,
 }
