@@ -31,6 +31,7 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         max_sessions,
         session_ttl,
         max_snapshots,
+        snapshot_memory,
         response_bytes,
         disk_cap,
     } = args;
@@ -65,6 +66,7 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
             max_sessions,
             session_ttl: Duration::from_secs(session_ttl),
             max_snapshots,
+            snapshot_memory,
             response_bytes,
             disk_cap,
             allow_broad_workspace,

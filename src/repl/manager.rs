@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::session::SessionEnv;
 use super::worker::SpawnSpec;
 use super::{PythonInfo, ReplConfig, ReplError, Session, SessionInfo, discover_python};
-use crate::sandbox::Placeholders;
+use crate::sandbox::{Placeholders, ResolvedPolicy};
 
 /// How many expired session names are remembered for their next cell's note.
 const EXPIRED_CAP: usize = 4096;
@@ -130,6 +130,7 @@ impl SessionManager {
             uv_cache: None,
         };
         let policy = Arc::new(self.cfg.policy.resolve(&placeholders)?);
+        let snapshot_memory = self.snapshot_budget(&policy);
         let env = SessionEnv {
             spec: SpawnSpec {
                 python: python.executable.clone(),
@@ -145,6 +146,7 @@ impl SessionManager {
             start_timeout: self.cfg.start_timeout,
             spare: self.cfg.spare_worker,
             max_snapshots: self.cfg.max_snapshots,
+            snapshot_memory,
             graph_file: Some(self.session_dir(name).join("graph.jsonl")),
         };
         // Start the worker without holding the map: other sessions stay reachable while
@@ -218,7 +220,28 @@ impl SessionManager {
     }
 
     /// The directory that holds the temp dirs of every instance of session `name`.
-    fn session_dir(&self, name: &str) -> PathBuf {
+/// The memory budget for a session's snapshots under `policy`: the configured one,
+    /// else half the policy's memory limit; none without a memory limit (no memory cgroup
+    /// to read), or with snapshots off.
+    fn snapshot_budget(&self, policy: &ResolvedPolicy) -> Option<u64> {
+        if self.cfg.max_snapshots == 0 {
+            return None;
+        }
+        let limit = policy.limits.memory_bytes;
+        match (self.cfg.snapshot_memory, limit) {
+            (Some(_), None) => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| tracing::warn!(
+                    "the snapshot memory budget is not applied: the policy has no memory limit, so sessions have no memory cgroup to read; set `memory` in the policy's [limits]"
+                ));
+                None
+            }
+            (Some(budget), Some(_)) => Some(budget),
+            (None, limit) => limit.map(|l| l / 2),
+        }
+    }
+
+        fn session_dir(&self, name: &str) -> PathBuf {
         self.cfg.state_dir.join("repl").join(name)
     }
 

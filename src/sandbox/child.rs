@@ -123,6 +123,12 @@ impl SandboxedChild {
         self.killer.kill_all();
     }
 
+    /// Memory the child's job cgroup holds now, for the whole process tree (pages shared
+    /// copy-on-write counted once); `None` without a memory cgroup.
+    pub fn cgroup_memory_bytes(&self) -> Option<u64> {
+        self.killer.cgroup.as_deref()?.current_memory_bytes()
+    }
+
     /// Send `signal` to the child process alone (not its group). A no-op once reaped.
     pub fn signal_process(&self, signal: i32) -> std::io::Result<()> {
         if self.reaped || self.killer.done.load(Ordering::SeqCst) {
