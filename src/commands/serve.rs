@@ -122,6 +122,21 @@ mod tests {
     }
 
     #[test]
+    fn snapshot_memory_takes_a_size_and_refuses_nonsense() {
+        assert_eq!(parse(&[]).app.snapshot_memory, None);
+        let c = parse(&["--snapshot-memory", "64MiB"]);
+        assert_eq!(c.app.snapshot_memory, Some(64 << 20));
+        assert_eq!(
+            parse(&["--snapshot-memory", "1048576"]).app.snapshot_memory,
+            Some(1 << 20)
+        );
+        for bad in ["0", "lots", "5 parsecs", "-1"] {
+            let e = try_parse(&[&format!("--snapshot-memory={bad}")]).unwrap_err();
+            assert!(e.contains("--snapshot-memory"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn http_without_token_generates_one_and_no_auth_is_explicit() {
         let c = parse(&["--transport", "http"]);
         assert!(matches!(

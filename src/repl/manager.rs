@@ -220,7 +220,7 @@ impl SessionManager {
     }
 
     /// The directory that holds the temp dirs of every instance of session `name`.
-/// The memory budget for a session's snapshots under `policy`: the configured one,
+    /// The memory budget for a session's snapshots under `policy`: the configured one,
     /// else half the policy's memory limit; none without a memory limit (no memory cgroup
     /// to read), or with snapshots off.
     fn snapshot_budget(&self, policy: &ResolvedPolicy) -> Option<u64> {
@@ -241,7 +241,7 @@ impl SessionManager {
         }
     }
 
-        fn session_dir(&self, name: &str) -> PathBuf {
+    fn session_dir(&self, name: &str) -> PathBuf {
         self.cfg.state_dir.join("repl").join(name)
     }
 

@@ -199,7 +199,11 @@ fn current_memory_is_read_on_fake_trees() {
     assert_eq!(capped.current_memory_bytes(), None, "no usage file yet");
     std::fs::write(dir.join("memory.usage_in_bytes"), "41943040\n").unwrap();
     std::fs::write(dir.join("memory.current"), "1\n").unwrap();
-    assert_eq!(capped.current_memory_bytes(), Some(40 << 20), "v1 reads usage_in_bytes");
+    assert_eq!(
+        capped.current_memory_bytes(),
+        Some(40 << 20),
+        "v1 reads usage_in_bytes"
+    );
     std::fs::write(dir.join("memory.usage_in_bytes"), "lots\n").unwrap();
     assert_eq!(capped.current_memory_bytes(), None, "garbage is no figure");
     // Without a memory cap there is no memory cgroup: no figure, even if pids has files.
@@ -233,7 +237,11 @@ fn current_memory_is_read_on_fake_trees() {
     assert_eq!(cg2.current_memory_bytes(), Some(123456));
     let v2_uncapped = JobCgroup::create_in(&v2, "nomem", None, None).expect("v2 fake");
     std::fs::write(own.join(PARENT_DIR).join("nomem/memory.current"), "9\n").unwrap();
-    assert_eq!(v2_uncapped.current_memory_bytes(), None, "no memory cap, no figure");
+    assert_eq!(
+        v2_uncapped.current_memory_bytes(),
+        None,
+        "no memory cap, no figure"
+    );
 
     // Plain directories, not cgroups: mark them removed before dropping.
     for cg in [capped, uncapped, cg2, v2_uncapped] {
