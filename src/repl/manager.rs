@@ -130,7 +130,7 @@ impl SessionManager {
             uv_cache: None,
         };
         let policy = Arc::new(self.cfg.policy.resolve(&placeholders)?);
-        let snapshot_memory = self.snapshot_budget(&policy);
+        let snapshot_memory = snapshot_budget(&self.cfg, &policy);
         let env = SessionEnv {
             spec: SpawnSpec {
                 python: python.executable.clone(),
@@ -220,27 +220,6 @@ impl SessionManager {
     }
 
     /// The directory that holds the temp dirs of every instance of session `name`.
-    /// The memory budget for a session's snapshots under `policy`: the configured one,
-    /// else half the policy's memory limit; none without a memory limit (no memory cgroup
-    /// to read), or with snapshots off.
-    fn snapshot_budget(&self, policy: &ResolvedPolicy) -> Option<u64> {
-        if self.cfg.max_snapshots == 0 {
-            return None;
-        }
-        let limit = policy.limits.memory_bytes;
-        match (self.cfg.snapshot_memory, limit) {
-            (Some(_), None) => {
-                static WARNED: std::sync::Once = std::sync::Once::new();
-                WARNED.call_once(|| tracing::warn!(
-                    "the snapshot memory budget is not applied: the policy has no memory limit, so sessions have no memory cgroup to read; set `memory` in the policy's [limits]"
-                ));
-                None
-            }
-            (Some(budget), Some(_)) => Some(budget),
-            (None, limit) => limit.map(|l| l / 2),
-        }
-    }
-
     fn session_dir(&self, name: &str) -> PathBuf {
         self.cfg.state_dir.join("repl").join(name)
     }
@@ -372,6 +351,27 @@ fn unique_suffix() -> String {
     format!("{nanos:x}-{n}")
 }
 
+/// The memory budget for a session's snapshots under `policy`: the configured one,
+/// else half the policy's memory limit; none without a memory limit (no memory cgroup
+/// to read), or with snapshots off.
+fn snapshot_budget(cfg: &ReplConfig, policy: &ResolvedPolicy) -> Option<u64> {
+    if cfg.max_snapshots == 0 {
+        return None;
+    }
+    let limit = policy.limits.memory_bytes;
+    match (cfg.snapshot_memory, limit) {
+        (Some(_), None) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| tracing::warn!(
+                "the snapshot memory budget is not applied: the policy has no memory limit, so sessions have no memory cgroup to read; set `memory` in the policy's [limits]"
+            ));
+            None
+        }
+        (Some(budget), Some(_)) => Some(budget),
+        (None, limit) => limit.map(|l| l / 2),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,5 +383,42 @@ mod tests {
         for bad in ["", "..", "a/b", "x y", &"n".repeat(65)] {
             assert!(validate_name(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn the_snapshot_budget_defaults_to_half_the_memory_limit() {
+        let placeholders = crate::sandbox::Placeholders {
+            workspace: "/w".into(),
+            tmp: "/t".into(),
+            ..Default::default()
+        };
+        let policy = |name| {
+            crate::sandbox::Policy::load(name)
+                .unwrap()
+                .resolve(&placeholders)
+                .unwrap()
+        };
+        let capped = policy("workspace-write");
+        let limit = capped
+            .limits
+            .memory_bytes
+            .expect("workspace-write has a memory limit");
+        let mut cfg = ReplConfig::new(
+            "/w".into(),
+            crate::sandbox::Policy::load("workspace-write").unwrap(),
+            "/s".into(),
+        );
+        assert_eq!(snapshot_budget(&cfg, &capped), Some(limit / 2));
+        cfg.snapshot_memory = Some(64 << 20);
+        assert_eq!(snapshot_budget(&cfg, &capped), Some(64 << 20));
+        let mut uncapped = capped.clone();
+        uncapped.limits.memory_bytes = None;
+        assert_eq!(
+            snapshot_budget(&cfg, &uncapped),
+            None,
+            "no memory cgroup to read"
+        );
+        cfg.max_snapshots = 0;
+        assert_eq!(snapshot_budget(&cfg, &capped), None, "snapshots off");
     }
 }
