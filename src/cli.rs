@@ -125,6 +125,11 @@ pub struct ServeArgs {
     /// 0 turns snapshots off.
     #[arg(long, env = "MCP_SANDBOX_MAX_SNAPSHOTS", default_value_t = 8)]
     pub max_snapshots: usize,
+    /// Memory budget for a session's snapshots, as the kernel counts it for the session's
+    /// cgroups ("64MiB", "2G", bytes): past it the least recently used snapshots are
+    /// evicted. Default: half the policy's memory limit (none without one).
+    #[arg(long, env = "MCP_SANDBOX_SNAPSHOT_MEMORY", value_parser = parse_byte_size)]
+    pub snapshot_memory: Option<u64>,
     /// Approximate cap, in bytes, on the text of one tool response.
     #[arg(long, env = "MCP_SANDBOX_RESPONSE_BYTES", default_value_t = 20_000)]
     pub response_bytes: usize,
@@ -237,4 +242,13 @@ pub fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// A byte size as policies write it ("512MiB", "2G", "4096").
+fn parse_byte_size(text: &str) -> Result<u64, String> {
+    let size = match text.trim().parse::<u64>() {
+        Ok(n) => crate::sandbox::policy::ByteSize::Bytes(n),
+        Err(_) => crate::sandbox::policy::ByteSize::Text(text.to_string()),
+    };
+    crate::sandbox::policy::parse_size(&size).map_err(|e| e.to_string())
 }

@@ -22,6 +22,8 @@ pub struct Config {
     pub session_ttl: Duration,
     /// Fork snapshots kept per session for branching (0: off).
     pub max_snapshots: usize,
+    /// Memory budget for a session's snapshots, bytes (default: half the policy's memory limit).
+    pub snapshot_memory: Option<u64>,
     /// Approximate cap, in bytes, on the text of one response.
     pub response_bytes: usize,
     /// Cap, in bytes, on disk used by spooled job output.

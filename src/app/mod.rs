@@ -165,6 +165,7 @@ impl App {
         repl.max_sessions = cfg.max_sessions;
         repl.idle_ttl = cfg.session_ttl;
         repl.max_snapshots = cfg.max_snapshots;
+        repl.snapshot_memory = cfg.snapshot_memory;
         repl.repr_limit = cfg.response_bytes.min(20_000);
         Ok(App {
             sessions: SessionManager::new(repl),

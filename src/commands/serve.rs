@@ -31,6 +31,7 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         max_sessions,
         session_ttl,
         max_snapshots,
+        snapshot_memory,
         response_bytes,
         disk_cap,
         keep_jobs,
@@ -67,6 +68,7 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
             max_sessions,
             session_ttl: Duration::from_secs(session_ttl),
             max_snapshots,
+            snapshot_memory,
             response_bytes,
             disk_cap,
             allow_broad_workspace,
@@ -122,6 +124,21 @@ mod tests {
                 assert_eq!(auth, HttpAuth::Token("t".into()));
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn snapshot_memory_takes_a_size_and_refuses_nonsense() {
+        assert_eq!(parse(&[]).app.snapshot_memory, None);
+        let c = parse(&["--snapshot-memory", "64MiB"]);
+        assert_eq!(c.app.snapshot_memory, Some(64 << 20));
+        assert_eq!(
+            parse(&["--snapshot-memory", "1048576"]).app.snapshot_memory,
+            Some(1 << 20)
+        );
+        for bad in ["0", "lots", "5 parsecs", "-1"] {
+            let e = try_parse(&[&format!("--snapshot-memory={bad}")]).unwrap_err();
+            assert!(e.contains("--snapshot-memory"), "{bad}: {e}");
         }
     }
 

@@ -196,6 +196,19 @@ impl Graph {
         evicted
     }
 
+    /// Evict the least recently used snapshot other than `keep`'s, noting `why`; returns
+    /// its cell, the snapshot (it exits once the last reference is dropped) and its tree.
+    pub fn evict_lru_except(&mut self, keep: u64, why: &str) -> Option<(u64, Arc<Snapshot>, u32)> {
+        let (&lru, _) = self
+            .held
+            .iter()
+            .filter(|(c, _)| **c != keep)
+            .min_by_key(|(_, h)| h.used)?;
+        let held = self.held.remove(&lru)?;
+        self.notes.insert(lru, why.to_string());
+        Some((lru, held.snap, held.tree))
+    }
+
     /// The snapshot of `cell` was not taken; `note` says why.
     pub fn not_held(&mut self, cell: u64, note: String) {
         self.held.remove(&cell);
@@ -464,6 +477,32 @@ mod tests {
         assert!(e[1].note.as_deref().unwrap_or_default().contains("evicted"));
         g.drop_tree(1, "the worker died");
         assert_eq!(g.held_count(), 0);
+    }
+
+    #[test]
+    fn memory_eviction_takes_the_least_recently_used_but_never_the_kept_one() {
+        let mut g = sample();
+        for c in [1, 2, 3] {
+            g.hold(snap(c), 1);
+        }
+        g.use_snapshot(1); // LRU order now: 2, 3, 1
+        let why = "evicted: session memory over the snapshot budget";
+        let (cell, snap2, _) = g.evict_lru_except(3, why).expect("one to evict");
+        assert_eq!((cell, snap2.cell), (2, 2));
+        assert_eq!(g.note(2), Some(why));
+        // 3 is kept (the head's own); 1 goes next, then nothing is left to evict.
+        assert_eq!(g.evict_lru_except(3, why).map(|(c, _, _)| c), Some(1));
+        assert!(g.evict_lru_except(3, why).is_none());
+        assert!(g.is_held(3) && g.held_count() == 1);
+        // Branching to an evicted cell replays it from the nearest held ancestor.
+        g.hold(snap(1), 1);
+        assert_eq!(
+            g.plan(2, true),
+            Ok(Plan::Fork {
+                from: 1,
+                replay: vec![2]
+            })
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::session::SessionEnv;
 use super::worker::SpawnSpec;
 use super::{PythonInfo, ReplConfig, ReplError, Session, SessionInfo, discover_python};
-use crate::sandbox::Placeholders;
+use crate::sandbox::{Placeholders, ResolvedPolicy};
 
 /// How many expired session names are remembered for their next cell's note.
 const EXPIRED_CAP: usize = 4096;
@@ -187,6 +187,7 @@ impl SessionManager {
             uv_cache: None,
         };
         let policy = Arc::new(self.cfg.policy.resolve(&placeholders)?);
+        let snapshot_memory = snapshot_budget(&self.cfg, &policy);
         let env = SessionEnv {
             spec: SpawnSpec {
                 python: python.executable.clone(),
@@ -202,6 +203,7 @@ impl SessionManager {
             start_timeout: self.cfg.start_timeout,
             spare: self.cfg.spare_worker,
             max_snapshots: self.cfg.max_snapshots,
+            snapshot_memory,
             graph_file: Some(self.session_dir(name).join("graph.jsonl")),
         };
         // Start the worker without holding the map: other sessions stay reachable while
@@ -428,6 +430,27 @@ fn lock_spare(m: &Mutex<Option<String>>) -> std::sync::MutexGuard<'_, Option<Str
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The memory budget for a session's snapshots under `policy`: the configured one,
+/// else half the policy's memory limit; none without a memory limit (no memory cgroup
+/// to read), or with snapshots off.
+fn snapshot_budget(cfg: &ReplConfig, policy: &ResolvedPolicy) -> Option<u64> {
+    if cfg.max_snapshots == 0 {
+        return None;
+    }
+    let limit = policy.limits.memory_bytes;
+    match (cfg.snapshot_memory, limit) {
+        (Some(_), None) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| tracing::warn!(
+                "the snapshot memory budget is not applied: the policy has no memory limit, so sessions have no memory cgroup to read; set `memory` in the policy's [limits]"
+            ));
+            None
+        }
+        (Some(budget), Some(_)) => Some(budget),
+        (None, limit) => limit.map(|l| l / 2),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,5 +462,42 @@ mod tests {
         for bad in ["", "..", "a/b", "x y", &"n".repeat(65)] {
             assert!(validate_name(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn the_snapshot_budget_defaults_to_half_the_memory_limit() {
+        let placeholders = crate::sandbox::Placeholders {
+            workspace: "/w".into(),
+            tmp: "/t".into(),
+            ..Default::default()
+        };
+        let policy = |name| {
+            crate::sandbox::Policy::load(name)
+                .unwrap()
+                .resolve(&placeholders)
+                .unwrap()
+        };
+        let capped = policy("workspace-write");
+        let limit = capped
+            .limits
+            .memory_bytes
+            .expect("workspace-write has a memory limit");
+        let mut cfg = ReplConfig::new(
+            "/w".into(),
+            crate::sandbox::Policy::load("workspace-write").unwrap(),
+            "/s".into(),
+        );
+        assert_eq!(snapshot_budget(&cfg, &capped), Some(limit / 2));
+        cfg.snapshot_memory = Some(64 << 20);
+        assert_eq!(snapshot_budget(&cfg, &capped), Some(64 << 20));
+        let mut uncapped = capped.clone();
+        uncapped.limits.memory_bytes = None;
+        assert_eq!(
+            snapshot_budget(&cfg, &uncapped),
+            None,
+            "no memory cgroup to read"
+        );
+        cfg.max_snapshots = 0;
+        assert_eq!(snapshot_budget(&cfg, &capped), None, "snapshots off");
     }
 }

@@ -82,6 +82,10 @@ pub struct ReplConfig {
     /// Snapshots (forked copies of the state after each cell, for branching) a session
     /// keeps at most; the least recently used is evicted. 0 turns snapshots off.
     pub max_snapshots: usize,
+    /// Memory budget for a session's snapshots, bytes (its job cgroups' figure); past
+    /// it the least recently used are evicted. `None`: half the policy's memory limit
+    /// (no budget without one: there is no memory cgroup to read).
+    pub snapshot_memory: Option<u64>,
 }
 
 impl ReplConfig {
@@ -98,6 +102,7 @@ impl ReplConfig {
             start_timeout: Duration::from_secs(20),
             spare_worker: true,
             max_snapshots: 8,
+            snapshot_memory: None,
         }
     }
 }

@@ -43,6 +43,9 @@ pub(crate) struct SessionEnv {
     pub spare: bool,
     /// Snapshots kept at most (0: off).
     pub max_snapshots: usize,
+    /// Memory budget for snapshots, bytes: past it (the session's job cgroups), the
+    /// least recently used snapshots are evicted. `None`: count cap only.
+    pub snapshot_memory: Option<u64>,
     /// Where the cell graph is persisted (JSON lines).
     pub graph_file: Option<PathBuf>,
 }

@@ -236,6 +236,14 @@ impl Worker {
         self.shared.sigfd.is_none()
     }
 
+    /// Memory held by this spawned worker's process tree (it, its snapshots and the
+    /// workers forked from them), from its job cgroup; `None` for a worker forked from a
+    /// snapshot (its tree's root holds the cgroup), after the tree ended, or without a
+    /// memory cgroup.
+    pub fn tree_memory_bytes(&self) -> Option<u64> {
+        lock(&self.shared.child).as_ref()?.cgroup_memory_bytes()
+    }
+
     /// Retire this worker, leaving its process tree (snapshots, the worker that replaces
     /// it) alive. A forked worker is killed. A root is *stopped* (SIGSTOP), not killed:
     /// in its PID namespace the root's death would end the namespace and every snapshot

@@ -278,6 +278,14 @@ impl JobCgroup {
             .ok()
     }
 
+    /// The job's memory use now, as the kernel charges it to the job's memory cgroup
+    /// (v1 `memory.usage_in_bytes`, v2 `memory.current`: anonymous pages, page cache and
+    /// tmpfs pages of every process in it, each page counted once however many processes
+    /// share it copy-on-write). `None` without a memory cgroup (no memory cap).
+    pub fn current_memory_bytes(&self) -> Option<u64> {
+        memory_usage_in(self.memory_dir()?, self.version)
+    }
+
     /// Whether the kernel OOM-killed a process of the job because of the memory cap.
     pub fn memory_limit_hit(&self) -> bool {
         let Some(dir) = self.memory_dir() else {
@@ -515,6 +523,15 @@ fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
 
 fn read_u64(path: &Path) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The current memory use recorded in memory cgroup directory `dir` of a `version` hierarchy.
+fn memory_usage_in(dir: &Path, version: CgroupVersion) -> Option<u64> {
+    let file = match version {
+        CgroupVersion::V2 => "memory.current",
+        CgroupVersion::V1 | CgroupVersion::None => "memory.usage_in_bytes",
+    };
+    read_u64(&dir.join(file))
 }
 
 /// Value of `key` in a flat-keyed cgroup file ("key value" per line).

@@ -152,6 +152,12 @@ impl SandboxedChild {
         self.killer.kill_all();
     }
 
+    /// Memory the child's job cgroup holds now, for the whole process tree (pages shared
+    /// copy-on-write counted once); `None` without a memory cgroup.
+    pub fn cgroup_memory_bytes(&self) -> Option<u64> {
+        self.killer.cgroup.as_deref()?.current_memory_bytes()
+    }
+
     /// Send `signal` to the process that runs the target alone (not its group, not a
     /// PID namespace's supervisor or init: stopping or killing those would take the
     /// whole namespace). A no-op once reaped.

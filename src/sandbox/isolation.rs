@@ -44,6 +44,9 @@ impl JobCgroupHandle {
     pub fn memory_limit_hit(&self) -> bool {
         self.inner.memory_limit_hit()
     }
+    pub fn current_memory_bytes(&self) -> Option<u64> {
+        self.inner.current_memory_bytes()
+    }
     pub fn pids_limit_hit(&self) -> bool {
         self.inner.pids_limit_hit()
     }

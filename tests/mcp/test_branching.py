@@ -127,6 +127,44 @@ def test_the_cap_evicts_and_an_evicted_cell_replays(server: Harness):
     server.run(scenario)
 
 
+def test_the_memory_budget_evicts_and_an_evicted_cell_replays(server: Harness):
+    """Each cell keeps ~40 MB of new data: the head frees the previous cell's, which its
+    snapshot still holds privately, so the session's cgroup figure passes a 64 MiB budget
+    long before the count cap (8): older snapshots are evicted, with a note saying why."""
+    server.env["MCP_SANDBOX_SNAPSHOT_MEMORY"] = "64MiB"
+    why = "evicted: session memory over the snapshot budget"
+
+    async def scenario(c):
+        await c.ok("python_exec", code="log = []")  # c1
+        for n in range(2, 7):  # c2 .. c6
+            await c.ok("python_exec", code=f"x = bytes([{n}]) * (40 << 20); log.append({n})")
+        cells = by_cell(await c.ok("python_history"))
+        held = sorted(k for k, v in cells.items() if v["snapshot"] == "held")
+        assert "c6" in held, f"the head's own snapshot is never evicted: {cells}"
+        assert len(held) < 6, f"fewer held than cells (count cap 8): {held}"
+        # After c3, the head holds c3's data and c2's snapshot c2's: over 64 MiB.
+        assert cells["c2"]["snapshot"] == "replay" and cells["c2"]["note"] == why, cells["c2"]
+        assert all(why in (cells[k].get("note") or "") for k in cells if k not in held), cells
+        s = await c.ok("session_list")
+        assert s["sessions"][0]["snapshots"] == len(held)
+        # Branching to an evicted cell replays (from c1's snapshot if still held, else
+        # from the start: replay=true consents to that) and says so.
+        res = await c.call(
+            "python_exec", code="(log, x[0], len(x))", parent="c2", replay=True, wait_seconds=60
+        )
+        r = res.structured_content
+        assert r is not None, res.content[0].text
+        assert r.get("value") == f"([2], 2, {40 << 20})", r
+        assert r["replayed"] and r["replayed"][-1] == "c2", r
+        assert "note: replayed" in res.content[0].text and "c2" in res.content[0].text
+        # The head still works, and later cells keep to the budget too.
+        await c.ok("python_exec", code="x = bytes([9]) * (40 << 20)")
+        cells = by_cell(await c.ok("python_history"))
+        assert sum(v["snapshot"] == "held" for v in cells.values()) < len(cells) - 2, cells
+
+    server.run(scenario)
+
+
 def test_bad_parents_are_refused_with_usable_cells_and_change_nothing(server: Harness):
     server.env["MCP_SANDBOX_MAX_SNAPSHOTS"] = "1"
 

@@ -4,8 +4,10 @@
 //! it the head, and keeps the old head's process tree while it holds snapshots.
 //! Snapshots themselves arrive through the hook each worker calls after a cell.
 
+use crate::sandbox::pidns::host_pid;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::{Inner, Session};
 use crate::repl::graph::{CellCode, Plan, Unusable};
@@ -13,6 +15,31 @@ use crate::repl::protocol::{Event, Request, WireStatus};
 use crate::repl::snapshot::Snapshot;
 use crate::repl::worker::{Reply, SnapshotHook, Worker};
 use crate::repl::{CellSink, CellStatus, OutStream, ReplError, cell_name};
+
+/// Why a snapshot was evicted by the memory budget (history's note).
+const MEMORY_EVICTED: &str = "evicted: session memory over the snapshot budget";
+
+/// How long an evicted snapshot may take to exit before the budget is checked again.
+const SNAPSHOT_EXIT_WAIT: Duration = Duration::from_secs(2);
+
+/// Wait (at most `limit`) until process `pid` has exited: gone, or a zombie, whose
+/// memory is already released. A snapshot's pid is not reused while it waits on our
+/// socket; were it reused after it ended, this only waits out `limit`.
+fn wait_exited(pid: u32, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let stat = format!("/proc/{pid}/stat");
+    while Instant::now() < deadline {
+        let running = std::fs::read_to_string(&stat).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state != "Z" && state != "X")
+        });
+        if !running {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
 
 /// The cell to branch from, as the agent named it.
 #[derive(Debug, Clone)]
@@ -60,9 +87,75 @@ impl Session {
                 if !evicted.is_empty() {
                     tracing::debug!(session = %self.name, ?evicted, "snapshots evicted");
                 }
+                drop(inner);
+                self.enforce_snapshot_memory(cell);
             }
             Err(note) => inner.graph.not_held(cell, note),
         }
+    }
+
+    /// Memory the session's process trees hold now (the head's and those of earlier
+    /// heads that still hold snapshots), from their job cgroups; `None` without a memory
+    /// cgroup. The spare worker is not counted: it holds no snapshot.
+    fn trees_memory(inner: &Inner) -> Option<u64> {
+        let head_root = inner.worker.as_ref().filter(|w| w.is_root());
+        head_root
+            .into_iter()
+            .chain(inner.roots.values())
+            .filter_map(|w| w.tree_memory_bytes())
+            .reduce(|a, b| a.saturating_add(b))
+    }
+
+    /// The memory half of the snapshot cap: while the session's trees hold more than the
+    /// budget, evict the least recently used snapshot other than `keep` (the head's own,
+    /// just taken) and wait until it has exited, so the next reading shows its pages gone.
+    /// Runs in the head's event pump, before any later event: a `ping` answered after it
+    /// (see `settle`) sees the result.
+    fn enforce_snapshot_memory(&self, keep: u64) {
+        let Some(budget) = self.env.snapshot_memory else {
+            return;
+        };
+        loop {
+            let victim = {
+                let mut inner = self.inner();
+                let Some(used) = Self::trees_memory(&inner) else {
+                    return;
+                };
+                if used <= budget {
+                    return;
+                }
+                let Some(victim) = inner.graph.evict_lru_except(keep, MEMORY_EVICTED) else {
+                    return;
+                };
+                tracing::debug!(session = %self.name, cell = victim.0, used, budget, "snapshot evicted for memory");
+                let (_, snap, tree) = victim;
+                // The snapshot reported its pid as its PID namespace numbers it.
+                let pid = Self::tree_reference(&inner, tree)
+                    .and_then(|reference| host_pid(reference, snap.pid));
+                (snap, pid)
+            };
+            let (snap, pid) = victim;
+            // The last reference closes its socket: the snapshot exits (a fork in flight
+            // may hold another for a moment; then the wait below just times out).
+            drop(snap);
+            if let Some(pid) = pid {
+                wait_exited(pid, SNAPSHOT_EXIT_WAIT);
+            }
+        }
+    }
+
+    /// A live process (host pid) of process tree `tree`: its root's Python process.
+    fn tree_reference(inner: &Inner, tree: u32) -> Option<u32> {
+        inner
+            .roots
+            .get(&tree)
+            .or_else(|| {
+                inner
+                    .worker
+                    .as_ref()
+                    .filter(|w| w.is_root() && w.pid == tree)
+            })
+            .map(|root| root.python_pid())
     }
 
     /// The head died: its process tree goes with it (snapshots included).
@@ -274,19 +367,7 @@ impl Session {
             }
         };
         // A process of the snapshot's tree, to translate the pid the snapshot reports.
-        let reference = {
-            let inner = self.inner();
-            inner
-                .roots
-                .get(&tree)
-                .or_else(|| {
-                    inner
-                        .worker
-                        .as_ref()
-                        .filter(|w| w.is_root() && w.pid == tree)
-                })
-                .map(|root| root.python_pid())
-        };
+        let reference = Self::tree_reference(&self.inner(), tree);
         let w = Arc::new(Worker::adopt(
             forked,
             reference,

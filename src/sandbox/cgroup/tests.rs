@@ -175,3 +175,77 @@ fn stale_empty_cgroups_are_swept() {
     assert!(busy_dir.exists(), "a cgroup with processes is kept");
     drop(busy);
 }
+
+/// Current memory use is read from `memory.usage_in_bytes` (v1) or `memory.current` (v2)
+/// of the job's memory cgroup; nothing without a memory cgroup, or from a broken file.
+#[test]
+fn current_memory_is_read_on_fake_trees() {
+    let root = std::env::temp_dir().join(unique("fakemem"));
+    let (pids, mem) = (root.join("pids"), root.join("memory"));
+    std::fs::create_dir_all(&pids).unwrap();
+    std::fs::create_dir_all(&mem).unwrap();
+    let v1 = Layout {
+        version: CgroupVersion::V1,
+        hybrid: true,
+        v1: Vec::new(),
+        v1_pids: Some(pids.clone()),
+        v1_memory: Some(mem.clone()),
+        v2_mount: None,
+        v2_own: None,
+        v2_controllers: Vec::new(),
+    };
+    let capped = JobCgroup::create_in(&v1, "job", Some(64 << 20), Some(8)).expect("v1 fake");
+    let dir = mem.join(PARENT_DIR).join("job");
+    assert_eq!(capped.current_memory_bytes(), None, "no usage file yet");
+    std::fs::write(dir.join("memory.usage_in_bytes"), "41943040\n").unwrap();
+    std::fs::write(dir.join("memory.current"), "1\n").unwrap();
+    assert_eq!(
+        capped.current_memory_bytes(),
+        Some(40 << 20),
+        "v1 reads usage_in_bytes"
+    );
+    std::fs::write(dir.join("memory.usage_in_bytes"), "lots\n").unwrap();
+    assert_eq!(capped.current_memory_bytes(), None, "garbage is no figure");
+    // Without a memory cap there is no memory cgroup: no figure, even if pids has files.
+    let uncapped = JobCgroup::create_in(&v1, "nomem", None, Some(8)).expect("v1 fake");
+    std::fs::write(
+        pids.join(PARENT_DIR).join("nomem/memory.usage_in_bytes"),
+        "5\n",
+    )
+    .unwrap();
+    assert_eq!(uncapped.current_memory_bytes(), None);
+
+    // v2: one directory; memory.current, not v1's file.
+    let own = root.join("v2own");
+    std::fs::create_dir_all(&own).unwrap();
+    std::fs::write(own.join("cgroup.subtree_control"), "pids memory").unwrap();
+    let v2 = Layout {
+        version: CgroupVersion::V2,
+        hybrid: false,
+        v1: Vec::new(),
+        v1_pids: None,
+        v1_memory: None,
+        v2_mount: Some(root.clone()),
+        v2_own: Some(own.clone()),
+        v2_controllers: vec!["pids".into(), "memory".into()],
+    };
+    let cg2 = JobCgroup::create_in(&v2, "job", Some(64 << 20), None).expect("v2 fake");
+    let dir2 = own.join(PARENT_DIR).join("job");
+    std::fs::write(dir2.join("memory.usage_in_bytes"), "7\n").unwrap();
+    assert_eq!(cg2.current_memory_bytes(), None, "v2 has no usage_in_bytes");
+    std::fs::write(dir2.join("memory.current"), "123456\n").unwrap();
+    assert_eq!(cg2.current_memory_bytes(), Some(123456));
+    let v2_uncapped = JobCgroup::create_in(&v2, "nomem", None, None).expect("v2 fake");
+    std::fs::write(own.join(PARENT_DIR).join("nomem/memory.current"), "9\n").unwrap();
+    assert_eq!(
+        v2_uncapped.current_memory_bytes(),
+        None,
+        "no memory cap, no figure"
+    );
+
+    // Plain directories, not cgroups: mark them removed before dropping.
+    for cg in [capped, uncapped, cg2, v2_uncapped] {
+        cg.removed.store(true, Ordering::SeqCst);
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}
