@@ -31,10 +31,20 @@ pub struct PythonInfo {
 
 /// Prints the interpreter's facts as a JSON list, the last item the worker driver (read
 /// from stdin) compiled and marshalled, or null if that failed.
-const PROBE: &str = "import sys,json,marshal,binascii\n\
+///
+/// It runs with `-S` (no `site`): `.pth` files in site-packages may import whole packages
+/// at every start (tens of milliseconds), and none of the facts needs them. Without
+/// `site`, a virtual environment's prefix is not applied, so the probe does what
+/// `site.venv` does: a `pyvenv.cfg` beside the executable or one directory up makes that
+/// directory `sys.prefix` and `sys.exec_prefix`.
+const PROBE: &str = "import sys,json,marshal,binascii,os\n\
 try: c=binascii.b2a_base64(marshal.dumps(compile(sys.stdin.read(),'<sandbox-repl-worker>','exec')),newline=False).decode()\n\
 except Exception: c=None\n\
-print(json.dumps([sys.executable,sys.version.split()[0],sys.prefix,sys.base_prefix,sys.exec_prefix,sys.base_exec_prefix,c]))";
+p,e=sys.prefix,sys.exec_prefix\n\
+d=os.path.dirname(sys.executable)\n\
+v=[v for v in (d,os.path.dirname(d)) if os.path.isfile(os.path.join(v,'pyvenv.cfg'))]\n\
+if v: p=e=v[0]\n\
+print(json.dumps([sys.executable,sys.version.split()[0],p,sys.base_prefix,e,sys.base_exec_prefix,c]))";
 
 /// The interpreter to use: `explicit`, else the nearest `.venv` upward from
 /// `workspace`, else `python3` on PATH; probed for its real executable and prefixes.
@@ -71,7 +81,7 @@ async fn probe(python: &Path) -> Result<PythonInfo, ReplError> {
         detail,
     };
     let mut child = tokio::process::Command::new(python)
-        .args(["-c", PROBE])
+        .args(["-S", "-c", PROBE])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -187,6 +197,37 @@ mod tests {
             b"\x7fELF",
             "{} is not a real interpreter",
             info.executable.display()
+        );
+    }
+
+    /// The probe runs without `site`, yet still finds the prefix of a virtual environment.
+    #[tokio::test]
+    async fn a_virtual_environment_is_recognised_without_site() {
+        let root = std::env::temp_dir().join(format!("repl-probe-venv-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let base = discover_python(None, Path::new("/")).await.unwrap();
+        let made = std::process::Command::new(&base.executable)
+            .args(["-m", "venv", "--without-pip"])
+            .arg(&root)
+            .status()
+            .unwrap();
+        assert!(
+            made.success(),
+            "could not create a venv at {}",
+            root.display()
+        );
+        let python = root.join("bin/python");
+        let info = discover_python(Some(&python), Path::new("/"))
+            .await
+            .unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(info.venv, Some(root.clone()));
+        assert_eq!(info.executable, python);
+        assert!(info.prefixes.contains(&root));
+        assert!(
+            info.prefixes.iter().any(|p| p != &root),
+            "the base installation is missing from {:?}",
+            info.prefixes
         );
     }
 }

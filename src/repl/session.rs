@@ -179,8 +179,28 @@ impl Session {
         inner.worker = Some(worker.clone());
         let lost = if report_loss { inner.lost.take() } else { None };
         drop(inner);
-        self.refill_spare();
+        self.refill_spare_after(&worker);
         Ok((worker, lost))
+    }
+
+    /// Refill the spare once `worker` is ready (or failed to start): a spare started at
+    /// the same moment would compete with it for the CPU, delaying the cell that waits on
+    /// it (the first `python_exec` of a server pays for two interpreter starts otherwise).
+    fn refill_spare_after(&self, worker: &Arc<Worker>) {
+        if !self.env.spare {
+            return;
+        }
+        let me = self.me.clone();
+        let worker = worker.clone();
+        let timeout = self.env.start_timeout;
+        tokio::spawn(async move {
+            // Ready or not, the spare is wanted: a failed start is retried from it.
+            let _ = worker.wait_ready(timeout).await;
+            drop(worker);
+            if let Some(session) = me.upgrade() {
+                session.refill_spare();
+            }
+        });
     }
 
     /// The spare worker if it is alive, else a newly started one (both have had the

@@ -9,9 +9,10 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 
 use tokio_util::sync::CancellationToken;
@@ -92,11 +93,19 @@ impl SandboxServer {
 }
 
 impl ServerHandler for SandboxServer {
-    /// Once the client is set up, start the default session's worker in the background, so
-    /// the first `python_exec` does not pay for interpreter discovery and worker start.
-    async fn on_initialized(&self, _context: NotificationContext<RoleServer>) {
+    /// On `initialize`, start the default session's worker in the background (before the
+    /// answer goes out, so it is under way while the client reads it and sends
+    /// `initialized`): the first `python_exec` then does not pay for interpreter discovery
+    /// and worker start. Idempotent: HTTP clients initialize once per MCP session.
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
         let app = self.app.clone();
         tokio::spawn(async move { app.prewarm().await });
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
     }
 
     fn get_info(&self) -> ServerConfig {

@@ -1,0 +1,371 @@
+#!/usr/bin/env python3
+"""Launcher and cold start (issue 12): every figure beside its baseline, in one interleaved run.
+
+    python3 tests/bench/all.py [--no-build] [--no-write] [--runs 100] [--calls 200]
+
+Measures, in turns (A B C A B C ...), so a burst of load on a shared machine lands on
+every column alike:
+- the launcher: `true` and `python3 -c pass` bare, under bubblewrap (`--unshare-all`; the
+  bench installs `bubblewrap` with apt-get when it is missing and it runs as root, else the
+  column is skipped with a note), through `run --policy workspace-write`, and through the
+  server's path (an extra re-exec of the launcher, `MCP_SANDBOX_FORCE_REEXEC=1`);
+- the launcher ablation: `run -- true` under policies that switch one mechanism off;
+- the server, through the official `mcp` Python SDK over stdio, beside a no-op rmcp
+  server (`examples/noop_server.rs`): spawn → initialized, a trivial tool call, the first
+  `python_exec` right after initialize (with `python3` from PATH and with /usr/bin/python3),
+  `shell_run` of `true`, interrupt → KeyboardInterrupt.
+Records median, p95, n and /proc/loadavg before and after, and writes the section
+"## Launcher and cold start" of docs/benchmarks.md. Not part of the test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = ROOT / "target" / "release" / "mcp-sandbox-repl"
+NOOP = ROOT / "target" / "release" / "examples" / "noop_server"
+DOC = ROOT / "docs" / "benchmarks.md"
+SECTION = "## Launcher and cold start"
+
+# Policies that switch one mechanism of workspace-write off (the ablation).
+BASE_POLICY = (ROOT / "policies" / "workspace-write.toml").read_text()
+
+
+def ablation_policies() -> list[tuple[str, str]]:
+    p = BASE_POLICY
+    no_cgroup = re.sub(r"^(memory|processes) = .*\n", "", p, flags=re.M)
+    no_net = p.replace('mode = "none"', 'mode = "full"')
+    no_seccomp = p.replace("syscall_filter = true", "syscall_filter = false")
+    no_caps = p.replace("drop_capabilities = true", "drop_capabilities = false")
+    no_tmpfs = re.sub(r"^tmp_size = .*\n", "", p, flags=re.M)
+    no_fs = re.sub(
+        r"\[filesystem\].*?(?=^\[network\])",
+        '[filesystem]\nread = ["/"]\nwrite = ["/"]\nexecute = ["/"]\n\n',
+        p,
+        flags=re.S | re.M,
+    )
+    no_scope = p.replace('"scoped"', '"allow"')
+    off = (
+        'description = "every mechanism off"\nkernel_support = "best_effort"\n'
+        '[filesystem]\nread = ["/"]\nwrite = ["/"]\nexecute = ["/"]\n'
+        '[network]\nmode = "full"\n[ipc]\nabstract_unix_sockets = "allow"\nsignals = "allow"\n'
+        '[environment]\npass = ["*"]\n[process]\ndrop_capabilities = false\nsyscall_filter = false\n'
+    )
+    return [
+        ("every mechanism on (workspace-write)", p),
+        ("− cgroups (no `memory`, `processes`)", no_cgroup),
+        ("− network namespace (`mode = \"full\"`)", no_net),
+        ("− seccomp (`syscall_filter = false`)", no_seccomp),
+        ("− capability drop (`drop_capabilities = false`)", no_caps),
+        ("− tmpfs `{tmp}` (no `tmp_size`)", no_tmpfs),
+        ("− mount view + Landlock rules (`/` for all)", no_fs),
+        ("− Landlock scopes (`ipc` = allow)", no_scope),
+        ("every mechanism off", off),
+    ]
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def pct(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def stat(values) -> tuple[float, float, int]:
+    return statistics.median(values) * 1000, pct(values, 95) * 1000, len(values)
+
+
+def fmt(values) -> str:
+    if not values:
+        return "—"
+    med, p95, n = stat(values)
+    return f"{med:.2f} ms (p95 {p95:.2f}, n={n})"
+
+
+def time_cmd(argv, cwd, env=None) -> float:
+    t = time.perf_counter()
+    subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t
+
+
+def ensure_bwrap() -> tuple[str | None, str]:
+    found = shutil.which("bwrap")
+    if found:
+        return found, ""
+    if os.getuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(["apt-get", "install", "-y", "bubblewrap"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        found = shutil.which("bwrap")
+        if found:
+            return found, ""
+    return None, "bubblewrap not installed (and could not be installed): column skipped"
+
+
+def launcher_part(runs: int, ws: str, pol_dir: Path) -> dict:
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    bwrap, bwrap_note = ensure_bwrap()
+    reexec = dict(os.environ, MCP_SANDBOX_FORCE_REEXEC="1")
+    variants = []  # (key, argv, env)
+    for label, cmd in [("true", ["/bin/true"]), ("python3 -c pass", [python, "-c", "pass"])]:
+        run = [str(BIN), "run", "--policy", "workspace-write", "--workspace", ws, "--"] + cmd
+        variants.append(((label, "bare"), cmd, None))
+        if bwrap:
+            variants.append(((label, "bwrap"), [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/",
+                                                "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--"] + cmd, None))
+        variants.append(((label, "run"), run, None))
+        variants.append(((label, "reexec"), run, reexec))
+    for i, (name, text) in enumerate(ablation_policies()):
+        f = pol_dir / f"ablation{i}.toml"
+        f.write_text(text)
+        variants.append((("ablation", name), [str(BIN), "run", "--policy", str(f), "--workspace", ws, "--", "/bin/true"], None))
+    out: dict = {k: [] for k, _, _ in variants}
+    for _ in range(3):  # warm-up: page cache, dentries
+        for _, argv, env in variants:
+            time_cmd(argv, ws, env)
+    for _ in range(runs):
+        for key, argv, env in variants:
+            out[key].append(time_cmd(argv, ws, env))
+    out["python"] = python
+    out["bwrap_note"] = bwrap_note
+    return out
+
+
+def server_env(root: Path, python: str | None) -> dict:
+    ws, state = root / "ws", root / "state"
+    ws.mkdir(parents=True, exist_ok=True)
+    state.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_SANDBOX_")}
+    env.update(MCP_SANDBOX_WORKSPACE=str(ws), MCP_SANDBOX_STATE_DIR=str(state), RUST_LOG="error")
+    if python:
+        env["MCP_SANDBOX_PYTHON"] = python
+    return env
+
+
+async def spawn_init(binary: str, env: dict) -> float:
+    params = StdioServerParameters(command=binary, args=[], env=env, cwd=env.get("MCP_SANDBOX_WORKSPACE"))
+    t0 = time.perf_counter()
+    async with stdio_client(params, errlog=open(os.devnull, "w")) as (r, w):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            return time.perf_counter() - t0
+
+
+async def first_exec(env: dict, binary: str = str(BIN)) -> float:
+    params = StdioServerParameters(command=binary, args=[], env=env, cwd=env["MCP_SANDBOX_WORKSPACE"])
+    async with stdio_client(params, errlog=open(os.devnull, "w")) as (r, w):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            t = time.perf_counter()
+            res = await s.call_tool("python_exec", {"code": "1"})
+            took = time.perf_counter() - t
+            assert not res.is_error, res
+            return took
+
+
+async def hot_paths(root: Path, calls: int, res: dict):
+    """One real server and one no-op server open side by side; calls alternate."""
+    env = server_env(root / "hot", None)
+    ours = StdioServerParameters(command=str(BIN), args=[], env=env, cwd=env["MCP_SANDBOX_WORKSPACE"])
+    noop = StdioServerParameters(command=str(NOOP), args=[], env=env)
+    async with stdio_client(ours, errlog=open(os.devnull, "w")) as (r1, w1), \
+            stdio_client(noop, errlog=open(os.devnull, "w")) as (r2, w2):
+        async with ClientSession(r1, w1) as s, ClientSession(r2, w2) as n:
+            await s.initialize()
+            await n.initialize()
+            for _ in range(5):
+                await s.call_tool("python_exec", {"code": "1"})
+                await n.call_tool("noop", {})
+                await s.call_tool("shell_run", {"command": "true"})
+            for _ in range(calls):
+                t = time.perf_counter()
+                r = await s.call_tool("python_exec", {"code": "1"})
+                res["exec"].append(time.perf_counter() - t)
+                assert r.structured_content["value"] == "1", r
+                t = time.perf_counter()
+                await n.call_tool("noop", {})
+                res["noop"].append(time.perf_counter() - t)
+            for _ in range(max(10, calls // 4)):
+                t = time.perf_counter()
+                r = await s.call_tool("shell_run", {"command": "true"})
+                res["shell"].append(time.perf_counter() - t)
+                assert not r.is_error, r
+                res["bare_true"].append(time_cmd(["/bin/true"], "/"))
+            for _ in range(10):
+                r = await s.call_tool("python_exec", {"code": "while True: pass", "wait_seconds": 0.1})
+                job = r.structured_content["job_id"]
+                t = time.perf_counter()
+                await s.call_tool("python_interrupt", {})
+                r = await s.call_tool("job_wait", {"job_id": job, "until_done": True, "timeout_seconds": 10})
+                res["interrupt"].append(time.perf_counter() - t)
+                assert r.structured_content["error"]["ename"] == "KeyboardInterrupt", r
+
+
+def server_part(root: Path, spawns: int, calls: int, baseline: str | None) -> dict:
+    res: dict = {k: [] for k in ("init_noop", "init_ours", "init_ours_fresh", "first_shim", "first_usr",
+                                 "exec", "noop", "shell", "bare_true", "interrupt",
+                                 "b_init", "b_first_shim", "b_first_usr")}
+    shim = shutil.which("python3")
+    # Interleaved: noop, ours (state dir reused), ours (fresh state dir), first execs.
+    for i in range(spawns):
+        res["init_noop"].append(anyio.run(spawn_init, str(NOOP), server_env(root / "noop", None)))
+        res["init_ours"].append(anyio.run(spawn_init, str(BIN), server_env(root / "reused", None)))
+        res["init_ours_fresh"].append(anyio.run(spawn_init, str(BIN), server_env(root / f"fresh{i}", None)))
+        if baseline:
+            res["b_init"].append(anyio.run(spawn_init, baseline, server_env(root / "b_reused", None)))
+        if i % 2 == 0:
+            res["first_shim"].append(anyio.run(first_exec, server_env(root / f"fs{i}", shim)))
+            if baseline:
+                res["b_first_shim"].append(anyio.run(first_exec, server_env(root / f"bfs{i}", shim), baseline))
+            if os.path.exists("/usr/bin/python3"):
+                res["first_usr"].append(anyio.run(first_exec, server_env(root / f"fu{i}", "/usr/bin/python3")))
+                if baseline:
+                    res["b_first_usr"].append(
+                        anyio.run(first_exec, server_env(root / f"bfu{i}", "/usr/bin/python3"), baseline))
+    anyio.run(hot_paths, root, calls, res)
+    res["shim"] = shim
+    return res
+
+
+def render(L: dict, S: dict, load_before: str, load_after: str, runs: int) -> str:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    cpu = ""
+    try:
+        cpu = next(x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+
+    def med(v):
+        return statistics.median(v) * 1000 if v else float("nan")
+
+    lines = [
+        SECTION,
+        "",
+        f"`python3 tests/bench/all.py` — {now}; {os.uname().release}, {os.cpu_count()} CPUs ({cpu}), uid {os.getuid()}.",
+        f"Load average (1/5/15 min) before: {load_before}; after: {load_after}. The machine is shared with",
+        "other builds and tests: absolute times are noisy, so every figure stands beside its baseline from",
+        "the same interleaved run (variants measured in turns, A B C A B C …); compare the ratios.",
+        "Release build; median, p95 and n of each. No peers other than bubblewrap and the no-op rmcp",
+        "server are installed here, so the issue's peer figures (mcp-background-job, mcp-python,",
+        "mcp-python-repl, mcp-repl) are not re-measured.",
+        "",
+    ]
+    if L["bwrap_note"]:
+        lines += [f"Note: {L['bwrap_note']}.", ""]
+    lines += [
+        "| figure | baseline (same run) | ours | ratio |",
+        "|---|---|---|---|",
+    ]
+    for label in ("true", "python3 -c pass"):
+        bare, bw, run, rx = (L.get((label, k), []) for k in ("bare", "bwrap", "run", "reexec"))
+        cmd = "/bin/true" if label == "true" else f"{L['python']} -c pass"
+        base = f"bare {fmt(bare)}"
+        if bw:
+            base += f"; bwrap `--unshare-all` {fmt(bw)}"
+        ratio = f"{med(run) / med(bare):.2f}× bare"
+        if bw:
+            ratio += f", {med(run) / med(bw):.2f}× bwrap"
+        lines.append(f"| `run --policy workspace-write -- {cmd}` | {base} | {fmt(run)} (+{med(run) - med(bare):.2f} ms) | {ratio} |")
+        lines.append(f"| same, server path (extra re-exec) | bare {fmt(bare)} | {fmt(rx)} (+{med(rx) - med(bare):.2f} ms) | {med(rx) / med(bare):.2f}× bare |")
+    lines += [
+        f"| `shell_run` of `true` through MCP | bare `true` {fmt(S['bare_true'])}; no-op rmcp tool {fmt(S['noop'])} | {fmt(S['shell'])} | {med(S['shell']) / med(S['noop']):.2f}× no-op tool |",
+        f"| spawn → initialized (state dir reused) | no-op rmcp server {fmt(S['init_noop'])} | {fmt(S['init_ours'])} | {med(S['init_ours']) / med(S['init_noop']):.2f}× |",
+        f"| spawn → initialized (empty state dir) | no-op rmcp server | {fmt(S['init_ours_fresh'])} | {med(S['init_ours_fresh']) / med(S['init_noop']):.2f}× |",
+        f"| first `python_exec` right after initialize, `python3` = `{S['shim']}` | bare `python3 -c pass` {fmt(L[('python3 -c pass', 'bare')])} | {fmt(S['first_shim'])} | — |",
+        f"| same, `MCP_SANDBOX_PYTHON=/usr/bin/python3` | (same) | {fmt(S['first_usr'])} | — |",
+        f"| trivial `python_exec` | no-op rmcp tool {fmt(S['noop'])} | {fmt(S['exec'])} (+{med(S['exec']) - med(S['noop']):.2f} ms) | {med(S['exec']) / med(S['noop']):.2f}× |",
+        f"| interrupt → KeyboardInterrupt reported | — | {fmt(S['interrupt'])} | — |",
+        "",
+    ]
+    if S["b_init"]:
+        lines += [
+            "Before/after (`--baseline`: the build before this change set, measured in turns with it):",
+            "",
+            "| figure | before | after |",
+            "|---|---|---|",
+            f"| spawn → initialized (state dir reused) | {fmt(S['b_init'])} | {fmt(S['init_ours'])} |",
+            f"| first `python_exec` right after initialize, `python3` from PATH | {fmt(S['b_first_shim'])} | {fmt(S['first_shim'])} |",
+            f"| same, `/usr/bin/python3` | {fmt(S['b_first_usr'])} | {fmt(S['first_usr'])} |",
+            "",
+        ]
+    lines += [
+        f"Launcher ablation: `run --policy <P> -- /bin/true`, each policy workspace-write with one",
+        f"mechanism switched off, measured in turns with the rows above (n={runs} each). \"Cost\" is",
+        "the row's median subtracted from the all-on median: what that mechanism adds.",
+        "",
+        "| policy | median (p95) | cost of the mechanism |",
+        "|---|---|---|",
+    ]
+    ab = [(k[1], v) for k, v in L.items() if isinstance(k, tuple) and k[0] == "ablation"]
+    on = med(ab[0][1])
+    for name, v in ab:
+        m, p, _ = stat(v)
+        cost = "—" if v is ab[0][1] else f"{on - m:+.2f} ms"
+        if name == "every mechanism off":
+            cost = f"all: {on - m:+.2f} ms; off is +{m - med(L[('true', 'bare')]):.2f} ms over bare"
+        lines.append(f"| {name} | {m:.2f} ms ({p:.2f}) | {cost} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_section(section: str):
+    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
+    pattern = re.compile(r"^## Launcher and cold start\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    DOC.write_text(text.rstrip("\n") + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=100, help="runs of each launcher variant")
+    ap.add_argument("--spawns", type=int, default=20, help="server spawns of each kind")
+    ap.add_argument("--calls", type=int, default=200, help="trivial calls on the open servers")
+    ap.add_argument("--baseline", help="an earlier build of the server, measured in turns with this one "
+                    "for spawn → initialized and the first python_exec (before/after)")
+    ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--no-write", action="store_true", help="print only; leave docs alone")
+    args = ap.parse_args()
+    if not args.no_build:
+        subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "mcp-sandbox-repl",
+                        "--example", "noop_server"], cwd=ROOT, check=True)
+    load_before = loadavg()
+    with tempfile.TemporaryDirectory(prefix="msr-bench-", dir="/var/tmp") as tmp:
+        ws = Path(tmp, "ws")
+        ws.mkdir()
+        pols = Path(tmp, "pol")
+        pols.mkdir()
+        L = launcher_part(args.runs, str(ws), pols)
+        S = server_part(Path(tmp, "srv"), args.spawns, args.calls,
+                        os.path.abspath(args.baseline) if args.baseline else None)
+    load_after = loadavg()
+    section = render(L, S, load_before, load_after, args.runs)
+    print(section)
+    if not args.no_write:
+        write_section(section)
+        print(f"wrote {SECTION!r} in {DOC.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
