@@ -368,6 +368,8 @@ pub struct JobPage {
 /// One line of a job listing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct JobSummary {
+    /// `job_id` on the wire, the name every answer uses for a job.
+    #[serde(rename = "job_id", alias = "id")]
     pub id: JobId,
     pub kind: JobKind,
     #[serde(skip_serializing_if = "Option::is_none")]

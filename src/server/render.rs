@@ -9,7 +9,7 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use super::budget::{Whole, cut};
 use super::report::structured;
 use super::shapes::{
-    EnvReport, History, JobEntry, Jobs, Output, Pruned, SessionDone, Sessions, Uv, Vars, Venv,
+    EnvReport, History, Jobs, Output, Pruned, SessionDone, Sessions, Uv, Vars, Venv,
 };
 use crate::app::result::ResultImage;
 use crate::app::{Chunk, EnvInfo, VarsOutcome};
@@ -275,7 +275,7 @@ pub fn jobs(page: JobPage) -> CallToolResult {
             j.id, j.kind, j.status, j.elapsed_ms, j.stdout_bytes, j.stderr_bytes, j.label
         );
         text.push_str(&line);
-        shown.push(JobEntry::from(j));
+        shown.push(j);
     }
     if let Some(c) = &next_cursor {
         let _ = writeln!(text, "more: call job_list with cursor={c:?} for older jobs");

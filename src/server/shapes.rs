@@ -6,7 +6,7 @@
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use crate::jobs::{JobKind, JobStatus, JobSummary, SearchHit};
+use crate::jobs::{JobSummary, SearchHit};
 use crate::repl::{HistoryEntry, SessionInfo, VariableDetail, VariableInfo};
 
 /// What a session tool did (python_interrupt, session_restart, session_close).
@@ -59,71 +59,10 @@ pub struct History {
     pub left_out: Option<usize>,
 }
 
-/// One job of job_list.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct JobEntry {
-    pub job_id: String,
-    #[schemars(with = "String")]
-    pub kind: JobKind,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub session: Option<String>,
-    /// The code's first line or the command.
-    pub label: String,
-    #[schemars(with = "String")]
-    pub status: JobStatus,
-    pub created_unix_ms: u64,
-    pub elapsed_ms: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub exit_code: Option<i32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub signal: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prompt: Option<String>,
-    pub stdout_bytes: u64,
-    pub stderr_bytes: u64,
-}
-
-impl From<JobSummary> for JobEntry {
-    fn from(s: JobSummary) -> Self {
-        let JobSummary {
-            id,
-            kind,
-            session,
-            label,
-            status,
-            created_unix_ms,
-            elapsed_ms,
-            exit_code,
-            signal,
-            message,
-            prompt,
-            stdout_bytes,
-            stderr_bytes,
-        } = s;
-        JobEntry {
-            job_id: id,
-            kind,
-            session,
-            label,
-            status,
-            created_unix_ms,
-            elapsed_ms,
-            exit_code,
-            signal,
-            message,
-            prompt,
-            stdout_bytes,
-            stderr_bytes,
-        }
-    }
-}
-
 /// job_list.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct Jobs {
-    pub jobs: Vec<JobEntry>,
+    pub jobs: Vec<JobSummary>,
     /// Pass as `cursor` for the next (older) page; null on the last page.
     pub next_cursor: Option<String>,
 }
