@@ -24,4 +24,6 @@ pub struct Config {
     pub response_bytes: usize,
     /// Cap, in bytes, on disk used by spooled job output.
     pub disk_cap: u64,
+    /// What the client may change while the server runs (sandbox state, roots).
+    pub sources: super::settings::Sources,
 }

@@ -58,6 +58,12 @@ pub enum AppError {
     /// Arguments that contradict each other or miss a required one; the text names them.
     #[error("{0}")]
     BadRequest(&'static str),
+    /// A sandbox request from the client while the server's sandbox is fixed.
+    #[error(
+        "the server's sandbox is fixed by --sandbox-state or --policy; start it with \
+         --sandbox-state inherit (and no --policy) to let the client choose it"
+    )]
+    SandboxNotInherited,
     #[error("the server is shutting down; job {id} is being stopped")]
     ShuttingDown { id: String },
     #[error("request cancelled; job {id} {fate}")]

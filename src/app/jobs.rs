@@ -122,14 +122,17 @@ impl App {
         call: &Call,
     ) -> Result<JobView, AppError> {
         let (policy, tmp) = self.job_policy().await?;
-        let cwd = self.workspace.resolve(args.cwd.as_deref().unwrap_or("."));
+        let cwd = self.workspace().resolve(args.cwd.as_deref().unwrap_or("."));
         let req = ShellRequest {
             command: args.command,
             argv: args.argv,
             cwd: Some(cwd),
             env: args.env,
             // Relative to the workspace; read beneath it only (jobs::dotenv::load_beneath).
-            env_file: args.env_file.as_deref().map(|f| self.workspace.resolve(f)),
+            env_file: args
+                .env_file
+                .as_deref()
+                .map(|f| self.workspace().resolve(f)),
             session: args.session,
             stdin: true,
             cancel_grace: None,

@@ -204,11 +204,11 @@ impl App {
         wait: Duration,
         call: &Call,
     ) -> Result<JobView, AppError> {
-        let full = self.workspace.resolve(path);
+        let full = self.workspace().resolve(path);
         if !full.is_file() {
             return Err(AppError::NoSuchFile {
                 path: full,
-                workspace: self.workspace.root().to_path_buf(),
+                workspace: self.workspace().root().to_path_buf(),
             });
         }
         let label = format!("run_file {path} {}", args.join(" "))

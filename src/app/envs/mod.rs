@@ -142,7 +142,7 @@ impl App {
                 let python = self.sessions.python().await?.executable.clone();
                 Ok::<_, AppError>(EnvManager::new(EnvConfig {
                     state_dir: self.state_dir.clone(),
-                    workspace: self.workspace.root().to_path_buf(),
+                    workspace: self.workspace().root().to_path_buf(),
                     python,
                     uv: self.uv.clone(),
                     uv_cache: None,
@@ -167,13 +167,13 @@ impl App {
             Err(_) => Vec::new(),
         };
         let ph = Placeholders {
-            workspace: self.workspace.root().to_path_buf(),
+            workspace: self.workspace().root().to_path_buf(),
             tmp,
             python,
             venv: venv.map(|v| v.root().to_path_buf()),
             uv_cache: Some(envs.config().uv_cache_dir()),
         };
-        Ok(self.policy.resolve(&ph)?)
+        Ok(self.settings().policy.resolve(&ph)?)
     }
 
     fn venv_location(
@@ -186,7 +186,7 @@ impl App {
                 "give `venv_path` or `use_workspace_venv`, not both",
             )),
             (Some(p), false) => Ok(Some(VenvLocation::Path(
-                self.workspace.inside(p, "venv_path")?,
+                self.workspace().inside(p, "venv_path")?,
             ))),
             (None, true) => Ok(Some(VenvLocation::Workspace)),
             (None, false) => Ok(None),
@@ -298,7 +298,7 @@ impl App {
                 ));
             }
             (Some(code), None) => ScriptSource::Code(code),
-            (None, Some(path)) => ScriptSource::Path(self.workspace.inside(&path, "path")?),
+            (None, Some(path)) => ScriptSource::Path(self.workspace().inside(&path, "path")?),
         };
         let label = match &source {
             ScriptSource::Code(c) => format!(
@@ -317,7 +317,7 @@ impl App {
             args: args.args,
             env: args.env.into_iter().collect(),
             timeout: args.timeout,
-            cwd: args.cwd.map(|c| self.workspace.resolve(&c)),
+            cwd: args.cwd.map(|c| self.workspace().resolve(&c)),
         };
         let envs = self.envs().await?;
         envs.uv()?;
