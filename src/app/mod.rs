@@ -58,6 +58,9 @@ pub struct JobView {
     pub denied: Vec<String>,
 }
 
+/// A policy resolved for the workspace, with the placeholders it was resolved from.
+type BasePolicy = (Arc<ResolvedPolicy>, Placeholders);
+
 pub struct App {
     sessions: Arc<SessionManager>,
     store: Arc<JobStore>,
@@ -69,7 +72,7 @@ pub struct App {
     /// The server's policy resolved for the workspace on first use (needs the
     /// interpreter's prefixes), for the settings generation it was resolved from; each
     /// shell job gets a copy with its own `{tmp}`.
-    shell_policy: Mutex<Option<(u64, (Arc<ResolvedPolicy>, Placeholders))>>,
+    shell_policy: Mutex<Option<(u64, BasePolicy)>>,
     /// The job currently running in each session, to point a caller at it when busy.
     running: Mutex<HashMap<String, String>>,
     /// uv venvs, installs and scripts (built on first use: needs the interpreter).
@@ -225,7 +228,7 @@ impl App {
     }
 
     /// The current settings' policy resolved, cached per settings generation.
-    async fn resolved_base(&self) -> Result<(Arc<ResolvedPolicy>, Placeholders), AppError> {
+    async fn resolved_base(&self) -> Result<BasePolicy, AppError> {
         let settings = self.settings();
         let first = {
             let cached = self.shell_policy.lock().unwrap_or_else(|p| p.into_inner());

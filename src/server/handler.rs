@@ -7,14 +7,16 @@ use std::sync::Arc;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomNotification,
+    CustomRequest, CustomResult, ErrorCode, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 
 use tokio_util::sync::CancellationToken;
 
+use super::client_state::{self, ClientLink};
 use super::report::failure;
 use super::tools::all_tools;
 use crate::app::App;
@@ -35,6 +37,8 @@ pub struct SandboxServer {
     /// Cancelled when this connection goes away; long waits of its tool calls end then.
     pub(crate) closing: CancellationToken,
     tools: ToolRouter<SandboxServer>,
+    /// Roots and what the agent was told of the sandbox ([`client_state`]).
+    link: Arc<ClientLink>,
 }
 
 impl SandboxServer {
@@ -43,6 +47,7 @@ impl SandboxServer {
             app,
             closing,
             tools: all_tools(),
+            link: Arc::default(),
         }
     }
 
@@ -89,13 +94,58 @@ impl SandboxServer {
 impl ServerHandler for SandboxServer {
     /// Once the client is set up, start the default session's worker in the background, so
     /// the first `python_exec` does not pay for interpreter discovery and worker start.
-    async fn on_initialized(&self, _context: NotificationContext<RoleServer>) {
-        let app = self.app.clone();
-        tokio::spawn(async move { app.prewarm().await });
+    /// If the client has roots (and no --workspace was given), they are fetched first.
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        self.link.on_initialized(self.app.clone(), context.peer);
+    }
+
+    async fn on_roots_list_changed(&self, context: NotificationContext<RoleServer>) {
+        self.link.on_roots_changed(self.app.clone(), context.peer);
+    }
+
+    /// `codex/sandbox-state/update` as a request: applied, answered with `{}`.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, ErrorData> {
+        if request.method != client_state::SANDBOX_STATE_METHOD {
+            return Err(ErrorData::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                format!("unknown method {}", request.method),
+                None,
+            ));
+        }
+        client_state::apply_sandbox_state(&self.app, request.params.as_ref())?;
+        Ok(CustomResult::new(serde_json::json!({})))
+    }
+
+    /// `codex/sandbox-state/update` as a notification: applied (a failure is logged).
+    async fn on_custom_notification(
+        &self,
+        notification: CustomNotification,
+        _context: NotificationContext<RoleServer>,
+    ) {
+        if notification.method == client_state::SANDBOX_STATE_METHOD
+            && let Err(e) =
+                client_state::apply_sandbox_state(&self.app, notification.params.as_ref())
+        {
+            tracing::warn!("{} ignored: {}", notification.method, e.message);
+        }
     }
 
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let mut caps = ServerCapabilities::builder().enable_tools().build();
+        if self.app.sources().inherit_sandbox {
+            let mut version = serde_json::Map::new();
+            version.insert("version".into(), serde_json::json!("1.0.0"));
+            caps.experimental = Some(
+                [(client_state::SANDBOX_STATE_CAPABILITY.to_string(), version)]
+                    .into_iter()
+                    .collect(),
+            );
+        }
+        ServerConfig::new(caps)
             .with_server_info(Implementation::new(
                 "mcp-sandbox-repl",
                 env!("CARGO_PKG_VERSION"),
@@ -134,12 +184,13 @@ impl ServerHandler for SandboxServer {
             ))
             .into());
         }
+        self.link.roots_settled(&self.app, &context.peer).await;
         let args = request.arguments.clone().unwrap_or_default();
         let started = std::time::Instant::now();
         let tcc = ToolCallContext::new(self, request, context);
         let outcome = self.tools.call(tcc).await;
         tracing::debug!(tool = %name, micros = started.elapsed().as_micros() as u64, "tool call handled");
-        match outcome {
+        let answer = match outcome {
             // Bad arguments are the model's to fix: answer with a readable tool error
             // (MCP: input validation errors are tool execution errors) naming the field.
             Err(e) if e.code == ErrorCode::INVALID_PARAMS => {
@@ -155,6 +206,14 @@ impl ServerHandler for SandboxServer {
                 Ok(self.bad_arguments(&name, &text, &args).into())
             }
             other => other,
+        };
+        // What new sessions and jobs run under, once after every change.
+        match (answer, self.link.told.pending(&self.app)) {
+            (Ok(CallToolResponse::Complete(mut r)), Some(notice)) => {
+                r.content.push(ContentBlock::text(notice));
+                Ok(CallToolResponse::Complete(r))
+            }
+            (answer, _) => answer,
         }
     }
 }

@@ -10,6 +10,7 @@
 //! server.
 
 mod args_check;
+pub mod client_state;
 pub mod handler;
 pub mod progress;
 pub mod render;
