@@ -153,3 +153,17 @@ impl App {
         self.follow(&id, wait, WaitFor::Settled, call, true).await
     }
 }
+
+/// For watchers beside the agent's own calls (resource subscriptions): nothing here
+/// advances what `job_wait` hands out.
+impl App {
+    /// The job's current state and byte counts.
+    pub fn job_summary(&self, id: &str) -> Result<JobSummary, AppError> {
+        Ok(self.store.summary(id)?)
+    }
+
+    /// Wait until the job changes or `timeout` passes.
+    pub async fn job_changed(&self, id: &str, timeout: Duration) -> Result<(), AppError> {
+        Ok(self.store.changed(id, timeout).await?)
+    }
+}

@@ -22,6 +22,7 @@ mod envs;
 mod error;
 mod jobs;
 mod python;
+pub mod scripts;
 pub mod settings;
 pub mod tmp;
 pub mod workspace;

@@ -8,8 +8,10 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomNotification,
-    CustomRequest, CustomResult, ErrorCode, Implementation, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CustomRequest, CustomResult, ErrorCode, Implementation, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
+    ReadResourceResponse, ServerCapabilities, ServerConfig, SubscribeRequestParams, Tool,
+    UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -18,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client_state::{self, ClientLink};
 use super::report::failure;
+use super::resources::{self, Subscriptions};
 use super::tools::all_tools;
 use crate::app::App;
 
@@ -39,6 +42,8 @@ pub struct SandboxServer {
     tools: ToolRouter<SandboxServer>,
     /// Roots and what the agent was told of the sandbox ([`client_state`]).
     link: Arc<ClientLink>,
+    /// This connection's resource subscriptions ([`resources`]).
+    subscriptions: Arc<Subscriptions>,
 }
 
 impl SandboxServer {
@@ -48,6 +53,7 @@ impl SandboxServer {
             closing,
             tools: all_tools(),
             link: Arc::default(),
+            subscriptions: Arc::default(),
         }
     }
 
@@ -135,7 +141,11 @@ impl ServerHandler for SandboxServer {
     }
 
     fn get_info(&self) -> ServerConfig {
-        let mut caps = ServerCapabilities::builder().enable_tools().build();
+        let mut caps = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_resources()
+            .enable_resources_subscribe()
+            .build();
         if self.app.sources().inherit_sandbox {
             let mut version = serde_json::Map::new();
             version.insert("version".into(), serde_json::json!("1.0.0"));
@@ -151,6 +161,52 @@ impl ServerHandler for SandboxServer {
                 env!("CARGO_PKG_VERSION"),
             ))
             .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        Ok(resources::list(&self.app))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(resources::templates())
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        resources::read(&self.app, &request.uri)
+            .await
+            .map(Into::into)
+    }
+
+    #[allow(deprecated)] // legacy resources/subscribe: what clients before 2026-07-28 send
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.subscriptions
+            .subscribe(self.app.clone(), context.peer, request.uri, &self.closing)
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.subscriptions.unsubscribe(&request.uri);
+        Ok(())
     }
 
     async fn list_tools(

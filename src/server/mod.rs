@@ -15,6 +15,7 @@ pub mod handler;
 pub mod progress;
 pub mod render;
 pub mod report;
+pub mod resources;
 pub mod tools;
 pub mod transport;
 

@@ -288,6 +288,7 @@ impl App {
         wait: Duration,
         call: &Call,
     ) -> Result<JobView, AppError> {
+        let record = super::scripts::arguments_of(&args);
         let source = match (args.code, args.path) {
             (Some(_), Some(_)) => {
                 return Err(AppError::BadRequest("give `code` or `path`, not both"));
@@ -326,6 +327,10 @@ impl App {
         let cancel = Canceller::new();
         handle.set_control(Arc::new(EnvControl(cancel.clone())));
         let id = handle.id().to_string();
+        // Kept so the agent can list, read and rerun it (resources `script://...`).
+        if let Err(e) = super::scripts::save(&self.state_dir, &id, &label, record) {
+            tracing::warn!("cannot save script {id} for a rerun: {e}");
+        }
         let sink = Arc::new(EnvJobSink {
             handle: handle.clone(),
             progress: None,
