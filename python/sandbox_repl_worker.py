@@ -92,6 +92,13 @@ def _move_fd_out_of_reach(fd):
 
     User code sees nothing at 3/4 and child processes never inherit the protocol.
     """
+    new = _high_dup(fd)
+    os.close(fd)
+    return new
+
+
+def _high_dup(fd):
+    """A close-on-exec duplicate of `fd` at a high number, out of the way of user code."""
     import fcntl
 
     try:
@@ -103,9 +110,32 @@ def _move_fd_out_of_reach(fd):
     except Exception:
         soft = 1024
     floor = max(10, min(900, soft - 16))
-    new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
-    os.close(fd)
-    return new
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+
+
+# Copies of the original fds 1 and 2 (the output pipes), taken at start.
+_STD_COPIES = []
+
+
+def _restore_std():
+    """Point fds 1/2 back at the output pipes: a cell that closed (or redirected) them
+    must not silence every later cell. Also reopens a closed sys.stdout/sys.stderr."""
+    for fd, copy in zip((1, 2), _STD_COPIES):
+        try:
+            os.dup2(copy, fd)
+        except OSError:
+            pass
+    for name, line_buffering in (("stdout", False), ("stderr", True)):
+        stream = getattr(sys, name, None)
+        if stream is None or getattr(stream, "closed", False):
+            fd = 1 if name == "stdout" else 2
+            try:
+                fresh = open(fd, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+                fresh.reconfigure(line_buffering=line_buffering)
+                setattr(sys, name, fresh)
+                setattr(sys, f"__{name}__", fresh)
+            except Exception:
+                pass
 
 
 def _allow_sigint(on):
@@ -183,6 +213,8 @@ class _State:
 
     running_user_code = False
     current_id = None
+    # The cell the server asked to interrupt (set by the reader thread).
+    interrupt_id = None
     waiting_input_id = None
     display = []
 
@@ -483,8 +515,15 @@ class Worker:
     def read_requests(self):
         try:
             for msg in self.chan.lines():
-                if msg.get("op") == "input_reply":
+                op = msg.get("op")
+                if op == "input_reply":
                     self.inputs.put((msg.get("id"), msg.get("text")))
+                elif op == "interrupt":
+                    # Set first, then look: the main thread sets running_user_code before
+                    # it checks interrupt_id, so one of the two always sees the other.
+                    _State.interrupt_id = msg.get("id")
+                    if _State.running_user_code and _State.current_id == msg.get("id"):
+                        _signal.pthread_kill(_MAIN_THREAD, _signal.SIGINT)
                 else:
                     self.requests.put(msg)
         except Exception as e:
@@ -515,10 +554,13 @@ class Worker:
                 saved_path0 = os.path.dirname(os.path.abspath(filename))
                 sys.path.insert(0, saved_path0)
                 self.ns["__file__"] = filename
+            _restore_std()
             _Flusher.cell_started()
             try:
                 _State.running_user_code = True
                 _allow_sigint(True)
+                if _State.interrupt_id == req["id"]:
+                    raise KeyboardInterrupt
                 self.run_code(body)
                 if tail is not None:
                     value = self.run_code(tail)
@@ -735,6 +777,7 @@ class Worker:
                     os._exit(0)
                 _State.current_id = req.get("id")
                 reply = self.handle(req)
+                _restore_std()  # what the cell printed after closing fd 1 still arrives
                 _flush_std()
                 _State.current_id = None
                 self.chan.send(reply)
@@ -748,11 +791,18 @@ def _on_sigint(signum, frame):
     # Idle (or inside the worker's own bookkeeping): ignore.
 
 
+_MAIN_THREAD = _thread.get_ident()
+
+
 def main():
     _signal.signal(_signal.SIGINT, _on_sigint)
     _allow_sigint(False)  # before any thread starts: threads inherit the blocked mask
     rfd = _move_fd_out_of_reach(3)
     wfd = _move_fd_out_of_reach(4)
+    try:
+        _STD_COPIES.extend((_high_dup(1), _high_dup(2)))
+    except OSError:
+        pass
     chan = _Channel(rfd, wfd)
     sys.argv = [""]
     if sys.path and sys.path[0] != "":

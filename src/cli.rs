@@ -164,9 +164,16 @@ pub enum PolicyCommand {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Client {
+    /// Claude Code (`~/.claude.json`).
     Claude,
+    /// Claude Desktop (`$XDG_CONFIG_HOME/Claude/claude_desktop_config.json`).
+    ClaudeDesktop,
+    /// Codex (`$CODEX_HOME/config.toml`, default `~/.codex/config.toml`).
     Codex,
+    /// Cursor (`~/.cursor/mcp.json`).
     Cursor,
+    /// VS Code (`.vscode/mcp.json` in the workspace).
+    Vscode,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -174,18 +181,23 @@ pub struct InstallArgs {
     /// Which client's configuration to write.
     #[arg(long, value_enum)]
     pub client: Client,
-    /// Print the configuration instead of writing it.
+    /// Show the change as a unified diff instead of writing it.
     #[arg(long)]
     pub print: bool,
     /// Name of the server entry in the client configuration.
     #[arg(long, default_value = "sandbox-repl")]
     pub name: String,
-    /// Sandbox state passed to the server.
-    #[arg(long, value_enum, default_value = "workspace-write")]
-    pub sandbox_state: SandboxState,
-    /// Workspace passed to the server (default: the client's working directory).
+    /// Sandbox state passed to the server (default: `inherit` for codex, which tells the
+    /// server its sandbox; `workspace-write` for the others).
+    #[arg(long, value_enum)]
+    pub sandbox_state: Option<SandboxState>,
+    /// Workspace passed to the server (default: the client's working directory; for
+    /// vscode also where `.vscode/mcp.json` is written, default the current directory).
     #[arg(long)]
     pub workspace: Option<PathBuf>,
+    /// Do not copy TLS, proxy and uv index variables from this environment into the entry.
+    #[arg(long)]
+    pub no_env: bool,
 }
 
 /// Parse arguments, run the chosen mode, turn errors into one clear line and a non-zero exit.

@@ -61,11 +61,13 @@ impl App {
         self.follow(id, wait, WaitFor::Settled, call, false).await
     }
 
-    pub async fn job_cancel(&self, id: &str) -> Result<JobView, AppError> {
-        self.store.cancel(id)?;
+    /// Cancel a job; a Python cell that ignores KeyboardInterrupt for `grace` loses its
+    /// worker (see [`super::python::DEFAULT_CANCEL_GRACE`]).
+    pub async fn job_cancel(&self, id: &str, grace: Option<Duration>) -> Result<JobView, AppError> {
+        self.store.cancel_within(id, grace)?;
         self.follow(
             id,
-            CANCEL_SETTLE,
+            CANCEL_SETTLE.max(grace.unwrap_or_default() + Duration::from_secs(3)),
             WaitFor::Settled,
             &Call::detached(),
             false,

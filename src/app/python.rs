@@ -11,7 +11,7 @@ use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
 use crate::repl::{
     CellOutcome, CellSink, CellStatus, HistoryEntry, OutStream, ReplError, Session, SessionInfo,
-    VariableDetail, VariableInfo,
+    SessionState, VariableDetail, VariableInfo,
 };
 
 /// What to do with a session's variables.
@@ -56,10 +56,17 @@ impl CellSink for JobSink {
 /// Routes job cancel/input to the session (weakly: a closed session needs no control).
 pub struct PyControl(pub Weak<Session>);
 
+/// How long a cancelled cell has to react to KeyboardInterrupt before its worker is
+/// killed and restarted.
+pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(2);
+
 impl JobControl for PyControl {
     fn cancel(&self) {
+        self.cancel_within(None);
+    }
+    fn cancel_within(&self, grace: Option<Duration>) {
         if let Some(s) = self.0.upgrade() {
-            s.interrupt();
+            s.cancel_cell(grace.unwrap_or(DEFAULT_CANCEL_GRACE));
         }
     }
     fn send_input(&self, text: &str, eof: bool) -> Result<(), String> {
@@ -106,15 +113,15 @@ pub fn job_outcome(r: Result<CellOutcome, ReplError>, cancel_requested: bool) ->
                 JobStatus::Failed
             },
             Some(format!(
-                "{}; the session's state is lost, the next call starts a fresh worker",
+                "{}; the session's state is lost, the next call runs in a fresh worker",
                 o.worker_exit.as_deref().unwrap_or("the Python worker died")
             )),
         ),
     };
     JobOutcome {
         status,
-        exit_code: None,
-        signal: None,
+        exit_code: o.exit_code,
+        signal: o.signal.clone(),
         message,
         result: Some(cell_result(&o)),
     }
@@ -153,7 +160,15 @@ impl App {
             .unwrap_or_else(|p| p.into_inner())
             .get(session_name)
             .cloned()
-            .filter(|j| self.store.summary(j).is_ok_and(|s| !s.status.is_finished()));
+            .filter(|j| self.store.summary(j).is_ok_and(|s| !s.status.is_finished()))
+            // A killed cell's job may still be settling after the session is free again
+            // (restart, cancel): the session's own state decides.
+            .filter(|_| {
+                matches!(
+                    session.state(),
+                    SessionState::Busy | SessionState::AwaitingInput
+                )
+            });
         if let Some(job) = busy_with {
             return Err(AppError::SessionBusy {
                 session: session_name.to_string(),
@@ -222,8 +237,17 @@ impl App {
     }
 
     /// Send KeyboardInterrupt to the session's running cell; false if it was idle.
-    pub async fn python_interrupt(&self, session: &str) -> Result<bool, AppError> {
-        Ok(self.sessions.get(session)?.interrupt())
+    /// KeyboardInterrupt in the session's running cell, escalating to a worker restart
+    /// after `grace`; false when no cell was running.
+    pub async fn python_interrupt(
+        &self,
+        session: &str,
+        grace: Option<Duration>,
+    ) -> Result<bool, AppError> {
+        Ok(self
+            .sessions
+            .get(session)?
+            .cancel_cell(grace.unwrap_or(DEFAULT_CANCEL_GRACE)))
     }
 
     pub async fn python_vars(

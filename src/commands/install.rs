@@ -1,55 +1,217 @@
-//! `install --client claude|codex|cursor`: write MCP client configuration for this binary.
+//! `install --client NAME`: add this server to an MCP client's configuration, editing the
+//! client's file in place without damaging it.
 //!
-//! Each client keeps a map of MCP servers in its own file. We add (or replace) exactly one
-//! entry, named `--name`, and leave every other key of the file as it was. Files are
-//! written to a temporary sibling and renamed, so a crash never leaves half a config.
+//! | client         | file                                                  | map                           |
+//! |----------------|-------------------------------------------------------|-------------------------------|
+//! | claude         | `~/.claude.json`                                      | `mcpServers.NAME` (JSON)      |
+//! | claude-desktop | `$XDG_CONFIG_HOME/Claude/claude_desktop_config.json`  | `mcpServers.NAME` (JSON)      |
+//! | codex          | `$CODEX_HOME/config.toml` (`~/.codex/config.toml`)    | `[mcp_servers.NAME]` (TOML)   |
+//! | cursor         | `~/.cursor/mcp.json`                                  | `mcpServers.NAME` (JSONC)     |
+//! | vscode         | `WORKSPACE/.vscode/mcp.json`                          | `servers.NAME` (JSONC)        |
 //!
-//! | client | file                     | map                          |
-//! |--------|--------------------------|------------------------------|
-//! | claude | `~/.claude.json`         | `mcpServers.NAME` (JSON)     |
-//! | codex  | `~/.codex/config.toml`   | `[mcp_servers.NAME]` (TOML)  |
-//! | cursor | `~/.cursor/mcp.json`     | `mcpServers.NAME` (JSON)     |
+//! Exactly one entry, `--name`, is added or updated; the rest of the file is kept as it
+//! was, comments and key order included ([`edit_toml`], [`edit_json`]). A symlinked
+//! file is followed and its target written; owner and mode are kept; the write is atomic
+//! ([`file`]). `--print` shows the change as a unified diff and writes nothing. The entry
+//! carries the TLS, proxy and uv index variables set at install time ([`env`]).
+
+pub mod edit_json;
+pub mod edit_toml;
+pub mod env;
+pub mod file;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
-use serde_json::{Value, json};
+use anyhow::Context;
+use thiserror::Error;
 
 use crate::cli::{Client, InstallArgs, SandboxState};
+use edit_json::Shape;
 
-/// What the client should run: the binary and its arguments.
+/// What the client should run: the binary, its arguments, extra environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub command: String,
     pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+/// Why a configuration file could not be edited.
+#[derive(Debug, Error)]
+pub enum EditError {
+    #[error("the file is not valid {format} ({detail}); fix or move it, then retry")]
+    Syntax {
+        format: &'static str,
+        detail: String,
+    },
+    #[error("the top level is not an object; fix or move the file, then retry")]
+    TopNotAnObject,
+    #[error("`{0}` is not an object (table); fix it, then retry")]
+    NotAnObject(&'static str),
+}
+
+/// How a client's file is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Toml,
+    Json(Shape),
+}
+
+/// Where a client's configuration lives and in which format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub path: PathBuf,
+    pub format: Format,
+}
+
+/// The directories the configuration paths are built from.
+#[derive(Debug, Clone, Default)]
+pub struct Locations {
+    pub home: Option<PathBuf>,
+    /// `$XDG_CONFIG_HOME` (Claude Desktop); default `~/.config`.
+    pub xdg_config_home: Option<PathBuf>,
+    /// `$CODEX_HOME` (Codex); default `~/.codex`.
+    pub codex_home: Option<PathBuf>,
+    /// The project directory (VS Code's `.vscode/mcp.json` lives there).
+    pub workspace: PathBuf,
+}
+
+impl Locations {
+    fn from_process(workspace: Option<&Path>) -> anyhow::Result<Self> {
+        let non_empty = |name: &str| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        let workspace = match workspace {
+            Some(ws) => ws.to_path_buf(),
+            None => std::env::current_dir().context("cannot read the current directory")?,
+        };
+        Ok(Locations {
+            home: non_empty("HOME"),
+            xdg_config_home: non_empty("XDG_CONFIG_HOME").filter(|p| p.is_absolute()),
+            codex_home: non_empty("CODEX_HOME"),
+            workspace,
+        })
+    }
+}
+
+/// The sandbox state written when `--sandbox-state` is not given: Codex tells the server
+/// its own sandbox (`codex/sandbox-state`), so it gets `inherit`.
+pub fn default_state(client: Client) -> SandboxState {
+    match client {
+        Client::Codex => SandboxState::Inherit,
+        _ => SandboxState::WorkspaceWrite,
+    }
+}
+
+pub fn target(client: Client, loc: &Locations) -> Result<Target, TargetError> {
+    let home = || loc.home.clone().ok_or(TargetError::NoHome);
+    let json = |servers_key, with_type, jsonc| {
+        Format::Json(Shape {
+            servers_key,
+            with_type,
+            jsonc,
+        })
+    };
+    Ok(match client {
+        Client::Claude => Target {
+            path: home()?.join(".claude.json"),
+            format: json("mcpServers", true, false),
+        },
+        Client::ClaudeDesktop => Target {
+            path: match &loc.xdg_config_home {
+                Some(dir) => dir.clone(),
+                None => home()?.join(".config"),
+            }
+            .join("Claude")
+            .join("claude_desktop_config.json"),
+            format: json("mcpServers", false, false),
+        },
+        Client::Codex => Target {
+            path: match &loc.codex_home {
+                Some(dir) => dir.clone(),
+                None => home()?.join(".codex"),
+            }
+            .join("config.toml"),
+            format: Format::Toml,
+        },
+        Client::Cursor => Target {
+            path: home()?.join(".cursor").join("mcp.json"),
+            format: json("mcpServers", true, true),
+        },
+        Client::Vscode => Target {
+            path: loc.workspace.join(".vscode").join("mcp.json"),
+            format: json("servers", true, true),
+        },
+    })
+}
+
+#[derive(Debug, Error)]
+pub enum TargetError {
+    #[error("HOME is not set, so the client's configuration cannot be found; set HOME and retry")]
+    NoHome,
 }
 
 pub fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().context("cannot find the path of this executable")?;
-    let entry = entry_for(&exe, args.sandbox_state, args.workspace.as_deref())?;
+    let state = args.sandbox_state.unwrap_or(default_state(args.client));
+    let passed = if args.no_env {
+        env::PassThrough::default()
+    } else {
+        env::pass_through(|name| std::env::var(name).ok())
+    };
+    let entry = entry_for(&exe, state, args.workspace.as_deref(), passed.vars.clone())?;
+    let loc = Locations::from_process(args.workspace.as_deref())?;
+    let target = target(args.client, &loc)?;
+    let real = file::resolve_links(&target.path)?;
+    let before = file::read_existing(&real)?;
+    let after = merge(
+        target.format,
+        before.as_deref().unwrap_or(""),
+        &args.name,
+        &entry,
+    )
+    .with_context(|| format!("cannot update {}", real.display()))?;
+    let shown = if real == target.path {
+        target.path.display().to_string()
+    } else {
+        format!("{} -> {}", target.path.display(), real.display())
+    };
+    if !passed.withheld.is_empty() {
+        eprintln!(
+            "mcp-sandbox-repl: not copied (the value holds credentials; add it to the entry's \
+             env by hand if the server needs it): {}",
+            passed.withheld.join(", ")
+        );
+    }
     if args.print {
-        print!("{}", render_fresh(args.client, &args.name, &entry)?);
+        print!(
+            "{}",
+            diff(&target.path, before.as_deref().unwrap_or(""), &after)
+        );
+        if before.as_deref() == Some(after.as_str()) {
+            eprintln!("mcp-sandbox-repl: {shown} already has this entry; nothing to change");
+        }
         return Ok(ExitCode::SUCCESS);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).context(
-        "HOME is not set; cannot locate the client's configuration (use --print instead)",
-    )?;
-    let path = config_path(args.client, &home);
-    let existing = match std::fs::read_to_string(&path) {
-        Ok(text) => Some(text),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
-    };
-    let merged = merge(args.client, existing.as_deref(), &args.name, &entry)
-        .with_context(|| format!("cannot update {}", path.display()))?;
-    write_atomically(&path, &merged)?;
+    if before.as_deref() == Some(after.as_str()) {
+        eprintln!("mcp-sandbox-repl: {shown} already has this entry; left as it is");
+        return Ok(ExitCode::SUCCESS);
+    }
+    file::replace_atomically(&real, &after)?;
+    let env_names: Vec<&str> = entry.env.iter().map(|(k, _)| k.as_str()).collect();
     eprintln!(
-        "mcp-sandbox-repl: wrote server {:?} to {} ({} {})",
+        "mcp-sandbox-repl: wrote server {:?} to {shown}: {} {}{}",
         args.name,
-        path.display(),
         entry.command,
-        entry.args.join(" ")
+        entry.args.join(" "),
+        if env_names.is_empty() {
+            String::new()
+        } else {
+            format!(" (env: {})", env_names.join(", "))
+        }
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -59,6 +221,7 @@ pub fn entry_for(
     exe: &Path,
     state: SandboxState,
     workspace: Option<&Path>,
+    env: Vec<(String, String)>,
 ) -> anyhow::Result<Entry> {
     let state = match state {
         SandboxState::ReadOnly => "read-only",
@@ -76,147 +239,32 @@ pub fn entry_for(
     Ok(Entry {
         command: exe.to_string_lossy().into_owned(),
         args,
+        env,
     })
 }
 
-pub fn config_path(client: Client, home: &Path) -> PathBuf {
-    match client {
-        Client::Claude => home.join(".claude.json"),
-        Client::Codex => home.join(".codex").join("config.toml"),
-        Client::Cursor => home.join(".cursor").join("mcp.json"),
-    }
-}
-
-/// The configuration text for one entry alone (what `--print` shows).
-pub fn render_fresh(client: Client, name: &str, entry: &Entry) -> anyhow::Result<String> {
-    merge(client, None, name, entry)
-}
-
-/// `existing` with the entry `name` set to `entry`; everything else kept.
+/// `existing` (empty for a missing file) with the entry `name` set to `entry`.
 pub fn merge(
-    client: Client,
-    existing: Option<&str>,
+    format: Format,
+    existing: &str,
     name: &str,
     entry: &Entry,
-) -> anyhow::Result<String> {
-    match client {
-        Client::Claude | Client::Cursor => merge_json(existing, name, entry),
-        Client::Codex => merge_toml(existing, name, entry),
+) -> Result<String, EditError> {
+    match format {
+        Format::Toml => edit_toml::merge(existing, name, entry),
+        Format::Json(shape) => edit_json::merge(existing, shape, name, entry),
     }
 }
 
-fn merge_json(existing: Option<&str>, name: &str, entry: &Entry) -> anyhow::Result<String> {
-    let mut root: Value = match existing {
-        Some(text) if !text.trim().is_empty() => serde_json::from_str(text)
-            .context("the file is not valid JSON; fix or move it, then retry")?,
-        _ => json!({}),
-    };
-    let Some(obj) = root.as_object_mut() else {
-        bail!("the file's top level is not a JSON object; fix or move it, then retry");
-    };
-    let servers = obj.entry("mcpServers").or_insert_with(|| json!({}));
-    let Some(servers) = servers.as_object_mut() else {
-        bail!("`mcpServers` is not a JSON object; fix it, then retry");
-    };
-    servers.insert(
-        name.to_string(),
-        json!({ "type": "stdio", "command": entry.command, "args": entry.args }),
-    );
-    Ok(serde_json::to_string_pretty(&root)? + "\n")
-}
-
-fn merge_toml(existing: Option<&str>, name: &str, entry: &Entry) -> anyhow::Result<String> {
-    let mut root: toml::Table = match existing {
-        Some(text) => text
-            .parse()
-            .context("the file is not valid TOML; fix or move it, then retry")?,
-        None => toml::Table::new(),
-    };
-    let servers = root
-        .entry("mcp_servers")
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-    let Some(servers) = servers.as_table_mut() else {
-        bail!("`mcp_servers` is not a table; fix it, then retry");
-    };
-    let mut table = toml::Table::new();
-    table.insert("command".into(), toml::Value::String(entry.command.clone()));
-    table.insert(
-        "args".into(),
-        toml::Value::Array(
-            entry
-                .args
-                .iter()
-                .cloned()
-                .map(toml::Value::String)
-                .collect(),
-        ),
-    );
-    // Long Python jobs return a job id long before this; it only guards a stuck client.
-    table.insert("tool_timeout_sec".into(), toml::Value::Integer(600));
-    servers.insert(name.to_string(), toml::Value::Table(table));
-    Ok(toml::to_string_pretty(&root)?)
-}
-
-fn write_atomically(path: &Path, text: &str) -> anyhow::Result<()> {
-    let dir = path
-        .parent()
-        .context("configuration path has no parent directory")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.mcp-sandbox-repl.tmp",
-        path.file_name()
-            .map(|n| n.to_string_lossy())
-            .unwrap_or_default()
-    ));
-    std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot replace {}", path.display()))?;
-    Ok(())
+/// A unified diff from `before` to `after`, headed with `path` (empty if equal).
+pub fn diff(path: &Path, before: &str, after: &str) -> String {
+    let name = path.display().to_string();
+    similar::TextDiff::from_lines(before, after)
+        .unified_diff()
+        .context_radius(3)
+        .header(&name, &name)
+        .to_string()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry() -> Entry {
-        Entry {
-            command: "/bin/mcp-sandbox-repl".into(),
-            args: vec!["--sandbox-state".into(), "workspace-write".into()],
-        }
-    }
-
-    #[test]
-    fn json_merge_keeps_other_servers_and_keys() {
-        let before = r#"{"theme":"dark","mcpServers":{"other":{"command":"x"}}}"#;
-        let after = merge(Client::Claude, Some(before), "sandbox-repl", &entry()).unwrap();
-        let v: Value = serde_json::from_str(&after).unwrap();
-        assert_eq!(v["theme"], "dark");
-        assert_eq!(v["mcpServers"]["other"]["command"], "x");
-        assert_eq!(
-            v["mcpServers"]["sandbox-repl"]["command"],
-            "/bin/mcp-sandbox-repl"
-        );
-        assert_eq!(
-            v["mcpServers"]["sandbox-repl"]["args"][1],
-            "workspace-write"
-        );
-    }
-
-    #[test]
-    fn json_merge_refuses_broken_files() {
-        assert!(merge(Client::Cursor, Some("{not json"), "n", &entry()).is_err());
-        assert!(merge(Client::Cursor, Some("[]"), "n", &entry()).is_err());
-    }
-
-    #[test]
-    fn toml_merge_keeps_other_tables() {
-        let before = "model = \"o3\"\n[mcp_servers.other]\ncommand = \"x\"\n";
-        let after = merge(Client::Codex, Some(before), "sandbox-repl", &entry()).unwrap();
-        let t: toml::Table = after.parse().unwrap();
-        assert_eq!(t["model"].as_str(), Some("o3"));
-        assert_eq!(t["mcp_servers"]["other"]["command"].as_str(), Some("x"));
-        assert_eq!(
-            t["mcp_servers"]["sandbox-repl"]["command"].as_str(),
-            Some("/bin/mcp-sandbox-repl")
-        );
-    }
-}
+mod tests;

@@ -5,14 +5,14 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Context, bail};
 use serde::Serialize;
 
 use crate::cli::RunArgs;
 use crate::sandbox::{
-    ExitReport, LimitHit, Placeholders, Policy, SandboxCommand, Termination, child::signal_number,
+    ExitReport, LimitHit, Placeholders, Policy, SandboxCommand, Termination,
+    child::{SignalForwarding, signal_number},
 };
 
 /// The report `--json` prints (one line).
@@ -69,11 +69,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let mut cmd = SandboxCommand::new(resolved.clone(), program);
     cmd.args(rest).current_dir(dir);
+    let forwarding = SignalForwarding::install();
     let child = cmd.spawn()?;
-    forward_signals_to(child.pid as i32);
+    child.forward_terminal_signals(&forwarding);
     let denied = child.unenforced().to_vec();
     let report = child.wait_blocking();
-    CHILD_PGID.store(0, Ordering::SeqCst);
+    drop(forwarding);
     if args.json {
         let line = serde_json::to_string(&render(&report, resolved.name(), &denied))?;
         println!("{line}");
@@ -161,25 +162,4 @@ fn python_prefixes() -> Vec<PathBuf> {
         out.push(prefix);
     }
     out
-}
-
-/// Process group that SIGINT/SIGTERM/SIGHUP sent to `run` are forwarded to (0: none).
-static CHILD_PGID: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn forward(sig: libc::c_int) {
-    let pgid = CHILD_PGID.load(Ordering::SeqCst);
-    if pgid > 0 {
-        // SAFETY: kill is async-signal-safe.
-        unsafe { libc::kill(-pgid, sig) };
-    }
-}
-
-/// The child leads its own session, so the terminal's signals reach only `run`;
-/// forward them so that Ctrl-C or a CI timeout ends the sandboxed command too.
-fn forward_signals_to(pgid: i32) {
-    CHILD_PGID.store(pgid, Ordering::SeqCst);
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
-        // SAFETY: installing a handler that only calls kill(2).
-        unsafe { libc::signal(sig, forward as *const () as libc::sighandler_t) };
-    }
 }

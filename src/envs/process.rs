@@ -62,7 +62,8 @@ pub async fn run(
         .stderr(Stdio::piped());
     let started = Instant::now();
     let mut child = cmd.spawn()?;
-    let pid = child.pid;
+    // Kills the process group and the job's cgroup while `wait` owns the child.
+    let killer = child.killer();
     let tail = Arc::new(Mutex::new(Vec::<u8>::new()));
 
     let stdout = child
@@ -103,7 +104,7 @@ pub async fn run(
     };
 
     if cancel.is_cancelled() {
-        kill_group(pid);
+        killer.kill_all();
     }
     let wait = child.wait();
     tokio::pin!(wait);
@@ -118,8 +119,8 @@ pub async fn run(
     let mut report = loop {
         tokio::select! {
             report = &mut wait => break report,
-            () = cancel.cancelled(), if !cancelled => { cancelled = true; kill_group(pid); }
-            () = &mut deadline, if !timed_out => { timed_out = true; kill_group(pid); }
+            () = cancel.cancelled(), if !cancelled => { cancelled = true; killer.kill_all(); }
+            () = &mut deadline, if !timed_out => { timed_out = true; killer.kill_all(); }
         }
     };
     let drain_until = tokio::time::Instant::now() + DRAIN_GRACE;
@@ -161,20 +162,5 @@ fn keep_tail(tail: &Mutex<Vec<u8>>, chunk: &[u8]) {
             let cut = t.len() - STDERR_TAIL;
             t.drain(..cut);
         }
-    }
-}
-
-/// SIGKILL the process group the child leads (and the child itself, in case it does
-/// not lead one).
-fn kill_group(pid: u32) {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return;
-    };
-    // SAFETY: plain syscalls with integer arguments; a stale or foreign pid is
-    // excluded because the child has not been reaped yet (we still await its wait),
-    // so its pid and process group id cannot have been reused.
-    unsafe {
-        libc::killpg(pid, libc::SIGKILL);
-        libc::kill(pid, libc::SIGKILL);
     }
 }

@@ -195,6 +195,12 @@ pub trait JobControl: Send + Sync {
     /// Deliver `text` (then close the input if `eof`). `Err(words)` if the job is not
     /// reading or its input is closed.
     fn send_input(&self, text: &str, eof: bool) -> Result<(), String>;
+    /// Cancel with a caller-chosen grace period before the hard stop (`None` = the
+    /// producer's default). Defaults to [`cancel`](Self::cancel).
+    fn cancel_within(&self, grace: Option<std::time::Duration>) {
+        let _ = grace;
+        self.cancel()
+    }
     /// End the job now, without grace (used at shutdown). Defaults to [`cancel`](Self::cancel).
     fn kill(&self) {
         self.cancel()

@@ -14,8 +14,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill, killpg};
-use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -26,7 +24,7 @@ use super::{
     dotenv,
 };
 use crate::sandbox::{
-    ExitReport, LimitHit, ResolvedPolicy, SandboxCommand, SandboxedChild, Termination,
+    ExitReport, GroupKiller, LimitHit, ResolvedPolicy, SandboxCommand, SandboxedChild, Termination,
 };
 
 /// How long after the main process exits (and the rest of its group is killed) we
@@ -123,13 +121,12 @@ pub fn start_shell_job(
     });
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
-    let pgid = child.pid as i32;
+    let killer = child.killer();
 
     let handle = match store.create(JobKind::Shell, req.session.as_deref(), &label) {
         Ok(h) => h,
         Err(e) => {
             child.kill_all();
-            signal_group(pgid, Signal::SIGKILL);
             return Err(e);
         }
     };
@@ -155,7 +152,7 @@ pub fn start_shell_job(
 
     let control = Arc::new(ShellControl {
         job: handle.id().to_string(),
-        pgid,
+        killer,
         grace: req.cancel_grace.unwrap_or(DEFAULT_CANCEL_GRACE),
         exited: Arc::new(AtomicBool::new(false)),
         cancelling: AtomicBool::new(false),
@@ -313,17 +310,6 @@ fn widen_pipe(fd: impl std::os::fd::AsFd) {
     let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
 }
 
-/// Send `sig` to the process group `pgid`; if there is no such group (the process
-/// did not become a group leader), to the process alone.
-fn signal_group(pgid: i32, sig: Signal) {
-    if pgid <= 1 {
-        return;
-    }
-    if let Err(nix::errno::Errno::ESRCH) = killpg(Pid::from_raw(pgid), sig) {
-        let _ = kill(Pid::from_raw(pgid), sig);
-    }
-}
-
 struct InputState {
     /// Feeds the stdin writer task (`feed_stdin`). Unbounded so `send_input`, called
     /// under the `input` lock from a tool call, never waits on a process that does not
@@ -337,7 +323,9 @@ struct InputState {
 
 struct ShellControl {
     job: String,
-    pgid: i32,
+    /// Signals the job's process group (and, for SIGKILL, its cgroup); inert once the
+    /// main process is reaped, so a recycled group id is never signalled.
+    killer: GroupKiller,
     grace: Duration,
     /// The main process was reaped: its pid may be reused, stop signalling it.
     exited: Arc<AtomicBool>,
@@ -359,6 +347,10 @@ impl ShellControl {
 
 impl JobControl for ShellControl {
     fn cancel(&self) {
+        self.cancel_within(None);
+    }
+
+    fn cancel_within(&self, grace: Option<Duration>) {
         if self.exited.load(Ordering::SeqCst) {
             return;
         }
@@ -367,10 +359,14 @@ impl JobControl for ShellControl {
             self.kill();
             return;
         }
-        tracing::debug!(job = %self.job, pgid = self.pgid, "cancel: SIGTERM to the process group");
-        signal_group(self.pgid, Signal::SIGTERM);
-        signal_group(self.pgid, Signal::SIGCONT);
-        let (pgid, grace, exited) = (self.pgid, self.grace, self.exited.clone());
+        tracing::debug!(job = %self.job, "cancel: SIGTERM to the process group");
+        let _ = self.killer.signal(libc::SIGTERM);
+        let _ = self.killer.signal(libc::SIGCONT);
+        let (killer, grace, exited) = (
+            self.killer.clone(),
+            grace.unwrap_or(self.grace),
+            self.exited.clone(),
+        );
         // The supervisor kills the whole group once the main process exits, so
         // children that ignore SIGTERM die with it; this timer handles a main process
         // that ignores SIGTERM itself.
@@ -380,14 +376,14 @@ impl JobControl for ShellControl {
             if exited.load(Ordering::SeqCst) {
                 return; // the supervisor already killed the group
             }
-            tracing::debug!(job = %job, pgid, "cancel: grace period over, SIGKILL to the process group");
-            signal_group(pgid, Signal::SIGKILL);
+            tracing::debug!(job = %job, "cancel: grace period over, SIGKILL to the process group");
+            killer.kill_all();
         });
     }
 
     fn kill(&self) {
         if !self.exited.load(Ordering::SeqCst) {
-            signal_group(self.pgid, Signal::SIGKILL);
+            self.killer.kill_all();
         }
     }
 
@@ -460,10 +456,9 @@ async fn supervise(
     handle: JobHandle,
     private_tmp: Option<PathBuf>,
 ) {
+    // `wait` kills whatever is left of the group and cgroup (background processes,
+    // children that ignored SIGTERM): nothing the job started outlives it.
     let report = child.wait().await;
-    // Whatever is left of the group (background processes, children that ignored
-    // SIGTERM) ends with the job: nothing the job started outlives it.
-    signal_group(control.pgid, Signal::SIGKILL);
     control.exited.store(true, Ordering::SeqCst);
     control.close_input("the job has finished");
     // The pipes close once every process holding them is gone; one that escaped the

@@ -358,6 +358,15 @@ impl JobStore {
     /// Cancel a running job (its producer decides how: interrupt, TERM then KILL).
     /// If no control is registered yet, the cancel is applied when it is.
     pub fn cancel(&self, id: &str) -> Result<(), JobError> {
+        self.cancel_within(id, None)
+    }
+
+    /// [`cancel`](Self::cancel) with a grace period before the hard stop (`None` = default).
+    pub fn cancel_within(
+        &self,
+        id: &str,
+        grace: Option<std::time::Duration>,
+    ) -> Result<(), JobError> {
         let job = self.get(id)?;
         {
             let mut st = lock(&job.state);
@@ -372,7 +381,7 @@ impl JobStore {
         }
         let control = lock(&job.control).clone();
         if let Some(c) = control {
-            c.cancel();
+            c.cancel_within(grace);
         }
         Ok(())
     }

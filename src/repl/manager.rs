@@ -15,6 +15,9 @@ use super::worker::SpawnSpec;
 use super::{PythonInfo, ReplConfig, ReplError, Session, SessionInfo, discover_python};
 use crate::sandbox::Placeholders;
 
+/// How many expired session names are remembered for their next cell's note.
+const EXPIRED_CAP: usize = 4096;
+
 pub struct SessionManager {
     cfg: ReplConfig,
     python: tokio::sync::OnceCell<PythonInfo>,
@@ -26,6 +29,9 @@ pub struct SessionManager {
     /// The policy and workspace sessions started from now on get ([`Self::set_sandbox`]);
     /// starts as the config's. Running sessions keep what they started with.
     sandbox: Mutex<(crate::sandbox::Policy, PathBuf)>,
+    /// Sessions the idle reaper closed, with how long they had been idle: the next cell
+    /// of a session started again under that name is told its state was lost and why.
+    expired: Mutex<HashMap<String, Duration>>,
 }
 
 impl SessionManager {
@@ -39,6 +45,7 @@ impl SessionManager {
             python: tokio::sync::OnceCell::new(),
             sessions: Mutex::new(BTreeMap::new()),
             site_dirs: Mutex::new(HashMap::new()),
+            expired: Mutex::new(HashMap::new()),
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(reap_idle(Arc::downgrade(&manager), ttl));
@@ -181,6 +188,18 @@ impl SessionManager {
             return Err(e);
         }
         map.insert(name.to_string(), started.clone());
+        let expired = self
+            .expired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+        if let Some(idle) = expired {
+            started.mark_state_lost(format!(
+                "session {name:?} expired after {} s idle and was closed; this ran in a fresh \
+                 worker and earlier state is lost",
+                idle.as_secs()
+            ));
+        }
         // `set_site_dirs` may have run while the worker started.
         started.set_site_dirs(self.site_dirs_of(name));
         Ok(started)
@@ -226,6 +245,11 @@ impl SessionManager {
 
     /// Kill the session's worker and forget it (its temp directory is removed).
     pub fn close(&self, name: &str) -> Result<(), ReplError> {
+        // Closed on purpose: a later session of this name is not "expired".
+        self.expired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
         let session = {
             let mut map = self.sessions();
             map.remove(name).ok_or_else(|| ReplError::NoSuchSession {
@@ -267,17 +291,26 @@ impl SessionManager {
     /// Close sessions idle for longer than the TTL (busy or waiting sessions never are).
     pub fn reap_idle(&self) -> Vec<String> {
         let ttl = self.cfg.idle_ttl;
-        let idle: Vec<String> = self
+        let idle: Vec<(String, Duration)> = self
             .sessions()
             .iter()
-            .filter(|(_, s)| s.idle_for() > ttl && s.state() != super::SessionState::AwaitingInput)
-            .map(|(n, _)| n.clone())
+            .map(|(n, s)| (n.clone(), s.idle_for(), s.state()))
+            .filter(|(_, idle, state)| *idle > ttl && *state != super::SessionState::AwaitingInput)
+            .map(|(n, idle, _)| (n, idle))
             .collect();
-        for name in &idle {
+        let mut names = Vec::new();
+        for (name, idle) in idle {
             tracing::info!(session = %name, "closing a session idle for longer than {ttl:?}");
-            let _ = self.close(name);
+            if self.close(&name).is_ok() {
+                let mut expired = self.expired.lock().unwrap_or_else(|p| p.into_inner());
+                if expired.len() >= EXPIRED_CAP {
+                    expired.clear(); // bounded memory; only the notes of old names are lost
+                }
+                expired.insert(name.clone(), idle);
+            }
+            names.push(name);
         }
-        idle
+        names
     }
 }
 

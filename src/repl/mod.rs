@@ -121,9 +121,17 @@ pub struct CellOutcome {
     pub display: Vec<DisplayItem>,
     /// How the worker ended, in words, when status is `worker_died`.
     pub worker_exit: Option<String>,
-    /// The session's variables are gone: the worker died during this cell, or a previous
-    /// worker died and this cell ran in a fresh one.
+    /// Signal that ended the worker during this cell ("SIGSEGV"), when status is `worker_died`.
+    pub signal: Option<String>,
+    /// Exit code of a worker that exited during this cell, when status is `worker_died`.
+    pub exit_code: Option<i32>,
+    /// The session's variables are gone: the worker died during this cell, or state was
+    /// lost before it (a crash, a cancel that killed the worker, an expiry) and this cell
+    /// ran in a fresh worker.
     pub state_lost: bool,
+    /// Why this cell ran in a fresh worker, in words (only for that case; a cell whose own
+    /// worker died says so in `worker_exit`).
+    pub state_note: Option<String>,
     #[serde(rename = "elapsed_ms", serialize_with = "as_millis")]
     pub elapsed: Duration,
 }

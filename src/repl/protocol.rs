@@ -26,6 +26,9 @@ pub enum Request {
     },
     /// Answer to `input_request` number `id`; `text: null` means end of input (EOFError).
     InputReply { id: u64, text: Option<String> },
+    /// KeyboardInterrupt in cell `id`: raised at once if it runs, or as soon as it
+    /// starts if it is still queued (no answer; the cell's `done` says `interrupted`).
+    Interrupt { id: u64 },
     /// Answered by `variables`.
     ListVariables { id: u64 },
     /// Answered by `variable` or `failed`.
@@ -196,6 +199,7 @@ pub const ALL_TAGS: &[&str] = &[
     "execute",
     "run_file",
     "input_reply",
+    "interrupt",
     "list_variables",
     "get_variable",
     "set_variable",
@@ -276,6 +280,7 @@ mod tests {
                 repr_limit: 1,
             }),
             encode(&Request::InputReply { id: 1, text: None }),
+            encode(&Request::Interrupt { id: 1 }),
             encode(&Request::ListVariables { id: 1 }),
             encode(&Request::GetVariable {
                 id: 1,

@@ -4,7 +4,7 @@
 //! pending call with the death message — a dead worker never leaves a call waiting.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -43,7 +43,9 @@ pub(super) struct State {
     pub(super) orphan_bytes: usize,
     pub(super) orphan_dropped: usize,
     pub(super) death: Option<Arc<str>>,
-    pub(super) kill_reason: Option<&'static str>,
+    pub(super) kill_reason: Option<String>,
+    /// How the process ended, once reaped (for `signal`/`exit_code` in answers).
+    pub(super) exit: Option<crate::sandbox::Termination>,
     pub(super) ready: bool,
     pub(super) startup_stderr: Vec<u8>,
 }
@@ -60,19 +62,6 @@ pub(super) struct Shared {
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-pub(super) fn pidfd_open(pid: u32) -> std::io::Result<AsyncFd<OwnedFd>> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    // SAFETY: `owned` is a valid descriptor the AsyncFd owns until it is dropped.
-    unsafe { AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }
-        .map_err(|e| e.into())
 }
 
 pub(super) async fn write_requests(
@@ -247,7 +236,8 @@ pub(super) async fn pump(
         None => None,
     };
     let mut st = lock(&shared.state);
-    let mut message = match (st.kill_reason, &report) {
+    st.exit = report.as_ref().map(|r| r.termination.clone());
+    let mut message = match (st.kill_reason.as_deref(), &report) {
         (Some(reason), _) => format!("the Python worker was stopped: {reason}"),
         (None, Some(report)) => exit_words(report, &shared.policy),
         (None, None) => "the Python worker ended".to_string(),
@@ -292,7 +282,11 @@ fn handle_line(
     let ev = match protocol::decode(line) {
         Ok(ev) => ev,
         Err(e) => {
-            tracing::warn!(error = %e, "ignoring a malformed line from the Python worker");
+            // Only something other than the worker's own sender writes such a line (user
+            // code that found the event descriptor): the stream can no longer be trusted,
+            // and a call whose answer was glued to the garbage would wait forever.
+            tracing::warn!(error = %e, "the Python worker's event stream is corrupted");
+            kill_group(shared, &protocol_fault(line));
             return;
         }
     };
@@ -305,12 +299,25 @@ fn handle_line(
     shared.event(ev);
 }
 
-pub(super) fn kill_group(shared: &Shared, reason: &'static str) {
+/// The kill reason for a line on the event pipe that is not a protocol event.
+fn protocol_fault(line: &[u8]) -> String {
+    let text = String::from_utf8_lossy(line);
+    let head: String = text.chars().take(80).collect();
+    let more = if head.len() < text.len() { "…" } else { "" };
+    format!(
+        "protocol fault: its event stream was corrupted (a line that is not a protocol event: \
+         {head:?}{more}); code in the cell probably wrote to the worker's private event \
+         descriptor"
+    )
+}
+
+pub(super) fn kill_group(shared: &Shared, reason: &str) {
     let child = lock(&shared.child);
     if let Some(child) = child.as_ref() {
-        lock(&shared.state).kill_reason.get_or_insert(reason);
+        lock(&shared.state)
+            .kill_reason
+            .get_or_insert_with(|| reason.to_string());
+        // The process group and the cgroup (also what left the group with setsid).
         child.kill_all();
-        // SAFETY: see Worker::kill.
-        unsafe { libc::killpg(child.pid as libc::pid_t, libc::SIGKILL) };
     }
 }

@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 
 use super::protocol::{Event, Request, WireStatus};
 use super::worker::{Reply, SpawnSpec, Worker};
+use crate::sandbox::Termination;
+
 use super::{
     CellOutcome, CellSink, CellStatus, HistoryEntry, PythonInfo, ReplError, SessionInfo,
     SessionState,
@@ -43,10 +45,16 @@ struct Inner {
     /// it instead of waiting for a new interpreter to start.
     spare: Option<Arc<Worker>>,
     closed: bool,
-    /// A worker died on its own: the next cell is told its state was lost.
-    state_lost: bool,
+    /// The session's state was lost since the last cell (a worker died, a cancel killed
+    /// it, the session expired): the next cell is told so, in these words.
+    lost: Option<String>,
     cells: u64,
     running_cell: u64,
+    /// A cell holds the operation lock (not a variable operation).
+    cell_active: bool,
+    /// An interrupt came before the running cell was handed to its worker: it is sent
+    /// right after.
+    interrupt_pending: bool,
     history: VecDeque<HistoryEntry>,
     last_active: Instant,
     /// The start-up hook: directories every new worker adds to `sys.path` (`site_dirs`).
@@ -82,9 +90,11 @@ impl Session {
                 worker: Some(worker.clone()),
                 spare: None,
                 closed: false,
-                state_lost: false,
+                lost: None,
                 cells: 0,
                 running_cell: 0,
+                cell_active: false,
+                interrupt_pending: false,
                 history: VecDeque::new(),
                 last_active: Instant::now(),
                 site_dirs: site_dirs.clone(),
@@ -115,9 +125,9 @@ impl Session {
         }
     }
 
-    /// The live worker, starting a fresh one if there is none or it died. The flag says
-    /// whether state was lost since the last cell (reported once, by a cell).
-    fn live_worker(&self, report_loss: bool) -> Result<(Arc<Worker>, bool), ReplError> {
+    /// The live worker, starting a fresh one if there is none or it died. The note says
+    /// why state was lost since the last cell, if it was (reported once, by a cell).
+    fn live_worker(&self, report_loss: bool) -> Result<(Arc<Worker>, Option<String>), ReplError> {
         let mut inner = self.inner();
         if inner.closed {
             return Err(ReplError::Closed {
@@ -128,15 +138,20 @@ impl Session {
             && w.death().is_none()
         {
             let w = w.clone();
-            let lost = report_loss && std::mem::take(&mut inner.state_lost);
+            let lost = if report_loss { inner.lost.take() } else { None };
             return Ok((w, lost));
         }
-        if inner.worker.take().is_some() {
-            inner.state_lost = true;
+        if let Some(dead) = inner.worker.take()
+            && inner.lost.is_none()
+        {
+            let how = dead
+                .death()
+                .unwrap_or_else(|| "the Python worker ended".into());
+            inner.lost = Some(lost_note(&how));
         }
         let worker = self.fresh_worker(&mut inner)?;
         inner.worker = Some(worker.clone());
-        let lost = report_loss && std::mem::take(&mut inner.state_lost);
+        let lost = if report_loss { inner.lost.take() } else { None };
         drop(inner);
         self.refill_spare();
         Ok((worker, lost))
@@ -239,19 +254,44 @@ impl Session {
             .clone()
             .try_lock_owned()
             .map_err(|_| self.busy())?;
-        let (worker, state_lost) = self.live_worker(true)?;
         let cell = {
             let mut inner = self.inner();
             inner.cells += 1;
             inner.running_cell = inner.cells;
+            inner.cell_active = true;
+            inner.interrupt_pending = false;
             inner.cells
+        };
+        let (worker, earlier_loss) = match self.live_worker(true) {
+            Ok(w) => w,
+            Err(e) => {
+                let mut inner = self.inner();
+                inner.cells -= 1;
+                inner.cell_active = false;
+                return Err(e);
+            }
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        let rx = worker.call(id, &request(id, cell), Some(sink), Some(guard));
+        let rx = {
+            // Under `inner`, like `interrupt`: an interrupt is either sent by it (the call
+            // is registered) or left pending for us.
+            let mut inner = self.inner();
+            let rx = worker.call(id, &request(id, cell), Some(sink), Some(guard));
+            if std::mem::take(&mut inner.interrupt_pending) {
+                worker.resume();
+                worker.interrupt();
+            }
+            rx
+        };
         let reply = rx
             .await
             .unwrap_or_else(|_| Reply::Died("the Python worker's I/O task ended".into()));
+        {
+            let mut inner = self.inner();
+            inner.cell_active = false;
+            inner.interrupt_pending = false;
+        }
         let elapsed = started.elapsed();
         let mut out = CellOutcome {
             cell,
@@ -262,7 +302,10 @@ impl Session {
             error: None,
             display: Vec::new(),
             worker_exit: None,
-            state_lost,
+            signal: None,
+            exit_code: None,
+            state_lost: earlier_loss.is_some(),
+            state_note: earlier_loss,
             elapsed,
         };
         match reply {
@@ -294,7 +337,15 @@ impl Session {
             Reply::Died(message) => {
                 out.status = CellStatus::WorkerDied;
                 out.worker_exit = Some(message.to_string());
+                match worker.exit_status() {
+                    Some(Termination::Signaled(sig)) => out.signal = Some(sig),
+                    Some(Termination::Exited(code)) => out.exit_code = Some(code),
+                    _ => {}
+                }
+                // This cell's own answer names the death; only the next cell is told
+                // it runs in a fresh worker.
                 out.state_lost = true;
+                out.state_note = None;
                 let mut inner = self.inner();
                 if inner
                     .worker
@@ -302,7 +353,7 @@ impl Session {
                     .is_some_and(|w| Arc::ptr_eq(w, &worker))
                 {
                     inner.worker = None;
-                    inner.state_lost = true;
+                    inner.lost = Some(lost_note(&message));
                 }
             }
         }
@@ -325,16 +376,73 @@ impl Session {
     /// KeyboardInterrupt in the running cell (also while it waits in `input()`).
     /// Returns false when no cell was running (nothing to interrupt).
     pub fn interrupt(&self) -> bool {
-        if self.op_lock.try_lock().is_ok() {
+        let mut inner = self.inner();
+        if !inner.cell_active || self.op_lock.try_lock().is_ok() {
             return false;
         }
-        match self.inner().worker.clone() {
+        let worker = inner.worker.clone();
+        match worker {
             Some(w) => {
-                w.interrupt();
-                true
+                w.resume();
+                if !w.interrupt() {
+                    inner.interrupt_pending = true;
+                }
             }
-            None => false,
+            None => inner.interrupt_pending = true,
         }
+        true
+    }
+
+    /// Cancel the running cell: continue a stopped worker, KeyboardInterrupt, and if the
+    /// same cell still runs `grace` later, kill the worker (the cell ends `worker_died`
+    /// with the reason in words; the next call runs in a fresh worker, the spare if one is
+    /// kept). False when no cell runs.
+    pub fn cancel_cell(&self, grace: Duration) -> bool {
+        if !self.interrupt() {
+            return false;
+        }
+        let cell = self.inner().running_cell;
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            let Some(session) = me.upgrade() else { return };
+            let worker = {
+                let inner = session.inner();
+                let running = session.op_lock.try_lock().is_err()
+                    && inner.cell_active
+                    && inner.running_cell == cell;
+                match inner.worker.clone() {
+                    Some(w) if running => w,
+                    _ => return,
+                }
+            };
+            let reason = format!(
+                "the cell did not respond to KeyboardInterrupt within {}; the worker was restarted",
+                seconds_words(grace)
+            );
+            tracing::info!(session = %session.name, cell, "{reason}");
+            // The cell ends `worker_died` with this reason; the next call takes the spare
+            // (already started) worker. Nothing holds the session's lock meanwhile, so
+            // that call is never told "busy".
+            worker.kill(&reason);
+        });
+        true
+    }
+
+    /// The operation lock, waited for (a killed worker's cell releases it as soon as the
+    /// I/O task has seen the death). Bounded, so a bug cannot hang the caller.
+    async fn wait_op_lock(&self) -> Result<tokio::sync::OwnedMutexGuard<()>, ReplError> {
+        tokio::time::timeout(self.env.start_timeout, self.op_lock.clone().lock_owned())
+            .await
+            .map_err(|_| ReplError::Protocol {
+                detail: "the stopped worker's cell did not end".into(),
+            })
+    }
+
+    /// The state of this session was lost before it started (the session of this name
+    /// expired): the first cell says so in `note`.
+    pub(crate) fn mark_state_lost(&self, note: String) {
+        self.inner().lost = Some(note);
     }
 
     /// Answer the pending `input()`: `eof` makes it raise EOFError instead.
@@ -365,7 +473,7 @@ impl Session {
             if let Some(old) = inner.worker.take() {
                 old.kill("the session was restarted");
             }
-            inner.state_lost = false;
+            inner.lost = None;
             inner.cells = 0;
             inner.history.clear();
             inner.last_active = Instant::now();
@@ -374,7 +482,12 @@ impl Session {
             worker
         };
         self.refill_spare();
-        worker.wait_ready(self.env.start_timeout).await
+        // Synchronous: the killed worker's cell must have ended (its lock released) before
+        // the restart answers, or the next call would find the session busy.
+        let guard = self.wait_op_lock().await?;
+        let ready = worker.wait_ready(self.env.start_timeout).await;
+        drop(guard);
+        ready
     }
 
     /// Wait until the current worker is ready (for callers that want a warm session).
@@ -464,5 +577,22 @@ impl std::fmt::Debug for Session {
             .field("name", &self.name)
             .field("policy", &self.env.policy_name)
             .finish()
+    }
+}
+
+/// The note for the first cell after state was lost because a worker ended.
+fn lost_note(how: &str) -> String {
+    format!(
+        "the previous worker ended ({how}); this ran in a fresh worker and earlier state is lost"
+    )
+}
+
+/// "2 s", "0.5 s".
+fn seconds_words(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0} s")
+    } else {
+        format!("{s} s")
     }
 }

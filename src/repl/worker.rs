@@ -15,7 +15,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::{OwnedMutexGuard, mpsc, oneshot, watch};
 
 use super::protocol::{self, Event, Request};
-use super::pump::{Pending, Shared, kill_group, lock, pidfd_open, pump, write_requests};
+use super::pump::{Pending, Shared, kill_group, lock, pump, write_requests};
 use super::{CellSink, OutStream, ReplError};
 use crate::sandbox::{ResolvedPolicy, SandboxCommand};
 
@@ -82,6 +82,7 @@ impl Worker {
         let pid = child.pid;
         let stdout = child.stdout.take().map(OwnedFd::from);
         let stderr = child.stderr.take().map(OwnedFd::from);
+        let exit_fd = child.exit_fd();
         let (ready, ready_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             state: Mutex::default(),
@@ -104,7 +105,7 @@ impl Worker {
                 pipe::Receiver::from_owned_fd(OwnedFd::from(ev_r))?,
                 pipe::Receiver::from_owned_fd(out)?,
                 pipe::Receiver::from_owned_fd(err)?,
-                pidfd_open(pid)?,
+                exit_fd?,
             ))
         })();
         let (req_tx, ev_rx, out_rx, err_rx, pidfd) = match pipes {
@@ -229,27 +230,36 @@ impl Worker {
         true
     }
 
-    /// SIGINT to the worker's main thread (not its children): KeyboardInterrupt in running code.
-    pub fn interrupt(&self) {
-        let child = lock(&self.shared.child);
-        if child.is_some() {
-            // To the main thread (tid == pid), where user code runs; process-directed it
-            // could land on another thread and not wake a blocking call in the main one.
-            // SAFETY: plain syscall on a pid we have not reaped yet (checked above).
-            unsafe {
-                libc::syscall(
-                    libc::SYS_tgkill,
-                    self.pid as libc::pid_t,
-                    self.pid as libc::pid_t,
-                    libc::SIGINT,
-                )
-            };
+    /// SIGCONT to the worker's process group: a stopped worker (SIGSTOP) would keep a
+    /// SIGINT pending and the cancel would be lost.
+    pub fn resume(&self) {
+        if let Some(child) = lock(&self.shared.child).as_ref()
+            && let Err(e) = child.signal_group(libc::SIGCONT)
+        {
+            tracing::warn!(error = %e, "could not continue the Python worker");
         }
     }
 
+    /// KeyboardInterrupt in the running cell, through the protocol: the worker's reader
+    /// thread raises it in the main thread (`pthread_kill`), or at the start of the cell
+    /// if it has not started yet, so an interrupt sent just after the cell is never lost
+    /// and one sent between cells interrupts nothing. False when no cell runs.
+    pub fn interrupt(&self) -> bool {
+        let Some(id) = lock(&self.shared.state).current else {
+            return false;
+        };
+        self.send(&Request::Interrupt { id });
+        true
+    }
+
     /// Kill the whole process group; pending calls get a death message naming `reason`.
-    pub fn kill(&self, reason: &'static str) {
+    pub fn kill(&self, reason: &str) {
         kill_group(&self.shared, reason);
+    }
+
+    /// How the process ended (signal or exit code), once it is dead and reaped.
+    pub fn exit_status(&self) -> Option<crate::sandbox::Termination> {
+        lock(&self.shared.state).exit.clone()
     }
 }
 

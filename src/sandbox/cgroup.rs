@@ -53,7 +53,8 @@ pub enum CgroupError {
     NotDelegated {
         dir: PathBuf,
         controllers: String,
-        reason: String,
+        /// Why enabling them failed (shared: the outcome is prepared once per process).
+        reason: std::sync::Arc<CgroupError>,
     },
     #[error(
         "cannot {action} {path}: {source}; is the cgroup filesystem writable (root or delegated)?"
@@ -62,6 +63,12 @@ pub enum CgroupError {
         action: &'static str,
         path: PathBuf,
         source: std::io::Error,
+    },
+    /// Controllers cannot be enabled where other processes live (no-internal-processes).
+    #[error("{source}; other processes share the cgroup ({others} of them)")]
+    Shared {
+        source: std::io::Error,
+        others: usize,
     },
     #[error("cannot join cgroup {path}: {source}; the job cannot be limited, refusing to run it")]
     Join {

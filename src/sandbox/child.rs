@@ -4,11 +4,13 @@
 //! which limit, if any, ended it. The rest of its process group and cgroup is killed
 //! once the main process has ended.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::process::{ChildStderr, ChildStdin, ChildStdout};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
+
+use tokio::io::unix::AsyncFd;
 
 use super::isolation::JobCgroupHandle;
 use super::resolve::Limits;
@@ -70,14 +72,8 @@ impl SandboxedChild {
         limits: Limits,
         unenforced: Vec<String>,
     ) -> std::io::Result<SandboxedChild> {
-        // SAFETY: pidfd_open on our own unreaped child; returns a fresh fd or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-        let pidfd = if fd >= 0 {
-            // SAFETY: fresh descriptor we own.
-            Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-        } else {
-            None
-        };
+        // Our own unreaped child: its pid cannot have been reused.
+        let pidfd = pidfd_open(pid).ok();
         Ok(SandboxedChild {
             pid,
             stdin: child.stdin.take(),
@@ -114,6 +110,18 @@ impl SandboxedChild {
         self.killer.kill_all();
     }
 
+    /// Forward the terminal's signals to this child's process group from now on (and
+    /// any that arrived since `forwarding` was installed); see [`SignalForwarding`].
+    pub fn forward_terminal_signals(&self, forwarding: &SignalForwarding) {
+        let _ = forwarding;
+        FORWARD_PGID.store(self.pid as i32, Ordering::SeqCst);
+        let pending = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
+        if pending > 0 {
+            // SAFETY: kill(2) on our own child's process group.
+            unsafe { libc::kill(-(self.pid as i32), pending) };
+        }
+    }
+
     /// A cloneable handle that can signal the process group while another task owns
     /// the child in [`wait`](Self::wait) (cancel, interrupt). It goes inert once the
     /// child has been reaped, so a recycled process-group id is never signalled.
@@ -121,15 +129,23 @@ impl SandboxedChild {
         self.killer.clone()
     }
 
+    /// A descriptor that becomes readable once the process has ended, registered with
+    /// tokio (call inside a runtime): for a task that watches the process while another
+    /// owns it. Reaping stays with [`wait`](Self::wait).
+    pub fn exit_fd(&self) -> std::io::Result<AsyncFd<OwnedFd>> {
+        let fd = match &self.pidfd {
+            Some(fd) => fd.try_clone()?,
+            None => pidfd_open(self.pid)?,
+        };
+        register_readable(fd)
+    }
+
     /// Wait for the process to end (async; never blocks the runtime) and report how.
     /// Enforces the wall-time limit when asked to.
     pub async fn wait(mut self) -> ExitReport {
         let mut wall_hit = false;
         if let Some(fd) = self.pidfd.take() {
-            // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, which owns it until dropped.
-            let registered = unsafe {
-                tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
-            };
+            let registered = register_readable(fd);
             // Without a reactor for this fd, the blocking reap below (off the runtime) waits,
             // without the wall-time limit.
             if let Ok(afd) = registered {
@@ -270,6 +286,71 @@ impl Drop for SandboxedChild {
             self.killer.done.store(true, Ordering::SeqCst);
         }
     }
+}
+
+/// Process group the terminal's signals are forwarded to (0: none yet); see
+/// [`SignalForwarding`].
+static FORWARD_PGID: AtomicI32 = AtomicI32::new(0);
+/// A signal that arrived before the child's group was known, replayed once it is.
+static PENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward_signal(sig: libc::c_int) {
+    let pgid = FORWARD_PGID.load(Ordering::SeqCst);
+    if pgid > 0 {
+        // SAFETY: kill(2) is async-signal-safe; the group is our own child's.
+        unsafe { libc::kill(-pgid, sig) };
+    } else {
+        PENDING_SIGNAL.store(sig, Ordering::SeqCst);
+    }
+}
+
+/// Forwarding of SIGINT/SIGTERM/SIGHUP/SIGQUIT for the single-threaded `run` command:
+/// the sandboxed child leads its own session, so the terminal's signals (Ctrl-C, a CI
+/// timeout) reach only `run`. Install it *before* spawning, so that no signal is lost
+/// in between, then point it at the child with
+/// [`SandboxedChild::forward_terminal_signals`]. Dropping it stops the forwarding (the
+/// child has been reaped: its group id may be reused).
+#[must_use = "forwarding stops when the guard is dropped"]
+pub struct SignalForwarding(());
+
+impl SignalForwarding {
+    pub fn install() -> Self {
+        FORWARD_PGID.store(0, Ordering::SeqCst);
+        PENDING_SIGNAL.store(0, Ordering::SeqCst);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            // SAFETY: installs a handler that only touches atomics and calls kill(2),
+            // all async-signal-safe. exec (of the launcher) resets it in the child.
+            unsafe { libc::signal(sig, forward_signal as *const () as libc::sighandler_t) };
+        }
+        SignalForwarding(())
+    }
+}
+
+impl Drop for SignalForwarding {
+    fn drop(&mut self) {
+        FORWARD_PGID.store(0, Ordering::SeqCst);
+    }
+}
+
+/// `pidfd_open(2)`: a descriptor for `pid` that becomes readable once it has ended.
+/// Only meaningful for a process that cannot have been reaped yet (our own child).
+fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).map_err(std::io::Error::other)?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a fresh descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let fd = RawFd::try_from(fd).map_err(std::io::Error::other)?;
+    // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Register a pidfd with the tokio reactor for readability (the process ended).
+fn register_readable(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, which owns it until dropped.
+    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(|e| e.into())
 }
 
 /// wait4 for `pid`, retrying on EINTR. `None` if it cannot be reaped.

@@ -1,15 +1,15 @@
 //! Adapter between the launcher and the isolation mechanisms of `cgroup`, `netns` and
 //! `mounts` (which take plain parameters, not policy types). Everything the launcher
-//! and the spawn side need from them goes through these few functions, with errors
-//! already in words.
+//! and the spawn side need from them goes through these few functions.
 //!
 //! Launcher-side functions return `Ok(None)` when applied, `Ok(Some(note))` when the
 //! mechanism is not available and the policy allows best effort (the note lands in the
-//! report's list of what was not enforced), `Err(words)` when it is fatal.
+//! report's list of what was not enforced), `Err(SetupError)` when it is fatal.
 
 use std::path::PathBuf;
 
-use super::cgroup::{self, JobCgroup};
+use super::cgroup::{self, CgroupError, JobCgroup};
+use super::error::SetupError;
 use super::mounts::{self, MountView};
 use super::netns;
 
@@ -21,18 +21,16 @@ pub struct JobCgroupHandle {
 }
 
 impl JobCgroupHandle {
-    /// Create a cgroup for one job with these limits. `Err` in words.
+    /// Create a cgroup for one job with these limits.
     pub fn create(
         name: &str,
         memory_bytes: Option<u64>,
         max_pids: Option<u64>,
-    ) -> Result<JobCgroupHandle, String> {
-        JobCgroup::create(name, memory_bytes, max_pids)
-            .map(|inner| JobCgroupHandle {
-                inner,
-                has_memory: memory_bytes.is_some(),
-            })
-            .map_err(|e| e.to_string())
+    ) -> Result<JobCgroupHandle, CgroupError> {
+        JobCgroup::create(name, memory_bytes, max_pids).map(|inner| JobCgroupHandle {
+            inner,
+            has_memory: memory_bytes.is_some(),
+        })
     }
     pub fn procs_files(&self) -> Vec<PathBuf> {
         self.inner.procs_files()
@@ -54,20 +52,23 @@ impl JobCgroupHandle {
     }
 }
 
-fn outcome<E: std::fmt::Display>(
+fn outcome<E: std::fmt::Display + Into<SetupError>>(
     result: Result<(), E>,
     best_effort: bool,
     what: &str,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, SetupError> {
     match result {
         Ok(()) => Ok(None),
         Err(e) if best_effort => Ok(Some(format!("{what} ({e})"))),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// Launcher side: move the calling process into the job's cgroup(s).
-pub fn join_cgroup(procs_files: &[PathBuf], best_effort: bool) -> Result<Option<String>, String> {
+pub fn join_cgroup(
+    procs_files: &[PathBuf],
+    best_effort: bool,
+) -> Result<Option<String>, SetupError> {
     if procs_files.is_empty() {
         return Ok(None);
     }
@@ -79,7 +80,7 @@ pub fn join_cgroup(procs_files: &[PathBuf], best_effort: bool) -> Result<Option<
 }
 
 /// Launcher side: a private network namespace (loopback up if asked).
-pub fn isolate_network(loopback_up: bool, best_effort: bool) -> Result<Option<String>, String> {
+pub fn isolate_network(loopback_up: bool, best_effort: bool) -> Result<Option<String>, SetupError> {
     outcome(
         netns::isolate_network(loopback_up),
         best_effort,
@@ -99,7 +100,7 @@ pub struct MountViewSpec<'a> {
 pub fn apply_mount_view(
     view: &MountViewSpec<'_>,
     best_effort: bool,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, SetupError> {
     // Executable paths must be visible too; the view binds them read-only.
     let view = MountView {
         read: view.read.to_vec(),

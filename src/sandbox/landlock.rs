@@ -9,6 +9,7 @@ use landlock::{
     PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 
+use super::error::SetupError;
 use super::policy::Scoping;
 use super::resolve::{NetworkPolicy, ResolvedPolicy};
 
@@ -114,37 +115,38 @@ pub fn kernel_abi() -> i32 {
     if v < 0 { 0 } else { v as i32 }
 }
 
-/// What of `plan` a kernel with Landlock ABI `abi` leaves unenforced; an error in words
-/// unless the policy allows best effort.
+/// What of `plan` a kernel with Landlock ABI `abi` leaves unenforced; an error unless
+/// the policy allows best effort.
 pub fn check_support(
     plan: &LandlockPlan,
     abi: i32,
     policy_name: &str,
     best_effort: bool,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, SetupError> {
     let missing = plan.unenforced(abi);
     if missing.is_empty() || best_effort {
         return Ok(missing);
     }
     if abi == 0 {
-        return Err(format!(
-            "this kernel has no Landlock; policy {policy_name} requires it"
-        ));
+        return Err(SetupError::LandlockMissing {
+            policy: policy_name.to_string(),
+        });
     }
-    Err(format!(
-        "this kernel's Landlock ABI is {abi}; policy {policy_name} needs ABI {} for: {}",
-        plan.required_abi(),
-        missing.join(", ")
-    ))
+    Err(SetupError::LandlockAbi {
+        abi,
+        policy: policy_name.to_string(),
+        required: plan.required_abi(),
+        missing: missing.join(", "),
+    })
 }
 
 /// Apply `plan` to the calling thread. `best_effort`: enforce what the kernel supports
-/// and return what it does not; otherwise anything unenforced is an error in words.
+/// and return what it does not; otherwise anything unenforced is an error.
 pub fn install_landlock_on_current_thread(
     plan: &LandlockPlan,
     policy_name: &str,
     best_effort: bool,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, SetupError> {
     if plan.is_empty() {
         return Ok(Vec::new());
     }
@@ -154,7 +156,7 @@ pub fn install_landlock_on_current_thread(
         return Ok(missing);
     }
     let target = ABI::from(abi.min(6));
-    let err = |e: landlock::RulesetError| format!("Landlock: {e}");
+    let err = SetupError::Landlock;
     let mut ruleset = Ruleset::default().set_compatibility(CompatLevel::BestEffort);
     if plan.fs.is_some() {
         ruleset = ruleset
@@ -185,7 +187,12 @@ pub fn install_landlock_on_current_thread(
                 Ok(fd) => fd,
                 // A path that does not exist on this machine (e.g. /lib32) grants nothing.
                 Err(_) if !path.exists() => continue,
-                Err(e) => return Err(format!("Landlock: cannot open {}: {e}", path.display())),
+                Err(source) => {
+                    return Err(SetupError::LandlockPath {
+                        path: path.clone(),
+                        source,
+                    });
+                }
             };
             let read = AccessFs::ReadFile | AccessFs::ReadDir;
             let mut access = match grant {
@@ -224,26 +231,17 @@ pub fn install_landlock_on_current_thread(
             }
             Ok(missing)
         }
-        other => Err(format!(
-            "the kernel did not fully enforce the Landlock ruleset ({other:?}); policy \
-             {policy_name} requires it"
-        )),
+        other => Err(SetupError::LandlockPartial {
+            status: format!("{other:?}"),
+            policy: policy_name.to_string(),
+        }),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::{Placeholders, Policy};
-
-    fn resolved(name: &str) -> ResolvedPolicy {
-        let ph = Placeholders {
-            workspace: "/w".into(),
-            tmp: "/t".into(),
-            ..Default::default()
-        };
-        Policy::load(name).unwrap().resolve(&ph).unwrap()
-    }
+    use crate::sandbox::resolve::test_fixture::resolved;
 
     #[test]
     fn workspace_write_plan() {
@@ -276,10 +274,14 @@ mod tests {
     fn missing_kernel_support_fails_closed_in_words() {
         let plan = landlock_rules(&resolved("workspace-write"));
         assert_eq!(
-            check_support(&plan, 0, "workspace-write", false).unwrap_err(),
+            check_support(&plan, 0, "workspace-write", false)
+                .unwrap_err()
+                .to_string(),
             "this kernel has no Landlock; policy workspace-write requires it"
         );
         let e = check_support(&plan, 5, "ci", false).unwrap_err();
+        assert_eq!(e.step(), "landlock");
+        let e = e.to_string();
         assert!(
             e.contains("ABI is 5") && e.contains("needs ABI 6") && e.contains("signal"),
             "{e}"

@@ -5,8 +5,8 @@
 //! setsid → cgroup → network namespace → mount view → chdir → rlimits → environment →
 //! capability drop → no_new_privs → Landlock → seccomp → close inherited fds → execvp.
 //!
-//! Any failure before exec is written in words to the status pipe (close-on-exec, so a
-//! successful exec closes it). Lines starting with `unenforced:` name what a
+//! Any failure before exec is a [`SetupError`] whose `Display` is written to the status
+//! pipe (close-on-exec, so a successful exec closes it). Lines starting with `unenforced:` name what a
 //! `best_effort` policy could not enforce; a line starting with `error:` is fatal.
 
 use std::ffi::CString;
@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::error::SetupError;
 use super::isolation::{self, MountViewSpec};
 use super::landlock::{install_landlock_on_current_thread, landlock_rules};
 use super::policy::KernelSupportMode;
@@ -71,8 +72,7 @@ pub fn launcher_main() -> ! {
     let mut text = Vec::new();
     let spec: LaunchSpec = match file
         .read_to_end(&mut text)
-        .map_err(|e| e.to_string())
-        .and_then(|_| serde_json::from_slice(&text).map_err(|e| e.to_string()))
+        .and_then(|_| serde_json::from_slice(&text).map_err(std::io::Error::from))
     {
         Ok(spec) => spec,
         Err(e) => {
@@ -93,7 +93,7 @@ pub(crate) fn run_spec(spec: &LaunchSpec) -> ! {
     set_cloexec(spec.status_fd);
     let mut notes = Vec::new();
     let err = apply_and_exec(spec, &mut notes, &mut status);
-    let _ = writeln!(status, "error: {}", err.replace('\n', " "));
+    let _ = writeln!(status, "error: {}", err.to_string().replace('\n', " "));
     // SAFETY: _exit skips atexit handlers and stdio flushing, which belong to the parent
     // when this is a forked child.
     unsafe { libc::_exit(SETUP_FAILED_EXIT) }
@@ -106,9 +106,9 @@ fn set_cloexec(fd: RawFd) {
 
 /// Isolation step outcome: applied, not available (a note), or failed.
 fn isolation_step(
-    result: Result<Option<String>, String>,
+    result: Result<Option<String>, SetupError>,
     notes: &mut Vec<String>,
-) -> Result<(), String> {
+) -> Result<(), SetupError> {
     match result {
         Ok(None) => Ok(()),
         Ok(Some(note)) => {
@@ -124,7 +124,7 @@ fn apply_and_exec(
     spec: &LaunchSpec,
     notes: &mut Vec<String>,
     status: &mut std::fs::File,
-) -> String {
+) -> SetupError {
     match apply_sandbox(spec, notes) {
         Ok(()) => {}
         Err(e) => return e,
@@ -135,12 +135,12 @@ fn apply_and_exec(
     exec(spec)
 }
 
-fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), String> {
+fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), SetupError> {
     let policy = &spec.policy;
     let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
     // SAFETY: plain syscall; we are not a group leader (fresh child of the parent).
     if unsafe { libc::setsid() } < 0 {
-        return Err(format!("setsid: {}", std::io::Error::last_os_error()));
+        return Err(SetupError::Session(std::io::Error::last_os_error()));
     }
     isolation_step(
         isolation::join_cgroup(&spec.cgroup_procs, best_effort),
@@ -178,8 +178,10 @@ fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), Strin
         isolation_step(isolation::apply_mount_view(&view, best_effort), notes)?;
     }
     if let Some(dir) = &spec.cwd {
-        std::env::set_current_dir(dir)
-            .map_err(|e| format!("cannot enter the working directory {}: {e}", dir.display()))?;
+        std::env::set_current_dir(dir).map_err(|source| SetupError::WorkingDir {
+            path: dir.clone(),
+            source,
+        })?;
     }
     // SAFETY: getuid cannot fail.
     let root = unsafe { libc::getuid() } == 0;
@@ -203,7 +205,7 @@ fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), Strin
 }
 
 /// Close every descriptor from 3 up except `keep` and `status` (which is close-on-exec).
-fn close_inherited_fds(keep: &[RawFd], status: RawFd) -> Result<(), String> {
+fn close_inherited_fds(keep: &[RawFd], status: RawFd) -> Result<(), SetupError> {
     let mut keep: Vec<u32> = keep.iter().chain([&status]).map(|&fd| fd as u32).collect();
     keep.sort_unstable();
     keep.dedup();
@@ -213,10 +215,7 @@ fn close_inherited_fds(keep: &[RawFd], status: RawFd) -> Result<(), String> {
             // SAFETY: closing descriptors nobody else in this single-threaded process uses.
             let rc = unsafe { libc::close_range(next, fd - 1, 0) };
             if rc != 0 {
-                return Err(format!(
-                    "cannot close inherited descriptors: {}",
-                    std::io::Error::last_os_error()
-                ));
+                return Err(SetupError::CloseFds(std::io::Error::last_os_error()));
             }
         }
         next = next.max(fd.saturating_add(1));
@@ -228,11 +227,11 @@ fn close_inherited_fds(keep: &[RawFd], status: RawFd) -> Result<(), String> {
 /// (ENOENT and ENOTDIR go on to the next directory, EACCES is remembered, ENOEXEC runs
 /// the file with /bin/sh). The process environment is never touched: std's environment
 /// lock may be held by the parent's `spawn` in a forked child. Returns why it failed.
-fn exec(spec: &LaunchSpec) -> String {
+fn exec(spec: &LaunchSpec) -> SetupError {
     let program = spec.argv.first().cloned().unwrap_or_default();
     let shown = String::from_utf8_lossy(&program).into_owned();
     if program.is_empty() {
-        return "no command given".to_string();
+        return SetupError::NoCommand;
     }
     let cstr = |b: &[u8]| CString::new(b.to_vec());
     let args: Result<Vec<CString>, _> = spec.argv.iter().map(|a| cstr(a)).collect();
@@ -243,7 +242,7 @@ fn exec(spec: &LaunchSpec) -> String {
         .map(|(k, v)| cstr(&[k.as_slice(), b"=", v.as_slice()].concat()))
         .collect();
     let (Ok(args), Ok(envs)) = (args, envs) else {
-        return format!("an argument or variable for {shown:?} contains a NUL byte");
+        return SetupError::NulByte { program: shown };
     };
     let path = spec
         .env
@@ -282,37 +281,46 @@ fn exec(spec: &LaunchSpec) -> String {
             argv.push(std::ptr::null());
             // SAFETY: as above.
             unsafe { libc::execve(sh.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
-            return format!(
-                "cannot execute {shown:?}: {}",
-                std::io::Error::last_os_error()
-            );
+            return SetupError::Exec {
+                program: shown,
+                source: std::io::Error::last_os_error(),
+            };
         }
         match e.raw_os_error() {
             Some(libc::ENOENT) | Some(libc::ENOTDIR) => last = e,
             Some(libc::EACCES) | Some(libc::EPERM) => denied = Some(e),
-            _ => return format!("cannot execute {shown:?}: {e}"),
+            _ => {
+                return SetupError::Exec {
+                    program: shown,
+                    source: e,
+                };
+            }
         }
     }
-    if let Some(e) = denied {
-        return format!(
-            "cannot execute {shown:?}: {e}; blocked by policy {}, which allows executing only \
-             under: {}",
-            spec.policy.name,
-            spec.policy
+    if let Some(source) = denied {
+        return SetupError::ExecDenied {
+            program: shown,
+            source,
+            policy: spec.policy.name.clone(),
+            allowed: spec
+                .policy
                 .execute
                 .iter()
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
-                .join(", ")
-        );
+                .join(", "),
+        };
     }
     if program.contains(&b'/') {
-        return format!("cannot execute {shown:?}: {last}");
+        return SetupError::Exec {
+            program: shown,
+            source: last,
+        };
     }
-    format!(
-        "command not found: {shown:?} (searched PATH={})",
-        String::from_utf8_lossy(&path)
-    )
+    SetupError::NotFound {
+        program: shown,
+        path: String::from_utf8_lossy(&path).into_owned(),
+    }
 }
 
 /// Bytes of an OS string, for the spec.

@@ -27,7 +27,7 @@ pub mod seccomp;
 pub mod spawn;
 
 pub use child::{ExitReport, GroupKiller, LimitHit, SandboxedChild, Termination, signal_name};
-pub use error::{LaunchError, PolicyError};
+pub use error::{LaunchError, PolicyError, SetupError};
 pub use explain::explain_denials;
 pub use policy::{DEFAULT_POLICY, KernelSupportMode, NetworkMode, Policy, Scoping};
 pub use privileges::harden_current_process;

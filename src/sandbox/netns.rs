@@ -53,6 +53,7 @@ fn bring_up_loopback() -> Result<(), NetnsError> {
         }
         // SAFETY: ifru_flags is the active union member after SIOCGIFFLAGS.
         unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+        // SAFETY: as above; the kernel only reads the ifreq.
         if unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) } != 0 {
             return Err(err("SIOCSIFFLAGS")(io::Error::last_os_error()));
         }

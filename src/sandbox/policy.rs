@@ -246,7 +246,8 @@ impl Policy {
             ("execute", &fs.execute),
         ] {
             for (i, p) in paths.iter().enumerate() {
-                check_path(p).map_err(|m| invalid(format!("filesystem.{set}[{i}]"), m))?;
+                check_path(p)
+                    .map_err(|m| invalid(format!("filesystem.{set}[{i}]"), m.to_string()))?;
             }
         }
         let net = &self.network;
@@ -271,10 +272,12 @@ impl Policy {
             }
         }
         for (i, name) in self.environment.pass.iter().enumerate() {
-            check_env_name(name).map_err(|m| invalid(format!("environment.pass[{i}]"), m))?;
+            check_env_name(name)
+                .map_err(|m| invalid(format!("environment.pass[{i}]"), m.to_string()))?;
         }
         for name in self.environment.set.keys() {
-            check_env_name(name).map_err(|m| invalid(format!("environment.set.{name}"), m))?;
+            check_env_name(name)
+                .map_err(|m| invalid(format!("environment.set.{name}"), m.to_string()))?;
         }
         let l = &self.limits;
         for (key, size) in [
@@ -282,7 +285,7 @@ impl Policy {
             ("limits.file_size", &l.file_size),
         ] {
             if let Some(size) = size {
-                parse_size(size).map_err(|m| invalid(key.into(), m))?;
+                parse_size(size).map_err(|m| invalid(key.into(), m.to_string()))?;
             }
         }
         for (key, v) in [
@@ -331,31 +334,57 @@ fn one_line(e: &toml::de::Error) -> String {
     }
 }
 
-fn check_path(p: &str) -> Result<(), String> {
+/// A value in a policy file that parses but makes no sense; becomes the message of a
+/// [`PolicyError::Invalid`] naming the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidValue {
+    #[error("{path:?} starts with an unknown placeholder; allowed: {allowed}")]
+    UnknownPlaceholder { path: String, allowed: String },
+    #[error("{path:?} contains `..`; write the path without it")]
+    DotDot { path: String },
+    #[error(
+        "relative path {path:?}; paths must be absolute or start with a placeholder ({allowed})"
+    )]
+    Relative { path: String, allowed: String },
+    #[error("{name:?} is not a variable name (letters, digits, `_`; or `*` for all)")]
+    VariableName { name: String },
+    #[error("{text:?} is not a size; write bytes as a number or e.g. \"512MiB\", \"2G\"")]
+    NotASize { text: String },
+    #[error("unknown unit {unit:?} in {text:?}; use K, M, G or T")]
+    UnknownUnit { unit: String, text: String },
+    #[error("{text:?} is too large")]
+    TooLarge { text: String },
+    #[error("0 makes no sense; give a positive size or leave the key out for no limit")]
+    ZeroSize,
+}
+
+fn check_path(p: &str) -> Result<(), InvalidValue> {
     if p.starts_with('{') {
         let known = PLACEHOLDERS.iter().find(|ph| p.starts_with(**ph));
         match known {
             Some(ph) if p.len() == ph.len() || p[ph.len()..].starts_with('/') => Ok(()),
-            _ => Err(format!(
-                "{p:?} starts with an unknown placeholder; allowed: {}",
-                PLACEHOLDERS.join(", ")
-            )),
+            _ => Err(InvalidValue::UnknownPlaceholder {
+                path: p.to_string(),
+                allowed: PLACEHOLDERS.join(", "),
+            }),
         }
     } else if p.starts_with('/') {
         if p.split('/').any(|c| c == "..") {
-            Err(format!("{p:?} contains `..`; write the path without it"))
+            Err(InvalidValue::DotDot {
+                path: p.to_string(),
+            })
         } else {
             Ok(())
         }
     } else {
-        Err(format!(
-            "relative path {p:?}; paths must be absolute or start with a placeholder ({})",
-            PLACEHOLDERS.join(", ")
-        ))
+        Err(InvalidValue::Relative {
+            path: p.to_string(),
+            allowed: PLACEHOLDERS.join(", "),
+        })
     }
 }
 
-fn check_env_name(name: &str) -> Result<(), String> {
+fn check_env_name(name: &str) -> Result<(), InvalidValue> {
     // `*` in `pass` means the whole environment (danger-full-access).
     let ok = name == "*"
         || !name.is_empty()
@@ -364,22 +393,22 @@ fn check_env_name(name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{name:?} is not a variable name (letters, digits, `_`; or `*` for all)"
-        ))
+        Err(InvalidValue::VariableName {
+            name: name.to_string(),
+        })
     }
 }
 
 /// Parse a byte size; 0 is rejected.
-pub fn parse_size(size: &ByteSize) -> Result<u64, String> {
+pub fn parse_size(size: &ByteSize) -> Result<u64, InvalidValue> {
     let n = match size {
         ByteSize::Bytes(n) => *n,
         ByteSize::Text(t) => {
             let t = t.trim();
             let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
             let (digits, unit) = t.split_at(split);
-            let base: u64 = digits.parse().map_err(|_| {
-                format!("{t:?} is not a size; write bytes as a number or e.g. \"512MiB\", \"2G\"")
+            let base: u64 = digits.parse().map_err(|_| InvalidValue::NotASize {
+                text: t.to_string(),
             })?;
             let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
                 "" | "b" => 1,
@@ -388,17 +417,20 @@ pub fn parse_size(size: &ByteSize) -> Result<u64, String> {
                 "g" | "gb" | "gib" => 1 << 30,
                 "t" | "tb" | "tib" => 1 << 40,
                 other => {
-                    return Err(format!("unknown unit {other:?} in {t:?}; use K, M, G or T"));
+                    return Err(InvalidValue::UnknownUnit {
+                        unit: other.to_string(),
+                        text: t.to_string(),
+                    });
                 }
             };
             base.checked_mul(mult)
-                .ok_or_else(|| format!("{t:?} is too large"))?
+                .ok_or_else(|| InvalidValue::TooLarge {
+                    text: t.to_string(),
+                })?
         }
     };
     if n == 0 {
-        return Err(
-            "0 makes no sense; give a positive size or leave the key out for no limit".into(),
-        );
+        return Err(InvalidValue::ZeroSize);
     }
     Ok(n)
 }

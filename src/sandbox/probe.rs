@@ -8,11 +8,39 @@ use std::io;
 
 use serde::Serialize;
 
-use super::cgroup::{CgroupVersion, JobCgroup, Layout};
+use super::cgroup::{CgroupError, CgroupVersion, JobCgroup, Layout};
 
 pub mod enforcement;
 
 pub use enforcement::{Item, enforcement};
+
+/// Why a probed mechanism is not usable here.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("this kernel is built without Landlock (CONFIG_SECURITY_LANDLOCK)")]
+    LandlockMissing,
+    #[error("Landlock is built in but disabled: add `landlock` to the lsm= boot parameter")]
+    LandlockDisabled,
+    #[error("Landlock version query failed: {0}")]
+    LandlockQuery(#[source] io::Error),
+    #[error("seccomp filter mode unavailable: {0}")]
+    Seccomp(#[source] io::Error),
+    #[error("fork failed: {0}")]
+    Fork(#[source] io::Error),
+    #[error("waitpid failed: {0}")]
+    Wait(#[source] io::Error),
+    #[error("probe child died")]
+    ChildDied,
+    #[error("{0} (user namespaces disabled)")]
+    UserNamespacesDisabled(#[source] io::Error),
+    #[error("{0} (the launcher needs CAP_SYS_ADMIN: run the server as root)")]
+    NeedsRoot(#[source] io::Error),
+    /// What the probe child's failing call returned.
+    #[error(transparent)]
+    Os(io::Error),
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+}
 
 /// Outcome of one probe: usable, or why not.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -23,7 +51,7 @@ pub struct Probe {
 }
 
 impl Probe {
-    fn from(result: Result<(), String>) -> Probe {
+    fn from(result: Result<(), ProbeError>) -> Probe {
         match result {
             Ok(()) => Probe {
                 ok: true,
@@ -31,7 +59,7 @@ impl Probe {
             },
             Err(e) => Probe {
                 ok: false,
-                error: Some(e),
+                error: Some(e.to_string()),
             },
         }
     }
@@ -100,7 +128,7 @@ impl KernelSupport {
         let euid = unsafe { libc::geteuid() };
         let (landlock_abi, landlock_error) = match landlock_abi() {
             Ok(v) => (Some(v), None),
-            Err(e) => (None, Some(e)),
+            Err(e) => (None, Some(e.to_string())),
         };
         let landlock_features = LANDLOCK_FEATURES
             .iter()
@@ -128,7 +156,7 @@ impl KernelSupport {
 }
 
 /// `landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`.
-pub fn landlock_abi() -> Result<u32, String> {
+pub fn landlock_abi() -> Result<u32, ProbeError> {
     // SAFETY: the documented version query: null attr, size 0, flag 1.
     let rc = unsafe {
         libc::syscall(
@@ -143,17 +171,13 @@ pub fn landlock_abi() -> Result<u32, String> {
     }
     let err = io::Error::last_os_error();
     Err(match err.raw_os_error() {
-        Some(libc::ENOSYS) => {
-            "this kernel is built without Landlock (CONFIG_SECURITY_LANDLOCK)".into()
-        }
-        Some(libc::EOPNOTSUPP) => {
-            "Landlock is built in but disabled: add `landlock` to the lsm= boot parameter".into()
-        }
-        _ => format!("Landlock version query failed: {err}"),
+        Some(libc::ENOSYS) => ProbeError::LandlockMissing,
+        Some(libc::EOPNOTSUPP) => ProbeError::LandlockDisabled,
+        _ => ProbeError::LandlockQuery(err),
     })
 }
 
-fn seccomp_filter() -> Result<(), String> {
+fn seccomp_filter() -> Result<(), ProbeError> {
     let action: u32 = libc::SECCOMP_RET_KILL_PROCESS;
     // SAFETY: seccomp(SECCOMP_GET_ACTION_AVAIL) only reads the u32 we pass.
     let rc = unsafe {
@@ -167,10 +191,7 @@ fn seccomp_filter() -> Result<(), String> {
     if rc == 0 {
         Ok(())
     } else {
-        Err(format!(
-            "seccomp filter mode unavailable: {}",
-            io::Error::last_os_error()
-        ))
+        Err(ProbeError::Seccomp(io::Error::last_os_error()))
     }
 }
 
@@ -185,11 +206,11 @@ enum Mount {
     Proc,
 }
 
-fn in_child(flag: libc::c_int, mount_test: Mount) -> Result<(), String> {
+fn in_child(flag: libc::c_int, mount_test: Mount) -> Result<(), ProbeError> {
     // SAFETY: fork(2); the child runs only async-signal-safe syscalls, then _exit.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Err(format!("fork failed: {}", io::Error::last_os_error()));
+        return Err(ProbeError::Fork(io::Error::last_os_error()));
     }
     if pid == 0 {
         // SAFETY: child side; every call is a raw syscall on constant arguments.
@@ -235,7 +256,7 @@ fn in_child(flag: libc::c_int, mount_test: Mount) -> Result<(), String> {
     let mut status = 0;
     // SAFETY: waiting for the child we just forked.
     if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
-        return Err(format!("waitpid failed: {}", io::Error::last_os_error()));
+        return Err(ProbeError::Wait(io::Error::last_os_error()));
     }
     if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
         return Ok(());
@@ -245,15 +266,12 @@ fn in_child(flag: libc::c_int, mount_test: Mount) -> Result<(), String> {
     } else {
         0
     };
-    let why = if code == 0 {
-        "probe child died".to_string()
-    } else {
-        io::Error::from_raw_os_error(code).to_string()
-    };
+    let why = io::Error::from_raw_os_error(code);
     Err(match code {
-        libc::EPERM if flag == libc::CLONE_NEWUSER => format!("{why} (user namespaces disabled)"),
-        libc::EPERM => format!("{why} (the launcher needs CAP_SYS_ADMIN: run the server as root)"),
-        _ => why,
+        0 => ProbeError::ChildDied,
+        libc::EPERM if flag == libc::CLONE_NEWUSER => ProbeError::UserNamespacesDisabled(why),
+        libc::EPERM => ProbeError::NeedsRoot(why),
+        _ => ProbeError::Os(why),
     })
 }
 
@@ -268,12 +286,12 @@ fn probe_cgroups() -> CgroupSupport {
     let pids = Probe::from(
         JobCgroup::create(&name, None, Some(8))
             .map(drop)
-            .map_err(|e| e.to_string()),
+            .map_err(ProbeError::from),
     );
     let memory = Probe::from(
         JobCgroup::create(&name, Some(64 << 20), Some(8))
             .map(drop)
-            .map_err(|e| e.to_string()),
+            .map_err(ProbeError::from),
     );
     CgroupSupport {
         version: layout.version,

@@ -252,6 +252,23 @@ impl ResolvedPolicy {
     }
 }
 
+/// The one fixture the sandbox's unit tests share: a shipped policy resolved for the
+/// workspace `/w` and temp dir `/t`.
+#[cfg(test)]
+pub(crate) mod test_fixture {
+    use super::{Placeholders, ResolvedPolicy};
+    use crate::sandbox::Policy;
+
+    pub(crate) fn resolved(name: &str) -> ResolvedPolicy {
+        let ph = Placeholders {
+            workspace: "/w".into(),
+            tmp: "/t".into(),
+            ..Default::default()
+        };
+        Policy::load(name).unwrap().resolve(&ph).unwrap()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

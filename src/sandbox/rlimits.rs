@@ -3,6 +3,7 @@
 
 use rlimit::Resource;
 
+use super::error::SetupError;
 use super::resolve::Limits;
 
 /// One limit to set: (resource, soft, hard, name for messages).
@@ -36,16 +37,21 @@ pub fn rlimit_plan(limits: &Limits, memory_cgroup: bool, root: bool) -> Vec<Rlim
 
 /// Set every limit of `plan` on the calling process. Only lowers limits, so no
 /// privilege is needed; a hard limit already lower than asked is kept.
-pub fn apply_rlimits(plan: &[RlimitEntry]) -> Result<(), String> {
+pub fn apply_rlimits(plan: &[RlimitEntry]) -> Result<(), SetupError> {
     for &(resource, soft, hard, name) in plan {
-        let (_, cur_hard) = resource
-            .get()
-            .map_err(|e| format!("cannot read the {name} limit: {e}"))?;
+        let (_, cur_hard) = resource.get().map_err(|source| SetupError::RlimitRead {
+            limit: name,
+            source,
+        })?;
         let hard = hard.min(cur_hard);
         let soft = soft.min(hard);
         resource
             .set(soft, hard)
-            .map_err(|e| format!("cannot set the {name} limit to {soft}: {e}"))?;
+            .map_err(|source| SetupError::RlimitSet {
+                limit: name,
+                soft,
+                source,
+            })?;
     }
     Ok(())
 }

@@ -10,6 +10,7 @@ use seccompiler::{
     SeccompRule, TargetArch,
 };
 
+use super::error::SetupError;
 use super::resolve::{NetworkPolicy, ResolvedPolicy};
 
 /// One comparison on a syscall argument (32-bit).
@@ -180,22 +181,22 @@ fn condition(check: ArgCheck) -> Result<SeccompCondition, seccompiler::BackendEr
 }
 
 /// Compile `rules` into one BPF program per errno.
-fn compile(rules: &[SyscallDeny]) -> Result<Vec<BpfProgram>, String> {
-    let arch = TargetArch::try_from(std::env::consts::ARCH)
-        .map_err(|e| format!("seccomp: unsupported architecture: {e}"))?;
+fn compile(rules: &[SyscallDeny]) -> Result<Vec<BpfProgram>, SetupError> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(SetupError::SeccompArch)?;
     let mut by_errno: BTreeMap<i32, BTreeMap<i64, Vec<SeccompRule>>> = BTreeMap::new();
     for rule in rules {
+        let rule_err = |source| SetupError::SeccompRule {
+            syscall: rule.name.to_string(),
+            source,
+        };
         let mut compiled = Vec::new();
         for alt in &rule.when {
             let conds = alt
                 .iter()
                 .map(|c| condition(*c))
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("seccomp rule for {}: {e}", rule.name))?;
-            compiled.push(
-                SeccompRule::new(conds)
-                    .map_err(|e| format!("seccomp rule for {}: {e}", rule.name))?,
-            );
+                .map_err(rule_err)?;
+            compiled.push(SeccompRule::new(conds).map_err(rule_err)?);
         }
         by_errno
             .entry(rule.errno)
@@ -211,21 +212,20 @@ fn compile(rules: &[SyscallDeny]) -> Result<Vec<BpfProgram>, String> {
                 SeccompAction::Errno(errno as u32),
                 arch,
             )
-            .map_err(|e| format!("seccomp filter: {e}"))?;
-            BpfProgram::try_from(filter).map_err(|e| format!("seccomp filter: {e}"))
+            .map_err(SetupError::SeccompFilter)?;
+            BpfProgram::try_from(filter).map_err(SetupError::SeccompFilter)
         })
         .collect()
 }
 
 /// Load the filter for `rules` on the calling thread (no_new_privs must be set, or the
-/// caller must hold CAP_SYS_ADMIN). Errors are words for the status pipe.
-pub fn install_seccomp_filter_on_current_thread(rules: &[SyscallDeny]) -> Result<(), String> {
+/// caller must hold CAP_SYS_ADMIN).
+pub fn install_seccomp_filter_on_current_thread(rules: &[SyscallDeny]) -> Result<(), SetupError> {
     if rules.is_empty() {
         return Ok(());
     }
     for program in compile(rules)? {
-        seccompiler::apply_filter(&program)
-            .map_err(|e| format!("this kernel refused the seccomp filter: {e}"))?;
+        seccompiler::apply_filter(&program).map_err(SetupError::SeccompLoad)?;
     }
     Ok(())
 }
@@ -233,16 +233,7 @@ pub fn install_seccomp_filter_on_current_thread(rules: &[SyscallDeny]) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::{Placeholders, Policy};
-
-    fn resolved(name: &str) -> ResolvedPolicy {
-        let ph = Placeholders {
-            workspace: "/w".into(),
-            tmp: "/t".into(),
-            ..Default::default()
-        };
-        Policy::load(name).unwrap().resolve(&ph).unwrap()
-    }
+    use crate::sandbox::resolve::test_fixture::resolved;
 
     fn find<'a>(rules: &'a [SyscallDeny], name: &str) -> Option<&'a SyscallDeny> {
         rules.iter().find(|r| r.name == name)

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::child::SandboxedChild;
-use super::error::LaunchError;
+use super::error::{LaunchError, SetupError};
 use super::isolation::JobCgroupHandle;
 use super::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes, run_spec};
 use super::policy::KernelSupportMode;
@@ -101,9 +101,7 @@ impl SandboxCommand {
             source,
         };
         if let Some(&(_, t)) = self.fds.iter().find(|(_, t)| *t < 3) {
-            return Err(LaunchError::Setup(format!(
-                "descriptor target {t} is reserved for stdio; pass descriptors as 3 or above"
-            )));
+            return Err(SetupError::ReservedFd { target: t }.into());
         }
         let policy = &self.policy;
         let limits = &policy.limits;
@@ -118,11 +116,11 @@ impl SandboxCommand {
                     let root = unsafe { libc::getuid() } == 0;
                     let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
                     if root && limits.processes.is_some() && !best_effort {
-                        return Err(LaunchError::Setup(format!(
-                            "cannot create the job's cgroup ({e}); as root the process limit of \
-                             policy {} holds only through a pids cgroup",
-                            policy.name
-                        )));
+                        return Err(SetupError::RootNeedsCgroup {
+                            policy: policy.name.clone(),
+                            source: e,
+                        }
+                        .into());
                     }
                     unenforced.push(format!("cgroup limits, using rlimits instead ({e})"));
                     None
@@ -228,7 +226,7 @@ impl SandboxCommand {
         for line in report.lines() {
             if let Some(msg) = line.strip_prefix("error: ") {
                 let _ = child.wait();
-                return Err(LaunchError::Setup(msg.to_string()));
+                return Err(LaunchError::Launcher(msg.to_string()));
             }
             if let Some(note) = line.strip_prefix("unenforced: ") {
                 unenforced.push(note.to_string());

@@ -97,9 +97,14 @@ pub struct JobReport {
     /// The Python exception, if the cell raised one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<PyErrorReport>,
-    /// True when the session's worker had died before this cell: earlier variables are gone.
+    /// True when the session's variables are gone: its worker died during this cell (see
+    /// `message`, `signal`, `exit_code`) or before it (see `state_note`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_lost: Option<bool>,
+    /// Why this cell ran in a fresh worker (a crash, a cancel that restarted the worker,
+    /// the session's idle expiry), in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_note: Option<String>,
     /// Rich non-image display output (HTML, markdown).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub display: Vec<DisplayReport>,
@@ -176,6 +181,7 @@ impl JobReport {
             value: None,
             error: None,
             state_lost: None,
+            state_note: None,
             display: Vec::new(),
             images: 0,
             result: None,
@@ -213,6 +219,20 @@ impl JobReport {
         }
         if result.get("state_lost").and_then(Value::as_bool) == Some(true) {
             self.state_lost = Some(true);
+            // The crashing cell's own answer names the crash in `message`; only a cell
+            // that ran in a fresh worker carries the note.
+            if result.get("status").and_then(Value::as_str) != Some("worker_died") {
+                self.state_note = Some(
+                    result
+                        .get("state_note")
+                        .and_then(Value::as_str)
+                        .unwrap_or(
+                            "the previous worker had died; this ran in a fresh worker and \
+                             earlier state is lost",
+                        )
+                        .to_string(),
+                );
+            }
         }
         for item in result
             .get("display")
@@ -278,8 +298,8 @@ impl JobReport {
         }
         out.push_str(&head);
         out.push('\n');
-        if self.state_lost == Some(true) {
-            out.push_str("note: the previous worker had died; this ran in a fresh worker and earlier state is lost\n");
+        if let Some(note) = &self.state_note {
+            out.push_str(&format!("note: {note}\n"));
         }
         push_part(&mut out, "stdout", &self.stdout);
         push_part(&mut out, "stderr", &self.stderr);

@@ -1,5 +1,8 @@
 //! Transports: stdio (the default) and streamable HTTP with bearer-token auth.
 //!
+//! The stdio transport is our own ([`stdio`]): a line validator in front of rmcp that
+//! answers every malformed line itself, and one writer task for stdout.
+//!
 //! Both run one [`SandboxServer`] per MCP connection over the same shared [`App`], so
 //! sessions and jobs outlive a single HTTP connection. Both return when the client goes
 //! away (stdin closes) or when `shutdown` is cancelled by a signal; the caller then tears
@@ -9,9 +12,6 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::{Request, Response, StatusCode, body::Incoming};
@@ -19,8 +19,9 @@ use rmcp::ServiceExt;
 use rmcp::transport::streamable_http_server::{
     StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
 };
-use tokio::io::{AsyncRead, ReadBuf};
 use tokio_util::sync::CancellationToken;
+
+pub mod stdio;
 
 use super::ServerError;
 use super::handler::SandboxServer;
@@ -31,14 +32,11 @@ pub async fn serve_stdio(app: Arc<App>, shutdown: CancellationToken) -> Result<(
     // Stdin closing means the client is gone: cancel `closing` at once so tool calls still
     // waiting on jobs return now (rmcp would otherwise wait for them before it exits).
     let closing = shutdown.child_token();
-    let (reader, writer) = rmcp::transport::io::stdio_pipes();
-    let reader = EofSignal {
-        inner: reader,
-        on_eof: closing.clone(),
-    };
+    let transport =
+        stdio::StdioTransport::start(tokio::io::stdin(), tokio::io::stdout(), closing.clone());
     let server = SandboxServer::new(app, closing);
     let running = server
-        .serve_with_ct((reader, writer), shutdown.child_token())
+        .serve_with_ct(transport, shutdown.child_token())
         .await
         .map_err(|e| {
             ServerError::Transport(format!("MCP initialization over stdio failed: {e}"))
@@ -49,30 +47,6 @@ pub async fn serve_stdio(app: Arc<App>, shutdown: CancellationToken) -> Result<(
         .map_err(|e| ServerError::Transport(format!("the stdio service task failed: {e}")))?;
     tracing::info!(?reason, "stdio client finished");
     Ok(())
-}
-
-/// A reader that cancels `on_eof` when its input ends (EOF or error).
-struct EofSignal<R> {
-    inner: R,
-    on_eof: CancellationToken,
-}
-
-impl<R: AsyncRead + Unpin> AsyncRead for EofSignal<R> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let wanted = buf.remaining() > 0;
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let Poll::Ready(r) = &polled
-            && (r.is_err() || (wanted && buf.filled().len() == before))
-        {
-            self.on_eof.cancel();
-        }
-        polled
-    }
 }
 
 /// Why an HTTP listen address or token combination is refused.

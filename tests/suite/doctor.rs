@@ -41,7 +41,9 @@ fn landlock_abi_matches_direct_probe() {
             direct.min(7)
         );
     }
-    assert_eq!(k["is_root"], unsafe { libc::geteuid() } == 0);
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(k["is_root"], euid == 0);
 }
 
 /// The cgroup layout doctor reports matches /proc/self/cgroup (doctor runs in the test's

@@ -5,6 +5,7 @@ mod doctor;
 mod envs;
 mod jobs;
 mod jobs_bench;
+mod launch_errors;
 mod limits;
 mod policy_cli;
 mod repl;

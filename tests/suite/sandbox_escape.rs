@@ -479,9 +479,10 @@ fn memory_bomb_ends_at_cap() {
 /// survives, and the machine still starts processes.
 #[test]
 fn fork_bomb_contained_as_root() {
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    let euid = unsafe { libc::geteuid() };
     assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+        euid, 0,
         "this test proves containment as root; run it as root"
     );
     let ws = TempDir::new("esc-fork");

@@ -2,13 +2,13 @@
 //! under the server's own cgroup, within the no-internal-processes rule.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use super::{CgroupError, Layout, PARENT_DIR, SERVER_LEAF, io, layout, mkdir_ok_exists};
 
 /// v2: the prepared parent directory (controllers enabled), or why it could not be.
 pub(super) fn v2_parent(layout: &Layout) -> Result<PathBuf, CgroupError> {
-    static PARENT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    static PARENT: OnceLock<Result<PathBuf, Arc<CgroupError>>> = OnceLock::new();
     let own = layout.v2_own.clone().ok_or(CgroupError::NoController {
         controller: "pids",
         what: "process",
@@ -17,7 +17,7 @@ pub(super) fn v2_parent(layout: &Layout) -> Result<PathBuf, CgroupError> {
         .into_iter()
         .filter(|c| layout.v2_controllers.iter().any(|h| h == c))
         .collect();
-    let prepare = || prepare_v2(&own, &controllers, std::process::id()).map_err(|e| e.to_string());
+    let prepare = || prepare_v2(&own, &controllers, std::process::id()).map_err(Arc::new);
     // Prepared once per process for this machine's layout (tests pass other layouts).
     let result = if layout == self::layout() {
         PARENT.get_or_init(prepare).clone()
@@ -56,10 +56,10 @@ pub(crate) fn prepare_v2(
             return Err(CgroupError::NotDelegated {
                 dir: own.to_path_buf(),
                 controllers: controllers.join(" "),
-                reason: format!(
-                    "{first}; other processes share the cgroup ({} of them)",
-                    others.len()
-                ),
+                reason: Arc::new(CgroupError::Shared {
+                    source: first,
+                    others: others.len(),
+                }),
             });
         }
         let leaf = own.join(SERVER_LEAF);

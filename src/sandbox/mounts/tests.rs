@@ -154,6 +154,7 @@ fn child_median_us(n: usize, gap_ms: u64, f: &dyn Fn() -> bool) -> u64 {
         let mut fds = [0; 2];
         // SAFETY: test-only pipe + fork; the child runs `f` and reports its duration.
         unsafe { libc::pipe(fds.as_mut_ptr()) };
+        // SAFETY: as above; the child only runs `f`, writes 8 bytes and `_exit`s.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             let t = std::time::Instant::now();
@@ -163,14 +164,19 @@ fn child_median_us(n: usize, gap_ms: u64, f: &dyn Fn() -> bool) -> u64 {
             } else {
                 u64::MAX
             };
+            // SAFETY: writes the 8 bytes of a u64 we own to the pipe opened above.
             unsafe { libc::write(fds[1], (&us as *const u64).cast(), 8) };
+            // SAFETY: ends the forked child without running the parent's atexit handlers.
             unsafe { libc::_exit(0) };
         }
         let mut us = 0u64;
-        unsafe { libc::read(fds[0], (&mut us as *mut u64).cast(), 8) };
-        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
-        unsafe { libc::close(fds[0]) };
-        unsafe { libc::close(fds[1]) };
+        // SAFETY: reads 8 bytes into a u64 we own; the descriptors are ours.
+        unsafe {
+            libc::read(fds[0], (&mut us as *mut u64).cast(), 8);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
         samples.push(us);
     }
     samples.sort();

@@ -48,9 +48,14 @@ pub struct InputArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct JobIdArg {
+pub struct CancelArgs {
     /// The job id.
     pub job_id: String,
+    /// Seconds the job has to end after the soft stop (Python: KeyboardInterrupt; shell:
+    /// SIGTERM) before it is killed (Python: the worker is restarted, losing the
+    /// session's state). Default 2, max 60.
+    #[serde(default)]
+    pub grace_seconds: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
@@ -247,10 +252,14 @@ impl SandboxServer {
     )]
     pub async fn job_cancel(
         &self,
-        Parameters(args): Parameters<JobIdArg>,
+        Parameters(args): Parameters<CancelArgs>,
     ) -> Result<CallToolResult, ErrorData> {
+        let grace = args
+            .grace_seconds
+            .map(|g| super::seconds(Some(g), 2.0, 60.0, "grace_seconds"))
+            .transpose()?;
         reply(
-            self.app.job_cancel(&args.job_id).await,
+            self.app.job_cancel(&args.job_id, grace).await,
             JobReport::result_of,
         )
     }

@@ -52,6 +52,18 @@ pub struct SessionArg {
     pub session: Option<String>,
 }
 
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InterruptArgs {
+    /// Session name (default "default").
+    #[serde(default)]
+    pub session: Option<String>,
+    /// Seconds the cell has to react to KeyboardInterrupt before its worker is killed and
+    /// restarted, losing the session's state (default 2, max 60).
+    #[serde(default)]
+    pub grace_seconds: Option<f64>,
+}
+
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum VarAction {
@@ -137,12 +149,17 @@ impl SandboxServer {
     )]
     pub async fn python_interrupt(
         &self,
-        Parameters(args): Parameters<SessionArg>,
+        Parameters(args): Parameters<InterruptArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_or_default(args.session)?;
-        reply(self.app.python_interrupt(&session).await, |was_running| {
-            render::interrupted(&session, was_running)
-        })
+        let grace = args
+            .grace_seconds
+            .map(|g| super::seconds(Some(g), 2.0, 60.0, "grace_seconds"))
+            .transpose()?;
+        reply(
+            self.app.python_interrupt(&session, grace).await,
+            |was_running| render::interrupted(&session, was_running),
+        )
     }
 
     #[tool(

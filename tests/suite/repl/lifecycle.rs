@@ -41,6 +41,48 @@ async fn interrupt_stops_running_code_and_keeps_state() {
     assert!(!s.interrupt(), "nothing runs: nothing to interrupt");
 }
 
+/// An interrupt sent right after the cell (before the worker has started it) is not
+/// lost; a cell stuck in one C call is killed when the cancel's grace period ends.
+#[tokio::test]
+async fn cancel_is_never_lost_and_escalates_to_a_kill() {
+    let f = fixture("cancel", 4);
+    run(&f.manager, "default", "keep = 1").await;
+    let s = f.manager.get("default").unwrap();
+    let sink = Arc::new(Sink::default());
+    let task = {
+        let (s, sink) = (s.clone(), sink.clone());
+        tokio::spawn(async move { s.execute("import time\ntime.sleep(30)", sink).await })
+    };
+    wait_for(|| s.state() == SessionState::Busy).await;
+    assert!(s.interrupt());
+    let o = task.await.unwrap().unwrap();
+    assert_eq!(o.status, CellStatus::Interrupted);
+    assert_eq!(
+        run(&f.manager, "default", "keep").await.0.value.as_deref(),
+        Some("1")
+    );
+
+    let task = {
+        let (s, sink) = (s.clone(), sink.clone());
+        tokio::spawn(async move {
+            s.execute("print('in C', flush=True)\nsum(range(10**11))", sink)
+                .await
+        })
+    };
+    wait_for(|| sink.out().contains("in C")).await;
+    assert!(s.cancel_cell(Duration::from_millis(300)));
+    let o = task.await.unwrap().unwrap();
+    assert_eq!(o.status, CellStatus::WorkerDied);
+    let exit = o.worker_exit.unwrap_or_default();
+    assert!(
+        exit.contains("the cell did not respond to KeyboardInterrupt within 0.3 s"),
+        "{exit}"
+    );
+    let (o, _) = run(&f.manager, "default", "'keep' in dir()").await;
+    assert_eq!((o.value.as_deref(), o.state_lost), (Some("False"), true));
+    assert!(!s.cancel_cell(Duration::from_secs(1)), "nothing runs");
+}
+
 /// A segfault, os._exit(3) and kill -9 are reported in words; the next cell runs in a
 /// fresh worker and is told its state was lost; other sessions are untouched.
 #[tokio::test]
@@ -51,17 +93,20 @@ async fn crashes_are_reported_and_the_next_cell_gets_a_fresh_worker() {
         (
             "import ctypes; ctypes.string_at(0)",
             "the Python worker was killed by SIGSEGV (segmentation fault)",
+            (Some("SIGSEGV"), None),
         ),
         (
             "import os; os._exit(3)",
             "the Python worker exited with code 3",
+            (None, Some(3)),
         ),
         (
             "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
             "the Python worker was killed by SIGKILL",
+            (Some("SIGKILL"), None),
         ),
     ];
-    for (code, words) in cases {
+    for (code, words, (signal, exit_code)) in cases {
         run(&f.manager, "default", "x = 1").await;
         let (o, _) = run(
             &f.manager,
@@ -76,6 +121,13 @@ async fn crashes_are_reported_and_the_next_cell_gets_a_fresh_worker() {
             o.worker_exit
         );
         assert!(o.state_lost);
+        // The crashing cell names its own death; it did not run in a fresh worker.
+        assert_eq!(
+            (o.signal.as_deref(), o.exit_code),
+            (signal, exit_code),
+            "{code}"
+        );
+        assert_eq!(o.state_note, None, "{code}");
         assert_eq!(
             f.manager.get("default").unwrap().info().state,
             SessionState::Dead
@@ -85,6 +137,11 @@ async fn crashes_are_reported_and_the_next_cell_gets_a_fresh_worker() {
             (o.status, o.value.as_deref(), o.state_lost),
             (CellStatus::Ok, Some("False"), true),
             "{code}"
+        );
+        let note = o.state_note.unwrap_or_default();
+        assert!(
+            note.contains(words) && note.contains("this ran in a fresh worker"),
+            "{code}: {note}"
         );
         let (o, _) = run(&f.manager, "default", "1").await;
         assert!(!o.state_lost, "state loss is reported once");
@@ -411,7 +468,6 @@ def is_event_pipe(fd):
     except OSError:
         return False
 ev = [fd for fd in map(int, os.listdir('/proc/self/fd')) if fd > 2 and is_event_pipe(fd)][0]
-os.write(ev, b'{"ev":"garbage"}\n')
 chunk = b'x' * (1 << 20)
 for _ in range(80):
     os.write(ev, chunk)

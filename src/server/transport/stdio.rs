@@ -1,0 +1,572 @@
+//! The stdio transport: newline-delimited JSON-RPC on stdin/stdout, with a line-level
+//! validator in front of rmcp so every line gets an answer.
+//!
+//! rmcp's own stdio codec drops lines it cannot parse without a reply (invalid JSON,
+//! invalid UTF-8, lone surrogates, over-deep nesting, numbers out of range), and answers
+//! malformed `tools/call` params with "method not found". Here a reader task parses each
+//! line strictly ([`validate_line`]): good messages go to rmcp, bad ones are answered at
+//! once with a JSON-RPC error (-32700 parse error, -32600 invalid request, -32602 invalid
+//! params) carrying the request's id whenever it can be read. Replies from rmcp and from
+//! the validator go through one writer task, so lines never interleave. A line longer
+//! than [`MAX_LINE`] is skipped without being buffered and answered with an error.
+
+use std::io;
+
+use rmcp::RoleServer;
+use rmcp::model::{ClientRequest, JsonRpcMessage};
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value, json};
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// Longest request line accepted (bytes, without the newline): 16 MiB. Longer lines are
+/// answered with -32600 and skipped.
+pub const MAX_LINE: usize = 16 << 20;
+/// JSON nesting deeper than this is a parse error (serde_json's recursion limit).
+pub const MAX_DEPTH: usize = 128;
+
+const PARSE_ERROR: i32 = -32700;
+const INVALID_REQUEST: i32 = -32600;
+const INVALID_PARAMS: i32 = -32602;
+
+/// Client → server request methods of MCP: a request naming one of these whose params do
+/// not fit is answered "invalid params", not "method not found".
+const KNOWN_METHODS: &[&str] = &[
+    "initialize",
+    "ping",
+    "completion/complete",
+    "logging/setLevel",
+    "prompts/get",
+    "prompts/list",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "tools/call",
+    "tools/list",
+];
+
+/// What to do with one input line.
+#[derive(Debug)]
+pub enum Verdict {
+    /// A well-formed message for rmcp.
+    Pass(Box<RxJsonRpcMessage<RoleServer>>),
+    /// Answer with this JSON-RPC error object (a complete message, without newline).
+    Reply(Value),
+    /// Nothing to do (a blank line).
+    Ignore,
+}
+
+fn error_reply(id: Value, code: i32, message: impl Into<String>) -> Verdict {
+    Verdict::Reply(json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": { "code": code, "message": message.into() },
+    }))
+}
+
+/// Judge one line (without its newline).
+pub fn validate_line(line: &[u8]) -> Verdict {
+    let line = line.trim_ascii();
+    if line.is_empty() {
+        return Verdict::Ignore;
+    }
+    let Ok(text) = std::str::from_utf8(line) else {
+        return error_reply(
+            recover_id(line),
+            PARSE_ERROR,
+            "parse error: the line is not valid UTF-8; send one JSON-RPC message per line, UTF-8 encoded",
+        );
+    };
+    let value = match serde_json::from_str::<Strict>(text) {
+        Ok(Strict(v)) => v,
+        Err(e) => {
+            return error_reply(
+                recover_id(line),
+                PARSE_ERROR,
+                format!(
+                    "parse error: {e} (lone surrogates, duplicate keys, numbers out of range and \
+                     nesting deeper than {MAX_DEPTH} are rejected); send one JSON-RPC message per line"
+                ),
+            );
+        }
+    };
+    let Value::Object(map) = &value else {
+        return error_reply(
+            Value::Null,
+            INVALID_REQUEST,
+            "invalid request: a JSON-RPC message must be a JSON object (batches are not supported)",
+        );
+    };
+    let id = match map.get("id") {
+        None => None,
+        Some(v @ Value::String(_)) => Some(v.clone()),
+        Some(Value::Number(n)) if n.is_i64() => Some(Value::Number(n.clone())),
+        Some(other) => {
+            return error_reply(
+                Value::Null,
+                INVALID_REQUEST,
+                format!("invalid request: `id` must be a string or an integer, got {other}"),
+            );
+        }
+    };
+    let reply_id = id.clone().unwrap_or(Value::Null);
+    if map.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return error_reply(
+            reply_id,
+            INVALID_REQUEST,
+            "invalid request: `jsonrpc` must be \"2.0\"",
+        );
+    }
+    match map.get("method") {
+        Some(Value::String(method)) => {
+            if let Some(p) = map.get("params")
+                && !p.is_object()
+            {
+                return error_reply(
+                    reply_id,
+                    INVALID_REQUEST,
+                    format!("invalid request: `params` of {method:?} must be an object, got {p}"),
+                );
+            }
+            let method = method.clone();
+            let params = map.get("params").cloned();
+            match serde_json::from_value::<RxJsonRpcMessage<RoleServer>>(value) {
+                Ok(JsonRpcMessage::Request(r))
+                    if matches!(r.request, ClientRequest::CustomRequest(_))
+                        && KNOWN_METHODS.contains(&method.as_str()) =>
+                {
+                    error_reply(
+                        reply_id,
+                        INVALID_PARAMS,
+                        format!(
+                            "invalid params for {method}: {}",
+                            params_problem(&method, params)
+                        ),
+                    )
+                }
+                Ok(m) => Verdict::Pass(Box::new(m)),
+                Err(e) => error_reply(reply_id, INVALID_REQUEST, format!("invalid request: {e}")),
+            }
+        }
+        Some(other) => error_reply(
+            reply_id,
+            INVALID_REQUEST,
+            format!("invalid request: `method` must be a string, got {other}"),
+        ),
+        None if id.is_none() => error_reply(
+            Value::Null,
+            INVALID_REQUEST,
+            "invalid request: neither a request (`method`) nor a response (`id` with `result` or `error`)",
+        ),
+        None => match serde_json::from_value::<RxJsonRpcMessage<RoleServer>>(value) {
+            Ok(m) => Verdict::Pass(Box::new(m)),
+            Err(e) => error_reply(reply_id, INVALID_REQUEST, format!("invalid response: {e}")),
+        },
+    }
+}
+
+/// Why the params of a known method did not parse, in words.
+fn params_problem(method: &str, params: Option<Value>) -> String {
+    let params = params.unwrap_or(Value::Null);
+    let err = match method {
+        "tools/call" => serde_json::from_value::<rmcp::model::CallToolRequestParams>(params).err(),
+        "initialize" => {
+            serde_json::from_value::<rmcp::model::InitializeRequestParams>(params).err()
+        }
+        _ => None,
+    };
+    match err {
+        Some(e) => e.to_string(),
+        None => "they do not match the method's schema".into(),
+    }
+}
+
+/// The request's top-level `"id"` (an integer or a string), read from the start of a line
+/// that may be cut or otherwise broken; `null` when it cannot be read.
+pub fn recover_id(line: &[u8]) -> Value {
+    let mut i = 0;
+    let skip_ws = |i: &mut usize| {
+        while *i < line.len() && line[*i].is_ascii_whitespace() {
+            *i += 1;
+        }
+    };
+    skip_ws(&mut i);
+    if line.get(i) != Some(&b'{') {
+        return Value::Null;
+    }
+    let (mut depth, mut key_next) = (0usize, false);
+    while i < line.len() {
+        match line[i] {
+            b'{' | b'[' => {
+                depth += 1;
+                key_next = depth == 1;
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b',' if depth == 1 => key_next = true,
+            b':' if depth == 1 => key_next = false,
+            b'"' => {
+                let end = string_end(line, i);
+                if depth == 1 && key_next && &line[i..end] == b"\"id\"" {
+                    let mut j = end;
+                    skip_ws(&mut j);
+                    if line.get(j) != Some(&b':') {
+                        return Value::Null;
+                    }
+                    j += 1;
+                    skip_ws(&mut j);
+                    return id_value(line, j);
+                }
+                i = end;
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    Value::Null
+}
+
+/// Index just past the string literal starting at `start` (a `"`), or the end of input.
+fn string_end(line: &[u8], start: usize) -> usize {
+    let mut i = start + 1;
+    while i < line.len() {
+        match line[i] {
+            b'\\' => i += 2,
+            b'"' => return i + 1,
+            _ => i += 1,
+        }
+    }
+    line.len()
+}
+
+fn id_value(line: &[u8], at: usize) -> Value {
+    match line.get(at) {
+        Some(b'"') => {
+            let end = string_end(line, at);
+            match serde_json::from_slice::<Value>(&line[at..end]) {
+                Ok(v @ Value::String(_)) => v,
+                _ => Value::Null,
+            }
+        }
+        Some(b) if *b == b'-' || b.is_ascii_digit() => {
+            let end = line[at..]
+                .iter()
+                .position(|b| !(*b == b'-' || b.is_ascii_digit()))
+                .map_or(line.len(), |p| at + p);
+            // A number followed by `.`/`e` is not an integer id.
+            if matches!(line.get(end), Some(b'.' | b'e' | b'E')) {
+                return Value::Null;
+            }
+            std::str::from_utf8(&line[at..end])
+                .ok()
+                .and_then(|s| s.parse::<i64>().ok())
+                .map_or(Value::Null, Value::from)
+        }
+        _ => Value::Null,
+    }
+}
+
+/// A JSON value parsed strictly: duplicate object keys are an error (serde_json would keep
+/// the last one silently), and so are non-finite numbers.
+struct Strict(Value);
+
+impl<'de> Deserialize<'de> for Strict {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        serde_json::Number::from_f64(v)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom("number out of range"))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(Strict(v)) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(de::Error::custom(format!("duplicate key {key:?}")));
+            }
+            let Strict(v) = map.next_value()?;
+            out.insert(key, v);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+/// One line for the writer task, with an optional acknowledgement of its write.
+type Outgoing = (Vec<u8>, Option<oneshot::Sender<io::Result<()>>>);
+
+/// The transport rmcp serves on: messages come from the reader task, replies go to the
+/// writer task.
+pub struct StdioTransport {
+    incoming: mpsc::Receiver<RxJsonRpcMessage<RoleServer>>,
+    outgoing: mpsc::UnboundedSender<Outgoing>,
+}
+
+impl StdioTransport {
+    /// Start the reader and writer tasks on `input`/`output`. `on_eof` is cancelled when
+    /// the input ends (the client is gone).
+    pub fn start<R, W>(input: R, output: W, on_eof: CancellationToken) -> StdioTransport
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let (in_tx, in_rx) = mpsc::channel(64);
+        tokio::spawn(write_lines(output, out_rx));
+        let replies = out_tx.clone();
+        tokio::spawn(async move {
+            let mut reader = tokio::io::BufReader::with_capacity(1 << 16, input);
+            if let Err(e) = read_lines(&mut reader, &in_tx, &replies).await {
+                tracing::debug!(error = %e, "stdin read failed");
+            }
+            on_eof.cancel();
+        });
+        StdioTransport {
+            incoming: in_rx,
+            outgoing: out_tx,
+        }
+    }
+}
+
+async fn write_lines<W: AsyncWrite + Unpin>(
+    mut output: W,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+) {
+    while let Some((line, ack)) = rx.recv().await {
+        let r = async {
+            output.write_all(&line).await?;
+            output.flush().await
+        }
+        .await;
+        let failed = r.is_err();
+        if let Some(ack) = ack {
+            let _ = ack.send(r);
+        }
+        if failed {
+            break;
+        }
+    }
+}
+
+/// Read lines until end of input, judging each one.
+async fn read_lines<R: AsyncBufRead + Unpin>(
+    reader: &mut R,
+    messages: &mpsc::Sender<RxJsonRpcMessage<RoleServer>>,
+    replies: &mpsc::UnboundedSender<Outgoing>,
+) -> io::Result<()> {
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = (&mut *reader)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .await?;
+        if n == 0 {
+            return Ok(());
+        }
+        let verdict = if line.len() > MAX_LINE && !line.ends_with(b"\n") {
+            let id = recover_id(&line);
+            let skipped = line.len() as u64 + skip_line(reader).await?;
+            tracing::warn!(
+                bytes = skipped,
+                "skipped a request line over the size limit"
+            );
+            error_reply(
+                id,
+                INVALID_REQUEST,
+                format!(
+                    "invalid request: the line is {skipped} bytes or more, over the limit of \
+                     {MAX_LINE} bytes (16 MiB) per message; send large data as a file in the workspace"
+                ),
+            )
+        } else {
+            validate_line(&line)
+        };
+        match verdict {
+            Verdict::Pass(m) => {
+                if messages.send(*m).await.is_err() {
+                    return Ok(()); // rmcp stopped serving
+                }
+            }
+            Verdict::Reply(reply) => {
+                tracing::warn!(reply = %reply, "answered a malformed request line");
+                let mut bytes = serde_json::to_vec(&reply).map_err(io::Error::other)?;
+                bytes.push(b'\n');
+                if replies.send((bytes, None)).is_err() {
+                    return Ok(());
+                }
+            }
+            Verdict::Ignore => {}
+        }
+    }
+}
+
+/// Discard input up to and including the next newline; returns the bytes discarded.
+async fn skip_line<R: AsyncBufRead + Unpin>(reader: &mut R) -> io::Result<u64> {
+    let mut skipped = 0u64;
+    loop {
+        let buf = reader.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(skipped);
+        }
+        match buf.iter().position(|b| *b == b'\n') {
+            Some(p) => {
+                reader.consume(p + 1);
+                return Ok(skipped + p as u64);
+            }
+            None => {
+                let n = buf.len();
+                reader.consume(n);
+                skipped += n as u64;
+            }
+        }
+    }
+}
+
+impl Transport<RoleServer> for StdioTransport {
+    type Error = io::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), io::Error>> + Send + 'static {
+        let outgoing = self.outgoing.clone();
+        async move {
+            let mut line = serde_json::to_vec(&item).map_err(io::Error::other)?;
+            line.push(b'\n');
+            let (ack, done) = oneshot::channel();
+            let gone = || io::Error::new(io::ErrorKind::BrokenPipe, "the stdout writer ended");
+            outgoing.send((line, Some(ack))).map_err(|_| gone())?;
+            done.await.unwrap_or_else(|_| Err(gone()))
+        }
+    }
+
+    fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleServer>>> + Send {
+        self.incoming.recv()
+    }
+
+    async fn close(&mut self) -> Result<(), io::Error> {
+        self.incoming.close();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(line: &str) -> (i64, Value) {
+        match validate_line(line.as_bytes()) {
+            Verdict::Reply(v) => (v["error"]["code"].as_i64().unwrap(), v["id"].clone()),
+            other => panic!("{line:?} was not answered: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn malformed_lines_are_answered_with_the_right_code_and_id() {
+        assert_eq!(reply("{not json"), (-32700, Value::Null));
+        assert_eq!(reply("[1,2"), (-32700, Value::Null));
+        let lone = r#"{"jsonrpc":"2.0","id":4,"method":"ping","params":{"x":"\ud800"}}"#;
+        assert_eq!(reply(lone), (-32700, json!(4)));
+        let dup = r#"{"jsonrpc":"2.0","id":5,"id":6,"method":"ping"}"#;
+        assert_eq!(reply(dup), (-32700, json!(5)));
+        let big = r#"{"jsonrpc":"2.0","id":"a","method":"ping","params":{"x":1e999}}"#;
+        assert_eq!(reply(big), (-32700, json!("a")));
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"ping","params":{{"x":{}1{}}}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        assert_eq!(reply(&deep), (-32700, json!(7)));
+        assert_eq!(reply("[]"), (-32600, Value::Null));
+        assert_eq!(reply("3"), (-32600, Value::Null));
+        let params = r#"{"jsonrpc":"2.0","id":8,"method":"tools/list","params":"x"}"#;
+        assert_eq!(reply(params), (-32600, json!(8)));
+        let call = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":5}}"#;
+        assert_eq!(reply(call), (-32602, json!(9)));
+        let ver = r#"{"jsonrpc":"1.0","id":10,"method":"ping"}"#;
+        assert_eq!(reply(ver), (-32600, json!(10)));
+        let bad_id = r#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}"#;
+        assert_eq!(reply(bad_id), (-32600, Value::Null));
+        assert!(validate_line(b"\xff\xfe{}").is_parse_error_with_null_id());
+    }
+
+    impl Verdict {
+        fn is_parse_error_with_null_id(&self) -> bool {
+            matches!(self, Verdict::Reply(v) if v["error"]["code"] == -32700 && v["id"].is_null())
+        }
+    }
+
+    #[test]
+    fn good_lines_pass_and_blank_lines_are_ignored() {
+        let ping = br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+        assert!(matches!(validate_line(ping), Verdict::Pass(_)));
+        let note = br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+        assert!(matches!(validate_line(note), Verdict::Pass(_)));
+        let call = br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"python_exec","arguments":{"code":"1"}}}"#;
+        assert!(matches!(validate_line(call), Verdict::Pass(_)));
+        assert!(matches!(validate_line(b"  \r"), Verdict::Ignore));
+    }
+
+    #[test]
+    fn ids_are_recovered_from_broken_prefixes() {
+        assert_eq!(
+            recover_id(br#"{"jsonrpc":"2.0","id":42,"params":{"x":"#),
+            json!(42)
+        );
+        assert_eq!(recover_id(br#" { "id" : "req-1", "#), json!("req-1"));
+        // Only the top-level key counts, not one inside params or a string.
+        assert_eq!(
+            recover_id(br#"{"params":{"id":1},"note":"\"id\":2","id":3,"#),
+            json!(3)
+        );
+        assert_eq!(recover_id(br#"{"params":{"id":1},"#), Value::Null);
+        assert_eq!(recover_id(br#"{"id":1.5}"#), Value::Null);
+        assert_eq!(recover_id(b"garbage"), Value::Null);
+    }
+}
