@@ -28,6 +28,9 @@ const LIST_SCRIPTS: usize = 50;
 const MAX_SUBSCRIPTIONS: usize = 64;
 /// A subscription re-checks at least this often (a change it missed is found then).
 const RECHECK: Duration = Duration::from_secs(2);
+/// At most one `resources/updated` per subscription this often: a job that floods its
+/// output must not flood the client with notifications too.
+const MIN_GAP: Duration = Duration::from_millis(250);
 
 /// What a resource URI names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -444,10 +447,6 @@ async fn watch(
         Err(_) => return,
     };
     loop {
-        tokio::select! {
-            _ = token.cancelled() => return,
-            r = app.job_changed(&job, RECHECK) => if r.is_err() { return },
-        }
         let Ok(s) = app.job_summary(&job) else { return };
         let now = bytes(&s);
         let done = s.status.is_finished();
@@ -456,13 +455,19 @@ async fn watch(
             let sent = peer
                 .notify_resource_updated(ResourceUpdatedNotificationParam::new(uri.clone()))
                 .await;
-            if sent.is_err() {
+            if sent.is_err() || done {
+                token.cancel();
                 return;
             }
+            // Then look again at once: output that came during the gap is news too.
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = tokio::time::sleep(MIN_GAP) => continue,
+            }
         }
-        if done {
-            token.cancel();
-            return;
+        tokio::select! {
+            _ = token.cancelled() => return,
+            r = app.job_changed(&job, RECHECK) => if r.is_err() { return },
         }
     }
 }

@@ -159,3 +159,29 @@ def test_a_script_run_earlier_is_listed_and_rerun_from_its_saved_arguments(offli
         assert code == "tinypkg\np", code
 
     run(offline, scenario)
+
+
+def test_a_flooding_job_does_not_flood_its_subscriber(server):
+    """Hundreds of separate writes, a handful of notifications (at most one per quarter
+    second per subscription), and one more when the job ends."""
+
+    async def scenario(c, updates):
+        job = await c.ok(
+            "shell_run",
+            command="i=0; while [ $i -lt 400 ]; do echo $i; i=$((i+1)); sleep 0.005; done",
+            wait_seconds=0.1,
+        )
+        uri = f"job://{job['job_id']}/stdout"
+        await c.session.subscribe_resource(uri)
+        done = await c.finish(job)
+        assert done["status"] == "completed", done
+        for _ in range(100):  # the end is announced too
+            mine = [u for u in updates if u == uri]
+            text = body(await c.session.read_resource(uri))
+            if mine and text.endswith("399\n"):
+                break
+            await anyio.sleep(0.05)
+        mine = [u for u in updates if u == uri]
+        assert 1 <= len(mine) < 150, len(mine)
+
+    run(server, scenario)
