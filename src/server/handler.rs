@@ -189,6 +189,19 @@ impl ServerHandler for SandboxServer {
             .map(Into::into)
     }
 
+    /// `subscriptions/listen` (2026-07-28): job streams can be listened to.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &rmcp::model::SubscriptionFilter,
+    ) -> Option<rmcp::model::SubscriptionFilter> {
+        resources::accepted_filter(&self.app, requested)
+    }
+
+    async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), ErrorData> {
+        resources::listen(self.app.clone(), context, &self.closing).await;
+        Ok(())
+    }
+
     #[allow(deprecated)] // legacy resources/subscribe: what clients before 2026-07-28 send
     async fn subscribe(
         &self,

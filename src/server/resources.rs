@@ -2,8 +2,9 @@
 //! (`job://{job_id}/stdout{?offset,length}`, `.../stderr`), a session's cell history
 //! (`session://{name}/history`), and the scripts `python_run_script` ran, saved with their
 //! arguments (`script://{job_id}` as JSON to rerun from, `script://{job_id}/code` paged).
-//! `resources/subscribe` on a job stream sends `notifications/resources/updated` as the
-//! stream grows and once when the job ends. Every read is bounded like a tool answer.
+//! `resources/subscribe` on a job stream (or, from protocol 2026-07-28 on, a
+//! `subscriptions/listen` naming job streams) sends `notifications/resources/updated` as
+//! the stream grows and once when the job ends. Every read is bounded like a tool answer.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -13,7 +14,9 @@ use std::time::Duration;
 use rmcp::model::{
     ErrorCode, ListResourceTemplatesResult, ListResourcesResult, MetaObject, ReadResourceResult,
     Resource, ResourceContents, ResourceTemplate, ResourceUpdatedNotificationParam,
+    SubscriptionFilter,
 };
+use rmcp::service::{SubscriptionContext, SubscriptionSink};
 use rmcp::{ErrorData, Peer, RoleServer};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -419,7 +422,7 @@ impl Subscriptions {
             }
             live.insert(uri.clone(), token.clone());
         }
-        tokio::spawn(watch(app, peer, uri, job, stream, token));
+        tokio::spawn(watch(app, Notifier::Legacy(peer), uri, job, stream, token));
         Ok(())
     }
 
@@ -430,9 +433,72 @@ impl Subscriptions {
     }
 }
 
+/// Where a watcher's notifications go.
+enum Notifier {
+    /// `resources/subscribe`: plain notifications to the peer.
+    Legacy(Peer<RoleServer>),
+    /// `subscriptions/listen`: through the subscription's sink (tagged with its id).
+    Listen(SubscriptionSink),
+}
+
+impl Notifier {
+    /// Send `resources/updated`; false once the receiver is gone.
+    async fn updated(&self, uri: &str) -> bool {
+        match self {
+            Notifier::Legacy(peer) => peer
+                .notify_resource_updated(ResourceUpdatedNotificationParam::new(uri))
+                .await
+                .is_ok(),
+            Notifier::Listen(sink) => sink.notify_resource_updated(uri).await.is_ok(),
+        }
+    }
+}
+
+/// The part of a `subscriptions/listen` filter this server honours: job streams that
+/// exist (list-changed categories are not offered).
+pub fn accepted_filter(app: &App, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+    let uris: Vec<String> = requested
+        .resource_subscriptions
+        .iter()
+        .flatten()
+        .filter(|uri| match parse(uri) {
+            Ok(Target::Output { job, .. }) => app.job_summary(&job).is_ok(),
+            _ => false,
+        })
+        .take(MAX_SUBSCRIPTIONS)
+        .cloned()
+        .collect();
+    let mut filter = SubscriptionFilter::new();
+    filter.resource_subscriptions = Some(uris);
+    Some(filter)
+}
+
+/// Serve one `subscriptions/listen` until the client cancels it or the connection goes.
+pub async fn listen(app: Arc<App>, ctx: SubscriptionContext, closing: &CancellationToken) {
+    let token = closing.child_token();
+    for uri in ctx.accepted().resource_subscriptions.iter().flatten() {
+        if let Ok(Target::Output { job, stream, .. }) = parse(uri) {
+            let notifier = Notifier::Listen(ctx.sink().clone());
+            tokio::spawn(watch(
+                app.clone(),
+                notifier,
+                uri.clone(),
+                job,
+                stream,
+                token.child_token(),
+            ));
+        }
+    }
+    tokio::select! {
+        _ = ctx.cancelled() => {}
+        _ = token.cancelled() => {}
+    }
+    token.cancel();
+}
+
 async fn watch(
     app: Arc<App>,
-    peer: Peer<RoleServer>,
+    notifier: Notifier,
     uri: String,
     job: String,
     stream: Stream,
@@ -452,10 +518,8 @@ async fn watch(
         let done = s.status.is_finished();
         if now != last || done {
             last = now;
-            let sent = peer
-                .notify_resource_updated(ResourceUpdatedNotificationParam::new(uri.clone()))
-                .await;
-            if sent.is_err() || done {
+            let sent = notifier.updated(&uri).await;
+            if !sent || done {
                 token.cancel();
                 return;
             }

@@ -185,3 +185,31 @@ def test_a_flooding_job_does_not_flood_its_subscriber(server):
         assert 1 <= len(mine) < 150, len(mine)
 
     run(server, scenario)
+
+
+def test_listen_on_the_2026_protocol_is_told_as_the_output_grows(server):
+    """A client on protocol 2026-07-28 (no resources/subscribe there) opens
+    subscriptions/listen for a job stream; unknown URIs are left out of what is honoured."""
+    from mcp.client.client import Client as ModernClient
+
+    async def main():
+        params = StdioServerParameters(command=binary(), args=[], env=server.server_env(), cwd=str(server.workspace))
+        with anyio.fail_after(120):
+            async with ModernClient(params, mode="auto") as c:
+                r = await c.call_tool("shell_run", {"command": "echo a; read x; echo b; read x", "wait_seconds": 0.5})
+                jid = r.structured_content["job_id"]
+                uri = f"job://{jid}/stdout"
+                async with c.listen(resource_subscriptions=[uri, "session://none/history", "job://j999/stdout"]) as sub:
+                    assert list(sub.honored.resource_subscriptions) == [uri], sub.honored
+                    await c.call_tool("job_input", {"job_id": jid, "text": "go\n"})
+                    async for event in sub:
+                        assert str(event.uri) == uri, event
+                        break
+                text = (await c.read_resource(uri)).contents[0].text
+                assert text == "a\nb\n", text
+                await c.call_tool("job_cancel", {"job_id": jid})
+
+    try:
+        anyio.run(main)
+    except BaseExceptionGroup as group:
+        raise first_leaf(group) from None
