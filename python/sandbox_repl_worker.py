@@ -419,6 +419,16 @@ class _Flusher:
         cls.open = True
 
     @classmethod
+    def restart(cls):
+        """In a live worker forked from a snapshot (which has no flusher thread): a new
+        thread, with the state `start` leaves (the fork hooks are inherited, not added)."""
+        cls.gate = _thread.allocate_lock()
+        cls.busy = _thread.allocate_lock()
+        cls.open = False
+        cls.gate.acquire()
+        _thread.start_new_thread(cls.run, ())
+
+    @classmethod
     def run(cls):
         import time
 
@@ -750,6 +760,7 @@ class Worker:
             "delete_variable": self.delete_variable,
             "clear_variables": self.clear_variables,
             "add_site_dirs": self.add_site_dirs,
+            "ping": lambda req: {"ev": "ok", "id": req["id"]},
         }
         fn = handlers.get(op)
         if fn is None:
@@ -759,7 +770,7 @@ class Worker:
         except Exception as e:
             return {"ev": "failed", "id": req.get("id", 0), "message": f"{type(e).__name__}: {e}"}
 
-    def serve(self):
+    def send_ready(self):
         self.chan.send(
             {
                 "ev": "ready",
@@ -769,6 +780,9 @@ class Worker:
                 "executable": sys.executable,
             }
         )
+
+    def serve(self):
+        self.send_ready()
         while True:
             try:
                 req = self.requests.get()
@@ -781,8 +795,259 @@ class Worker:
                 _flush_std()
                 _State.current_id = None
                 self.chan.send(reply)
+                if req.get("op") in ("execute", "run_file"):
+                    _Snapshots.after_cell(self, req.get("cell"))
             except KeyboardInterrupt:
                 continue  # an interrupt between cells breaks nothing
+
+
+def _send_msg(sock, obj, fds=()):
+    """One JSON message on a SOCK_SEQPACKET socket, with descriptors (SCM_RIGHTS)."""
+    import _socket
+
+    anc = []
+    if fds:
+        data = b"".join(int(fd).to_bytes(4, sys.byteorder, signed=True) for fd in fds)
+        anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, data)]
+    sock.sendmsg([_dumps(obj).encode("utf-8")], anc)
+
+
+def _recv_msg(sock, maxfds=8):
+    """(message or None at end of file, [descriptors]) from a SOCK_SEQPACKET socket."""
+    import _socket
+
+    data, anc, _flags, _addr = sock.recvmsg(1 << 16, _socket.CMSG_SPACE(4 * maxfds))
+    fds = []
+    for level, kind, blob in anc:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            usable = len(blob) - len(blob) % 4
+            fds.extend(int.from_bytes(blob[i : i + 4], sys.byteorder, signed=True) for i in range(0, usable, 4))
+    if not data:
+        return None, fds
+    return _loads(data.decode("utf-8", "replace")), fds
+
+
+class _Snapshots:
+    """Branching cells: after each cell the worker forks a frozen copy of itself (a
+    snapshot) that holds the state copy-on-write and waits on its own control socket,
+    whose other end the server holds. To branch, the server sends the snapshot `fork`
+    with fresh protocol descriptors; the snapshot forks a new live worker that takes
+    them over and starts serving (see docs/branching.md, docs/worker-protocol.md).
+
+    Enabled only when the server passed a control socket as fd 5 (snapshots on).
+    `_socket` is imported on first use (it is a C module: no import cost to speak of)."""
+
+    ctl = None  # control socket to the server (a _socket.socket), or None: no snapshots
+    children = []  # pids of the snapshots this process forked, reaped between cells
+    REAP_AFTER = 5.0  # seconds a snapshot waits before reaping the workers it forked
+    # asyncio loops inherited from a snapshot: kept, never closed (closing one would
+    # unregister descriptors from an epoll instance the snapshot shares).
+    old_loops = []
+
+    @classmethod
+    def setup(cls):
+        import stat
+
+        try:
+            if not stat.S_ISSOCK(os.fstat(5).st_mode):
+                return
+        except OSError:
+            return
+        cls.ctl = cls._socket(_move_fd_out_of_reach(5))
+
+    @staticmethod
+    def _socket(fd):
+        import _socket
+
+        return _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, fd)
+
+    @classmethod
+    def reap(cls, *_):
+        for pid in list(cls.children):
+            try:
+                done, _status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            except OSError:
+                continue
+            if done:
+                cls.children.remove(pid)
+
+    @classmethod
+    def unforkable(cls, worker):
+        """Why a fork would not hold this state, or None: live `threading` threads started
+        by user code (a fork copies only the calling thread; C libraries' own pools, such
+        as OpenBLAS's, handle fork themselves), open sockets (a fork shares them), CUDA."""
+        threading = sys.modules.get("threading")
+        extra = 0
+        if threading is not None:
+            main = threading.main_thread()
+            dummy = getattr(threading, "_DummyThread", ())
+            extra = sum(1 for t in threading.enumerate() if t is not main and not isinstance(t, dummy))
+        if extra > 0:
+            return f"{extra} thread(s) started by user code are running; a fork copies only the main thread"
+        own = {cls.ctl.fileno() if cls.ctl is not None else -1}
+        for loop in [worker.loop, *cls.old_loops]:  # the worker's asyncio loops' self-pipes
+            for attr in ("_ssock", "_csock"):
+                sock = getattr(loop, attr, None)
+                if sock is not None:
+                    own.add(sock.fileno())
+        try:
+            for name in os.listdir("/proc/self/fd"):
+                if int(name) in own:
+                    continue
+                try:
+                    if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                        return "an open socket: a fork would share the connection, not copy it"
+                except OSError:
+                    pass
+        except OSError:
+            pass
+        torch = sys.modules.get("torch")
+        try:
+            if torch is not None and torch.cuda.is_initialized():
+                return "CUDA is initialised: GPU state cannot be forked"
+        except Exception:
+            pass
+        return None
+
+    @classmethod
+    def after_cell(cls, worker, cell):
+        """Take the snapshot of `cell` (the state right after it ended) and announce it.
+        Returns at once in the live worker; in the snapshot it returns only in a new live
+        worker forked from it."""
+        if cls.ctl is None or not isinstance(cell, int):
+            return
+        import _socket
+
+        cls.reap()
+        reason = cls.unforkable(worker)
+        if reason is not None:
+            worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": reason})
+            return
+        try:
+            mine, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0)
+        except OSError as e:
+            worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": f"socketpair failed: {e}"})
+            return
+        _flush_std()
+        try:
+            pid = os.fork()
+        except OSError as e:
+            mine.close()
+            theirs.close()
+            worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": f"fork failed: {e}"})
+            return
+        if pid == 0:
+            theirs.close()
+            cls.serve_snapshot(worker, mine)
+            return
+        mine.close()
+        cls.children.append(pid)
+        try:
+            # The descriptor first: the server takes it when it reads the event.
+            _send_msg(cls.ctl, {"cell": cell, "pid": pid}, [theirs.fileno()])
+        except OSError as e:
+            theirs.close()
+            worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": f"could not hand over: {e}"})
+            return
+        theirs.close()
+        worker.chan.send({"ev": "snapshot", "cell": cell, "held": True, "pid": pid})
+
+    @classmethod
+    def serve_snapshot(cls, worker, sock):
+        """The snapshot: hold the state, fork a live worker on each `fork`, exit at end of
+        file (the server dropped it: evicted, session closed or restarted, server gone)."""
+        # Nothing of the live worker's channel stays open here.
+        for fd in (worker.chan._rfd, worker.chan._wfd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if cls.ctl is not None:
+            cls.ctl.close()
+            cls.ctl = None
+        try:
+            os.dup2(0, 1)
+            os.dup2(0, 2)
+        except OSError:
+            pass
+        # Live workers forked from here are reaped a few seconds after they end (or when
+        # the next message comes), not at once: the server reads an ended one's exit
+        # status in /proc while it is a zombie. Reaping keeps zombies from filling the
+        # session's process cap.
+        cls.children = []
+        sock.settimeout(cls.REAP_AFTER)
+        while True:
+            try:
+                msg, fds = _recv_msg(sock)
+            except TimeoutError:
+                cls.reap()
+                continue
+            except InterruptedError:
+                continue
+            except OSError:
+                os._exit(0)
+            if msg is None:
+                os._exit(0)
+            cls.reap()
+            if not (isinstance(msg, dict) and msg.get("op") == "fork" and len(fds) == 5):
+                for fd in fds:
+                    os.close(fd)
+                _send_msg(sock, {"error": "expected `fork` with 5 descriptors"})
+                continue
+            _flush_std()
+            try:
+                pid = os.fork()
+            except OSError as e:
+                for fd in fds:
+                    os.close(fd)
+                _send_msg(sock, {"error": f"fork failed: {e}"})
+                continue
+            if pid == 0:
+                sock.close()
+                cls.become_live(worker, fds)
+                return
+            cls.children.append(pid)
+            for fd in fds:
+                os.close(fd)
+            try:
+                _send_msg(sock, {"pid": pid})
+            except OSError:
+                os._exit(0)
+
+    @classmethod
+    def become_live(cls, worker, fds):
+        """In the new live worker: take over the descriptors the server passed (requests,
+        events, stdout, stderr, control socket), restart the threads a fork did not copy,
+        and report `ready`."""
+        global _WORKER_PID
+        _WORKER_PID = os.getpid()
+        req_r, ev_w, out_w, err_w, ctl = fds
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.close(out_w)
+        os.close(err_w)
+        # The copies `_restore_std` points fds 1/2 back at must be this worker's pipes,
+        # not the snapshot's (which the server may no longer read).
+        for copy in _STD_COPIES:
+            try:
+                os.close(copy)
+            except OSError:
+                pass
+        _STD_COPIES[:] = [_high_dup(1), _high_dup(2)]
+        worker.chan = _Channel(_move_fd_out_of_reach(req_r), _move_fd_out_of_reach(ev_w))
+        cls.ctl = cls._socket(_move_fd_out_of_reach(ctl))
+        cls.children = []
+        worker.requests = _queue.SimpleQueue()
+        worker.inputs = _queue.SimpleQueue()
+        # An asyncio loop's selector is shared with the snapshot: start a new one.
+        if worker.loop is not None:
+            cls.old_loops.append(worker.loop)
+        worker.loop = None
+        _thread.start_new_thread(worker.read_requests, ())
+        _Flusher.restart()
+        worker.send_ready()
 
 
 def _on_sigint(signum, frame):
@@ -816,6 +1081,7 @@ def main():
     worker = Worker(chan)
     builtins.input = worker.input
     builtins.display = display
+    _Snapshots.setup()
     _thread.start_new_thread(worker.read_requests, ())
     _Flusher.start()
     worker.serve()

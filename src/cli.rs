@@ -83,6 +83,10 @@ pub struct ServeArgs {
     /// The directory sandboxed code may write to (default: the current directory).
     #[arg(long, env = "MCP_SANDBOX_WORKSPACE")]
     pub workspace: Option<PathBuf>,
+    /// Allow a workspace that is `/`, your home directory or a parent of the state dir
+    /// (refused by default: sandboxed code could write anywhere under it).
+    #[arg(long, env = "MCP_SANDBOX_ALLOW_BROAD_WORKSPACE")]
+    pub allow_broad_workspace: bool,
     /// Python interpreter for workers (default: nearest `.venv` upward from the workspace, else `python3` on PATH).
     #[arg(long, env = "MCP_SANDBOX_PYTHON")]
     pub python: Option<PathBuf>,
@@ -103,15 +107,24 @@ pub struct ServeArgs {
     /// Address for the HTTP transport (loopback by default).
     #[arg(long, env = "MCP_SANDBOX_LISTEN", default_value = "127.0.0.1:8765")]
     pub listen: SocketAddr,
-    /// Bearer token required by the HTTP transport (required unless bound to loopback).
+    /// Bearer token required by the HTTP transport (default: a random one, written 0600 to
+    /// `<state dir>/http-token`). An error with stdio.
     #[arg(long, env = "MCP_SANDBOX_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Serve HTTP without a bearer token (loopback only): any local process could run code.
+    #[arg(long, env = "MCP_SANDBOX_NO_AUTH", conflicts_with = "token")]
+    pub no_auth: bool,
     /// Maximum number of live Python sessions.
     #[arg(long, env = "MCP_SANDBOX_MAX_SESSIONS", default_value_t = 8)]
     pub max_sessions: usize,
     /// Idle seconds after which a session is closed.
     #[arg(long, env = "MCP_SANDBOX_SESSION_TTL", default_value_t = 3600)]
     pub session_ttl: u64,
+    /// Snapshots (forked copies of a session's state after each cell, for branching with
+    /// `python_exec parent=...`) kept per session; the least recently used is evicted.
+    /// 0 turns snapshots off.
+    #[arg(long, env = "MCP_SANDBOX_MAX_SNAPSHOTS", default_value_t = 8)]
+    pub max_snapshots: usize,
     /// Approximate cap, in bytes, on the text of one tool response.
     #[arg(long, env = "MCP_SANDBOX_RESPONSE_BYTES", default_value_t = 20_000)]
     pub response_bytes: usize,

@@ -20,10 +20,14 @@ pub struct Config {
     pub max_sessions: usize,
     /// Idle time after which a session is closed.
     pub session_ttl: Duration,
+    /// Fork snapshots kept per session for branching (0: off).
+    pub max_snapshots: usize,
     /// Approximate cap, in bytes, on the text of one response.
     pub response_bytes: usize,
     /// Cap, in bytes, on disk used by spooled job output.
     pub disk_cap: u64,
     /// What the client may change while the server runs (sandbox state, roots).
     pub sources: super::settings::Sources,
+    /// Accept a workspace that is `/`, the user's home or a parent of the state dir.
+    pub allow_broad_workspace: bool,
 }

@@ -21,6 +21,18 @@ pub enum AppError {
         path: PathBuf,
         error: std::io::Error,
     },
+    /// A workspace so broad that writing it means writing the user's files or our state.
+    #[error(
+        "refusing workspace {}: it is {why}, so sandboxed code could write anywhere under it; \
+         pass --workspace <a project directory>, or --allow-broad-workspace to accept it",
+        path.display()
+    )]
+    BroadWorkspace { path: PathBuf, why: String },
+    #[error(
+        "workspace {} is not a directory; pass a directory with --workspace",
+        path.display()
+    )]
+    WorkspaceNotADirectory { path: PathBuf },
     #[error("cannot create the state directory {}: {error}; pass --state-dir", path.display())]
     StateDir {
         path: PathBuf,
@@ -42,17 +54,25 @@ pub enum AppError {
         path: String,
         workspace: PathBuf,
     },
+    /// A path inside the workspace that is missing or of the wrong kind.
     #[error(
-        "no such file: {} (paths are relative to the workspace {})",
-        path.display(),
+        "{what} {path} {reason} (paths are relative to the workspace {})",
         workspace.display()
     )]
-    NoSuchFile { path: PathBuf, workspace: PathBuf },
+    PathUnusable {
+        what: String,
+        path: String,
+        reason: String,
+        workspace: PathBuf,
+    },
     #[error(
         "session {session:?} is busy with another cell: follow job {job} with job_wait, \
          stop it with job_cancel, or use another session name to run in parallel"
     )]
     SessionBusy { session: String, job: String },
+    /// A `parent` cell that cannot be branched from; the text lists the usable cells.
+    #[error("{0}")]
+    BadParent(String),
     #[error("job {id} is still {status}; cancel it first (job_cancel) or wait for it")]
     StillRunning { id: String, status: JobStatus },
     /// Arguments that contradict each other or miss a required one; the text names them.

@@ -123,18 +123,25 @@ impl App {
         wait: Duration,
         call: &Call,
     ) -> Result<JobView, AppError> {
+        // Opened beneath the workspace (a refusal reads the same whatever lies outside);
+        // the job gets the real path of what was opened.
+        let cwd = self
+            .workspace()
+            .dir(args.cwd.as_deref().unwrap_or("."), "cwd")?;
+        // Relative to the workspace; the server reads it itself, beneath the workspace
+        // only (again through openat2 in jobs::dotenv::load_beneath).
+        let env_file = args
+            .env_file
+            .as_deref()
+            .map(|f| self.workspace().file(f, "env_file"))
+            .transpose()?;
         let (policy, tmp) = self.job_policy().await?;
-        let cwd = self.workspace().resolve(args.cwd.as_deref().unwrap_or("."));
         let req = ShellRequest {
             command: args.command,
             argv: args.argv,
             cwd: Some(cwd),
             env: args.env,
-            // Relative to the workspace; read beneath it only (jobs::dotenv::load_beneath).
-            env_file: args
-                .env_file
-                .as_deref()
-                .map(|f| self.workspace().resolve(f)),
+            env_file,
             session: args.session,
             stdin: true,
             cancel_grace: None,

@@ -57,6 +57,9 @@ use workspace::Workspace;
 pub struct JobView {
     pub snapshot: JobSnapshot,
     pub denied: Vec<String>,
+    /// A Python cell still running: its cell number and the cell it runs on top of
+    /// (finished cells carry both in their result).
+    pub running_cell: Option<(u64, Option<u64>)>,
 }
 
 /// A policy resolved for the workspace, with the placeholders it was resolved from.
@@ -97,6 +100,9 @@ impl App {
                 path: workspace.clone(),
                 error,
             })?;
+        if !workspace.is_dir() {
+            return Err(AppError::WorkspaceNotADirectory { path: workspace });
+        }
         let policy = Policy::load(&cfg.policy)?;
         let state_dir = cfg
             .state_dir
@@ -106,6 +112,22 @@ impl App {
             path: state_dir.clone(),
             error,
         })?;
+        let state_dir = state_dir
+            .canonicalize()
+            .map_err(|error| AppError::StateDir {
+                path: state_dir.clone(),
+                error,
+            })?;
+        let home = std::env::var_os("HOME")
+            .filter(|h| !h.is_empty())
+            .and_then(|h| PathBuf::from(h).canonicalize().ok());
+        workspace::check_breadth(
+            &workspace,
+            &state_dir,
+            home.as_deref(),
+            cfg.allow_broad_workspace,
+        )?;
+        tmp::sweep_at_start(&state_dir);
         let store = JobStore::open(StoreConfig {
             state_dir: state_dir.clone(),
             disk_cap: cfg.disk_cap,
@@ -122,6 +144,7 @@ impl App {
         repl.python = cfg.python.clone();
         repl.max_sessions = cfg.max_sessions;
         repl.idle_ttl = cfg.session_ttl;
+        repl.max_snapshots = cfg.max_snapshots;
         repl.repr_limit = cfg.response_bytes.min(20_000);
         Ok(App {
             sessions: SessionManager::new(repl),
@@ -188,6 +211,11 @@ impl App {
     fn publish(&self, next: &Settings) {
         self.sessions
             .set_sandbox(next.policy.clone(), next.workspace.root().to_path_buf());
+    }
+
+    /// The server's state dir (job tables, spooled output, the generated HTTP token).
+    pub fn state_dir(&self) -> &std::path::Path {
+        &self.state_dir
     }
 
     /// Approximate cap, in bytes, on the text of one response.
@@ -348,7 +376,19 @@ impl App {
                 running.remove(session);
             }
         }
-        JobView { snapshot, denied }
+        let running_cell = match (&snapshot.session, snapshot.kind, snapshot.result.is_none()) {
+            (Some(session), JobKind::Python, true) => self
+                .sessions
+                .get(session)
+                .ok()
+                .and_then(|s| s.running_cell()),
+            _ => None,
+        };
+        JobView {
+            snapshot,
+            denied,
+            running_cell,
+        }
     }
 }
 

@@ -10,8 +10,8 @@ use super::{App, AppError, Call, JobView};
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
 use crate::repl::{
-    CellOutcome, CellSink, CellStatus, HistoryEntry, OutStream, ReplError, Session, SessionInfo,
-    SessionState, VariableDetail, VariableInfo,
+    CellOutcome, CellSink, CellStatus, HistoryEntry, OutStream, Parent, ReplError, Session,
+    SessionInfo, SessionState, VariableDetail, VariableInfo, parse_cell,
 };
 
 /// What to do with a session's variables.
@@ -197,18 +197,58 @@ impl App {
         self.follow(&id, wait, WaitFor::Settled, call, true).await
     }
 
+    /// Run `code` in `session`, on the head or, with `parent` (a cell id such as "c3"),
+    /// on the state right after that cell (`replay`: rebuild it by re-running cells when
+    /// no snapshot is left).
+    #[allow(clippy::too_many_arguments)]
     pub async fn python_exec(
         &self,
         session: &str,
         code: String,
+        parent: Option<String>,
+        replay: bool,
         wait: Duration,
         call: &Call,
     ) -> Result<JobView, AppError> {
+        let parent = match parent {
+            None => None,
+            Some(text) => Some(self.check_parent(session, text, replay).await?),
+        };
         let label = first_line(&code);
         self.start_cell(session, label, wait, call, move |s, sink| {
-            Box::pin(async move { s.execute(&code, sink).await })
+            Box::pin(async move { s.execute_on(&code, parent, sink).await })
         })
         .await
+    }
+
+    /// A bad parent is refused before a job exists: nothing changes.
+    async fn check_parent(
+        &self,
+        session: &str,
+        text: String,
+        replay: bool,
+    ) -> Result<Parent, AppError> {
+        let Some(cell) = parse_cell(&text) else {
+            return Err(AppError::BadParent(format!(
+                "parent {text:?} is not a cell id: use the `cell` of an earlier answer, e.g. \"c3\""
+            )));
+        };
+        let p = Parent { cell, text, replay };
+        let s = self.session(session).await?;
+        if let Err(e) = s.check_parent(&p).await {
+            let mut msg = e.to_string();
+            let elsewhere = self.sessions.sessions_with_cell(cell, session);
+            if !s.has_cell(cell) && !elsewhere.is_empty() {
+                msg.push_str(&format!(
+                    ". Session(s) {} have a {}: cells belong to their session, and a branch \
+                     runs in the session of its parent (pass that session's name)",
+                    elsewhere.join(", "),
+                    p.text
+                ));
+            }
+            return Err(AppError::BadParent(msg));
+        }
+        Ok(p)
     }
 
     pub async fn python_run_file(
@@ -219,13 +259,7 @@ impl App {
         wait: Duration,
         call: &Call,
     ) -> Result<JobView, AppError> {
-        let full = self.workspace().resolve(path);
-        if !full.is_file() {
-            return Err(AppError::NoSuchFile {
-                path: full,
-                workspace: self.workspace().root().to_path_buf(),
-            });
-        }
+        let full = self.workspace().file(path, "path")?;
         let label = format!("run_file {path} {}", args.join(" "))
             .trim_end()
             .to_string();
@@ -280,7 +314,9 @@ impl App {
         session: &str,
         limit: Option<usize>,
     ) -> Result<Vec<HistoryEntry>, AppError> {
-        let mut cells = self.sessions.get(session)?.history();
+        let s = self.sessions.get(session)?;
+        s.settle_snapshots().await;
+        let mut cells = s.history();
         if let Some(n) = limit {
             let skip = cells.len().saturating_sub(n);
             cells.drain(..skip);

@@ -150,7 +150,16 @@ impl State {
 
     /// `p` as a canonical directory a client may hand us, or `None` with the reason kept.
     fn check_client_path(&mut self, p: &Path, what: &str) -> Option<PathBuf> {
-        match client_path(p) {
+        let checked = client_path(p).and_then(|real| {
+            // The same breadth rule as a --workspace: never the state dir or a parent.
+            let home = std::env::var_os("HOME").and_then(|h| PathBuf::from(h).canonicalize().ok());
+            match super::workspace::check_breadth(&real, &self.state_dir, home.as_deref(), false) {
+                Ok(()) => Ok(real),
+                Err(AppError::BroadWorkspace { why, .. }) => Err(format!("it is {why}")),
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        match checked {
             Ok(real) => Some(real),
             Err(why) => {
                 self.refused
@@ -188,6 +197,13 @@ impl State {
             .read
             .extend(extra_read.iter().map(|r| r.display().to_string()));
         crate::envs::allow_session_venvs(&mut policy, &self.state_dir)?;
+        // Whatever the workspace, sandboxed code never sees the state dir (job records,
+        // spooled output, the HTTP token): the mount view covers it, re-exposing only what
+        // the policy lists inside (venvs, private tmp).
+        policy
+            .filesystem
+            .hide
+            .push(self.state_dir.to_string_lossy().into_owned());
         let notice = self.notice(&policy, &workspace, &extra_read);
         Ok(Settings {
             policy,

@@ -21,6 +21,36 @@ pub fn create_job_tmp(base: &Path) -> Result<PathBuf, AppError> {
     Ok(tmp)
 }
 
+/// A private temp dir removed (with everything in it) when dropped.
+#[derive(Debug)]
+pub struct TmpDir(pub PathBuf);
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::debug!(dir = %self.0.display(), error = %e, "could not remove a temp dir");
+        }
+    }
+}
+
+/// At server start: remove what dead servers left — job temp dirs of shell jobs,
+/// scripts and installs (`shell-tmp`, `env-tmp`), and session dirs moved aside at
+/// `session_close` whose removal had not finished (`repl/.closed-*`).
+pub fn sweep_at_start(state_dir: &Path) {
+    sweep_dead_job_tmps(&state_dir.join("shell-tmp"));
+    sweep_dead_job_tmps(&state_dir.join("env-tmp"));
+    let Ok(entries) = std::fs::read_dir(state_dir.join("repl")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(".closed-") {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// `create_dir_all` with the error in words.
 pub fn create_dir(dir: &Path) -> Result<(), AppError> {
     std::fs::create_dir_all(dir).map_err(|error| AppError::CreateDir {

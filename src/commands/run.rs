@@ -1,6 +1,11 @@
 //! `run`: one command under a policy, stdio passed through, exit status passed back
 //! (128+N for signal N), a private temp dir created and removed, and with `--json` one
 //! report line on stdout after the command ends. This is the CI runner.
+//!
+//! The command's stderr passes through a pipe so `run` can explain, in words, what the
+//! policy blocked (the kernel only says EACCES/EROFS/EPERM): after a failed command, one
+//! `blocked by policy ...` line per denial on stderr, and the same sentences under
+//! `denied` in the JSON report; what the kernel could not enforce is under `unenforced`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -26,8 +31,54 @@ struct RunReport<'a> {
     peak_rss_bytes: u64,
     limit: Option<LimitHit>,
     policy: &'a str,
-    /// What the policy asked for that this kernel did not enforce (best effort only).
+    /// What the policy blocked, in words (found in the stderr of a command that failed).
     denied: &'a [String],
+    /// What the policy asked for that this kernel did not enforce (best effort only).
+    unenforced: &'a [String],
+}
+
+/// How much of the command's stderr is kept to look for denials (the last bytes).
+const STDERR_KEPT: usize = 64 * 1024;
+
+/// A thread copying the command's stderr to ours, keeping the last [`STDERR_KEPT`] bytes.
+struct StderrTee {
+    kept: Arc<std::sync::Mutex<std::collections::VecDeque<u8>>>,
+    done: std::sync::mpsc::Receiver<()>,
+}
+
+impl StderrTee {
+    fn start(reader: std::io::PipeReader) -> StderrTee {
+        use std::io::{Read, Write};
+        let kept = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+        let (tx, done) = std::sync::mpsc::channel();
+        let shared = kept.clone();
+        std::thread::spawn(move || {
+            let mut reader = reader;
+            let mut buf = [0u8; 8192];
+            let mut err = std::io::stderr();
+            loop {
+                let n = match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let _ = err.write_all(&buf[..n]);
+                let mut k = shared.lock().unwrap_or_else(|p| p.into_inner());
+                k.extend(&buf[..n]);
+                let excess = k.len().saturating_sub(STDERR_KEPT);
+                k.drain(..excess);
+            }
+            let _ = tx.send(());
+        });
+        StderrTee { kept, done }
+    }
+
+    /// What was kept, once the pipe closed (or after a moment, if a background process
+    /// of the command still holds it open).
+    fn finish(self) -> String {
+        let _ = self.done.recv_timeout(std::time::Duration::from_secs(2));
+        let k = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        String::from_utf8_lossy(&k.iter().copied().collect::<Vec<u8>>()).into_owned()
+    }
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -67,23 +118,41 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     } else {
         workspace
     };
+    let (reader, writer) = std::io::pipe().context("cannot create a pipe for stderr")?;
     let mut cmd = SandboxCommand::new(resolved.clone(), program);
-    cmd.args(rest).current_dir(dir);
+    cmd.args(rest)
+        .current_dir(dir)
+        .stderr(std::process::Stdio::from(writer));
     let forwarding = SignalForwarding::install();
     let child = cmd.spawn()?;
     child.forward_terminal_signals(&forwarding);
-    let denied = child.unenforced().to_vec();
+    let tee = StderrTee::start(reader);
+    let unenforced = child.unenforced().to_vec();
     let report = child.wait_blocking();
     drop(forwarding);
+    let stderr = tee.finish();
+    let denied = if exit_status(&report) != 0 {
+        crate::sandbox::explain_denials(&resolved, &stderr)
+    } else {
+        Vec::new()
+    };
+    for sentence in &denied {
+        eprintln!("mcp-sandbox-repl: {sentence}");
+    }
     if args.json {
-        let line = serde_json::to_string(&render(&report, resolved.name(), &denied))?;
+        let line = serde_json::to_string(&render(&report, resolved.name(), &denied, &unenforced))?;
         println!("{line}");
     }
     drop(tmp);
     Ok(ExitCode::from(exit_status(&report)))
 }
 
-fn render<'a>(r: &ExitReport, policy: &'a str, denied: &'a [String]) -> RunReport<'a> {
+fn render<'a>(
+    r: &ExitReport,
+    policy: &'a str,
+    denied: &'a [String],
+    unenforced: &'a [String],
+) -> RunReport<'a> {
     let (exit_code, signal) = match &r.termination {
         Termination::Exited(c) => (Some(*c), None),
         Termination::Signaled(s) => (None, Some(s.clone())),
@@ -99,6 +168,7 @@ fn render<'a>(r: &ExitReport, policy: &'a str, denied: &'a [String]) -> RunRepor
         limit: r.limit,
         policy,
         denied,
+        unenforced,
     }
 }
 

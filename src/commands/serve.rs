@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::app;
 use crate::cli::{SandboxState, ServeArgs, Transport};
-use crate::server::{self, ServerConfig};
+use crate::server::transport::HttpAuth;
+use crate::server::{self, ServerConfig, ServerError};
 
 /// A start-up value that cannot work; the text says which flag and what to pass.
 #[derive(Debug, thiserror::Error)]
@@ -19,11 +20,6 @@ pub enum StartError {
         value: u64,
         expected: &'static str,
     },
-    #[error(
-        "--token is only used by the HTTP transport; with stdio the client that starts the \
-         server is its only peer: drop --token (and MCP_SANDBOX_TOKEN) or add --transport http"
-    )]
-    TokenWithStdio,
     #[error("--workspace {}: {why}; pass an existing directory", path.display())]
     Workspace { path: PathBuf, why: String },
     #[error("--python {}: {why}; pass a working Python 3 interpreter", path.display())]
@@ -59,8 +55,9 @@ fn in_range(
 }
 
 /// The server config the flags describe; `--policy` wins over `--sandbox-state`.
-/// Numbers out of range and `--token` on stdio are refused here.
-pub fn config(args: ServeArgs) -> Result<ServerConfig, StartError> {
+/// Numbers out of range, and flags that only make sense with HTTP given with stdio, are
+/// refused here rather than ignored.
+pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
     let ServeArgs {
         sandbox_state,
         policy,
@@ -71,8 +68,11 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, StartError> {
         transport,
         listen,
         token,
+        no_auth,
+        allow_broad_workspace,
         max_sessions,
         session_ttl,
+        max_snapshots,
         response_bytes,
         disk_cap,
     } = args;
@@ -81,31 +81,53 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, StartError> {
         max_sessions as u64,
         MAX_SESSIONS,
         "1 to 1024 sessions",
-    )?;
+    )
+    .map_err(|e| ServerError::Config(e.to_string()))?;
     in_range(
         "session-ttl",
         session_ttl,
         SESSION_TTL,
         "1 second to 30 days",
-    )?;
+    )
+    .map_err(|e| ServerError::Config(e.to_string()))?;
     in_range(
         "response-bytes",
         response_bytes as u64,
         RESPONSE_BYTES,
         "1000 to 10000000 bytes",
-    )?;
+    )
+    .map_err(|e| ServerError::Config(e.to_string()))?;
     in_range(
         "disk-cap",
         disk_cap,
         (MIN_DISK_CAP, u64::MAX),
         "at least 1048576 bytes (1 MiB)",
-    )?;
-    if transport == Transport::Stdio && token.is_some() {
-        return Err(StartError::TokenWithStdio);
-    }
+    )
+    .map_err(|e| ServerError::Config(e.to_string()))?;
     let sources = app::Sources {
         inherit_sandbox: sandbox_state == SandboxState::Inherit && policy.is_none(),
         workspace_from_roots: workspace.is_none(),
+    };
+    let transport = match transport {
+        Transport::Stdio if token.is_some() => {
+            return Err(ServerError::Config(
+                "--token (or MCP_SANDBOX_TOKEN) is for --transport http; stdio needs no token: drop it, or add --transport http".into(),
+            ));
+        }
+        Transport::Stdio if no_auth => {
+            return Err(ServerError::Config(
+                "--no-auth is for --transport http; stdio has no authentication to turn off: drop it".into(),
+            ));
+        }
+        Transport::Stdio => server::Transport::Stdio,
+        Transport::Http => server::Transport::Http {
+            listen,
+            auth: match (token, no_auth) {
+                (Some(t), _) => HttpAuth::Token(t),
+                (None, true) => HttpAuth::NoAuth,
+                (None, false) => HttpAuth::Generate,
+            },
+        },
     };
     Ok(ServerConfig {
         app: app::Config {
@@ -116,14 +138,13 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, StartError> {
             uv,
             max_sessions,
             session_ttl: Duration::from_secs(session_ttl),
+            max_snapshots,
             response_bytes,
             disk_cap,
+            allow_broad_workspace,
             sources,
         },
-        transport: match transport {
-            Transport::Stdio => server::Transport::Stdio,
-            Transport::Http => server::Transport::Http { listen, token },
-        },
+        transport,
     })
 }
 
@@ -202,18 +223,19 @@ mod tests {
     use crate::cli::Cli;
     use clap::Parser;
 
-    fn parse(args: &[&str]) -> ServerConfig {
+    fn try_parse(args: &[&str]) -> Result<ServerConfig, String> {
         let cli =
             Cli::try_parse_from(std::iter::once("mcp-sandbox-repl").chain(args.iter().copied()))
-                .unwrap();
-        config(cli.serve).unwrap()
+                .map_err(|e| e.to_string())?;
+        config(cli.serve).map_err(|e| e.to_string())
+    }
+
+    fn parse(args: &[&str]) -> ServerConfig {
+        try_parse(args).unwrap()
     }
 
     fn refused(args: &[&str]) -> String {
-        let cli =
-            Cli::try_parse_from(std::iter::once("mcp-sandbox-repl").chain(args.iter().copied()))
-                .unwrap();
-        config(cli.serve).unwrap_err().to_string()
+        try_parse(args).unwrap_err()
     }
 
     #[test]
@@ -225,7 +247,7 @@ mod tests {
         assert!(refused(&["--disk-cap", "5"]).contains("--disk-cap"));
         let e = refused(&["--token", "secret"]);
         assert!(
-            e.contains("--token is only used by the HTTP transport"),
+            e.contains("--token (or MCP_SANDBOX_TOKEN) is for --transport http"),
             "{e}"
         );
         assert!(
@@ -318,11 +340,40 @@ mod tests {
         ]);
         assert_eq!(c.app.policy, "workspace-write");
         match c.transport {
-            server::Transport::Http { listen, token } => {
+            server::Transport::Http { listen, auth } => {
                 assert_eq!(listen.port(), 9);
-                assert_eq!(token.as_deref(), Some("t"));
+                assert_eq!(auth, HttpAuth::Token("t".into()));
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn http_without_token_generates_one_and_no_auth_is_explicit() {
+        let c = parse(&["--transport", "http"]);
+        assert!(matches!(
+            c.transport,
+            server::Transport::Http {
+                auth: HttpAuth::Generate,
+                ..
+            }
+        ));
+        let c = parse(&["--transport", "http", "--no-auth"]);
+        assert!(matches!(
+            c.transport,
+            server::Transport::Http {
+                auth: HttpAuth::NoAuth,
+                ..
+            }
+        ));
+        assert!(try_parse(&["--transport", "http", "--no-auth", "--token", "t"]).is_err());
+    }
+
+    #[test]
+    fn http_only_flags_are_refused_with_stdio() {
+        let e = try_parse(&["--token", "t"]).unwrap_err();
+        assert!(e.contains("--transport http"), "{e}");
+        let e = try_parse(&["--no-auth"]).unwrap_err();
+        assert!(e.contains("--no-auth"), "{e}");
     }
 }

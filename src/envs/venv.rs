@@ -158,7 +158,19 @@ pub async fn ensure(
         });
     }
     let cache = cfg.uv_cache_dir();
-    for dir in [&root, &cache] {
+    // A `Path` location lies in the workspace, where sandboxed code can swap a directory
+    // for a symlink: its caller created it through descriptors (app::workspace), and
+    // creating it again by path here could follow such a link out.
+    let mut dirs = vec![&cache];
+    if !matches!(location, VenvLocation::Path(_)) {
+        dirs.push(&root);
+    } else if !root.is_dir() {
+        return Err(EnvError::NoVenv {
+            path: root,
+            why: "the directory for it is missing; create it inside the workspace first".into(),
+        });
+    }
+    for dir in dirs {
         std::fs::create_dir_all(dir)
             .map_err(|e| EnvError::io(format!("creating {}", dir.display()), e))?;
     }

@@ -30,7 +30,9 @@ pub fn load_beneath(
     let name = path.display().to_string();
     let denied = || JobError::Denied {
         what: "env file",
-        path: path.canonicalize().unwrap_or_else(|_| path.to_path_buf()),
+        // The path as given: resolving it would answer differently for host paths that
+        // exist and those that don't.
+        path: path.to_path_buf(),
         policy: policy.to_string(),
     };
     let rel = path.strip_prefix(root).map_err(|_| denied())?;

@@ -134,7 +134,11 @@ impl SessionManager {
         validate_name(name)?;
         let python = self.python().await?.clone();
         self.check_room(name, &self.sessions())?;
-        let tmp = self.session_dir(name).join("tmp");
+        // One directory per session *instance*: a session closed (or expired) a moment ago
+        // under the same name is still having its directory removed.
+        let tmp = self
+            .session_dir(name)
+            .join(format!("tmp-{}", unique_suffix()));
         std::fs::create_dir_all(&tmp).map_err(|source| ReplError::Io {
             what: format!("create the session directory {}", tmp.display()),
             source,
@@ -156,12 +160,15 @@ impl SessionManager {
                 tmp,
                 policy,
                 code: python.worker_code.clone(),
+                snapshots: self.cfg.max_snapshots > 0,
             },
             policy_name,
             python,
             repr_limit: self.cfg.repr_limit,
             start_timeout: self.cfg.start_timeout,
             spare: self.cfg.spare_worker,
+            max_snapshots: self.cfg.max_snapshots,
+            graph_file: Some(self.session_dir(name).join("graph.jsonl")),
         };
         // Start the worker without holding the map: other sessions stay reachable while
         // the launcher sets up. A concurrent start of the same name wins; ours is closed.
@@ -233,6 +240,7 @@ impl SessionManager {
         });
     }
 
+    /// The directory that holds the temp dirs of every instance of session `name`.
     fn session_dir(&self, name: &str) -> PathBuf {
         self.cfg.state_dir.join("repl").join(name)
     }
@@ -243,13 +251,31 @@ impl SessionManager {
         sessions.iter().map(|s| s.info()).collect()
     }
 
-    /// Kill the session's worker and forget it (its temp directory is removed).
+    /// Kill the session's worker and forget it (its directory, graph included, is removed).
     pub fn close(&self, name: &str) -> Result<(), ReplError> {
-        // Closed on purpose: a later session of this name is not "expired".
-        self.expired
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(name);
+        self.close_session(name, true)
+    }
+
+    /// The sessions (other than `but`) that have a cell numbered `cell`.
+    pub fn sessions_with_cell(&self, cell: u64, but: &str) -> Vec<String> {
+        let sessions: Vec<Arc<Session>> = self.sessions().values().cloned().collect();
+        sessions
+            .iter()
+            .filter(|s| s.name() != but && s.has_cell(cell))
+            .map(|s| s.name().to_string())
+            .collect()
+    }
+
+    /// Close a session; `forget` removes its directory, else only its temp directory
+    /// goes and its cell graph stays for a later server (shutdown).
+    fn close_session(&self, name: &str, forget: bool) -> Result<(), ReplError> {
+        if forget {
+            // Closed on purpose: a later session of this name is not "expired".
+            self.expired
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(name);
+        }
         let session = {
             let mut map = self.sessions();
             map.remove(name).ok_or_else(|| ReplError::NoSuchSession {
@@ -259,16 +285,17 @@ impl SessionManager {
         };
         session.close();
         // Removing a big temp tree can take a while; never on the caller's time. Moved
-        // aside first, so a session started again under this name at once keeps its
-        // new directory.
-        let mut dir = self.session_dir(name);
-        let aside = self.cfg.state_dir.join("repl").join(format!(
-            ".closed-{name}-{}",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or_default()
-        ));
+        // aside first, so it is gone from the session's directory at once (a session
+        // started again under this name has a directory of its own).
+        if forget {
+            let _ = std::fs::remove_file(self.session_dir(name).join("graph.jsonl"));
+        }
+        let mut dir = session.tmp_dir().to_path_buf();
+        let aside = self
+            .cfg
+            .state_dir
+            .join("repl")
+            .join(format!(".closed-{name}-{}", unique_suffix()));
         if std::fs::rename(&dir, &aside).is_ok() {
             dir = aside;
         }
@@ -284,7 +311,7 @@ impl SessionManager {
     pub fn shutdown(&self) {
         let names: Vec<String> = self.sessions().keys().cloned().collect();
         for name in names {
-            let _ = self.close(&name);
+            let _ = self.close_session(&name, false);
         }
     }
 
@@ -331,6 +358,18 @@ fn validate_name(name: &str) -> Result<(), ReplError> {
             name: name.to_string(),
         })
     }
+}
+
+/// A suffix no other directory made by this server has (nanoseconds since the epoch
+/// plus a per-process counter).
+fn unique_suffix() -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{nanos:x}-{n}")
 }
 
 #[cfg(test)]

@@ -6,17 +6,21 @@
 //! - `worker`: one worker process — spawn, calls, interrupt, kill.
 //! - `pump`: the I/O task of a worker — its pipes, output attribution, death.
 //! - `session`: a named session — cells, variables, history, restart after a crash.
+//! - `graph`: a session's cells as a graph (parents, snapshots held, replay plans).
+//! - `snapshot`: snapshots by fork — the control sockets, forking a live worker.
 //! - `manager`: the named sessions — limits, idle TTL reaper, shutdown.
 //! - `python`: which interpreter to use and its installation prefixes.
 //!
 //! Nothing here knows MCP: the server passes a [`CellSink`] that receives a cell's
 //! output as it is printed, and gets a [`CellOutcome`] when the cell ends.
 
+mod graph;
 mod manager;
 pub mod protocol;
 mod pump;
 mod python;
 mod session;
+mod snapshot;
 mod worker;
 
 use std::path::PathBuf;
@@ -27,7 +31,7 @@ use serde::Serialize;
 pub use manager::SessionManager;
 pub use protocol::{DisplayItem, PyError, VariableDetail, VariableInfo};
 pub use python::{PythonInfo, discover_python};
-pub use session::Session;
+pub use session::{Parent, Session};
 
 use crate::sandbox::{
     ExitReport, LaunchError, LimitHit, Policy, PolicyError, ResolvedPolicy, Termination,
@@ -75,6 +79,9 @@ pub struct ReplConfig {
     /// the cell after a crash does not wait for an interpreter to start. Costs one idle
     /// Python process (~10 MB) per session.
     pub spare_worker: bool,
+    /// Snapshots (forked copies of the state after each cell, for branching) a session
+    /// keeps at most; the least recently used is evicted. 0 turns snapshots off.
+    pub max_snapshots: usize,
 }
 
 impl ReplConfig {
@@ -90,12 +97,15 @@ impl ReplConfig {
             repr_limit: 20_000,
             start_timeout: Duration::from_secs(20),
             spare_worker: true,
+            max_snapshots: 8,
         }
     }
 }
 
 /// How a cell ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum CellStatus {
     Ok,
@@ -108,8 +118,13 @@ pub enum CellStatus {
 /// The result of one cell (`execute` or `run_file`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CellOutcome {
-    /// Cell number in the session (1-based; restarts begin again at 1).
+    /// Cell number in the session (1-based; restarts begin again at 1). Shown as `c<N>`.
     pub cell: u64,
+    /// The cell whose state this one ran on (none: a fresh worker's empty state).
+    pub parent: Option<u64>,
+    /// Cells run again, in order, to rebuild the parent's state (its snapshot was gone).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replayed: Vec<u64>,
     pub status: CellStatus,
     /// repr of the last expression, if it was an expression with a non-None value.
     pub value: Option<String>,
@@ -163,16 +178,74 @@ pub struct SessionInfo {
     pub memory_bytes: Option<u64>,
     pub idle_seconds: u64,
     pub cells: u64,
+    /// Snapshots held for branching (forked processes sharing memory copy-on-write).
+    pub snapshots: usize,
 }
 
-/// One executed cell in a session's history.
+/// Whether a cell's state is held by a snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotState {
+    /// A snapshot holds it: branching from it is a fork.
+    Held,
+    /// No snapshot: branching from it re-runs cells (see `note`).
+    Replay,
+    /// The worker died in this cell: there is no state to branch from.
+    None,
+}
+
+/// One executed cell in a session's graph.
 #[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct HistoryEntry {
+    /// The cell id, `c<N>`.
+    #[serde(serialize_with = "cell_id")]
+    #[schemars(with = "String")]
     pub cell: u64,
+    /// The cell it ran on top of, `c<N>` (null: an empty state).
+    #[serde(serialize_with = "opt_cell_id")]
+    #[schemars(with = "Option<String>")]
+    pub parent: Option<u64>,
     /// The code, or `run_file <path> <args>` for a file.
     pub code: String,
     pub status: CellStatus,
     pub elapsed_ms: f64,
+    pub snapshot: SnapshotState,
+    /// Why the state is not held (not taken, evicted, the worker or server restarted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// The live worker is at this cell: a cell without `parent` runs on it.
+    pub head: bool,
+    /// Cells re-run to rebuild this cell's parent state.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schemars(with = "Vec<String>")]
+    #[serde(serialize_with = "cell_ids")]
+    pub replayed: Vec<u64>,
+}
+
+/// `c<N>`, the id agents see for cell N.
+pub fn cell_name(cell: u64) -> String {
+    format!("c{cell}")
+}
+
+fn cell_id<S: serde::Serializer>(c: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&cell_name(*c))
+}
+
+fn opt_cell_id<S: serde::Serializer>(c: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+    match c {
+        Some(c) => s.serialize_str(&cell_name(*c)),
+        None => s.serialize_none(),
+    }
+}
+
+fn cell_ids<S: serde::Serializer>(c: &[u64], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(c.iter().map(|c| cell_name(*c)))
+}
+
+/// A cell id as agents write it: `c7` (or `7`).
+pub fn parse_cell(id: &str) -> Option<u64> {
+    let t = id.trim();
+    t.strip_prefix('c').unwrap_or(t).parse().ok()
 }
 
 /// Errors of the REPL subsystem; every message says what failed, why, and what to do.
@@ -221,6 +294,27 @@ pub enum ReplError {
     Python { message: String },
     #[error("the Python worker broke the protocol: {detail}; restart the session")]
     Protocol { detail: String },
+    #[error(
+        "cannot branch from {parent:?} in session {session:?}: {why}; cells you can use: {usable}"
+    )]
+    BadParent {
+        session: String,
+        parent: String,
+        why: String,
+        usable: String,
+    },
+    #[error(
+        "cell {parent} has no snapshot ({why}). Its state can be rebuilt by re-running {cells} in a fresh worker; \
+         this repeats their side effects (files written, network calls) and gives new random values. \
+         Nothing was run. To do it, call python_exec again with parent=\"{parent}\" and replay=true"
+    )]
+    ReplayNeeded {
+        parent: String,
+        why: String,
+        cells: String,
+    },
+    #[error("cannot branch: {detail}; the session's head is unchanged")]
+    Branch { detail: String },
 }
 
 /// How a worker ended, in words: "the Python worker was killed by SIGSEGV

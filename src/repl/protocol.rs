@@ -51,6 +51,9 @@ pub enum Request {
     /// and invalidate the import caches; the session's start-up hook. Answered by `ok`,
     /// or `failed` naming the directories that do not exist (the others are added).
     AddSiteDirs { id: u64, dirs: Vec<String> },
+    /// Answered by `ok`. Every event the worker sent before it (a `snapshot` after the
+    /// last cell) has arrived once the answer has.
+    Ping { id: u64 },
     /// The worker exits at once (no answer).
     Shutdown,
 }
@@ -102,13 +105,24 @@ pub enum Event {
         id: u64,
         message: String,
     },
+    /// Sent after the `done` of cell `cell` when snapshots are on (a control socket was
+    /// passed): `held` with the snapshot's `pid` (its control socket was sent on the
+    /// control socket just before this line), or not held with `note` saying why.
+    Snapshot {
+        cell: u64,
+        held: bool,
+        #[serde(default)]
+        pid: Option<u32>,
+        #[serde(default)]
+        note: Option<String>,
+    },
 }
 
 impl Event {
     /// The request this event answers, if any.
     pub fn id(&self) -> Option<u64> {
         match self {
-            Event::Ready { .. } => None,
+            Event::Ready { .. } | Event::Snapshot { .. } => None,
             Event::InputRequest { id, .. }
             | Event::Done { id, .. }
             | Event::Variables { id, .. }
@@ -206,6 +220,7 @@ pub const ALL_TAGS: &[&str] = &[
     "delete_variable",
     "clear_variables",
     "add_site_dirs",
+    "ping",
     "shutdown",
     "ready",
     "input_request",
@@ -214,6 +229,7 @@ pub const ALL_TAGS: &[&str] = &[
     "variable",
     "ok",
     "failed",
+    "snapshot",
 ];
 
 #[cfg(test)]
@@ -301,6 +317,7 @@ mod tests {
                 id: 1,
                 dirs: vec![],
             }),
+            encode(&Request::Ping { id: 1 }),
             encode(&Request::Shutdown),
         ];
         for (line, tag) in samples.iter().zip(ALL_TAGS) {

@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -14,9 +15,10 @@ use tokio::net::unix::pipe;
 use tokio::sync::{OwnedMutexGuard, mpsc, oneshot, watch};
 
 use super::protocol::{self, Event};
-use super::worker::Reply;
+use super::snapshot::take_snapshot;
+use super::worker::{Reply, SnapshotHook};
 use super::{CellSink, OutStream, exit_words};
-use crate::sandbox::{ResolvedPolicy, SandboxedChild};
+use crate::sandbox::{ExitReport, Pidfd, ResolvedPolicy, SandboxedChild, Termination, signal_name};
 
 /// Output that arrives while no cell runs is kept (up to this much) for the next cell.
 const ORPHAN_CAP: usize = 1 << 20;
@@ -58,6 +60,16 @@ pub(super) struct Shared {
     /// recycled pid is never hit.
     pub(super) child: Mutex<Option<SandboxedChild>>,
     pub(super) ready: watch::Sender<bool>,
+    pub(super) pid: u32,
+    /// A pidfd for a worker forked from a snapshot (not our child): how it is killed.
+    pub(super) sigfd: Option<Pidfd>,
+    /// A root replaced as the head by a branch: when it dies its group is not killed
+    /// (its snapshots and the new head live on) and it is not reaped (so its process
+    /// group id stays reserved until `Worker::end_tree`).
+    pub(super) retired: AtomicBool,
+    /// The snapshot control socket (snapshots on).
+    pub(super) control: Option<OwnedFd>,
+    pub(super) on_snapshot: Mutex<Option<SnapshotHook>>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -115,6 +127,23 @@ impl Shared {
                 st.startup_stderr = Vec::new();
                 drop(st);
                 self.ready.send_replace(true);
+            }
+            Event::Snapshot {
+                cell, held, note, ..
+            } => {
+                drop(st);
+                let snap = match (&self.control, held) {
+                    (Some(control), true) => {
+                        take_snapshot(control, cell).map_err(|e| e.to_string())
+                    }
+                    (None, true) => Err("no control socket".to_string()),
+                    (_, false) => Err(note.unwrap_or_else(|| "not taken".into())),
+                };
+                let hook = lock(&self.on_snapshot).clone();
+                match hook {
+                    Some(hook) => hook(self.pid, cell, snap),
+                    None => drop(snap), // nobody keeps it: it exits
+                }
             }
             Event::InputRequest { id, prompt } => {
                 let sink = st.pending.get(&id).and_then(|p| p.sink.clone());
@@ -225,7 +254,12 @@ pub(super) async fn pump(
     }
     drain_now(&out, OutStream::Stdout, &shared, &mut obuf);
     drain_now(&err, OutStream::Stderr, &shared, &mut ebuf);
-    let child = lock(&shared.child).take();
+    let retired = shared.retired.load(Ordering::SeqCst);
+    let child = if retired {
+        None
+    } else {
+        lock(&shared.child).take()
+    };
     let report = match child {
         Some(child) => {
             // Whatever the worker started dies with it (the group leader is not reaped
@@ -240,7 +274,7 @@ pub(super) async fn pump(
     let mut message = match (st.kill_reason.as_deref(), &report) {
         (Some(reason), _) => format!("the Python worker was stopped: {reason}"),
         (None, Some(report)) => exit_words(report, &shared.policy),
-        (None, None) => "the Python worker ended".to_string(),
+        (None, None) => forked_exit_words(shared.pid, &shared.policy),
     };
     if !st.ready && !st.startup_stderr.is_empty() {
         message.push_str(&format!(
@@ -311,6 +345,7 @@ fn protocol_fault(line: &[u8]) -> String {
     )
 }
 
+/// Kill a root's whole process tree (group and cgroup), or a forked worker alone.
 pub(super) fn kill_group(shared: &Shared, reason: &str) {
     let child = lock(&shared.child);
     if let Some(child) = child.as_ref() {
@@ -319,5 +354,39 @@ pub(super) fn kill_group(shared: &Shared, reason: &str) {
             .get_or_insert_with(|| reason.to_string());
         // The process group and the cgroup (also what left the group with setsid).
         child.kill_all();
+    } else if let Some(fd) = &shared.sigfd {
+        lock(&shared.state)
+            .kill_reason
+            .get_or_insert_with(|| reason.to_string());
+        let _ = fd.signal(libc::SIGKILL);
     }
+}
+
+/// How a worker forked from a snapshot ended. It is not our child: its exit status is
+/// read from /proc while it is a zombie (its snapshot reaps it only on the next message).
+fn forked_exit_words(pid: u32, policy: &ResolvedPolicy) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may contain spaces): state is the first,
+    // exit_code (field 52) the last.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let status = match (fields.first(), fields.last()) {
+        (Some(&"Z"), Some(code)) => code.parse::<i32>().ok(),
+        _ => None,
+    };
+    let Some(status) = status else {
+        return "the Python worker ended (exit status unknown)".to_string();
+    };
+    let termination = if libc::WIFSIGNALED(status) {
+        Termination::Signaled(signal_name(libc::WTERMSIG(status)))
+    } else {
+        Termination::Exited(libc::WEXITSTATUS(status))
+    };
+    exit_words(
+        &ExitReport {
+            termination,
+            ..Default::default()
+        },
+        policy,
+    )
 }

@@ -8,12 +8,13 @@
 //! worker answers or dies — not when a caller gives up waiting. `inner` (sync) guards
 //! plain bookkeeping and is never held across an await. Sessions share no lock.
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::graph::{CellCode, Graph, Node};
 use super::protocol::{Event, Request, WireStatus};
 use super::worker::{Reply, SpawnSpec, Worker};
 use crate::sandbox::Termination;
@@ -23,8 +24,11 @@ use super::{
     SessionState,
 };
 
+mod branch;
 mod site_dirs;
 mod variables;
+
+pub use branch::Parent;
 
 const HISTORY_CAP: usize = 1000;
 
@@ -37,6 +41,10 @@ pub(crate) struct SessionEnv {
     pub start_timeout: Duration,
     /// Keep a started, idle worker in reserve for restarts and crash recovery.
     pub spare: bool,
+    /// Snapshots kept at most (0: off).
+    pub max_snapshots: usize,
+    /// Where the cell graph is persisted (JSON lines).
+    pub graph_file: Option<PathBuf>,
 }
 
 struct Inner {
@@ -55,7 +63,15 @@ struct Inner {
     /// An interrupt came before the running cell was handed to its worker: it is sent
     /// right after.
     interrupt_pending: bool,
-    history: VecDeque<HistoryEntry>,
+    /// The running cell and its parent, once numbered (for answers while it runs).
+    running: Option<(u64, Option<u64>)>,
+    /// The cells, their parents and snapshots; `graph.head` is the head's cell.
+    graph: Graph,
+    /// Spawned workers replaced as the head by a branch, by pid (their process group):
+    /// killed but not reaped, so ending one kills its tree (snapshots, forked heads).
+    roots: HashMap<u32, Arc<Worker>>,
+    /// The process tree (root pid) the head belongs to.
+    head_tree: u32,
     last_active: Instant,
     /// The start-up hook: directories every new worker adds to `sys.path` (`site_dirs`).
     site_dirs: Vec<PathBuf>,
@@ -81,6 +97,7 @@ impl Session {
         site_dirs: Vec<PathBuf>,
     ) -> Result<Arc<Session>, ReplError> {
         let worker = Arc::new(Worker::spawn(&env.spec)?);
+        let graph = Graph::open(env.max_snapshots, env.graph_file.clone());
         let session = Arc::new_cyclic(|me| Session {
             name,
             env,
@@ -91,16 +108,20 @@ impl Session {
                 spare: None,
                 closed: false,
                 lost: None,
-                cells: 0,
+                cells: graph.last_cell(),
                 running_cell: 0,
                 cell_active: false,
                 interrupt_pending: false,
-                history: VecDeque::new(),
+                running: None,
+                head_tree: worker.pid,
+                graph,
+                roots: HashMap::new(),
                 last_active: Instant::now(),
                 site_dirs: site_dirs.clone(),
             }),
             next_id: AtomicU64::new(1),
         });
+        worker.on_snapshot(session.snapshot_hook());
         session.apply_site_dirs(&worker, &site_dirs);
         Ok(session)
     }
@@ -141,15 +162,17 @@ impl Session {
             let lost = if report_loss { inner.lost.take() } else { None };
             return Ok((w, lost));
         }
-        if let Some(dead) = inner.worker.take()
-            && inner.lost.is_none()
-        {
-            let how = dead
-                .death()
-                .unwrap_or_else(|| "the Python worker ended".into());
-            inner.lost = Some(lost_note(&how));
+        if let Some(dead) = inner.worker.take() {
+            if inner.lost.is_none() {
+                let how = dead
+                    .death()
+                    .unwrap_or_else(|| "the Python worker ended".into());
+                inner.lost = Some(lost_note(&how));
+            }
+            Self::head_lost(&mut inner);
         }
         let worker = self.fresh_worker(&mut inner)?;
+        inner.head_tree = worker.pid;
         inner.worker = Some(worker.clone());
         let lost = if report_loss { inner.lost.take() } else { None };
         drop(inner);
@@ -164,6 +187,7 @@ impl Session {
             Some(w) if w.death().is_none() => Ok(w),
             _ => {
                 let w = Arc::new(Worker::spawn(&self.env.spec)?);
+                w.on_snapshot(self.snapshot_hook());
                 self.apply_site_dirs(&w, &inner.site_dirs);
                 Ok(w)
             }
@@ -186,7 +210,10 @@ impl Session {
         tokio::task::spawn_blocking(move || {
             let Some(session) = me.upgrade() else { return };
             let worker = match Worker::spawn(&session.env.spec) {
-                Ok(w) => Arc::new(w),
+                Ok(w) => {
+                    w.on_snapshot(session.snapshot_hook());
+                    Arc::new(w)
+                }
                 Err(e) => {
                     tracing::warn!(session = %session.name, error = %e, "could not start a spare worker");
                     return;
@@ -208,12 +235,28 @@ impl Session {
         code: &str,
         sink: Arc<dyn CellSink>,
     ) -> Result<CellOutcome, ReplError> {
+        self.execute_on(code, None, sink).await
+    }
+
+    /// Run `code` as the next cell on the state right after cell `parent` (see
+    /// docs/branching.md), or on the head when `parent` is `None`.
+    pub async fn execute_on(
+        &self,
+        code: &str,
+        parent: Option<Parent>,
+        sink: Arc<dyn CellSink>,
+    ) -> Result<CellOutcome, ReplError> {
         let repr_limit = self.env.repr_limit;
-        self.run_cell(code.to_string(), sink, |id, cell| Request::Execute {
-            id,
-            cell,
+        let saved = CellCode::Execute {
             code: code.to_string(),
-            repr_limit,
+        };
+        self.run_cell(code.to_string(), saved, parent, sink, |id, cell| {
+            Request::Execute {
+                id,
+                cell,
+                code: code.to_string(),
+                repr_limit,
+            }
         })
         .await
     }
@@ -233,7 +276,11 @@ impl Session {
             .collect::<Vec<_>>()
             .join(" ");
         let repr_limit = self.env.repr_limit;
-        self.run_cell(label, sink, |id, cell| Request::RunFile {
+        let saved = CellCode::RunFile {
+            path: full.clone(),
+            argv: argv.clone(),
+        };
+        self.run_cell(label, saved, None, sink, |id, cell| Request::RunFile {
             id,
             cell,
             path: full.clone(),
@@ -246,6 +293,8 @@ impl Session {
     async fn run_cell(
         &self,
         label: String,
+        saved: CellCode,
+        parent: Option<Parent>,
         sink: Arc<dyn CellSink>,
         request: impl FnOnce(u64, u64) -> Request,
     ) -> Result<CellOutcome, ReplError> {
@@ -262,7 +311,16 @@ impl Session {
             inner.interrupt_pending = false;
             inner.cells
         };
-        let (worker, earlier_loss) = match self.live_worker(true) {
+        let got = match parent {
+            None => self
+                .live_worker(true)
+                .map(|(w, lost)| (w, lost, Vec::new())),
+            Some(p) => self
+                .branch_to(&p)
+                .await
+                .map(|(w, replayed)| (w, None, replayed)),
+        };
+        let (worker, earlier_loss, replayed) = match got {
             Ok(w) => w,
             Err(e) => {
                 let mut inner = self.inner();
@@ -270,6 +328,16 @@ impl Session {
                 inner.cell_active = false;
                 return Err(e);
             }
+        };
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or_default();
+        let parent = {
+            let mut inner = self.inner();
+            let parent = inner.graph.head;
+            inner.running = Some((cell, parent));
+            parent
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
@@ -295,6 +363,8 @@ impl Session {
         let elapsed = started.elapsed();
         let mut out = CellOutcome {
             cell,
+            parent,
+            replayed: replayed.clone(),
             status: CellStatus::Ok,
             value: None,
             value_chars: None,
@@ -354,20 +424,28 @@ impl Session {
                 {
                     inner.worker = None;
                     inner.lost = Some(lost_note(&message));
+                    Self::head_lost(&mut inner);
                 }
             }
         }
         let mut inner = self.inner();
         inner.last_active = Instant::now();
-        inner.history.push_back(HistoryEntry {
+        inner.running = None;
+        inner.graph.add(Node {
             cell,
-            code: label,
+            parent,
+            label,
+            code: saved,
             status: out.status,
+            started_ms,
             elapsed_ms: (elapsed.as_secs_f64() * 1e6).round() / 1e3,
+            replayed,
         });
-        if inner.history.len() > HISTORY_CAP {
-            inner.history.pop_front();
-        }
+        let alive = inner
+            .worker
+            .as_ref()
+            .is_some_and(|w| Arc::ptr_eq(w, &worker));
+        inner.graph.head = alive.then_some(cell);
         drop(inner);
         self.refill_spare();
         Ok(out)
@@ -473,11 +551,15 @@ impl Session {
             if let Some(old) = inner.worker.take() {
                 old.kill("the session was restarted");
             }
+            for (_, root) in inner.roots.drain() {
+                root.end_tree("the session was restarted");
+            }
             inner.lost = None;
             inner.cells = 0;
-            inner.history.clear();
+            inner.graph.clear();
             inner.last_active = Instant::now();
             let worker = self.fresh_worker(&mut inner)?;
+            inner.head_tree = worker.pid;
             inner.worker = Some(worker.clone());
             worker
         };
@@ -490,15 +572,27 @@ impl Session {
         ready
     }
 
+    /// The running cell and its parent, if a cell runs.
+    pub fn running_cell(&self) -> Option<(u64, Option<u64>)> {
+        if self.op_lock.try_lock().is_ok() {
+            return None;
+        }
+        self.inner().running
+    }
+
     /// Wait until the current worker is ready (for callers that want a warm session).
     pub async fn wait_ready(&self) -> Result<(), ReplError> {
         let (worker, _) = self.live_worker(false)?;
         worker.wait_ready(self.env.start_timeout).await
     }
 
-    /// The cells run since the session started or was last restarted (last 1000).
+    /// The cells run since the session started or was last restarted (last 1000), as a
+    /// graph: parents, snapshots, the head.
     pub fn history(&self) -> Vec<HistoryEntry> {
-        self.inner().history.iter().cloned().collect()
+        let mut all = self.inner().graph.entries();
+        let skip = all.len().saturating_sub(HISTORY_CAP);
+        all.drain(..skip);
+        all
     }
 
     pub fn idle_for(&self) -> Duration {
@@ -547,6 +641,7 @@ impl Session {
                 inner.last_active.elapsed().as_secs()
             },
             cells: inner.cells,
+            snapshots: inner.graph.held_count(),
         }
     }
 
@@ -560,6 +655,10 @@ impl Session {
         if let Some(w) = inner.spare.take() {
             w.kill("the session was closed");
         }
+        for (_, root) in inner.roots.drain() {
+            root.end_tree("the session was closed");
+        }
+        inner.graph.drop_snapshots("the session was closed");
     }
 }
 

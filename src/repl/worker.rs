@@ -8,6 +8,7 @@
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,8 +17,9 @@ use tokio::sync::{OwnedMutexGuard, mpsc, oneshot, watch};
 
 use super::protocol::{self, Event, Request};
 use super::pump::{Pending, Shared, kill_group, lock, pump, write_requests};
+use super::snapshot::{self, Forked, Snapshot};
 use super::{CellSink, OutStream, ReplError};
-use crate::sandbox::{ResolvedPolicy, SandboxCommand};
+use crate::sandbox::{Pidfd, ResolvedPolicy, SandboxCommand, SandboxedChild};
 
 /// The worker driver, embedded so the binary is self-contained.
 pub(crate) const WORKER_SOURCE: &str = include_str!("../../python/sandbox_repl_worker.py");
@@ -35,7 +37,22 @@ pub(crate) struct SpawnSpec {
     pub policy: Arc<ResolvedPolicy>,
     /// The driver precompiled by this interpreter, if the probe managed to.
     pub code: Option<Arc<str>>,
+    /// Pass a snapshot control socket (fd 5): the worker snapshots each cell.
+    pub snapshots: bool,
 }
+
+/// The server's ends of a worker's descriptors.
+struct Fds {
+    requests: OwnedFd,
+    events: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    control: Option<OwnedFd>,
+}
+
+/// Receives a worker's snapshots: `(worker pid, cell, the snapshot or why there is none)`.
+pub(crate) type SnapshotHook =
+    Arc<dyn Fn(u32, u64, Result<Snapshot, String>) + Send + Sync + 'static>;
 
 /// The answer to one call: the matching event, or the words saying how the worker died.
 #[derive(Debug)]
@@ -64,6 +81,14 @@ impl Worker {
         };
         let (req_r, req_w) = std::io::pipe().map_err(io_err("create the worker request pipe"))?;
         let (ev_r, ev_w) = std::io::pipe().map_err(io_err("create the worker event pipe"))?;
+        let control = if spec.snapshots {
+            Some(
+                snapshot::control_pair()
+                    .map_err(io_err("create the worker's snapshot control socket"))?,
+            )
+        } else {
+            None
+        };
         let mut cmd = SandboxCommand::new(spec.policy.clone(), &spec.python);
         match &spec.code {
             Some(code) => cmd.arg("-c").arg(BOOTSTRAP_MARSHAL).arg(&**code),
@@ -78,17 +103,80 @@ impl Worker {
             .pass_fd(OwnedFd::from(req_r), 3)
             .pass_fd(OwnedFd::from(ev_w), 4)
             .enforce_wall_time(false);
+        let control = match control {
+            Some((ours, theirs)) => {
+                cmd.pass_fd(theirs, 5);
+                Some(ours)
+            }
+            None => None,
+        };
         let mut child = cmd.spawn()?;
         let pid = child.pid;
         let stdout = child.stdout.take().map(OwnedFd::from);
         let stderr = child.stderr.take().map(OwnedFd::from);
-        let exit_fd = child.exit_fd();
+        let (Some(stdout), Some(stderr)) = (stdout, stderr) else {
+            child.kill_all();
+            tokio::spawn(child.wait()); // reap it
+            return Err(ReplError::Io {
+                what: "attach to the worker's pipes".into(),
+                source: std::io::Error::other("no stdout or stderr pipe"),
+            });
+        };
+        let fds = Fds {
+            requests: req_w.into(),
+            events: ev_r.into(),
+            stdout,
+            stderr,
+            control,
+        };
+        Self::attach(pid, Some(child), None, fds, spec.policy.clone())
+    }
+
+    /// A live worker a snapshot forked (see [`Snapshot::fork_live`]): not our child, so it
+    /// is watched and signalled through a pidfd, and killing it kills it alone (its
+    /// process tree is killed through the root it descends from).
+    pub fn adopt(forked: Forked, policy: Arc<ResolvedPolicy>) -> Result<Worker, ReplError> {
+        // The pid cannot have been reused: the snapshot that forked it reaps it only when
+        // it gets its next message, which the server sends.
+        let sigfd = Pidfd::open(forked.pid).map_err(|source| ReplError::Io {
+            what: format!("watch the forked worker {}", forked.pid),
+            source,
+        })?;
+        let fds = Fds {
+            requests: forked.requests,
+            events: forked.events,
+            stdout: forked.stdout,
+            stderr: forked.stderr,
+            control: Some(forked.control),
+        };
+        Self::attach(forked.pid, None, Some(sigfd), fds, policy)
+    }
+
+    fn attach(
+        pid: u32,
+        child: Option<SandboxedChild>,
+        sigfd: Option<Pidfd>,
+        fds: Fds,
+        policy: Arc<ResolvedPolicy>,
+    ) -> Result<Worker, ReplError> {
+        let exit_fd = match (&child, &sigfd) {
+            (Some(child), _) => child.exit_fd(),
+            (None, Some(pidfd)) => pidfd.exit_fd(),
+            (None, None) => Err(std::io::Error::other(
+                "neither a child nor a pidfd to watch",
+            )),
+        };
         let (ready, ready_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             state: Mutex::default(),
-            policy: spec.policy.clone(),
-            child: Mutex::new(Some(child)),
+            policy,
+            child: Mutex::new(child),
             ready,
+            pid,
+            sigfd,
+            retired: AtomicBool::new(false),
+            control: fds.control,
+            on_snapshot: Mutex::new(None),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let worker = Worker {
@@ -98,13 +186,11 @@ impl Worker {
             ready_rx,
         };
         let pipes = (|| -> std::io::Result<_> {
-            let out = stdout.ok_or_else(|| std::io::Error::other("no stdout pipe"))?;
-            let err = stderr.ok_or_else(|| std::io::Error::other("no stderr pipe"))?;
             Ok((
-                pipe::Sender::from_owned_fd(OwnedFd::from(req_w))?,
-                pipe::Receiver::from_owned_fd(OwnedFd::from(ev_r))?,
-                pipe::Receiver::from_owned_fd(out)?,
-                pipe::Receiver::from_owned_fd(err)?,
+                pipe::Sender::from_owned_fd(fds.requests)?,
+                pipe::Receiver::from_owned_fd(fds.events)?,
+                pipe::Receiver::from_owned_fd(fds.stdout)?,
+                pipe::Receiver::from_owned_fd(fds.stderr)?,
                 exit_fd?,
             ))
         })();
@@ -124,6 +210,45 @@ impl Worker {
         tokio::spawn(write_requests(rx, req_tx));
         tokio::spawn(pump(shared, ev_rx, out_rx, err_rx, pidfd));
         Ok(worker)
+    }
+
+    /// Where this worker's snapshots go: `hook(worker pid, cell, snapshot or why none)`.
+    pub fn on_snapshot(&self, hook: SnapshotHook) {
+        *lock(&self.shared.on_snapshot) = Some(hook);
+    }
+
+    /// Whether this worker was spawned (the root of its process tree), not forked from a
+    /// snapshot.
+    pub fn is_root(&self) -> bool {
+        self.shared.sigfd.is_none()
+    }
+
+    /// Kill this process alone, leaving its process tree (snapshots, the worker that
+    /// replaces it) alive. A root is killed but not reaped: its process group id stays
+    /// reserved, so [`Worker::end_tree`] can still kill the whole tree.
+    pub fn kill_alone(&self, reason: &'static str) {
+        if self.is_root() {
+            self.shared.retired.store(true, Ordering::SeqCst);
+            let child = lock(&self.shared.child);
+            if let Some(child) = child.as_ref() {
+                lock(&self.shared.state)
+                    .kill_reason
+                    .get_or_insert_with(|| reason.to_string());
+                let _ = child.signal_process(libc::SIGKILL);
+            }
+        } else {
+            kill_group(&self.shared, reason);
+        }
+    }
+
+    /// Kill everything in this root's process tree (its group and cgroup) and reap it.
+    pub fn end_tree(&self, reason: &'static str) {
+        kill_group(&self.shared, reason);
+        if self.shared.retired.load(Ordering::SeqCst)
+            && let Some(child) = lock(&self.shared.child).take()
+        {
+            std::thread::spawn(move || child.wait_blocking());
+        }
     }
 
     /// Send `req`; the returned receiver gets the matching event or the death message.
@@ -230,12 +355,15 @@ impl Worker {
         true
     }
 
-    /// SIGCONT to the worker's process group: a stopped worker (SIGSTOP) would keep a
-    /// SIGINT pending and the cancel would be lost.
+    /// SIGCONT to the worker (its process group, or a forked worker alone): a stopped
+    /// worker (SIGSTOP) would keep a SIGINT pending and the cancel would be lost.
     pub fn resume(&self) {
-        if let Some(child) = lock(&self.shared.child).as_ref()
-            && let Err(e) = child.signal_group(libc::SIGCONT)
-        {
+        let result = match (lock(&self.shared.child).as_ref(), &self.shared.sigfd) {
+            (Some(child), _) => child.signal_group(libc::SIGCONT),
+            (None, Some(pidfd)) => pidfd.signal(libc::SIGCONT),
+            (None, None) => Ok(()),
+        };
+        if let Err(e) = result {
             tracing::warn!(error = %e, "could not continue the Python worker");
         }
     }
@@ -265,6 +393,6 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        self.kill("the session was closed");
+        self.end_tree("the session was closed");
     }
 }

@@ -110,6 +110,22 @@ impl SandboxedChild {
         self.killer.kill_all();
     }
 
+    /// Send `signal` to the child process alone (not its group). A no-op once reaped.
+    pub fn signal_process(&self, signal: i32) -> std::io::Result<()> {
+        if self.reaped || self.killer.done.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        // SAFETY: kill(2) on our own child, not reaped yet (checked above), so its pid
+        // cannot have been reused.
+        if unsafe { libc::kill(self.pid as libc::pid_t, signal) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     /// Forward the terminal's signals to this child's process group from now on (and
     /// any that arrived since `forwarding` was installed); see [`SignalForwarding`].
     pub fn forward_terminal_signals(&self, forwarding: &SignalForwarding) {
@@ -329,6 +345,47 @@ impl SignalForwarding {
 impl Drop for SignalForwarding {
     fn drop(&mut self) {
         FORWARD_PGID.store(0, Ordering::SeqCst);
+    }
+}
+
+/// A process this server did not spawn itself (one forked by a sandboxed process, e.g.
+/// a Python worker forked from a snapshot), watched and signalled through a pidfd: a
+/// pidfd never names another process, even after the pid is reused.
+#[derive(Debug)]
+pub struct Pidfd(OwnedFd);
+
+impl Pidfd {
+    /// Only sound while `pid` cannot have been reaped and reused yet (its parent is
+    /// known to hold it, alive or zombie).
+    pub fn open(pid: u32) -> std::io::Result<Self> {
+        pidfd_open(pid).map(Self)
+    }
+
+    /// `pidfd_send_signal(2)`; a process that has already ended is not an error.
+    pub fn signal(&self, signal: i32) -> std::io::Result<()> {
+        // SAFETY: pidfd_send_signal with a pidfd we own, a null siginfo and no flags.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.0.as_raw_fd(),
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// A descriptor that becomes readable once the process has ended, registered with
+    /// tokio (call inside a runtime).
+    pub fn exit_fd(&self) -> std::io::Result<AsyncFd<OwnedFd>> {
+        register_readable(self.0.try_clone()?)
     }
 }
 

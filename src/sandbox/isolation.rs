@@ -93,6 +93,10 @@ pub struct MountViewSpec<'a> {
     pub read: &'a [PathBuf],
     pub write: &'a [PathBuf],
     pub tmp: &'a PathBuf,
+    /// Make `tmp` a tmpfs of this size in the view instead of binding the host directory.
+    pub tmp_size: Option<u64>,
+    /// Covered by an empty read-only directory (listed paths beneath stay visible).
+    pub hide: &'a [PathBuf],
     pub workspace: &'a PathBuf,
 }
 
@@ -106,6 +110,8 @@ pub fn apply_mount_view(
         read: view.read.to_vec(),
         write: view.write.to_vec(),
         tmp: view.tmp.clone(),
+        tmp_size: view.tmp_size,
+        hide: view.hide.to_vec(),
         workspace: view.workspace.clone(),
     };
     outcome(

@@ -173,6 +173,8 @@ fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), Setup
             read: &read,
             write: &policy.write,
             tmp: &policy.tmp,
+            tmp_size: policy.limits.tmp_size_bytes,
+            hide: &policy.hide,
             workspace,
         };
         isolation_step(isolation::apply_mount_view(&view, best_effort), notes)?;

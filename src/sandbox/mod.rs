@@ -26,7 +26,9 @@ pub mod rlimits;
 pub mod seccomp;
 pub mod spawn;
 
-pub use child::{ExitReport, GroupKiller, LimitHit, SandboxedChild, Termination, signal_name};
+pub use child::{
+    ExitReport, GroupKiller, LimitHit, Pidfd, SandboxedChild, Termination, signal_name,
+};
 pub use error::{LaunchError, PolicyError, SetupError};
 pub use explain::explain_denials;
 pub use policy::{DEFAULT_POLICY, KernelSupportMode, NetworkMode, Policy, Scoping};

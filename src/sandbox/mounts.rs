@@ -36,6 +36,13 @@ pub struct MountView {
     pub write: Vec<PathBuf>,
     /// The private temp dir: writable at its own path and at /tmp.
     pub tmp: PathBuf,
+    /// When set, the private temp dir is a fresh tmpfs of this many bytes (at both
+    /// places) rather than the host directory: nothing written there reaches the host's
+    /// disk, it is bounded, and it vanishes with the job's mount namespace.
+    pub tmp_size: Option<u64>,
+    /// Paths covered by an empty read-only tmpfs (the server's state dir), with listed
+    /// paths beneath them bound again on top.
+    pub hide: Vec<PathBuf>,
     /// Writable; also the working directory after the switch.
     pub workspace: PathBuf,
 }
@@ -81,7 +88,9 @@ pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
     let entries = plan::entries(&view.read, &write);
     let tmp =
         std::fs::canonicalize(&view.tmp).map_err(step("find the private temp dir", &view.tmp))?;
-    let plan = plan::plan(&entries, Some(&tmp));
+    let mut plan = plan::plan(&entries, Some(&tmp));
+    plan::hide(&mut plan, &view.hide);
+    let tmpfs = view.tmp_size.map(|size| (tmp.as_path(), size));
 
     // SAFETY: unshare(2) with a constant flag, affecting only this process.
     if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
@@ -109,7 +118,7 @@ pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
     // (cheaper than a second tmpfs; /oldroot, beside it, is not part of it).
     mount(Some(NEW), NEW, None, libc::MS_BIND, None).map_err(step("bind-mount", NEW))?;
 
-    build(&plan)?;
+    build(&plan, tmpfs)?;
 
     // The root tmpfs only holds mount points: read-only from here on.
     mount(
@@ -134,12 +143,57 @@ pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
     Ok(())
 }
 
-/// Create every mount point and mount of `plan` under /newroot.
-fn build(plan: &Plan) -> Result<(), MountError> {
+/// Create every mount point and mount of `plan` under /newroot. With `tmpfs` (the
+/// private tmp's host path and a size), binds of that path get one fresh tmpfs instead.
+fn build(plan: &Plan, tmpfs: Option<(&Path, u64)>) -> Result<(), MountError> {
+    // The tmpfs, once mounted: later binds of the private tmp bind it.
+    let mut tmp_mount: Option<OwnedFd> = None;
     for bind in &plan.binds {
         let src = under(OLD, &bind.src);
         let dst = under(NEW, &bind.dst);
         let target = make_mount_point(&dst, bind.is_dir)?;
+        if bind.mask {
+            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+            mount(
+                Some("tmpfs"),
+                fd_path(&target),
+                Some("tmpfs"),
+                flags,
+                Some("mode=0755,size=64k"),
+            )
+            .map_err(step("hide (empty tmpfs over)", &bind.dst))?;
+            continue;
+        }
+        if let Some((tmp, size)) = tmpfs
+            && bind.src == tmp
+        {
+            match &tmp_mount {
+                Some(first) => mount(
+                    Some(fd_path(first)),
+                    fd_path(&target),
+                    None,
+                    libc::MS_BIND,
+                    None,
+                )
+                .map_err(step("bind-mount the private tmpfs on", &bind.dst))?,
+                None => {
+                    let data = format!("mode=1777,size={size}");
+                    mount(
+                        Some("tmpfs"),
+                        fd_path(&target),
+                        Some("tmpfs"),
+                        libc::MS_NOSUID | libc::MS_NODEV,
+                        Some(&data),
+                    )
+                    .map_err(step("mount the private tmpfs on", &bind.dst))?;
+                    tmp_mount = Some(
+                        open_beneath(None, &dst, libc::O_DIRECTORY)
+                            .map_err(step("open the private tmpfs", &bind.dst))?,
+                    );
+                }
+            }
+            continue;
+        }
         // Bind what was checked: the canonical path opened without following any symlink
         // (a job sharing the workspace could swap a directory for a link in between).
         let source = open_beneath(None, &src, 0).map_err(step("open (no symlinks)", &bind.src))?;
@@ -337,6 +391,7 @@ fn mount_proc() -> Result<(), MountError> {
         dst: "/proc".into(),
         writable: false,
         is_dir: true,
+        mask: false,
     };
     set_attrs(&proc, &bind)
 }

@@ -85,6 +85,11 @@ pub struct FilesystemSection {
     /// Paths whose files may be executed (implies read).
     #[serde(default)]
     pub execute: Vec<String>,
+    /// Paths covered in the job's mount view by an empty read-only directory, even
+    /// beneath a listed path (the server adds its own state dir). Paths listed above that
+    /// lie beneath a hidden one stay visible.
+    #[serde(default)]
+    pub hide: Vec<String>,
 }
 
 /// `none`: no sockets but AF_UNIX. `loopback`: a private network namespace with only
@@ -159,6 +164,8 @@ pub struct LimitsSection {
     pub cpu_seconds: Option<u64>,
     pub wall_seconds: Option<u64>,
     pub file_size: Option<ByteSize>,
+    /// Size of the job's private `{tmp}`, a tmpfs in its mount view.
+    pub tmp_size: Option<ByteSize>,
     pub processes: Option<u64>,
     pub open_files: Option<u64>,
 }
@@ -244,6 +251,7 @@ impl Policy {
             ("read", &fs.read),
             ("write", &fs.write),
             ("execute", &fs.execute),
+            ("hide", &fs.hide),
         ] {
             for (i, p) in paths.iter().enumerate() {
                 check_path(p)
@@ -283,6 +291,7 @@ impl Policy {
         for (key, size) in [
             ("limits.memory", &l.memory),
             ("limits.file_size", &l.file_size),
+            ("limits.tmp_size", &l.tmp_size),
         ] {
             if let Some(size) = size {
                 parse_size(size).map_err(|m| invalid(key.into(), m.to_string()))?;
@@ -314,6 +323,14 @@ impl Policy {
     /// Memory limit in bytes, if any (validated at load).
     pub fn memory_bytes(&self) -> Option<u64> {
         self.limits.memory.as_ref().and_then(|s| parse_size(s).ok())
+    }
+
+    /// Size of the private `{tmp}` tmpfs in bytes, if bounded (validated at load).
+    pub fn tmp_size_bytes(&self) -> Option<u64> {
+        self.limits
+            .tmp_size
+            .as_ref()
+            .and_then(|s| parse_size(s).ok())
     }
 
     /// File-size limit in bytes, if any (validated at load).

@@ -47,6 +47,10 @@ pub struct Limits {
     pub cpu_seconds: Option<u64>,
     pub wall_seconds: Option<u64>,
     pub file_size_bytes: Option<u64>,
+    /// Size of the `{tmp}` tmpfs (the kernel's default, half of RAM, when `None`; its
+    /// pages count against the job's memory either way).
+    #[serde(default)]
+    pub tmp_size_bytes: Option<u64>,
     pub processes: Option<u64>,
     pub open_files: Option<u64>,
 }
@@ -61,6 +65,9 @@ pub struct ResolvedPolicy {
     pub read: Vec<PathBuf>,
     pub write: Vec<PathBuf>,
     pub execute: Vec<PathBuf>,
+    /// Covered by an empty read-only directory in the mount view.
+    #[serde(default)]
+    pub hide: Vec<PathBuf>,
     pub network: NetworkPolicy,
     pub abstract_unix_sockets: Scoping,
     pub signals: Scoping,
@@ -125,6 +132,7 @@ impl Policy {
             read: expand(&fs.read),
             write: expand(&fs.write),
             execute: expand(&fs.execute),
+            hide: expand(&fs.hide),
             network,
             abstract_unix_sockets: self.ipc.abstract_unix_sockets,
             signals: self.ipc.signals,
@@ -135,6 +143,7 @@ impl Policy {
                 cpu_seconds: self.limits.cpu_seconds,
                 wall_seconds: self.limits.wall_seconds,
                 file_size_bytes: self.file_size_bytes(),
+                tmp_size_bytes: self.tmp_size_bytes(),
                 processes: self.limits.processes,
                 open_files: self.limits.open_files,
             },

@@ -33,10 +33,10 @@ use crate::app::App;
 pub enum Transport {
     /// MCP over stdin/stdout.
     Stdio,
-    /// Streamable HTTP on `listen`, with a bearer `token` (required off loopback).
+    /// Streamable HTTP on `listen`, authenticated as `auth` says.
     Http {
         listen: SocketAddr,
-        token: Option<String>,
+        auth: transport::HttpAuth,
     },
 }
 
@@ -84,8 +84,8 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
     spawn_signal_watch(shutdown.clone());
     let served = match config.transport {
         Transport::Stdio => transport::serve_stdio(app.clone(), shutdown.clone()).await,
-        Transport::Http { listen, token } => {
-            transport::serve_http(app.clone(), listen, token, shutdown.clone()).await
+        Transport::Http { listen, auth } => {
+            transport::serve_http(app.clone(), listen, auth, shutdown.clone()).await
         }
     };
     shutdown.cancel();
@@ -115,10 +115,12 @@ fn spawn_signal_watch(shutdown: CancellationToken) {
     });
 }
 
-/// Logs go to stderr only: stdout is the MCP stream. `RUST_LOG` picks the level (default warn).
+/// Logs go to stderr only: stdout is the MCP stream. `RUST_LOG` picks the level (default
+/// warn, plus the transport's start-up line: where the HTTP server listens and its token).
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("warn,mcp_sandbox_repl::server::transport=info")
+    });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -10,7 +10,7 @@ use serde_json::json;
 use super::report::structured;
 use crate::app::{EnvInfo, VarsOutcome};
 use crate::jobs::{JobSummary, OutputChunk, SearchHit, Stream};
-use crate::repl::{HistoryEntry, SessionInfo};
+use crate::repl::{HistoryEntry, SessionInfo, SnapshotState, cell_name};
 
 /// A plain-text + structured result for list-style tools.
 fn listing<T: serde::Serialize>(text: String, value: &T) -> CallToolResult {
@@ -63,15 +63,53 @@ pub fn vars(session: &str, outcome: VarsOutcome) -> CallToolResult {
 }
 
 pub fn history(session: &str, cells: Vec<HistoryEntry>) -> CallToolResult {
-    let mut text = format!("{} cell(s) in session {session:?}\n", cells.len());
+    let head = cells.iter().find(|c| c.head).map(|c| cell_name(c.cell));
+    let mut text = format!(
+        "{} cell(s) in session {session:?}; head: {}\n",
+        cells.len(),
+        head.as_deref().unwrap_or("none (empty state)")
+    );
     for c in &cells {
+        let parent = c.parent.map(cell_name).unwrap_or_else(|| "-".into());
+        let state = match c.snapshot {
+            SnapshotState::Held => "snapshot".to_string(),
+            SnapshotState::Replay => format!(
+                "replay{}",
+                c.note
+                    .as_deref()
+                    .map(|n| format!(" ({n})"))
+                    .unwrap_or_default()
+            ),
+            SnapshotState::None => "no state".to_string(),
+        };
         let _ = writeln!(
             text,
-            "[{}] {:?} {:.1} ms\n{}",
-            c.cell, c.status, c.elapsed_ms, c.code
+            "[{}{}] on {parent} · {:?} · {:.1} ms · {state}\n{}",
+            cell_name(c.cell),
+            if c.head { ", head" } else { "" },
+            c.status,
+            c.elapsed_ms,
+            excerpt(&c.code)
         );
     }
-    listing(text, &json!({ "session": session, "cells": cells }))
+    listing(
+        text,
+        &json!({ "session": session, "head": head, "cells": cells }),
+    )
+}
+
+/// The code of a cell, cut to a few lines for the history listing.
+fn excerpt(code: &str) -> String {
+    const LINES: usize = 6;
+    let lines: Vec<&str> = code.lines().collect();
+    if lines.len() <= LINES {
+        return code.to_string();
+    }
+    format!(
+        "{}\n… {} more line(s)",
+        lines[..LINES].join("\n"),
+        lines.len() - LINES
+    )
 }
 
 pub fn sessions(sessions: Vec<SessionInfo>) -> CallToolResult {

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use crate::app::JobView;
 use crate::jobs::{Excerpt, JobKind, JobSnapshot, JobStatus};
+use crate::repl::cell_name;
 
 /// A slice of one output stream of a job: bytes `[offset, end)` were delivered. When the
 /// slice was too big for one response, `head` and `tail` are shown and `omitted` is the
@@ -105,6 +106,15 @@ pub struct JobReport {
     /// the session's idle expiry), in words.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_note: Option<String>,
+    /// The id of a Python cell ("c7"): pass it as `parent` to branch from its state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cell: Option<String>,
+    /// The cell this one ran on top of (null: an empty state). Present with `cell`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<Option<String>>,
+    /// Cells re-run to rebuild the parent's state (its snapshot was gone).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replayed: Vec<String>,
     /// Rich non-image display output (HTML, markdown).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub display: Vec<DisplayReport>,
@@ -150,7 +160,11 @@ impl JobReport {
     /// The report of a job; images of a Python cell go to the returned list. Every field
     /// of the snapshot is named here (no `..`), so a new one cannot be forgotten.
     pub fn new(view: JobView) -> (JobReport, Vec<Image>) {
-        let JobView { snapshot, denied } = view;
+        let JobView {
+            snapshot,
+            denied,
+            running_cell,
+        } = view;
         let JobSnapshot {
             id,
             kind,
@@ -182,12 +196,20 @@ impl JobReport {
             error: None,
             state_lost: None,
             state_note: None,
+            cell: None,
+            parent: None,
+            replayed: Vec::new(),
             display: Vec::new(),
             images: 0,
             result: None,
             denied,
             next: None,
         };
+        if let Some((cell, parent)) = running_cell {
+            // A cell still running: its id and parent come from the session.
+            report.cell = Some(cell_name(cell));
+            report.parent = Some(parent.map(cell_name));
+        }
         let mut images = Vec::new();
         if let Some(result) = result {
             match kind {
@@ -234,6 +256,18 @@ impl JobReport {
                 );
             }
         }
+        if let Some(cell) = result.get("cell").and_then(Value::as_u64) {
+            self.cell = Some(cell_name(cell));
+            self.parent = Some(result.get("parent").and_then(Value::as_u64).map(cell_name));
+        }
+        self.replayed = result
+            .get("replayed")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_u64)
+            .map(cell_name)
+            .collect();
         for item in result
             .get("display")
             .and_then(Value::as_array)
@@ -289,6 +323,12 @@ impl JobReport {
         if let Some(s) = &self.session {
             head.push_str(&format!(" · session {s}"));
         }
+        if let Some(c) = &self.cell {
+            head.push_str(&format!(" · cell {c}"));
+            if let Some(Some(p)) = &self.parent {
+                head.push_str(&format!(" (on {p})"));
+            }
+        }
         head.push_str(&format!(" · {} ms", self.elapsed_ms));
         if let Some(c) = self.exit_code {
             head.push_str(&format!(" · exit {c}"));
@@ -300,6 +340,12 @@ impl JobReport {
         out.push('\n');
         if let Some(note) = &self.state_note {
             out.push_str(&format!("note: {note}\n"));
+        }
+        if !self.replayed.is_empty() {
+            out.push_str(&format!(
+                "note: replayed {} to rebuild the parent's state (no snapshot held it); their side effects happened again\n",
+                self.replayed.join(", ")
+            ));
         }
         push_part(&mut out, "stdout", &self.stdout);
         push_part(&mut out, "stderr", &self.stderr);
@@ -414,6 +460,7 @@ mod tests {
         JobReport::new(JobView {
             snapshot: snapshot(kind, status),
             denied: Vec::new(),
+            running_cell: None,
         })
         .0
     }
@@ -458,6 +505,7 @@ mod tests {
         let (r, images) = JobReport::new(JobView {
             snapshot: s,
             denied: vec!["blocked".into()],
+            running_cell: None,
         });
         assert_eq!(r.value.as_deref(), Some("3"));
         assert_eq!(r.error.as_ref().map(|e| e.ename.as_str()), Some("E"));
@@ -469,6 +517,7 @@ mod tests {
         let (r, _) = JobReport::new(JobView {
             snapshot: s,
             denied: Vec::new(),
+            running_cell: None,
         });
         assert_eq!(r.result, Some(serde_json::json!({"ok": true})));
         assert_eq!(r.value, None);

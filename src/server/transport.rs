@@ -45,35 +45,85 @@ pub async fn serve_stdio(app: Arc<App>, shutdown: CancellationToken) -> Result<(
         .waiting()
         .await
         .map_err(|e| ServerError::Transport(format!("the stdio service task failed: {e}")))?;
-    tracing::info!(?reason, "stdio client finished");
+    tracing::debug!(?reason, "stdio client finished");
     Ok(())
 }
 
-/// Why an HTTP listen address or token combination is refused.
-pub fn check_bind(listen: SocketAddr, token: Option<&str>) -> Result<(), ServerError> {
-    if let Some(t) = token
-        && t.trim().is_empty()
-    {
-        return Err(ServerError::Config(
-            "the bearer token is empty; pass a non-empty --token (or MCP_SANDBOX_TOKEN)".into(),
-        ));
-    }
-    if !listen.ip().is_loopback() && token.is_none() {
-        return Err(ServerError::Config(format!(
-            "refusing to listen on {listen} without a bearer token: anyone who can reach it could run code; \
-             pass --token (or MCP_SANDBOX_TOKEN), or listen on 127.0.0.1"
-        )));
-    }
-    Ok(())
+/// How HTTP requests are authenticated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HttpAuth {
+    /// The bearer token given on the command line.
+    Token(String),
+    /// A random token made at start and written `0600` to `<state>/http-token`.
+    Generate,
+    /// No token (`--no-auth`): loopback only, chosen explicitly.
+    NoAuth,
 }
 
-/// True when the `Authorization` header carries exactly `Bearer <token>`.
-/// Compared in constant time so the token cannot be guessed byte by byte.
+/// Where a generated token is written (inside the state dir, which sandboxed code never sees).
+pub const TOKEN_FILE: &str = "http-token";
+
+/// Why an HTTP listen address or auth combination is refused.
+pub fn check_bind(listen: SocketAddr, auth: &HttpAuth) -> Result<(), ServerError> {
+    match auth {
+        HttpAuth::Token(t) if t.trim().is_empty() => Err(ServerError::Config(
+            "the bearer token is empty; pass a non-empty --token (or MCP_SANDBOX_TOKEN), or none to get a generated one".into(),
+        )),
+        HttpAuth::NoAuth if !listen.ip().is_loopback() => Err(ServerError::Config(format!(
+            "refusing --no-auth on {listen}: anyone who can reach it could run code; \
+             drop --no-auth (a token is generated), or listen on 127.0.0.1"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A fresh random token: 32 bytes from the kernel's CSPRNG, hex-encoded.
+pub fn generate_token() -> Result<String, ServerError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| {
+        ServerError::Config(format!(
+            "cannot generate the HTTP bearer token: the system random source failed ({e}); pass --token"
+        ))
+    })?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Write `token` to `path`, readable by the owner only (mode 0600 even if the file existed).
+pub fn write_token_file(path: &std::path::Path, token: &str) -> Result<(), ServerError> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let fail = |e: std::io::Error| {
+        ServerError::Config(format!(
+            "cannot write the generated HTTP token to {}: {e}; check the state dir's permissions or pass --token",
+            path.display()
+        ))
+    };
+    // Never write through a symlink someone planted there.
+    let _ = std::fs::remove_file(path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(fail)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(fail)?;
+    file.write_all(token.as_bytes()).map_err(fail)?;
+    file.write_all(b"\n").map_err(fail)
+}
+
+/// True when the `Authorization` header carries `Bearer <token>` (the scheme in any case,
+/// RFC 9110 §11.1). Compared in constant time so the token cannot be guessed byte by byte.
 pub fn authorized(header: Option<&[u8]>, token: &str) -> bool {
     let Some(value) = header else { return false };
-    let Some(given) = value.strip_prefix(b"Bearer ") else {
+    let Some((scheme, given)) = value.split_at_checked(7) else {
         return false;
     };
+    if !scheme.eq_ignore_ascii_case(b"bearer ") {
+        return false;
+    }
+    let given = given.trim_ascii_start();
     let expected = token.as_bytes();
     if given.len() != expected.len() {
         return false;
@@ -83,6 +133,28 @@ pub fn authorized(header: Option<&[u8]>, token: &str) -> bool {
         .zip(expected)
         .fold(0u8, |acc, (a, b)| acc | (a ^ b))
         == 0
+}
+
+/// The browser origins allowed to call us: our own address (and, on loopback, the
+/// `localhost` / `127.0.0.1` / `[::1]` spellings of it). A request without `Origin` (any
+/// non-browser client) passes; any other origin gets 403 (DNS rebinding).
+pub fn allowed_origins(listen: SocketAddr) -> Vec<String> {
+    let port = listen.port();
+    let mut hosts = vec![match listen.ip() {
+        std::net::IpAddr::V4(ip) => ip.to_string(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+    }];
+    if listen.ip().is_loopback() {
+        for h in ["localhost", "127.0.0.1", "[::1]"] {
+            if !hosts.iter().any(|x| x == h) {
+                hosts.push(h.to_string());
+            }
+        }
+    }
+    hosts
+        .iter()
+        .flat_map(|h| [format!("http://{h}:{port}"), format!("https://{h}:{port}")])
+        .collect()
 }
 
 type HttpBody = BoxBody<Bytes, Infallible>;
@@ -103,11 +175,13 @@ fn plain(status: StatusCode, text: &str) -> Response<HttpBody> {
 pub async fn serve_http(
     app: Arc<App>,
     listen: SocketAddr,
-    token: Option<String>,
+    auth: HttpAuth,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
-    check_bind(listen, token.as_deref())?;
-    let mut config = StreamableHttpServerConfig::default();
+    check_bind(listen, &auth)?;
+    let mut config = StreamableHttpServerConfig::default()
+        .with_allowed_origins(allowed_origins(listen))
+        .enforce_origin_validation();
     config.cancellation_token = shutdown.child_token();
     if !listen.ip().is_loopback() {
         // Host-header checks guard loopback servers against DNS rebinding; a server on a
@@ -129,8 +203,32 @@ pub async fn serve_http(
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| ServerError::Transport(format!("cannot listen on {listen}: {e}")))?;
-    tracing::info!(%listen, auth = token.is_some(), "streamable HTTP server listening on /mcp");
-    let token: Option<Arc<str>> = token.map(Arc::from);
+    let url = format!("http://{listen}/mcp");
+    // A generated token is good for this run only: its file goes when the server stops.
+    let mut token_file = None;
+    let token: Option<Arc<str>> = match auth {
+        HttpAuth::Token(t) => {
+            tracing::info!("MCP over streamable HTTP at {url} (bearer token from --token)");
+            Some(Arc::from(t))
+        }
+        HttpAuth::Generate => {
+            let t = generate_token()?;
+            let path = app.state_dir().join(TOKEN_FILE);
+            write_token_file(&path, &t)?;
+            tracing::info!(
+                "MCP over streamable HTTP at {url}; send `Authorization: Bearer <token>` with the token in {} (generated for this run; pass --token to choose one)",
+                path.display()
+            );
+            token_file = Some(path);
+            Some(Arc::from(t))
+        }
+        HttpAuth::NoAuth => {
+            tracing::warn!(
+                "MCP over streamable HTTP at {url} WITHOUT authentication (--no-auth): any local process can run code through it"
+            );
+            None
+        }
+    };
     loop {
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -156,6 +254,9 @@ pub async fn serve_http(
             }
         });
     }
+    if let Some(path) = token_file {
+        let _ = std::fs::remove_file(path);
+    }
     Ok(())
 }
 
@@ -178,10 +279,11 @@ async fn route(
         if !authorized(header, token) {
             return plain(
                 StatusCode::UNAUTHORIZED,
-                "unauthorized: send `Authorization: Bearer <token>` with the server's token\n",
+                "unauthorized: send `Authorization: Bearer <token>` with the server's token (the file named in its start-up log, or its --token)\n",
             );
         }
     }
+    // rmcp checks Host and Origin (403 for a cross-origin browser request) before MCP.
     service.handle(req).await
 }
 
@@ -194,18 +296,55 @@ mod tests {
         assert!(authorized(Some(b"Bearer s3cret"), "s3cret"));
         assert!(!authorized(Some(b"Bearer s3cre"), "s3cret"));
         assert!(!authorized(Some(b"Bearer s3cretX"), "s3cret"));
-        assert!(!authorized(Some(b"bearer s3cret"), "s3cret"));
+        assert!(authorized(Some(b"bearer s3cret"), "s3cret"));
+        assert!(authorized(Some(b"BEARER s3cret"), "s3cret"));
+        assert!(!authorized(Some(b"Bearers3cret"), "s3cret"));
+        assert!(!authorized(Some(b"Basic s3cret"), "s3cret"));
+        assert!(!authorized(Some(b"Bearer "), "s3cret"));
         assert!(!authorized(Some(b"s3cret"), "s3cret"));
         assert!(!authorized(None, "s3cret"));
     }
 
     #[test]
-    fn non_loopback_needs_a_token() {
+    fn no_auth_is_loopback_only_and_tokens_are_not_empty() {
         let public: SocketAddr = "0.0.0.0:8765".parse().unwrap_or_else(|_| unreachable!());
         let local: SocketAddr = "127.0.0.1:8765".parse().unwrap_or_else(|_| unreachable!());
-        assert!(check_bind(public, None).is_err());
-        assert!(check_bind(public, Some("t")).is_ok());
-        assert!(check_bind(local, None).is_ok());
-        assert!(check_bind(local, Some(" ")).is_err());
+        assert!(check_bind(public, &HttpAuth::NoAuth).is_err());
+        assert!(check_bind(public, &HttpAuth::Generate).is_ok());
+        assert!(check_bind(public, &HttpAuth::Token("t".into())).is_ok());
+        assert!(check_bind(local, &HttpAuth::NoAuth).is_ok());
+        assert!(check_bind(local, &HttpAuth::Token(" ".into())).is_err());
+    }
+
+    #[test]
+    fn generated_tokens_are_long_random_and_private() {
+        let a = generate_token().unwrap();
+        let b = generate_token().unwrap();
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, b);
+        let dir = std::env::temp_dir().join(format!("tok-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(TOKEN_FILE);
+        // A planted symlink is replaced, not followed.
+        let target = dir.join("target");
+        std::fs::write(&target, "keep").unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        write_token_file(&path, &a).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_file());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), a);
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn origins_are_our_own_address_only() {
+        let local: SocketAddr = "127.0.0.1:8765".parse().unwrap_or_else(|_| unreachable!());
+        let o = allowed_origins(local);
+        assert!(o.contains(&"http://localhost:8765".to_string()));
+        assert!(o.contains(&"http://[::1]:8765".to_string()));
+        assert!(!o.iter().any(|x| x.contains("evil") || x.ends_with(":*")));
     }
 }

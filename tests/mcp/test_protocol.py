@@ -125,9 +125,10 @@ def test_http_requires_the_bearer_token_when_set(server):
 
 
 def test_http_refuses_public_address_without_token(server):
-    """Binding a non-loopback address without a token is refused with a clear message."""
+    """Binding a non-loopback address with authentication turned off (--no-auth) is refused
+    with a clear message (without --token a token is generated)."""
     out = subprocess.run(
-        [binary(), "--transport", "http", "--listen", f"0.0.0.0:{free_port()}"],
+        [binary(), "--transport", "http", "--no-auth", "--listen", f"0.0.0.0:{free_port()}"],
         env=server.server_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10,
     )
     assert out.returncode != 0
@@ -135,15 +136,20 @@ def test_http_refuses_public_address_without_token(server):
 
 
 def test_http_streamable_client_works(server):
-    """The official SDK's streamable HTTP client can list tools (loopback, no token)."""
+    """The official SDK's streamable HTTP client can list tools (loopback, no --token: the
+    client reads the token the server generated)."""
     import anyio
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
 
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
     proc, url = start_http(server)
+    token = (server.state_dir / "http-token").read_text().strip()
 
     async def main():
-        async with streamable_http_client(url) as streams:
+        client = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+        async with client, streamable_http_client(url, http_client=client) as streams:
             read, write = streams[0], streams[1]
             async with ClientSession(read, write) as s:
                 await s.initialize()

@@ -244,6 +244,8 @@ async fn failed_resolution_reports_uvs_explanation() {
     let cfg = offline_config(&scratch.0.path);
     let uv = Uv::locate(None).unwrap();
     let policy = session_policy(&cfg);
+    // A `Path` location is created by the caller (app::workspace, through descriptors).
+    std::fs::create_dir(scratch.0.path.join("named-venv")).unwrap();
     let loc = VenvLocation::Path(scratch.0.path.join("named-venv"));
     let venv = envs::venv::ensure(&cfg, &uv, &loc, &policy).await.unwrap();
     let req = InstallRequest {

@@ -340,10 +340,12 @@ async fn bad_requests_are_clear_errors_and_create_no_job() {
     let secret = f.dir.join("secret.env");
     std::fs::write(&secret, "TOKEN=hunter2\n").unwrap();
     std::os::unix::fs::symlink(&secret, ws.join("link.env")).unwrap();
+    // The refusal names the path as given (resolving it would answer differently for
+    // host paths that exist and those that do not).
     for env_file in [secret.clone(), ws.join("link.env")] {
         let err = f
             .start(ShellRequest {
-                env_file: Some(env_file),
+                env_file: Some(env_file.clone()),
                 ..ShellRequest::command("true")
             })
             .unwrap_err()
@@ -351,7 +353,7 @@ async fn bad_requests_are_clear_errors_and_create_no_job() {
         assert_eq!(
             err,
             format!(
-                "env file {secret:?} is outside what policy workspace-write lets a job read; \
+                "env file {env_file:?} is outside what policy workspace-write lets a job read; \
                  use a path inside the workspace"
             )
         );

@@ -210,6 +210,7 @@ fn json_report_fields() {
         "limit",
         "policy",
         "denied",
+        "unenforced",
     ] {
         assert!(keys.contains(&key), "missing {key} in {r}");
     }
@@ -217,6 +218,43 @@ fn json_report_fields() {
     assert_eq!(r["policy"], "ci");
     assert_eq!(r["limit"], serde_json::Value::Null);
     assert!(r["peak_rss_bytes"].as_u64().unwrap() > 100_000, "{r}");
+}
+
+/// A denied write is explained in words after the command's own error: on stderr in plain
+/// mode, and under `denied` (not `unenforced`) in the JSON report; a command that
+/// succeeds reports no denial.
+#[test]
+fn denials_are_reported_in_words() {
+    let ws = TempDir::new("denied");
+    let cmd = ["sh", "-c", "echo x > /etc/x"];
+    let out = run_in("workspace-write", &ws.path, false, &cmd);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("Read-only file system"), "{err}");
+    assert!(
+        err.contains("blocked by policy workspace-write: write to /etc/x"),
+        "{err}"
+    );
+    assert!(!std::path::Path::new("/etc/x").exists());
+    let out = run_in("workspace-write", &ws.path, true, &cmd);
+    let r = report(&out);
+    let denied = r["denied"].as_array().unwrap();
+    assert_eq!(denied.len(), 1, "{r}");
+    assert!(
+        denied[0]
+            .as_str()
+            .unwrap()
+            .starts_with("blocked by policy workspace-write: write to /etc/x"),
+        "{r}"
+    );
+    assert!(r["unenforced"].is_array(), "{r}");
+    let out = run_in(
+        "workspace-write",
+        &ws.path,
+        true,
+        &["sh", "-c", "echo x > ok"],
+    );
+    assert_eq!(report(&out)["denied"].as_array().unwrap().len(), 0);
 }
 
 /// stdin reaches the command; stdout and stderr are passed through separately.

@@ -154,39 +154,48 @@ impl App {
             .cloned()
     }
 
-    /// The server policy resolved for uv work (the envs module adds the grants).
+    /// The server policy resolved for uv work (the envs module adds the grants), with a
+    /// private `{tmp}` (HOME, TMPDIR) of its own: nothing one script or install leaves
+    /// there (a `.pth` in its user site) is seen by the next. Removed when the guard drops.
     async fn env_policy(
         &self,
         envs: &EnvManager,
         venv: Option<&Venv>,
-    ) -> Result<ResolvedPolicy, AppError> {
-        let tmp = self.state_dir.join("env-tmp");
-        super::tmp::create_dir(&tmp)?;
+    ) -> Result<(ResolvedPolicy, super::tmp::TmpDir), AppError> {
+        let base = self.state_dir.join("env-tmp");
+        let tmp = super::tmp::TmpDir(super::tmp::create_job_tmp(&base)?);
         let python = match self.sessions.python().await {
             Ok(info) => info.prefixes.clone(),
             Err(_) => Vec::new(),
         };
         let ph = Placeholders {
             workspace: self.workspace().root().to_path_buf(),
-            tmp,
+            tmp: tmp.0.clone(),
             python,
             venv: venv.map(|v| v.root().to_path_buf()),
             uv_cache: Some(envs.config().uv_cache_dir()),
         };
-        Ok(self.settings().policy.resolve(&ph)?)
+        Ok((self.settings().policy.resolve(&ph)?, tmp))
     }
 
+    /// Where the venv goes. A `venv_path` is made beneath the workspace now when it will
+    /// be used (`create`): by the server, through descriptors (`Workspace::create_dir`),
+    /// so nothing later creates it by path (that could follow a swapped-in symlink).
     fn venv_location(
         &self,
         venv_path: Option<&str>,
         workspace_venv: bool,
+        create: bool,
     ) -> Result<Option<VenvLocation>, AppError> {
         match (venv_path, workspace_venv) {
             (Some(_), true) => Err(AppError::BadRequest(
                 "give `venv_path` or `use_workspace_venv`, not both",
             )),
+            (Some(p), false) if create => Ok(Some(VenvLocation::Path(
+                self.workspace().create_dir(p, "venv_path")?,
+            ))),
             (Some(p), false) => Ok(Some(VenvLocation::Path(
-                self.workspace().inside(p, "venv_path")?,
+                self.workspace().dir(p, "venv_path")?,
             ))),
             (None, true) => Ok(Some(VenvLocation::Workspace)),
             (None, false) => Ok(None),
@@ -212,10 +221,11 @@ impl App {
 
     pub async fn env_info(&self, session: &str, req: EnvInfoRequest) -> Result<EnvInfo, AppError> {
         let envs = self.envs().await?;
-        let location = self.venv_location(req.venv_path.as_deref(), req.use_workspace_venv)?;
+        let location =
+            self.venv_location(req.venv_path.as_deref(), req.use_workspace_venv, req.create)?;
         let uv = envs.uv().cloned();
         let venv = if req.create {
-            let policy = self.env_policy(&envs, None).await?;
+            let (policy, _tmp) = self.env_policy(&envs, None).await?;
             Some(
                 envs.ensure_session_venv(session, location.as_ref(), &policy)
                     .await?,
@@ -244,8 +254,9 @@ impl App {
         install::validate(&req)?;
         let envs = self.envs().await?;
         envs.uv()?;
-        let location = self.venv_location(args.venv_path.as_deref(), args.use_workspace_venv)?;
-        let policy = self.env_policy(&envs, None).await?;
+        let location =
+            self.venv_location(args.venv_path.as_deref(), args.use_workspace_venv, true)?;
+        let (policy, tmp) = self.env_policy(&envs, None).await?;
         let label = format!("install {}", req.packages.join(" "));
         let handle = self.store.create(JobKind::Install, Some(session), &label)?;
         let cancel = Canceller::new();
@@ -258,6 +269,7 @@ impl App {
         let sessions = self.sessions.clone();
         let session = session.to_string();
         tokio::spawn(async move {
+            let _tmp = tmp;
             let r = envs
                 .install(&session, location.as_ref(), &req, &policy, sink, &cancel)
                 .await;
@@ -299,7 +311,7 @@ impl App {
                 ));
             }
             (Some(code), None) => ScriptSource::Code(code),
-            (None, Some(path)) => ScriptSource::Path(self.workspace().inside(&path, "path")?),
+            (None, Some(path)) => ScriptSource::Path(self.workspace().file(&path, "path")?),
         };
         let label = match &source {
             ScriptSource::Code(c) => format!(
@@ -318,11 +330,14 @@ impl App {
             args: args.args,
             env: args.env.into_iter().collect(),
             timeout: args.timeout,
-            cwd: args.cwd.map(|c| self.workspace().resolve(&c)),
+            cwd: args
+                .cwd
+                .map(|c| self.workspace().dir(&c, "cwd"))
+                .transpose()?,
         };
         let envs = self.envs().await?;
         envs.uv()?;
-        let policy = self.env_policy(&envs, None).await?;
+        let (policy, tmp) = self.env_policy(&envs, None).await?;
         let handle = self.store.create(JobKind::Script, None, &label)?;
         let cancel = Canceller::new();
         handle.set_control(Arc::new(EnvControl(cancel.clone())));
@@ -337,6 +352,7 @@ impl App {
         });
         let benchmark = args.benchmark;
         tokio::spawn(async move {
+            let _tmp = tmp;
             let outcome = match envs.run_script(&req, &policy, sink, &cancel).await {
                 Err(e) => JobOutcome {
                     status: JobStatus::Failed,

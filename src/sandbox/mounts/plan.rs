@@ -37,6 +37,8 @@ pub struct Bind {
     pub dst: PathBuf,
     pub writable: bool,
     pub is_dir: bool,
+    /// Not a bind: an empty read-only tmpfs covering `dst` (a hidden path; `src` unused).
+    pub mask: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -152,6 +154,7 @@ pub fn plan(entries: &[Entry], tmp: Option<&Path>) -> Plan {
             dst: e.canonical.clone(),
             writable: e.writable,
             is_dir: e.is_dir,
+            mask: false,
         })
         .collect();
     let nested_under_tmp = |b: &Bind| b.dst.starts_with("/tmp") && Some(b.src.as_path()) != tmp;
@@ -161,6 +164,7 @@ pub fn plan(entries: &[Entry], tmp: Option<&Path>) -> Plan {
             dst: PathBuf::from("/tmp"),
             writable: true,
             is_dir: true,
+            mask: false,
         });
     }
     // Parents first (a path sorts before its children); writable first among equals.
@@ -170,13 +174,15 @@ pub fn plan(entries: &[Entry], tmp: Option<&Path>) -> Plan {
     let mut kept: Vec<Bind> = Vec::with_capacity(binds.len());
     for bind in binds {
         let ancestor = kept.iter().rev().find(|k| bind.dst.starts_with(&k.dst));
-        let redundant = ancestor.is_some_and(|a| {
-            a.writable == bind.writable
-                && bind
-                    .dst
-                    .strip_prefix(&a.dst)
-                    .is_ok_and(|rel| a.src.join(rel) == bind.src)
-        });
+        // The private tmp is never folded into a parent: it may become its own tmpfs.
+        let redundant = Some(bind.src.as_path()) != tmp
+            && ancestor.is_some_and(|a| {
+                a.writable == bind.writable
+                    && bind
+                        .dst
+                        .strip_prefix(&a.dst)
+                        .is_ok_and(|rel| a.src.join(rel) == bind.src)
+            });
         if !redundant {
             kept.push(bind);
         }
@@ -194,6 +200,40 @@ pub fn plan(entries: &[Entry], tmp: Option<&Path>) -> Plan {
         own_dev,
         own_proc,
         private_shm,
+    }
+}
+
+/// Cover each of `hidden` (canonical paths) that would be visible — strictly beneath a
+/// bind — with a mask, placed after its parents and before the binds beneath it, so a
+/// listed path inside a hidden one (the private tmp inside the state dir) stays visible.
+/// A hidden path that is itself bound stays bound (the policy lists it).
+pub fn hide(plan: &mut Plan, hidden: &[PathBuf]) {
+    for h in hidden {
+        let Ok(h) = std::fs::canonicalize(h) else {
+            continue;
+        };
+        let visible = plan
+            .binds
+            .iter()
+            .any(|b| !b.mask && h.starts_with(&b.dst) && h != b.dst);
+        if !visible || plan.binds.iter().any(|b| b.dst == h) {
+            continue;
+        }
+        let at = plan
+            .binds
+            .iter()
+            .position(|b| b.dst > h)
+            .unwrap_or(plan.binds.len());
+        plan.binds.insert(
+            at,
+            Bind {
+                src: PathBuf::new(),
+                dst: h,
+                writable: false,
+                is_dir: true,
+                mask: true,
+            },
+        );
     }
 }
 
@@ -249,6 +289,36 @@ mod tests {
             ]
         );
         assert!(p.own_dev && p.own_proc);
+    }
+
+    #[test]
+    fn hidden_paths_are_masked_between_parent_and_children() {
+        let base = PathBuf::from(format!("/var/tmp/plan-hide-{}", std::process::id()));
+        let state = base.join("ws/state");
+        std::fs::create_dir_all(state.join("tmp/1")).unwrap();
+        let base = base.canonicalize().unwrap();
+        let (ws, state) = (base.join("ws"), base.join("ws/state"));
+        let tmp = state.join("tmp/1");
+        let s = |p: &Path| p.to_str().unwrap().to_string();
+        let mut p = plan(
+            &[e(&s(&ws), &s(&ws), true), e(&s(&tmp), &s(&tmp), true)],
+            Some(&tmp),
+        );
+        hide(
+            &mut p,
+            &[state.clone(), base.join("nope"), "/elsewhere".into()],
+        );
+        let got: Vec<(String, bool)> = p.binds.iter().map(|b| (s(&b.dst), b.mask)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("/tmp".into(), false),
+                (s(&ws), false),
+                (s(&state), true),
+                (s(&tmp), false),
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     #[test]

@@ -60,6 +60,7 @@ fn view(d: &Dirs) -> MountView {
         write: vec![d.ws.clone()],
         tmp: d.tmp.clone(),
         workspace: d.ws.clone(),
+        ..Default::default()
     }
 }
 
@@ -246,6 +247,7 @@ fn planted_symlink_on_a_mount_point_path_is_not_followed() {
         write: vec![ws.clone()],
         tmp: tmp.clone(),
         workspace: ws.clone(),
+        ..Default::default()
     };
     let (out, err) = run_in_view(v, "echo started");
     let created = target.join("tmp").exists();

@@ -26,6 +26,14 @@ pub struct ExecArgs {
     /// Seconds to wait for completion before returning a job id (default 3, max 60; 0 = return at once).
     #[serde(default)]
     pub wait_seconds: Option<f64>,
+    /// Run on the state right after this earlier cell of the session (e.g. "c3") instead
+    /// of the latest state; the new cell becomes the session's head.
+    #[serde(default)]
+    pub parent: Option<String>,
+    /// With `parent`: allow rebuilding its state by re-running cells in a fresh worker
+    /// when no snapshot is left (repeats their side effects).
+    #[serde(default)]
+    pub replay: bool,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -117,7 +125,9 @@ impl SandboxServer {
         let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
         let call = call_of(&ctx, &self.closing);
         reply(
-            self.app.python_exec(&session, args.code, wait, &call).await,
+            self.app
+                .python_exec(&session, args.code, args.parent, args.replay, wait, &call)
+                .await,
             JobReport::result_of,
         )
     }
