@@ -253,7 +253,7 @@ def test_bad_start_values_fail_at_once_in_one_line(server, tmp_path):
         (["--python", str(tmp_path / "no-python")], "--python"),
         (["--python", "/bin/false"], "it failed"),
         (["--max-sessions", "0"], "--max-sessions 0 is out of range"),
-        (["--token", "s3cret"], "--token is only used by the HTTP transport"),
+        (["--token", "s3cret"], "--token (or MCP_SANDBOX_TOKEN) is for --transport http"),
     ]
     for args, needle in cases:
         p = start_error(server, *args)
