@@ -16,12 +16,16 @@
 //! - [`jobs`]: the job store: ids, statuses, spooled output, long-poll, cancel,
 //!   persistence; shell jobs.
 //! - [`envs`]: uv-managed virtual environments, package installs, one-off scripts.
+//! - [`broker`]: the network broker — a per-job HTTP(S) proxy in the job's own empty
+//!   network namespace, connecting only to allowed hosts; the sandbox reaches it through
+//!   its `ProxyProvider` seam, `app` registers it.
 //! - [`sandbox`]: policy files (load, validate, resolve) and the launcher that applies
 //!   rlimits → capability drop → no_new_privs → Landlock → seccomp, then execs.
 //!   The only module that knows landlock and seccompiler.
 //! - [`names`]: the session-name rule (a leaf).
 
 pub mod app;
+pub mod broker;
 pub mod cli;
 pub mod commands;
 pub mod envs;

@@ -90,6 +90,8 @@ pub struct App {
 impl App {
     /// Build from the config: workspace, policy, state dir, store, sessions.
     pub fn new(cfg: &Config) -> Result<App, AppError> {
+        // Proxy-mode jobs get their network through the broker, served on this runtime.
+        crate::broker::install();
         let workspace = match &cfg.workspace {
             Some(w) => w.clone(),
             None => std::env::current_dir().map_err(AppError::CurrentDir)?,
@@ -395,6 +397,24 @@ impl App {
 /// For a job that failed, what the sandbox blocked, in words, if the output it shows or
 /// its traceback shows a denial (the kernel itself only answers EACCES/EROFS/EPERM).
 fn denials(snap: &JobSnapshot, policy: &ResolvedPolicy) -> Vec<String> {
+    // What a network broker refused, recorded by installs and scripts in their result.
+    let mut broker: Vec<String> = snap
+        .result
+        .as_ref()
+        .and_then(|r| r.get("denied"))
+        .and_then(serde_json::Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    broker.extend(explained_denials(snap, policy));
+    broker
+}
+
+/// Denials found in a failed job's output or traceback, in words.
+fn explained_denials(snap: &JobSnapshot, policy: &ResolvedPolicy) -> Vec<String> {
     let traceback = match snap.kind {
         JobKind::Install | JobKind::Script => None,
         JobKind::Python | JobKind::Shell => snap

@@ -20,6 +20,8 @@ struct PolicyReport {
     /// Whether the launcher refuses to start this policy here (something required is missing).
     refuses_to_start: bool,
     items: Vec<Item>,
+    /// What each path (session, shell, script, install) may reach over the network.
+    reach: Vec<(String, String)>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
 }
@@ -72,6 +74,10 @@ fn policy_report(k: &KernelSupport, name: &str, workspace: &std::path::Path) -> 
                 description,
                 refuses_to_start,
                 items,
+                reach: crate::envs::policy::network_reach(&policy)
+                    .into_iter()
+                    .map(|(p, w)| (p.to_string(), w))
+                    .collect(),
                 error: None,
             }
         }
@@ -80,6 +86,7 @@ fn policy_report(k: &KernelSupport, name: &str, workspace: &std::path::Path) -> 
             description: String::new(),
             refuses_to_start: true,
             items: Vec::new(),
+            reach: Vec::new(),
             error: Some(e.to_string()),
         },
     }
@@ -189,6 +196,9 @@ fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
         }
         if p.items.is_empty() {
             writeln!(out, "    nothing restricted (no sandbox)")?;
+        }
+        for (path, what) in &p.reach {
+            writeln!(out, "    network of {path}: {what}")?;
         }
         if p.refuses_to_start {
             writeln!(

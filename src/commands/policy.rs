@@ -46,6 +46,10 @@ pub fn policy(cmd: PolicyCommand) -> anyhow::Result<ExitCode> {
             if !p.description.is_empty() {
                 println!("# {}", p.description);
             }
+            println!("# network, per path:");
+            for (path, what) in crate::envs::policy::network_reach(&resolved) {
+                println!("#   {path}: {what}");
+            }
             print!("{text}");
         }
     }

@@ -11,6 +11,14 @@ use super::policy::{self, Grants};
 use super::{Canceller, EnvConfig, EnvError, EnvSink, Progress, Uv, Venv, process};
 use crate::sandbox::{ResolvedPolicy, SandboxCommand};
 
+/// uv's words, then what the broker refused (uv only sees "403 Forbidden").
+pub(crate) fn with_denials(explanation: String, denied: &[String]) -> String {
+    if denied.is_empty() {
+        return explanation;
+    }
+    format!("{explanation}\n{}", denied.join("\n"))
+}
+
 /// Longest explanation kept from uv's stderr.
 const EXPLANATION_CHARS: usize = 2000;
 
@@ -40,6 +48,9 @@ pub struct InstallReport {
     pub elapsed_ms: u64,
     /// The venv's site-packages (what the session must have on `sys.path`).
     pub site_packages: String,
+    /// Connections the installer's network broker refused, in words.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub denied: Vec<String>,
 }
 
 /// Check a request before anything runs.
@@ -100,7 +111,11 @@ pub async fn install(
     if req.upgrade {
         cmd.arg("--upgrade");
     }
-    cmd.args(cfg.sources.args()).args(&req.packages);
+    cmd.args(cfg.sources.args());
+    if policy.wheels_only {
+        cmd.arg("--no-build");
+    }
+    cmd.args(&req.packages);
     uv.apply_env(&mut cmd, cfg, &policy);
 
     sink.progress(&Progress {
@@ -122,7 +137,10 @@ pub async fn install(
     let message = if outcome.cancelled {
         Some("cancelled; the environment may hold some of the packages".into())
     } else if !outcome.success() {
-        Some(uv_explanation(&outcome.stderr_tail))
+        Some(with_denials(
+            uv_explanation(&outcome.stderr_tail),
+            &outcome.denied,
+        ))
     } else {
         None
     };
@@ -136,6 +154,7 @@ pub async fn install(
         summary: parsed.summary,
         elapsed_ms: duration_ms(outcome.report.wall),
         site_packages: venv.site_packages().to_string_lossy().into_owned(),
+        denied: outcome.denied,
     })
 }
 

@@ -50,7 +50,9 @@ pub struct EnvConfig {
     pub python: PathBuf,
     /// A configured `uv` executable (`--uv`); `None` searches PATH.
     pub uv: Option<PathBuf>,
-    /// uv's cache; `None` means `$UV_CACHE_DIR` if set, else `<state_dir>/uv-cache`.
+    /// uv's cache; `None` means `$MCP_SANDBOX_UV_CACHE` if set, else `<state_dir>/uv-cache`.
+    /// The server's own `UV_CACHE_DIR` is never used: sandboxed installs would write the
+    /// user's real cache.
     /// Set explicitly so the installer's sandbox can allow writes to exactly this path.
     pub uv_cache: Option<PathBuf>,
     /// Let uv download Python builds (into `<state_dir>/uv-python`) when a requested
@@ -110,7 +112,7 @@ impl EnvConfig {
         if let Some(dir) = &self.uv_cache {
             return dir.clone();
         }
-        match std::env::var_os("UV_CACHE_DIR") {
+        match std::env::var_os(UV_CACHE_ENV) {
             Some(dir) if !dir.is_empty() => PathBuf::from(dir),
             _ => self.state_dir.join("uv-cache"),
         }
@@ -120,6 +122,9 @@ impl EnvConfig {
         self.state_dir.join("uv-python")
     }
 }
+
+/// The variable that configures the uv cache of sandboxed installs and scripts.
+pub const UV_CACHE_ENV: &str = "MCP_SANDBOX_UV_CACHE";
 
 /// Every failure of this subsystem, each saying what failed, why, and what to do.
 #[derive(Debug, thiserror::Error)]

@@ -7,7 +7,7 @@
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
-use crate::sandbox::{NetworkPolicy, ResolvedPolicy};
+use crate::sandbox::{KernelSupportMode, NetworkPolicy, ResolvedPolicy};
 
 /// What a uv process may do beyond the session's policy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -20,7 +20,9 @@ pub struct Grants {
     pub read: Vec<PathBuf>,
     /// Programs the process may execute: the uv binary, the base interpreter.
     pub execute: Vec<PathBuf>,
-    /// Whether the process may use the network (package resolution and downloads).
+    /// Whether the process gets the installer's network (package resolution and
+    /// downloads): the policy's `[installer.network]`, by default the broker's proxy
+    /// to uv's configured indexes only.
     pub network: bool,
     /// Take away the session's writes to the workspace (they become reads), so the
     /// process writes only to `write`, its private temp dir and devices. For installers:
@@ -54,9 +56,56 @@ pub fn extend(base: &ResolvedPolicy, grants: &Grants) -> ResolvedPolicy {
         p = p.with_execute(x);
     }
     if grants.network {
-        p = p.with_network(NetworkPolicy::Full);
+        p = p.with_network(installer_network(base));
     }
     p
+}
+
+/// The installer's network: `[installer.network]`, with an empty proxy allow list
+/// filled from uv's configured indexes.
+///
+/// Under `kernel_support = "best_effort"` on a machine where this process cannot make
+/// network namespaces (not root), proxy mode cannot be had: the installer then gets the
+/// host's network, as the rest of a best-effort policy runs without what is missing. A
+/// `required` policy keeps proxy mode and fails closed at spawn.
+pub fn installer_network(base: &ResolvedPolicy) -> NetworkPolicy {
+    if matches!(base.installer_network, NetworkPolicy::Proxy { .. })
+        && base.kernel_support == KernelSupportMode::BestEffort
+        && !crate::sandbox::netns::namespaces_usable()
+    {
+        tracing::warn!(
+            "policy {}: no network namespaces here, so installs use the host's network instead of the broker",
+            base.name
+        );
+        return NetworkPolicy::Full;
+    }
+    match &base.installer_network {
+        NetworkPolicy::Proxy { allow } if allow.is_empty() => NetworkPolicy::Proxy {
+            allow: super::uv::default_index_allow(std::env::vars()),
+        },
+        other => other.clone(),
+    }
+}
+
+/// What each path of the server may reach over the network under `policy`, in words:
+/// (path, what). For `doctor` and `policy show`.
+pub fn network_reach(policy: &ResolvedPolicy) -> Vec<(&'static str, String)> {
+    let session = policy.network.describe();
+    let installer = installer_network(policy).describe();
+    let build = if policy.wheels_only {
+        "wheels only (--no-build): no package build code runs"
+    } else {
+        "sdists are built: their build hooks run under these same rules"
+    };
+    vec![
+        ("session (python_exec)", session.clone()),
+        ("shell (shell_run)", session.clone()),
+        (
+            "script (python_run_script)",
+            format!("dependencies resolved {installer}; the script itself: {session}"),
+        ),
+        ("install (env_install)", format!("{installer}; {build}")),
+    ]
 }
 
 /// `PATH` for a uv process: the directory of `python` first, then the entries of
@@ -116,7 +165,11 @@ mod tests {
             p.read.contains(&PathBuf::from("/ws")) && p.read.contains(&PathBuf::from("/wheels"))
         );
         assert!(p.execute.contains(&PathBuf::from("/bin/uv")));
-        assert_eq!(p.network, NetworkPolicy::Full);
+        assert!(
+            matches!(&p.network, NetworkPolicy::Proxy { allow } if allow.iter().any(|a| a == "files.pythonhosted.org") || std::env::var_os("UV_INDEX_URL").is_some()),
+            "{:?}",
+            p.network
+        );
         assert_eq!(base.network, NetworkPolicy::None);
         assert!(!base.write.contains(&PathBuf::from("/state/venvs/s")));
     }
@@ -135,6 +188,28 @@ mod tests {
             p.write.contains(&PathBuf::from("/ws"))
                 && p.write.contains(&PathBuf::from("/state/uv-cache"))
         );
+    }
+
+    #[test]
+    fn reach_names_every_path() {
+        let base = session_policy("workspace-write");
+        let reach = network_reach(&base);
+        let paths: Vec<&str> = reach.iter().map(|(p, _)| *p).collect();
+        assert_eq!(
+            paths,
+            [
+                "session (python_exec)",
+                "shell (shell_run)",
+                "script (python_run_script)",
+                "install (env_install)"
+            ]
+        );
+        assert_eq!(reach[0].1, "off");
+        assert!(
+            reach[3].1.contains("through the server's proxy"),
+            "{reach:?}"
+        );
+        assert!(reach[2].1.ends_with("the script itself: off"), "{reach:?}");
     }
 
     #[test]

@@ -25,6 +25,8 @@ pub struct RunOutcome {
     pub timed_out: bool,
     /// The last [`STDERR_TAIL`] bytes of stderr, for extracting uv's explanation.
     pub stderr_tail: String,
+    /// What the job's network broker refused, in words (proxy mode only).
+    pub denied: Vec<String>,
 }
 
 impl RunOutcome {
@@ -62,6 +64,7 @@ pub async fn run(
         .stderr(Stdio::piped());
     let started = Instant::now();
     let mut child = cmd.spawn()?;
+    let denials = child.network_denials();
     // Kills the process group and the job's cgroup while `wait` owns the child.
     let killer = child.killer();
     let tail = Arc::new(Mutex::new(Vec::<u8>::new()));
@@ -137,11 +140,15 @@ pub async fn run(
         .lock()
         .map(|t| String::from_utf8_lossy(&t).into_owned())
         .unwrap_or_default();
+    let denied = denials
+        .map(|d| d.lock().map(|d| d.clone()).unwrap_or_default())
+        .unwrap_or_default();
     Ok(RunOutcome {
         report,
         cancelled,
         timed_out,
         stderr_tail,
+        denied,
     })
 }
 

@@ -1,9 +1,10 @@
-//! One-off scripts: inline code or a script file run by `uv run --script` in a
+//! One-off scripts: inline code or a script file run in a
 //! transient environment built from declared dependencies (`--with`, PEP 508) and/or
 //! the script's own PEP 723 `# /// script` block, with a chosen Python version, args,
-//! env vars and a timeout. Runs through the launcher under the session policy plus
-//! network (for resolution) and writes to the uv cache. Optionally reports a
-//! benchmark of the whole process tree from the launcher's [`ExitReport`].
+//! env vars and a timeout. The environment is built by uv under the installer's rules
+//! (network through the broker, writes to the transient venv and the uv cache only);
+//! the script then runs under the session policy alone. Reports a benchmark of both
+//! steps from the launcher's [`ExitReport`]s.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::install::{duration_ms, uv_explanation};
+use super::install::{duration_ms, uv_explanation, with_denials};
 use super::policy::{self, Grants};
 use super::{Canceller, EnvConfig, EnvError, EnvSink, Uv, process};
 use crate::sandbox::{ExitReport, ResolvedPolicy, SandboxCommand};
@@ -88,6 +89,10 @@ pub struct ScriptReport {
     /// Words for a failure that is not the script's own (uv's explanation, trimmed).
     pub message: Option<String>,
     pub benchmark: Benchmark,
+    /// Connections a network broker refused (resolving dependencies, or the script's
+    /// own under a proxy-mode policy), in words.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub denied: Vec<String>,
 }
 
 /// Check a request before anything runs; returns the script file to run.
@@ -135,6 +140,14 @@ fn cwd(cfg: &EnvConfig, req: &ScriptRequest) -> PathBuf {
 /// Run a one-off script to the end; its output goes to `sink` as it comes. Errors
 /// are for requests that cannot run at all; script failures, a missing Python or an
 /// unresolvable dependency are `Ok` with `ok: false` and `failure` set.
+///
+/// Two steps, each under its own policy:
+/// 1. When the script needs an environment (dependencies, a PEP 723 block, another
+///    Python), uv builds a transient venv under the installer's rules: the installer's
+///    network (by default the broker's proxy to the package indexes), writes only to
+///    that venv, the uv cache and its temp dir; build hooks run under the same rules.
+/// 2. The script runs with that venv's interpreter (or the REPL's) under the session
+///    policy, which keeps its own network setting (none by default).
 pub async fn run_script(
     cfg: &EnvConfig,
     uv: &Uv,
@@ -152,88 +165,259 @@ pub async fn run_script(
             (path.clone(), Some(path))
         }
     };
+    let started = std::time::Instant::now();
+    let pep723 = has_script_block(&script);
+    let needs_env = !req.dependencies.is_empty() || req.python_version.is_some() || pep723;
+    let mut benchmark = Benchmark::default();
+    let mut env_dir = None;
+    let result = async {
+        let python = if needs_env {
+            let dir = transient_env_dir(cfg)?;
+            env_dir = Some(dir.clone());
+            match build_env(
+                cfg,
+                uv,
+                req,
+                session_policy,
+                &script,
+                pep723,
+                &dir,
+                &sink,
+                cancel,
+            )
+            .await?
+            {
+                Ok(b) => {
+                    add(&mut benchmark, &b);
+                    dir.join("bin").join("python")
+                }
+                Err(mut report) => {
+                    add(&mut report.benchmark, &benchmark);
+                    return Ok(report);
+                }
+            }
+        } else {
+            cfg.python.clone()
+        };
+        // Step 2: the script itself, under the session policy.
+        let mut policy = session_policy.with_read(script.clone());
+        if let Some(dir) = &env_dir {
+            policy = policy.with_execute(dir.clone());
+            for prefix in base_prefixes(dir) {
+                policy = policy.with_execute(prefix);
+            }
+        } else if let Some(prefix) = interpreter_prefix(&python) {
+            // The REPL's interpreter: what the session runs already.
+            policy = policy.with_execute(prefix);
+        }
+        let policy = Arc::new(policy);
+        let mut cmd = SandboxCommand::new(policy, &python);
+        cmd.arg(&script).args(&req.args);
+        cmd.current_dir(&workdir);
+        for (k, v) in &req.env {
+            cmd.env(k, v);
+        }
+        let left = req.timeout.map(|t| t.saturating_sub(started.elapsed()));
+        let outcome = process::run(cmd, sink.clone(), None, cancel, left).await?;
+        add(&mut benchmark, &Benchmark::from_report(&outcome.report));
+        let failure = if outcome.cancelled {
+            Some(ScriptFailure::Cancelled)
+        } else if outcome.timed_out {
+            Some(ScriptFailure::TimedOut)
+        } else {
+            None
+        };
+        Ok(ScriptReport {
+            ok: outcome.success(),
+            exit_code: outcome.exit_code(),
+            signal: outcome.signal(),
+            failure,
+            message: failure.map(|f| failure_words(f, req, "")),
+            benchmark: benchmark.clone(),
+            denied: outcome.denied,
+        })
+    }
+    .await;
+    if let Some(path) = temp {
+        let _ = std::fs::remove_file(path);
+    }
+    if let Some(dir) = env_dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    result
+}
+
+fn failure_words(f: ScriptFailure, req: &ScriptRequest, stderr: &str) -> String {
+    match f {
+        ScriptFailure::Cancelled => "cancelled".to_string(),
+        ScriptFailure::TimedOut => format!(
+            "timed out after {}s; the whole process tree was killed",
+            req.timeout.map_or(0, |t| t.as_secs())
+        ),
+        ScriptFailure::PythonUnavailable => format!(
+            "Python {} is not available here: {}",
+            req.python_version.as_deref().unwrap_or("(default)"),
+            uv_explanation(stderr)
+        ),
+        ScriptFailure::Environment => format!(
+            "the script's environment could not be built: {}",
+            uv_explanation(stderr)
+        ),
+    }
+}
+
+fn add(total: &mut Benchmark, b: &Benchmark) {
+    total.wall_ms += b.wall_ms;
+    total.cpu_ms += b.cpu_ms;
+    total.user_cpu_ms += b.user_cpu_ms;
+    total.system_cpu_ms += b.system_cpu_ms;
+    total.peak_rss_bytes = total.peak_rss_bytes.max(b.peak_rss_bytes);
+}
+
+/// Whether the script has a PEP 723 `# /// script` block (then uv reads its
+/// dependencies with `-r script`).
+fn has_script_block(script: &std::path::Path) -> bool {
+    std::fs::read_to_string(script).is_ok_and(|t| t.lines().any(|l| l.trim_end() == "# /// script"))
+}
+
+fn transient_env_dir(cfg: &EnvConfig) -> Result<PathBuf, EnvError> {
+    let n = SCRIPT_SEQ.fetch_add(1, Ordering::Relaxed);
+    let dir = cfg
+        .state_dir
+        .join("script-envs")
+        .join(format!("env-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| EnvError::io(format!("creating {}", dir.display()), e))?;
+    Ok(dir)
+}
+
+/// The installation prefixes of the interpreter a venv is based on (`home` in its
+/// pyvenv.cfg, and where that resolves to): the script's interpreter must run from there.
+fn base_prefixes(venv: &std::path::Path) -> Vec<PathBuf> {
+    let cfg = std::fs::read_to_string(venv.join("pyvenv.cfg")).unwrap_or_default();
+    let mut out = Vec::new();
+    for line in cfg.lines() {
+        if let Some((k, v)) = line.split_once('=')
+            && k.trim() == "home"
+        {
+            let home = PathBuf::from(v.trim());
+            for bin in [home.clone(), home.canonicalize().unwrap_or(home)] {
+                if let Some(prefix) = bin.parent()
+                    && prefix != std::path::Path::new("/")
+                    && !out.contains(&prefix.to_path_buf())
+                {
+                    out.push(prefix.to_path_buf());
+                }
+            }
+        }
+    }
+    if let Ok(real) = venv.join("bin").join("python").canonicalize()
+        && let Some(prefix) = real.parent().and_then(|b| b.parent())
+        && prefix != std::path::Path::new("/")
+        && !out.contains(&prefix.to_path_buf())
+    {
+        out.push(prefix.to_path_buf());
+    }
+    out
+}
+
+/// The installation prefix of an interpreter (`<prefix>/bin/python3` → `<prefix>`).
+fn interpreter_prefix(python: &std::path::Path) -> Option<PathBuf> {
+    let real = python.canonicalize().ok()?;
+    let prefix = real.parent()?.parent()?;
+    (prefix != std::path::Path::new("/")).then(|| prefix.to_path_buf())
+}
+
+/// Step 1: `uv venv` + `uv pip install` into `dir` under the installer's rules. `Ok(Ok)`
+/// with the benchmark when the environment is ready, `Ok(Err(report))` when it could
+/// not be built (the report says why).
+#[allow(clippy::too_many_arguments)]
+async fn build_env(
+    cfg: &EnvConfig,
+    uv: &Uv,
+    req: &ScriptRequest,
+    session_policy: &ResolvedPolicy,
+    script: &std::path::Path,
+    pep723: bool,
+    dir: &std::path::Path,
+    sink: &Arc<dyn EnvSink>,
+    cancel: &Canceller,
+) -> Result<Result<Benchmark, ScriptReport>, EnvError> {
     let cache = cfg.uv_cache_dir();
     std::fs::create_dir_all(&cache)
         .map_err(|e| EnvError::io(format!("creating {}", cache.display()), e))?;
-    let mut write = vec![cache];
+    let mut write = vec![dir.to_path_buf(), cache];
     if cfg.python_downloads {
-        let dir = cfg.python_install_dir();
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| EnvError::io(format!("creating {}", dir.display()), e))?;
-        write.push(dir);
+        let d = cfg.python_install_dir();
+        std::fs::create_dir_all(&d)
+            .map_err(|e| EnvError::io(format!("creating {}", d.display()), e))?;
+        write.push(d);
     }
-    let mut read = vec![script.clone()];
+    let mut read = vec![script.to_path_buf()];
     read.extend(cfg.sources.local_dirs());
-    let network = cfg.sources.needs_network();
     let policy = Arc::new(policy::extend(
         session_policy,
         &Grants {
             write,
             read,
             execute: vec![uv.path.clone(), cfg.python.clone()],
-            network,
-            confine_writes: false,
+            network: cfg.sources.needs_network(),
+            confine_writes: true,
         },
     ));
-
-    let mut cmd = SandboxCommand::new(policy.clone(), &uv.path);
-    cmd.args(["run", "--quiet", "--no-project"])
-        .args(cfg.sources.args());
-    // Default: the REPL's own interpreter (already resolved past any PATH shim),
-    // rather than whatever `python3` uv would find on PATH.
+    let python = dir.join("bin").join("python");
+    let mut venv = SandboxCommand::new(policy.clone(), &uv.path);
+    venv.args(["venv", "--quiet", "--python"]);
     match &req.python_version {
-        Some(v) => cmd.arg("--python").arg(v),
-        None => cmd.arg("--python").arg(&cfg.python),
+        Some(v) => venv.arg(v),
+        None => venv.arg(&cfg.python),
     };
-    for d in &req.dependencies {
-        cmd.arg("--with").arg(d);
+    venv.arg(dir);
+    uv.apply_env(&mut venv, cfg, &policy);
+    let mut steps = vec![venv];
+    if !req.dependencies.is_empty() || pep723 {
+        let mut install = SandboxCommand::new(policy.clone(), &uv.path);
+        install
+            .args(["pip", "install", "--quiet", "--python"])
+            .arg(&python)
+            .args(cfg.sources.args());
+        if policy.wheels_only {
+            install.arg("--no-build");
+        }
+        if pep723 {
+            install.arg("-r").arg(script);
+        }
+        install.args(&req.dependencies);
+        uv.apply_env(&mut install, cfg, &policy);
+        steps.push(install);
     }
-    cmd.arg("--script").arg(&script).args(&req.args);
-    cmd.current_dir(&workdir);
-    uv.apply_env(&mut cmd, cfg, &policy);
-    for (k, v) in &req.env {
-        cmd.env(k, v);
+    let mut benchmark = Benchmark::default();
+    for cmd in steps {
+        let outcome = process::run(cmd, sink.clone(), None, cancel, req.timeout).await?;
+        add(&mut benchmark, &Benchmark::from_report(&outcome.report));
+        if outcome.success() {
+            continue;
+        }
+        let failure = if outcome.cancelled {
+            ScriptFailure::Cancelled
+        } else if outcome.timed_out {
+            ScriptFailure::TimedOut
+        } else {
+            classify_uv_failure(&outcome.stderr_tail).unwrap_or(ScriptFailure::Environment)
+        };
+        let words = failure_words(failure, req, &outcome.stderr_tail);
+        return Ok(Err(ScriptReport {
+            ok: false,
+            exit_code: outcome.exit_code(),
+            signal: outcome.signal(),
+            failure: Some(failure),
+            message: Some(with_denials(words, &outcome.denied)),
+            benchmark,
+            denied: outcome.denied,
+        }));
     }
-
-    let outcome = process::run(cmd, sink, None, cancel, req.timeout).await;
-    if let Some(path) = temp {
-        let _ = std::fs::remove_file(path);
-    }
-    let outcome = outcome?;
-    let failure = if outcome.cancelled {
-        Some(ScriptFailure::Cancelled)
-    } else if outcome.timed_out {
-        Some(ScriptFailure::TimedOut)
-    } else if outcome.success() {
-        None
-    } else {
-        classify_uv_failure(&outcome.stderr_tail)
-    };
-    let message = match failure {
-        Some(ScriptFailure::Cancelled) => Some("cancelled".to_string()),
-        Some(ScriptFailure::TimedOut) => Some(format!(
-            "timed out after {}s; the whole process tree was killed",
-            req.timeout.map_or(0, |t| t.as_secs())
-        )),
-        Some(ScriptFailure::PythonUnavailable) => Some(format!(
-            "Python {} is not available here: {}",
-            req.python_version.as_deref().unwrap_or("(default)"),
-            uv_explanation(&outcome.stderr_tail)
-        )),
-        Some(ScriptFailure::Environment) => Some(format!(
-            "the script's environment could not be built: {}",
-            uv_explanation(&outcome.stderr_tail)
-        )),
-        None => None,
-    };
-    Ok(ScriptReport {
-        ok: outcome.success(),
-        exit_code: outcome.exit_code(),
-        signal: outcome.signal(),
-        failure,
-        message,
-        benchmark: Benchmark::from_report(&outcome.report),
-    })
+    Ok(Ok(benchmark))
 }
 
 /// With `--quiet`, uv itself prints nothing unless it fails, and its failures start

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::{EnvConfig, EnvError};
+use crate::sandbox::allow::UrlParts;
 use crate::sandbox::{ResolvedPolicy, SandboxCommand};
 
 /// A located, working uv binary.
@@ -86,9 +87,16 @@ impl Uv {
                     k.starts_with("UV_") && !OWN_VARS.contains(&k) && !is_secret_name(k)
                 })
             })
+            // Index URLs without their user:password: what uv runs (build hooks) sees
+            // this environment; the broker adds credentials where it can.
+            .map(|(k, v)| match v.to_str() {
+                Some(text) => (k, OsString::from(strip_url_credentials(text))),
+                None => (k, v),
+            })
             .collect();
-        // TLS roots and proxies: without them a machine behind an intercepting proxy
-        // fails every download with "invalid peer certificate".
+        // TLS roots: without them a machine behind an intercepting proxy fails every
+        // download with "invalid peer certificate". The server's proxy settings are not
+        // passed: the job's proxy is its broker, which chains to them itself.
         env.extend(std::env::vars_os().filter(|(k, _)| {
             k.to_str()
                 .is_some_and(|k| NETWORK_VARS.contains(&k.to_ascii_uppercase().as_str()))
@@ -142,15 +150,83 @@ const OWN_VARS: &[&str] = &[
     "UV_PYTHON_INSTALL_DIR",
 ];
 
-/// Variables uv's network stack reads (any case for the proxies).
-const NETWORK_VARS: &[&str] = &[
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "ALL_PROXY",
-    "NO_PROXY",
+/// Variables uv's TLS stack reads.
+const NETWORK_VARS: &[&str] = &["SSL_CERT_FILE", "SSL_CERT_DIR"];
+
+/// Variables naming package indexes or find-links URLs (space- or comma-separated,
+/// `UV_INDEX` entries maybe `name=url`).
+const INDEX_VARS: &[&str] = &[
+    "UV_INDEX_URL",
+    "UV_DEFAULT_INDEX",
+    "UV_EXTRA_INDEX_URL",
+    "UV_INDEX",
+    "UV_FIND_LINKS",
 ];
+
+/// Variables that replace PyPI as the default index.
+const DEFAULT_INDEX_VARS: &[&str] = &["UV_INDEX_URL", "UV_DEFAULT_INDEX"];
+
+/// The installer's default allow list: the hosts of uv's configured indexes and
+/// find-links URLs in `vars`, plus pypi.org and files.pythonhosted.org unless a default
+/// index replaces PyPI.
+pub fn default_index_allow(vars: impl Iterator<Item = (String, String)>) -> Vec<String> {
+    let vars: Vec<(String, String)> = vars.collect();
+    let mut allow: Vec<String> = Vec::new();
+    let replaced = vars
+        .iter()
+        .any(|(k, v)| DEFAULT_INDEX_VARS.contains(&k.as_str()) && !v.trim().is_empty());
+    if !replaced {
+        allow.extend(["pypi.org".to_string(), "files.pythonhosted.org".to_string()]);
+    }
+    for (k, v) in &vars {
+        if !INDEX_VARS.contains(&k.as_str()) {
+            continue;
+        }
+        for token in v.split([' ', ',', '\n']).filter(|t| !t.is_empty()) {
+            let url = match token.split_once('=') {
+                Some((name, url)) if !name.contains("://") => url,
+                _ => token,
+            };
+            if let Some(u) = UrlParts::parse(url) {
+                let entry = u.allow_entry();
+                if !allow.contains(&entry) {
+                    allow.push(entry);
+                }
+            }
+        }
+    }
+    allow
+}
+
+/// `text` with the `user:password@` of every http(s) URL in it removed.
+pub fn strip_url_credentials(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut token = String::new();
+    let flush = |token: &mut String, out: &mut String| {
+        let (prefix, url) = match token.split_once('=') {
+            Some((name, url)) if !name.contains("://") => (format!("{name}="), url.to_string()),
+            _ => (String::new(), token.clone()),
+        };
+        match UrlParts::parse(&url) {
+            Some(u) if u.user.is_some() => {
+                out.push_str(&prefix);
+                out.push_str(&u.without_credentials());
+            }
+            _ => out.push_str(token),
+        }
+        token.clear();
+    };
+    for c in text.chars() {
+        if c == ' ' || c == ',' || c == '\n' {
+            flush(&mut token, &mut out);
+            out.push(c);
+        } else {
+            token.push(c);
+        }
+    }
+    flush(&mut token, &mut out);
+    out
+}
 
 /// Files and directories named by `SSL_CERT_FILE` / `SSL_CERT_DIR`: the installer's
 /// sandbox must be able to read them.
@@ -166,7 +242,16 @@ pub fn tls_paths() -> Vec<PathBuf> {
 /// Credentials uv reads from the environment are not handed to sandboxed processes.
 fn is_secret_name(key: &str) -> bool {
     let k = key.to_ascii_uppercase();
-    k.contains("PASSWORD") || k.contains("TOKEN") || k.contains("SECRET")
+    [
+        "PASSWORD",
+        "TOKEN",
+        "SECRET",
+        "USERNAME",
+        "CREDENTIAL",
+        "AUTH",
+    ]
+    .iter()
+    .any(|w| k.contains(w))
 }
 
 /// Local directories named by `UV_FIND_LINKS` (comma-separated; URLs skipped): the
@@ -255,7 +340,41 @@ mod tests {
     }
 
     #[test]
+    fn index_hosts_make_the_default_allow_list() {
+        let v = |pairs: &[(&str, &str)]| {
+            default_index_allow(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+        };
+        assert_eq!(v(&[]), vec!["pypi.org", "files.pythonhosted.org"]);
+        assert_eq!(
+            v(&[
+                ("UV_INDEX_URL", "https://u:p@pkgs.corp/simple"),
+                (
+                    "UV_EXTRA_INDEX_URL",
+                    "http://127.0.0.1:8123/simple https://x.org/s"
+                ),
+                ("UV_FIND_LINKS", "/local/dir,http://[::1]:9000/"),
+                ("HOME", "https://not.an.index"),
+            ]),
+            vec!["pkgs.corp", "127.0.0.1:8123", "x.org", "[::1]:9000"]
+        );
+    }
+
+    #[test]
+    fn credentials_are_stripped_from_urls() {
+        assert_eq!(
+            strip_url_credentials("https://u:p@pkgs.corp/simple http://x.org/s"),
+            "https://pkgs.corp/simple http://x.org/s"
+        );
+        assert_eq!(
+            strip_url_credentials("corp=https://tok@pkgs.corp/simple"),
+            "corp=https://pkgs.corp/simple"
+        );
+        assert_eq!(strip_url_credentials("/a/dir,/b"), "/a/dir,/b");
+    }
+
+    #[test]
     fn secrets_are_not_forwarded() {
+        assert!(is_secret_name("UV_INDEX_CORP_USERNAME"));
         assert!(is_secret_name("UV_INDEX_PASSWORD"));
         assert!(is_secret_name("UV_PUBLISH_TOKEN"));
         assert!(!is_secret_name("UV_FIND_LINKS"));

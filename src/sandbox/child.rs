@@ -60,6 +60,8 @@ pub struct SandboxedChild {
     limits: Limits,
     unenforced: Vec<String>,
     reaped: bool,
+    /// The job's network broker (proxy mode); stops when this handle is dropped.
+    proxy: Option<super::proxy::ProxyGuard>,
 }
 
 impl SandboxedChild {
@@ -90,7 +92,18 @@ impl SandboxedChild {
             limits,
             unenforced,
             reaped: false,
+            proxy: None,
         })
+    }
+
+    pub(crate) fn set_proxy(&mut self, guard: super::proxy::ProxyGuard) {
+        self.proxy = Some(guard);
+    }
+
+    /// What the job's network broker refused so far, in words (proxy mode; shared, so
+    /// it can be read after `wait` consumed the child).
+    pub fn network_denials(&self) -> Option<super::proxy::Denials> {
+        self.proxy.as_ref().map(|p| p.denials.clone())
     }
 
     /// What the policy asked for but this kernel or build did not enforce

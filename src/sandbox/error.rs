@@ -186,4 +186,7 @@ pub enum LaunchError {
     /// crossed the status pipe from the launcher process.
     #[error("sandbox setup failed: {0}")]
     Launcher(String),
+    /// The job's network broker (proxy mode) could not be set up.
+    #[error(transparent)]
+    Proxy(#[from] super::proxy::ProxyError),
 }

@@ -122,14 +122,7 @@ fn is_under_any(path: &Path, roots: &[PathBuf]) -> bool {
 }
 
 fn network_words(n: &NetworkPolicy) -> String {
-    match n {
-        NetworkPolicy::None => "off".to_string(),
-        NetworkPolicy::Loopback => "a private loopback only".to_string(),
-        NetworkPolicy::Ports { connect, bind } => {
-            format!("TCP only, connect ports {connect:?}, bind ports {bind:?}")
-        }
-        NetworkPolicy::Full => "on".to_string(),
-    }
+    n.describe()
 }
 
 fn writable_words(policy: &ResolvedPolicy) -> String {

@@ -90,6 +90,8 @@ pub fn landlock_rules(policy: &ResolvedPolicy) -> LandlockPlan {
     });
     let tcp = match &policy.network {
         NetworkPolicy::Ports { connect, bind } => Some((connect.clone(), bind.clone())),
+        // No port at all here; the launcher adds the broker's port of this job.
+        NetworkPolicy::Proxy { .. } => Some((Vec::new(), Vec::new())),
         _ => None,
     };
     LandlockPlan {
@@ -257,6 +259,17 @@ mod tests {
         assert_eq!(plan.required_abi(), 6);
         assert!(plan.unenforced(7).is_empty());
         assert_eq!(plan.unenforced(5).len(), 2);
+    }
+
+    #[test]
+    fn proxy_plan_handles_tcp_with_no_port_of_its_own() {
+        let p = resolved("workspace-write").with_network(NetworkPolicy::Proxy {
+            allow: vec!["pypi.org".into()],
+        });
+        let plan = landlock_rules(&p);
+        // The launcher adds the broker's port; nothing else may be connected or bound.
+        assert_eq!(plan.tcp, Some((Vec::new(), Vec::new())));
+        assert_eq!(plan.required_abi(), 6);
     }
 
     #[test]

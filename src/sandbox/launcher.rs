@@ -2,7 +2,7 @@
 //! any runtime, reads its [`LaunchSpec`] from an inherited descriptor, applies the
 //! sandbox to itself in a fixed order and execs the target:
 //!
-//! setsid → cgroup → network namespace → mount view → chdir → rlimits → environment →
+//! setsid → cgroup → network namespace (new, or the broker's joined) → mount view → chdir → rlimits → environment →
 //! capability drop → no_new_privs → Landlock → seccomp → close inherited fds → execvp.
 //!
 //! Any failure before exec is a [`SetupError`] whose `Display` is written to the status
@@ -11,7 +11,7 @@
 
 use std::ffi::CString;
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::error::SetupError;
 use super::isolation::{self, MountViewSpec};
 use super::landlock::{install_landlock_on_current_thread, landlock_rules};
+use super::netns::{NetnsError, join_namespace};
 use super::policy::KernelSupportMode;
 use super::privileges::{drop_all_capabilities, set_no_new_privs};
 use super::resolve::{NetworkPolicy, ResolvedPolicy};
@@ -58,6 +59,12 @@ pub struct LaunchSpec {
     pub cgroup_procs: Vec<PathBuf>,
     /// Whether memory is capped by the cgroup (then RLIMIT_AS is not used).
     pub memory_cgroup: bool,
+    /// Proxy mode: the network namespace to join (closed right after) ...
+    #[serde(default)]
+    pub netns_fd: Option<RawFd>,
+    /// ... and the broker's port there, the only TCP port Landlock lets the job connect to.
+    #[serde(default)]
+    pub proxy_port: Option<u16>,
 }
 
 /// Launcher mode: apply the sandbox, exec the target. Never returns.
@@ -154,6 +161,17 @@ fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), Setup
     if let (Some(loopback), true) = (netns, policy.syscall_filter || policy.drop_capabilities) {
         isolation_step(isolation::isolate_network(loopback, best_effort), notes)?;
     }
+    if let NetworkPolicy::Proxy { .. } = policy.network {
+        // Never best effort: without the namespace the job would have the host's network.
+        let fd = spec.netns_fd.ok_or_else(|| {
+            NetnsError::Join(std::io::Error::other(
+                "no namespace was handed to the launcher",
+            ))
+        })?;
+        // SAFETY: the parent passed this descriptor for us alone; we own it from here.
+        let netns = unsafe { OwnedFd::from_raw_fd(fd) };
+        join_namespace(&netns)?;
+    }
     if !policy.filesystem_unrestricted() {
         // Executable paths must exist in the view as well: they are bound read-only.
         let mut read = policy.read.clone();
@@ -191,7 +209,10 @@ fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), Setup
     if policy.drop_capabilities {
         drop_all_capabilities()?;
     }
-    let plan = landlock_rules(policy);
+    let mut plan = landlock_rules(policy);
+    if let (Some(port), Some((connect, _))) = (spec.proxy_port, plan.tcp.as_mut()) {
+        connect.push(port);
+    }
     let seccomp = seccomp_rules(policy);
     if policy.drop_capabilities || !plan.is_empty() || !seccomp.is_empty() {
         set_no_new_privs()?;

@@ -9,6 +9,7 @@
 //! - one file per mechanism: `rlimits`, `privileges`, `landlock`, `seccomp`, and
 //!   `isolation`, the adapter to the cgroup / network namespace / mount view modules.
 
+pub mod allow;
 pub mod cgroup;
 pub mod child;
 pub mod error;
@@ -21,6 +22,7 @@ pub mod netns;
 pub mod policy;
 pub mod privileges;
 pub mod probe;
+pub mod proxy;
 pub mod resolve;
 pub mod rlimits;
 pub mod seccomp;

@@ -1,9 +1,14 @@
 //! Network isolation: a fresh network namespace for the job. With `network = none` it
 //! has no interface up at all (sandbox-core's seccomp filter also refuses inet sockets);
 //! with `loopback` its own `lo` is brought up, so the job can talk to itself but no
-//! listener of the host (not even on 127.0.0.1) is reachable.
+//! listener of the host (not even on 127.0.0.1) is reachable. With `proxy` the server
+//! makes the namespace ([`namespace_with_listener`]: a short-lived thread unshares, brings
+//! `lo` up and binds the broker's listener there) and the launcher joins it
+//! ([`join_namespace`]).
 
 use std::io;
+use std::net::TcpListener;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
@@ -19,6 +24,84 @@ pub enum NetnsError {
         step: &'static str,
         source: io::Error,
     },
+    #[error("cannot make the broker's listener in the job's network namespace: {step}: {source}")]
+    Listener {
+        step: &'static str,
+        source: io::Error,
+    },
+    #[error("cannot join the job's network namespace (setns): {0}")]
+    Join(io::Error),
+}
+
+/// A fresh network namespace with only `lo` up, and a TCP listener on 127.0.0.1 in it.
+pub struct NamespaceListener {
+    /// Keeps the namespace alive; the launcher `setns`es into it.
+    pub netns: OwnedFd,
+    /// Bound in the namespace, accepted from anywhere (a socket keeps its namespace).
+    pub listener: TcpListener,
+}
+
+/// Make a [`NamespaceListener`]. Namespaces are per thread, so a short-lived thread does
+/// the unshare and exits; the server's own threads stay in the host namespace.
+pub fn namespace_with_listener() -> Result<NamespaceListener, NetnsError> {
+    let worker = std::thread::Builder::new()
+        .name("netns-listener".into())
+        .spawn(|| -> Result<NamespaceListener, NetnsError> {
+            // SAFETY: unshare(2) with a constant flag; it changes only this thread, which
+            // ends right after.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return Err(NetnsError::Unshare(io::Error::last_os_error()));
+            }
+            bring_up_loopback()?;
+            let listener =
+                TcpListener::bind(("127.0.0.1", 0)).map_err(|source| NetnsError::Listener {
+                    step: "bind 127.0.0.1",
+                    source,
+                })?;
+            let netns = std::fs::File::open("/proc/thread-self/ns/net").map_err(|source| {
+                NetnsError::Listener {
+                    step: "open /proc/thread-self/ns/net",
+                    source,
+                }
+            })?;
+            Ok(NamespaceListener {
+                netns: OwnedFd::from(netns),
+                listener,
+            })
+        })
+        .map_err(|source| NetnsError::Listener {
+            step: "spawn a thread",
+            source,
+        })?;
+    worker.join().unwrap_or_else(|_| {
+        Err(NetnsError::Listener {
+            step: "thread",
+            source: io::Error::other("the namespace thread panicked"),
+        })
+    })
+}
+
+/// Whether this process can make network namespaces (root, or CAP_SYS_ADMIN): tried once
+/// in a short-lived thread, then remembered.
+pub fn namespaces_usable() -> bool {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(|| {
+        std::thread::spawn(|| {
+            // SAFETY: unshare(2) with a constant flag, in a thread that ends right after.
+            unsafe { libc::unshare(libc::CLONE_NEWNET) == 0 }
+        })
+        .join()
+        .unwrap_or(false)
+    })
+}
+
+/// Launcher child (still privileged): move into the network namespace `netns`.
+pub fn join_namespace(netns: &OwnedFd) -> Result<(), NetnsError> {
+    // SAFETY: setns(2) on a descriptor we own; affects only this single-threaded process.
+    if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(NetnsError::Join(io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 /// Launcher child (still privileged): move into a new network namespace; bring `lo` up if asked.
@@ -83,6 +166,45 @@ mod tests {
 
     /// A host listener on 127.0.0.1 is unreachable from the new namespace; with loopback
     /// up the job can still serve and connect to itself, without it even that fails.
+    /// The listener lives in a namespace of its own: a host client cannot reach its
+    /// port on the host's 127.0.0.1, yet the server accepts on it; a process that joins
+    /// the namespace reaches it and nothing of the host.
+    #[test]
+    fn namespaces_are_usable_as_root() {
+        // SAFETY: geteuid cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        assert_eq!(
+            namespaces_usable(),
+            root || namespace_with_listener().is_ok()
+        );
+    }
+
+    #[test]
+    fn namespace_listener_is_reachable_only_from_inside() {
+        let ns = namespace_with_listener().unwrap();
+        let port = ns.listener.local_addr().unwrap().port();
+        let host = TcpListener::bind("127.0.0.1:0").unwrap();
+        let host_port = host.local_addr().unwrap().port();
+        let fd = ns.netns.try_clone().unwrap();
+        let script = format!(
+            "import socket\n\
+             def tryc(p):\n  try:\n    socket.create_connection(('127.0.0.1', p), timeout=2).close(); return 'ok'\n  except OSError as e: return type(e).__name__\n\
+             print(tryc({port}), tryc({host_port}))"
+        );
+        let mut cmd = Command::new("python3");
+        cmd.arg("-c").arg(&script);
+        // SAFETY: setns is a raw syscall; fine between fork and exec in a test.
+        unsafe { cmd.pre_exec(move || join_namespace(&fd).map_err(io::Error::other)) };
+        let out = cmd.output().expect("spawn python3");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.trim(), "ok ConnectionRefusedError", "{out:?}");
+        ns.listener.set_nonblocking(true).unwrap();
+        assert!(
+            ns.listener.accept().is_ok(),
+            "the server accepts the job's connection"
+        );
+    }
+
     #[test]
     fn host_loopback_is_unreachable_and_own_loopback_works_when_asked() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();

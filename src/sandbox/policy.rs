@@ -7,6 +7,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::allow::AllowEntry;
 pub use super::error::PolicyError;
 // Where the interface stub had them, for callers that name these paths.
 pub use super::resolve::{Placeholders, ResolvedPolicy};
@@ -62,6 +63,9 @@ pub struct Policy {
     pub limits: LimitsSection,
     #[serde(default)]
     pub process: ProcessSection,
+    /// How package installs and dependency resolution reach the network.
+    #[serde(default)]
+    pub installer: InstallerSection,
 }
 
 /// Fail closed (`required`, the default) or apply what the kernel supports (`best_effort`).
@@ -93,7 +97,9 @@ pub struct FilesystemSection {
 }
 
 /// `none`: no sockets but AF_UNIX. `loopback`: a private network namespace with only
-/// `lo`. `ports`: TCP connect/bind to the listed ports only (Landlock ABI 4+). `full`.
+/// `lo`. `ports`: TCP connect/bind to the listed ports only (Landlock ABI 4+). `proxy`:
+/// an empty network namespace whose only listener is the server's HTTP(S) proxy, which
+/// connects to the `allow`ed hosts only. `full`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkMode {
@@ -101,6 +107,7 @@ pub enum NetworkMode {
     None,
     Loopback,
     Ports,
+    Proxy,
     Full,
 }
 
@@ -115,6 +122,40 @@ pub struct NetworkSection {
     /// TCP ports that may be bound (mode = "ports" only).
     #[serde(default)]
     pub bind: Vec<u16>,
+    /// Hosts (`host`, `host:port`, `*.domain`) the proxy connects to (mode = "proxy" only).
+    #[serde(default)]
+    pub allow: Vec<String>,
+}
+
+/// `[installer]`: the network of package installs, dependency resolution and build
+/// hooks (always confined: they write only the venv, the uv cache and a temp dir).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstallerSection {
+    /// `mode` is "proxy" (the default), "none" or "full"; `allow` left out (or empty) in
+    /// proxy mode means the hosts of uv's configured indexes (default: pypi.org and
+    /// files.pythonhosted.org).
+    #[serde(default = "installer_default_network")]
+    pub network: NetworkSection,
+    /// Install wheels only (`uv --no-build`): no package's build code ever runs.
+    #[serde(default)]
+    pub wheels_only: bool,
+}
+
+impl Default for InstallerSection {
+    fn default() -> Self {
+        InstallerSection {
+            network: installer_default_network(),
+            wheels_only: false,
+        }
+    }
+}
+
+fn installer_default_network() -> NetworkSection {
+    NetworkSection {
+        mode: NetworkMode::Proxy,
+        ..NetworkSection::default()
+    }
 }
 
 /// Whether a kind of IPC may reach outside the sandbox.
@@ -237,7 +278,33 @@ impl Policy {
         })?;
         policy.name = name.to_string();
         policy.validate(file)?;
+        policy.check_kernel(file, network_namespaces_available())?;
         Ok(policy)
+    }
+
+    /// Whether any path of this policy uses the proxy (which needs network namespaces).
+    pub fn uses_proxy(&self) -> bool {
+        self.network.mode == NetworkMode::Proxy || self.installer.network.mode == NetworkMode::Proxy
+    }
+
+    /// Fail closed where the kernel cannot give what the policy asks for at all.
+    fn check_kernel(&self, file: &str, netns: bool) -> Result<(), PolicyError> {
+        if netns {
+            return Ok(());
+        }
+        // The installer's default is proxy mode too; there the broker's own error says
+        // why at the first install, and everything else keeps working.
+        if self.network.mode != NetworkMode::Proxy {
+            return Ok(());
+        }
+        Err(PolicyError::Invalid {
+            file: file.to_string(),
+            key: "network.mode".into(),
+            message: "mode = \"proxy\" needs network namespaces, which this kernel lacks \
+                      (no /proc/self/ns/net, CONFIG_NET_NS off); use mode = \"none\", or \
+                      \"full\" knowing it is unconfined"
+                .into(),
+        })
     }
 
     fn validate(&self, file: &str) -> Result<(), PolicyError> {
@@ -267,6 +334,44 @@ impl Policy {
                     net.mode
                 ),
             ));
+        }
+        if net.mode != NetworkMode::Proxy && !net.allow.is_empty() {
+            return Err(invalid(
+                "network.allow".into(),
+                format!(
+                    "an allow list is only allowed with mode = \"proxy\" (mode is {:?})",
+                    net.mode
+                ),
+            ));
+        }
+        for (i, entry) in net.allow.iter().enumerate() {
+            AllowEntry::parse(entry)
+                .map_err(|e| invalid(format!("network.allow[{i}]"), e.to_string()))?;
+        }
+        let inst = &self.installer.network;
+        let mode_ok = matches!(
+            inst.mode,
+            NetworkMode::None | NetworkMode::Proxy | NetworkMode::Full
+        );
+        let no_ports = inst.connect.is_empty() && inst.bind.is_empty();
+        if !(mode_ok && no_ports) {
+            return Err(invalid(
+                "installer.network.mode".into(),
+                format!(
+                    "the installer's network mode may be \"proxy\" (with an optional allow list), \"none\" or \"full\" (got {:?} with ports {:?})",
+                    inst.mode, inst.connect
+                ),
+            ));
+        }
+        if inst.mode != NetworkMode::Proxy && !inst.allow.is_empty() {
+            return Err(invalid(
+                "installer.network.allow".into(),
+                "an allow list is only allowed with mode = \"proxy\"".into(),
+            ));
+        }
+        for (i, entry) in inst.allow.iter().enumerate() {
+            AllowEntry::parse(entry)
+                .map_err(|e| invalid(format!("installer.network.allow[{i}]"), e.to_string()))?;
         }
         for (key, ports) in [
             ("network.connect", &net.connect),
@@ -340,6 +445,11 @@ impl Policy {
             .as_ref()
             .and_then(|s| parse_size(s).ok())
     }
+}
+
+/// Whether this kernel has network namespaces (the broker's proxy mode needs them).
+pub fn network_namespaces_available() -> bool {
+    Path::new("/proc/self/ns/net").exists()
 }
 
 /// Toml errors span several lines (a source excerpt); keep the message compact.
@@ -518,6 +628,63 @@ mod tests {
         );
         let e = err("[network]\nconnect = [443]\n");
         assert!(e.contains("mode = \"ports\""), "{e}");
+    }
+
+    #[test]
+    fn proxy_mode_and_allow_lists() {
+        let p = Policy::parse(
+            "t",
+            "network = { mode = \"proxy\", allow = [\"pypi.org\", \"*.example.com:443\"] }\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(p.network.mode, NetworkMode::Proxy);
+        assert_eq!(p.installer.network.mode, NetworkMode::Proxy);
+        assert!(!p.installer.wheels_only);
+        let e = err("network = { mode = \"proxy\", allow = [\"https://pypi.org\"] }\n");
+        assert!(
+            e.contains("/p/t.toml") && e.contains("network.allow[0]") && e.contains("host:port"),
+            "{e}"
+        );
+        let e = err("network = { mode = \"proxy\", allow = [\"ok.org\", \"py*.org\"] }\n");
+        assert!(
+            e.contains("network.allow[1]") && e.contains("wildcard in the wrong place"),
+            "{e}"
+        );
+        let e = err("network = { mode = \"none\", allow = [\"pypi.org\"] }\n");
+        assert!(
+            e.contains("network.allow") && e.contains("mode = \"proxy\""),
+            "{e}"
+        );
+        let e = err("[installer]\nnetwork = { mode = \"ports\" }\n");
+        assert!(e.contains("installer.network.mode"), "{e}");
+        let e = err("[installer.network]\nmode = \"proxy\"\nallow = [\"*\"]\n");
+        assert!(e.contains("installer.network.allow[0]"), "{e}");
+        let e = err("[installer]\nwheels = true\n");
+        assert!(e.contains("wheels") && e.contains("wheels_only"), "{e}");
+        let ok = Policy::parse(
+            "t",
+            "[installer]\nwheels_only = true\nnetwork = { mode = \"none\" }\n",
+            "t",
+        )
+        .unwrap();
+        assert!(ok.installer.wheels_only && !ok.uses_proxy());
+        // Without an [installer] table, installs go through the broker.
+        let none = Policy::parse("t", "", "t").unwrap();
+        assert_eq!(none.installer.network.mode, NetworkMode::Proxy);
+    }
+
+    #[test]
+    fn proxy_mode_without_network_namespaces_fails_closed() {
+        let p = Policy::parse("t", "network = { mode = \"proxy\" }\n", "t").unwrap();
+        let e = p.check_kernel("/p/t.toml", false).unwrap_err().to_string();
+        assert!(
+            e.contains("/p/t.toml") && e.contains("network.mode") && e.contains("namespaces"),
+            "{e}"
+        );
+        assert!(p.check_kernel("/p/t.toml", true).is_ok());
+        let q = Policy::parse("t", "[installer.network]\nmode = \"none\"\n", "t").unwrap();
+        assert!(q.check_kernel("f", false).is_ok());
     }
 
     #[test]

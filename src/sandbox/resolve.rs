@@ -36,8 +36,32 @@ pub enum NetworkPolicy {
     Loopback,
     /// TCP only, to / on these ports (Landlock ABI 4+); no UDP, no raw sockets.
     Ports { connect: Vec<u16>, bind: Vec<u16> },
+    /// An empty network namespace whose only listener is the server's broker, an
+    /// HTTP(S) proxy that connects to these hosts only (entries of `sandbox::allow`).
+    /// TCP connect to the broker's port only; no UDP, no raw sockets.
+    Proxy { allow: Vec<String> },
     /// The host's network.
     Full,
+}
+
+impl NetworkPolicy {
+    /// What a process under this network policy may reach, in words.
+    pub fn describe(&self) -> String {
+        match self {
+            NetworkPolicy::None => "off".to_string(),
+            NetworkPolicy::Loopback => "a private loopback only".to_string(),
+            NetworkPolicy::Ports { connect, bind } => {
+                format!("TCP only, connect ports {connect:?}, bind ports {bind:?}")
+            }
+            NetworkPolicy::Proxy { allow } if allow.is_empty() => {
+                "only through the server's proxy, to no host".to_string()
+            }
+            NetworkPolicy::Proxy { allow } => {
+                format!("only through the server's proxy, to {}", allow.join(", "))
+            }
+            NetworkPolicy::Full => "on".to_string(),
+        }
+    }
 }
 
 /// Resource limits; `None` is no limit.
@@ -78,6 +102,28 @@ pub struct ResolvedPolicy {
     pub limits: Limits,
     pub drop_capabilities: bool,
     pub syscall_filter: bool,
+    /// The network of installs, resolution and build hooks (`[installer.network]`);
+    /// `Proxy` with an empty allow list means "uv's configured indexes" (filled in by
+    /// the installer, which knows uv's settings).
+    pub installer_network: NetworkPolicy,
+    /// `[installer] wheels_only`: pass `--no-build` to every install.
+    pub wheels_only: bool,
+}
+
+/// The [`NetworkPolicy`] a `[network]`-shaped section asks for.
+fn network_policy(section: &super::policy::NetworkSection) -> NetworkPolicy {
+    match section.mode {
+        NetworkMode::None => NetworkPolicy::None,
+        NetworkMode::Loopback => NetworkPolicy::Loopback,
+        NetworkMode::Ports => NetworkPolicy::Ports {
+            connect: section.connect.clone(),
+            bind: section.bind.clone(),
+        },
+        NetworkMode::Proxy => NetworkPolicy::Proxy {
+            allow: section.allow.clone(),
+        },
+        NetworkMode::Full => NetworkPolicy::Full,
+    }
 }
 
 impl Policy {
@@ -109,15 +155,7 @@ impl Policy {
             out
         };
         let fs = &self.filesystem;
-        let network = match self.network.mode {
-            NetworkMode::None => NetworkPolicy::None,
-            NetworkMode::Loopback => NetworkPolicy::Loopback,
-            NetworkMode::Ports => NetworkPolicy::Ports {
-                connect: self.network.connect.clone(),
-                bind: self.network.bind.clone(),
-            },
-            NetworkMode::Full => NetworkPolicy::Full,
-        };
+        let network = network_policy(&self.network);
         let env_set = self
             .environment
             .set
@@ -149,6 +187,8 @@ impl Policy {
             },
             drop_capabilities: self.process.drop_capabilities,
             syscall_filter: self.process.syscall_filter,
+            installer_network: network_policy(&self.installer.network),
+            wheels_only: self.installer.wheels_only,
         })
     }
 }

@@ -139,7 +139,9 @@ pub fn seccomp_rules(policy: &ResolvedPolicy) -> Vec<SyscallDeny> {
             ArgCheck::Ne(0, inet),
             ArgCheck::Ne(0, inet6),
         ]]),
-        NetworkPolicy::Ports { .. } => {
+        // The proxy mode's namespace holds only the broker's listener; Landlock lets
+        // TCP connect to its port alone, and only plain TCP sockets may be made.
+        NetworkPolicy::Ports { .. } | NetworkPolicy::Proxy { .. } => {
             let mut when = vec![vec![
                 ArgCheck::Ne(0, unix),
                 ArgCheck::Ne(0, inet),
@@ -266,6 +268,27 @@ mod tests {
             find(&rules, "clone").unwrap().when.len(),
             CLONE_NS_FLAGS.len()
         );
+        compile(&rules).unwrap();
+    }
+
+    #[test]
+    fn proxy_mode_allows_only_tcp_sockets() {
+        let p = resolved("workspace-write").with_network(NetworkPolicy::Proxy {
+            allow: vec!["pypi.org".into()],
+        });
+        let rules = seccomp_rules(&p);
+        let socket = find(&rules, "socket").unwrap();
+        for domain in [libc::AF_INET, libc::AF_INET6] {
+            let dgram = vec![ArgCheck::Eq(0, domain as u64), ArgCheck::Masked(1, 0xf, 2)];
+            let raw = vec![ArgCheck::Eq(0, domain as u64), ArgCheck::Masked(1, 0xf, 3)];
+            assert!(socket.when.contains(&dgram) && socket.when.contains(&raw));
+        }
+        // Netlink, packet, vsock: every family but unix and inet is refused.
+        assert!(socket.when.contains(&vec![
+            ArgCheck::Ne(0, libc::AF_UNIX as u64),
+            ArgCheck::Ne(0, libc::AF_INET as u64),
+            ArgCheck::Ne(0, libc::AF_INET6 as u64),
+        ]));
         compile(&rules).unwrap();
     }
 

@@ -20,7 +20,8 @@ use super::error::{LaunchError, SetupError};
 use super::isolation::JobCgroupHandle;
 use super::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes, run_spec};
 use super::policy::KernelSupportMode;
-use super::resolve::ResolvedPolicy;
+use super::proxy::{ProxyGuard, start_proxy};
+use super::resolve::{NetworkPolicy, ResolvedPolicy};
 
 /// Builder for one sandboxed process, like `std::process::Command`.
 pub struct SandboxCommand {
@@ -129,15 +130,35 @@ impl SandboxCommand {
         } else {
             None
         };
+        // Proxy mode: the broker's namespace and listener, made before anything else
+        // that would need undoing.
+        let proxy = match &policy.network {
+            NetworkPolicy::Proxy { allow } => Some(start_proxy(&policy.name, allow)?),
+            _ => None,
+        };
         let max_target = self.fds.iter().map(|(_, t)| *t).max().unwrap_or(2);
         let (spec_target, status_target) = (max_target + 1, max_target + 2);
-        let high = status_target + 1;
+        let netns_target = max_target + 3;
+        let high = netns_target + 1;
 
         let (status_r, status_w) = pipe_cloexec().map_err(spawn_err)?;
         let mut env = policy.child_env(std::env::vars_os());
         for (k, v) in &self.env {
             env.retain(|(ek, _)| ek != k);
             env.push((k.clone(), v.clone()));
+        }
+        if let Some(proxy) = &proxy {
+            // The broker's address replaces any proxy setting of the server (whose
+            // credentials stay with the broker); nothing bypasses it.
+            env.retain(|(k, _)| {
+                !k.to_str().is_some_and(|k| {
+                    matches!(
+                        k.to_ascii_uppercase().as_str(),
+                        "HTTP_PROXY" | "HTTPS_PROXY" | "ALL_PROXY" | "NO_PROXY"
+                    )
+                })
+            });
+            env.extend(proxy.env.iter().map(|(k, v)| (k.into(), v.into())));
         }
         let mut argv = vec![os_bytes(&self.program)];
         argv.extend(self.args.iter().map(|a| os_bytes(a)));
@@ -153,6 +174,8 @@ impl SandboxCommand {
             status_fd: status_target,
             cgroup_procs: cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
             memory_cgroup: cgroup.as_ref().is_some_and(|c| c.has_memory_limit()),
+            netns_fd: proxy.as_ref().map(|_| netns_target),
+            proxy_port: proxy.as_ref().map(|p| p.port),
         };
         // A single-threaded parent (the `run` command) applies the sandbox in the forked
         // child itself, saving a re-exec of this binary; a multi-threaded one (the
@@ -177,6 +200,10 @@ impl SandboxCommand {
             dup_above(status_w.as_raw_fd(), high).map_err(spawn_err)?,
             status_target,
         ));
+        if let Some(proxy) = &proxy {
+            let fd = dup_above(proxy.netns.as_raw_fd(), high).map_err(spawn_err)?;
+            moves.push((fd, netns_target));
+        }
         drop(status_w);
         let pairs: Vec<(RawFd, RawFd)> = moves.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
 
@@ -237,7 +264,7 @@ impl SandboxCommand {
         } else {
             None
         };
-        SandboxedChild::new(
+        let mut child = SandboxedChild::new(
             pid,
             child,
             cgroup,
@@ -246,7 +273,11 @@ impl SandboxCommand {
             limits.clone(),
             unenforced,
         )
-        .map_err(spawn_err)
+        .map_err(spawn_err)?;
+        if let Some(proxy) = proxy {
+            child.set_proxy(ProxyGuard::new(proxy.denials, proxy.guard));
+        }
+        Ok(child)
     }
 }
 

@@ -371,7 +371,8 @@ def swap():
                 os.unlink('sub')
             if os.path.isdir('sub-real') and not os.path.exists('sub'):
                 os.replace('sub-real', 'sub')
-    open('swaps', 'w').write(str(n))
+    open('swaps.tmp', 'w').write(str(n))
+    os.replace('swaps.tmp', 'swaps')  # the test reads it as soon as it exists
 t = threading.Thread(target=swap, daemon=True)
 t.start()
 '"swapping"'

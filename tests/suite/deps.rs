@@ -1,5 +1,5 @@
 //! The dependency picture of docs/architecture.md, checked: every `crate::` path in src/
-//! points down the layers (front end → server → app → {repl, jobs, envs} → sandbox →
+//! points down the layers (front end → server → app → {repl, jobs, envs, broker} → sandbox →
 //! names), rmcp appears only in server/, landlock and seccompiler only in sandbox/, `cli`
 //! only in the front end, and the top-level modules form no cycle.
 //!
@@ -17,6 +17,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("repl", 2),
     ("jobs", 2),
     ("envs", 2),
+    ("broker", 2),
     ("sandbox", 1),
     ("names", 0),
 ];

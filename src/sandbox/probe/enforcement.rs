@@ -158,6 +158,26 @@ pub fn enforcement(k: &KernelSupport, policy: &ResolvedPolicy) -> Vec<Item> {
             abi >= 4,
             || format!("Landlock ABI {abi} < 4"),
         )),
+        NetworkPolicy::Proxy { .. } => {
+            items.push(check(
+                "only the server's proxy reachable (host listeners unreachable)",
+                "empty network namespace joined from the broker",
+                k.namespaces.network.ok && admin,
+                || {
+                    k.namespaces
+                        .network
+                        .error
+                        .clone()
+                        .unwrap_or_else(|| "needs root (CAP_SYS_ADMIN)".into())
+                },
+            ));
+            items.push(check(
+                "TCP connect to the proxy port only; no UDP, raw, netlink or vsock sockets",
+                "Landlock ABI 4 + seccomp",
+                abi >= 4 && k.seccomp_filter.ok && policy.syscall_filter,
+                || format!("Landlock ABI {abi} < 4, or no seccomp filter"),
+            ));
+        }
         NetworkPolicy::Full => {}
     }
     if plan.scope_abstract_unix {

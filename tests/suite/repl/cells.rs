@@ -323,20 +323,15 @@ async fn output_streams_while_the_cell_runs() {
     let f = fixture("stream", 4);
     let s = f.manager.get_or_start("default").await.unwrap();
     let sink = Arc::new(Sink::default());
-    let t0 = Instant::now();
     let task = {
         let (s, sink) = (s.clone(), sink.clone());
         tokio::spawn(async move {
-            s.execute("import time\nprint('tick')\ntime.sleep(3)", sink)
+            s.execute("import time\nprint('tick')\ntime.sleep(600)", sink)
                 .await
         })
     };
+    // The cell sleeps for ten minutes: its output can only have arrived while it runs.
     wait_for(|| sink.out() == "tick\n").await;
-    assert!(
-        t0.elapsed() < Duration::from_secs(2),
-        "output arrived only after {:?}",
-        t0.elapsed()
-    );
     assert!(!task.is_finished());
     s.interrupt();
     task.await.unwrap().unwrap();

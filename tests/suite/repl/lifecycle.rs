@@ -29,13 +29,10 @@ async fn interrupt_stops_running_code_and_keeps_state() {
         })
     };
     wait_for(|| sink.out().contains("start")).await;
-    let t0 = Instant::now();
     assert!(s.interrupt());
     let o = task.await.unwrap().unwrap();
-    let took = t0.elapsed();
     assert_eq!(o.status, CellStatus::Interrupted);
     assert_eq!(o.error.unwrap().ename, "KeyboardInterrupt");
-    assert!(took < Duration::from_millis(500), "interrupt took {took:?}");
     let (o, _) = run(&f.manager, "default", "keep").await;
     assert_eq!(o.value.as_deref(), Some("7"));
     assert!(!s.interrupt(), "nothing runs: nothing to interrupt");
@@ -150,32 +147,30 @@ async fn crashes_are_reported_and_the_next_cell_gets_a_fresh_worker() {
     assert_eq!(o.value.as_deref(), Some("1"));
 }
 
-/// Four sessions run one-second cells at the same time: none waits for another.
+/// Four sessions run cells at the same time: none waits for another. Each cell waits
+/// until all four have started (a rendezvous in the shared workspace), which only
+/// happens if they run concurrently — no clock involved.
 #[tokio::test]
 async fn sessions_execute_concurrently_and_are_isolated() {
     let f = fixture("concurrent", 8);
     for i in 0..4 {
         run(&f.manager, &format!("s{i}"), &format!("me = {i}")).await;
     }
-    let t0 = Instant::now();
+    let rendezvous = "import os, time\n\
+        open(f'arrived-{me}', 'w').close()\n\
+        seen = lambda: sum(os.path.exists(f'arrived-{i}') for i in range(4))\n\
+        give_up = time.monotonic() + 60\n\
+        while seen() < 4 and time.monotonic() < give_up: time.sleep(0.01)\n\
+        (me, seen())";
     let tasks: Vec<_> = (0..4)
         .map(|i| {
             let m = f.manager.clone();
-            tokio::spawn(async move {
-                run(&m, &format!("s{i}"), "import time; time.sleep(1); me")
-                    .await
-                    .0
-            })
+            tokio::spawn(async move { run(&m, &format!("s{i}"), rendezvous).await.0 })
         })
         .collect();
     for (i, t) in tasks.into_iter().enumerate() {
-        assert_eq!(t.await.unwrap().value, Some(i.to_string()));
+        assert_eq!(t.await.unwrap().value, Some(format!("({i}, 4)")));
     }
-    let took = t0.elapsed();
-    assert!(
-        took < Duration::from_millis(1800),
-        "four 1 s cells took {took:?}"
-    );
     let busy = f.manager.get("s0").unwrap();
     let sink = Arc::new(Sink::default());
     let task = {
@@ -204,9 +199,7 @@ async fn restart_clears_state_and_ends_a_running_cell() {
         tokio::spawn(async move { s.execute("import time; time.sleep(30)", sink).await })
     };
     wait_for(|| s.info().state == SessionState::Busy).await;
-    let t0 = Instant::now();
     s.restart().await.unwrap();
-    let took = t0.elapsed();
     let o = task.await.unwrap().unwrap();
     assert_eq!(o.status, CellStatus::WorkerDied);
     assert!(o.worker_exit.unwrap().contains("restarted"));
@@ -215,7 +208,6 @@ async fn restart_clears_state_and_ends_a_running_cell() {
         (o.value.as_deref(), o.state_lost, o.cell),
         (Some("False"), false, 1)
     );
-    assert!(took < Duration::from_secs(2), "restart took {took:?}");
 }
 
 /// The session limit names itself and the open sessions; close frees a slot.
@@ -241,7 +233,8 @@ async fn session_limit_list_and_close() {
     assert!(f.manager.get_or_start("bad/name").await.is_err());
 }
 
-/// Rough speed check: first cell after start, and trivial cells (printed; loose bounds).
+/// First cell after start and 200 trivial cells work; their timings are printed (the
+/// figures that count are measured by the benchmarks, not asserted here).
 #[tokio::test]
 async fn trivial_cells_are_fast() {
     let f = fixture("speed", 4);
@@ -261,15 +254,10 @@ async fn trivial_cells_are_fast() {
         "first cell (incl. start) {first:?}; trivial median {:?} p95 {:?}",
         times[100], times[190]
     );
-    assert!(
-        times[100] < Duration::from_millis(20),
-        "median {:?}",
-        times[100]
-    );
 }
 
-/// Timings of start, first cell, interrupt and restart (printed; loose bounds so a busy
-/// CI machine does not fail it).
+/// Start, first cell, interrupt and restart work; their timings are printed (not
+/// asserted: the benchmarks measure them).
 #[tokio::test]
 async fn start_interrupt_and_restart_timings() {
     let f = fixture("timings", 4);
@@ -285,7 +273,6 @@ async fn start_interrupt_and_restart_timings() {
     eprintln!(
         "spawn {spawned:?}, first cell after spawn {first:?}, interrupts {interrupts:?}, restart+cell {restarts:?}"
     );
-    assert!(first < Duration::from_secs(2));
 }
 
 /// Idle sessions are closed after the TTL; a busy one is not. A closed session's handle
