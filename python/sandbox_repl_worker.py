@@ -384,6 +384,100 @@ class _MplBackendFinder:
         module.show = lambda *args, **kwargs: _emit_figures()
 
 
+class _BridgedStdin:
+    """sys.stdin in a cell: `readline()`, `read()` and iteration ask the client through
+    the same `awaiting_input` path as input(), a line at a time; the client's EOF
+    (job_input eof) ends the input until the next cell. Child processes keep fd 0."""
+
+    encoding = "utf-8"
+    errors = "strict"
+    closed = False
+    name = "<stdin>"
+
+    def __init__(self, worker):
+        self._worker = worker
+        self.reset()
+
+    def reset(self):
+        self._buf = ""
+        self._eof = False
+
+    def readable(self):
+        return True
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        raise OSError("sys.stdin of a cell is bridged to the client and has no descriptor")
+
+    def _fill(self):
+        if self._eof:
+            return False
+        try:
+            self._buf += self._worker.input() + "\n"
+            return True
+        except EOFError:
+            self._eof = True
+            return False
+
+    def readline(self, size=-1):
+        while "\n" not in self._buf and self._fill():
+            pass
+        end = self._buf.find("\n") + 1 or len(self._buf)
+        if size is not None and 0 <= size < end:
+            end = size
+        line, self._buf = self._buf[:end], self._buf[end:]
+        return line
+
+    def read(self, size=-1):
+        while (size is None or size < 0 or len(self._buf) < size) and self._fill():
+            pass
+        end = len(self._buf) if size is None or size < 0 else size
+        data, self._buf = self._buf[:end], self._buf[end:]
+        return data
+
+    def readlines(self, hint=-1):
+        return list(iter(self.readline, ""))
+
+    def __iter__(self):
+        return iter(self.readline, "")
+
+    def close(self):
+        pass
+
+
+class _GetpassFinder:
+    """Routes `getpass.getpass` through the client (a secret input) once `getpass` is
+    imported; costs nothing until then."""
+
+    worker = None
+    _busy = False
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name != "getpass" or cls._busy or cls.worker is None:
+            return None
+        import importlib.util
+
+        cls._busy = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            cls._busy = False
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        real_exec = loader.exec_module
+
+        def exec_module(module):
+            real_exec(module)
+            module.getpass = cls.worker.getpass
+
+        loader.exec_module = exec_module
+        return spec
+
+
 class _Flusher:
     """Flushes stdout every 50 ms while a cell runs, so output streams live without
     line buffering (a write per line halves the speed of print-heavy loops and floods
@@ -493,7 +587,7 @@ class Worker:
             yield name, value
 
     # ---- input bridge -------------------------------------------------------------
-    def input(self, prompt=""):
+    def input(self, prompt="", secret=False):
         prompt = str(prompt)
         call = _State.current_id
         if call is None:
@@ -507,7 +601,10 @@ class Worker:
             except _queue.Empty:
                 break
         _State.waiting_input_id = call
-        self.chan.send({"ev": "input_request", "id": call, "prompt": prompt})
+        request = {"ev": "input_request", "id": call, "prompt": prompt}
+        if secret:
+            request["secret"] = True
+        self.chan.send(request)
         try:
             while True:
                 rid, text = self.inputs.get()
@@ -518,8 +615,13 @@ class Worker:
         if text is None:
             raise EOFError("end of input (the client sent EOF)")
         text = text[:-1] if text.endswith("\n") else text
-        sys.stdout.write(text + "\n")
+        # Echoed like a terminal would, so the transcript reads naturally; a secret never.
+        sys.stdout.write("\n" if secret else text + "\n")
         return text
+
+    def getpass(self, prompt="Password: ", stream=None):
+        """getpass.getpass in a cell: asked through the client, never echoed."""
+        return self.input(prompt, secret=True)
 
     # ---- reader thread ------------------------------------------------------------
     def read_requests(self):
@@ -550,6 +652,9 @@ class Worker:
         value = None
         has_value = False
         saved_argv = saved_path0 = None
+        before = {name: id(v) for name, v in self.user_names()}
+        if isinstance(sys.stdin, _BridgedStdin):
+            sys.stdin.reset()
         try:
             flags = getattr(_ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
             tree = compile(source, filename, "exec", _ast.PyCF_ONLY_AST | flags, dont_inherit=True)
@@ -595,6 +700,10 @@ class Worker:
                     pass
                 self.ns.pop("__file__", None)
         done = {"ev": "done", "id": req["id"], "status": status, "display": []}
+        # Names the cell created or rebound (not in-place changes), for the answer.
+        changed = [name for name, v in self.user_names() if before.get(name) != id(v)]
+        if changed:
+            done["new_variables"] = changed[:100]
         if error is not None:
             done["error"] = error
         if has_value and value is not None:
@@ -1080,6 +1189,9 @@ def main():
         pass
     worker = Worker(chan)
     builtins.input = worker.input
+    sys.stdin = _BridgedStdin(worker)
+    _GetpassFinder.worker = worker
+    sys.meta_path.insert(0, _GetpassFinder)
     builtins.display = display
     _Snapshots.setup()
     _thread.start_new_thread(worker.read_requests, ())

@@ -114,7 +114,7 @@ pub struct ServeArgs {
     /// Serve HTTP without a bearer token (loopback only): any local process could run code.
     #[arg(long, env = "MCP_SANDBOX_NO_AUTH", conflicts_with = "token")]
     pub no_auth: bool,
-    /// Maximum number of live Python sessions.
+    /// Maximum number of live Python sessions (the prewarmed `default` counts once used).
     #[arg(long, env = "MCP_SANDBOX_MAX_SESSIONS", default_value_t = 8)]
     pub max_sessions: usize,
     /// Idle seconds after which a session is closed.
@@ -131,6 +131,12 @@ pub struct ServeArgs {
     /// Cap, in bytes, on disk used by spooled job output (oldest finished jobs are evicted).
     #[arg(long, env = "MCP_SANDBOX_DISK_CAP", default_value_t = 2 * 1024 * 1024 * 1024)]
     pub disk_cap: u64,
+    /// Most jobs kept (the oldest finished ones are removed first, printed output or not).
+    #[arg(long, env = "MCP_SANDBOX_KEEP_JOBS", default_value_t = 10_000)]
+    pub keep_jobs: usize,
+    /// Hours a finished job is kept.
+    #[arg(long, env = "MCP_SANDBOX_KEEP_HOURS", default_value_t = 168)]
+    pub keep_hours: u64,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -30,4 +30,6 @@ pub struct Config {
     pub sources: super::settings::Sources,
     /// Accept a workspace that is `/`, the user's home or a parent of the state dir.
     pub allow_broad_workspace: bool,
+    /// How many finished jobs, and for how long, are kept.
+    pub retention: crate::jobs::Retention,
 }

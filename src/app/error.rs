@@ -84,6 +84,12 @@ pub enum AppError {
          --sandbox-state inherit (and no --policy) to let the client choose it"
     )]
     SandboxNotInherited,
+    #[error("job {id} has no result stream{why}; read its stdout or stderr instead")]
+    NoResult { id: String, why: &'static str },
+    #[error("job {id} has no image {index}: it produced {of} image(s), numbered from 1")]
+    NoImage { id: String, index: usize, of: usize },
+    #[error("offset {offset} is past the end of the result of job {id}, which has {total} bytes")]
+    ResultPastEnd { id: String, offset: u64, total: u64 },
     #[error("the server is shutting down; job {id} is being stopped")]
     ShuttingDown { id: String },
     #[error("request cancelled; job {id} {fate}")]

@@ -3,10 +3,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::result::{self, ResultImage};
 use super::{App, AppError, Call, JobView};
+use crate::jobs::search::{Found, Limits};
 use crate::jobs::store::WaitFor;
 use crate::jobs::{
-    JobFilter, JobSummary, OutputChunk, SearchHit, ShellRequest, Stream, start_shell_job,
+    Excerpt, JobFilter, JobSnapshot, JobSummary, ShellRequest, Stream, start_shell_job,
 };
 
 /// A shell job as the caller asks for it (paths relative to the workspace).
@@ -27,11 +29,53 @@ pub struct ShellArgs {
     pub session: Option<String>,
 }
 
+/// Which stream of a job to read: its two output streams or its result (see
+/// [`super::result`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+    Result,
+}
+
+impl OutputStream {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+            OutputStream::Result => "result",
+        }
+    }
+}
+
+/// A byte range of one stream of a job, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    pub job_id: String,
+    pub stream: OutputStream,
+    /// Offset of the first byte returned.
+    pub offset: u64,
+    /// Offset just past the last byte returned; read on from here.
+    pub end: u64,
+    /// Bytes in the stream so far.
+    pub total: u64,
+    /// True when `end == total` and nothing more will be written.
+    pub eof: bool,
+    pub text: String,
+}
+
 /// Most search hits one call returns.
-const MAX_HITS: usize = 50;
+const MAX_HITS: usize = 200;
+/// A search counts matches up to this many; beyond, it says "at least".
+const COUNT_CAP: u64 = 1_000_000;
 
 /// How long job_cancel waits for the job to report its end.
 const CANCEL_SETTLE: Duration = Duration::from_secs(5);
+
+/// Jobs per `job_list` page unless the caller asks for fewer or more (up to the max);
+/// a page also stops where the response cap would be passed.
+const LIST_PAGE: usize = 50;
+const LIST_PAGE_MAX: usize = 500;
 
 impl App {
     pub async fn job_wait(
@@ -79,28 +123,136 @@ impl App {
         self.store.list(filter)
     }
 
-    /// Lines of `stream` matching `pattern`, with `context` lines around each.
+    /// One page of jobs, newest first, after `cursor`, within the response cap.
+    pub fn job_list_page(
+        &self,
+        filter: &JobFilter,
+        cursor: Option<&str>,
+        limit: Option<usize>,
+    ) -> Result<crate::jobs::JobPage, AppError> {
+        let limit = limit.unwrap_or(LIST_PAGE).clamp(1, LIST_PAGE_MAX);
+        Ok(self
+            .store
+            .list_page(filter, cursor, limit, self.response_bytes)?)
+    }
+
+    /// Lines of `stream` matching `pattern` from byte `offset` on, with `context` lines
+    /// around each: every match counted (up to a cap), the first ones shown within the
+    /// answer budget, and the cursor to continue from.
     pub fn job_search(
         &self,
         id: &str,
         stream: Stream,
         pattern: &str,
         context: usize,
-    ) -> Result<Vec<SearchHit>, AppError> {
-        Ok(self.store.search(id, stream, pattern, context, MAX_HITS)?)
+        offset: u64,
+    ) -> Result<Found, AppError> {
+        let limits = Limits {
+            start: offset,
+            context,
+            max_hits: MAX_HITS,
+            text_budget: self.response_bytes * 3 / 4,
+            count_cap: COUNT_CAP,
+        };
+        Ok(self.store.search_from(id, stream, pattern, &limits)?)
     }
 
     /// Bytes `[offset, offset + len)` of `stream`, `len` capped at the response size.
     pub fn job_read(
         &self,
         id: &str,
-        stream: Stream,
+        stream: OutputStream,
         offset: u64,
         len: Option<u64>,
-    ) -> Result<OutputChunk, AppError> {
+    ) -> Result<Chunk, AppError> {
         let cap = self.response_bytes as u64;
         let len = len.unwrap_or(cap).min(cap);
-        Ok(self.store.read(id, stream, offset, len)?)
+        let s = match stream {
+            OutputStream::Stdout => Stream::Stdout,
+            OutputStream::Stderr => Stream::Stderr,
+            OutputStream::Result => return self.read_result(id, offset, len),
+        };
+        let c = self.store.read(id, s, offset, len)?;
+        Ok(Chunk {
+            job_id: c.id,
+            stream,
+            offset: c.offset,
+            end: c.end,
+            total: c.total,
+            eof: c.eof,
+            text: c.text,
+        })
+    }
+
+    /// A finished job's stored result; an error in words if it has none.
+    fn finished_result(&self, id: &str) -> Result<JobSnapshot, AppError> {
+        let snap = self.store.peek(id)?;
+        if !snap.status.is_finished() {
+            return Err(AppError::NoResult {
+                id: snap.id,
+                why: " yet: it is written when the job finishes (job_wait until_done)",
+            });
+        }
+        if snap.result.is_none() {
+            return Err(AppError::NoResult {
+                id: snap.id,
+                why: ": it ended without a value, traceback or display output",
+            });
+        }
+        Ok(snap)
+    }
+
+    fn read_result(&self, id: &str, offset: u64, len: u64) -> Result<Chunk, AppError> {
+        let snap = self.finished_result(id)?;
+        let layout = result::layout(
+            snap.kind,
+            snap.result.as_ref().unwrap_or(&serde_json::Value::Null),
+        );
+        let total = layout.text.len() as u64;
+        if offset > total {
+            return Err(AppError::ResultPastEnd {
+                id: snap.id,
+                offset,
+                total,
+            });
+        }
+        let (text, offset, end) = result::slice(&layout.text, offset, len);
+        Ok(Chunk {
+            job_id: snap.id,
+            stream: OutputStream::Result,
+            offset,
+            end,
+            total,
+            eof: end == total,
+            text,
+        })
+    }
+
+    /// Image `index` (1-based) of a finished cell.
+    pub fn job_image(&self, id: &str, index: usize) -> Result<ResultImage, AppError> {
+        let snap = self.finished_result(id)?;
+        result::image(
+            snap.result.as_ref().unwrap_or(&serde_json::Value::Null),
+            index,
+        )
+        .map_err(|of| AppError::NoImage {
+            id: snap.id,
+            index,
+            of,
+        })
+    }
+
+    /// Bytes `[offset, end)` of an output stream in about `budget` bytes of text (head
+    /// and tail, the exact range left out named), for an answer sharing its budget.
+    pub fn job_excerpt(
+        &self,
+        id: &str,
+        stream: Stream,
+        offset: u64,
+        end: u64,
+        budget: usize,
+    ) -> Result<Excerpt, AppError> {
+        Ok(self.store.excerpt(id, stream, offset, end, budget)?)
     }
 
     /// Remove the finished jobs `filter` selects; a single job named by id must be finished.

@@ -22,6 +22,7 @@ mod envs;
 mod error;
 mod jobs;
 mod python;
+pub mod result;
 pub mod scripts;
 pub mod settings;
 pub mod tmp;
@@ -39,7 +40,7 @@ pub use call::{Call, ProgressSink};
 pub use config::Config;
 pub use envs::{EnvInfo, EnvInfoRequest, InstallArgs, ScriptArgs};
 pub use error::{AppError, AppResult};
-pub use jobs::ShellArgs;
+pub use jobs::{Chunk, OutputStream, ShellArgs};
 pub use python::{VarsOutcome, VarsRequest};
 pub use settings::{SandboxRequest, Settings, Sources};
 
@@ -87,6 +88,29 @@ pub struct App {
     stopping: AtomicBool,
 }
 
+/// What servers killed before their jobs ended left behind: their job cgroups (any
+/// process still in one is killed first) and their temp files in `state_dir`. Said at
+/// info level, since it means an earlier server did not end cleanly.
+fn sweep_leftovers(state_dir: &std::path::Path) {
+    let cgroups = crate::sandbox::isolation::sweep_orphaned_cgroups();
+    let files = tmp::sweep_state_dir(state_dir);
+    if !cgroups.is_empty() || !files.is_empty() {
+        let show = |v: &[PathBuf]| {
+            v.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        tracing::info!(
+            "swept what an earlier server left: {} job cgroup(s) [{}], {} temp path(s) [{}]",
+            cgroups.len(),
+            show(&cgroups),
+            files.len(),
+            show(&files)
+        );
+    }
+}
+
 impl App {
     /// Build from the config: workspace, policy, state dir, store, sessions.
     pub fn new(cfg: &Config) -> Result<App, AppError> {
@@ -130,10 +154,12 @@ impl App {
             cfg.allow_broad_workspace,
         )?;
         tmp::sweep_at_start(&state_dir);
+        sweep_leftovers(&state_dir);
         let store = JobStore::open(StoreConfig {
             state_dir: state_dir.clone(),
             disk_cap: cfg.disk_cap,
             response_bytes: cfg.response_bytes,
+            retention: cfg.retention,
         })?;
         let settings = State::new(
             cfg.sources.clone(),
@@ -231,7 +257,7 @@ impl App {
         if self.stopping.load(Ordering::SeqCst) {
             return;
         }
-        match self.session(DEFAULT_SESSION).await {
+        match self.session_for(DEFAULT_SESSION, true).await {
             Ok(s) => {
                 if let Err(e) = s.wait_ready().await {
                     tracing::debug!("prewarming the default session failed: {e}");
@@ -261,19 +287,15 @@ impl App {
     /// The current settings' policy resolved, cached per settings generation.
     async fn resolved_base(&self) -> Result<BasePolicy, AppError> {
         let settings = self.settings();
-        let first = {
+        {
             let cached = self.shell_policy.lock().unwrap_or_else(|p| p.into_inner());
-            match &*cached {
-                Some((generation, base)) if *generation == settings.generation => {
-                    return Ok(base.clone());
-                }
-                other => other.is_none(),
+            if let Some((generation, base)) = &*cached
+                && *generation == settings.generation
+            {
+                return Ok(base.clone());
             }
-        };
-        let tmp = self.state_dir.join("shell-tmp");
-        if first {
-            tmp::sweep_dead_job_tmps(&tmp);
         }
+        let tmp = self.state_dir.join("shell-tmp");
         tmp::create_dir(&tmp)?;
         let (python, venv) = match self.sessions.python().await {
             Ok(info) => (info.prefixes.clone(), info.venv.clone()),
@@ -323,9 +345,18 @@ impl App {
     ) -> Result<JobView, AppError> {
         let wait = self.store.wait_for(id, window, until);
         tokio::pin!(wait);
+        // Progress (when asked for): on new output, and a heartbeat at least every
+        // HEARTBEAT while the call waits in silence, so clients keep the call alive.
         const TICK: Duration = Duration::from_millis(500);
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + TICK, TICK);
+        const HEARTBEAT: Duration = Duration::from_secs(1);
+        let started = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval_at(started + TICK, TICK);
         let mut last_bytes = 0u64;
+        let mut last_sent = started;
+        let awaited = match until {
+            WaitFor::Output => "new output or its end",
+            WaitFor::Settled => "its end or an input request",
+        };
         let snap = loop {
             tokio::select! {
                 snap = &mut wait => break snap?,
@@ -339,13 +370,18 @@ impl App {
                     let fate = if cancel_job { "was cancelled" } else { "keeps running" };
                     return Err(AppError::RequestCancelled { id: id.to_string(), fate });
                 }
-                _ = tick.tick() => {
+                _ = tick.tick(), if call.wants_progress() => {
                     if let Ok(s) = self.store.summary(id) {
                         let bytes = s.stdout_bytes + s.stderr_bytes;
-                        if bytes != last_bytes {
+                        let now = tokio::time::Instant::now();
+                        if bytes != last_bytes || now - last_sent >= HEARTBEAT {
                             last_bytes = bytes;
-                            call.progress(s.elapsed_ms as f64 / 1000.0,
-                                format!("job {id} {}: {bytes} bytes of output", s.status)).await;
+                            last_sent = now;
+                            let waited = (now - started).as_secs_f64();
+                            call.progress(waited, format!(
+                                "job {id} {}: waited {waited:.0} s for {awaited}; {bytes} bytes of output",
+                                s.status
+                            )).await;
                         }
                     }
                 }

@@ -91,9 +91,17 @@ pub fn job_outcome(r: Result<CellOutcome, ReplError>, cancel_requested: bool) ->
         CellStatus::Ok => (JobStatus::Completed, None),
         CellStatus::Error => (
             JobStatus::Failed,
-            o.error
-                .as_ref()
-                .map(|e| format!("{}: {}", e.ename, e.evalue)),
+            // One line for listings; the whole message ends the traceback.
+            o.error.as_ref().map(|e| {
+                let line = e.evalue.lines().next().unwrap_or_default();
+                let short: String = line.chars().take(200).collect();
+                let more = if short.len() < e.evalue.len() {
+                    " …"
+                } else {
+                    ""
+                };
+                format!("{}: {short}{more}", e.ename)
+            }),
         ),
         CellStatus::Interrupted if cancel_requested => (
             JobStatus::Cancelled,
@@ -260,9 +268,13 @@ impl App {
         call: &Call,
     ) -> Result<JobView, AppError> {
         let full = self.workspace().file(path, "path")?;
-        let label = format!("run_file {path} {}", args.join(" "))
-            .trim_end()
-            .to_string();
+        // Quoted as a shell would, so the history shows the arguments exactly.
+        let quoted = std::iter::once(path)
+            .chain(args.iter().map(String::as_str))
+            .map(|a| shlex::try_quote(a).map_or_else(|_| format!("{a:?}"), |q| q.into_owned()))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let label = format!("run_file {quoted}");
         let path = full.to_string_lossy().into_owned();
         self.start_cell(session, label, wait, call, move |s, sink| {
             Box::pin(async move { s.run_file(&path, args, sink).await })

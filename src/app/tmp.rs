@@ -1,7 +1,8 @@
 //! Private temp dirs: every shell job gets its own `{tmp}` (`<state>/shell-tmp/<pid>-<n>`)
 //! that no other job or session sees; the job removes it when it ends
 //! (`ShellRequest::private_tmp`). Those left by a server killed before its jobs ended are
-//! swept when the next server first resolves its policy.
+//! swept when the next server starts ([`sweep_state_dir`]), with the other temporary
+//! files such a server leaves: inline scripts and session directories set aside for removal.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,18 +62,56 @@ pub fn create_dir(dir: &Path) -> Result<(), AppError> {
 
 /// Remove job temp dirs (`<pid>-<n>`) left by servers that are no longer running (killed
 /// before their jobs ended); those of a live server sharing the state dir stay.
-pub fn sweep_dead_job_tmps(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let pid = name.to_str().and_then(|n| n.split('-').next());
-        let alive = pid.is_some_and(|p| Path::new("/proc").join(p).exists());
-        if !alive {
-            let _ = std::fs::remove_dir_all(entry.path());
+/// Returns what was removed.
+pub fn sweep_dead_job_tmps(dir: &Path) -> Vec<PathBuf> {
+    sweep_dead(dir, |n| n.split('-').next())
+}
+
+/// Server start: remove what servers that are no longer running left in `state_dir`:
+/// shell jobs' private temp dirs (`shell-tmp/<pid>-<n>`), inline scripts
+/// (`scripts/script-<pid>-<n>.py`) and session directories set aside for removal
+/// (`repl/.closed-*`, of any server: they are renamed away before removal). Returns them.
+pub fn sweep_state_dir(state_dir: &Path) -> Vec<PathBuf> {
+    let mut swept = sweep_dead_job_tmps(&state_dir.join("shell-tmp"));
+    swept.extend(sweep_dead(&state_dir.join("scripts"), |n| {
+        n.strip_prefix("script-")?.split('-').next()
+    }));
+    if let Ok(entries) = std::fs::read_dir(state_dir.join("repl")) {
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(".closed-")
+                && std::fs::remove_dir_all(entry.path()).is_ok()
+            {
+                swept.push(entry.path());
+            }
         }
     }
+    swept
+}
+
+/// Remove each entry of `dir` whose owner pid (`owner` of its name) is not running.
+fn sweep_dead(dir: &Path, owner: impl Fn(&str) -> Option<&str>) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut swept = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name.to_str().and_then(&owner);
+        let mine = pid.is_some_and(|p| p == std::process::id().to_string());
+        let alive = pid.is_some_and(|p| Path::new("/proc").join(p).exists());
+        if mine || alive {
+            continue;
+        }
+        let path = entry.path();
+        let removed = match entry.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        if removed.is_ok() {
+            swept.push(path);
+        }
+    }
+    swept
 }
 
 #[cfg(test)]
@@ -91,7 +130,8 @@ mod tests {
         let junk = base.join("junk");
         std::fs::create_dir_all(&dead).unwrap();
         std::fs::create_dir_all(&junk).unwrap();
-        sweep_dead_job_tmps(&base);
+        let swept = sweep_dead_job_tmps(&base);
+        assert_eq!(swept.len(), 2, "{swept:?}");
         assert!(mine.is_dir() && second.is_dir());
         assert!(!dead.exists() && !junk.exists());
         let _ = std::fs::remove_dir_all(&base);

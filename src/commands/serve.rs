@@ -75,6 +75,8 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         max_snapshots,
         response_bytes,
         disk_cap,
+        keep_jobs,
+        keep_hours,
     } = args;
     in_range(
         "max-sessions",
@@ -143,6 +145,10 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
             disk_cap,
             allow_broad_workspace,
             sources,
+            retention: crate::jobs::Retention {
+                max_jobs: keep_jobs,
+                max_age: Duration::from_secs(keep_hours.saturating_mul(3600)),
+            },
         },
         transport,
     })

@@ -46,7 +46,7 @@
 //! control (its pipes and tasks), and bumps `version`, which wakes every waiter with the
 //! final snapshot. Last, every record is written for the next start.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -132,6 +132,9 @@ pub(crate) struct Job {
     pub removed: AtomicBool,
     /// Whether we already logged that output is being dropped (disk cap).
     pub drop_warned: AtomicBool,
+    /// Whether `job.json` holds the current record; until it does, rewriting the log of
+    /// started jobs keeps the job's record there (a full disk must not lose a job).
+    pub record_saved: AtomicBool,
 }
 
 impl Job {
@@ -152,6 +155,7 @@ impl Job {
             result: Mutex::new(ResultSlot::default()),
             removed: AtomicBool::new(false),
             drop_warned: AtomicBool::new(false),
+            record_saved: AtomicBool::new(false),
         }
     }
 
@@ -186,6 +190,9 @@ impl Job {
             elapsed_ms: self.elapsed_ms(&st),
             delivered: st.delivered,
             has_result: st.has_result,
+            from_journal: false,
+            bytes: Some(self.lens()),
+            removed: false,
         }
     }
 
@@ -213,8 +220,9 @@ impl Job {
         lock(&self.state).status.is_finished()
     }
 
-    /// Record how the job ended; returns false if it had already finished.
-    pub(crate) fn finish(&self, outcome: JobOutcome, disk_cap: u64) -> bool {
+    /// Record how the job ended; returns false if it had already finished. `disk_cap`
+    /// and `state_dir` are for the words on output that was not kept.
+    pub(crate) fn finish(&self, outcome: JobOutcome, disk_cap: u64, state_dir: &Path) -> bool {
         let mut st = lock(&self.state);
         if st.status.is_finished() {
             return false;
@@ -234,15 +242,21 @@ impl Job {
                 "ended because the server shut down",
             ));
         }
+        let mut full = Vec::new();
         for (i, spool) in self.spools.iter().enumerate() {
             let mut spool = lock(spool);
             spool.close();
-            if spool.dropped() > 0 {
-                let stream = if i == 0 {
-                    Stream::Stdout
-                } else {
-                    Stream::Stderr
-                };
+            let stream = if i == 0 {
+                Stream::Stdout
+            } else {
+                Stream::Stderr
+            };
+            if let Some(at) = spool.full_at() {
+                full.push(format!(
+                    "output truncated at byte {at} ({stream}; {} bytes were not kept)",
+                    spool.dropped()
+                ));
+            } else if spool.dropped() > 0 {
                 let note = format!(
                     "{} bytes of {stream} were not kept (the disk cap of {disk_cap} bytes for job output was reached)",
                     spool.dropped()
@@ -250,12 +264,26 @@ impl Job {
                 message = Some(join_sentences(message, &note));
             }
         }
+        if !full.is_empty() {
+            // The output is incomplete: whatever the process did, the job did not
+            // deliver what it printed.
+            if matches!(status, JobStatus::Completed | JobStatus::Failed) {
+                status = JobStatus::Failed;
+            }
+            let note = format!(
+                "state directory is full ({}): {}; free space there (or remove old jobs with job_prune) before running more",
+                state_dir.display(),
+                full.join(", ")
+            );
+            message = Some(join_sentences(message, &note));
+        }
         if let Some(result) = outcome.result {
             // Written to disk by `JobHandle::finish` after waiters were woken.
             st.has_result = true;
             lock(&self.result).value = Some(result);
         }
         st.elapsed_ms = Some(self.started.elapsed().as_millis() as u64);
+        self.record_saved.store(false, Ordering::SeqCst);
         st.status = status;
         st.prompt = None;
         st.exit_code = outcome.exit_code;
@@ -392,7 +420,12 @@ impl JobHandle {
     /// the woken waiters first: they answer from memory. Returns false if the job had
     /// already finished (nothing to persist).
     pub fn finish_unpersisted(&self, outcome: JobOutcome) -> bool {
-        self.job.finish(outcome, self.store.disk_cap())
+        let cfg = self.store.config();
+        let finished = self.job.finish(outcome, cfg.disk_cap, &cfg.state_dir);
+        if finished {
+            self.store.apply_retention();
+        }
+        finished
     }
 
     /// Write a finished job's result and record (see [`finish_unpersisted`](Self::finish_unpersisted)).

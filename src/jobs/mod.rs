@@ -159,6 +159,28 @@ pub struct StoreConfig {
     /// Budget, in bytes of text, for the stdout+stderr excerpts of one snapshot and
     /// for one `read`.
     pub response_bytes: usize,
+    /// How many finished jobs, and for how long, are kept (bytes: `disk_cap`).
+    pub retention: Retention,
+}
+
+/// Retention of finished jobs: the oldest go first once either limit is passed, whether
+/// or not they printed anything. Running jobs are never removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Most jobs kept in the table (finished ones go, oldest first, to stay under it).
+    pub max_jobs: usize,
+    /// Finished jobs created longer ago than this are removed.
+    pub max_age: std::time::Duration,
+}
+
+impl Default for Retention {
+    /// 10,000 jobs and 7 days: a busy agent's day (a call every few seconds) stays.
+    fn default() -> Self {
+        Retention {
+            max_jobs: 10_000,
+            max_age: std::time::Duration::from_secs(7 * 24 * 3600),
+        }
+    }
 }
 
 impl StoreConfig {
@@ -168,6 +190,7 @@ impl StoreConfig {
             state_dir: state_dir.into(),
             disk_cap: 2 * 1024 * 1024 * 1024,
             response_bytes: 20_000,
+            retention: Retention::default(),
         }
     }
 }
@@ -334,6 +357,14 @@ pub struct JobFilter {
     pub limit: Option<usize>,
 }
 
+/// One page of a job listing, newest first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobPage {
+    pub jobs: Vec<JobSummary>,
+    /// Pass as `cursor` to get the next (older) page; `None` on the last page.
+    pub next_cursor: Option<String>,
+}
+
 /// One line of a job listing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct JobSummary {
@@ -411,6 +442,11 @@ pub enum JobError {
     Request(String),
     #[error("could not start the job: {0}")]
     Launch(#[from] crate::sandbox::LaunchError),
+    #[error(
+        "state directory is full ({}): cannot record a new job; free space there (or remove \
+         old jobs with job_prune) and try again", path.display()
+    )]
+    StateDirFull { path: PathBuf },
     #[error("{what}: {source}")]
     Io {
         what: String,

@@ -1,26 +1,34 @@
-//! The job table on disk: one record per job (`<job>/job.json`, written atomically:
-//! temp file, then rename; no fsync: it must survive a server restart, not a power
-//! cut), the spools and result next to it, and the lock that keeps two servers from
-//! sharing one store directory. Writing one small record per change keeps the cost of
-//! starting and finishing a job constant however many jobs the store holds.
+//! The job table on disk: one append-only index of job records (`index.log`, JSON
+//! lines; the last line of a job wins, a `removed` line drops it), the spools and result
+//! of each job in its own directory, and the lock that keeps two servers from sharing
+//! one store directory. No fsync: the table must survive a server restart, not a power cut.
 //!
-//! Starting a job costs one `write`: its record is appended to `started.log`, so a job
-//! that was running when the server died comes back as `lost`. Its directory, spools
-//! and `job.json` appear only with its first output or when it finishes (a quick cell
-//! that prints nothing writes its directory once, at finish). The log is rewritten
-//! with only the running jobs when it grows, after prune or eviction (so removed jobs
-//! do not come back), and at open.
+//! A job costs one appended line when it starts (so a job running when the server dies
+//! comes back as `lost`) and one when it finishes; its directory appears only with its
+//! first output or a structured result (a quick cell that prints nothing touches no other
+//! file). Start-up reads the one index file, never the job directories; exit appends only
+//! the records that changed since they were last written. The index is rewritten with
+//! the live records when dead lines outnumber them (amortised: never per job), and
+//! removals (prune, retention, the disk cap) append one `removed` line each.
+//!
+//! Why a hand-kept JSON-lines file and not an embedded database (redb, SQLite): the access
+//! pattern is append-one-record and read-everything-once at start-up, which a log does
+//! with one `write` per change and one sequential read; a B-tree store would add a crate,
+//! a file format to migrate and page writes per commit for no query the store needs (the
+//! table is in memory while the server runs).
 //!
 //! Layout of a store directory:
 //! ```text
 //! <state_dir>/jobs/            (or jobs.2, jobs.3, ... when another server holds jobs/)
 //!   .lock                      flock held for the life of the store
+//!   .reserve                   space set aside for records when the disk is full
 //!   next_id                    the next job number (so pruned ids are not reused)
-//!   started.log                one JobRecord (JSON) per line, appended as jobs start
-//!   j12/job.json               JobRecord (below)
+//!   index.log                  one JobRecord (JSON) per line, appended on every change
 //!   j12/stdout, j12/stderr     spools
 //!   j12/result.json            the job's structured result, if any
 //! ```
+//! Stores written by older servers (`started.log` and a `job.json` per job) are read once
+//! and turned into an index.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -38,7 +46,9 @@ pub(crate) const RECORD_VERSION: u32 = 1;
 const MAX_SLOTS: u32 = 16;
 /// Lines in `started.log` after which it is rewritten with only the running jobs.
 const JOURNAL_COMPACT_LINES: u64 = 2048;
-const JOURNAL: &str = "started.log";
+const JOURNAL: &str = "index.log";
+/// The log of started jobs of older servers (read once, when there is no index yet).
+const LEGACY_JOURNAL: &str = "started.log";
 
 /// One job as stored on disk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,6 +69,17 @@ pub(crate) struct JobRecord {
     pub delivered: [u64; 2],
     /// Whether `result.json` exists.
     pub has_result: bool,
+    /// Set by [`load`] when the record came from `started.log` only (its `job.json` is
+    /// missing): it must be written before the log is next rewritten.
+    #[serde(skip)]
+    pub from_journal: bool,
+    /// Bytes in the stdout and stderr spools when the record was written (absent in
+    /// records of older servers: then the files are looked at).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<[u64; 2]>,
+    /// A line saying the job was removed (pruned, evicted, past retention).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removed: bool,
 }
 
 /// An open store directory, locked for this process.
@@ -129,14 +150,11 @@ pub(crate) struct Journal {
 }
 
 impl Journal {
-    pub(crate) fn open(store_dir: &Path) -> io::Result<Journal> {
+    /// Open the index for appending; `lines` is how many it holds (from [`load`]).
+    pub(crate) fn open(store_dir: &Path, lines: u64) -> io::Result<Journal> {
         let path = store_dir.join(JOURNAL);
         let file = OpenOptions::new().create(true).append(true).open(&path)?;
-        Ok(Journal {
-            path,
-            file,
-            lines: 0,
-        })
+        Ok(Journal { path, file, lines })
     }
 
     /// Append one record (a single `write`; no fsync).
@@ -147,8 +165,9 @@ impl Journal {
         self.file.write_all(&bytes)
     }
 
-    pub(crate) fn needs_compaction(&self) -> bool {
-        self.lines >= JOURNAL_COMPACT_LINES
+    /// Whether dead lines outnumber the `live` records enough to rewrite the index.
+    pub(crate) fn needs_compaction(&self, live: usize) -> bool {
+        self.lines >= JOURNAL_COMPACT_LINES + 2 * live as u64
     }
 
     /// Replace the log with `recs` (atomically) and keep appending to the new file.
@@ -165,23 +184,81 @@ impl Journal {
     }
 }
 
-/// Records of `started.log` by job number (a damaged line, e.g. cut by a crash, is
-/// skipped).
-fn read_journal(store_dir: &Path) -> BTreeMap<u64, JobRecord> {
+/// Records of a log file by job number: the last line of a job wins, a `removed` line
+/// drops it, a damaged line (e.g. cut by a crash) is skipped. Also returns the number of
+/// lines and the highest job number seen (removed jobs included).
+fn read_journal_file(path: &Path) -> (BTreeMap<u64, JobRecord>, u64, u64) {
     let mut out = BTreeMap::new();
-    let Ok(bytes) = std::fs::read(store_dir.join(JOURNAL)) else {
-        return out;
+    let (mut lines, mut max_seq) = (0, 0);
+    let Ok(bytes) = std::fs::read(path) else {
+        return (out, lines, max_seq);
     };
-    for line in bytes.split(|b| *b == b'\n') {
+    for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        lines += 1;
         if let Some((seq, rec)) = serde_json::from_slice::<JobRecord>(line)
             .ok()
             .filter(|r| r.version == RECORD_VERSION)
             .and_then(|r| Some((parse_id(&r.id)?, r)))
         {
-            out.insert(seq, rec);
+            max_seq = max_seq.max(seq);
+            if rec.removed {
+                out.remove(&seq);
+            } else {
+                out.insert(seq, rec);
+            }
         }
     }
-    out
+    (out, lines, max_seq)
+}
+
+/// Records of the legacy `started.log` by job number.
+fn read_journal(store_dir: &Path) -> BTreeMap<u64, JobRecord> {
+    read_journal_file(&store_dir.join(LEGACY_JOURNAL)).0
+}
+
+/// What [`load`] found.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Loaded {
+    pub records: Vec<JobRecord>,
+    pub next_id: u64,
+    /// Lines in the index.
+    pub lines: u64,
+    /// Read from an older server's layout: write an index now.
+    pub legacy: bool,
+}
+
+/// Every job record of the store and the next job number: from the index, or (once, for
+/// a store of an older server) from its job directories and `started.log`.
+pub(crate) fn load_store(store_dir: &Path) -> Loaded {
+    let index = store_dir.join(JOURNAL);
+    let next_file = std::fs::read_to_string(store_dir.join("next_id"))
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .unwrap_or(1);
+    if index.exists() {
+        let (map, lines, max_seq) = read_journal_file(&index);
+        return Loaded {
+            records: map.into_values().collect(),
+            next_id: next_file.max(max_seq + 1),
+            lines,
+            legacy: false,
+        };
+    }
+    let (records, next_id) = load(store_dir);
+    Loaded {
+        records,
+        next_id,
+        lines: 0,
+        legacy: true,
+    }
+}
+
+/// Remove what an older server's layout leaves once its records are in the index.
+pub(crate) fn remove_legacy(store_dir: &Path, records: &[JobRecord]) {
+    let _ = std::fs::remove_file(store_dir.join(LEGACY_JOURNAL));
+    for rec in records {
+        let _ = std::fs::remove_file(job_dir(store_dir, &rec.id).join("job.json"));
+    }
 }
 
 /// Every job record under `store_dir`, and the next job number. A job directory
@@ -212,7 +289,13 @@ pub(crate) fn load(store_dir: &Path) -> (Vec<JobRecord>, u64) {
             .ok()
             .and_then(|b| serde_json::from_slice::<JobRecord>(&b).ok())
             .filter(|r| r.version == RECORD_VERSION && parse_id(&r.id) == Some(seq));
-        match rec.or_else(|| started.remove(&seq)) {
+        let from_log = || {
+            started.remove(&seq).map(|mut r| {
+                r.from_journal = true;
+                r
+            })
+        };
+        match rec.or_else(from_log) {
             Some(rec) => {
                 started.remove(&seq);
                 records.push(rec);
@@ -224,16 +307,57 @@ pub(crate) fn load(store_dir: &Path) -> (Vec<JobRecord>, u64) {
         }
     }
     // Started jobs that never wrote anything: they come back too.
-    for (seq, rec) in started {
+    for (seq, mut rec) in started {
         next_id = next_id.max(seq + 1);
+        rec.from_journal = true;
         records.push(rec);
     }
     records.sort_by_key(|r| parse_id(&r.id));
     (records, next_id)
 }
 
+/// Space set aside in each store directory (`.reserve`) so that the records of jobs can
+/// still be written when job output has filled the file system: released when a record
+/// write finds the disk full, taken again once there is room.
+const RESERVE_BYTES: i64 = 512 * 1024;
+const RESERVE: &str = ".reserve";
+
+/// Set the reserve aside if it is not there; whether it is.
+pub(crate) fn take_reserve(store_dir: &Path) -> bool {
+    let path = store_dir.join(RESERVE);
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() as i64 >= RESERVE_BYTES) {
+        return true;
+    }
+    let made = File::create(&path)
+        .and_then(|f| nix::fcntl::posix_fallocate(&f, 0, RESERVE_BYTES).map_err(io::Error::from));
+    if made.is_err() {
+        let _ = std::fs::remove_file(&path);
+    }
+    made.is_ok()
+}
+
+/// Give the reserve back to the file system; whether there was one.
+pub(crate) fn release_reserve(store_dir: &Path) -> bool {
+    std::fs::remove_file(store_dir.join(RESERVE)).is_ok()
+}
+
+/// Run `write`; if the disk is full, release the store's reserve and try once more.
+pub(crate) fn with_reserve<T>(
+    store_dir: &Path,
+    mut write: impl FnMut() -> io::Result<T>,
+) -> io::Result<T> {
+    match write() {
+        Err(e) if super::spool::is_disk_full(&e) && release_reserve(store_dir) => {
+            tracing::warn!(dir = %store_dir.display(), "the state directory is full; using the space reserved for job records");
+            write()
+        }
+        other => other,
+    }
+}
+
 /// Write one job's record atomically: readers see the old or the new record.
 /// Creates the job's directory if it does not exist yet.
+#[cfg(test)]
 pub(crate) fn save_record(job_dir: &Path, rec: &JobRecord) -> io::Result<()> {
     std::fs::create_dir_all(job_dir)?;
     let bytes = serde_json::to_vec(rec).map_err(io::Error::other)?;
@@ -247,9 +371,11 @@ pub(crate) fn save_next_id(store_dir: &Path, next_id: u64) -> io::Result<()> {
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
-    let mut file = File::create(&tmp)?;
-    file.write_all(bytes)?;
-    drop(file);
+    let written = File::create(&tmp).and_then(|mut file| file.write_all(bytes));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     std::fs::rename(&tmp, path)
 }
 
@@ -311,6 +437,9 @@ mod tests {
             elapsed_ms: 7,
             delivered: [3, 0],
             has_result: false,
+            from_journal: false,
+            bytes: None,
+            removed: false,
         }
     }
 
@@ -341,27 +470,65 @@ mod tests {
     }
 
     #[test]
-    fn started_log_brings_back_jobs_without_a_record_and_skips_torn_lines() {
+    fn legacy_started_log_brings_back_jobs_without_a_record_and_skips_torn_lines() {
         let s = state("journal");
         let dir = open_dir(&s).unwrap();
-        let mut journal = Journal::open(&dir.path).unwrap();
         let mut running = record("j7");
         running.status = JobStatus::Running;
-        journal.append(&running).unwrap();
-        journal.append(&record("j8")).unwrap();
-        // j8 also has its own record, which wins; a crash cut the last line.
-        std::fs::create_dir_all(job_dir(&dir.path, "j8")).unwrap();
+        let mut log = Vec::new();
+        for rec in [&running, &record("j8")] {
+            serde_json::to_writer(&mut log, rec).unwrap();
+            log.push(b'\n');
+        }
+        // A crash cut the last line.
+        log.extend_from_slice(b"{\"version\":1,\"id\":\"j9\"");
+        std::fs::write(dir.path.join(LEGACY_JOURNAL), log).unwrap();
+        // j8 also has its own record, which wins.
         let mut done = record("j8");
         done.label = "from job.json".into();
         save_record(&job_dir(&dir.path, "j8"), &done).unwrap();
-        journal
+        let logged = JobRecord {
+            from_journal: true,
+            ..running.clone()
+        };
+        let loaded = load_store(&dir.path);
+        assert!(loaded.legacy);
+        assert_eq!(
+            (loaded.records.clone(), loaded.next_id),
+            (vec![logged, done], 9)
+        );
+        remove_legacy(&dir.path, &loaded.records);
+        assert!(!dir.path.join(LEGACY_JOURNAL).exists());
+        assert!(!job_dir(&dir.path, "j8").join("job.json").exists());
+    }
+
+    #[test]
+    fn index_last_line_wins_removed_lines_drop_and_ids_are_not_reused() {
+        let s = state("index");
+        let dir = open_dir(&s).unwrap();
+        let mut index = Journal::open(&dir.path, 0).unwrap();
+        let mut running = record("j1");
+        running.status = JobStatus::Running;
+        index.append(&running).unwrap();
+        index.append(&record("j2")).unwrap();
+        index.append(&record("j1")).unwrap();
+        let mut gone = record("j3");
+        index.append(&gone).unwrap();
+        gone.removed = true;
+        index.append(&gone).unwrap();
+        index
             .file
-            .write_all(b"{\"version\":1,\"id\":\"j9\"")
+            .write_all(b"{\"version\":1,\"id\":\"j4\"")
             .unwrap();
-        assert_eq!(load(&dir.path), (vec![running.clone(), done], 9));
+        let loaded = load_store(&dir.path);
+        assert!(!loaded.legacy);
+        assert_eq!(loaded.records, vec![record("j1"), record("j2")]);
+        assert_eq!((loaded.next_id, loaded.lines), (4, 6));
         // Rewriting keeps only what it is given.
-        journal.rewrite(&[]).unwrap();
-        assert_eq!(load(&dir.path).0.len(), 1);
+        index.rewrite(&[record("j2")]).unwrap();
+        let loaded = load_store(&dir.path);
+        assert_eq!((loaded.records, loaded.lines), (vec![record("j2")], 1));
+        assert!(index.needs_compaction(0) == (JOURNAL_COMPACT_LINES <= 1));
     }
 
     #[test]

@@ -3,11 +3,14 @@
 
 use std::sync::Arc;
 
-use super::excerpt::read_text;
+use super::excerpt::{make_excerpt, read_text};
 use super::job::{Job, lock, now_unix_ms};
 use super::persist::parse_id;
 use super::store::JobStore;
-use super::{JobError, JobFilter, JobId, JobSummary, OutputChunk, SearchHit, Stream, search};
+use super::{
+    Excerpt, JobError, JobFilter, JobId, JobPage, JobSummary, OutputChunk, SearchHit, Stream,
+    search,
+};
 
 impl JobStore {
     /// Read bytes `[offset, offset + len)` of a stream (at most `response_bytes`; the
@@ -53,6 +56,23 @@ impl JobStore {
         })
     }
 
+    /// An excerpt of bytes `[offset, end)` of a stream in about `budget` bytes of text
+    /// (head and tail with the exact range left out), for an answer that must share its
+    /// budget with other parts. Does not move the delivered cursors.
+    pub fn excerpt(
+        &self,
+        id: &str,
+        stream: Stream,
+        offset: u64,
+        end: u64,
+        budget: usize,
+    ) -> Result<Excerpt, JobError> {
+        let job = self.get(id)?;
+        let path = lock(&job.spools[stream.index()]).path().to_path_buf();
+        make_excerpt(&path, offset, end, budget)
+            .map_err(|e| JobError::io(format!("could not read {stream} of job {}", job.id), e))
+    }
+
     /// Lines of a stream matching `pattern` (regex), with `context_lines` lines around
     /// each (at most 20), at most `max_hits` hits (1..=1000). Reads the spool
     /// sequentially without loading it. On a multi-threaded tokio runtime the scan runs
@@ -85,6 +105,44 @@ impl JobStore {
         hits.map_err(|e| JobError::io(format!("could not search {stream} of job {}", job.id), e))
     }
 
+    /// A search from a cursor within limits: the hits, the count of all matches and
+    /// where to continue (see [`search::scan`]).
+    pub fn search_from(
+        &self,
+        id: &str,
+        stream: Stream,
+        pattern: &str,
+        limits: &search::Limits,
+    ) -> Result<search::Found, JobError> {
+        let job = self.get(id)?;
+        let re = search::compile(pattern).map_err(|reason| JobError::Pattern {
+            pattern: pattern.into(),
+            reason,
+        })?;
+        let (path, total) = {
+            let spool = lock(&job.spools[stream.index()]);
+            (spool.path().to_path_buf(), spool.len())
+        };
+        if limits.start > total {
+            return Err(JobError::PastEnd {
+                id: job.id.clone(),
+                stream,
+                offset: limits.start,
+                total,
+                more: "",
+            });
+        }
+        let run = || search::scan(&path, total, &re, limits);
+        let on_worker = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let found = if on_worker {
+            tokio::task::block_in_place(run)
+        } else {
+            run()
+        };
+        found.map_err(|e| JobError::io(format!("could not search {stream} of job {}", job.id), e))
+    }
+
     /// Jobs matching `filter`, newest first.
     pub fn list(&self, filter: &JobFilter) -> Vec<JobSummary> {
         let jobs: Vec<Arc<Job>> = lock(&self.jobs).map.values().rev().cloned().collect();
@@ -100,6 +158,51 @@ impl JobStore {
             }
         }
         out
+    }
+
+    /// One page of the jobs matching `filter`, newest first, starting after `cursor` (a
+    /// job id from the previous page's `next_cursor`): at most `max_jobs`, and no more than
+    /// fit in about `budget` bytes of response (each listed job is shown as a text line
+    /// and as structured data). Walks the table without copying it.
+    pub fn list_page(
+        &self,
+        filter: &JobFilter,
+        cursor: Option<&str>,
+        max_jobs: usize,
+        budget: usize,
+    ) -> Result<JobPage, JobError> {
+        let before = match cursor {
+            None => u64::MAX,
+            Some(c) => parse_id(c).ok_or_else(|| {
+                JobError::Request(format!(
+                    "cursor {c:?} is not a job id; pass the next_cursor of the previous page"
+                ))
+            })?,
+        };
+        let now = now_unix_ms();
+        let jobs = lock(&self.jobs);
+        let mut out: Vec<JobSummary> = Vec::new();
+        let mut used = 0usize;
+        let mut next_cursor = None;
+        for job in jobs.map.range(..before).rev().map(|(_, j)| j) {
+            let summary = job.summary();
+            if !matches(filter, &summary, now) {
+                continue;
+            }
+            // The text line and the JSON object: about twice the label plus the fields.
+            let cost =
+                2 * (summary.label.len() + summary.session.as_ref().map_or(0, String::len)) + 300;
+            if out.len() >= max_jobs.max(1) || (!out.is_empty() && used + cost > budget) {
+                next_cursor = out.last().map(|s| s.id.clone());
+                break;
+            }
+            used += cost;
+            out.push(summary);
+        }
+        Ok(JobPage {
+            jobs: out,
+            next_cursor,
+        })
     }
 
     /// Summary of one job.
@@ -131,9 +234,6 @@ impl JobStore {
         };
         for job in &removed {
             self.forget_files(job);
-        }
-        if !removed.is_empty() {
-            self.save_next_id();
         }
         Ok(removed.iter().map(|j| j.id.clone()).collect())
     }

@@ -32,7 +32,7 @@ pub fn compile(pattern: &str) -> Result<Regex, String> {
         })
 }
 
-/// Search the first `len` bytes of the spool at `path`.
+/// Search the first `len` bytes of the spool at `path`: at most `max_hits` hits.
 pub fn search_file(
     path: &Path,
     len: u64,
@@ -40,22 +40,64 @@ pub fn search_file(
     context_lines: usize,
     max_hits: usize,
 ) -> io::Result<Vec<SearchHit>> {
-    let context = context_lines.min(MAX_CONTEXT);
-    let max_hits = max_hits.clamp(1, MAX_HITS);
+    let limits = Limits {
+        start: 0,
+        context: context_lines,
+        max_hits,
+        text_budget: usize::MAX,
+        count_cap: max_hits.clamp(1, MAX_HITS) as u64,
+    };
+    Ok(scan(path, len, re, &limits)?.hits)
+}
+
+/// What a search may return.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Byte offset to start at (a line start: a cursor from [`Found::next_offset`]).
+    pub start: u64,
+    /// Lines of context before and after each hit (at most [`MAX_CONTEXT`]).
+    pub context: usize,
+    /// Most hits returned (1..=[`MAX_HITS`]).
+    pub max_hits: usize,
+    /// About how many bytes of text the hits and their context may hold.
+    pub text_budget: usize,
+    /// Stop counting matches here (the count is then a lower bound).
+    pub count_cap: u64,
+}
+
+/// What a search found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Found {
+    pub hits: Vec<SearchHit>,
+    /// Matching lines from `start` on (or at least this many, if `at_least`).
+    pub matches: u64,
+    pub at_least: bool,
+    /// Where the first match not shown starts: pass it as `start` to continue.
+    pub next_offset: Option<u64>,
+}
+
+/// Search bytes `[limits.start, len)` of the spool at `path`, counting every match and
+/// returning the first ones with context, within the limits.
+pub fn scan(path: &Path, len: u64, re: &Regex, limits: &Limits) -> io::Result<Found> {
+    let context = limits.context.min(MAX_CONTEXT);
+    let max_hits = limits.max_hits.clamp(1, MAX_HITS);
     let file = match File::open(path) {
         Ok(f) => f,
         // Never written: the job printed nothing on this stream.
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Found::default()),
         Err(e) => return Err(e),
     };
+    let start = limits.start.min(len);
     let mut reader = BufReader::with_capacity(64 * 1024, file.take(len));
-    let mut hits: Vec<SearchHit> = Vec::new();
+    // Line numbers count from the start of the stream, also when starting later.
+    let mut line_no: u64 = 1 + count_newlines(&mut reader, start)?;
+    let mut found = Found::default();
     // Indices into `hits` still collecting `after` lines.
     let mut open: Vec<usize> = Vec::new();
     let mut before: VecDeque<String> = VecDeque::with_capacity(context + 1);
     let mut line = Vec::with_capacity(1024);
-    let mut line_no: u64 = 1;
-    let mut offset: u64 = 0;
+    let mut offset: u64 = start;
+    let mut used = 0usize;
     loop {
         line.clear();
         let ended_line = read_piece(&mut reader, &mut line)?;
@@ -65,25 +107,45 @@ pub fn search_file(
         let piece_offset = offset;
         offset += line.len() as u64;
         let content = trim_newline(&line);
+        let hits = &mut found.hits;
         open.retain(|&i| {
+            let shown = shorten(content, None);
+            used += shown.len();
             let hit = &mut hits[i];
-            hit.after.push(shorten(content, None));
+            hit.after.push(shown);
             hit.after.len() < context
         });
-        if hits.len() < max_hits
-            && let Some(m) = re.find(content)
-        {
-            hits.push(SearchHit {
+        if let Some(m) = re.find(content) {
+            found.matches += 1;
+            let collecting = found.next_offset.is_none() && found.hits.len() < max_hits;
+            let hit = collecting.then(|| SearchHit {
                 line: line_no,
                 offset: piece_offset,
                 text: shorten(content, Some(m.start())),
                 before: before.iter().cloned().collect(),
                 after: Vec::new(),
             });
-            if context > 0 {
-                open.push(hits.len() - 1);
+            let size = hit.as_ref().map_or(0, |h| {
+                h.text.len() + h.before.iter().map(String::len).sum::<usize>()
+            });
+            // Room for the hit and about as much again for its lines after.
+            match hit {
+                Some(h) if found.hits.is_empty() || used + 2 * size <= limits.text_budget => {
+                    used += size;
+                    found.hits.push(h);
+                    if context > 0 {
+                        open.push(found.hits.len() - 1);
+                    }
+                }
+                _ => {
+                    if found.next_offset.is_none() {
+                        found.next_offset = Some(piece_offset);
+                    }
+                }
             }
-        } else if hits.len() >= max_hits && open.is_empty() {
+        }
+        if found.next_offset.is_some() && open.is_empty() && found.matches >= limits.count_cap {
+            found.at_least = offset < len;
             break;
         }
         if context > 0 {
@@ -96,7 +158,23 @@ pub fn search_file(
             line_no += 1;
         }
     }
-    Ok(hits)
+    Ok(found)
+}
+
+/// Skip `n` bytes of `reader`, returning how many newlines they hold.
+fn count_newlines(reader: &mut impl BufRead, mut n: u64) -> io::Result<u64> {
+    let mut lines = 0;
+    while n > 0 {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            break;
+        }
+        let take = buf.len().min(n as usize);
+        lines += buf[..take].iter().filter(|&&b| b == b'\n').count() as u64;
+        reader.consume(take);
+        n -= take as u64;
+    }
+    Ok(lines)
 }
 
 /// Read up to the next newline (included) or [`MAX_LINE`] bytes. Returns whether a
@@ -218,6 +296,57 @@ mod tests {
         assert_eq!(hits[0].line, 1);
         assert_eq!(hits[0].offset, MAX_LINE as u64);
         assert!(hits[0].text.starts_with('…') && hits[0].text.ends_with("needle"));
+    }
+
+    #[test]
+    fn counts_every_match_and_continues_from_the_cursor() {
+        let data: Vec<u8> = (1..=1000)
+            .flat_map(|i| format!("{i}\n").into_bytes())
+            .collect();
+        let p = file_with("cursor", &data);
+        let re = compile("7").unwrap();
+        let expected: Vec<u64> = (1..=1000u64)
+            .filter(|i| i.to_string().contains('7'))
+            .collect();
+        let mut limits = Limits {
+            start: 0,
+            context: 1,
+            max_hits: 50,
+            text_budget: 20_000,
+            count_cap: 1_000_000,
+        };
+        let mut seen = Vec::new();
+        let mut first = true;
+        loop {
+            let f = scan(&p, data.len() as u64, &re, &limits).unwrap();
+            if first {
+                assert_eq!(f.matches, expected.len() as u64);
+                assert!(!f.at_least);
+                first = false;
+            }
+            for h in &f.hits {
+                assert_eq!(
+                    h.line.to_string().as_bytes(),
+                    &data[h.offset as usize..][..h.line.to_string().len()]
+                );
+            }
+            seen.extend(f.hits.iter().map(|h| h.line));
+            match f.next_offset {
+                Some(o) => limits.start = o,
+                None => break,
+            }
+        }
+        assert_eq!(seen, expected);
+        // A small budget still shows one hit and says where to go on.
+        limits.start = 0;
+        limits.text_budget = 1;
+        let f = scan(&p, data.len() as u64, &re, &limits).unwrap();
+        assert_eq!(f.hits.len(), 1);
+        assert!(f.next_offset.is_some());
+        // A count cap makes the count a lower bound.
+        limits.count_cap = 10;
+        let f = scan(&p, data.len() as u64, &re, &limits).unwrap();
+        assert!(f.at_least && f.matches == 10);
     }
 
     #[test]

@@ -14,6 +14,12 @@ use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+/// Whether `e` means the file system (or the user's quota on it) is full.
+pub(crate) fn is_disk_full(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+        || e.kind() == io::ErrorKind::StorageFull
+}
+
 /// One stream of one job.
 #[derive(Debug)]
 pub(crate) struct Spool {
@@ -22,6 +28,9 @@ pub(crate) struct Spool {
     len: u64,
     /// Bytes the job wrote that were not stored (disk cap reached or a write error).
     dropped: u64,
+    /// Set when the file system ran out of space: the length at that moment. Later
+    /// output is dropped, so the spool is exactly "the output up to byte N".
+    full_at: Option<u64>,
     /// Open once the job wrote something; closed when it finishes.
     file: Option<File>,
     /// Whether the job still runs (appends are accepted).
@@ -39,6 +48,7 @@ impl Spool {
             path,
             len: 0,
             dropped: 0,
+            full_at: None,
             file: None,
             open: true,
             last: [0; 3],
@@ -64,6 +74,21 @@ impl Spool {
             .ok_or_else(|| io::Error::other("the spool file is not open"))
     }
 
+    /// A finished job's spool whose length the index knows: no file system access (the
+    /// start-up cost must not grow with the history).
+    pub(crate) fn finished(path: PathBuf, len: u64) -> Spool {
+        Spool {
+            path,
+            len,
+            dropped: 0,
+            full_at: None,
+            file: None,
+            open: false,
+            last: [0; 3],
+            last_len: 0,
+        }
+    }
+
     /// A finished job's spool found on disk at start-up (missing file = empty).
     pub(crate) fn existing(path: PathBuf) -> Spool {
         let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
@@ -71,6 +96,7 @@ impl Spool {
             path,
             len,
             dropped: 0,
+            full_at: None,
             file: None,
             open: false,
             last: [0; 3],
@@ -100,6 +126,11 @@ impl Spool {
         self.dropped
     }
 
+    /// The length at which the file system ran out of space, if it did.
+    pub(crate) fn full_at(&self) -> Option<u64> {
+        self.full_at
+    }
+
     /// Append `data`. On error nothing is counted as stored and the bytes are counted
     /// as dropped; the caller decides how to tell the user.
     pub(crate) fn append(&mut self, data: &[u8]) -> io::Result<()> {
@@ -107,11 +138,18 @@ impl Spool {
             self.dropped += data.len() as u64;
             return Err(io::Error::other("the spool is closed"));
         }
+        if self.full_at.is_some() {
+            self.dropped += data.len() as u64;
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
         let len = self.len;
         let file = match self.open_file() {
             Ok(f) => f,
             Err(e) => {
                 self.dropped += data.len() as u64;
+                if is_disk_full(&e) {
+                    self.full_at = Some(self.len);
+                }
                 return Err(e);
             }
         };
@@ -129,6 +167,9 @@ impl Spool {
                 self.len += written;
                 self.remember_tail(&data[..written as usize]);
                 self.dropped += data.len() as u64 - written;
+                if is_disk_full(&e) {
+                    self.full_at = Some(self.len);
+                }
                 Err(e)
             }
         }

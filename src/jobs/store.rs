@@ -67,8 +67,10 @@ impl JobStore {
     /// jobs that were running when the previous server stopped as `lost`.
     pub fn open(cfg: StoreConfig) -> Result<Arc<JobStore>, JobError> {
         let dir = persist::open_dir(&cfg.state_dir)?;
-        let (records, next_id) = persist::load(&dir.path);
-        let journal = persist::Journal::open(&dir.path).map_err(|e| {
+        let loaded = persist::load_store(&dir.path);
+        let (records, next_id) = (loaded.records, loaded.next_id);
+        let legacy = loaded.legacy.then(|| records.clone());
+        let journal = persist::Journal::open(&dir.path, loaded.lines).map_err(|e| {
             JobError::io(
                 format!("could not open the job log in {}", dir.path.display()),
                 e,
@@ -94,10 +96,17 @@ impl JobStore {
                 )
             };
             let job_dir = persist::job_dir(&dir.path, &rec.id);
-            let spools = [
-                Spool::existing(job_dir.join("stdout")),
-                Spool::existing(job_dir.join("stderr")),
-            ];
+            let spools = match rec.bytes {
+                Some([out, err]) if !was_running => [
+                    Spool::finished(job_dir.join("stdout"), out),
+                    Spool::finished(job_dir.join("stderr"), err),
+                ],
+                // A job that was running has more output than its last record says.
+                _ => [
+                    Spool::existing(job_dir.join("stdout")),
+                    Spool::existing(job_dir.join("stderr")),
+                ],
+            };
             disk_used += spools[0].len() + spools[1].len();
             let state = JobState {
                 status,
@@ -120,8 +129,10 @@ impl JobStore {
                 dir: job_dir,
             };
             let job = Arc::new(Job::new(meta, state, spools));
-            if was_running {
+            if was_running || rec.from_journal {
                 lost.push(job.clone());
+            } else {
+                job.record_saved.store(true, Ordering::SeqCst);
             }
             map.insert(seq, job);
         }
@@ -132,12 +143,19 @@ impl JobStore {
             journal: Mutex::new(journal),
             disk_used: AtomicU64::new(disk_used),
         });
+        store.retake_reserve();
         for job in &lost {
             store.save_job(job);
         }
-        // Every job of the log now has its record: start the log afresh.
-        store.compact_journal();
+        if let Some(records) = legacy {
+            // An older server's layout: its records are in the index from now on.
+            store.compact_journal();
+            persist::remove_legacy(&store.dir.path, &records);
+        } else {
+            store.compact_if_needed();
+        }
         store.make_room(0);
+        store.apply_retention();
         Ok(store)
     }
 
@@ -196,10 +214,18 @@ impl JobStore {
             // the insert so a compaction cannot miss the new job.
             let mut journal = lock(&self.journal);
             if let Err(e) = journal.append(&job.record()) {
+                if super::spool::is_disk_full(&e) {
+                    // Without its line in the log the job could vanish at a restart:
+                    // refuse it while the disk is full.
+                    return Err(JobError::StateDirFull {
+                        path: self.cfg.state_dir.clone(),
+                    });
+                }
                 tracing::warn!(job = %job.id, error = %e, "could not log the job's start");
             }
-            lock(&self.jobs).map.insert(seq, job.clone());
-            journal.needs_compaction()
+            let mut jobs = lock(&self.jobs);
+            jobs.map.insert(seq, job.clone());
+            journal.needs_compaction(jobs.map.len())
         };
         if compact {
             self.compact_journal();
@@ -300,8 +326,10 @@ impl JobStore {
                 };
                 let start = st.delivered[i].min(end);
                 *range = (start, end);
-                if advance {
-                    st.delivered[i] = st.delivered[i].max(end);
+                if advance && end > st.delivered[i] {
+                    st.delivered[i] = end;
+                    // The cursor is part of the record: written at the next save or exit.
+                    job.record_saved.store(false, Ordering::SeqCst);
                 }
                 paths.push(spool.path().to_path_buf());
             }
@@ -456,14 +484,21 @@ impl JobStore {
                     ..JobOutcome::default()
                 },
                 self.cfg.disk_cap,
+                &self.cfg.state_dir,
             );
         }
-        // Record the delivered cursors of every job for the next start.
-        let all: Vec<Arc<Job>> = lock(&self.jobs).map.values().cloned().collect();
-        for job in &all {
+        // Record what changed since it was last written (delivered cursors, mostly): the
+        // cost of exit follows the jobs touched in this run, not the history.
+        let dirty: Vec<Arc<Job>> = lock(&self.jobs)
+            .map
+            .values()
+            .filter(|j| !j.record_saved.load(Ordering::SeqCst))
+            .cloned()
+            .collect();
+        for job in &dirty {
             self.save_job(job);
         }
-        self.save_next_id();
+        self.write_next_id();
     }
 
     // ----- internals -----
@@ -497,10 +532,6 @@ impl JobStore {
             id: id.to_string(),
             known,
         })
-    }
-
-    pub(crate) fn disk_cap(&self) -> u64 {
-        self.cfg.disk_cap
     }
 
     pub(crate) fn add_disk_used(&self, n: u64) {
@@ -539,24 +570,76 @@ impl JobStore {
             evicted
         };
         for job in &evicted {
-            job.removed.store(true, Ordering::SeqCst);
             tracing::info!(job = %job.id, "evicted a finished job: the disk cap for job output was reached");
-            persist::remove_job_files(&job.dir);
-        }
-        if !evicted.is_empty() {
-            self.save_next_id();
+            self.forget_removed(job);
         }
         self.disk_used.load(Ordering::Relaxed).saturating_add(need) <= cap
     }
 
+    /// A job taken out of the table (prune): its bytes, files and record go.
     pub(super) fn forget_files(&self, job: &Job) {
-        job.removed.store(true, Ordering::SeqCst);
         let bytes: u64 = job.lens().iter().sum();
         self.disk_used.fetch_sub(
             bytes.min(self.disk_used.load(Ordering::Relaxed)),
             Ordering::Relaxed,
         );
+        self.forget_removed(job);
+    }
+
+    /// Remove the files of a job already out of the table and append its `removed` line.
+    fn forget_removed(&self, job: &Job) {
+        job.removed.store(true, Ordering::SeqCst);
+        let mut rec = job.record();
+        rec.removed = true;
+        let compact = {
+            let mut journal = lock(&self.journal);
+            if let Err(e) = journal.append(&rec) {
+                tracing::warn!(job = %job.id, error = %e, "could not record the job's removal");
+            }
+            journal.needs_compaction(lock(&self.jobs).map.len())
+        };
+        if compact {
+            self.compact_journal();
+        }
         persist::remove_job_files(&job.dir);
+    }
+
+    /// Remove the oldest finished jobs beyond the retention limits (jobs in the table,
+    /// and age; the disk cap bounds bytes): jobs that print nothing count too, running
+    /// jobs are never removed. O(1) when nothing is due: it looks at the oldest jobs only.
+    pub(crate) fn apply_retention(&self) {
+        let max_jobs = self.cfg.retention.max_jobs;
+        let max_age_ms = self.cfg.retention.max_age.as_millis() as u64;
+        let now = now_unix_ms();
+        let removed: Vec<Arc<Job>> = {
+            let mut jobs = lock(&self.jobs);
+            let mut over = jobs.map.len().saturating_sub(max_jobs);
+            let mut picked = Vec::new();
+            for (seq, job) in jobs.map.iter() {
+                if !job.is_finished() {
+                    continue;
+                }
+                let too_old = now.saturating_sub(job.created_unix_ms) > max_age_ms;
+                if over == 0 && !too_old {
+                    break;
+                }
+                over = over.saturating_sub(1);
+                picked.push(*seq);
+            }
+            picked
+                .iter()
+                .filter_map(|seq| jobs.map.remove(seq))
+                .collect()
+        };
+        if !removed.is_empty() {
+            tracing::debug!(
+                count = removed.len(),
+                "removed finished jobs past the retention limits"
+            );
+        }
+        for job in &removed {
+            self.forget_files(job);
+        }
     }
 
     /// Write a job's files after it finished: its result, then its record.
@@ -590,32 +673,60 @@ impl JobStore {
         if job.removed.load(Ordering::SeqCst) {
             return;
         }
-        if let Err(e) = persist::save_record(&job.dir, &job.record()) {
-            tracing::warn!(job = %job.id, error = %e, "could not write the job's record");
+        let rec = job.record();
+        let appended = persist::with_reserve(&self.dir.path, || lock(&self.journal).append(&rec));
+        match appended {
+            Ok(()) => {
+                job.record_saved.store(true, Ordering::SeqCst);
+                // One stat while held; after a full disk used it, set it aside again.
+                self.retake_reserve();
+            }
+            Err(e) => {
+                job.record_saved.store(false, Ordering::SeqCst);
+                tracing::warn!(job = %job.id, error = %e, "could not write the job's record; it is written again at the next change or at exit");
+            }
         }
     }
 
-    /// Write the next job number and rewrite the log of started jobs (after jobs were
-    /// removed, so they do not come back at the next start).
-    pub(super) fn save_next_id(&self) {
+    /// Set the space for job records aside again (after a full disk used it up).
+    fn retake_reserve(&self) {
+        persist::take_reserve(&self.dir.path);
+    }
+
+    /// Write the next job number (the index may have lost the highest ones to removals).
+    fn write_next_id(&self) {
         let next_id = lock(&self.jobs).next_id;
         if let Err(e) = persist::save_next_id(&self.dir.path, next_id) {
             tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not write next_id");
         }
-        self.compact_journal();
     }
 
-    /// Rewrite `started.log` with only the jobs still running.
+    fn compact_if_needed(&self) {
+        let live = lock(&self.jobs).map.len();
+        if lock(&self.journal).needs_compaction(live) {
+            self.compact_journal();
+        }
+    }
+
+    /// Rewrite the index with the current record of every job in the table.
     fn compact_journal(&self) {
+        self.write_next_id();
         let mut journal = lock(&self.journal);
-        let running: Vec<persist::JobRecord> = lock(&self.jobs)
+        let live: Vec<(Arc<Job>, persist::JobRecord)> = lock(&self.jobs)
             .map
             .values()
-            .filter(|j| !j.is_finished())
-            .map(|j| j.record())
+            .map(|j| (j.clone(), j.record()))
             .collect();
-        if let Err(e) = journal.rewrite(&running) {
-            tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not rewrite the job log");
+        let recs: Vec<persist::JobRecord> = live.iter().map(|(_, r)| r.clone()).collect();
+        match journal.rewrite(&recs) {
+            Ok(()) => {
+                for (job, _) in &live {
+                    job.record_saved.store(true, Ordering::SeqCst);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not rewrite the job index");
+            }
         }
     }
 }

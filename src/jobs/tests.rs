@@ -17,6 +17,7 @@ fn open(name: &str, response_bytes: usize, disk_cap: u64) -> Arc<JobStore> {
         state_dir: state_dir(name),
         disk_cap,
         response_bytes,
+        retention: Default::default(),
     })
     .unwrap()
 }
@@ -303,6 +304,7 @@ async fn restart_keeps_finished_jobs_and_marks_running_ones_lost() {
         state_dir: dir.clone(),
         disk_cap: 1 << 30,
         response_bytes: 20_000,
+        retention: Default::default(),
     };
     let (done_id, running_id) = {
         let store = JobStore::open(cfg.clone()).unwrap();
@@ -436,6 +438,7 @@ async fn shutdown_records_jobs_that_do_not_end_as_cancelled() {
         state_dir: dir,
         disk_cap: 1 << 30,
         response_bytes: 20_000,
+        retention: Default::default(),
     };
     let id = {
         let store = JobStore::open(cfg.clone()).unwrap();
@@ -466,6 +469,7 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
         state_dir: dir.clone(),
         disk_cap: 1 << 30,
         response_bytes: 20_000,
+        retention: Default::default(),
     };
     {
         let store = JobStore::open(cfg.clone()).unwrap();
@@ -476,7 +480,8 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
             result: Some(serde_json::json!({"value": "2"})),
             ..done()
         });
-        assert!(job_dir.join("job.json").exists() && !job_dir.join("stdout").exists());
+        // Its record is a line of the index; its result the one file it has.
+        assert!(job_dir.join("result.json").exists() && !job_dir.join("stdout").exists());
         // The fresh result is handed out once from memory, then read from disk.
         for _ in 0..2 {
             let snap = store
@@ -517,4 +522,119 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
         ]
     );
     assert_eq!(store.read("j3", Stream::Stdout, 0, 10).unwrap().text, "");
+}
+
+/// Retention keeps at most `max_jobs` jobs, counting silent ones, removes the oldest
+/// finished first, never a running one, and what it removed stays gone after a restart (the index's
+/// `removed` lines), without job ids being reused.
+#[tokio::test]
+async fn retention_keeps_the_newest_finished_jobs_silent_or_not() {
+    let dir = state_dir("retention");
+    let cfg = StoreConfig {
+        state_dir: dir.clone(),
+        disk_cap: 1 << 30,
+        response_bytes: 20_000,
+        retention: Retention {
+            max_jobs: 3,
+            max_age: Duration::from_secs(3600),
+        },
+    };
+    let running_id = {
+        let store = JobStore::open(cfg.clone()).unwrap();
+        let running = store.create(JobKind::Shell, None, "sleep 100").unwrap();
+        for i in 0..10 {
+            let h = store
+                .create(JobKind::Python, None, &format!("{i}"))
+                .unwrap();
+            if i % 2 == 0 {
+                h.append(Stream::Stdout, b"printed\n");
+            }
+            h.finish(done());
+        }
+        let ids: Vec<String> = store
+            .list(&JobFilter::default())
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        assert_eq!(
+            ids,
+            ["j11", "j10", "j1"],
+            "three jobs: the running one stays"
+        );
+        assert!(
+            !store.dir().join("j2").exists(),
+            "a removed job's files go too"
+        );
+        store.shutdown().await;
+        running.id().to_string()
+    };
+    let store = JobStore::open(cfg.clone()).unwrap();
+    let listed: Vec<(String, JobStatus)> = store
+        .list(&JobFilter::default())
+        .into_iter()
+        .map(|s| (s.id, s.status))
+        .collect();
+    // The running job was cancelled at shutdown.
+    assert_eq!(
+        listed,
+        [
+            ("j11".to_string(), JobStatus::Completed),
+            ("j10".to_string(), JobStatus::Completed),
+            (running_id.clone(), JobStatus::Cancelled),
+        ]
+    );
+    assert!(store.summary("j9").is_err());
+    let next = store.create(JobKind::Shell, None, "true").unwrap();
+    assert_eq!(next.id(), "j12");
+    next.finish(done());
+    // Now four: the oldest finished one (the cancelled j1) goes.
+    assert!(store.summary(&running_id).is_err());
+    // Age: a store that keeps nothing older than 0 s removes every finished job.
+    drop(store);
+    let store = JobStore::open(StoreConfig {
+        retention: Retention {
+            max_jobs: 100,
+            max_age: Duration::ZERO,
+        },
+        ..cfg
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    store.apply_retention();
+    assert!(
+        store
+            .list(&JobFilter::default())
+            .iter()
+            .all(|s| !s.status.is_finished()),
+        "{:?}",
+        store.list(&JobFilter::default())
+    );
+}
+
+/// Start-up reads the index, not the job directories: a store whose job directories
+/// are gone still lists every job, with its status and delivered cursors.
+#[tokio::test]
+async fn restart_reads_the_index_only() {
+    let dir = state_dir("index-only");
+    let cfg = StoreConfig {
+        state_dir: dir.clone(),
+        disk_cap: 1 << 30,
+        response_bytes: 20_000,
+        retention: Default::default(),
+    };
+    {
+        let store = JobStore::open(cfg.clone()).unwrap();
+        let h = store.create(JobKind::Shell, None, "echo hi").unwrap();
+        h.append(Stream::Stdout, b"hi\n");
+        h.finish(done());
+        let _ = store.wait(h.id(), Duration::from_secs(1)).await.unwrap();
+        store.shutdown().await;
+    }
+    let jobs = dir.join("jobs");
+    assert!(jobs.join("index.log").exists());
+    std::fs::remove_dir_all(jobs.join("j1")).unwrap();
+    let store = JobStore::open(cfg).unwrap();
+    let s = store.summary("j1").unwrap();
+    assert_eq!(s.status, JobStatus::Completed);
+    assert_eq!(s.label, "echo hi");
 }

@@ -32,6 +32,10 @@ pub struct SessionManager {
     /// Sessions the idle reaper closed, with how long they had been idle: the next cell
     /// of a session started again under that name is told its state was lost and why.
     expired: Mutex<HashMap<String, Duration>>,
+    /// A session started ahead of use ([`SessionManager::prewarm`]) and not used since:
+    /// it does not count toward `max_sessions`, and yields its slot (is closed) when
+    /// another session needs it. Locked alone.
+    spare: Mutex<Option<String>>,
 }
 
 impl SessionManager {
@@ -46,6 +50,7 @@ impl SessionManager {
             sessions: Mutex::new(BTreeMap::new()),
             site_dirs: Mutex::new(HashMap::new()),
             expired: Mutex::new(HashMap::new()),
+            spare: Mutex::new(None),
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(reap_idle(Arc::downgrade(&manager), ttl));
@@ -115,24 +120,76 @@ impl SessionManager {
         }
     }
 
-    /// The session called `name`; error if there is none.
+    /// The session called `name`; error if there is none. Counts as a use.
     pub fn get(&self, name: &str) -> Result<Arc<Session>, ReplError> {
-        let map = self.sessions();
-        map.get(name)
-            .cloned()
-            .ok_or_else(|| ReplError::NoSuchSession {
-                name: name.to_string(),
-                open: Self::open_names(&map),
-            })
+        let found = {
+            let map = self.sessions();
+            map.get(name)
+                .cloned()
+                .ok_or_else(|| ReplError::NoSuchSession {
+                    name: name.to_string(),
+                    open: Self::open_names(&map),
+                })
+        };
+        if found.is_ok() {
+            self.used(name);
+        }
+        found
     }
 
     /// The session called `name`, started (with its worker) if it does not exist yet.
+    /// Counts as a use.
     pub async fn get_or_start(&self, name: &str) -> Result<Arc<Session>, ReplError> {
+        let r = self.open(name).await;
+        self.used(name);
+        r
+    }
+
+    /// Start `name` ahead of use (the server's `default` after the handshake). Until a
+    /// call uses it, it does not count toward `max_sessions`: a session that needs its
+    /// slot closes it.
+    pub async fn prewarm(&self, name: &str) -> Result<Arc<Session>, ReplError> {
+        if !self.sessions().contains_key(name) {
+            *lock_spare(&self.spare) = Some(name.to_string());
+        }
+        let r = self.open(name).await;
+        if r.is_err() {
+            self.used(name);
+        }
+        r
+    }
+
+    /// `name` is in use: no longer a spare.
+    fn used(&self, name: &str) {
+        let mut spare = lock_spare(&self.spare);
+        if spare.as_deref() == Some(name) {
+            *spare = None;
+        }
+    }
+
+    /// At the limit, close an unused prewarmed session (not `name`) to make room.
+    fn yield_spare(&self, name: &str) {
+        let victim = {
+            let mut spare = lock_spare(&self.spare);
+            let full = self.sessions().len() >= self.cfg.max_sessions;
+            match spare.as_deref() {
+                Some(s) if full && s != name => spare.take(),
+                _ => None,
+            }
+        };
+        if let Some(v) = victim {
+            tracing::debug!(session = %v, "closing the unused prewarmed session to make room");
+            let _ = self.close(&v);
+        }
+    }
+
+    async fn open(&self, name: &str) -> Result<Arc<Session>, ReplError> {
         if let Some(s) = self.sessions().get(name) {
             return Ok(s.clone());
         }
         validate_name(name)?;
         let python = self.python().await?.clone();
+        self.yield_spare(name);
         self.check_room(name, &self.sessions())?;
         // One directory per session *instance*: a session closed (or expired) a moment ago
         // under the same name is still having its directory removed.
@@ -185,6 +242,7 @@ impl SessionManager {
                     source: std::io::Error::other(e),
                 })??
         };
+        self.yield_spare(name);
         let mut map = self.sessions();
         if let Some(existing) = map.get(name) {
             started.close();
@@ -218,10 +276,27 @@ impl SessionManager {
         map: &BTreeMap<String, Arc<Session>>,
     ) -> Result<(), ReplError> {
         if map.len() >= self.cfg.max_sessions {
+            // Name each open session with what it is doing and how long it has been
+            // idle, so the caller can pick one to close.
+            let open = map
+                .values()
+                .map(|s| {
+                    let i = s.info();
+                    let state = serde_json::to_value(i.state)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default();
+                    format!(
+                        "{} ({state}, idle {} s, {} cells)",
+                        i.name, i.idle_seconds, i.cells
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
             return Err(ReplError::TooManySessions {
                 name: name.to_string(),
                 max: self.cfg.max_sessions,
-                open: Self::open_names(map),
+                open,
             });
         }
         Ok(())
@@ -370,6 +445,10 @@ fn unique_suffix() -> String {
         .unwrap_or_default();
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     format!("{nanos:x}-{n}")
+}
+
+fn lock_spare(m: &Mutex<Option<String>>) -> std::sync::MutexGuard<'_, Option<String>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

@@ -134,6 +134,8 @@ pub struct CellOutcome {
     pub error: Option<PyError>,
     /// Rich output: images (base64), HTML, markdown.
     pub display: Vec<DisplayItem>,
+    /// Names the cell created or rebound (at most 100).
+    pub new_variables: Vec<String>,
     /// How the worker ended, in words, when status is `worker_died`.
     pub worker_exit: Option<String>,
     /// Signal that ended the worker during this cell ("SIGSEGV"), when status is `worker_died`.
@@ -260,7 +262,7 @@ pub enum ReplError {
     )]
     NotAwaitingInput { session: String },
     #[error(
-        "cannot start session {name:?}: the limit of {max} sessions is reached (open: {open}); close one first"
+        "cannot start session {name:?}: the limit of {max} sessions is reached (open: {open}); close one with session_close, or reuse one"
     )]
     TooManySessions {
         name: String,

@@ -84,6 +84,9 @@ pub enum Event {
         error: Option<PyError>,
         #[serde(default)]
         display: Vec<DisplayItem>,
+        /// Names the cell created or rebound (at most 100).
+        #[serde(default)]
+        new_variables: Vec<String>,
     },
     /// The variables by name; at most 5000, `omitted` counts the rest.
     Variables {
@@ -265,6 +268,7 @@ mod tests {
                 }),
                 error: None,
                 display: vec![],
+                new_variables: vec![],
             }
         );
         let ev = decode(br#"{"ev":"variable","id":1,"name":"x","type":"int","repr":"1","chars":1,"truncated":false,"size":28,"json":1,"has_json":true}"#).unwrap();

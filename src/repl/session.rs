@@ -271,8 +271,15 @@ impl Session {
     ) -> Result<CellOutcome, ReplError> {
         let full: PathBuf = self.env.spec.workspace.join(path);
         let full = full.to_string_lossy().into_owned();
-        let label = std::iter::once(format!("run_file {path}"))
-            .chain(argv.iter().cloned())
+        // Quoted as a shell would, so the history keeps each argument exactly.
+        let label = std::iter::once("run_file".to_string())
+            .chain(
+                std::iter::once(path)
+                    .chain(argv.iter().map(String::as_str))
+                    .map(|a| {
+                        shlex::try_quote(a).map_or_else(|_| format!("{a:?}"), |q| q.into_owned())
+                    }),
+            )
             .collect::<Vec<_>>()
             .join(" ");
         let repr_limit = self.env.repr_limit;
@@ -371,6 +378,7 @@ impl Session {
             value_truncated: false,
             error: None,
             display: Vec::new(),
+            new_variables: Vec::new(),
             worker_exit: None,
             signal: None,
             exit_code: None,
@@ -384,6 +392,7 @@ impl Session {
                 value,
                 error,
                 display,
+                new_variables,
                 ..
             }) => {
                 out.status = match status {
@@ -398,6 +407,7 @@ impl Session {
                 }
                 out.error = error;
                 out.display = display;
+                out.new_variables = new_variables;
             }
             Reply::Event(other) => {
                 return Err(ReplError::Protocol {
@@ -634,7 +644,7 @@ impl Session {
                 self.env.python.version
             ),
             worker_pid: pid,
-            memory_bytes: pid.and_then(rss_bytes),
+            memory_bytes: live.map(|w| w.python_pid()).and_then(rss_bytes),
             idle_seconds: if busy {
                 0
             } else {

@@ -19,6 +19,7 @@ use super::protocol::{self, Event, Request};
 use super::pump::{Pending, Shared, kill_group, lock, pump, write_requests};
 use super::snapshot::{self, Forked, Snapshot};
 use super::{CellSink, OutStream, ReplError};
+use crate::sandbox::pidns::host_pid;
 use crate::sandbox::{Pidfd, ResolvedPolicy, SandboxCommand, SandboxedChild};
 
 /// The worker driver, embedded so the binary is self-contained.
@@ -135,7 +136,19 @@ impl Worker {
     /// A live worker a snapshot forked (see [`Snapshot::fork_live`]): not our child, so it
     /// is watched and signalled through a pidfd, and killing it kills it alone (its
     /// process tree is killed through the root it descends from).
-    pub fn adopt(forked: Forked, policy: Arc<ResolvedPolicy>) -> Result<Worker, ReplError> {
+    /// `reference` is a process (host pid) of the same process tree: the snapshot reports
+    /// the pid it forked as its PID namespace numbers it.
+    pub fn adopt(
+        mut forked: Forked,
+        reference: Option<u32>,
+        policy: Arc<ResolvedPolicy>,
+    ) -> Result<Worker, ReplError> {
+        if let Some(reference) = reference {
+            forked.pid = host_pid(reference, forked.pid).ok_or_else(|| ReplError::Io {
+                what: format!("find the forked worker {} (its namespace pid)", forked.pid),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            })?;
+        }
         // The pid cannot have been reused: the snapshot that forked it reaps it only when
         // it gets its next message, which the server sends.
         let sigfd = Pidfd::open(forked.pid).map_err(|source| ReplError::Io {
@@ -223,9 +236,11 @@ impl Worker {
         self.shared.sigfd.is_none()
     }
 
-    /// Kill this process alone, leaving its process tree (snapshots, the worker that
-    /// replaces it) alive. A root is killed but not reaped: its process group id stays
-    /// reserved, so [`Worker::end_tree`] can still kill the whole tree.
+    /// Retire this worker, leaving its process tree (snapshots, the worker that replaces
+    /// it) alive. A forked worker is killed. A root is *stopped* (SIGSTOP), not killed:
+    /// in its PID namespace the root's death would end the namespace and every snapshot
+    /// in it; stopped, it holds its (copy-on-write) memory like one more snapshot until
+    /// [`Worker::end_tree`] kills the whole tree.
     pub fn kill_alone(&self, reason: &'static str) {
         if self.is_root() {
             self.shared.retired.store(true, Ordering::SeqCst);
@@ -234,7 +249,9 @@ impl Worker {
                 lock(&self.shared.state)
                     .kill_reason
                     .get_or_insert_with(|| reason.to_string());
-                let _ = child.signal_process(libc::SIGKILL);
+                if let Err(e) = child.signal_target(libc::SIGSTOP) {
+                    tracing::warn!(error = %e, "could not stop a retired Python worker");
+                }
             }
         } else {
             kill_group(&self.shared, reason);
@@ -353,6 +370,14 @@ impl Worker {
             sink.input_received();
         }
         true
+    }
+
+    /// The pid of the Python process itself (in a PID namespace the server's child is the
+    /// launcher supervising it), for its memory use.
+    pub fn python_pid(&self) -> u32 {
+        lock(&self.shared.child)
+            .as_ref()
+            .map_or(self.pid, |c| c.main_pid())
     }
 
     /// SIGCONT to the worker (its process group, or a forked worker alone): a stopped

@@ -401,6 +401,71 @@ pub(crate) fn sweep_stale(layout: &Layout, age: Duration) {
     }
 }
 
+/// The server pid in a job cgroup's name (`msr-<pid>-<n>`, see `spawn`), if it has one.
+pub fn owner_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(JOB_PREFIX)?;
+    let (pid, n) = rest.split_once('-')?;
+    n.parse::<u64>().ok()?;
+    pid.parse().ok()
+}
+
+/// Prefix of the job cgroups the server names (`msr-<server pid>-<n>`).
+pub const JOB_PREFIX: &str = "msr-";
+
+/// Job cgroups whose server is no longer running (killed before its jobs ended): kill
+/// whatever is still in them, then remove them. Those of live servers sharing the parent
+/// stay. Returns the directories removed (best effort; called once at server start).
+pub fn sweep_orphaned(layout: &Layout) -> Vec<PathBuf> {
+    let parents = [&layout.v1_pids, &layout.v1_memory, &layout.v2_own];
+    let mut swept = Vec::new();
+    for parent in parents.into_iter().flatten().map(|p| p.join(PARENT_DIR)) {
+        let Ok(entries) = std::fs::read_dir(&parent) else {
+            continue;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name();
+            let Some(owner) = name.to_str().and_then(owner_pid) else {
+                continue;
+            };
+            let dir = entry.path();
+            if owner == std::process::id() || Path::new("/proc").join(owner.to_string()).exists() {
+                continue;
+            }
+            if std::fs::write(dir.join("cgroup.kill"), "1").is_err() {
+                let _ = std::fs::write(dir.join("pids.max"), "0");
+                kill_members(&dir);
+            }
+            remove_dir_retry(&dir, Duration::from_millis(500));
+            if !dir.exists() {
+                swept.push(dir);
+            }
+        }
+    }
+    swept
+}
+
+/// SIGKILL every process listed in `dir`'s cgroup.procs until none is left (briefly).
+fn kill_members(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < deadline {
+        let Ok(list) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
+            return;
+        };
+        let pids: Vec<i32> = list
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        if pids.is_empty() {
+            return;
+        }
+        for pid in pids {
+            // SAFETY: kill(2) of members of a job cgroup whose server is gone.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Create `dir`; if it already exists (left by a crashed run), empty and recreate it.
 fn make_fresh(dir: &Path) -> Result<(), CgroupError> {
     match std::fs::create_dir(dir) {

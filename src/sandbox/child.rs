@@ -47,9 +47,12 @@ pub struct ExitReport {
     pub limit: Option<LimitHit>,
 }
 
-/// A running sandboxed process; it leads its own process group (pgid == pid).
+/// A running sandboxed process: `pid` is the server's child (the launcher acting as
+/// the job's supervisor, or the target itself), `pgid` the job's process group (see
+/// `pidns`; equal to `pid` without a PID namespace).
 pub struct SandboxedChild {
     pub pid: u32,
+    pub pgid: u32,
     pub stdin: Option<ChildStdin>,
     pub stdout: Option<ChildStdout>,
     pub stderr: Option<ChildStderr>,
@@ -65,8 +68,10 @@ pub struct SandboxedChild {
 }
 
 impl SandboxedChild {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         pid: u32,
+        pgid: u32,
         mut child: std::process::Child,
         cgroup: Option<JobCgroupHandle>,
         started: Instant,
@@ -78,12 +83,13 @@ impl SandboxedChild {
         let pidfd = pidfd_open(pid).ok();
         Ok(SandboxedChild {
             pid,
+            pgid,
             stdin: child.stdin.take(),
             stdout: child.stdout.take(),
             stderr: child.stderr.take(),
             pidfd,
             killer: GroupKiller {
-                pid,
+                pgid,
                 cgroup: cgroup.map(Arc::new),
                 done: Arc::new(AtomicBool::new(false)),
             },
@@ -106,6 +112,29 @@ impl SandboxedChild {
         self.proxy.as_ref().map(|p| p.denials.clone())
     }
 
+    /// The pid (as the server sees it) of the process that runs the target: `pid` itself,
+    /// or in a PID namespace the init's child (found in /proc: for occasional use, such
+    /// as reporting the target's memory).
+    pub fn main_pid(&self) -> u32 {
+        if self.pgid == self.pid {
+            return self.pid;
+        }
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return self.pid;
+        };
+        let pgid = self.pgid.to_string();
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .find(|p| {
+                let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+                let f: Vec<&str> = rest.split_whitespace().take(3).collect();
+                f.len() == 3 && f[1] == pgid && f[2] == pgid
+            })
+            .unwrap_or(self.pid)
+    }
+
     /// What the policy asked for but this kernel or build did not enforce
     /// (only ever non-empty where the policy allows best effort).
     pub fn unenforced(&self) -> &[String] {
@@ -123,31 +152,25 @@ impl SandboxedChild {
         self.killer.kill_all();
     }
 
-    /// Send `signal` to the child process alone (not its group). A no-op once reaped.
-    pub fn signal_process(&self, signal: i32) -> std::io::Result<()> {
+    /// Send `signal` to the process that runs the target alone (not its group, not a
+    /// PID namespace's supervisor or init: stopping or killing those would take the
+    /// whole namespace). A no-op once reaped.
+    pub fn signal_target(&self, signal: i32) -> std::io::Result<()> {
         if self.reaped || self.killer.done.load(Ordering::SeqCst) {
             return Ok(());
         }
-        // SAFETY: kill(2) on our own child, not reaped yet (checked above), so its pid
-        // cannot have been reused.
-        if unsafe { libc::kill(self.pid as libc::pid_t, signal) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ESRCH) {
-                return Err(e);
-            }
-        }
-        Ok(())
+        Pidfd::open(self.main_pid())?.signal(signal)
     }
 
     /// Forward the terminal's signals to this child's process group from now on (and
     /// any that arrived since `forwarding` was installed); see [`SignalForwarding`].
     pub fn forward_terminal_signals(&self, forwarding: &SignalForwarding) {
         let _ = forwarding;
-        FORWARD_PGID.store(self.pid as i32, Ordering::SeqCst);
+        FORWARD_PGID.store(self.pgid as i32, Ordering::SeqCst);
         let pending = PENDING_SIGNAL.swap(0, Ordering::SeqCst);
         if pending > 0 {
             // SAFETY: kill(2) on our own child's process group.
-            unsafe { libc::kill(-(self.pid as i32), pending) };
+            unsafe { libc::kill(-(self.pgid as i32), pending) };
         }
     }
 
@@ -480,7 +503,7 @@ pub fn signal_number(name: &str) -> Option<i32> {
 /// [`SandboxedChild::killer`].
 #[derive(Debug, Clone)]
 pub struct GroupKiller {
-    pid: u32,
+    pgid: u32,
     cgroup: Option<Arc<JobCgroupHandle>>,
     /// Set once the child is reaped and its leftovers killed.
     done: Arc<AtomicBool>,
@@ -497,7 +520,7 @@ impl GroupKiller {
             cg.kill_all();
         }
         // SAFETY: kill(2) on our own child's process group.
-        if unsafe { libc::kill(-(self.pid as libc::pid_t), signal) } != 0 {
+        if unsafe { libc::kill(-(self.pgid as libc::pid_t), signal) } != 0 {
             let e = std::io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::ESRCH) {
                 return Err(e);

@@ -54,6 +54,12 @@ pub enum SetupError {
     RootNeedsCgroup { policy: String, source: CgroupError },
     #[error("setsid: {0}")]
     Session(#[source] io::Error),
+    #[error("cannot ask to be killed with the server (prctl PR_SET_PDEATHSIG): {0}")]
+    ParentDeath(#[source] io::Error),
+    #[error("the server (pid {parent}) ended before the job started")]
+    ParentGone { parent: u32 },
+    #[error("cannot start the job's PID namespace init: {0}")]
+    PidNamespace(#[source] io::Error),
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
     #[error(transparent)]
@@ -146,6 +152,8 @@ impl SetupError {
             SetupError::ReservedFd { .. } => "descriptors",
             SetupError::RootNeedsCgroup { .. } | SetupError::Cgroup(_) => "cgroup",
             SetupError::Session(_) => "setsid",
+            SetupError::ParentDeath(_) | SetupError::ParentGone { .. } => "pdeathsig",
+            SetupError::PidNamespace(_) => "pidns",
             SetupError::Network(_) => "netns",
             SetupError::Mounts(_) => "mounts",
             SetupError::WorkingDir { .. } => "chdir",

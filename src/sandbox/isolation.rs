@@ -52,6 +52,12 @@ impl JobCgroupHandle {
     }
 }
 
+/// Server start: kill and remove the job cgroups of servers that are no longer running;
+/// returns what was removed.
+pub fn sweep_orphaned_cgroups() -> Vec<PathBuf> {
+    cgroup::sweep_orphaned(cgroup::layout())
+}
+
 fn outcome<E: std::fmt::Display + Into<SetupError>>(
     result: Result<(), E>,
     best_effort: bool,

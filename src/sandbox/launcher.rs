@@ -2,7 +2,7 @@
 //! any runtime, reads its [`LaunchSpec`] from an inherited descriptor, applies the
 //! sandbox to itself in a fixed order and execs the target:
 //!
-//! setsid → cgroup → network namespace (new, or the broker's joined) → mount view → chdir → rlimits → environment →
+//! parent-death signal → setsid → PID namespace (see `pidns`) → cgroup → network namespace (new, or the broker's joined) → mount view → chdir → rlimits → environment →
 //! capability drop → no_new_privs → Landlock → seccomp → close inherited fds → execvp.
 //!
 //! Any failure before exec is a [`SetupError`] whose `Display` is written to the status
@@ -21,6 +21,7 @@ use super::error::SetupError;
 use super::isolation::{self, MountViewSpec};
 use super::landlock::{install_landlock_on_current_thread, landlock_rules};
 use super::netns::{NetnsError, join_namespace};
+use super::pidns;
 use super::policy::KernelSupportMode;
 use super::privileges::{drop_all_capabilities, set_no_new_privs};
 use super::resolve::{NetworkPolicy, ResolvedPolicy};
@@ -65,6 +66,8 @@ pub struct LaunchSpec {
     /// ... and the broker's port there, the only TCP port Landlock lets the job connect to.
     #[serde(default)]
     pub proxy_port: Option<u16>,
+    /// The spawning process: the launcher dies with it (`pidns`).
+    pub parent_pid: u32,
 }
 
 /// Launcher mode: apply the sandbox, exec the target. Never returns.
@@ -145,9 +148,17 @@ fn apply_and_exec(
 fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), SetupError> {
     let policy = &spec.policy;
     let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
+    pidns::bind_to_parent(spec.parent_pid)?;
     // SAFETY: plain syscall; we are not a group leader (fresh child of the parent).
     if unsafe { libc::setsid() } < 0 {
         return Err(SetupError::Session(std::io::Error::last_os_error()));
+    }
+    // From here on this is the target process, pid 2 of a PID namespace of its own (the
+    // launcher stays outside as its supervisor), or the launcher itself without one. Only
+    // with a mount view, whose fresh /proc then shows that namespace: a job that sees the
+    // host's /proc must be able to signal the pids it shows.
+    if !policy.filesystem_unrestricted() {
+        isolation_step(pidns::split(spec.status_fd), notes)?;
     }
     isolation_step(
         isolation::join_cgroup(&spec.cgroup_procs, best_effort),

@@ -19,6 +19,7 @@ pub mod landlock;
 pub mod launcher;
 pub mod mounts;
 pub mod netns;
+pub mod pidns;
 pub mod policy;
 pub mod privileges;
 pub mod probe;

@@ -176,6 +176,7 @@ impl SandboxCommand {
             memory_cgroup: cgroup.as_ref().is_some_and(|c| c.has_memory_limit()),
             netns_fd: proxy.as_ref().map(|_| netns_target),
             proxy_port: proxy.as_ref().map(|p| p.port),
+            parent_pid: std::process::id(),
         };
         // A single-threaded parent (the `run` command) applies the sandbox in the forked
         // child itself, saving a re-exec of this binary; a multi-threaded one (the
@@ -242,7 +243,11 @@ impl SandboxCommand {
             });
         }
         let started = Instant::now();
-        let mut child = cmd.spawn().map_err(spawn_err)?;
+        let spawned = match in_fork {
+            true => cmd.spawn(),
+            false => spawn_from_lasting_thread(cmd),
+        };
+        let mut child = spawned.map_err(spawn_err)?;
         drop(moves);
         drop(spec_fd);
         let pid = child.id();
@@ -250,7 +255,11 @@ impl SandboxCommand {
         let mut report = String::new();
         let mut status_r = std::fs::File::from(status_r);
         let _ = status_r.read_to_string(&mut report);
+        let mut pgid = pid;
         for line in report.lines() {
+            if let Some(n) = line.strip_prefix(super::pidns::PGID_PREFIX) {
+                pgid = n.trim().parse().unwrap_or(pid);
+            }
             if let Some(msg) = line.strip_prefix("error: ") {
                 let _ = child.wait();
                 return Err(LaunchError::Launcher(msg.to_string()));
@@ -266,6 +275,7 @@ impl SandboxCommand {
         };
         let mut child = SandboxedChild::new(
             pid,
+            pgid,
             child,
             cgroup,
             started,
@@ -295,6 +305,50 @@ fn single_threaded() -> bool {
     after.split_whitespace().nth(17) == Some("1")
 }
 
+type SpawnRequest = (
+    std::process::Command,
+    std::sync::mpsc::SyncSender<std::io::Result<std::process::Child>>,
+);
+
+/// Fork `cmd` from one thread that lives as long as this process. The launcher asks for
+/// `SIGKILL` when the *thread* that forked it dies (`PR_SET_PDEATHSIG`): forked from a
+/// pool thread that retires when idle, a job would be killed with the server still up.
+fn spawn_from_lasting_thread(cmd: std::process::Command) -> std::io::Result<std::process::Child> {
+    static SPAWNER: std::sync::OnceLock<
+        Result<std::sync::Mutex<std::sync::mpsc::Sender<SpawnRequest>>, String>,
+    > = std::sync::OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("sandbox-spawner".into())
+            .spawn(move || {
+                // Lives until every sender is gone: never, the sender is static.
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .map(|_| std::sync::Mutex::new(tx))
+            .map_err(|e| e.to_string())
+    });
+    let gone = |what: &str| {
+        std::io::Error::other(format!(
+            "the sandbox spawner thread {what}; restart the server"
+        ))
+    };
+    let sender = match spawner {
+        Ok(sender) => sender
+            .lock()
+            .map_err(|_| gone("is unusable (a panic while spawning)"))?
+            .clone(),
+        Err(e) => return Err(gone(&format!("could not be started ({e})"))),
+    };
+    let (reply_tx, reply_rx) = std::sync::mpsc::sync_channel(1);
+    sender
+        .send((cmd, reply_tx))
+        .map_err(|_| gone("has stopped"))?;
+    reply_rx.recv().map_err(|_| gone("has stopped"))?
+}
+
 static LAUNCHER_EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 /// Run the launcher from `exe` (the mcp-sandbox-repl binary) instead of /proc/self/exe:
@@ -307,7 +361,8 @@ pub fn set_launcher_exe(exe: PathBuf) {
 fn job_name() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     format!(
-        "msr-{}-{}",
+        "{}{}-{}",
+        super::cgroup::JOB_PREFIX,
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )

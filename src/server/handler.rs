@@ -1,6 +1,7 @@
 //! The MCP handler: one [`SandboxServer`] per client connection, all sharing one
 //! [`App`] (sessions, job store). Routes tool calls, answers `tools/list`, and turns
-//! malformed tool arguments into readable tool errors that name the field.
+//! malformed tool arguments and unknown tools into JSON-RPC invalid-params errors
+//! (-32602) that name the field.
 
 use std::sync::Arc;
 
@@ -19,7 +20,6 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use tokio_util::sync::CancellationToken;
 
 use super::client_state::{self, ClientLink};
-use super::report::failure;
 use super::resources::{self, Subscriptions};
 use super::tools::all_tools;
 use crate::app::App;
@@ -30,9 +30,12 @@ Sandboxed Python REPL and shell jobs. Every process runs under the server's sand
 Async model: python_exec, python_run_file and shell_run wait a few seconds; if the work is not \
 done they return status \"running\" and a job_id. Then call job_wait(job_id) — it blocks until \
 new output, an input request or completion, so never sleep between calls. Status \
-\"awaiting_input\" means the code called input(): answer with job_input. Stop work with \
-job_cancel or python_interrupt. Big outputs are cut to a head and a tail; read any byte range \
-or search with job_output. Sessions are named (default \"default\") and independent.";
+\"awaiting_input\" means the code called input(), getpass or read sys.stdin: answer with \
+job_input (eof: true ends the input). Stop work with job_cancel or python_interrupt. Every \
+answer fits one 20 KB budget: a part over its share shows a head and a tail and names the \
+bytes left out; read them with job_output (stdout, stderr, or stream \"result\" for a whole \
+value, traceback or display item; image=N for images held back). Sessions are named \
+(default \"default\") and independent.";
 
 #[derive(Clone)]
 pub struct SandboxServer {
@@ -76,12 +79,14 @@ fn is_deserialize_failure(r: &CallToolResult) -> bool {
 }
 
 impl SandboxServer {
+    /// Arguments the tool cannot take, as the JSON-RPC error the spec asks for
+    /// (-32602, invalid params), in words that name the field.
     fn bad_arguments(
         &self,
         tool: &str,
         message: &str,
         args: &serde_json::Map<String, serde_json::Value>,
-    ) -> CallToolResult {
+    ) -> ErrorData {
         let detail = message
             .trim_start_matches("failed to deserialize parameters:")
             .trim();
@@ -93,7 +98,7 @@ impl SandboxServer {
             Some(w) => format!("invalid arguments for {tool}: {w} ({detail})"),
             None => format!("invalid arguments for {tool}: {detail}"),
         };
-        failure(text)
+        ErrorData::invalid_params(text, None)
     }
 }
 
@@ -247,11 +252,11 @@ impl ServerHandler for SandboxServer {
                 .into_iter()
                 .map(|t| t.name.to_string())
                 .collect();
-            return Ok(failure(format!(
-                "unknown tool {name:?}; tools are: {}",
-                known.join(", ")
-            ))
-            .into());
+            // The spec's answer to an unknown tool: invalid params.
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool {name:?}; tools are: {}", known.join(", ")),
+                None,
+            ));
         }
         self.link.roots_settled(&self.app, &context.peer).await;
         let args = request.arguments.clone().unwrap_or_default();
@@ -260,10 +265,11 @@ impl ServerHandler for SandboxServer {
         let outcome = self.tools.call(tcc).await;
         tracing::debug!(tool = %name, micros = started.elapsed().as_micros() as u64, "tool call handled");
         let answer = match outcome {
-            // Bad arguments are the model's to fix: answer with a readable tool error
-            // (MCP: input validation errors are tool execution errors) naming the field.
+            // Arguments that do not fit the schema (or a range the tool checks) are
+            // protocol errors (-32602) naming the field; failures of the work itself
+            // stay `isError` results.
             Err(e) if e.code == ErrorCode::INVALID_PARAMS => {
-                Ok(self.bad_arguments(&name, &e.message, &args).into())
+                Err(self.bad_arguments(&name, &e.message, &args))
             }
             Ok(CallToolResponse::Complete(r)) if is_deserialize_failure(&r) => {
                 let text = r
@@ -272,7 +278,7 @@ impl ServerHandler for SandboxServer {
                     .and_then(|c| c.as_text())
                     .map(|t| t.text.clone())
                     .unwrap_or_default();
-                Ok(self.bad_arguments(&name, &text, &args).into())
+                Err(self.bad_arguments(&name, &text, &args))
             }
             other => other,
         };

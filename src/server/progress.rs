@@ -44,9 +44,5 @@ pub fn call_of(ctx: &RequestContext<RoleServer>, closing: &CancellationToken) ->
             token,
         }) as Arc<dyn ProgressSink>
     });
-    Call {
-        ct: ctx.ct.clone(),
-        closing: closing.clone(),
-        progress,
-    }
+    Call::new(ctx.ct.clone(), closing.clone(), progress)
 }

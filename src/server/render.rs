@@ -5,12 +5,25 @@
 use std::fmt::Write as _;
 
 use rmcp::model::{CallToolResult, ContentBlock};
-use serde_json::json;
 
+use super::budget::{Whole, cut};
 use super::report::structured;
-use crate::app::{EnvInfo, VarsOutcome};
-use crate::jobs::{JobSummary, OutputChunk, SearchHit, Stream};
+use super::shapes::{
+    EnvReport, History, JobEntry, Jobs, Output, Pruned, SessionDone, Sessions, Uv, Vars, Venv,
+};
+use crate::app::result::ResultImage;
+use crate::app::{Chunk, EnvInfo, VarsOutcome};
+use crate::jobs::search::Found;
+use crate::jobs::{JobPage, SearchHit, Stream};
 use crate::repl::{HistoryEntry, SessionInfo, SnapshotState, cell_name};
+
+/// The name a value has in JSON (lowercase states), for the text to say the same.
+fn wire_name<T: serde::Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => String::new(),
+    }
+}
 
 /// A plain-text + structured result for list-style tools.
 fn listing<T: serde::Serialize>(text: String, value: &T) -> CallToolResult {
@@ -23,10 +36,17 @@ pub fn interrupted(session: &str, was_running: bool) -> CallToolResult {
     } else {
         format!("session {session:?} was idle; nothing to interrupt")
     };
-    listing(text, &json!({ "session": session, "interrupted": true }))
+    listing(
+        text,
+        &SessionDone {
+            session: session.into(),
+            interrupted: Some(was_running),
+            ..Default::default()
+        },
+    )
 }
 
-pub fn vars(session: &str, outcome: VarsOutcome) -> CallToolResult {
+pub fn vars(session: &str, outcome: VarsOutcome, cap: usize) -> CallToolResult {
     match outcome {
         VarsOutcome::List(vars) => {
             let mut text = format!("{} variable(s) in session {session:?}\n", vars.len());
@@ -34,67 +54,144 @@ pub fn vars(session: &str, outcome: VarsOutcome) -> CallToolResult {
                 let size = v.size.map(|b| format!(" ({b} B)")).unwrap_or_default();
                 let _ = writeln!(text, "{}: {}{size} = {}", v.name, v.type_name, v.repr);
             }
-            listing(text, &json!({ "session": session, "variables": vars }))
-        }
-        VarsOutcome::Get(v) => {
-            let more = if v.truncated {
-                format!("\n… cut; the full repr has {} characters", v.chars)
-            } else {
-                String::new()
-            };
             listing(
-                format!("{}: {} = {}{more}", v.name, v.type_name, v.repr),
-                &v,
+                text,
+                &Vars {
+                    session: session.into(),
+                    variables: Some(vars),
+                    ..Default::default()
+                },
+            )
+        }
+        VarsOutcome::Get(mut v) => {
+            // One budget per answer: the repr is cut at the edge, and a JSON copy that
+            // would not fit beside it is left out (its size said).
+            v.repr = cut(
+                &v.repr,
+                cap * 2 / 3,
+                Whole::Elsewhere("print slices of it with python_exec"),
+            );
+            if v.repr.len() < v.chars as usize {
+                v.truncated = true;
+            }
+            let json_bytes = v
+                .json
+                .as_ref()
+                .and_then(|j| serde_json::to_string(j).ok())
+                .map_or(0, |s| s.len());
+            let mut more = String::new();
+            if v.truncated {
+                more = format!("\n… cut; the full repr has {} characters", v.chars);
+            }
+            let mut json_left_out = None;
+            if json_bytes > cap / 4 {
+                v.json = None;
+                json_left_out = Some(json_bytes as u64);
+                more.push_str(&format!(
+                    "\nits JSON form ({json_bytes} bytes) is left out: write it to a file with python_exec (json.dump) and read that"
+                ));
+            }
+            let text = format!("{}: {} = {}{more}", v.name, v.type_name, v.repr);
+            listing(
+                text,
+                &Vars {
+                    session: session.into(),
+                    variable: Some(v),
+                    json_left_out,
+                    ..Default::default()
+                },
             )
         }
         VarsOutcome::Set(name) => listing(
             format!("set {name} in session {session:?}"),
-            &json!({ "session": session, "set": name }),
+            &Vars {
+                session: session.into(),
+                set: Some(name),
+                ..Default::default()
+            },
         ),
         VarsOutcome::Deleted(name) => listing(
             format!("deleted {name} from session {session:?}"),
-            &json!({ "session": session, "deleted": name }),
+            &Vars {
+                session: session.into(),
+                deleted: Some(name),
+                ..Default::default()
+            },
         ),
         VarsOutcome::Cleared => listing(
             format!("cleared the variables of session {session:?}"),
-            &json!({ "session": session, "cleared": true }),
+            &Vars {
+                session: session.into(),
+                cleared: Some(true),
+                ..Default::default()
+            },
         ),
     }
 }
 
-pub fn history(session: &str, cells: Vec<HistoryEntry>) -> CallToolResult {
+pub fn history(session: &str, mut cells: Vec<HistoryEntry>, cap: usize) -> CallToolResult {
     let head = cells.iter().find(|c| c.head).map(|c| cell_name(c.cell));
-    let mut text = format!(
-        "{} cell(s) in session {session:?}; head: {}\n",
-        cells.len(),
-        head.as_deref().unwrap_or("none (empty state)")
-    );
-    for c in &cells {
-        let parent = c.parent.map(cell_name).unwrap_or_else(|| "-".into());
-        let state = match c.snapshot {
-            SnapshotState::Held => "snapshot".to_string(),
-            SnapshotState::Replay => format!(
-                "replay{}",
-                c.note
-                    .as_deref()
-                    .map(|n| format!(" ({n})"))
-                    .unwrap_or_default()
-            ),
-            SnapshotState::None => "no state".to_string(),
-        };
-        let _ = writeln!(
-            text,
-            "[{}{}] on {parent} · {:?} · {:.1} ms · {state}\n{}",
-            cell_name(c.cell),
-            if c.head { ", head" } else { "" },
-            c.status,
-            c.elapsed_ms,
-            excerpt(&c.code)
-        );
+    // Within the answer budget: long cells cut, then the oldest left out.
+    for c in &mut cells {
+        c.code = cut(&c.code, cap / 8, Whole::Elsewhere("cut for this listing"));
     }
+    let total = cells.len();
+    let render = |cells: &[HistoryEntry]| {
+        let mut text = format!(
+            "{total} cell(s) in session {session:?}; head: {}\n",
+            head.as_deref().unwrap_or("none (empty state)")
+        );
+        if cells.len() < total {
+            let _ = writeln!(
+                text,
+                "{} older cell(s) left out to fit the answer; showing the newest {}",
+                total - cells.len(),
+                cells.len()
+            );
+        }
+        for c in cells {
+            let parent = c.parent.map(cell_name).unwrap_or_else(|| "-".into());
+            let state = match c.snapshot {
+                SnapshotState::Held => "snapshot".to_string(),
+                SnapshotState::Replay => format!(
+                    "replay{}",
+                    c.note
+                        .as_deref()
+                        .map(|n| format!(" ({n})"))
+                        .unwrap_or_default()
+                ),
+                SnapshotState::None => "no state".to_string(),
+            };
+            let _ = writeln!(
+                text,
+                "[{}{}] on {parent} · {} · {:.1} ms · {state}\n{}",
+                cell_name(c.cell),
+                if c.head { ", head" } else { "" },
+                wire_name(&c.status),
+                c.elapsed_ms,
+                excerpt(&c.code)
+            );
+        }
+        text
+    };
+    let mut from = 0;
+    while from < cells.len()
+        && (render(&cells[from..]).len() > cap * 9 / 10
+            || serde_json::to_string(&cells[from..]).map_or(0, |j| j.len()) > cap * 9 / 10)
+    {
+        from += 1 + (cells.len() - from) / 8;
+    }
+    let from = from.min(cells.len());
+    let text = render(&cells[from..]);
+    let cells = cells.split_off(from);
     listing(
         text,
-        &json!({ "session": session, "head": head, "cells": cells }),
+        &History {
+            session: session.into(),
+            head,
+            left_out: (from > 0).then_some(from),
+            cells,
+        },
     )
 }
 
@@ -121,9 +218,9 @@ pub fn sessions(sessions: Vec<SessionInfo>) -> CallToolResult {
             .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             text,
-            "{}: {:?} · policy {} · pid {} · {mem} · idle {} s · {} cells",
+            "{}: {} · policy {} · pid {} · {mem} · idle {} s · {} cells",
             s.name,
-            s.state,
+            wire_name(&s.state),
             s.policy,
             s.worker_pid
                 .map(|p| p.to_string())
@@ -132,26 +229,38 @@ pub fn sessions(sessions: Vec<SessionInfo>) -> CallToolResult {
             s.cells
         );
     }
-    listing(text, &json!({ "sessions": sessions }))
+    listing(text, &Sessions { sessions })
 }
 
 pub fn restarted(session: &str) -> CallToolResult {
     listing(
         format!("session {session:?} restarted: fresh worker, no variables"),
-        &json!({ "session": session, "restarted": true }),
+        &SessionDone {
+            session: session.into(),
+            restarted: Some(true),
+            ..Default::default()
+        },
     )
 }
 
 pub fn closed(session: &str) -> CallToolResult {
     listing(
         format!("session {session:?} closed"),
-        &json!({ "session": session, "closed": true }),
+        &SessionDone {
+            session: session.into(),
+            closed: Some(true),
+            ..Default::default()
+        },
     )
 }
 
-pub fn jobs(jobs: Vec<JobSummary>) -> CallToolResult {
+/// One page of jobs ([`crate::jobs::JobStore::list_page`] already keeps it within the
+/// response cap).
+pub fn jobs(page: JobPage) -> CallToolResult {
+    let JobPage { jobs, next_cursor } = page;
     let mut text = format!("{} job(s)\n", jobs.len());
-    for j in &jobs {
+    let mut shown = Vec::new();
+    for j in jobs {
         let exit = j
             .exit_code
             .map(|c| format!(" exit {c}"))
@@ -161,20 +270,78 @@ pub fn jobs(jobs: Vec<JobSummary>) -> CallToolResult {
             .as_deref()
             .map(|s| format!(" [{s}]"))
             .unwrap_or_default();
-        let _ = writeln!(
-            text,
-            "{} {:?}{sess} {}{exit} · {} ms · out {} B, err {} B · {}",
+        let line = format!(
+            "{} {}{sess} {}{exit} · {} ms · out {} B, err {} B · {}\n",
             j.id, j.kind, j.status, j.elapsed_ms, j.stdout_bytes, j.stderr_bytes, j.label
         );
+        text.push_str(&line);
+        shown.push(JobEntry::from(j));
     }
-    listing(text, &json!({ "jobs": jobs }))
+    if let Some(c) = &next_cursor {
+        let _ = writeln!(text, "more: call job_list with cursor={c:?} for older jobs");
+    }
+    listing(
+        text,
+        &Jobs {
+            jobs: shown,
+            next_cursor,
+        },
+    )
 }
 
-pub fn hits(job_id: &str, stream: Stream, pattern: &str, hits: Vec<SearchHit>) -> CallToolResult {
+pub fn hits(
+    job_id: &str,
+    stream: Stream,
+    pattern: &str,
+    found: Found,
+    cap: usize,
+) -> CallToolResult {
+    let Found {
+        mut hits,
+        matches,
+        at_least,
+        mut next_offset,
+    } = found;
+    // The hits were gathered within the budget; drop trailing ones if the words around
+    // them still tip it over (the cursor then points at the first one dropped).
+    let size = |h: &SearchHit| {
+        h.text.len()
+            + h.before
+                .iter()
+                .chain(&h.after)
+                .map(|l| l.len() + 4)
+                .sum::<usize>()
+            + 40
+    };
+    let mut used = 0;
+    let keep = hits
+        .iter()
+        .take_while(|h| {
+            used += size(h);
+            used <= cap * 9 / 10
+        })
+        .count()
+        .max(1);
+    if keep < hits.len() {
+        next_offset = Some(hits[keep].offset);
+        hits.truncate(keep);
+    }
+    let count = if at_least {
+        format!("at least {matches}")
+    } else {
+        matches.to_string()
+    };
     let mut text = format!(
-        "{} match(es) of {pattern:?} in {stream} of job {job_id}\n",
-        hits.len(),
+        "{count} matching line(s) of {pattern:?} in {stream} of job {job_id}; showing {}",
+        hits.len()
     );
+    if let Some(o) = next_offset {
+        let _ = write!(
+            text,
+            "; more: job_output with the same pattern and offset={o}"
+        );
+    }
+    text.push('\n');
     for h in &hits {
         let _ = writeln!(text, "--- line {} (byte {}) ---", h.line, h.offset);
         for l in &h.before {
@@ -187,15 +354,46 @@ pub fn hits(job_id: &str, stream: Stream, pattern: &str, hits: Vec<SearchHit>) -
     }
     listing(
         text,
-        &json!({ "job_id": job_id, "stream": stream, "hits": hits }),
+        &Output {
+            job_id: job_id.into(),
+            stream: Some(stream.to_string()),
+            pattern: Some(pattern.into()),
+            hits: Some(hits),
+            matches: Some(matches),
+            matches_at_least: Some(at_least),
+            truncated: Some(next_offset.is_some()),
+            next_offset,
+            ..Default::default()
+        },
     )
 }
 
-pub fn chunk(chunk: OutputChunk) -> CallToolResult {
+/// One image of a finished cell, as MCP image content.
+pub fn image(job_id: &str, img: ResultImage) -> CallToolResult {
+    let text = format!("image {} of {} ({})", img.index, img.of, img.mime);
+    let value = Output {
+        job_id: job_id.into(),
+        image: Some(img.index),
+        images: Some(img.of),
+        mime: Some(img.mime.clone()),
+        ..Default::default()
+    };
+    structured(
+        vec![
+            ContentBlock::text(text),
+            ContentBlock::image(img.data, img.mime),
+        ],
+        &value,
+        false,
+    )
+}
+
+pub fn chunk(chunk: Chunk) -> CallToolResult {
     let more = if chunk.end < chunk.total {
         format!(
-            "; {} more bytes: call job_output with offset {}",
+            "; {} more bytes: call job_output with stream=\"{}\" offset={}",
             chunk.total - chunk.end,
+            chunk.stream.as_str(),
             chunk.end
         )
     } else if chunk.eof {
@@ -205,35 +403,52 @@ pub fn chunk(chunk: OutputChunk) -> CallToolResult {
     };
     let text = format!(
         "{} of job {} bytes [{}..{}) of {}{more}\n{}",
-        chunk.stream, chunk.id, chunk.offset, chunk.end, chunk.total, chunk.text
+        chunk.stream.as_str(),
+        chunk.job_id,
+        chunk.offset,
+        chunk.end,
+        chunk.total,
+        chunk.text
     );
-    listing(text, &chunk)
+    let value = Output {
+        job_id: chunk.job_id,
+        stream: Some(chunk.stream.as_str().into()),
+        offset: Some(chunk.offset),
+        end: Some(chunk.end),
+        total: Some(chunk.total),
+        eof: Some(chunk.eof),
+        text: Some(chunk.text),
+        ..Default::default()
+    };
+    listing(text, &value)
 }
 
 pub fn pruned(pruned: Vec<String>) -> CallToolResult {
     listing(
         format!("pruned {} job(s): {}", pruned.len(), pruned.join(", ")),
-        &json!({ "pruned": pruned }),
+        &Pruned { pruned },
     )
 }
 
 pub fn env_info(session: &str, info: EnvInfo) -> CallToolResult {
     let EnvInfo { uv, venv, uv_cache } = info;
-    let uv = uv.map(|u| json!({ "path": u.path, "version": u.version }));
     let mut text = String::new();
-    match &uv {
+    let (uv, uv_error) = match uv {
         Ok(u) => {
-            let _ = writeln!(
-                text,
-                "uv: {} ({})",
-                u["version"].as_str().unwrap_or("?"),
-                u["path"]
-            );
+            let _ = writeln!(text, "uv: {} ({})", u.version, u.path.display());
+            (
+                Some(Uv {
+                    path: u.path.display().to_string(),
+                    version: u.version.to_string(),
+                }),
+                None,
+            )
         }
         Err(e) => {
             let _ = writeln!(text, "uv: missing: {e}");
+            (None, Some(e.to_string()))
         }
-    }
+    };
     match &venv {
         Some(v) => {
             let _ = writeln!(text, "session {session:?} venv: {}", v.root().display());
@@ -253,17 +468,17 @@ pub fn env_info(session: &str, info: EnvInfo) -> CallToolResult {
         }
     }
     let _ = writeln!(text, "uv cache: {}", uv_cache.display());
-    let value = json!({
-        "session": session,
-        "uv": uv.as_ref().ok(),
-        "uv_error": uv.as_ref().err().map(ToString::to_string),
-        "venv": venv.as_ref().map(|v| json!({
-            "root": v.root(),
-            "python": v.python(),
-            "python_version": v.python_version,
-            "site_packages": v.site_packages(),
-        })),
-        "uv_cache": uv_cache,
-    });
+    let value = EnvReport {
+        session: session.into(),
+        uv,
+        uv_error,
+        venv: venv.as_ref().map(|v| Venv {
+            root: v.root().display().to_string(),
+            python: v.python().display().to_string(),
+            python_version: v.python_version.clone(),
+            site_packages: v.site_packages().display().to_string(),
+        }),
+        uv_cache: uv_cache.display().to_string(),
+    };
     listing(text, &value)
 }

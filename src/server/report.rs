@@ -9,8 +9,11 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::app::JobView;
-use crate::jobs::{Excerpt, JobKind, JobSnapshot, JobStatus};
+use super::budget::{IMAGE_BYTES, MAX_IMAGES, Whole, cut, share};
+use crate::app::result::{self as result_stream, ResultLayout, is_image};
+use crate::app::{App, JobView};
+use crate::jobs::excerpt::split_budget;
+use crate::jobs::{Excerpt, JobKind, JobSnapshot, JobStatus, Stream};
 use crate::repl::cell_name;
 
 /// A slice of one output stream of a job: bytes `[offset, end)` were delivered. When the
@@ -96,8 +99,11 @@ pub struct JobReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
     /// The Python exception, if the cell raised one.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "exception", skip_serializing_if = "Option::is_none")]
     pub error: Option<PyErrorReport>,
+    /// Variables the cell created or rebound (so there is no need to list them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub new_variables: Vec<String>,
     /// True when the session's variables are gone: its worker died during this cell (see
     /// `message`, `signal`, `exit_code`) or before it (see `state_note`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -121,6 +127,10 @@ pub struct JobReport {
     /// Number of images returned as image content.
     #[serde(skip_serializing_if = "is_zero")]
     pub images: usize,
+    /// Images held back (over the per-answer limit): fetch each with job_output `image`
+    /// (numbered from `images + 1`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub images_held: usize,
     /// Structured result of an install or script job (packages installed, benchmark...).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
@@ -194,6 +204,7 @@ impl JobReport {
             message,
             value: None,
             error: None,
+            new_variables: Vec::new(),
             state_lost: None,
             state_note: None,
             cell: None,
@@ -201,6 +212,7 @@ impl JobReport {
             replayed: Vec::new(),
             display: Vec::new(),
             images: 0,
+            images_held: 0,
             result: None,
             denied,
             next: None,
@@ -239,6 +251,14 @@ impl JobReport {
                 traceback: f("traceback"),
             });
         }
+        self.new_variables = result
+            .get("new_variables")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect();
         if result.get("state_lost").and_then(Value::as_bool) == Some(true) {
             self.state_lost = Some(true);
             // The crashing cell's own answer names the crash in `message`; only a cell
@@ -280,7 +300,7 @@ impl JobReport {
             ) else {
                 continue;
             };
-            if mime.starts_with("image/") && mime != "image/svg+xml" {
+            if is_image(mime) {
                 images.push(Image {
                     mime: mime.to_string(),
                     data: data.to_string(),
@@ -294,10 +314,131 @@ impl JobReport {
         }
     }
 
-    /// The whole MCP answer for a job view: report, next step, images.
-    pub fn result_of(view: JobView) -> CallToolResult {
-        let (report, images) = JobReport::new(view);
-        report.with_next_step().into_result(images)
+    /// The whole MCP answer for a job view, within the one answer budget
+    /// ([`App::response_bytes`] of text, and the same of structured content): every part
+    /// over its share is cut, saying what was left out and where to read it whole.
+    pub fn answer(view: JobView, app: &App) -> CallToolResult {
+        let layout = view
+            .snapshot
+            .result
+            .as_ref()
+            .map(|r| (result_stream::layout(view.snapshot.kind, r), r.clone()));
+        let (full, images) = JobReport::new(view);
+        let full = full.with_next_step();
+        let (sent, held) = pick_images(images);
+        let cap = app.response_bytes();
+        let mut budget = cap;
+        let mut report = full.clone();
+        // Markers and JSON escaping are only known once assembled: shrink until it fits.
+        for _ in 0..6 {
+            report = full.fit(budget, layout.as_ref(), app);
+            report.images = sent.len();
+            report.images_held = held;
+            let worst = report.to_text().len().max(json_len(&report));
+            if worst <= cap {
+                break;
+            }
+            budget = (budget as u64 * cap as u64 / worst as u64) as usize * 9 / 10;
+        }
+        report.into_result(sent)
+    }
+
+    /// This report with its parts cut to share `budget` bytes.
+    fn fit(&self, budget: usize, layout: Option<&(ResultLayout, Value)>, app: &App) -> JobReport {
+        let mut r = self.clone();
+        if let Some(p) = &r.prompt {
+            r.prompt = Some(cut(p, 1000, Whole::Elsewhere("the prompt is longer")));
+        }
+        let mut bare = r.clone();
+        bare.stdout.text.clear();
+        bare.stdout.tail = None;
+        bare.stderr.text.clear();
+        bare.stderr.tail = None;
+        bare.value = bare.value.map(|_| String::new());
+        if let Some(e) = &mut bare.error {
+            e.traceback.clear();
+            e.evalue.clear();
+        }
+        bare.display.iter_mut().for_each(|d| d.data.clear());
+        bare.result = bare.result.map(|_| Value::Null);
+        let overhead = bare.to_text().len().max(json_len(&bare));
+        let avail = budget.saturating_sub(overhead);
+
+        let shown = |p: &OutputPart| p.text.len() + p.tail.as_ref().map_or(0, String::len);
+        let result_json = r.result.as_ref().map(json_len);
+        let mut needs = vec![
+            shown(&r.stdout) + shown(&r.stderr),
+            r.value.as_ref().map_or(0, String::len),
+            r.error
+                .as_ref()
+                .map_or(0, |e| e.traceback.len() + e.evalue.len().min(300)),
+            result_json.unwrap_or(0),
+        ];
+        needs.extend(r.display.iter().map(|d| d.data.len()));
+        let grant = share(avail, &needs);
+
+        if grant[0] < needs[0] {
+            let (b_out, b_err) = split_budget(
+                grant[0],
+                r.stdout.end - r.stdout.offset,
+                r.stderr.end - r.stderr.offset,
+            );
+            let job_id = r.job_id.clone();
+            let again = |p: &OutputPart, stream: Stream, b: usize| {
+                app.job_excerpt(&job_id, stream, p.offset, p.end, b)
+                    .map(OutputPart::from)
+                    .unwrap_or_else(|_| OutputPart {
+                        text: cut(
+                            &p.text,
+                            b,
+                            Whole::Elsewhere("read the stream with job_output"),
+                        ),
+                        tail: None,
+                        ..p.clone()
+                    })
+            };
+            r.stdout = again(&r.stdout, Stream::Stdout, b_out);
+            r.stderr = again(&r.stderr, Stream::Stderr, b_err);
+        }
+        let at = |o: Option<u64>| {
+            o.map_or(
+                Whole::Elsewhere("the job has no result stream"),
+                Whole::ResultAt,
+            )
+        };
+        let (offsets, text_display) = match layout {
+            Some((l, raw)) => {
+                let text: Vec<u64> = result_stream::display_items(raw)
+                    .zip(&l.display)
+                    .filter(|((mime, _), _)| !is_image(mime))
+                    .map(|(_, at)| *at)
+                    .collect();
+                (Some(l), text)
+            }
+            None => (None, Vec::new()),
+        };
+        if let Some(v) = &r.value {
+            r.value = Some(cut(v, grant[1], at(offsets.and_then(|l| l.value))));
+        }
+        if let Some(e) = &mut r.error {
+            e.evalue = cut(
+                &e.evalue,
+                300,
+                Whole::Elsewhere("the whole message ends the traceback"),
+            );
+            let room = grant[2].saturating_sub(e.evalue.len());
+            e.traceback = cut(&e.traceback, room, at(offsets.and_then(|l| l.traceback)));
+        }
+        if let (Some(len), Some(v)) = (result_json, &r.result)
+            && len > grant[3]
+        {
+            let pretty = serde_json::to_string_pretty(v).unwrap_or_default();
+            r.result = Some(Value::String(cut(&pretty, grant[3], Whole::ResultAt(0))));
+        }
+        for (i, d) in r.display.iter_mut().enumerate() {
+            d.data = cut(&d.data, grant[4 + i], at(text_display.get(i).copied()));
+        }
+        r
     }
 
     /// Fill in `next` for unfinished jobs, so the caller always knows the next move.
@@ -352,6 +493,12 @@ impl JobReport {
         if let Some(v) = &self.value {
             out.push_str(&format!("value: {v}\n"));
         }
+        if !self.new_variables.is_empty() {
+            out.push_str(&format!(
+                "new variables: {}\n",
+                self.new_variables.join(", ")
+            ));
+        }
         if let Some(e) = &self.error {
             out.push_str(&e.traceback);
             if !e.traceback.ends_with('\n') {
@@ -364,8 +511,18 @@ impl JobReport {
         if let Some(p) = &self.prompt {
             out.push_str(&format!("prompt: {p:?}\n"));
         }
-        if let Some(m) = &self.message {
+        // A failed cell's message repeats the traceback's last line.
+        if let Some(m) = self.message.as_ref().filter(|_| self.error.is_none()) {
             out.push_str(&format!("{m}\n"));
+        }
+        if self.images_held > 0 {
+            out.push_str(&format!(
+                "{} more image(s) held back: fetch each with job_output job_id=\"{}\" image={}..{}\n",
+                self.images_held,
+                self.job_id,
+                self.images + 1,
+                self.images + self.images_held
+            ));
         }
         for d in &self.denied {
             out.push_str(&format!("{d}\n"));
@@ -380,8 +537,7 @@ impl JobReport {
     /// (`isError`) so the model notices them; the structured content is the same either way.
     pub fn into_result(self, images: Vec<Image>) -> CallToolResult {
         let failed = matches!(self.status, JobStatus::Failed | JobStatus::Lost);
-        let mut report = self;
-        report.images = images.len();
+        let report = self;
         let text = report.to_text();
         let mut content = vec![ContentBlock::text(text)];
         content.extend(
@@ -391,6 +547,28 @@ impl JobReport {
         );
         structured(content, &report, failed)
     }
+}
+
+/// Bytes of `v` as compact JSON.
+fn json_len<T: Serialize>(v: &T) -> usize {
+    serde_json::to_string(v).map_or(0, |s| s.len())
+}
+
+/// The images an answer carries (at most [`MAX_IMAGES`], at most [`IMAGE_BYTES`] of
+/// base64, in order) and how many are held back.
+fn pick_images(images: Vec<Image>) -> (Vec<Image>, usize) {
+    let total = images.len();
+    let mut bytes = 0;
+    let mut sent = Vec::new();
+    for i in images {
+        if sent.len() == MAX_IMAGES || bytes + i.data.len() > IMAGE_BYTES {
+            break;
+        }
+        bytes += i.data.len();
+        sent.push(i);
+    }
+    let held = total - sent.len();
+    (sent, held)
 }
 
 fn push_part(out: &mut String, name: &str, part: &OutputPart) {
@@ -429,9 +607,13 @@ pub fn structured<T: Serialize>(
     result
 }
 
-/// A tool failure the caller should read: `isError` with words, no structured content.
+/// A tool failure the caller should read: `isError` with words, and the same words as
+/// `{"error": ...}` structured content (every output schema admits it).
 pub fn failure(text: impl Into<String>) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(text.into())])
+    let text = text.into();
+    let mut r = CallToolResult::error(vec![ContentBlock::text(text.clone())]);
+    r.structured_content = Some(serde_json::json!({ "error": text }));
+    r
 }
 
 #[cfg(test)]
@@ -521,6 +703,41 @@ mod tests {
         });
         assert_eq!(r.result, Some(serde_json::json!({"ok": true})));
         assert_eq!(r.value, None);
+    }
+
+    #[test]
+    fn images_are_capped_by_count_and_bytes() {
+        let img = |n: usize| Image {
+            mime: "image/png".into(),
+            data: "A".repeat(n),
+        };
+        let (sent, held) = pick_images((0..30).map(|_| img(10)).collect());
+        assert_eq!((sent.len(), held), (MAX_IMAGES, 30 - MAX_IMAGES));
+        let (sent, held) = pick_images(vec![img(IMAGE_BYTES - 5), img(10), img(1)]);
+        assert_eq!(
+            (sent.len(), held),
+            (1, 2),
+            "in order: the second would pass the byte budget"
+        );
+        let (sent, held) = pick_images(vec![img(IMAGE_BYTES + 1)]);
+        assert_eq!((sent.len(), held), (0, 1));
+        let mut r = report(JobKind::Python, JobStatus::Completed);
+        r.images = 4;
+        r.images_held = 26;
+        assert!(r.to_text().contains("26 more image(s) held back"));
+        assert!(r.to_text().contains("image=5..30"));
+    }
+
+    #[test]
+    fn a_failed_cell_prints_its_exception_once() {
+        let mut r = report(JobKind::Python, JobStatus::Failed);
+        r.message = Some("ValueError: boom".into());
+        r.error = Some(PyErrorReport {
+            ename: "ValueError".into(),
+            evalue: "boom".into(),
+            traceback: "Traceback (most recent call last):\nValueError: boom\n".into(),
+        });
+        assert_eq!(r.to_text().matches("ValueError: boom").count(), 1);
     }
 
     #[test]

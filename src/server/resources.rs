@@ -269,7 +269,15 @@ pub async fn read(app: &App, uri: &str) -> Result<ReadResourceResult, ErrorData>
             length,
         } => {
             let chunk = app
-                .job_read(&job, stream, offset, length)
+                .job_read(
+                    &job,
+                    match stream {
+                        Stream::Stdout => crate::app::OutputStream::Stdout,
+                        Stream::Stderr => crate::app::OutputStream::Stderr,
+                    },
+                    offset,
+                    length,
+                )
                 .map_err(app_error)?;
             let name = if stream == Stream::Stdout {
                 "stdout"

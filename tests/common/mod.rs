@@ -93,3 +93,60 @@ pub fn report(o: &Output) -> serde_json::Value {
     serde_json::from_str(line)
         .unwrap_or_else(|e| panic!("no JSON report ({e}); stdout: {out}; stderr: {}", stderr(o)))
 }
+
+/// Host pids of live (not zombie) processes whose environment holds `var` (`NAME=value`).
+/// Jobs run in PID namespaces of their own, so `$$` or `os.getpid()` inside a job is not
+/// the pid seen here: tests mark a job's processes with a variable and find them so.
+pub fn pids_with_env(var: &str) -> Vec<u32> {
+    let needle = var.as_bytes();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        panic!("/proc is not readable")
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let live = stat_fields(*pid).is_some_and(|f| f[0] != "Z" && f[0] != "X");
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            live && env.split(|&b| b == 0).any(|kv| kv == needle)
+        })
+        .collect()
+}
+
+/// Like [`pids_with_env`], waiting (up to 30 s, a bound and not a measurement) for one.
+pub fn wait_for_pids_with_env(var: &str) -> Vec<u32> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let pids = pids_with_env(var);
+        if !pids.is_empty() {
+            return pids;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no process with {var} appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Fields of /proc/PID/stat after the command name: state ppid pgrp session ...
+pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// The process group of `pid`, as seen from here.
+pub fn pgid_of(pid: u32) -> Option<i32> {
+    stat_fields(pid)?.get(2)?.parse().ok()
+}
+
+/// A variable unique to this test process and call, to mark a job's processes with.
+pub fn unique_marker(tag: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "MSR_TEST_MARK={tag}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}

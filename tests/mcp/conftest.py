@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable
 
 import anyio
 import pytest
-from mcp import ClientSession, StdioServerParameters
+from mcp import ClientSession, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,6 +60,16 @@ class Client:
         res = await self.call(tool, **args)
         assert res.is_error, f"{tool}({args}) unexpectedly succeeded: {text_of(res)}"
         return text_of(res)
+
+    async def invalid(self, tool: str, **args: Any) -> str:
+        """Call a tool with arguments it cannot take: a JSON-RPC invalid-params error
+        (-32602), as the MCP spec answers; return its words."""
+        try:
+            res = await self.call(tool, **args)
+        except MCPError as e:
+            assert e.code == -32602, (tool, args, e.code, e.message)
+            return e.message
+        raise AssertionError(f"{tool}({args}) answered instead of -32602: {text_of(res)}")
 
     async def py(self, code: str, **args: Any) -> dict:
         """python_exec whose result is returned whatever its status (structured)."""

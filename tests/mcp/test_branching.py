@@ -133,7 +133,7 @@ def test_bad_parents_are_refused_with_usable_cells_and_change_nothing(server: Ha
     async def scenario(c):
         await c.ok("python_exec", code="x = 1")  # c1
         bad = await c.py("x = 2\n1 / 0")  # c2: raised; its snapshot holds x == 2
-        assert bad["cell"] == "c2" and bad["error"]["ename"] == "ZeroDivisionError"
+        assert bad["cell"] == "c2" and bad["exception"]["ename"] == "ZeroDivisionError"
         # A failed cell's snapshot is usable while it is held.
         assert (await c.ok("python_exec", code="x", parent="c2"))["value"] == "2"  # c3 (evicts c2)
         await c.ok("python_exec", code="x = 4")  # c4
@@ -175,7 +175,7 @@ def test_interrupt_input_images_and_crash_on_a_branched_head(server: Harness):
         assert job["status"] == "running" and job["parent"] == "c1"
         await c.ok("python_interrupt")
         done = (await c.call("job_wait", job_id=job["job_id"], timeout_seconds=30)).structured_content
-        assert done["status"] == "failed" and done["error"]["ename"] == "KeyboardInterrupt", done
+        assert done["status"] == "failed" and done["exception"]["ename"] == "KeyboardInterrupt", done
         assert (await c.ok("python_exec", code="x"))["value"] == "1"
         # input() is bridged on a branched head.
         job = await c.py("name = input('who? ')", parent="c2", wait_seconds=5)

@@ -87,7 +87,7 @@ def test_install_into_session_is_a_job_with_progress_and_keeps_state(offline):
         assert r["value"] == "(42, '0.1')"
 
         listed = await c.ok("job_list", kind="install")
-        assert [j["id"] for j in listed["jobs"]] == [job["job_id"]]
+        assert [j["job_id"] for j in listed["jobs"]] == [job["job_id"]]
         info = await c.ok("env_info")
         assert info["venv"]["site_packages"].startswith(str(offline.state_dir))
 
@@ -127,7 +127,7 @@ def test_every_later_worker_of_the_session_sees_the_venv(offline):
         assert r["value"] == "('0.1', 1)", r
 
         r = await c.py("import tinypkg", session="other")
-        assert r["status"] == "failed" and r["error"]["ename"] == "ModuleNotFoundError", r
+        assert r["status"] == "failed" and r["exception"]["ename"] == "ModuleNotFoundError", r
 
     offline.run(scenario)
 
@@ -228,9 +228,9 @@ def test_session_code_cannot_write_the_venv_nor_reach_the_network(offline):
         # Denied by Landlock (EACCES) or by the read-only mount view (EROFS).
         denied = ("PermissionError", "OSError")
         r = await c.py(f"open({sp!r} + '/evil.py', 'w').write('x')")
-        assert r["status"] == "failed" and r["error"]["ename"] in denied, r
+        assert r["status"] == "failed" and r["exception"]["ename"] in denied, r
         r = await c.py(f"import os; os.remove({sp!r} + '/tinypkg/__init__.py')")
-        assert r["status"] == "failed" and r["error"]["ename"] in denied, r
+        assert r["status"] == "failed" and r["exception"]["ename"] in denied, r
         assert os.path.exists(os.path.join(sp, "tinypkg", "__init__.py"))
         assert not os.path.exists(os.path.join(sp, "evil.py"))
         r = await c.py(

@@ -14,7 +14,7 @@ def test_list_filters_and_prune(server):
         run = await c.ok("shell_run", command="sleep 30", wait_seconds=0)
         jobs = (await c.ok("job_list"))["jobs"]
         assert len(jobs) == 4
-        assert [j["id"] for j in (await c.ok("job_list", status="running"))["jobs"]] == [run["job_id"]]
+        assert [j["job_id"] for j in (await c.ok("job_list", status="running"))["jobs"]] == [run["job_id"]]
         assert len((await c.ok("job_list", kind="python"))["jobs"]) == 1
         assert len((await c.ok("job_list", session="p"))["jobs"]) == 1
         assert len((await c.ok("job_list", status="failed"))["jobs"]) == 1
@@ -24,7 +24,7 @@ def test_list_filters_and_prune(server):
         assert len(pruned) == 1
         pruned = (await c.ok("job_prune"))["pruned"]
         assert len(pruned) == 2
-        assert [j["id"] for j in (await c.ok("job_list"))["jobs"]] == [run["job_id"]]
+        assert [j["job_id"] for j in (await c.ok("job_list"))["jobs"]] == [run["job_id"]]
         await c.ok("job_cancel", job_id=run["job_id"])
 
     server.run(scenario)
@@ -39,7 +39,7 @@ def test_finished_output_survives_restart_and_running_jobs_become_lost(server):
         ids["running"] = (await c.ok("shell_run", command="sleep 300", wait_seconds=0))["job_id"]
 
     async def second(c):
-        jobs = {j["id"]: j for j in (await c.ok("job_list"))["jobs"]}
+        jobs = {j["job_id"]: j for j in (await c.ok("job_list"))["jobs"]}
         assert jobs[ids["done"]]["status"] == "completed"
         assert jobs[ids["running"]]["status"] in ("lost", "cancelled"), jobs[ids["running"]]
         page = await c.ok("job_output", job_id=ids["done"])
@@ -71,7 +71,7 @@ def test_job_killed_with_the_server_is_lost(server):
         os.kill(c.server_pid, signal.SIGKILL)
 
     async def second(c):
-        jobs = {j["id"]: j for j in (await c.ok("job_list"))["jobs"]}
+        jobs = {j["job_id"]: j for j in (await c.ok("job_list"))["jobs"]}
         assert jobs[ids["running"]]["status"] == "lost"
         res = await c.call("job_wait", job_id=ids["running"], timeout_seconds=1)
         assert res.is_error and res.structured_content["status"] == "lost"

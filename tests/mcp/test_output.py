@@ -47,7 +47,7 @@ def test_pager_reads_ranges_and_searches(server):
         hits = await c.ok("job_output", job_id=jid, pattern="^4242$", context_lines=1)
         assert [h["text"] for h in hits["hits"]] == ["4242"]
         assert hits["hits"][0]["before"] == ["4241"] and hits["hits"][0]["after"] == ["4243"]
-        assert "offset" in await c.err("job_output", job_id=jid, offset=-1)
+        assert "offset" in await c.invalid("job_output", job_id=jid, offset=-1)
         assert "past the end" in await c.err("job_output", job_id=jid, offset=10**9)
         assert "nope" in await c.err("job_output", job_id="nope")
 

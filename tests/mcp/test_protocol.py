@@ -8,7 +8,7 @@ import time
 import urllib.error
 import urllib.request
 
-from conftest import binary
+from conftest import binary, text_of
 
 EXPECTED_TOOLS = {
     "python_exec", "python_run_file", "python_interrupt", "python_vars", "python_history",
@@ -39,25 +39,32 @@ def test_tools_are_listed_with_schemas_and_annotations(server):
 
 
 def test_malformed_arguments_name_the_field(server):
-    """Bad tool arguments come back as a readable error naming the offending field."""
+    """Bad tool arguments and unknown tools are JSON-RPC invalid-params errors (-32602)
+    naming the offending field; a failure of the work itself is an isError result with
+    structured content."""
 
     async def scenario(c):
-        msg = await c.err("python_exec", code="1", sesion="x")
+        msg = await c.invalid("python_exec", code="1", sesion="x")
         assert "sesion" in msg
-        msg = await c.err("python_exec")
+        msg = await c.invalid("python_exec")
         assert "code" in msg
-        msg = await c.err("python_exec", code=5)
+        msg = await c.invalid("python_exec", code=5)
         assert "invalid" in msg.lower()
-        msg = await c.err("job_wait", job_id="j1", timeout_seconds=-1)
+        msg = await c.invalid("job_wait", job_id="j1", timeout_seconds=-1)
         assert "timeout_seconds" in msg
-        msg = await c.err("python_exec", code="1", session="../etc")
+        msg = await c.invalid("python_exec", code="1", session="../etc")
         assert "session" in msg
-        msg = await c.err("shell_run")
-        assert "command" in msg and "argv" in msg
-        msg = await c.err("job_output", job_id="j1", stream="stdin")
+        msg = await c.invalid("job_output", job_id="j1", stream="stdin")
         assert "stream" in msg or "stdin" in msg
-        msg = await c.err("no_such_tool")
-        assert "unknown tool" in msg
+        msg = await c.invalid("no_such_tool")
+        assert "unknown tool" in msg and "python_exec" in msg
+        # Arguments that fit the schema but not each other: a tool error, structured.
+        res = await c.call("shell_run")
+        assert res.is_error
+        assert "command" in text_of(res) and "argv" in text_of(res)
+        assert res.structured_content == {"error": text_of(res)}
+        res = await c.call("job_wait", job_id="j999")
+        assert res.is_error and "j999" in res.structured_content["error"]
         # The server is still fine afterwards.
         assert "python_exec" in {t.name for t in (await c.session.list_tools()).tools}
 

@@ -60,7 +60,7 @@ def test_cancel_of_a_cell_stuck_in_c_restarts_the_worker(server):
         assert r["signal"] == "SIGKILL", r
         # The next cell runs at once in the fresh worker and is told why state is gone.
         r = await c.py("kept")
-        assert r["status"] == "failed" and r["error"]["ename"] == "NameError", r
+        assert r["status"] == "failed" and r["exception"]["ename"] == "NameError", r
         assert r["state_lost"] is True and "KeyboardInterrupt" in r["state_note"], r
         r = await c.py("2 + 2")
         assert r["value"] == "4" and "state_lost" not in r, r
@@ -85,7 +85,7 @@ def test_python_interrupt_escalates_too(server):
         r = await c.py("import time; time.sleep(30)", wait_seconds=0)
         await c.ok("python_interrupt")
         r = await settle(c, r["job_id"])
-        assert r["status"] == "failed" and r["error"]["ename"] == "KeyboardInterrupt", r
+        assert r["status"] == "failed" and r["exception"]["ename"] == "KeyboardInterrupt", r
         job = await start_stuck_cell(c)
         res = await c.ok("python_interrupt", grace_seconds=0.3)
         assert res.get("interrupted") is True, res
@@ -199,7 +199,7 @@ def test_idle_expiry_is_reported_on_the_next_call(server):
         else:
             raise AssertionError("the idle session was not closed")
         r = await c.py("x", session="ttl")
-        assert r["status"] == "failed" and r["error"]["ename"] == "NameError", r
+        assert r["status"] == "failed" and r["exception"]["ename"] == "NameError", r
         assert r["state_lost"] is True and "expired after" in r["state_note"] and "s idle" in r["state_note"], r
         r = await c.py("1", session="ttl")
         assert "state_lost" not in r, r

@@ -30,7 +30,7 @@ def test_crash_is_reported_and_next_call_gets_a_fresh_worker(server, kind):
         r = await c.ok("python_exec", code="1 + 1")
         assert r["value"] == "2" and r["state_lost"] is True
         res = await c.call("python_exec", code="before")
-        assert res.structured_content["error"]["ename"] == "NameError"
+        assert res.structured_content["exception"]["ename"] == "NameError"
         assert (await c.ok("python_exec", code="other", session="bystander"))["value"] == "'safe'"
 
     server.run(scenario)
@@ -49,8 +49,8 @@ def test_memory_cap_ends_the_allocation_not_the_server(server):
         res = await c.call("python_exec", code="blob = bytearray(2 * 1024**3)\nlen(blob)", wait_seconds=20)
         r = res.structured_content
         assert res.is_error, r
-        if r.get("error"):
-            assert r["error"]["ename"] == "MemoryError", r
+        if r.get("exception"):
+            assert r["exception"]["ename"] == "MemoryError", r
         else:
             assert "memory" in (r.get("message") or ""), r
         assert (await c.ok("python_exec", code="sum(range(10))"))["value"] == "45"
@@ -62,7 +62,7 @@ def test_two_sessions_are_isolated(server):
     async def scenario(c):
         await c.ok("python_exec", code="secret = 1", session="a")
         res = await c.call("python_exec", code="secret", session="b")
-        assert res.structured_content["error"]["ename"] == "NameError"
+        assert res.structured_content["exception"]["ename"] == "NameError"
         listed = {s["name"] for s in (await c.ok("session_list"))["sessions"]}
         assert {"a", "b"} <= listed
         await c.ok("session_close", session="b")
@@ -117,7 +117,7 @@ def test_sandbox_applies_to_the_worker(server):
     async def scenario(c):
         res = await c.call("python_exec", code="open('/etc/mcp-sandbox-test', 'w')")
         r = res.structured_content
-        assert res.is_error and r["error"]["ename"] in ("PermissionError", "OSError"), r
+        assert res.is_error and r["exception"]["ename"] in ("PermissionError", "OSError"), r
         r = await c.ok("python_exec", code="open('inside.txt', 'w').write('ok')")
         assert (server.workspace / "inside.txt").read_text() == "ok"
         res = await c.call("python_exec", code="import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)")

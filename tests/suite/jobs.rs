@@ -14,6 +14,8 @@ use mcp_sandbox_repl::jobs::{
 };
 use mcp_sandbox_repl::sandbox::{Placeholders, Policy, ResolvedPolicy};
 
+use crate::common::{pgid_of, pids_with_env, unique_marker, wait_for_pids_with_env};
+
 struct Fixture {
     store: Arc<JobStore>,
     policy: Arc<ResolvedPolicy>,
@@ -53,6 +55,7 @@ fn fixture_with(tag: &str, response_bytes: usize) -> Fixture {
         state_dir: dir.join("state"),
         disk_cap: 1 << 32,
         response_bytes,
+        retention: Default::default(),
     })
     .unwrap();
     Fixture {
@@ -198,16 +201,16 @@ async fn stdin_lines_and_eof_reach_the_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_ends_a_group_whose_children_ignore_sigterm() {
     let f = fixture("cancel");
+    let mark = unique_marker("cancel");
     let id = f
         .start(ShellRequest {
             cancel_grace: Some(Duration::from_millis(300)),
-            ..ShellRequest::command(
-                "trap '' TERM; echo $$; (trap '' TERM; sleep 60) & sleep 60; wait",
-            )
+            ..ShellRequest::command(format!(
+                "export {mark}; trap '' TERM; (trap '' TERM; sleep 60) & sleep 60; wait"
+            ))
         })
         .unwrap();
-    let s = f.store.wait(&id, Duration::from_secs(5)).await.unwrap();
-    let pgid: i32 = s.stdout.head.trim().parse().unwrap();
+    let pgid = pgid_of(wait_for_pids_with_env(&mark)[0]).unwrap();
     assert!(group_alive(pgid));
     f.store.cancel(&id).unwrap();
     let snaps = f.follow(&id, Duration::from_secs(10)).await;
@@ -222,19 +225,25 @@ async fn cancel_ends_a_group_whose_children_ignore_sigterm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn background_processes_end_with_the_job() {
     let f = fixture("background");
-    let id = f.sh("sleep 60 & echo $$");
+    let mark = unique_marker("background");
+    // `sleep &` has forked (and holds the variable) before the job can end.
+    let id = f.sh(&format!("export {mark}; sleep 60 & echo started"));
     let snaps = f.follow(&id, Duration::from_secs(5)).await;
     assert_eq!(snaps.last().unwrap().status, JobStatus::Completed);
-    let pgid: i32 = stdout_of(&snaps).trim().parse().unwrap();
-    assert!(!group_alive(pgid), "a background process outlived its job");
+    assert!(stdout_of(&snaps).contains("started"));
+    assert_eq!(
+        pids_with_env(&mark),
+        Vec::<u32>::new(),
+        "a background process outlived its job"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_kills_running_jobs_before_it_returns() {
     let f = fixture("shutdown");
-    let id = f.sh("echo $$; sleep 60");
-    let s = f.store.wait(&id, Duration::from_secs(5)).await.unwrap();
-    let pgid: i32 = s.stdout.head.trim().parse().unwrap();
+    let mark = unique_marker("shutdown");
+    let id = f.sh(&format!("export {mark}; sleep 60; true"));
+    let pgid = pgid_of(wait_for_pids_with_env(&mark)[0]).unwrap();
     f.store.shutdown().await;
     // Killed by the time shutdown returns (how fast is the benchmarks' business).
     let s = f.store.summary(&id).unwrap();

@@ -58,6 +58,7 @@ async fn bench_shell_jobs() {
         state_dir: dir.join("state"),
         disk_cap: 1 << 32,
         response_bytes: 20_000,
+        retention: Default::default(),
     })
     .unwrap();
     let job = |cmd: &str| {

@@ -7,12 +7,17 @@ use std::time::{Duration, Instant};
 use mcp_sandbox_repl::envs::{self, Canceller, EnvSink, OutStream, Progress};
 use mcp_sandbox_repl::sandbox::{Placeholders, Policy, ResolvedPolicy, SandboxCommand};
 
-use crate::common::{TempDir, sh};
+use crate::common::{TempDir, pids_with_env, sh, stat_fields, unique_marker};
 
 /// Starts a daemon that leaves the job's process group and session (double fork +
-/// setsid), records its pid in `daemon.pid`, and then stays alive itself.
-const DAEMON_THEN_STAY: &str = "(setsid sh -c 'echo $$ > daemon.pid; exec sleep 300' \
-                                </dev/null >/dev/null 2>&1 &); exec sleep 300";
+/// setsid), marked with `mark` (a job cannot see its pids as the host does), says so in
+/// `daemon.pid`, and then stays alive itself.
+fn daemon_then_stay(mark: &str) -> String {
+    format!(
+        "export {mark}; (setsid sh -c 'echo up > daemon.pid; exec sleep 300' \
+         </dev/null >/dev/null 2>&1 &); exec sleep 300"
+    )
+}
 
 /// `workspace-write` (which has memory and process limits, so a job cgroup) for `ws`.
 fn cgroup_policy(ws: &TempDir) -> Arc<ResolvedPolicy> {
@@ -36,16 +41,19 @@ fn cgroup_policy(ws: &TempDir) -> Arc<ResolvedPolicy> {
     Arc::new(policy)
 }
 
-/// The daemon's pid once it has written it (waits up to 30 s for it to start).
-fn daemon_pid(ws: &Path) -> u32 {
+/// The daemon's host pid once it has started (waits up to 30 s): the marked process
+/// that leads its own session.
+fn daemon_pid(ws: &Path, mark: &str) -> u32 {
     let file = ws.join("daemon.pid");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Some(pid) = std::fs::read_to_string(&file)
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-        {
-            return pid;
+        if file.exists() {
+            let leader = pids_with_env(mark)
+                .into_iter()
+                .find(|&p| stat_fields(p).is_some_and(|f| f.get(3) == Some(&p.to_string())));
+            if let Some(pid) = leader {
+                return pid;
+            }
         }
         assert!(Instant::now() < deadline, "the daemon never started");
         std::thread::sleep(Duration::from_millis(10));
@@ -75,23 +83,21 @@ fn gone(pid: u32) -> bool {
 #[test]
 fn daemonized_grandchild_does_not_outlive_the_job() {
     let ws = TempDir::new("limits-daemon");
-    // The daemon records its pid, then becomes a long sleep in its own session.
-    let script = "setsid sh -c 'echo $$ > daemon.pid; exec sleep 300' </dev/null >/dev/null 2>&1 & \
-                  while [ ! -s daemon.pid ]; do sleep 0.01; done; exit 0";
-    let out = sh("workspace-write", &ws.path, script);
+    let mark = unique_marker("daemon");
+    // The daemon says it started, then becomes a long sleep in its own session.
+    let script = format!(
+        "export {mark}; setsid sh -c 'echo up > daemon.pid; exec sleep 300' </dev/null >/dev/null 2>&1 & \
+         while [ ! -s daemon.pid ]; do sleep 0.01; done; exit 0"
+    );
+    let out = sh("workspace-write", &ws.path, &script);
     assert!(out.status.success(), "{out:?}");
-    let pid = std::fs::read_to_string(ws.join("daemon.pid")).expect("the daemon started");
-    let proc_dir = format!("/proc/{}", pid.trim());
+    assert!(ws.join("daemon.pid").exists(), "the daemon started");
     let deadline = Instant::now() + Duration::from_secs(2);
-    while Path::new(&proc_dir).exists() && Instant::now() < deadline {
+    while !pids_with_env(&mark).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let comm = std::fs::read_to_string(format!("{proc_dir}/comm")).unwrap_or_default();
-    assert!(
-        comm.trim() != "sleep",
-        "daemon {} survived the job",
-        pid.trim()
-    );
+    let left = pids_with_env(&mark);
+    assert!(left.is_empty(), "daemon {left:?} survived the job");
 }
 
 /// The kill handle repl and envs use (`GroupKiller::kill_all`) reaches a daemon that left
@@ -100,10 +106,12 @@ fn daemonized_grandchild_does_not_outlive_the_job() {
 #[test]
 fn group_kill_reaches_a_setsid_daemon_through_the_cgroup() {
     let ws = TempDir::new("limits-killer");
+    let mark = unique_marker("killer");
     let mut cmd = SandboxCommand::new(cgroup_policy(&ws), "sh");
-    cmd.args(["-c", DAEMON_THEN_STAY]).current_dir(&ws.path);
+    cmd.args(["-c", &daemon_then_stay(&mark)])
+        .current_dir(&ws.path);
     let child = cmd.spawn().unwrap();
-    let daemon = daemon_pid(&ws.path);
+    let daemon = daemon_pid(&ws.path, &mark);
     assert!(running(daemon), "daemon {daemon} is not running");
     child.killer().kill_all();
     assert!(gone(daemon), "daemon {daemon} survived the group kill");
@@ -128,13 +136,15 @@ impl EnvSink for Discard {
 #[tokio::test(flavor = "multi_thread")]
 async fn cancelled_envs_process_leaves_no_setsid_daemon() {
     let ws = TempDir::new("limits-envs-cancel");
+    let mark = unique_marker("envs");
     let mut cmd = SandboxCommand::new(cgroup_policy(&ws), "sh");
-    cmd.args(["-c", DAEMON_THEN_STAY]).current_dir(&ws.path);
+    cmd.args(["-c", &daemon_then_stay(&mark)])
+        .current_dir(&ws.path);
     let cancel = Canceller::new();
     let canceller = cancel.clone();
     let ws_path = ws.path.clone();
     let watcher = tokio::task::spawn_blocking(move || {
-        let pid = daemon_pid(&ws_path);
+        let pid = daemon_pid(&ws_path, &mark);
         canceller.cancel();
         pid
     });

@@ -5,9 +5,8 @@
 //! Progress: the install's [`EnvSink`] pushes steps into an unbounded channel (the sink
 //! is called from the output pump and must not block); a forwarder task sends each as a
 //! notification on the request that started the install, and ends when the install
-//! drops the sink. The job is followed with a context that keeps the request's
-//! cancellation but sends no time-based progress, so the client sees only uv's steps,
-//! strictly increasing.
+//! drops the sink. The job is followed with the same call, so heartbeats come between
+//! uv's steps while the install is silent; the call keeps the amounts strictly increasing.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -207,7 +206,17 @@ impl App {
     /// earlier in this run) gets its site-packages through the repl's start-up hook, so
     /// its packages import without another env_install.
     pub(super) async fn session(&self, name: &str) -> Result<Arc<Session>, AppError> {
-        if let Ok(s) = self.sessions.get(name) {
+        self.session_for(name, false).await
+    }
+
+    /// [`App::session`], or with `spare` a start ahead of use that does not count toward
+    /// the session limit until used (the prewarm).
+    pub(super) async fn session_for(
+        &self,
+        name: &str,
+        spare: bool,
+    ) -> Result<Arc<Session>, AppError> {
+        if !spare && let Ok(s) = self.sessions.get(name) {
             return Ok(s);
         }
         if let Ok(envs) = self.envs().await
@@ -215,6 +224,9 @@ impl App {
         {
             self.sessions
                 .set_site_dirs(name, vec![v.site_packages().to_path_buf()]);
+        }
+        if spare {
+            return Ok(self.sessions.prewarm(name).await?);
         }
         Ok(self.sessions.get_or_start(name).await?)
     }
@@ -290,8 +302,7 @@ impl App {
             };
             handle.finish(outcome);
         });
-        self.follow(&id, wait, WaitFor::Settled, &call.quiet(), true)
-            .await
+        self.follow(&id, wait, WaitFor::Settled, call, true).await
     }
 
     pub async fn python_run_script(

@@ -273,7 +273,25 @@ impl Session {
                 });
             }
         };
-        let w = Arc::new(Worker::adopt(forked, self.env.spec.policy.clone())?);
+        // A process of the snapshot's tree, to translate the pid the snapshot reports.
+        let reference = {
+            let inner = self.inner();
+            inner
+                .roots
+                .get(&tree)
+                .or_else(|| {
+                    inner
+                        .worker
+                        .as_ref()
+                        .filter(|w| w.is_root() && w.pid == tree)
+                })
+                .map(|root| root.python_pid())
+        };
+        let w = Arc::new(Worker::adopt(
+            forked,
+            reference,
+            self.env.spec.policy.clone(),
+        )?);
         w.on_snapshot(self.snapshot_hook());
         if let Err(e) = w.wait_ready(self.env.start_timeout).await {
             w.kill_alone("it did not start");

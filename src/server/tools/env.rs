@@ -26,17 +26,16 @@ pub const MAX_SCRIPT_TIMEOUT: f64 = 24.0 * 3600.0;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnvInfoArgs {
-    /// Session name (default "default").
     #[serde(default)]
+    #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
-    /// Create the session's venv now if it has none yet.
+    /// Create the venv now.
     #[serde(default)]
     pub create: bool,
-    /// Use the virtual environment at this path (relative to the workspace unless absolute;
-    /// created there if missing) instead of a managed one. Only when the venv is first made.
+    /// Venv to use or create (first use only).
     #[serde(default)]
     pub venv_path: Option<String>,
-    /// Use the workspace's existing `.venv` instead of a managed one.
+    /// Use the workspace's .venv.
     #[serde(default)]
     pub use_workspace_venv: bool,
 }
@@ -44,23 +43,22 @@ pub struct EnvInfoArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnvInstallArgs {
-    /// Requirement strings (PEP 508), e.g. ["requests>=2", "numpy"].
+    /// Requirement strings, e.g. "numpy>=2".
     pub packages: Vec<String>,
-    /// Session whose venv gets the packages (default "default"); it can import them at
-    /// once, keeping its variables.
     #[serde(default)]
+    #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
-    /// Upgrade packages that are already installed.
+    /// Upgrade installed packages.
     #[serde(default)]
     pub upgrade: bool,
-    /// Seconds to wait for the install before returning a job id (default 30, max 60).
+    /// Then answer with a job_id (max 60).
     #[serde(default)]
+    #[schemars(extend("default" = 30))]
     pub wait_seconds: Option<f64>,
-    /// Use the virtual environment at this path (relative to the workspace unless absolute;
-    /// created there if missing) instead of a managed one. Only when the venv is first made.
+    /// Venv to use or create (first use only).
     #[serde(default)]
     pub venv_path: Option<String>,
-    /// Use the workspace's existing `.venv` instead of a managed one.
+    /// Use the workspace's .venv.
     #[serde(default)]
     pub use_workspace_venv: bool,
 }
@@ -68,36 +66,36 @@ pub struct EnvInstallArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunScriptArgs {
-    /// Python source to run. Give this or `path`. A PEP 723 `# /// script` block in it
-    /// declares dependencies and `requires-python`.
+    /// Script source (or `path`).
     #[serde(default)]
     pub code: Option<String>,
-    /// A script file, relative to the workspace unless absolute. Give this or `code`.
+    /// Script file in the workspace (or `code`).
     #[serde(default)]
     pub path: Option<String>,
-    /// Requirement strings (PEP 508) installed into the transient environment.
+    /// Requirements to install.
     #[serde(default)]
     pub dependencies: Vec<String>,
-    /// Python version, e.g. "3.11" (default: the REPL's interpreter).
+    /// E.g. "3.11".
     #[serde(default)]
     pub python_version: Option<String>,
-    /// Command-line arguments (become `sys.argv[1:]`).
+    /// sys.argv[1:].
     #[serde(default)]
     pub args: Vec<String>,
     /// Extra environment variables.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Working directory, relative to the workspace unless absolute (default: the workspace).
+    /// In the workspace.
     #[serde(default)]
     pub cwd: Option<String>,
-    /// Kill the whole process tree after this many seconds (default: no limit beyond the policy's).
+    /// Kill the process tree after this.
     #[serde(default)]
     pub timeout_seconds: Option<f64>,
-    /// Report wall time, CPU time (user + system) and peak RSS of the whole process tree.
+    /// Report wall, CPU and peak RSS.
     #[serde(default)]
     pub benchmark: bool,
-    /// Seconds to wait before returning a job id (default 30, max 60).
+    /// Then answer with a job_id (max 60).
     #[serde(default)]
+    #[schemars(extend("default" = 30))]
     pub wait_seconds: Option<f64>,
 }
 
@@ -148,7 +146,7 @@ impl SandboxServer {
         };
         reply(
             self.app.env_install(&session, install, wait, &call).await,
-            JobReport::result_of,
+            |v| JobReport::answer(v, &self.app),
         )
     }
 
@@ -188,9 +186,8 @@ impl SandboxServer {
             timeout: args.timeout_seconds.map(std::time::Duration::from_secs_f64),
             benchmark: args.benchmark,
         };
-        reply(
-            self.app.python_run_script(script, wait, &call).await,
-            JobReport::result_of,
-        )
+        reply(self.app.python_run_script(script, wait, &call).await, |v| {
+            JobReport::answer(v, &self.app)
+        })
     }
 }

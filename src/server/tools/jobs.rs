@@ -12,6 +12,7 @@ use super::{
     DEFAULT_POLL_SECONDS, DEFAULT_WAIT_SECONDS, MAX_POLL_SECONDS, reply, seconds,
     session_or_default, wait_window,
 };
+use crate::app::OutputStream;
 use crate::jobs::{JobFilter, JobKind, JobStatus, Stream};
 use crate::server::handler::SandboxServer;
 use crate::server::progress::call_of;
@@ -21,12 +22,12 @@ use crate::server::report::JobReport;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WaitArgs {
-    /// The job id returned by python_exec, shell_run, ...
     pub job_id: String,
-    /// Longest time to wait, in seconds (default 30, max 300).
+    /// Longest wait (max 300).
     #[serde(default)]
+    #[schemars(extend("default" = 30))]
     pub timeout_seconds: Option<f64>,
-    /// Wait for completion or an input request instead of returning at the first new output.
+    /// Wait for the end or an input request, not the first new output.
     #[serde(default)]
     pub until_done: bool,
 }
@@ -34,15 +35,15 @@ pub struct WaitArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InputArgs {
-    /// The job that is waiting for input.
     pub job_id: String,
-    /// The text to send (for Python `input()`: the line, without newline).
+    /// Text to send.
     pub text: String,
-    /// Close the job's stdin after the text (shell jobs).
+    /// Close the input after the text.
     #[serde(default)]
     pub eof: bool,
-    /// Seconds to wait afterwards for the job to progress (default 3, max 60).
+    /// Then answer with a job_id (max 60).
     #[serde(default)]
+    #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
 }
 
@@ -51,9 +52,7 @@ pub struct InputArgs {
 pub struct CancelArgs {
     /// The job id.
     pub job_id: String,
-    /// Seconds the job has to end after the soft stop (Python: KeyboardInterrupt; shell:
-    /// SIGTERM) before it is killed (Python: the worker is restarted, losing the
-    /// session's state). Default 2, max 60.
+    /// Seconds before the soft stop becomes a kill (default 2, max 60).
     #[serde(default)]
     pub grace_seconds: Option<f64>,
 }
@@ -112,11 +111,12 @@ impl From<KindFilter> for JobKind {
     }
 }
 
-impl From<StreamArg> for Stream {
-    fn from(s: StreamArg) -> Stream {
+impl From<StreamArg> for OutputStream {
+    fn from(s: StreamArg) -> OutputStream {
         match s {
-            StreamArg::Stdout => Stream::Stdout,
-            StreamArg::Stderr => Stream::Stderr,
+            StreamArg::Stdout => OutputStream::Stdout,
+            StreamArg::Stderr => OutputStream::Stderr,
+            StreamArg::Result => OutputStream::Result,
         }
     }
 }
@@ -140,15 +140,18 @@ fn filter(
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListArgs {
-    /// Only jobs with this status.
     #[serde(default)]
     pub status: Option<StatusFilter>,
-    /// Only jobs of this kind.
     #[serde(default)]
     pub kind: Option<KindFilter>,
-    /// Only jobs of this Python session.
     #[serde(default)]
     pub session: Option<String>,
+    /// The previous page's `next_cursor`.
+    #[serde(default)]
+    pub cursor: Option<String>,
+    /// Jobs per page (default 50, max 500).
+    #[serde(default)]
+    pub limit: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema, PartialEq, Eq)]
@@ -157,43 +160,45 @@ pub enum StreamArg {
     #[default]
     Stdout,
     Stderr,
+    /// The job's result as text: value, full traceback, display items (or an install's
+    /// report); answers that cut one of these point here.
+    Result,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OutputArgs {
-    /// The job id.
     pub job_id: String,
-    /// stdout (default) or stderr.
     #[serde(default)]
     pub stream: StreamArg,
-    /// Byte offset to start reading at (default 0).
+    /// Read from here; with `pattern`, continue here.
     #[serde(default)]
+    #[schemars(extend("default" = 0))]
     pub offset: Option<u64>,
-    /// Number of bytes to read (default and max: the response cap).
+    /// Bytes to read (max 20 KB).
     #[serde(default)]
     pub length: Option<u64>,
-    /// Search for this regular expression (or plain text) instead of reading a range.
+    /// Regex to search for.
     #[serde(default)]
     pub pattern: Option<String>,
-    /// Lines of context around each match (default 2).
+    /// Lines around each match.
     #[serde(default)]
+    #[schemars(extend("default" = 2))]
     pub context_lines: Option<usize>,
+    /// Fetch image N (from 1) of a finished cell.
+    #[serde(default)]
+    pub image: Option<usize>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PruneArgs {
-    /// Prune only this job.
     #[serde(default)]
     pub job_id: Option<String>,
-    /// Only finished jobs with this status.
     #[serde(default)]
     pub status: Option<StatusFilter>,
-    /// Only jobs of this kind.
     #[serde(default)]
     pub kind: Option<KindFilter>,
-    /// Only jobs of this session.
     #[serde(default)]
     pub session: Option<String>,
 }
@@ -221,7 +226,7 @@ impl SandboxServer {
             self.app
                 .job_wait(&args.job_id, timeout, args.until_done, &call)
                 .await,
-            JobReport::result_of,
+            |v| JobReport::answer(v, &self.app),
         )
     }
 
@@ -241,7 +246,7 @@ impl SandboxServer {
             self.app
                 .job_input(&args.job_id, &args.text, args.eof, wait, &call)
                 .await,
-            JobReport::result_of,
+            |v| JobReport::answer(v, &self.app),
         )
     }
 
@@ -258,10 +263,9 @@ impl SandboxServer {
             .grace_seconds
             .map(|g| super::seconds(Some(g), 2.0, 60.0, "grace_seconds"))
             .transpose()?;
-        reply(
-            self.app.job_cancel(&args.job_id, grace).await,
-            JobReport::result_of,
-        )
+        reply(self.app.job_cancel(&args.job_id, grace).await, |v| {
+            JobReport::answer(v, &self.app)
+        })
     }
 
     #[tool(
@@ -276,10 +280,14 @@ impl SandboxServer {
             .session
             .map(|s| session_or_default(Some(s)))
             .transpose()?;
-        let jobs = self
-            .app
-            .job_list(&filter(None, args.status, args.kind, session));
-        Ok(render::jobs(jobs))
+        reply(
+            self.app.job_list_page(
+                &filter(None, args.status, args.kind, session),
+                args.cursor.as_deref(),
+                args.limit,
+            ),
+            render::jobs,
+        )
     }
 
     #[tool(
@@ -290,17 +298,46 @@ impl SandboxServer {
         &self,
         Parameters(args): Parameters<OutputArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        if args.pattern.is_some() && (args.offset.is_some() || args.length.is_some()) {
+        if args.pattern.is_some() && args.length.is_some() {
             return Ok(crate::server::report::failure(
-                "give either `pattern` (search) or `offset`/`length` (range), not both",
+                "give either `pattern` (search, `offset` = where to continue) or `length` (read a range), not both",
             ));
         }
-        let stream = Stream::from(args.stream);
+        if let Some(index) = args.image {
+            if args.pattern.is_some() || args.offset.is_some() || args.length.is_some() {
+                return Ok(crate::server::report::failure(
+                    "give `image` alone: it fetches one image of a finished cell",
+                ));
+            }
+            return reply(self.app.job_image(&args.job_id, index), |img| {
+                render::image(&args.job_id, img)
+            });
+        }
+        let stream = OutputStream::from(args.stream);
         if let Some(pattern) = &args.pattern {
+            let stream = match stream {
+                OutputStream::Stdout => Stream::Stdout,
+                OutputStream::Stderr => Stream::Stderr,
+                OutputStream::Result => {
+                    return Ok(crate::server::report::failure(
+                        "search reads stdout or stderr; read the result stream by offset",
+                    ));
+                }
+            };
             let context = args.context_lines.unwrap_or(2);
+            let from = args.offset.unwrap_or(0);
             return reply(
-                self.app.job_search(&args.job_id, stream, pattern, context),
-                |hits| render::hits(&args.job_id, stream, pattern, hits),
+                self.app
+                    .job_search(&args.job_id, stream, pattern, context, from),
+                |found| {
+                    render::hits(
+                        &args.job_id,
+                        stream,
+                        pattern,
+                        found,
+                        self.app.response_bytes(),
+                    )
+                },
             );
         }
         reply(

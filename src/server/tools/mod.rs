@@ -10,14 +10,17 @@ pub mod python;
 pub mod sessions;
 pub mod shell;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::ErrorData;
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::model::CallToolResult;
+use rmcp::handler::server::tool::schema_for_output;
+use rmcp::model::{CallToolResult, JsonObject};
 
 use super::handler::SandboxServer;
 use super::report::failure;
+use super::{schema, shapes};
 use crate::app::AppError;
 
 pub use crate::names::DEFAULT_SESSION;
@@ -27,13 +30,42 @@ pub const MAX_WAIT_SECONDS: f64 = 60.0;
 pub const DEFAULT_POLL_SECONDS: f64 = 30.0;
 pub const MAX_POLL_SECONDS: f64 = 300.0;
 
-/// Every tool the server offers.
+/// Every tool the server offers, with schemas every client reads ([`schema`]): standard
+/// JSON Schema, plain optional fields, and an output schema on each tool.
 pub fn all_tools() -> ToolRouter<SandboxServer> {
-    SandboxServer::python_tools()
+    let mut router = SandboxServer::python_tools()
         + SandboxServer::session_tools()
         + SandboxServer::job_tools()
         + SandboxServer::shell_tools()
-        + SandboxServer::env_tools()
+        + SandboxServer::env_tools();
+    for (name, route) in router.map.iter_mut() {
+        let tool = &mut route.attr;
+        tool.input_schema = Arc::new(schema::input(&tool.input_schema));
+        let out = tool
+            .output_schema
+            .clone()
+            .or_else(|| output_of(name))
+            .map(|o| Arc::new(schema::output(&o)));
+        tool.output_schema = out;
+    }
+    router
+}
+
+/// The output schema of a tool that does not return a job report.
+fn output_of(tool: &str) -> Option<Arc<JsonObject>> {
+    Some(match tool {
+        "python_interrupt" | "session_restart" | "session_close" => {
+            schema_for_output::<shapes::SessionDone>()
+        }
+        "session_list" => schema_for_output::<shapes::Sessions>(),
+        "python_vars" => schema_for_output::<shapes::Vars>(),
+        "python_history" => schema_for_output::<shapes::History>(),
+        "job_list" => schema_for_output::<shapes::Jobs>(),
+        "job_prune" => schema_for_output::<shapes::Pruned>(),
+        "job_output" => schema_for_output::<shapes::Output>(),
+        "env_info" => schema_for_output::<shapes::EnvReport>(),
+        _ => return None,
+    })
 }
 
 /// Turn an app answer into the MCP result: `render` the value; an [`AppError`] (unknown

@@ -18,20 +18,19 @@ use crate::server::report::JobReport;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecArgs {
-    /// Python source to run. The value of a final expression is returned as `value`.
+    /// Python source.
     pub code: String,
-    /// Session name (default "default"). Sessions are independent Python processes.
     #[serde(default)]
+    #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
-    /// Seconds to wait for completion before returning a job id (default 3, max 60; 0 = return at once).
+    /// Then answer with a job_id (max 60).
     #[serde(default)]
+    #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
-    /// Run on the state right after this earlier cell of the session (e.g. "c3") instead
-    /// of the latest state; the new cell becomes the session's head.
+    /// Run on the state right after this cell (e.g. "c3") instead of the head.
     #[serde(default)]
     pub parent: Option<String>,
-    /// With `parent`: allow rebuilding its state by re-running cells in a fresh worker
-    /// when no snapshot is left (repeats their side effects).
+    /// With `parent`: allow re-running cells when no snapshot is left.
     #[serde(default)]
     pub replay: bool,
 }
@@ -39,24 +38,25 @@ pub struct ExecArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunFileArgs {
-    /// Path of the `.py` file, relative to the workspace unless absolute.
+    /// `.py` file in the workspace.
     pub path: String,
-    /// Command-line arguments (become `sys.argv[1:]`).
+    /// sys.argv[1:].
     #[serde(default)]
     pub args: Vec<String>,
-    /// Session name (default "default").
     #[serde(default)]
+    #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
-    /// Seconds to wait for completion before returning a job id (default 3, max 60).
+    /// Then answer with a job_id (max 60).
     #[serde(default)]
+    #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionArg {
-    /// Session name (default "default").
     #[serde(default)]
+    #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
 }
 
@@ -66,8 +66,7 @@ pub struct InterruptArgs {
     /// Session name (default "default").
     #[serde(default)]
     pub session: Option<String>,
-    /// Seconds the cell has to react to KeyboardInterrupt before its worker is killed and
-    /// restarted, losing the session's state (default 2, max 60).
+    /// Seconds before the worker is restarted instead (default 2, max 60).
     #[serde(default)]
     pub grace_seconds: Option<f64>,
 }
@@ -85,26 +84,25 @@ pub enum VarAction {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VarsArgs {
-    /// list | get | set | delete | clear.
     pub action: VarAction,
     /// Variable name (get, set, delete).
     #[serde(default)]
     pub name: Option<String>,
-    /// JSON value to assign (set).
+    /// JSON value (set).
     #[serde(default)]
     pub value: Option<serde_json::Value>,
-    /// Session name (default "default").
     #[serde(default)]
+    #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HistoryArgs {
-    /// Session name (default "default").
     #[serde(default)]
+    #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
-    /// Only the most recent N cells.
+    /// Only the newest N cells.
     #[serde(default)]
     pub limit: Option<usize>,
 }
@@ -128,7 +126,7 @@ impl SandboxServer {
             self.app
                 .python_exec(&session, args.code, args.parent, args.replay, wait, &call)
                 .await,
-            JobReport::result_of,
+            |v| JobReport::answer(v, &self.app),
         )
     }
 
@@ -149,7 +147,7 @@ impl SandboxServer {
             self.app
                 .python_run_file(&session, &args.path, args.args, wait, &call)
                 .await,
-            JobReport::result_of,
+            |v| JobReport::answer(v, &self.app),
         )
     }
 
@@ -199,7 +197,7 @@ impl SandboxServer {
             (VarAction::Set, Some(name), Some(value)) => VarsRequest::Set(name, value),
         };
         reply(self.app.python_vars(&session, request).await, |outcome| {
-            render::vars(&session, outcome)
+            render::vars(&session, outcome, self.app.response_bytes())
         })
     }
 
@@ -214,7 +212,7 @@ impl SandboxServer {
         let session = session_or_default(args.session)?;
         reply(
             self.app.python_history(&session, args.limit).await,
-            |cells| render::history(&session, cells),
+            |cells| render::history(&session, cells, self.app.response_bytes()),
         )
     }
 }

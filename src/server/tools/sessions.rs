@@ -18,7 +18,6 @@ pub struct NoArgs {}
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CloseArgs {
-    /// Name of the session to close.
     pub session: String,
 }
 

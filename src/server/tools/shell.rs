@@ -18,32 +18,33 @@ use crate::server::report::{JobReport, failure};
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ShellArgs {
-    /// A shell command line, run with `sh -c`. Give this or `argv`.
+    /// Shell line, run with sh -c.
     #[serde(default)]
     pub command: Option<String>,
-    /// The program and its arguments, run without a shell. Give this or `command`.
+    /// Program and arguments, no shell.
     #[serde(default)]
     pub argv: Option<Vec<String>>,
-    /// Working directory, relative to the workspace unless absolute (default: the workspace).
+    /// In the workspace.
     #[serde(default)]
     pub cwd: Option<String>,
-    /// Extra environment variables (win over `env_file`).
+    /// Extra environment variables.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// A `.env` file to load (KEY=VALUE lines, `#` comments, optional quotes).
+    /// A .env file to load.
     #[serde(default)]
     pub env_file: Option<String>,
-    /// Text written to the command's stdin at start (stdin stays open unless `stdin_eof`).
+    /// Initial input.
     #[serde(default)]
     pub stdin: Option<String>,
-    /// Close stdin right after `stdin` (or at once if `stdin` is absent).
+    /// Close stdin after `stdin`.
     #[serde(default)]
     pub stdin_eof: bool,
-    /// Label the job with this session (for job_list filters).
+    /// Session label for job_list.
     #[serde(default)]
     pub session: Option<String>,
-    /// Seconds to wait for completion before returning a job id (default 3, max 60).
+    /// Then answer with a job_id (max 60).
     #[serde(default)]
+    #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
 }
 
@@ -96,9 +97,8 @@ impl SandboxServer {
             stdin_eof,
             session,
         };
-        reply(
-            self.app.shell_run(job, wait, &call).await,
-            JobReport::result_of,
-        )
+        reply(self.app.shell_run(job, wait, &call).await, |v| {
+            JobReport::answer(v, &self.app)
+        })
     }
 }

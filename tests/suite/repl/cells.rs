@@ -42,11 +42,13 @@ async fn cells_keep_state_and_report_values_streams_and_errors() {
     );
     let (o, _) = run(&f.manager, "default", "__name__").await;
     assert_eq!(o.value.as_deref(), Some("'__main__'"));
-    let (o, _) = run(&f.manager, "default", "import sys; sys.stdin.read()").await;
+    // sys.stdin of a cell is bridged to the client (input requests); the worker's fd 0
+    // itself must be empty, never the MCP stream.
+    let (o, _) = run(&f.manager, "default", "import os; os.read(0, 100)").await;
     assert_eq!(
         o.value.as_deref(),
-        Some("''"),
-        "stdin must be empty, never the MCP stream"
+        Some("b''"),
+        "fd 0 must be empty, never the MCP stream"
     );
     let (o, _) = run(&f.manager, "default", "'x' * 100000").await;
     assert!(o.value_truncated && o.value_chars == Some(100002), "{o:?}");

@@ -218,7 +218,8 @@ async fn session_limit_list_and_close() {
     f.manager.get_or_start("b").await.unwrap();
     let err = f.manager.get_or_start("c").await.unwrap_err().to_string();
     assert!(
-        err.contains("limit of 2 sessions") && err.contains("a, b"),
+        err.contains("limit of 2 sessions")
+            && err.contains("a (idle, idle 0 s, 0 cells), b (idle, idle 0 s, 0 cells)"),
         "{err}"
     );
     let list = f.manager.list();
@@ -371,20 +372,23 @@ async fn the_policy_confines_the_worker_and_its_memory_cap_is_reported() {
 #[tokio::test]
 async fn a_crash_takes_the_workers_children_along() {
     let f = fixture("children", 4);
+    let mark = crate::common::unique_marker("children");
     let (o, _) = run(
         &f.manager,
         "default",
-        "import subprocess\np = subprocess.Popen(['sleep', '300'])\np.pid",
+        &format!(
+            "import os, subprocess\nk, v = {mark:?}.split('=', 1)\n\
+             p = subprocess.Popen(['sleep', '300'], env=dict(os.environ, **{{k: v}}))"
+        ),
     )
     .await;
-    let child: i32 = o.value.unwrap().parse().unwrap();
-    let alive = |pid: i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
-    };
-    assert!(alive(child), "the child {child} is not visible from here");
+    assert_eq!(o.status, CellStatus::Ok, "{:?}", o.error);
+    // The worker lives in a PID namespace: p.pid is not the pid seen from here.
+    let child = crate::common::wait_for_pids_with_env(&mark);
     let (o, _) = run(&f.manager, "default", "import os; os._exit(1)").await;
     assert_eq!(o.status, CellStatus::WorkerDied);
-    wait_for(|| !alive(child)).await;
+    wait_for(|| crate::common::pids_with_env(&mark).is_empty()).await;
+    assert!(!child.is_empty());
 }
 
 /// A SIGINT that arrives between cells interrupts nothing — not even with the default

@@ -1,0 +1,212 @@
+//! The structured answers of the tools that are not job reports, as types: their JSON
+//! Schemas are the tools' output schemas, so what a tool returns and what it declares
+//! cannot drift apart. Shared shapes: every job is named by `job_id`, every session by
+//! `session`, every state is lowercase.
+
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use crate::jobs::{JobKind, JobStatus, JobSummary, SearchHit};
+use crate::repl::{HistoryEntry, SessionInfo, VariableDetail, VariableInfo};
+
+/// What a session tool did (python_interrupt, session_restart, session_close).
+#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+pub struct SessionDone {
+    pub session: String,
+    /// python_interrupt: whether a cell was running (and got KeyboardInterrupt).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restarted: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub closed: Option<bool>,
+}
+
+/// session_list.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct Sessions {
+    pub sessions: Vec<SessionInfo>,
+}
+
+/// python_vars: the list, one variable (its fields at the top level), or what changed.
+#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+pub struct Vars {
+    pub session: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variables: Option<Vec<VariableInfo>>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub variable: Option<VariableDetail>,
+    /// Bytes of the JSON form of the variable, when it was left out (too big).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub json_left_out: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub set: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deleted: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cleared: Option<bool>,
+}
+
+/// python_history.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct History {
+    pub session: String,
+    /// The cell a cell without `parent` runs on (null: an empty state).
+    pub head: Option<String>,
+    pub cells: Vec<HistoryEntry>,
+    /// Older cells left out to fit the answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub left_out: Option<usize>,
+}
+
+/// One job of job_list.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct JobEntry {
+    pub job_id: String,
+    #[schemars(with = "String")]
+    pub kind: JobKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// The code's first line or the command.
+    pub label: String,
+    #[schemars(with = "String")]
+    pub status: JobStatus,
+    pub created_unix_ms: u64,
+    pub elapsed_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+impl From<JobSummary> for JobEntry {
+    fn from(s: JobSummary) -> Self {
+        let JobSummary {
+            id,
+            kind,
+            session,
+            label,
+            status,
+            created_unix_ms,
+            elapsed_ms,
+            exit_code,
+            signal,
+            message,
+            prompt,
+            stdout_bytes,
+            stderr_bytes,
+        } = s;
+        JobEntry {
+            job_id: id,
+            kind,
+            session,
+            label,
+            status,
+            created_unix_ms,
+            elapsed_ms,
+            exit_code,
+            signal,
+            message,
+            prompt,
+            stdout_bytes,
+            stderr_bytes,
+        }
+    }
+}
+
+/// job_list.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct Jobs {
+    pub jobs: Vec<JobEntry>,
+    /// Pass as `cursor` for the next (older) page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// job_prune.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct Pruned {
+    pub pruned: Vec<String>,
+}
+
+/// job_output: a byte range read, a search, or one image.
+#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+pub struct Output {
+    pub job_id: String,
+    /// stdout, stderr or result.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<String>,
+    /// Read: first byte returned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    /// Read: one past the last byte returned; read on from here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end: Option<u64>,
+    /// Read: bytes in the stream so far.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total: Option<u64>,
+    /// Read: nothing more will come.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eof: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Search: the pattern.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// Search: the matches shown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hits: Option<Vec<SearchHit>>,
+    /// Search: matching lines in the range searched (exact unless `matches_at_least`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub matches: Option<u64>,
+    /// Search: true when `matches` is a lower bound (the count stopped).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub matches_at_least: Option<bool>,
+    /// Search: more matches follow the ones shown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<bool>,
+    /// Search: pass as `offset` to continue after the hits shown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<u64>,
+    /// Image: its number, of `images`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub images: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mime: Option<String>,
+}
+
+/// env_info's uv.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct Uv {
+    pub path: String,
+    pub version: String,
+}
+
+/// env_info's venv.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct Venv {
+    pub root: String,
+    pub python: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub python_version: Option<String>,
+    pub site_packages: String,
+}
+
+/// env_info.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct EnvReport {
+    pub session: String,
+    /// null when uv is missing (`uv_error` says why).
+    pub uv: Option<Uv>,
+    pub uv_error: Option<String>,
+    /// null until the session has a venv.
+    pub venv: Option<Venv>,
+    pub uv_cache: String,
+}

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Soak benchmark (not part of the tests): many trivial `python_exec` calls and shell
+`true` jobs through one server (MCP over stdio, the official SDK), with retention on, to
+show that history stays bounded: latency p50/p99 per phase, server RSS at start and end
+(and its peak, sampled), state-dir size, and start-up time (spawn -> initialized) with the
+big history against an empty state dir.
+
+    python3 tests/bench/soak.py [--bin target/release/mcp-sandbox-repl]
+        [--executes 100000] [--shell 20000] [--keep-jobs 10000] [--startups 7]
+
+The issue's full run is 100,000 executes and 20,000 shell jobs; pass smaller numbers on a
+busy machine (and say so next to the figures). Prints a markdown section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pct(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def dir_bytes(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def server_pid(binary: str) -> int | None:
+    me, best = os.getpid(), None
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            exe = os.readlink(f"/proc/{p}/exe")
+        except OSError:
+            continue
+        if int(fields[1]) == me and os.path.samefile(exe, binary):
+            best = max(best or 0, int(p))
+    return best
+
+
+def params(binary: str, ws: Path, state: Path, keep: int) -> StdioServerParameters:
+    env = dict(
+        os.environ,
+        MCP_SANDBOX_WORKSPACE=str(ws),
+        MCP_SANDBOX_STATE_DIR=str(state),
+        MCP_SANDBOX_KEEP_JOBS=str(keep),
+        RUST_LOG="error",
+    )
+    return StdioServerParameters(command=binary, args=[], env=env, cwd=str(ws))
+
+
+async def soak(binary: str, ws: Path, state: Path, args, out: dict):
+    async with stdio_client(params(binary, ws, state, args.keep_jobs), errlog=open(os.devnull, "w")) as (r, w):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            await s.call_tool("python_exec", {"code": "1"})  # the worker is up
+            pid = server_pid(binary)
+            out["rss_start"] = rss_kib(pid)
+            peak = out["rss_start"]
+            for phase, n, tool, call in (
+                ("execute", args.executes, "python_exec", {"code": "1"}),
+                ("shell", args.shell, "shell_run", {"command": "true"}),
+            ):
+                lat = []
+                for i in range(n):
+                    t = time.perf_counter()
+                    res = await s.call_tool(tool, call)
+                    lat.append(time.perf_counter() - t)
+                    if res.is_error:
+                        raise SystemExit(f"{tool} failed: {res.content}")
+                    if i % 1000 == 0:
+                        peak = max(peak, rss_kib(pid))
+                        print(f"{phase} {i}/{n} rss {rss_kib(pid)} KiB", file=sys.stderr, flush=True)
+                out[phase] = lat
+            out["rss_end"] = rss_kib(pid)
+            out["rss_peak"] = max(peak, out["rss_end"])
+            listed = await s.call_tool("job_list", {"limit": 500})
+            out["listed"] = len(listed.structured_content["jobs"])
+            out["list_bytes"] = sum(len(getattr(c, "text", "")) for c in listed.content)
+    out["state_bytes"] = dir_bytes(state)
+    out["index_bytes"] = (state / "jobs" / "index.log").stat().st_size
+
+
+async def startup(binary: str, ws: Path, state: Path, keep: int) -> float:
+    t = time.perf_counter()
+    async with stdio_client(params(binary, ws, state, keep), errlog=open(os.devnull, "w")) as (r, w):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            return time.perf_counter() - t
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=str(REPO / "target" / "release" / "mcp-sandbox-repl"))
+    ap.add_argument("--executes", type=int, default=100_000)
+    ap.add_argument("--shell", type=int, default=20_000)
+    ap.add_argument("--keep-jobs", type=int, default=10_000)
+    ap.add_argument("--startups", type=int, default=7)
+    args = ap.parse_args()
+    args.bin = os.path.abspath(args.bin)
+    if args.bin == str(REPO / "target" / "release" / "mcp-sandbox-repl"):
+        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=REPO, check=True)
+    with tempfile.TemporaryDirectory(prefix="msr-soak-") as tmp:
+        root = Path(tmp)
+        ws, state, empty = root / "ws", root / "state", root / "empty"
+        for d in (ws, state, empty):
+            d.mkdir()
+        out: dict = {}
+        t0 = time.perf_counter()
+        anyio.run(soak, args.bin, ws, state, args, out)
+        took = time.perf_counter() - t0
+        big, fresh = [], []
+        for _ in range(args.startups):  # alternate, so machine noise hits both
+            big.append(anyio.run(startup, args.bin, ws, state, args.keep_jobs))
+            fresh.append(anyio.run(startup, args.bin, ws, empty, args.keep_jobs))
+    ms = lambda v: f"{v * 1000:.2f}"
+    print(f"`python3 tests/bench/soak.py --executes {args.executes} --shell {args.shell} "
+          f"--keep-jobs {args.keep_jobs}` — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+          f"{os.uname().sysname} {os.uname().release}, {os.cpu_count()} CPUs; {took:.0f} s in all.\n")
+    print("| phase | calls | p50 (ms) | p99 (ms) |\n| --- | ---: | ---: | ---: |")
+    for phase in ("execute", "shell"):
+        lat = out[phase]
+        if lat:
+            print(f"| `{'python_exec 1' if phase == 'execute' else 'shell_run true'}` | {len(lat)} | "
+                  f"{ms(statistics.median(lat))} | {ms(pct(lat, 99))} |")
+    print()
+    print(f"- server RSS: {out['rss_start'] / 1024:.1f} MiB after the first call, "
+          f"{out['rss_end'] / 1024:.1f} MiB at the end (peak sampled {out['rss_peak'] / 1024:.1f} MiB)")
+    print(f"- state dir: {out['state_bytes'] / 1e6:.2f} MB on disk at the end "
+          f"(index.log {out['index_bytes'] / 1e6:.2f} MB); job_list limit=500 listed {out['listed']} "
+          f"jobs in {out['list_bytes']} bytes of text")
+    print(f"- start-up (spawn -> initialized), median of {args.startups}: "
+          f"{ms(statistics.median(big))} ms with the history, {ms(statistics.median(fresh))} ms empty "
+          f"({statistics.median(big) / statistics.median(fresh):.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

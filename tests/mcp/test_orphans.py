@@ -1,0 +1,136 @@
+"""No process outlives the server, even when it is killed with SIGKILL (so its own cleanup
+never runs): every job's processes live in a PID namespace whose init dies with the server,
+and the kernel then kills the whole namespace. A new server on the same state directory
+lists the jobs as `lost`, and sweeps the job cgroups the dead server left.
+
+Needs root (PID namespaces, cgroups); the scan is of /proc and /sys/fs/cgroup."""
+
+import io
+import os
+import signal
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import descendants, pids_with_env_marker
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (PID namespaces, cgroups)")
+
+
+def start_time(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat (None once gone or a zombie): tells a process from a
+    later one that got its pid."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def survivors(procs: dict[int, str]) -> list[int]:
+    return [p for p, t in procs.items() if start_time(p) == t]
+
+
+def job_cgroups(server_pid: int) -> list[str]:
+    """Job cgroup directories named after `server_pid` (`msr-<pid>-<n>`), v1 or v2."""
+    found = []
+    for root, dirs, _ in os.walk("/sys/fs/cgroup"):
+        for d in dirs:
+            if d.startswith(f"msr-{server_pid}-"):
+                found.append(os.path.join(root, d))
+    return found
+
+
+def slow_sdist(out: Path) -> None:
+    """An sdist whose in-tree build backend sleeps: installing it keeps uv and a Python
+    build process running."""
+    files = {
+        "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "slowbackend"\n'
+        'backend-path = ["."]\n\n[project]\nname = "slowpkg"\nversion = "0.1"\n',
+        "slowbackend.py": "import time\n\n"
+        "def get_requires_for_build_wheel(config_settings=None):\n    return []\n\n"
+        "def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):\n"
+        "    time.sleep(300)\n",
+        "PKG-INFO": "Metadata-Version: 2.1\nName: slowpkg\nVersion: 0.1\n",
+    }
+    with tarfile.open(out / "slowpkg-0.1.tar.gz", "w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"slowpkg-0.1/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+DAEMON = """
+import os, time
+marker = {marker!r}
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvpe("sleep", ["sleep", "300"], dict(os.environ, ORPHAN_MARKER=marker))
+    os._exit(0)
+os.wait()
+time.sleep(0.2)
+print("daemon started")
+"""
+
+
+def test_sigkill_of_the_server_leaves_no_process_and_no_cgroup(server):
+    wheels = server.root / "wheels"
+    wheels.mkdir()
+    slow_sdist(wheels)
+    server.env.update(
+        UV_OFFLINE="1",
+        UV_NO_INDEX="1",
+        UV_FIND_LINKS=str(wheels),
+        UV_CACHE_DIR=str(server.root / "uv-cache"),
+        UV_PYTHON_DOWNLOADS="never",
+    )
+    marker = f"orphan-{os.getpid()}-{time.monotonic_ns()}"
+    seen: dict = {}
+
+    async def first(c):
+        shell = await c.ok("shell_run", command="sleep 300 & sleep 301; wait", wait_seconds=0.3)
+        assert shell["status"] == "running", shell
+        cell = await c.ok("python_exec", code=DAEMON.format(marker=marker), session="d")
+        assert cell["status"] == "completed" and "daemon started" in cell["stdout"]["text"], cell
+        daemons = pids_with_env_marker(marker)
+        assert daemons, "the double-forked daemon is not running"
+        script = await c.ok("python_run_script", code="import time\ntime.sleep(300)\n", wait_seconds=0.5)
+        assert script["status"] == "running", script
+        install = await c.ok("env_install", packages=["slowpkg"], session="i", wait_seconds=3)
+        assert install["status"] == "running", install
+        seen["jobs"] = {shell["job_id"], script["job_id"], install["job_id"]}
+        seen["server"] = c.server_pid
+        procs = {p: start_time(p) for p in descendants(c.server_pid) + daemons}
+        seen["procs"] = {p: t for p, t in procs.items() if t is not None}
+        assert len(seen["procs"]) >= 8, seen["procs"]
+        assert set(daemons) <= set(seen["procs"]), "the daemon is one of the server's descendants"
+        assert job_cgroups(c.server_pid), "the jobs run in cgroups named after the server"
+        os.kill(c.server_pid, signal.SIGKILL)
+        # Soon after: no process of theirs is left (polled; no timing is asserted).
+        deadline = time.monotonic() + 5
+        while survivors(seen["procs"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        left = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in survivors(seen["procs"])}
+        assert left == {}, f"processes outlived the SIGKILLed server: {left}"
+        assert pids_with_env_marker(marker) == []
+
+    try:
+        server.run(first)
+    except Exception as e:  # the client's transport may complain about the dead server
+        if "outlived" in str(e) or isinstance(e, AssertionError):
+            raise
+    assert "procs" in seen, "the scenario did not get as far as the kill"
+
+    async def second(c):
+        listed = await c.ok("job_list")
+        status = {j["job_id"]: j["status"] for j in listed["jobs"]}
+        assert {status.get(j) for j in seen["jobs"]} == {"lost"}, listed
+        assert job_cgroups(seen["server"]) == [], "the dead server's job cgroups were swept"
+
+    server.env["RUST_LOG"] = "info"
+    server.run(second)
+    log = server.stderr_log()
+    assert "swept what an earlier server left" in log and f"msr-{seen['server']}-" in log, log[-2000:]
