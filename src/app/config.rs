@@ -28,6 +28,8 @@ pub struct Config {
     pub response_bytes: usize,
     /// Cap, in bytes, on disk used by spooled job output.
     pub disk_cap: u64,
+    /// What the client may change while the server runs (sandbox state, roots).
+    pub sources: super::settings::Sources,
     /// Accept a workspace that is `/`, the user's home or a parent of the state dir.
     pub allow_broad_workspace: bool,
     /// How many finished jobs, and for how long, are kept.

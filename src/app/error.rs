@@ -78,6 +78,12 @@ pub enum AppError {
     /// Arguments that contradict each other or miss a required one; the text names them.
     #[error("{0}")]
     BadRequest(&'static str),
+    /// A sandbox request from the client while the server's sandbox is fixed.
+    #[error(
+        "the server's sandbox is fixed by --sandbox-state or --policy; start it with \
+         --sandbox-state inherit (and no --policy) to let the client choose it"
+    )]
+    SandboxNotInherited,
     #[error("job {id} has no result stream{why}; read its stdout or stderr instead")]
     NoResult { id: String, why: &'static str },
     #[error("job {id} has no image {index}: it produced {of} image(s), numbered from 1")]

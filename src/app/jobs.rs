@@ -278,14 +278,14 @@ impl App {
         // Opened beneath the workspace (a refusal reads the same whatever lies outside);
         // the job gets the real path of what was opened.
         let cwd = self
-            .workspace
+            .workspace()
             .dir(args.cwd.as_deref().unwrap_or("."), "cwd")?;
         // Relative to the workspace; the server reads it itself, beneath the workspace
         // only (again through openat2 in jobs::dotenv::load_beneath).
         let env_file = args
             .env_file
             .as_deref()
-            .map(|f| self.workspace.file(f, "env_file"))
+            .map(|f| self.workspace().file(f, "env_file"))
             .transpose()?;
         let (policy, tmp) = self.job_policy().await?;
         let req = ShellRequest {
@@ -312,5 +312,19 @@ impl App {
                 .send_input(&id, args.stdin.as_deref().unwrap_or(""), args.stdin_eof)?;
         }
         self.follow(&id, wait, WaitFor::Settled, call, true).await
+    }
+}
+
+/// For watchers beside the agent's own calls (resource subscriptions): nothing here
+/// advances what `job_wait` hands out.
+impl App {
+    /// The job's current state and byte counts.
+    pub fn job_summary(&self, id: &str) -> Result<JobSummary, AppError> {
+        Ok(self.store.summary(id)?)
+    }
+
+    /// Wait until the job changes or `timeout` passes.
+    pub async fn job_changed(&self, id: &str, timeout: Duration) -> Result<(), AppError> {
+        Ok(self.store.changed(id, timeout).await?)
     }
 }

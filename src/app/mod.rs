@@ -23,6 +23,8 @@ mod error;
 mod jobs;
 mod python;
 pub mod result;
+pub mod scripts;
+pub mod settings;
 pub mod tmp;
 pub mod workspace;
 
@@ -40,12 +42,14 @@ pub use envs::{EnvInfo, EnvInfoRequest, InstallArgs, ScriptArgs};
 pub use error::{AppError, AppResult};
 pub use jobs::{Chunk, OutputStream, ShellArgs};
 pub use python::{VarsOutcome, VarsRequest};
+pub use settings::{SandboxRequest, Settings, Sources};
 
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobKind, JobSnapshot, JobStatus, JobStore, StoreConfig};
 use crate::names::DEFAULT_SESSION;
 use crate::repl::{ReplConfig, SessionManager};
 use crate::sandbox::{Placeholders, Policy, ResolvedPolicy};
+use settings::State;
 use workspace::Workspace;
 
 /// A job as a call answers it: the snapshot, plus what the sandbox blocked in words
@@ -59,16 +63,21 @@ pub struct JobView {
     pub running_cell: Option<(u64, Option<u64>)>,
 }
 
+/// A policy resolved for the workspace, with the placeholders it was resolved from.
+type BasePolicy = (Arc<ResolvedPolicy>, Placeholders);
+
 pub struct App {
     sessions: Arc<SessionManager>,
     store: Arc<JobStore>,
-    policy: Policy,
-    workspace: Workspace,
+    /// The policy and workspace new sessions and jobs get; the client may change them
+    /// ([`App::apply_sandbox_request`], [`App::apply_roots`]).
+    settings: Mutex<State>,
     state_dir: PathBuf,
     response_bytes: usize,
     /// The server's policy resolved for the workspace on first use (needs the
-    /// interpreter's prefixes); each shell job gets a copy with its own `{tmp}`.
-    shell_policy: OnceCell<(Arc<ResolvedPolicy>, Placeholders)>,
+    /// interpreter's prefixes), for the settings generation it was resolved from; each
+    /// shell job gets a copy with its own `{tmp}`.
+    shell_policy: Mutex<Option<(u64, BasePolicy)>>,
     /// The job currently running in each session, to point a caller at it when busy.
     running: Mutex<HashMap<String, String>>,
     /// uv venvs, installs and scripts (built on first use: needs the interpreter).
@@ -120,7 +129,7 @@ impl App {
         if !workspace.is_dir() {
             return Err(AppError::WorkspaceNotADirectory { path: workspace });
         }
-        let mut policy = Policy::load(&cfg.policy)?;
+        let policy = Policy::load(&cfg.policy)?;
         let state_dir = cfg
             .state_dir
             .clone()
@@ -152,15 +161,14 @@ impl App {
             response_bytes: cfg.response_bytes,
             retention: cfg.retention,
         })?;
-        crate::envs::allow_session_venvs(&mut policy, &state_dir)?;
-        // Whatever the workspace is (`--allow-broad-workspace`), sandboxed code never sees
-        // the state dir (job records, spooled output, the HTTP token): the mount view
-        // covers it, re-exposing only what the policy lists inside (venvs, private tmp).
-        policy
-            .filesystem
-            .hide
-            .push(state_dir.to_string_lossy().into_owned());
-        let mut repl = ReplConfig::new(workspace.clone(), policy.clone(), state_dir.clone());
+        let settings = State::new(
+            cfg.sources.clone(),
+            policy,
+            workspace.clone(),
+            state_dir.clone(),
+        )?;
+        let policy = settings.current.policy.clone();
+        let mut repl = ReplConfig::new(workspace, policy, state_dir.clone());
         repl.python = cfg.python.clone();
         repl.max_sessions = cfg.max_sessions;
         repl.idle_ttl = cfg.session_ttl;
@@ -170,16 +178,68 @@ impl App {
         Ok(App {
             sessions: SessionManager::new(repl),
             store,
-            policy,
-            workspace: Workspace::new(workspace),
+            settings: Mutex::new(settings),
             state_dir,
             response_bytes: cfg.response_bytes,
-            shell_policy: OnceCell::new(),
+            shell_policy: Mutex::new(None),
             running: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
             envs: OnceCell::new(),
             uv: cfg.uv.clone(),
         })
+    }
+
+    /// What new sessions and jobs get now.
+    pub fn settings(&self) -> Arc<Settings> {
+        self.lock_settings().current.clone()
+    }
+
+    /// Where the settings may come from (fixed at start).
+    pub fn sources(&self) -> Sources {
+        self.lock_settings().sources.clone()
+    }
+
+    fn lock_settings(&self) -> std::sync::MutexGuard<'_, State> {
+        self.settings.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The workspace new jobs run in.
+    fn workspace(&self) -> Workspace {
+        self.settings().workspace.clone()
+    }
+
+    /// The client asked for a sandbox (honoured only under `--sandbox-state inherit`):
+    /// sessions and jobs started from now on run under it.
+    pub fn apply_sandbox_request(
+        &self,
+        request: SandboxRequest,
+    ) -> Result<Arc<Settings>, AppError> {
+        let mut state = self.lock_settings();
+        if !state.sources.inherit_sandbox {
+            return Err(AppError::SandboxNotInherited);
+        }
+        let next = state.apply_request(request)?;
+        self.publish(&next);
+        Ok(next)
+    }
+
+    /// The client's roots (file paths): the first becomes the workspace of sessions and
+    /// jobs started from now on (only when no `--workspace` was given).
+    pub fn apply_roots(&self, roots: Vec<PathBuf>) -> Result<Arc<Settings>, AppError> {
+        let mut state = self.lock_settings();
+        if !state.sources.workspace_from_roots {
+            return Ok(state.current.clone());
+        }
+        let next = state.apply_roots(roots)?;
+        self.publish(&next);
+        Ok(next)
+    }
+
+    /// Hand new settings to the session manager (called with the settings lock held, so
+    /// two changes cannot publish out of order).
+    fn publish(&self, next: &Settings) {
+        self.sessions
+            .set_sandbox(next.policy.clone(), next.workspace.root().to_path_buf());
     }
 
     /// The server's state dir (job tables, spooled output, the generated HTTP token).
@@ -222,29 +282,38 @@ impl App {
     /// The policy resolved for the workspace (its `{tmp}` is `<state>/shell-tmp`); what
     /// denials are explained against.
     async fn shell_policy(&self) -> Result<Arc<ResolvedPolicy>, AppError> {
-        Ok(self.resolved_base().await?.0.clone())
+        Ok(self.resolved_base().await?.0)
     }
 
-    async fn resolved_base(&self) -> Result<&(Arc<ResolvedPolicy>, Placeholders), AppError> {
-        self.shell_policy
-            .get_or_try_init(|| async {
-                let tmp = self.state_dir.join("shell-tmp");
-                tmp::create_dir(&tmp)?;
-                let (python, venv) = match self.sessions.python().await {
-                    Ok(info) => (info.prefixes.clone(), info.venv.clone()),
-                    Err(_) => (Vec::new(), None),
-                };
-                let ph = Placeholders {
-                    workspace: self.workspace.root().to_path_buf(),
-                    tmp,
-                    python,
-                    venv,
-                    uv_cache: None,
-                };
-                let policy = self.policy.resolve(&ph).map(Arc::new)?;
-                Ok((policy, ph))
-            })
-            .await
+    /// The current settings' policy resolved, cached per settings generation.
+    async fn resolved_base(&self) -> Result<BasePolicy, AppError> {
+        let settings = self.settings();
+        {
+            let cached = self.shell_policy.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((generation, base)) = &*cached
+                && *generation == settings.generation
+            {
+                return Ok(base.clone());
+            }
+        }
+        let tmp = self.state_dir.join("shell-tmp");
+        tmp::create_dir(&tmp)?;
+        let (python, venv) = match self.sessions.python().await {
+            Ok(info) => (info.prefixes.clone(), info.venv.clone()),
+            Err(_) => (Vec::new(), None),
+        };
+        let ph = Placeholders {
+            workspace: settings.workspace.root().to_path_buf(),
+            tmp,
+            python,
+            venv,
+            uv_cache: None,
+        };
+        let policy = settings.policy.resolve(&ph).map(Arc::new)?;
+        let base = (policy, ph);
+        *self.shell_policy.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((settings.generation, base.clone()));
+        Ok(base)
     }
 
     /// A policy for one shell job: the server's, with a fresh private `{tmp}` that no other
@@ -254,9 +323,9 @@ impl App {
         let tmp = tmp::create_job_tmp(&base.tmp)?;
         let ph = Placeholders {
             tmp: tmp.clone(),
-            ..base.clone()
+            ..base
         };
-        match self.policy.resolve(&ph) {
+        match self.settings().policy.resolve(&ph) {
             Ok(policy) => Ok((Arc::new(policy), tmp)),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&tmp);
@@ -328,8 +397,14 @@ impl App {
 
     /// The snapshot with its denials explained; a finished Python job frees its session.
     fn view(&self, snapshot: JobSnapshot) -> JobView {
-        let denied = match self.shell_policy.get() {
-            Some((policy, _)) => denials(&snapshot, policy),
+        let cached = self
+            .shell_policy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|(_, (policy, _))| policy.clone());
+        let denied = match cached {
+            Some(policy) => denials(&snapshot, &policy),
             None => Vec::new(),
         };
         if snapshot.status.is_finished()

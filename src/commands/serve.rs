@@ -1,20 +1,62 @@
-//! `serve`: turn the command line into the server's plain config and hand over to the
-//! MCP server (nothing below `commands/` sees the CLI types).
+//! `serve`: turn the command line into the server's plain config, check it (a bad value
+//! fails at start in one line, not at the first call) and hand over to the MCP server
+//! (nothing below `commands/` sees the CLI types).
 
-use std::process::ExitCode;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::app;
-use crate::cli::{ServeArgs, Transport};
+use crate::cli::{SandboxState, ServeArgs, Transport};
 use crate::server::transport::HttpAuth;
 use crate::server::{self, ServerConfig, ServerError};
 
-pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    server::serve(config(args)?)
+/// A start-up value that cannot work; the text says which flag and what to pass.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("--{flag} {value} is out of range: {expected}")]
+    OutOfRange {
+        flag: &'static str,
+        value: u64,
+        expected: &'static str,
+    },
+    #[error("--workspace {}: {why}; pass an existing directory", path.display())]
+    Workspace { path: PathBuf, why: String },
+    #[error("--python {}: {why}; pass a working Python 3 interpreter", path.display())]
+    Python { path: PathBuf, why: String },
 }
 
-/// The server config the flags describe; `--policy` wins over `--sandbox-state`. Flags
-/// that only make sense with HTTP are refused with stdio rather than ignored.
+pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let config = config(args)?;
+    check_paths(&config)?;
+    server::serve(config)
+}
+
+/// Ranges of the numeric flags (what a server can work with).
+const MAX_SESSIONS: (u64, u64) = (1, 1024);
+const SESSION_TTL: (u64, u64) = (1, 30 * 24 * 3600);
+const RESPONSE_BYTES: (u64, u64) = (1_000, 10_000_000);
+const MIN_DISK_CAP: u64 = 1024 * 1024;
+
+fn in_range(
+    flag: &'static str,
+    value: u64,
+    range: (u64, u64),
+    expected: &'static str,
+) -> Result<(), StartError> {
+    if value < range.0 || value > range.1 {
+        return Err(StartError::OutOfRange {
+            flag,
+            value,
+            expected,
+        });
+    }
+    Ok(())
+}
+
+/// The server config the flags describe; `--policy` wins over `--sandbox-state`.
+/// Numbers out of range, and flags that only make sense with HTTP given with stdio, are
+/// refused here rather than ignored.
 pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
     let ServeArgs {
         sandbox_state,
@@ -37,6 +79,38 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         keep_jobs,
         keep_hours,
     } = args;
+    in_range(
+        "max-sessions",
+        max_sessions as u64,
+        MAX_SESSIONS,
+        "1 to 1024 sessions",
+    )
+    .map_err(|e| ServerError::Config(e.to_string()))?;
+    in_range(
+        "session-ttl",
+        session_ttl,
+        SESSION_TTL,
+        "1 second to 30 days",
+    )
+    .map_err(|e| ServerError::Config(e.to_string()))?;
+    in_range(
+        "response-bytes",
+        response_bytes as u64,
+        RESPONSE_BYTES,
+        "1000 to 10000000 bytes",
+    )
+    .map_err(|e| ServerError::Config(e.to_string()))?;
+    in_range(
+        "disk-cap",
+        disk_cap,
+        (MIN_DISK_CAP, u64::MAX),
+        "at least 1048576 bytes (1 MiB)",
+    )
+    .map_err(|e| ServerError::Config(e.to_string()))?;
+    let sources = app::Sources {
+        inherit_sandbox: sandbox_state == SandboxState::Inherit && policy.is_none(),
+        workspace_from_roots: workspace.is_none(),
+    };
     let transport = match transport {
         Transport::Stdio if token.is_some() => {
             return Err(ServerError::Config(
@@ -72,6 +146,7 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
             response_bytes,
             disk_cap,
             allow_broad_workspace,
+            sources,
             retention: crate::jobs::Retention {
                 max_jobs: keep_jobs,
                 max_age: Duration::from_secs(keep_hours.saturating_mul(3600)),
@@ -79,6 +154,75 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         },
         transport,
     })
+}
+
+/// The workspace is a directory and `--python` runs (probed once: `sys.version_info`).
+pub fn check_paths(config: &ServerConfig) -> Result<(), StartError> {
+    if let Some(ws) = &config.app.workspace {
+        let why = match std::fs::metadata(ws) {
+            Ok(m) if m.is_dir() => None,
+            Ok(_) => Some("not a directory".to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(why) = why {
+            return Err(StartError::Workspace {
+                path: ws.clone(),
+                why,
+            });
+        }
+    }
+    if let Some(py) = &config.app.python {
+        probe_python(py).map_err(|why| StartError::Python {
+            path: py.clone(),
+            why,
+        })?;
+    }
+    Ok(())
+}
+
+/// Run `python -c ...` once: it must start and say it is Python 3.
+fn probe_python(python: &Path) -> Result<(), String> {
+    const LIMIT: Duration = Duration::from_secs(30);
+    let mut child = Command::new(python)
+        .args(["-I", "-c", "import sys; print(sys.version_info[0])"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run it ({e})"))?;
+    let started = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if started.elapsed() < LIMIT => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("it did not answer within {}s", LIMIT.as_secs()));
+            }
+            Err(e) => return Err(format!("cannot wait for it ({e})")),
+        }
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("cannot read its answer ({e})"))?;
+    let major = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if out.status.success() && major == "3" {
+        return Ok(());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    if out.status.success() {
+        Err(format!(
+            "it is not Python 3 (sys.version_info[0] = {major:?})"
+        ))
+    } else {
+        Err(format!("it failed ({}): {last}", out.status))
+    }
 }
 
 #[cfg(test)]
@@ -96,6 +240,91 @@ mod tests {
 
     fn parse(args: &[&str]) -> ServerConfig {
         try_parse(args).unwrap()
+    }
+
+    fn refused(args: &[&str]) -> String {
+        try_parse(args).unwrap_err()
+    }
+
+    #[test]
+    fn numbers_out_of_range_and_token_on_stdio_are_refused() {
+        let e = refused(&["--max-sessions", "0"]);
+        assert!(e.contains("--max-sessions 0 is out of range"), "{e}");
+        assert!(refused(&["--session-ttl", "0"]).contains("--session-ttl"));
+        assert!(refused(&["--response-bytes", "10"]).contains("--response-bytes"));
+        assert!(refused(&["--disk-cap", "5"]).contains("--disk-cap"));
+        let e = refused(&["--token", "secret"]);
+        assert!(
+            e.contains("--token (or MCP_SANDBOX_TOKEN) is for --transport http"),
+            "{e}"
+        );
+        assert!(
+            !e.contains("secret"),
+            "the token leaked into the message: {e}"
+        );
+        // Edges are accepted.
+        parse(&[
+            "--max-sessions",
+            "1",
+            "--session-ttl",
+            "1",
+            "--response-bytes",
+            "1000",
+        ]);
+    }
+
+    #[test]
+    fn sources_follow_the_flags() {
+        let c = parse(&["--sandbox-state", "inherit"]);
+        assert!(c.app.sources.inherit_sandbox);
+        assert_eq!(c.app.policy, "workspace-write");
+        assert!(
+            !parse(&["--sandbox-state", "inherit", "--policy", "ci"])
+                .app
+                .sources
+                .inherit_sandbox
+        );
+        assert!(!parse(&[]).app.sources.inherit_sandbox);
+        assert!(
+            parse(&[]).app.sources.workspace_from_roots
+                || std::env::var_os("MCP_SANDBOX_WORKSPACE").is_some()
+        );
+        assert!(
+            !parse(&["--workspace", "/tmp"])
+                .app
+                .sources
+                .workspace_from_roots
+        );
+    }
+
+    #[test]
+    fn workspace_and_python_are_checked() {
+        let mut c = parse(&["--workspace", "/etc/passwd"]);
+        let e = check_paths(&c).unwrap_err().to_string();
+        assert!(e.contains("not a directory"), "{e}");
+        c.app.workspace = Some("/nonexistent-ws-xyz".into());
+        assert!(
+            check_paths(&c)
+                .unwrap_err()
+                .to_string()
+                .contains("--workspace")
+        );
+        c.app.workspace = None;
+        c.app.python = Some("/nonexistent-python-xyz".into());
+        let e = check_paths(&c).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--python /nonexistent-python-xyz: cannot run it"),
+            "{e}"
+        );
+        assert_eq!(e.lines().count(), 1, "{e}");
+        // Something that runs but is not Python.
+        c.app.python = Some("/bin/false".into());
+        assert!(
+            check_paths(&c)
+                .unwrap_err()
+                .to_string()
+                .contains("it failed")
+        );
     }
 
     #[test]

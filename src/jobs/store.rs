@@ -282,6 +282,16 @@ impl JobStore {
         self.snapshot(&job, true)
     }
 
+    /// Wait until the job changes (output, status) or `timeout` passes, consuming
+    /// nothing: for watchers (resource subscriptions) beside the agent's own `wait`.
+    pub async fn changed(&self, id: &str, timeout: Duration) -> Result<(), JobError> {
+        let job = self.get(id)?;
+        let mut rx = job.version.subscribe();
+        rx.borrow_and_update();
+        let _ = tokio::time::timeout(timeout, rx.changed()).await;
+        Ok(())
+    }
+
     /// The job's state and the output not yet delivered, without waiting and without
     /// advancing the delivered cursors.
     pub fn peek(&self, id: &str) -> Result<JobSnapshot, JobError> {

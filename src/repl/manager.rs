@@ -26,6 +26,9 @@ pub struct SessionManager {
     /// across a close so a session started again under that name gets them too. Locked
     /// only while `sessions` is held (one lock order).
     site_dirs: Mutex<HashMap<String, Vec<PathBuf>>>,
+    /// The policy and workspace sessions started from now on get ([`Self::set_sandbox`]);
+    /// starts as the config's. Running sessions keep what they started with.
+    sandbox: Mutex<(crate::sandbox::Policy, PathBuf)>,
     /// Sessions the idle reaper closed, with how long they had been idle: the next cell
     /// of a session started again under that name is told its state was lost and why.
     expired: Mutex<HashMap<String, Duration>>,
@@ -39,8 +42,10 @@ impl SessionManager {
     /// Create the manager. Inside a tokio runtime it also starts the idle reaper.
     pub fn new(cfg: ReplConfig) -> Arc<SessionManager> {
         let ttl = cfg.idle_ttl;
+        let sandbox = Mutex::new((cfg.policy.clone(), cfg.workspace.clone()));
         let manager = Arc::new(SessionManager {
             cfg,
+            sandbox,
             python: tokio::sync::OnceCell::new(),
             sessions: Mutex::new(BTreeMap::new()),
             site_dirs: Mutex::new(HashMap::new()),
@@ -62,6 +67,19 @@ impl SessionManager {
 
     fn sessions(&self) -> MutexGuard<'_, BTreeMap<String, Arc<Session>>> {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sessions started from now on run under `policy` in `workspace`; running ones keep
+    /// theirs until they are closed or restarted.
+    pub fn set_sandbox(&self, policy: crate::sandbox::Policy, workspace: PathBuf) {
+        *self.sandbox.lock().unwrap_or_else(|p| p.into_inner()) = (policy, workspace);
+    }
+
+    fn current_sandbox(&self) -> (crate::sandbox::Policy, PathBuf) {
+        self.sandbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn site_dirs_of(&self, name: &str) -> Vec<PathBuf> {
@@ -87,7 +105,10 @@ impl SessionManager {
     /// The interpreter workers run (discovered and probed once).
     pub async fn python(&self) -> Result<&PythonInfo, ReplError> {
         self.python
-            .get_or_try_init(|| discover_python(self.cfg.python.as_deref(), &self.cfg.workspace))
+            .get_or_try_init(|| async {
+                let workspace = self.current_sandbox().1;
+                discover_python(self.cfg.python.as_deref(), &workspace).await
+            })
             .await
     }
 
@@ -179,25 +200,27 @@ impl SessionManager {
             what: format!("create the session directory {}", tmp.display()),
             source,
         })?;
+        let (policy, workspace) = self.current_sandbox();
         let placeholders = Placeholders {
-            workspace: self.cfg.workspace.clone(),
+            workspace: workspace.clone(),
             tmp: tmp.clone(),
             python: python.prefixes.clone(),
             venv: python.venv.clone(),
             uv_cache: None,
         };
-        let policy = Arc::new(self.cfg.policy.resolve(&placeholders)?);
+        let policy_name = policy.name.clone();
+        let policy = Arc::new(policy.resolve(&placeholders)?);
         let snapshot_memory = snapshot_budget(&self.cfg, &policy);
         let env = SessionEnv {
             spec: SpawnSpec {
                 python: python.executable.clone(),
-                workspace: self.cfg.workspace.clone(),
+                workspace,
                 tmp,
                 policy,
                 code: python.worker_code.clone(),
                 snapshots: self.cfg.max_snapshots > 0,
             },
-            policy_name: self.cfg.policy.name.clone(),
+            policy_name,
             python,
             repr_limit: self.cfg.repr_limit,
             start_timeout: self.cfg.start_timeout,

@@ -8,15 +8,19 @@ use std::sync::Arc;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation,
-    InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomNotification,
+    CustomRequest, CustomResult, ErrorCode, Implementation, InitializeRequestParams,
+    InitializeResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities,
+    ServerConfig, SubscribeRequestParams, Tool, UnsubscribeRequestParams,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 
 use tokio_util::sync::CancellationToken;
 
+use super::client_state::{self, ClientLink};
+use super::resources::{self, Subscriptions};
 use super::tools::all_tools;
 use crate::app::App;
 
@@ -39,6 +43,10 @@ pub struct SandboxServer {
     /// Cancelled when this connection goes away; long waits of its tool calls end then.
     pub(crate) closing: CancellationToken,
     tools: ToolRouter<SandboxServer>,
+    /// Roots and what the agent was told of the sandbox ([`client_state`]).
+    link: Arc<ClientLink>,
+    /// This connection's resource subscriptions ([`resources`]).
+    subscriptions: Arc<Subscriptions>,
 }
 
 impl SandboxServer {
@@ -47,6 +55,8 @@ impl SandboxServer {
             app,
             closing,
             tools: all_tools(),
+            link: Arc::default(),
+            subscriptions: Arc::default(),
         }
     }
 
@@ -95,26 +105,143 @@ impl SandboxServer {
 impl ServerHandler for SandboxServer {
     /// On `initialize`, start the default session's worker in the background (before the
     /// answer goes out, so it is under way while the client reads it and sends
-    /// `initialized`): the first `python_exec` then does not pay for interpreter discovery
-    /// and worker start. Idempotent: HTTP clients initialize once per MCP session.
+    /// `initialized`) — unless the client has roots that may choose the workspace: then
+    /// `on_initialized` fetches them first and prewarms after. Prewarm is idempotent.
     async fn initialize(
         &self,
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
-        let app = self.app.clone();
-        tokio::spawn(async move { app.prewarm().await });
+        if request.capabilities.roots.is_none() || !self.app.sources().workspace_from_roots {
+            let app = self.app.clone();
+            tokio::spawn(async move { app.prewarm().await });
+        }
         context.peer.set_peer_info(request.clone());
         self.negotiate_initialize(&request)
     }
 
+    /// Once the client is set up, start the default session's worker in the background, so
+    /// the first `python_exec` does not pay for interpreter discovery and worker start.
+    /// If the client has roots (and no --workspace was given), they are fetched first.
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        self.link.on_initialized(self.app.clone(), context.peer);
+    }
+
+    async fn on_roots_list_changed(&self, context: NotificationContext<RoleServer>) {
+        self.link.on_roots_changed(self.app.clone(), context.peer);
+    }
+
+    /// `codex/sandbox-state/update` as a request: applied, answered with `{}`.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, ErrorData> {
+        if request.method != client_state::SANDBOX_STATE_METHOD {
+            return Err(ErrorData::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                format!("unknown method {}", request.method),
+                None,
+            ));
+        }
+        client_state::apply_sandbox_state(&self.app, request.params.as_ref())?;
+        Ok(CustomResult::new(serde_json::json!({})))
+    }
+
+    /// `codex/sandbox-state/update` as a notification: applied (a failure is logged).
+    async fn on_custom_notification(
+        &self,
+        notification: CustomNotification,
+        _context: NotificationContext<RoleServer>,
+    ) {
+        if notification.method == client_state::SANDBOX_STATE_METHOD
+            && let Err(e) =
+                client_state::apply_sandbox_state(&self.app, notification.params.as_ref())
+        {
+            tracing::warn!("{} ignored: {}", notification.method, e.message);
+        }
+    }
+
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let mut caps = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_resources()
+            .enable_resources_subscribe()
+            .build();
+        if self.app.sources().inherit_sandbox {
+            let mut version = serde_json::Map::new();
+            version.insert("version".into(), serde_json::json!("1.0.0"));
+            caps.experimental = Some(
+                [(client_state::SANDBOX_STATE_CAPABILITY.to_string(), version)]
+                    .into_iter()
+                    .collect(),
+            );
+        }
+        ServerConfig::new(caps)
             .with_server_info(Implementation::new(
                 "mcp-sandbox-repl",
                 env!("CARGO_PKG_VERSION"),
             ))
             .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        Ok(resources::list(&self.app))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(resources::templates())
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        resources::read(&self.app, &request.uri)
+            .await
+            .map(Into::into)
+    }
+
+    /// `subscriptions/listen` (2026-07-28): job streams can be listened to.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &rmcp::model::SubscriptionFilter,
+    ) -> Option<rmcp::model::SubscriptionFilter> {
+        resources::accepted_filter(&self.app, requested)
+    }
+
+    async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), ErrorData> {
+        resources::listen(self.app.clone(), context, &self.closing).await;
+        Ok(())
+    }
+
+    #[allow(deprecated)] // legacy resources/subscribe: what clients before 2026-07-28 send
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.subscriptions
+            .subscribe(self.app.clone(), context.peer, request.uri, &self.closing)
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.subscriptions.unsubscribe(&request.uri);
+        Ok(())
     }
 
     async fn list_tools(
@@ -148,12 +275,13 @@ impl ServerHandler for SandboxServer {
                 None,
             ));
         }
+        self.link.roots_settled(&self.app, &context.peer).await;
         let args = request.arguments.clone().unwrap_or_default();
         let started = std::time::Instant::now();
         let tcc = ToolCallContext::new(self, request, context);
         let outcome = self.tools.call(tcc).await;
         tracing::debug!(tool = %name, micros = started.elapsed().as_micros() as u64, "tool call handled");
-        match outcome {
+        let answer = match outcome {
             // Arguments that do not fit the schema (or a range the tool checks) are
             // protocol errors (-32602) naming the field; failures of the work itself
             // stay `isError` results.
@@ -170,6 +298,14 @@ impl ServerHandler for SandboxServer {
                 Err(self.bad_arguments(&name, &text, &args))
             }
             other => other,
+        };
+        // What new sessions and jobs run under, once after every change.
+        match (answer, self.link.told.pending(&self.app)) {
+            (Ok(CallToolResponse::Complete(mut r)), Some(notice)) => {
+                r.content.push(ContentBlock::text(notice));
+                Ok(CallToolResponse::Complete(r))
+            }
+            (answer, _) => answer,
         }
     }
 }

@@ -11,10 +11,12 @@
 
 mod args_check;
 pub mod budget;
+pub mod client_state;
 pub mod handler;
 pub mod progress;
 pub mod render;
 pub mod report;
+pub mod resources;
 pub mod schema;
 pub mod shapes;
 pub mod tools;

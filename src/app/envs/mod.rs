@@ -141,7 +141,7 @@ impl App {
                 let python = self.sessions.python().await?.executable.clone();
                 Ok::<_, AppError>(EnvManager::new(EnvConfig {
                     state_dir: self.state_dir.clone(),
-                    workspace: self.workspace.root().to_path_buf(),
+                    workspace: self.workspace().root().to_path_buf(),
                     python,
                     uv: self.uv.clone(),
                     uv_cache: None,
@@ -168,13 +168,13 @@ impl App {
             Err(_) => Vec::new(),
         };
         let ph = Placeholders {
-            workspace: self.workspace.root().to_path_buf(),
+            workspace: self.workspace().root().to_path_buf(),
             tmp: tmp.0.clone(),
             python,
             venv: venv.map(|v| v.root().to_path_buf()),
             uv_cache: Some(envs.config().uv_cache_dir()),
         };
-        Ok((self.policy.resolve(&ph)?, tmp))
+        Ok((self.settings().policy.resolve(&ph)?, tmp))
     }
 
     /// Where the venv goes. A `venv_path` is made beneath the workspace now when it will
@@ -191,10 +191,10 @@ impl App {
                 "give `venv_path` or `use_workspace_venv`, not both",
             )),
             (Some(p), false) if create => Ok(Some(VenvLocation::Path(
-                self.workspace.create_dir(p, "venv_path")?,
+                self.workspace().create_dir(p, "venv_path")?,
             ))),
             (Some(p), false) => Ok(Some(VenvLocation::Path(
-                self.workspace.dir(p, "venv_path")?,
+                self.workspace().dir(p, "venv_path")?,
             ))),
             (None, true) => Ok(Some(VenvLocation::Workspace)),
             (None, false) => Ok(None),
@@ -311,6 +311,7 @@ impl App {
         wait: Duration,
         call: &Call,
     ) -> Result<JobView, AppError> {
+        let record = super::scripts::arguments_of(&args);
         let source = match (args.code, args.path) {
             (Some(_), Some(_)) => {
                 return Err(AppError::BadRequest("give `code` or `path`, not both"));
@@ -321,7 +322,7 @@ impl App {
                 ));
             }
             (Some(code), None) => ScriptSource::Code(code),
-            (None, Some(path)) => ScriptSource::Path(self.workspace.file(&path, "path")?),
+            (None, Some(path)) => ScriptSource::Path(self.workspace().file(&path, "path")?),
         };
         let label = match &source {
             ScriptSource::Code(c) => format!(
@@ -342,7 +343,7 @@ impl App {
             timeout: args.timeout,
             cwd: args
                 .cwd
-                .map(|c| self.workspace.dir(&c, "cwd"))
+                .map(|c| self.workspace().dir(&c, "cwd"))
                 .transpose()?,
         };
         let envs = self.envs().await?;
@@ -352,6 +353,10 @@ impl App {
         let cancel = Canceller::new();
         handle.set_control(Arc::new(EnvControl(cancel.clone())));
         let id = handle.id().to_string();
+        // Kept so the agent can list, read and rerun it (resources `script://...`).
+        if let Err(e) = super::scripts::save(&self.state_dir, &id, &label, record) {
+            tracing::warn!("cannot save script {id} for a rerun: {e}");
+        }
         let sink = Arc::new(EnvJobSink {
             handle: handle.clone(),
             progress: None,

@@ -1,0 +1,419 @@
+//! What sessions and jobs started from now on run under — the policy and the workspace —
+//! and how the client may change it while the server runs: a sandbox request (Codex's
+//! sandbox state under `--sandbox-state inherit`) and the client's roots (when no
+//! `--workspace` was given). Running workers keep what they started with; every change
+//! bumps a generation so the server can tell the agent once, in its next answer.
+//!
+//! Decisions (docs/policies.md): the first root is the workspace, further roots are
+//! readable (not writable) paths; a sandbox request's writable roots are extra writable
+//! paths on top of the workspace; `/` and the home directory are never taken from a
+//! client (refused, and the agent is told why).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::sandbox::{NetworkMode, Policy};
+
+use super::error::AppError;
+use super::workspace::Workspace;
+
+/// A sandbox the client asks for (already parsed from its wire format by the server).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SandboxRequest {
+    /// Read the workspace and the system, write only a private temp dir.
+    ReadOnly,
+    /// Write the workspace and `writable_roots`; the host network when `network`.
+    WorkspaceWrite {
+        writable_roots: Vec<PathBuf>,
+        network: bool,
+    },
+    /// No sandbox.
+    FullAccess,
+}
+
+impl SandboxRequest {
+    fn base_name(&self) -> &'static str {
+        match self {
+            SandboxRequest::ReadOnly => "read-only",
+            SandboxRequest::WorkspaceWrite { .. } => "workspace-write",
+            SandboxRequest::FullAccess => "danger-full-access",
+        }
+    }
+}
+
+/// Where the settings may come from, fixed at start.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// `--sandbox-state inherit` with no `--policy`: sandbox requests are honoured.
+    pub inherit_sandbox: bool,
+    /// No `--workspace`: the client's first root becomes the workspace.
+    pub workspace_from_roots: bool,
+}
+
+/// One snapshot of what new sessions and jobs get.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The policy (session-venv rule applied), named after what it is.
+    pub policy: Policy,
+    pub workspace: Workspace,
+    /// Further client roots, readable.
+    pub extra_read: Vec<PathBuf>,
+    /// Bumped by every change (0 = as started).
+    pub generation: u64,
+    /// One paragraph for the agent: what new sessions and jobs run under, and why.
+    pub notice: String,
+}
+
+/// The mutable state behind [`Settings`]: the start-up policy and workspace, plus what
+/// the client asked for so far.
+#[derive(Debug)]
+pub(super) struct State {
+    pub sources: Sources,
+    /// The policy as configured (before any request; venv rule not yet applied).
+    configured: Policy,
+    configured_workspace: PathBuf,
+    state_dir: PathBuf,
+    request: Option<SandboxRequest>,
+    /// Extra writable paths of the last request, checked (canonical).
+    request_write: Vec<PathBuf>,
+    roots: Option<(PathBuf, Vec<PathBuf>)>,
+    /// Client paths refused at the last change, in words.
+    refused: Vec<String>,
+    pub current: Arc<Settings>,
+}
+
+impl State {
+    pub fn new(
+        sources: Sources,
+        configured: Policy,
+        workspace: PathBuf,
+        state_dir: PathBuf,
+    ) -> Result<State, AppError> {
+        let mut state = State {
+            sources,
+            configured: configured.clone(),
+            configured_workspace: workspace.clone(),
+            state_dir,
+            request: None,
+            request_write: Vec::new(),
+            roots: None,
+            refused: Vec::new(),
+            current: Arc::new(Settings {
+                policy: configured,
+                workspace: Workspace::new(workspace),
+                extra_read: Vec::new(),
+                generation: 0,
+                notice: String::new(),
+            }),
+        };
+        state.current = Arc::new(state.build(0)?);
+        Ok(state)
+    }
+
+    /// Apply a sandbox request; refused paths are named in the notice.
+    pub fn apply_request(&mut self, request: SandboxRequest) -> Result<Arc<Settings>, AppError> {
+        self.refused.clear();
+        self.request_write = match &request {
+            SandboxRequest::WorkspaceWrite { writable_roots, .. } => writable_roots
+                .iter()
+                .filter_map(|p| self.check_client_path(p, "writable root"))
+                .collect(),
+            _ => Vec::new(),
+        };
+        self.request = Some(request);
+        self.rebuild()
+    }
+
+    /// Apply the client's roots (file paths, in its order); the first becomes the
+    /// workspace. A refused first root leaves the workspace as it was.
+    pub fn apply_roots(&mut self, roots: Vec<PathBuf>) -> Result<Arc<Settings>, AppError> {
+        self.refused.clear();
+        let mut ok: Vec<PathBuf> = roots
+            .iter()
+            .filter_map(|p| self.check_client_path(p, "root"))
+            .collect();
+        ok.dedup();
+        self.roots = if ok.is_empty() {
+            None
+        } else {
+            let first = ok.remove(0);
+            Some((first, ok))
+        };
+        self.rebuild()
+    }
+
+    fn rebuild(&mut self) -> Result<Arc<Settings>, AppError> {
+        let next = self.build(self.current.generation + 1)?;
+        self.current = Arc::new(next);
+        Ok(self.current.clone())
+    }
+
+    /// `p` as a canonical directory a client may hand us, or `None` with the reason kept.
+    fn check_client_path(&mut self, p: &Path, what: &str) -> Option<PathBuf> {
+        let checked = client_path(p).and_then(|real| {
+            // The same breadth rule as a --workspace: never the state dir or a parent.
+            let home = std::env::var_os("HOME").and_then(|h| PathBuf::from(h).canonicalize().ok());
+            match super::workspace::check_breadth(&real, &self.state_dir, home.as_deref(), false) {
+                Ok(()) => Ok(real),
+                Err(AppError::BroadWorkspace { why, .. }) => Err(format!("it is {why}")),
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        match checked {
+            Ok(real) => Some(real),
+            Err(why) => {
+                self.refused
+                    .push(format!("{what} {} refused: {why}", p.display()));
+                None
+            }
+        }
+    }
+
+    fn build(&self, generation: u64) -> Result<Settings, AppError> {
+        let (workspace, extra_read) = match &self.roots {
+            Some((first, rest)) => (first.clone(), rest.clone()),
+            None => (self.configured_workspace.clone(), Vec::new()),
+        };
+        let mut policy = match &self.request {
+            Some(r) => {
+                let mut p = Policy::load(r.base_name())?;
+                p.name = format!("{} (from the client)", r.base_name());
+                if let SandboxRequest::WorkspaceWrite { network, .. } = r {
+                    p.filesystem
+                        .write
+                        .extend(self.request_write.iter().map(|w| w.display().to_string()));
+                    if *network {
+                        p.network.mode = NetworkMode::Full;
+                        p.network.connect.clear();
+                        p.network.bind.clear();
+                    }
+                }
+                p
+            }
+            None => self.configured.clone(),
+        };
+        policy
+            .filesystem
+            .read
+            .extend(extra_read.iter().map(|r| r.display().to_string()));
+        crate::envs::allow_session_venvs(&mut policy, &self.state_dir)?;
+        // Whatever the workspace, sandboxed code never sees the state dir (job records,
+        // spooled output, the HTTP token): the mount view covers it, re-exposing only what
+        // the policy lists inside (venvs, private tmp).
+        policy
+            .filesystem
+            .hide
+            .push(self.state_dir.to_string_lossy().into_owned());
+        let notice = self.notice(&policy, &workspace, &extra_read);
+        Ok(Settings {
+            policy,
+            workspace: Workspace::new(workspace),
+            extra_read,
+            generation,
+            notice,
+        })
+    }
+
+    fn notice(&self, policy: &Policy, workspace: &Path, extra_read: &[PathBuf]) -> String {
+        let mut s = match (&self.request, self.sources.inherit_sandbox) {
+            (None, true) => format!(
+                "Sandbox: --sandbox-state inherit, but the client has not sent its sandbox \
+                 state (codex/sandbox-state/update) yet, so new sessions and jobs run under \
+                 {}. Workspace: {}.",
+                policy.name,
+                workspace.display()
+            ),
+            (
+                Some(SandboxRequest::WorkspaceWrite {
+                    network,
+                    writable_roots: _,
+                }),
+                _,
+            ) => {
+                let extra = if self.request_write.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", also writable: {}",
+                        self.request_write
+                            .iter()
+                            .map(|p| p.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                };
+                format!(
+                    "Sandbox changed by the client: new sessions and jobs run under {} \
+                     (workspace {} writable{extra}; network {}).",
+                    policy.name,
+                    workspace.display(),
+                    if *network { "on" } else { "off" }
+                )
+            }
+            (Some(_), _) => format!(
+                "Sandbox changed by the client: new sessions and jobs run under {}. \
+                 Workspace: {}.",
+                policy.name,
+                workspace.display()
+            ),
+            (None, false) => format!(
+                "Workspace: {} (from the client's roots); new sessions and jobs run there \
+                 under {}.",
+                workspace.display(),
+                policy.name
+            ),
+        };
+        if !extra_read.is_empty() {
+            s.push_str(&format!(
+                " Also readable (the client's other roots): {}.",
+                extra_read
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        if self.request.is_some() || self.roots.is_some() {
+            s.push_str(
+                " Sessions already running keep their sandbox until python_restart or \
+                 session_close; session_list shows each session's policy.",
+            );
+        }
+        for r in &self.refused {
+            s.push(' ');
+            s.push_str(r);
+            s.push('.');
+        }
+        s
+    }
+}
+
+/// A path a client hands us: absolute, an existing directory, never `/` or the home
+/// directory (either would open the whole machine or the user's credentials).
+pub fn client_path(p: &Path) -> Result<PathBuf, String> {
+    if !p.is_absolute() {
+        return Err("not an absolute path".into());
+    }
+    let real = p
+        .canonicalize()
+        .map_err(|e| format!("cannot resolve it ({e})"))?;
+    if !real.is_dir() {
+        return Err("not a directory".into());
+    }
+    if real == Path::new("/") {
+        return Err("the root directory is never taken from a client".into());
+    }
+    if let Some(home) = std::env::var_os("HOME").map(PathBuf::from)
+        && home.canonicalize().is_ok_and(|h| h == real)
+    {
+        return Err("the home directory is never taken from a client".into());
+    }
+    Ok(real)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("app-settings-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        p.canonicalize().unwrap()
+    }
+
+    fn state(inherit: bool, name: &str) -> (State, PathBuf) {
+        let ws = scratch(&format!("{name}-ws"));
+        let st = scratch(&format!("{name}-state"));
+        let s = State::new(
+            Sources {
+                inherit_sandbox: inherit,
+                workspace_from_roots: true,
+            },
+            Policy::load("workspace-write").unwrap(),
+            ws.clone(),
+            st,
+        )
+        .unwrap();
+        (s, ws)
+    }
+
+    #[test]
+    fn inherit_says_workspace_write_until_a_request() {
+        let (s, _) = state(true, "inherit");
+        assert_eq!(s.current.generation, 0);
+        assert_eq!(s.current.policy.name, "workspace-write");
+        assert!(
+            s.current.notice.contains("has not sent"),
+            "{}",
+            s.current.notice
+        );
+    }
+
+    #[test]
+    fn requests_map_onto_policies() {
+        let (mut s, _) = state(true, "map");
+        let ro = s.apply_request(SandboxRequest::ReadOnly).unwrap();
+        assert_eq!(ro.generation, 1);
+        assert!(ro.policy.name.starts_with("read-only"));
+        assert!(
+            !ro.policy
+                .filesystem
+                .write
+                .iter()
+                .any(|w| w == "{workspace}")
+        );
+        let extra = scratch("map-extra");
+        let ww = s
+            .apply_request(SandboxRequest::WorkspaceWrite {
+                writable_roots: vec![extra.clone(), "/".into(), "relative".into()],
+                network: true,
+            })
+            .unwrap();
+        assert!(ww.policy.name.starts_with("workspace-write"));
+        let extra_s = extra.display().to_string();
+        assert!(ww.policy.filesystem.write.contains(&extra_s));
+        assert!(!ww.policy.filesystem.write.iter().any(|w| w == "/"));
+        assert_eq!(ww.policy.network.mode, NetworkMode::Full);
+        assert!(
+            ww.notice.contains("writable root / refused"),
+            "{}",
+            ww.notice
+        );
+        assert!(ww.notice.contains("relative refused"), "{}", ww.notice);
+        let full = s.apply_request(SandboxRequest::FullAccess).unwrap();
+        assert!(full.policy.name.starts_with("danger-full-access"));
+        assert_eq!(full.generation, 3);
+    }
+
+    #[test]
+    fn roots_set_the_workspace_and_readable_paths() {
+        let (mut s, ws) = state(false, "roots");
+        let a = scratch("roots-a");
+        let b = scratch("roots-b");
+        let r = s.apply_roots(vec![a.clone(), b.clone()]).unwrap();
+        assert_eq!(r.workspace.root(), a.as_path());
+        assert_eq!(r.extra_read, vec![b.clone()]);
+        assert!(r.policy.filesystem.read.contains(&b.display().to_string()));
+        assert!(!r.policy.filesystem.write.contains(&b.display().to_string()));
+        // `/` and a file are refused; with no usable root the configured workspace stays.
+        let file = a.join("f");
+        std::fs::write(&file, "").unwrap();
+        let r = s.apply_roots(vec!["/".into(), file]).unwrap();
+        assert_eq!(r.workspace.root(), ws.as_path());
+        assert!(r.notice.contains("root / refused"), "{}", r.notice);
+        assert!(r.notice.contains("not a directory"), "{}", r.notice);
+    }
+
+    #[test]
+    fn home_is_never_taken_from_a_client() {
+        if let Some(home) = std::env::var_os("HOME").map(PathBuf::from)
+            && home.is_dir()
+        {
+            let e = client_path(&home).unwrap_err();
+            assert!(e.contains("home directory"), "{e}");
+        }
+        assert!(client_path(Path::new("/")).is_err());
+        assert!(client_path(Path::new("/nonexistent-xyz")).is_err());
+    }
+}

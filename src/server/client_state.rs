@@ -1,0 +1,309 @@
+//! What the client tells the server about its own state, in the client's wire format:
+//! Codex's `codex/sandbox-state/update` (a request answered with `{}`, or a notification)
+//! and MCP roots (`roots/list`, `notifications/roots/list_changed`). Parsed here and
+//! handed to the app as plain [`SandboxRequest`]s and paths; per connection, the agent
+//! is told once, in its next tool answer, what new sessions and jobs run under.
+
+// MCP roots are deprecated by SEP-2577 in rmcp, but they are what Claude Code, Cursor and
+// VS Code still offer.
+#![allow(deprecated)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rmcp::model::{ErrorCode, Root};
+use rmcp::{ErrorData, Peer, RoleServer};
+use serde::Deserialize;
+
+use crate::app::{App, SandboxRequest};
+
+/// The experimental capability Codex looks for before it sends sandbox updates.
+pub const SANDBOX_STATE_CAPABILITY: &str = "codex/sandbox-state";
+/// The method of the update (request or notification).
+pub const SANDBOX_STATE_METHOD: &str = "codex/sandbox-state/update";
+
+/// Params of `codex/sandbox-state/update` (fields we do not use are ignored).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SandboxStateParams {
+    sandbox_policy: CodexPolicy,
+    /// Codex's working directory: writable under workspace-write, as in Codex itself.
+    #[serde(default)]
+    sandbox_cwd: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+enum CodexPolicy {
+    ReadOnly,
+    WorkspaceWrite {
+        #[serde(default)]
+        writable_roots: Vec<PathBuf>,
+        #[serde(default)]
+        network_access: bool,
+    },
+    DangerFullAccess,
+}
+
+/// Parse the update's params into a request for the app; the error names what is wrong.
+pub fn parse_sandbox_state(params: Option<&serde_json::Value>) -> Result<SandboxRequest, String> {
+    let params = params.ok_or_else(|| format!("{SANDBOX_STATE_METHOD} needs params"))?;
+    let p: SandboxStateParams = serde_json::from_value(params.clone()).map_err(|e| {
+        format!(
+            "invalid {SANDBOX_STATE_METHOD} params: {e} (expected sandboxPolicy.type \
+             read-only, workspace-write or danger-full-access)"
+        )
+    })?;
+    Ok(match p.sandbox_policy {
+        CodexPolicy::ReadOnly => SandboxRequest::ReadOnly,
+        CodexPolicy::DangerFullAccess => SandboxRequest::FullAccess,
+        CodexPolicy::WorkspaceWrite {
+            mut writable_roots,
+            network_access,
+        } => {
+            if let Some(cwd) = p.sandbox_cwd
+                && !writable_roots.contains(&cwd)
+            {
+                writable_roots.insert(0, cwd);
+            }
+            SandboxRequest::WorkspaceWrite {
+                writable_roots,
+                network: network_access,
+            }
+        }
+    })
+}
+
+/// Apply an update from the client; a protocol error when it cannot be applied.
+pub fn apply_sandbox_state(app: &App, params: Option<&serde_json::Value>) -> Result<(), ErrorData> {
+    let request = parse_sandbox_state(params)
+        .map_err(|m| ErrorData::new(ErrorCode::INVALID_PARAMS, m, None))?;
+    let settings = app
+        .apply_sandbox_request(request)
+        .map_err(|e| ErrorData::new(ErrorCode::INVALID_REQUEST, e.to_string(), None))?;
+    tracing::info!(policy = %settings.policy.name, "sandbox state from the client applied");
+    Ok(())
+}
+
+/// The `file://` roots as paths, in the client's order (other schemes are skipped).
+pub fn root_paths(roots: &[Root]) -> Vec<PathBuf> {
+    roots.iter().filter_map(|r| file_uri_path(&r.uri)).collect()
+}
+
+/// `file:///a%20b` (or `file://localhost/a%20b`) → `/a b`; `None` for anything else
+/// (another scheme or host, a query or fragment, bad escapes). The `url` crate is not
+/// among our dependencies and this is the whole of what roots need.
+fn file_uri_path(uri: &str) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    let rest = uri
+        .strip_prefix("file://")
+        .or_else(|| uri.strip_prefix("FILE://"))?;
+    let path = rest.strip_prefix("localhost").unwrap_or(rest);
+    if !path.starts_with('/') || path.contains(['?', '#']) {
+        return None;
+    }
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    if out.contains(&0) {
+        return None;
+    }
+    Some(PathBuf::from(std::ffi::OsString::from_vec(out)))
+}
+
+/// Ask the client for its roots and hand them to the app.
+pub async fn refresh_roots(app: &App, peer: &Peer<RoleServer>) {
+    #[allow(deprecated)] // roots are still what Claude Code, Cursor and VS Code offer
+    let listed = peer.list_roots().await;
+    match listed {
+        Ok(list) => {
+            let paths = root_paths(&list.roots);
+            if paths.is_empty() {
+                tracing::info!("the client lists no file roots; the workspace stays");
+                return;
+            }
+            match app.apply_roots(paths) {
+                Ok(s) => {
+                    tracing::info!(workspace = %s.workspace.root().display(), "workspace from the client's roots")
+                }
+                Err(e) => tracing::warn!("cannot apply the client's roots: {e}"),
+            }
+        }
+        Err(e) => tracing::warn!("roots/list failed: {e}; the workspace stays"),
+    }
+}
+
+/// Per connection: what the agent was told, and the first fetch of the client's roots
+/// (tool calls wait for it, so the first session starts in the right workspace).
+#[derive(Debug, Default)]
+pub struct ClientLink {
+    pub told: Told,
+    first_roots: tokio::sync::OnceCell<()>,
+}
+
+impl ClientLink {
+    /// After `initialized`: fetch the client's roots (if they may set the workspace),
+    /// then start the default session in the workspace they chose.
+    pub fn on_initialized(self: &Arc<Self>, app: Arc<App>, peer: Peer<RoleServer>) {
+        let link = self.clone();
+        tokio::spawn(async move {
+            link.roots_settled(&app, &peer).await;
+            app.prewarm().await;
+        });
+    }
+
+    /// `notifications/roots/list_changed`: fetch again; sessions started afterwards use it.
+    pub fn on_roots_changed(&self, app: Arc<App>, peer: Peer<RoleServer>) {
+        if !app.sources().workspace_from_roots {
+            return;
+        }
+        tokio::spawn(async move { refresh_roots(&app, &peer).await });
+    }
+
+    /// The first roots answer has been applied (fetched once per connection, by whoever
+    /// comes first: `initialized` or a tool call), or there is none to wait for.
+    pub async fn roots_settled(&self, app: &App, peer: &Peer<RoleServer>) {
+        let has_roots = peer
+            .peer_info()
+            .is_some_and(|info| info.capabilities.roots.is_some());
+        if !has_roots || !app.sources().workspace_from_roots {
+            return;
+        }
+        self.first_roots
+            .get_or_init(|| async {
+                let limit = std::time::Duration::from_secs(10);
+                if tokio::time::timeout(limit, refresh_roots(app, peer))
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(
+                        "the client did not answer roots/list within 10s; the workspace stays"
+                    );
+                }
+            })
+            .await;
+    }
+}
+
+/// Per connection: which settings generation the agent was last told about.
+#[derive(Debug)]
+pub struct Told {
+    generation: AtomicU64,
+}
+
+const NOTHING_TOLD: u64 = u64::MAX;
+
+impl Default for Told {
+    fn default() -> Self {
+        Told {
+            generation: AtomicU64::new(NOTHING_TOLD),
+        }
+    }
+}
+
+impl Told {
+    /// The notice to add to this answer, if the agent has not been told the current
+    /// settings yet: after every change, and in the first answer under `inherit` or when
+    /// the settings already differ from the start-up ones.
+    pub fn pending(&self, app: &Arc<App>) -> Option<String> {
+        let settings = app.settings();
+        let before = self.generation.swap(settings.generation, Ordering::SeqCst);
+        if before == settings.generation {
+            return None;
+        }
+        let first = before == NOTHING_TOLD;
+        if first && settings.generation == 0 && !app.sources().inherit_sandbox {
+            return None;
+        }
+        Some(settings.notice.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn codex_updates_parse() {
+        let r = parse_sandbox_state(Some(&json!({"sandboxPolicy": {"type": "read-only"}})));
+        assert_eq!(r.unwrap(), SandboxRequest::ReadOnly);
+        let r = parse_sandbox_state(Some(&json!({
+            "sandboxPolicy": {"type": "workspace-write", "writable_roots": ["/a"],
+                "network_access": true, "exclude_tmpdir_env_var": false, "exclude_slash_tmp": false},
+            "sandboxCwd": "/cwd", "codexLinuxSandboxExe": "/x"
+        })))
+        .unwrap();
+        assert_eq!(
+            r,
+            SandboxRequest::WorkspaceWrite {
+                writable_roots: vec!["/cwd".into(), "/a".into()],
+                network: true
+            }
+        );
+        let r = parse_sandbox_state(Some(&json!({"sandboxPolicy": {"type": "workspace-write"}})));
+        assert_eq!(
+            r.unwrap(),
+            SandboxRequest::WorkspaceWrite {
+                writable_roots: vec![],
+                network: false
+            }
+        );
+        let r = parse_sandbox_state(Some(
+            &json!({"sandboxPolicy": {"type": "danger-full-access"}}),
+        ));
+        assert_eq!(r.unwrap(), SandboxRequest::FullAccess);
+    }
+
+    #[test]
+    fn hostile_updates_are_refused_in_words() {
+        for bad in [
+            json!({}),
+            json!({"sandboxPolicy": {"type": "external-sandbox"}}),
+            json!({"sandboxPolicy": "read-only"}),
+            json!({"sandboxPolicy": {"type": "workspace-write", "writable_roots": "/"}}),
+            json!([1, 2]),
+        ] {
+            let e = parse_sandbox_state(Some(&bad)).unwrap_err();
+            assert!(
+                e.contains("invalid codex/sandbox-state/update params"),
+                "{e}"
+            );
+        }
+        assert!(parse_sandbox_state(None).is_err());
+    }
+
+    #[test]
+    fn only_file_roots_become_paths() {
+        let roots = vec![
+            Root::new("file:///home/u/proj%20a"),
+            Root::new("https://example.com/x"),
+            Root::new("not a uri"),
+            Root::new("file:///srv/b"),
+            Root::new("file://otherhost/srv/c"),
+            Root::new("file:///x%zz"),
+            Root::new("file:///x%00y"),
+            Root::new("file:///x?q=1"),
+            Root::new("file://localhost/srv/d"),
+        ];
+        assert_eq!(
+            root_paths(&roots),
+            vec![
+                PathBuf::from("/home/u/proj a"),
+                PathBuf::from("/srv/b"),
+                PathBuf::from("/srv/d")
+            ]
+        );
+    }
+}
