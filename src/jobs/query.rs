@@ -85,24 +85,14 @@ impl JobStore {
         context_lines: usize,
         max_hits: usize,
     ) -> Result<Vec<SearchHit>, JobError> {
-        let job = self.get(id)?;
-        let re = search::compile(pattern).map_err(|reason| JobError::Pattern {
-            pattern: pattern.into(),
-            reason,
-        })?;
-        let (path, total) = {
-            let spool = lock(&job.spools[stream.index()]);
-            (spool.path().to_path_buf(), spool.len())
+        let limits = search::Limits {
+            start: 0,
+            context: context_lines,
+            max_hits,
+            text_budget: usize::MAX,
+            count_cap: max_hits.clamp(1, search::MAX_HITS) as u64,
         };
-        let scan = || search::search_file(&path, total, &re, context_lines, max_hits);
-        let on_worker = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        let hits = if on_worker {
-            tokio::task::block_in_place(scan)
-        } else {
-            scan()
-        };
-        hits.map_err(|e| JobError::io(format!("could not search {stream} of job {}", job.id), e))
+        Ok(self.search_from(id, stream, pattern, &limits)?.hits)
     }
 
     /// A search from a cursor within limits: the hits, the count of all matches and

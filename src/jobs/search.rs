@@ -32,24 +32,6 @@ pub fn compile(pattern: &str) -> Result<Regex, String> {
         })
 }
 
-/// Search the first `len` bytes of the spool at `path`: at most `max_hits` hits.
-pub fn search_file(
-    path: &Path,
-    len: u64,
-    re: &Regex,
-    context_lines: usize,
-    max_hits: usize,
-) -> io::Result<Vec<SearchHit>> {
-    let limits = Limits {
-        start: 0,
-        context: context_lines,
-        max_hits,
-        text_budget: usize::MAX,
-        count_cap: max_hits.clamp(1, MAX_HITS) as u64,
-    };
-    Ok(scan(path, len, re, &limits)?.hits)
-}
-
 /// What a search may return.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -239,6 +221,24 @@ fn shorten(line: &[u8], at: Option<usize>) -> String {
 mod tests {
     use super::*;
     use std::path::PathBuf;
+
+    /// The first `len` bytes of `path`, at most `max_hits` hits, every match counted.
+    fn search_file(
+        path: &Path,
+        len: u64,
+        re: &Regex,
+        context_lines: usize,
+        max_hits: usize,
+    ) -> io::Result<Vec<SearchHit>> {
+        let limits = Limits {
+            start: 0,
+            context: context_lines,
+            max_hits,
+            text_budget: usize::MAX,
+            count_cap: max_hits.clamp(1, MAX_HITS) as u64,
+        };
+        Ok(scan(path, len, re, &limits)?.hits)
+    }
 
     fn file_with(name: &str, data: &[u8]) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("jobs-search-{}", std::process::id()));
