@@ -92,16 +92,7 @@ impl Spool {
     /// A finished job's spool found on disk at start-up (missing file = empty).
     pub(crate) fn existing(path: PathBuf) -> Spool {
         let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        let mut spool = Spool {
-            path,
-            len,
-            dropped: 0,
-            full_at: None,
-            file: None,
-            open: false,
-            last: [0; 3],
-            last_len: 0,
-        };
+        let mut spool = Spool::finished(path, len);
         let keep = len.min(3);
         let mut buf = [0u8; 3];
         if keep > 0

@@ -12,12 +12,22 @@ pub(crate) fn state_dir(name: &str) -> std::path::PathBuf {
     p
 }
 
+/// The store configuration of most tests: a 1 GiB disk cap, 20 KB answers, default
+/// retention, in `dir`.
+fn config(dir: std::path::PathBuf) -> StoreConfig {
+    StoreConfig {
+        state_dir: dir,
+        disk_cap: 1 << 30,
+        response_bytes: 20_000,
+        retention: Default::default(),
+    }
+}
+
 fn open(name: &str, response_bytes: usize, disk_cap: u64) -> Arc<JobStore> {
     JobStore::open(StoreConfig {
-        state_dir: state_dir(name),
         disk_cap,
         response_bytes,
-        retention: Default::default(),
+        ..config(state_dir(name))
     })
     .unwrap()
 }
@@ -300,12 +310,7 @@ async fn a_partly_written_character_is_held_back_while_running() {
 #[tokio::test]
 async fn restart_keeps_finished_jobs_and_marks_running_ones_lost() {
     let dir = state_dir("restart");
-    let cfg = StoreConfig {
-        state_dir: dir.clone(),
-        disk_cap: 1 << 30,
-        response_bytes: 20_000,
-        retention: Default::default(),
-    };
+    let cfg = config(dir.clone());
     let (done_id, running_id) = {
         let store = JobStore::open(cfg.clone()).unwrap();
         let a = store
@@ -434,12 +439,7 @@ async fn shutdown_records_jobs_that_do_not_end_as_cancelled() {
         }
     }
     let dir = state_dir("shutdown");
-    let cfg = StoreConfig {
-        state_dir: dir,
-        disk_cap: 1 << 30,
-        response_bytes: 20_000,
-        retention: Default::default(),
-    };
+    let cfg = config(dir);
     let id = {
         let store = JobStore::open(cfg.clone()).unwrap();
         let h = store
@@ -465,12 +465,7 @@ async fn shutdown_records_jobs_that_do_not_end_as_cancelled() {
 #[tokio::test]
 async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost() {
     let dir = state_dir("silent");
-    let cfg = StoreConfig {
-        state_dir: dir.clone(),
-        disk_cap: 1 << 30,
-        response_bytes: 20_000,
-        retention: Default::default(),
-    };
+    let cfg = config(dir.clone());
     {
         let store = JobStore::open(cfg.clone()).unwrap();
         let quick = store.create(JobKind::Python, Some("s"), "1+1").unwrap();
@@ -531,13 +526,11 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
 async fn retention_keeps_the_newest_finished_jobs_silent_or_not() {
     let dir = state_dir("retention");
     let cfg = StoreConfig {
-        state_dir: dir.clone(),
-        disk_cap: 1 << 30,
-        response_bytes: 20_000,
         retention: Retention {
             max_jobs: 3,
             max_age: Duration::from_secs(3600),
         },
+        ..config(dir.clone())
     };
     let running_id = {
         let store = JobStore::open(cfg.clone()).unwrap();
@@ -616,12 +609,7 @@ async fn retention_keeps_the_newest_finished_jobs_silent_or_not() {
 #[tokio::test]
 async fn restart_reads_the_index_only() {
     let dir = state_dir("index-only");
-    let cfg = StoreConfig {
-        state_dir: dir.clone(),
-        disk_cap: 1 << 30,
-        response_bytes: 20_000,
-        retention: Default::default(),
-    };
+    let cfg = config(dir.clone());
     {
         let store = JobStore::open(cfg.clone()).unwrap();
         let h = store.create(JobKind::Shell, None, "echo hi").unwrap();

@@ -114,19 +114,20 @@ pub fn enforcement(k: &KernelSupport, policy: &ResolvedPolicy) -> Vec<Item> {
         proc_item.required = k.namespaces.procfs_hidepid.ok;
         items.push(proc_item);
     }
+    let netns_missing = || {
+        k.namespaces
+            .network
+            .error
+            .clone()
+            .unwrap_or_else(|| "needs root (CAP_SYS_ADMIN)".into())
+    };
     match &policy.network {
         NetworkPolicy::None => {
             items.push(check(
                 "no network at all",
                 "empty network namespace",
                 k.namespaces.network.ok && admin,
-                || {
-                    k.namespaces
-                        .network
-                        .error
-                        .clone()
-                        .unwrap_or_else(|| "needs root (CAP_SYS_ADMIN)".into())
-                },
+                netns_missing,
             ));
             items.push(check(
                 "no sockets but AF_UNIX",
@@ -144,13 +145,7 @@ pub fn enforcement(k: &KernelSupport, policy: &ResolvedPolicy) -> Vec<Item> {
             "loopback only (host listeners unreachable)",
             "network namespace with lo up",
             k.namespaces.network.ok && admin,
-            || {
-                k.namespaces
-                    .network
-                    .error
-                    .clone()
-                    .unwrap_or_else(|| "needs root (CAP_SYS_ADMIN)".into())
-            },
+            netns_missing,
         )),
         NetworkPolicy::Ports { .. } => items.push(check(
             "TCP only to/on listed ports",
@@ -163,13 +158,7 @@ pub fn enforcement(k: &KernelSupport, policy: &ResolvedPolicy) -> Vec<Item> {
                 "only the server's proxy reachable (host listeners unreachable)",
                 "empty network namespace joined from the broker",
                 k.namespaces.network.ok && admin,
-                || {
-                    k.namespaces
-                        .network
-                        .error
-                        .clone()
-                        .unwrap_or_else(|| "needs root (CAP_SYS_ADMIN)".into())
-                },
+                netns_missing,
             ));
             items.push(check(
                 "TCP connect to the proxy port only; no UDP, raw, netlink or vsock sockets",
