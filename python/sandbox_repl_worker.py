@@ -329,6 +329,30 @@ def _emit_figures():
         sys.stderr.write(f"[sandbox-repl] could not render matplotlib figures: {e}\n")
 
 
+def _patched_spec(finder, name, patch):
+    """The real spec of module `name`, whose loader calls `patch(module)` once the module
+    has run: how the worker's import hooks change a library at no cost until it is
+    imported. `finder._busy` keeps the lookup from finding `finder` itself again."""
+    import importlib.util
+
+    finder._busy = True
+    try:
+        spec = importlib.util.find_spec(name)
+    finally:
+        finder._busy = False
+    loader = getattr(spec, "loader", None)
+    if loader is None or not hasattr(loader, "exec_module"):
+        return spec
+    real_exec = loader.exec_module
+
+    def exec_module(module):
+        real_exec(module)
+        patch(module)
+
+    loader.exec_module = exec_module
+    return spec
+
+
 class _MplBackendFinder:
     """Makes matplotlib draw with the worker's own backend, at no cost until it is imported.
 
@@ -349,28 +373,15 @@ class _MplBackendFinder:
             return importlib.util.spec_from_loader(name, cls)
         if name != "matplotlib" or cls._busy:
             return None
-        import importlib.util
 
-        cls._busy = True  # find the real package without finding ourselves again
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            cls._busy = False
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        real_exec = loader.exec_module
-
-        def exec_module(module):
-            real_exec(module)
+        def select_backend(module):
             if "MPLBACKEND" not in os.environ:
                 try:
                     module.rcParams["backend"] = "module://" + cls.NAME
                 except Exception as e:
                     sys.stderr.write(f"[sandbox-repl] could not select the inline matplotlib backend: {e}\n")
 
-        loader.exec_module = exec_module
-        return spec
+        return _patched_spec(cls, name, select_backend)
 
     @staticmethod
     def create_module(spec):
@@ -458,24 +469,11 @@ class _GetpassFinder:
     def find_spec(cls, name, path=None, target=None):
         if name != "getpass" or cls._busy or cls.worker is None:
             return None
-        import importlib.util
 
-        cls._busy = True
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            cls._busy = False
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        real_exec = loader.exec_module
-
-        def exec_module(module):
-            real_exec(module)
+        def bridge(module):
             module.getpass = cls.worker.getpass
 
-        loader.exec_module = exec_module
-        return spec
+        return _patched_spec(cls, name, bridge)
 
 
 class _Flusher:
