@@ -274,7 +274,10 @@ mod tests {
         let got = explain_denials(&p, &text);
         assert_eq!(got.len(), 1, "{got:?}");
         assert!(
-            got[0].contains(&format!("{}/inner is not visible in the sandbox", host.display())),
+            got[0].contains(&format!(
+                "{}/inner is not visible in the sandbox",
+                host.display()
+            )),
             "{}",
             got[0]
         );

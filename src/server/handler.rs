@@ -266,8 +266,7 @@ impl ServerHandler for SandboxServer {
         request: UpdateTaskParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.tasks
-            .update(&request.task_id, request.input_responses)
+        self.tasks.update(&request.task_id, request.input_responses)
     }
 
     /// `tasks/cancel`: cancels the job (as job_cancel does).

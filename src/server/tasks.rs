@@ -154,7 +154,8 @@ impl Follower {
                 JobStatus::AwaitingInput => {
                     asked += 1;
                     let prompt = view.snapshot.prompt.unwrap_or_default();
-                    self.ask(&ctx, &format!("input-{asked}"), &prompt).await?;
+                    let key = format!("input-{asked}");
+                    self.ask(&ctx, &key, &prompt, view.snapshot.secret).await?;
                 }
                 _ => ctx.set_status_message(format!("job {id} running")),
             }
@@ -163,13 +164,19 @@ impl Follower {
 
     /// The job waits for input: ask the client (`input_required`) until it answers with
     /// `tasks/update`, or the job gets its input another way (`job_input`), or ends.
-    async fn ask(&self, ctx: &TaskContext, key: &str, prompt: &str) -> Result<(), TaskExit> {
+    async fn ask(
+        &self,
+        ctx: &TaskContext,
+        key: &str,
+        prompt: &str,
+        secret: bool,
+    ) -> Result<(), TaskExit> {
         let id = self.id.as_str();
         ctx.set_status_message(format!(
             "job {id} awaiting input (prompt {prompt:?}): answer the input request with \
              tasks/update, or call job_input with job_id {id:?}"
         ));
-        let answer = ctx.request_input(key.to_string(), input_request(id, prompt)?);
+        let answer = ctx.request_input(key.to_string(), input_request(id, prompt, secret)?);
         tokio::pin!(answer);
         loop {
             tokio::select! {
@@ -217,13 +224,18 @@ impl Follower {
     }
 }
 
-/// The elicitation that asks for the text a job waits for.
-fn input_request(id: &str, prompt: &str) -> Result<InputRequest, TaskExit> {
+/// The elicitation that asks for the text a job waits for (a secret for getpass).
+fn input_request(id: &str, prompt: &str, secret: bool) -> Result<InputRequest, TaskExit> {
+    let what = if secret {
+        "a secret (getpass; never echoed)"
+    } else {
+        "input"
+    };
     let request = json!({
         "method": "elicitation/create",
         "params": {
             "mode": "form",
-            "message": format!("job {id} asks for input: {prompt}"),
+            "message": format!("job {id} asks for {what}: {prompt}"),
             "requestedSchema": {
                 "type": "object",
                 "properties": {
@@ -275,7 +287,17 @@ mod tests {
 
     #[test]
     fn the_input_request_is_a_form_elicitation() {
-        let Ok(r) = input_request("j1", "name? ") else {
+        let Ok(secret) = input_request("j1", "pw: ", true) else {
+            panic!("no input request")
+        };
+        let wire = serde_json::to_value(&secret).unwrap();
+        assert!(
+            wire["params"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("secret")
+        );
+        let Ok(r) = input_request("j1", "name? ", false) else {
             panic!("no input request")
         };
         let wire = serde_json::to_value(&r).unwrap();
