@@ -6,7 +6,7 @@ SDK's own extension mechanism: a client that declares the extension and claims t
 
 from __future__ import annotations
 
-import os
+import json
 from typing import Any, Literal
 
 import anyio
@@ -173,6 +173,22 @@ def test_input_is_asked_as_input_required_and_answered_with_tasks_update(server)
         got = await poll(c.session, created.task_id, {"completed", "failed", "cancelled"})
         s = got["result"]["structuredContent"]
         assert s["value"] == "'Ada'" and "hi Ada" in s["stdout"]["text"], s
+
+        # getpass asks for a secret: the request says so; the answer shows nowhere.
+        created = await c.session.call_tool(
+            "python_exec", {"code": "import getpass\npw = getpass.getpass('pw: ')\nlen(pw)", "wait_seconds": 0.2},
+            allow_claimed=True,
+        )
+        got = await poll(c.session, created.task_id, {"input_required"})
+        ((key, request),) = got["inputRequests"].items()
+        assert "secret" in request["params"]["message"], request
+        await task_call(
+            c.session, "tasks/update", created.task_id,
+            input_responses={key: {"action": "accept", "content": {"text": "hunter2-XYZ"}}},
+        )
+        got = await poll(c.session, created.task_id, {"completed", "failed", "cancelled"})
+        assert got["result"]["structuredContent"]["value"] == "11", got
+        assert "hunter2-XYZ" not in json.dumps(got), got
 
         # Answered with job_input: the task goes back to working, then completes.
         created = await c.session.call_tool(
