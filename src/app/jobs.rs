@@ -119,6 +119,22 @@ impl App {
         .await
     }
 
+    /// A job as one answer from its start: both output streams from byte 0 (cut to
+    /// the answer budget, as one long window would have), its state and result. Advances
+    /// nothing. What a task following the job ends with.
+    pub async fn job_whole(&self, id: &str) -> Result<JobView, AppError> {
+        let mut snap = self.store.peek(id)?;
+        let (out, err) = (snap.stdout.end, snap.stderr.end);
+        let (b_out, b_err) = crate::jobs::excerpt::split_budget(self.response_bytes, out, err);
+        snap.stdout = self.store.excerpt(id, Stream::Stdout, 0, out, b_out)?;
+        snap.stderr = self.store.excerpt(id, Stream::Stderr, 0, err, b_err)?;
+        if snap.status == crate::jobs::JobStatus::Failed {
+            // Resolved once; needed to explain denials in words.
+            let _ = self.shell_policy().await;
+        }
+        Ok(self.view(snap))
+    }
+
     pub fn job_list(&self, filter: &JobFilter) -> Vec<JobSummary> {
         self.store.list(filter)
     }

@@ -48,6 +48,9 @@ impl CellSink for JobSink {
     fn awaiting_input(&self, prompt: &str) {
         self.0.awaiting_input(prompt);
     }
+    fn awaiting_secret_input(&self, prompt: &str) {
+        self.0.awaiting_secret_input(prompt);
+    }
     fn input_received(&self) {
         self.0.resumed();
     }

@@ -86,6 +86,8 @@ pub(crate) struct ResultSlot {
 pub(crate) struct JobState {
     pub status: JobStatus,
     pub prompt: Option<String>,
+    /// The pending input is a secret (getpass).
+    pub secret: bool,
     pub exit_code: Option<i32>,
     pub signal: Option<String>,
     pub message: Option<String>,
@@ -286,6 +288,7 @@ impl Job {
         self.record_saved.store(false, Ordering::SeqCst);
         st.status = status;
         st.prompt = None;
+        st.secret = false;
         st.exit_code = outcome.exit_code;
         st.signal = outcome.signal;
         st.message = message;
@@ -382,6 +385,15 @@ impl JobHandle {
 
     /// The job is blocked reading input; `prompt` is what it printed as a prompt.
     pub fn awaiting_input(&self, prompt: &str) {
+        self.asks(prompt, false);
+    }
+
+    /// The same for a secret (getpass): the report says so.
+    pub fn awaiting_secret_input(&self, prompt: &str) {
+        self.asks(prompt, true);
+    }
+
+    fn asks(&self, prompt: &str, secret: bool) {
         {
             let mut st = lock(&self.job.state);
             if st.status.is_finished() {
@@ -389,6 +401,7 @@ impl JobHandle {
             }
             st.status = JobStatus::AwaitingInput;
             st.prompt = Some(prompt.to_string());
+            st.secret = secret;
         }
         self.job.bump();
     }
@@ -402,6 +415,7 @@ impl JobHandle {
             }
             st.status = JobStatus::Running;
             st.prompt = None;
+            st.secret = false;
         }
         self.job.bump();
     }

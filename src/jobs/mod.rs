@@ -283,6 +283,9 @@ pub struct JobSnapshot {
     /// The input prompt, while `status` is `awaiting_input`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
+    /// The pending input is a secret (getpass): its answer is never shown.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub secret: bool,
     /// Stdout written since the last snapshot.
     pub stdout: Excerpt,
     /// Stderr written since the last snapshot.

@@ -111,6 +111,7 @@ impl JobStore {
             let state = JobState {
                 status,
                 prompt: None,
+                secret: false,
                 exit_code: rec.exit_code,
                 signal: rec.signal,
                 message,
@@ -191,6 +192,7 @@ impl JobStore {
         let state = JobState {
             status: JobStatus::Running,
             prompt: None,
+            secret: false,
             exit_code: None,
             signal: None,
             message: None,
@@ -373,6 +375,7 @@ impl JobStore {
             label: job.label.clone(),
             status: st.status,
             prompt: st.prompt.clone(),
+            secret: st.secret,
             stdout,
             stderr,
             elapsed_ms: job.elapsed_ms(&st),

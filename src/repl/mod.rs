@@ -52,6 +52,10 @@ pub trait CellSink: Send + Sync {
     fn output(&self, stream: OutStream, data: &[u8]);
     /// The cell called `input(prompt)` and waits for [`Session::send_input`].
     fn awaiting_input(&self, prompt: &str);
+    /// The same for a secret (`getpass`): the answer is not to be shown.
+    fn awaiting_secret_input(&self, prompt: &str) {
+        self.awaiting_input(prompt);
+    }
     /// The pending `input()` got its text; the cell runs again.
     fn input_received(&self);
 }

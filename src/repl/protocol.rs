@@ -73,6 +73,9 @@ pub enum Event {
     InputRequest {
         id: u64,
         prompt: String,
+        /// A secret (getpass): the answer must not be shown.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        secret: bool,
     },
     /// Cell `id` finished. Everything it printed was flushed to fds 1/2 before this line.
     Done {
@@ -273,6 +276,25 @@ mod tests {
         );
         let ev = decode(br#"{"ev":"variable","id":1,"name":"x","type":"int","repr":"1","chars":1,"truncated":false,"size":28,"json":1,"has_json":true}"#).unwrap();
         assert_eq!(ev.id(), Some(1));
+        // getpass asks with `secret: true`; input() leaves it out.
+        for (line, secret) in [
+            (
+                &br#"{"ev":"input_request","id":2,"prompt":"pw: ","secret":true}"#[..],
+                true,
+            ),
+            (
+                &br#"{"ev":"input_request","id":2,"prompt":"pw: "}"#[..],
+                false,
+            ),
+        ] {
+            let ev = decode(line).unwrap();
+            let want = Event::InputRequest {
+                id: 2,
+                prompt: "pw: ".into(),
+                secret,
+            };
+            assert_eq!(ev, want);
+        }
     }
 
     #[test]

@@ -145,12 +145,14 @@ impl Shared {
                     None => drop(snap), // nobody keeps it: it exits
                 }
             }
-            Event::InputRequest { id, prompt } => {
+            Event::InputRequest { id, prompt, secret } => {
                 let sink = st.pending.get(&id).and_then(|p| p.sink.clone());
                 st.awaiting_input = Some((id, prompt.clone()));
                 drop(st);
-                if let Some(sink) = sink {
-                    sink.awaiting_input(&prompt);
+                match sink {
+                    Some(sink) if secret => sink.awaiting_secret_input(&prompt),
+                    Some(sink) => sink.awaiting_input(&prompt),
+                    None => {}
                 }
             }
             other => {

@@ -2,7 +2,9 @@
 //! (EACCES, EROFS, EPERM) that the program prints as it likes; this module finds those
 //! messages in a job's output and says which rule of which policy stopped it, e.g.
 //! "blocked by policy workspace-write: write to /etc/x (writable here: /ws, the private
-//! temp dir)". Pure text in, text out: the caller decides where to show it.
+//! temp dir)". Pure text in, text out: the caller decides where to show it — except
+//! that a "No such file or directory" about a path the mount view leaves out is told
+//! apart from an ordinary one by looking at the host (see [`hidden_by_view`]).
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +14,8 @@ use super::resolve::{NetworkPolicy, ResolvedPolicy};
 const READ_ONLY: &str = "Read-only file system";
 const DENIED: &str = "Permission denied";
 const NOT_PERMITTED: &str = "Operation not permitted";
+/// ENOENT: a path the mount view does not show is simply absent in the sandbox.
+const NOT_FOUND: &str = "No such file or directory";
 
 /// At most this many explanations per text: a loop hitting the same wall says so once.
 const MAX_EXPLANATIONS: usize = 5;
@@ -42,10 +46,15 @@ fn explain_line(policy: &ResolvedPolicy, line: &str, context: &[&str]) -> Option
     let read_only = line.contains(READ_ONLY);
     let denied = line.contains(DENIED);
     let not_permitted = line.contains(NOT_PERMITTED);
-    if !(read_only || denied || not_permitted) {
-        return None;
-    }
     let prefix = format!("blocked by policy {}", policy.name);
+    if !(read_only || denied || not_permitted) {
+        let hidden = denied_path(line, NOT_FOUND).and_then(|p| hidden_by_view(policy, &p))?;
+        return Some(format!(
+            "{prefix}: {} is not visible in the sandbox (the policy does not mount it; to use \
+             it, add it to the policy's read or write paths)",
+            hidden.display()
+        ));
+    }
     let phrase = if read_only {
         READ_ONLY
     } else if denied {
@@ -106,6 +115,61 @@ fn absolute_paths(text: &str) -> impl Iterator<Item = &str> {
     text.split(|c: char| c.is_whitespace() || matches!(c, '\'' | '"' | '`' | '‘' | '’'))
         .map(|t| t.trim_end_matches([':', ',', ')', ';', '.']))
         .filter(|t| t.starts_with('/') && t.len() > 1)
+}
+
+/// For a path the sandbox said does not exist: the part of it that exists on the host
+/// but not in the job's mount view, if that is why. `None` for an ordinary ENOENT: the
+/// path is missing on the host too (below a directory the job sees, or at `/`), or it
+/// lies inside a path the view shows. Costs a few `stat`s, only for failed jobs.
+pub fn hidden_by_view(policy: &ResolvedPolicy, path: &Path) -> Option<PathBuf> {
+    if !path.is_absolute() || path.components().any(|c| c.as_os_str() == "..") {
+        return None;
+    }
+    // The nearest part of the path that exists on the host.
+    let existing = path.ancestors().find(|a| a.symlink_metadata().is_ok())?;
+    if existing == Path::new("/") || view_shows(policy, existing) {
+        return None;
+    }
+    // A directory the view creates only to reach a listed path (`/usr` for `/usr/lib`)
+    // is there but empty: a missing name below it is only hidden if it exists on the host.
+    let on_the_way = view_roots(policy).any(|r| r.starts_with(existing) && r != existing);
+    if on_the_way && existing != path {
+        return None;
+    }
+    Some(existing.to_path_buf())
+}
+
+/// Every path the mount view binds (see `sandbox::mounts`).
+fn view_roots(policy: &ResolvedPolicy) -> impl Iterator<Item = &Path> {
+    const ALWAYS: [&str; 3] = ["/tmp", "/dev", "/proc"];
+    policy
+        .read
+        .iter()
+        .chain(&policy.write)
+        .chain(&policy.execute)
+        .chain([&policy.tmp, &policy.workspace])
+        .map(PathBuf::as_path)
+        .chain(ALWAYS.iter().map(Path::new))
+}
+
+/// Whether the view shows `path`: beneath a bound path, unless a hidden path lies
+/// deeper between them (the nearest one decides).
+fn view_shows(policy: &ResolvedPolicy, path: &Path) -> bool {
+    let depth = |r: &Path| r.components().count();
+    let shown = view_roots(policy)
+        .filter(|r| path.starts_with(r))
+        .map(depth)
+        .max();
+    let hidden = policy
+        .hide
+        .iter()
+        .filter(|h| path.starts_with(h))
+        .map(|h| depth(h))
+        .max();
+    match (shown, hidden) {
+        (Some(s), Some(h)) => s > h,
+        (s, _) => s.is_some(),
+    }
 }
 
 fn looks_like_network(line: &str) -> bool {
@@ -184,6 +248,46 @@ mod tests {
                     all good\n\
                     PermissionError: [Errno 13] Permission denied: '/state/tmp/j1/x'";
         assert_eq!(explain_denials(&p, text), Vec::<String>::new());
+    }
+
+    #[test]
+    fn paths_the_view_leaves_out_are_named() {
+        // Real host paths: /proc/self exists everywhere; the view binds /proc, so a
+        // missing name there is ordinary. `/` and a name missing on the host are ordinary.
+        let mut p = policy("workspace-write");
+        // Not under /tmp: the view always shows a /tmp (the private one).
+        let host = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("target")
+            .join(format!("explain-{}", std::process::id()));
+        std::fs::create_dir_all(host.join("inner")).unwrap();
+        let text = format!(
+            "mkdir: cannot create directory '{0}/inner/x': No such file or directory\n\
+             cat: /proc/self/nothing-here: No such file or directory\n\
+             ls: cannot access '/no-such-top-dir-xyz/a': No such file or directory\n\
+             FileNotFoundError: [Errno 2] No such file or directory: 'relative'\n",
+            host.display()
+        );
+        p.read.retain(|r| !host.starts_with(r));
+        p.write.retain(|r| !host.starts_with(r));
+        p.execute.retain(|r| !host.starts_with(r));
+        p.tmp = PathBuf::from("/state/tmp/j1");
+        let got = explain_denials(&p, &text);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(
+            got[0].contains(&format!(
+                "{}/inner is not visible in the sandbox",
+                host.display()
+            )),
+            "{}",
+            got[0]
+        );
+        // Once the view shows it, the same ENOENT is ordinary.
+        p.read.push(host.clone());
+        assert!(explain_denials(&p, &text).is_empty());
+        // A hidden path beneath a shown one is not visible again.
+        p.hide.push(host.join("inner"));
+        assert_eq!(explain_denials(&p, &text).len(), 1);
+        std::fs::remove_dir_all(&host).unwrap();
     }
 
     #[test]

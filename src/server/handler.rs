@@ -1,18 +1,20 @@
 //! The MCP handler: one [`SandboxServer`] per client connection, all sharing one
 //! [`App`] (sessions, job store). Routes tool calls, answers `tools/list`, and turns
 //! malformed tool arguments and unknown tools into JSON-RPC invalid-params errors
-//! (-32602) that name the field.
+//! (-32602) that name the field. A job that outlives its call's window becomes an MCP
+//! task when the client declares the tasks extension ([`super::tasks`]).
 
 use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomNotification,
-    CustomRequest, CustomResult, ErrorCode, Implementation, InitializeRequestParams,
-    InitializeResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
-    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities,
-    ServerConfig, SubscribeRequestParams, Tool, UnsubscribeRequestParams,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    CustomNotification, CustomRequest, CustomResult, ErrorCode, GetTaskParams, GetTaskResult,
+    Implementation, InitializeRequestParams, InitializeResult, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
+    ReadResourceResponse, ServerCapabilities, ServerConfig, SubscribeRequestParams, Tool,
+    UnsubscribeRequestParams, UpdateTaskParams,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -21,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client_state::{self, ClientLink};
 use super::resources::{self, Subscriptions};
+use super::tasks::{JobTasks, TASK_TOOLS};
 use super::tools::all_tools;
 use crate::app::App;
 
@@ -47,6 +50,8 @@ pub struct SandboxServer {
     link: Arc<ClientLink>,
     /// This connection's resource subscriptions ([`resources`]).
     subscriptions: Arc<Subscriptions>,
+    /// This connection's MCP tasks ([`super::tasks`]).
+    tasks: JobTasks,
 }
 
 impl SandboxServer {
@@ -57,6 +62,7 @@ impl SandboxServer {
             tools: all_tools(),
             link: Arc::default(),
             subscriptions: Arc::default(),
+            tasks: JobTasks::default(),
         }
     }
 
@@ -167,6 +173,7 @@ impl ServerHandler for SandboxServer {
             .enable_tools()
             .enable_resources()
             .enable_resources_subscribe()
+            .enable_tasks()
             .build();
         if self.app.sources().inherit_sandbox {
             let mut version = serde_json::Map::new();
@@ -244,6 +251,33 @@ impl ServerHandler for SandboxServer {
         Ok(())
     }
 
+    /// `tasks/get`: the task's state; once `completed`, the job's answer inline.
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        self.tasks.get(&request.task_id)
+    }
+
+    /// `tasks/update`: the answer to a job's input request.
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks.update(&request.task_id, request.input_responses)
+    }
+
+    /// `tasks/cancel`: cancels the job (as job_cancel does).
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks.cancel(&request.task_id)
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -276,6 +310,12 @@ impl ServerHandler for SandboxServer {
             ));
         }
         self.link.roots_settled(&self.app, &context.peer).await;
+        // A client that declares the tasks extension gets a task for a job that
+        // outlives the window; every other client gets today's `running` report.
+        let may_task = TASK_TOOLS.contains(&name.as_str())
+            && context
+                .client_capabilities()
+                .is_some_and(|caps| caps.supports_tasks());
         let args = request.arguments.clone().unwrap_or_default();
         let started = std::time::Instant::now();
         let tcc = ToolCallContext::new(self, request, context);
@@ -296,6 +336,12 @@ impl ServerHandler for SandboxServer {
                     .map(|t| t.text.clone())
                     .unwrap_or_default();
                 Err(self.bad_arguments(&name, &text, &args))
+            }
+            Ok(CallToolResponse::Complete(r)) if may_task => {
+                match self.tasks.adopt(self.app.clone(), &r, self.closing.clone()) {
+                    Some(task) => return Ok(CallToolResponse::Task(task)),
+                    None => Ok(CallToolResponse::Complete(r)),
+                }
             }
             other => other,
         };

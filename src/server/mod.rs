@@ -19,6 +19,7 @@ pub mod report;
 pub mod resources;
 pub mod schema;
 pub mod shapes;
+pub mod tasks;
 pub mod tools;
 pub mod transport;
 

@@ -80,6 +80,9 @@ pub struct JobReport {
     /// The prompt of a pending `input()` (status awaiting_input).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
+    /// True when the pending input is a secret (getpass): the answer is never echoed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<bool>,
     /// New standard output since the last answer about this job.
     pub stdout: OutputPart,
     /// New standard error since the last answer about this job.
@@ -182,6 +185,7 @@ impl JobReport {
             label: _,
             status,
             prompt,
+            secret,
             stdout,
             stderr,
             elapsed_ms,
@@ -196,6 +200,7 @@ impl JobReport {
             session,
             status,
             prompt,
+            secret: secret.then_some(true),
             stdout: stdout.into(),
             stderr: stderr.into(),
             elapsed_ms,
@@ -509,7 +514,12 @@ impl JobReport {
             out.push_str(&format!("--- {} ---\n{}\n", d.mime, d.data));
         }
         if let Some(p) = &self.prompt {
-            out.push_str(&format!("prompt: {p:?}\n"));
+            let secret = if self.secret == Some(true) {
+                " (secret: the answer is not echoed)"
+            } else {
+                ""
+            };
+            out.push_str(&format!("prompt: {p:?}{secret}\n"));
         }
         // A failed cell's message repeats the traceback's last line.
         if let Some(m) = self.message.as_ref().filter(|_| self.error.is_none()) {
@@ -628,6 +638,7 @@ mod tests {
             label: "print(1)".into(),
             status,
             prompt: None,
+            secret: false,
             stdout: Excerpt::default(),
             stderr: Excerpt::default(),
             elapsed_ms: 5,

@@ -421,6 +421,9 @@ def test_getpass_is_asked_through_job_input_and_never_echoed(server):
         secret = "s3cr3t-XYZZY"
         r = await c.ok("python_exec", code="import getpass\npw = getpass.getpass('pw: ')\nprint('got', len(pw))")
         assert r["status"] == "awaiting_input" and r["prompt"] == "pw: ", r
+        assert r["secret"] is True, r  # getpass is marked secret, in the text too
+        running = await c.call("job_wait", job_id=r["job_id"], timeout_seconds=0)
+        assert "secret" in text_of(running) and running.structured_content["secret"] is True
         res = await c.call("job_input", job_id=r["job_id"], text=secret)
         done = res.structured_content
         assert done["status"] == "completed", done
@@ -431,8 +434,13 @@ def test_getpass_is_asked_through_job_input_and_never_echoed(server):
         seen.append(json.dumps(await c.ok("python_history")))
         seen.append(json.dumps(await c.ok("job_list")))
         assert all(secret not in s for s in seen), [s for s in seen if secret in s]
+        assert "secret" not in done, done  # no input pending any more
         # The cell has it, though.
         assert (await c.ok("python_exec", code="pw[-5:]"))["value"] == "'XYZZY'"
+        # input() is not a secret.
+        r = await c.ok("python_exec", code="name = input('name? ')")
+        assert r["status"] == "awaiting_input" and "secret" not in r, r
+        await c.ok("job_input", job_id=r["job_id"], text="Ada")
 
     server.run(scenario)
 

@@ -157,6 +157,29 @@ def test_each_shell_job_gets_its_own_private_tmp(server):
     server.run(scenario)
 
 
+def test_paths_outside_the_mount_view_are_explained(server):
+    """`mkdir /var/x` fails with a bare ENOENT because the mount view does not show /var
+    (the host has it); the answer says the path is not visible and how to change that, for
+    shell jobs and cells alike. An ordinary ENOENT inside a visible path, or of a path the
+    host lacks too, gets no such note."""
+
+    async def scenario(c):
+        res = await c.call("shell_run", command="mkdir /var/mcp-sandbox-x")
+        denied = res.structured_content.get("denied", [])
+        assert res.is_error and len(denied) == 1, res.structured_content
+        assert denied[0].startswith("blocked by policy workspace-write: /var is not visible in the sandbox"), denied
+        assert "read or write paths" in denied[0], denied
+        r = await c.py("import os; os.listdir('/var/lib')")
+        assert r["status"] == "failed", r
+        assert any("/var/lib is not visible" in d or "/var is not visible" in d for d in r.get("denied", [])), r
+        for ordinary in ("ls /usr/no-such-name-here", "cat /no-such-top-dir-xyz/a", "mkdir nope/x"):
+            res = await c.call("shell_run", command=ordinary)
+            assert res.is_error, ordinary
+            assert "denied" not in res.structured_content, (ordinary, res.structured_content)
+
+    server.run(scenario)
+
+
 def test_denials_are_explained_in_words(server):
     """A write outside the workspace fails with the kernel's bare EROFS; the answer adds a
     sentence naming the policy and the path, for shell jobs and Python cells alike, and
