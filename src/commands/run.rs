@@ -122,7 +122,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut cmd = SandboxCommand::new(resolved.clone(), program);
     cmd.args(rest)
         .current_dir(dir)
-        .stderr(std::process::Stdio::from(writer));
+        .stderr(writer);
     let forwarding = SignalForwarding::install();
     let child = cmd.spawn()?;
     child.forward_terminal_signals(&forwarding);

@@ -7,7 +7,7 @@
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::process::Stdio;
+use crate::sandbox::Io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -98,9 +98,9 @@ impl Worker {
         cmd.current_dir(&spec.workspace)
             .env("PYTHONIOENCODING", "utf-8")
             .env("TMPDIR", &spec.tmp)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stdin(Io::Null)
+            .stdout(Io::Piped)
+            .stderr(Io::Piped)
             .pass_fd(OwnedFd::from(req_r), 3)
             .pass_fd(OwnedFd::from(ev_w), 4)
             .enforce_wall_time(false);
