@@ -517,9 +517,13 @@ fn dup_above(fd: RawFd, min: RawFd) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
-/// The spec as JSON in a sealed-size anonymous file, read by the launcher from offset 0.
+/// The spec as JSON in an anonymous file, read by the launcher from offset 0.
 fn spec_memfd(spec: &LaunchSpec) -> std::io::Result<OwnedFd> {
-    let json = serde_json::to_vec(spec).map_err(std::io::Error::other)?;
+    bytes_memfd(&serde_json::to_vec(spec).map_err(std::io::Error::other)?)
+}
+
+/// `bytes` in an anonymous close-on-exec file, positioned at offset 0.
+pub(super) fn bytes_memfd(json: &[u8]) -> std::io::Result<OwnedFd> {
     // SAFETY: memfd_create with a static NUL-terminated name.
     let fd = unsafe { libc::memfd_create(c"launch-spec".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
@@ -527,7 +531,7 @@ fn spec_memfd(spec: &LaunchSpec) -> std::io::Result<OwnedFd> {
     }
     // SAFETY: fresh descriptor we own.
     let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
-    file.write_all(&json)?;
+    file.write_all(json)?;
     file.rewind()?;
     Ok(OwnedFd::from(file))
 }

@@ -6,7 +6,9 @@
 //! from the spawner thread that lives as long as the server (see `spawn`). It reads
 //! requests from a `SOCK_SEQPACKET` socket pair only the two of them hold: one message
 //! of JSON ([`Request`]: the [`LaunchSpec`] and where each descriptor goes) with the
-//! descriptors themselves attached (`SCM_RIGHTS`). For each it forks with
+//! descriptors themselves attached (`SCM_RIGHTS`); a request larger than
+//! [`INLINE_MAX`] (a worker's source travels in its argv) comes in a memfd attached
+//! last, the message itself being [`IN_MEMFD`]. For each it forks with
 //! `CLONE_PARENT`, so the new process is the server's child — the server waits for it,
 //! opens its pidfd and gets its exit status as before — and the child places its
 //! descriptors and goes on exactly as the re-executed launcher does (`run_spec`). The
@@ -17,7 +19,7 @@
 //! (it closes what it received), asks for `SIGKILL` when the spawner thread dies, and
 //! its children bind themselves to the server exactly as the launcher's do.
 
-use std::io::{IoSlice, IoSliceMut};
+use std::io::{IoSlice, IoSliceMut, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
@@ -39,8 +41,11 @@ pub const ZYGOTE_ARG: &str = "__sandbox-zygote";
 /// when the zygote cannot start; the benchmark measures both).
 pub const ZYGOTE_ENV: &str = "MCP_SANDBOX_ZYGOTE";
 
-/// The largest request (JSON) the zygote reads: far above any real spec.
-const MAX_REQUEST: usize = 1 << 20;
+/// The largest request sent inline in the message (socket buffers are ~200 KiB).
+const INLINE_MAX: usize = 32 << 10;
+
+/// The message of a request whose JSON is in the memfd attached last.
+const IN_MEMFD: &[u8] = b"@";
 
 /// The most descriptors one job is handed (the kernel's own cap is 253).
 const MAX_FDS: usize = 64;
@@ -70,15 +75,24 @@ pub fn zygote_main() -> ! {
     }
     // SAFETY: the server put our end of the socket pair at `sock`; nothing else owns it.
     let sock = unsafe { OwnedFd::from_raw_fd(sock) };
-    let mut buf = vec![0u8; MAX_REQUEST];
+    let mut buf = vec![0u8; INLINE_MAX];
     loop {
-        let (len, fds) = match receive(&sock, &mut buf) {
+        let (len, mut fds) = match receive(&sock, &mut buf) {
             Ok(Some(got)) => got,
             // The server closed its end (or is gone): nothing more to do.
             Ok(None) | Err(_) => std::process::exit(0),
         };
-        let reply = match serde_json::from_slice::<Request>(&buf[..len]) {
-            Ok(req) if req.targets.len() == fds.len() => fork_job(&sock, &req, fds),
+        let request = if &buf[..len] == IN_MEMFD {
+            let mut json = Vec::new();
+            fds.pop()
+                .map(std::fs::File::from)
+                .and_then(|mut f| f.read_to_end(&mut json).ok())
+                .and_then(|_| serde_json::from_slice::<Request>(&json).ok())
+        } else {
+            serde_json::from_slice::<Request>(&buf[..len]).ok()
+        };
+        let reply = match request {
+            Some(req) if req.targets.len() == fds.len() => fork_job(&sock, &req, fds),
             _ => -libc::EINVAL,
         };
         let sent = sendmsg::<()>(
@@ -206,10 +220,21 @@ pub(super) fn spawn(spec: &LaunchSpec, fds: &[(RawFd, RawFd)]) -> std::io::Resul
         targets: fds.iter().map(|&(_, t)| t).collect(),
     };
     let json = serde_json::to_vec(&request).map_err(std::io::Error::other)?;
-    if json.len() > MAX_REQUEST || fds.len() > MAX_FDS {
-        return Err(std::io::Error::other("the launch request is too large for the zygote"));
+    if fds.len() >= MAX_FDS {
+        return Err(std::io::Error::other("too many descriptors for the zygote"));
     }
-    let raw: Vec<RawFd> = fds.iter().map(|&(fd, _)| fd).collect();
+    let mut raw: Vec<RawFd> = fds.iter().map(|&(fd, _)| fd).collect();
+    let memfd = match json.len() > INLINE_MAX {
+        true => Some(super::spawn::bytes_memfd(&json)?),
+        false => None,
+    };
+    let message: &[u8] = match &memfd {
+        Some(fd) => {
+            raw.push(fd.as_raw_fd());
+            IN_MEMFD
+        }
+        None => &json,
+    };
     let mut guard = ZYGOTE
         .lock()
         .map_err(|_| std::io::Error::other("the zygote lock is poisoned"))?;
@@ -221,7 +246,7 @@ pub(super) fn spawn(spec: &LaunchSpec, fds: &[(RawFd, RawFd)]) -> std::io::Resul
         let Some(zygote) = guard.as_ref() else {
             continue;
         };
-        match exchange(&zygote.sock, &json, &raw) {
+        match exchange(&zygote.sock, message, &raw) {
             Ok(pid) if pid > 0 => return Ok(pid as u32),
             Ok(errno) => {
                 return Err(std::io::Error::from_raw_os_error(-errno));
