@@ -136,6 +136,12 @@ impl SandboxCommand {
             NetworkPolicy::Proxy { allow } => Some(start_proxy(&policy.name, allow)?),
             _ => None,
         };
+        let route = Route::choose();
+        // The server's jobs join a namespace made ahead of need (`run` makes its own).
+        let pooled_netns = match (super::launcher::private_network(policy), route) {
+            (Some(loopback), Route::Zygote | Route::Reexec) => super::netns::take_pooled(loopback),
+            _ => None,
+        };
         let max_target = self.fds.iter().map(|(_, t)| *t).max().unwrap_or(2);
         let (spec_target, status_target) = (max_target + 1, max_target + 2);
         let netns_target = max_target + 3;
@@ -174,7 +180,7 @@ impl SandboxCommand {
             status_fd: status_target,
             cgroup_procs: cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
             memory_cgroup: cgroup.as_ref().is_some_and(|c| c.has_memory_limit()),
-            netns_fd: proxy.as_ref().map(|_| netns_target),
+            netns_fd: (proxy.is_some() || pooled_netns.is_some()).then_some(netns_target),
             proxy_port: proxy.as_ref().map(|p| p.port),
             parent_pid: std::process::id(),
         };
@@ -190,12 +196,11 @@ impl SandboxCommand {
         // Where each descriptor goes in the child, 0-2 included (`None` there: inherit).
         let mut fds: Vec<(RawFd, RawFd)> = self.fds.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
         fds.push((status_w.as_raw_fd(), status_target));
-        if let Some(proxy) = &proxy {
-            fds.push((proxy.netns.as_raw_fd(), netns_target));
+        if let Some(netns) = proxy.as_ref().map(|p| &p.netns).or(pooled_netns.as_ref()) {
+            fds.push((netns.as_raw_fd(), netns_target));
         }
         let stdio = [stdin, stdout, stderr];
         let started = Instant::now();
-        let route = Route::choose();
         let zygote_pid = match route {
             Route::Zygote => {
                 let mut all = fds.clone();
@@ -228,6 +233,7 @@ impl SandboxCommand {
             .map_err(spawn_err)?,
         };
         drop(status_w);
+        drop(pooled_netns);
         let mut report = String::new();
         let mut status_r = std::fs::File::from(status_r);
         let _ = status_r.read_to_string(&mut report);
