@@ -59,9 +59,7 @@ pub async fn run(
     cancel: &Canceller,
     timeout: Option<Duration>,
 ) -> Result<RunOutcome, EnvError> {
-    cmd.stdin(Io::Null)
-        .stdout(Io::Piped)
-        .stderr(Io::Piped);
+    cmd.stdin(Io::Null).stdout(Io::Piped).stderr(Io::Piped);
     let started = Instant::now();
     let mut child = cmd.spawn()?;
     let denials = child.network_denials();

@@ -7,9 +7,9 @@
 //! group, then SIGKILL after the grace period. Status stays `running` while the
 //! process runs: we cannot tell whether it is blocked reading stdin.
 
+use crate::sandbox::Io;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use crate::sandbox::Io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;

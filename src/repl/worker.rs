@@ -5,9 +5,9 @@
 //! task) and can kill the process group; dropping it kills the worker. The I/O task owns
 //! the event pipe, stdout, stderr and a pidfd, and ends when the process has ended.
 
+use crate::sandbox::Io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use crate::sandbox::Io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -22,6 +22,7 @@ pub mod mounts;
 pub mod netns;
 pub mod pidns;
 pub mod policy;
+pub mod pool;
 pub mod privileges;
 pub mod probe;
 pub mod proxy;

@@ -11,6 +11,8 @@ use std::io;
 use std::net::TcpListener;
 use std::os::fd::{AsRawFd, OwnedFd};
 
+use super::pool::Pool;
+
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
     #[error(
@@ -117,101 +119,20 @@ pub fn isolate_network(loopback_up: bool) -> Result<(), NetnsError> {
     Ok(())
 }
 
-/// Network namespaces made ahead of need for the server's jobs, so a job joins one
-/// (`setns`, cheap) instead of creating it in the launcher (`unshare`, the kernel's
-/// per-namespace set-up: sysctl tables, the loopback device). One thread makes them,
-/// in itself (an `unshare` moves only that thread; the descriptor keeps each namespace
-/// alive), keeping [`POOL_DEPTH`] ready of each kind asked for so far. A namespace is
-/// handed out once and never comes back: the server closes its descriptor after the
-/// spawn, so the namespace ends with the job's last process.
-pub struct NamespacePool {
-    state: std::sync::Mutex<PoolState>,
-    wake: std::sync::Condvar,
-}
+/// Network namespaces made ahead of need for the server's jobs (see `pool`): a job joins
+/// one (`setns`, cheap) instead of making it in the launcher (`unshare`: the kernel's
+/// per-namespace set-up of sysctl tables and the loopback device). The pool's thread
+/// makes them in itself (an `unshare` moves only that thread; the descriptor keeps each
+/// namespace alive); the server closes its descriptor after the spawn, so a namespace
+/// ends with the job's last process.
+static POOL: Pool<bool, OwnedFd> = Pool::new("netns-pool", |&loopback| {
+    make_namespace(loopback).map_err(|e| e.to_string())
+});
 
-/// Namespaces kept ready of each kind (loopback down / up).
-pub const POOL_DEPTH: usize = 2;
-
-#[derive(Default)]
-struct PoolState {
-    /// Index 0: `lo` down (`network = none`); 1: `lo` up (`loopback`).
-    ready: [Vec<OwnedFd>; 2],
-    wanted: [bool; 2],
-    started: bool,
-    /// The maker could not make a namespace: callers fall back to `unshare`.
-    failed: bool,
-}
-
-static POOL: NamespacePool = NamespacePool {
-    state: std::sync::Mutex::new(PoolState {
-        ready: [Vec::new(), Vec::new()],
-        wanted: [false, false],
-        started: false,
-        failed: false,
-    }),
-    wake: std::sync::Condvar::new(),
-};
-
-/// A fresh namespace from the pool (`lo` up if `loopback`), or `None` when none is
-/// ready yet (the caller lets the launcher `unshare` one, as without a pool). The
-/// first call starts the maker thread.
+/// A fresh namespace (`lo` up if `loopback`), or `None` when none is ready yet (the
+/// launcher then makes one, as without a pool).
 pub fn take_pooled(loopback: bool) -> Option<OwnedFd> {
-    POOL.take(usize::from(loopback))
-}
-
-impl NamespacePool {
-    fn take(&'static self, kind: usize) -> Option<OwnedFd> {
-        let mut state = self.state.lock().ok()?;
-        if state.failed {
-            return None;
-        }
-        state.wanted[kind] = true;
-        if !state.started {
-            state.started = true;
-            let spawned = std::thread::Builder::new()
-                .name("netns-pool".into())
-                .spawn(move || self.make_forever());
-            if spawned.is_err() {
-                state.failed = true;
-            }
-        }
-        let taken = state.ready[kind].pop();
-        self.wake.notify_one();
-        taken
-    }
-
-    fn make_forever(&self) {
-        loop {
-            let kind = {
-                let Ok(mut state) = self.state.lock() else {
-                    return;
-                };
-                loop {
-                    let short = (0..2).find(|&k| state.wanted[k] && state.ready[k].len() < POOL_DEPTH);
-                    if let Some(k) = short {
-                        break k;
-                    }
-                    state = match self.wake.wait(state) {
-                        Ok(s) => s,
-                        Err(_) => return,
-                    };
-                }
-            };
-            let made = make_namespace(kind == 1);
-            let Ok(mut state) = self.state.lock() else {
-                return;
-            };
-            match made {
-                Ok(ns) => state.ready[kind].push(ns),
-                Err(e) => {
-                    tracing::debug!(error = %e, "no network namespaces made ahead; jobs make their own");
-                    state.failed = true;
-                    state.ready = [Vec::new(), Vec::new()];
-                    return;
-                }
-            }
-        }
-    }
+    POOL.take(&loopback)
 }
 
 /// In the calling (pool) thread: a new network namespace, `lo` up if asked.

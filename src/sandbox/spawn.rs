@@ -20,6 +20,7 @@ use super::error::{LaunchError, SetupError};
 use super::isolation::JobCgroupHandle;
 use super::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes, run_spec};
 use super::policy::KernelSupportMode;
+use super::pool::Pool;
 use super::proxy::{ProxyGuard, start_proxy};
 use super::resolve::{NetworkPolicy, ResolvedPolicy};
 
@@ -107,8 +108,15 @@ impl SandboxCommand {
         let policy = &self.policy;
         let limits = &policy.limits;
         let mut unenforced = Vec::new();
+        let route = Route::choose();
         let cgroup = if limits.memory_bytes.is_some() || limits.processes.is_some() {
-            match JobCgroupHandle::create(&job_name(), limits.memory_bytes, limits.processes) {
+            // The server's jobs take a cgroup made ahead of need (`run` makes its own).
+            let kind = (limits.memory_bytes, limits.processes);
+            let pooled = match route {
+                Route::Zygote | Route::Reexec => CGROUPS.take(&kind),
+                Route::Fork => None,
+            };
+            match pooled.map_or_else(|| make_cgroup(&kind), Ok) {
                 Ok(cg) => Some(cg),
                 Err(e) => {
                     // Without a cgroup, RLIMIT_AS caps memory and RLIMIT_NPROC caps processes
@@ -136,7 +144,6 @@ impl SandboxCommand {
             NetworkPolicy::Proxy { allow } => Some(start_proxy(&policy.name, allow)?),
             _ => None,
         };
-        let route = Route::choose();
         // The server's jobs join a namespace made ahead of need (`run` makes its own).
         let pooled_netns = match (super::launcher::private_network(policy), route) {
             (Some(loopback), Route::Zygote | Route::Reexec) => super::netns::take_pooled(loopback),
@@ -194,7 +201,11 @@ impl SandboxCommand {
         let (stdout, stdout_ours) = stdout.map_err(spawn_err)?;
         let (stderr, stderr_ours) = stderr.map_err(spawn_err)?;
         // Where each descriptor goes in the child, 0-2 included (`None` there: inherit).
-        let mut fds: Vec<(RawFd, RawFd)> = self.fds.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
+        let mut fds: Vec<(RawFd, RawFd)> = self
+            .fds
+            .iter()
+            .map(|(fd, t)| (fd.as_raw_fd(), *t))
+            .collect();
         fds.push((status_w.as_raw_fd(), status_target));
         if let Some(netns) = proxy.as_ref().map(|p| &p.netns).or(pooled_netns.as_ref()) {
             fds.push((netns.as_raw_fd(), netns_target));
@@ -222,15 +233,8 @@ impl SandboxCommand {
         };
         let pid = match zygote_pid {
             Some(pid) => pid,
-            None => exec_launcher(
-                spec,
-                route == Route::Fork,
-                &fds,
-                spec_target,
-                high,
-                stdio,
-            )
-            .map_err(spawn_err)?,
+            None => exec_launcher(spec, route == Route::Fork, &fds, spec_target, high, stdio)
+                .map_err(spawn_err)?,
         };
         drop(status_w);
         drop(pooled_netns);
@@ -280,6 +284,23 @@ impl SandboxCommand {
 /// Set (to anything) to make even a single-threaded parent re-execute the launcher, as
 /// the server always does (tests and the benchmark use it to cover that path).
 pub const FORCE_REEXEC_ENV: &str = "MCP_SANDBOX_FORCE_REEXEC";
+
+/// Job cgroups made ahead of need, by their limits (memory, processes); see `pool`.
+static CGROUPS: Pool<(Option<u64>, Option<u64>), JobCgroupHandle> =
+    Pool::new("cgroup-pool", |kind| {
+        make_cgroup(kind).map_err(|e| e.to_string())
+    });
+
+fn make_cgroup(
+    &(memory, processes): &(Option<u64>, Option<u64>),
+) -> Result<JobCgroupHandle, super::cgroup::CgroupError> {
+    JobCgroupHandle::create(&job_name(), memory, processes)
+}
+
+/// Remove the cgroups made ahead of need and stop making them: at the server's exit.
+pub fn release_prepared() {
+    CGROUPS.drain();
+}
 
 /// How a sandboxed process is started.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -441,7 +462,9 @@ type SpawnRequest = (
 /// Fork `cmd` from one thread that lives as long as this process. The launcher asks for
 /// `SIGKILL` when the *thread* that forked it dies (`PR_SET_PDEATHSIG`): forked from a
 /// pool thread that retires when idle, a job would be killed with the server still up.
-pub(super) fn spawn_from_lasting_thread(cmd: std::process::Command) -> std::io::Result<std::process::Child> {
+pub(super) fn spawn_from_lasting_thread(
+    cmd: std::process::Command,
+) -> std::io::Result<std::process::Child> {
     static SPAWNER: std::sync::OnceLock<
         Result<std::sync::Mutex<std::sync::mpsc::Sender<SpawnRequest>>, String>,
     > = std::sync::OnceLock::new();

@@ -174,7 +174,10 @@ fn receive(sock: &OwnedFd, buf: &mut [u8]) -> nix::Result<Option<(usize, Vec<Own
                     if let ControlMessageOwned::ScmRights(raw) = c {
                         // SAFETY: the kernel just installed these descriptors in this
                         // process for this message; nothing else owns them.
-                        fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+                        fds.extend(
+                            raw.into_iter()
+                                .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                        );
                     }
                 }
                 if msg.bytes == 0 {

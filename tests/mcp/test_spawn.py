@@ -69,8 +69,12 @@ def test_two_jobs_never_share_a_cgroup_network_namespace_or_temp_dir(server):
         assert len(fds) <= 4, {fd: os.readlink(f"/proc/{zygote}/fd/{fd}") for fd in fds}
         for job in (a, b):
             assert (await c.ok("job_cancel", job_id=job["job_id"]))["status"] == "cancelled"
+        return c.server_pid
 
-    server.run(scenario)
+    server_pid = server.run(scenario)
+    # Cgroups made ahead of need and never used are removed at exit too.
+    left = [d for root, dirs, _ in os.walk("/sys/fs/cgroup") for d in dirs if d.startswith(f"msr-{server_pid}-")]
+    assert left == [], left
 
 
 def test_a_killed_spawn_helper_is_replaced(server):

@@ -147,8 +147,16 @@ fn pooled_namespaces_are_fresh_per_job_with_loopback_up() {
     let mut seen = std::collections::HashSet::new();
     for (_, line) in &jobs {
         let words: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(words.get(1..), Some(&["lo-up", "unreachable"][..]), "{line}");
-        assert_ne!(Some(words[0]), own.to_str(), "a job ran in the host's namespace");
+        assert_eq!(
+            words.get(1..),
+            Some(&["lo-up", "unreachable"][..]),
+            "{line}"
+        );
+        assert_ne!(
+            Some(words[0]),
+            own.to_str(),
+            "a job ran in the host's namespace"
+        );
         assert!(seen.insert(words[0].to_string()), "two jobs share {line}");
     }
     for (mut child, _) in jobs {
