@@ -113,8 +113,8 @@ impl SandboxCommand {
             // The server's jobs take a cgroup made ahead of need (`run` makes its own).
             let kind = (limits.memory_bytes, limits.processes);
             let pooled = match route {
-                Route::Zygote | Route::Reexec => CGROUPS.take(&kind),
-                Route::Fork => None,
+                Route::Zygote | Route::Reexec if made_ahead() => CGROUPS.take(&kind),
+                _ => None,
             };
             match pooled.map_or_else(|| make_cgroup(&kind), Ok) {
                 Ok(cg) => Some(cg),
@@ -146,7 +146,9 @@ impl SandboxCommand {
         };
         // The server's jobs join a namespace made ahead of need (`run` makes its own).
         let pooled_netns = match (super::launcher::private_network(policy), route) {
-            (Some(loopback), Route::Zygote | Route::Reexec) => super::netns::take_pooled(loopback),
+            (Some(loopback), Route::Zygote | Route::Reexec) if made_ahead() => {
+                super::netns::take_pooled(loopback)
+            }
             _ => None,
         };
         let max_target = self.fds.iter().map(|(_, t)| *t).max().unwrap_or(2);
@@ -295,6 +297,15 @@ fn make_cgroup(
     &(memory, processes): &(Option<u64>, Option<u64>),
 ) -> Result<JobCgroupHandle, super::cgroup::CgroupError> {
     JobCgroupHandle::create(&job_name(), memory, processes)
+}
+
+/// Set to `0` to make every job's cgroup and network namespace on its spawn path (the
+/// benchmark's ablation; a server has no reason to).
+pub const MADE_AHEAD_ENV: &str = "MCP_SANDBOX_MADE_AHEAD";
+
+fn made_ahead() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os(MADE_AHEAD_ENV).is_none_or(|v| v != "0"))
 }
 
 /// Remove the cgroups made ahead of need and stop making them: at the server's exit.
