@@ -265,9 +265,9 @@ impl SandboxCommand {
             pid,
             pgid,
             (
-                stdin_ours.map(|fd| ChildStdin::from(fd)),
-                stdout_ours.map(|fd| ChildStdout::from(fd)),
-                stderr_ours.map(|fd| ChildStderr::from(fd)),
+                stdin_ours.map(ChildStdin::from),
+                stdout_ours.map(ChildStdout::from),
+                stderr_ours.map(ChildStderr::from),
             ),
             cgroup,
             started,
