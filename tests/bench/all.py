@@ -233,7 +233,7 @@ async def hot_paths(root: Path, calls: int, res: dict):
                 await s.call_tool("python_interrupt", {})
                 r = await s.call_tool("job_wait", {"job_id": job, "until_done": True, "timeout_seconds": 10})
                 res["interrupt"].append(time.perf_counter() - t)
-                assert r.structured_content["error"]["ename"] == "KeyboardInterrupt", r
+                assert r.structured_content["exception"]["ename"] == "KeyboardInterrupt", r
 
 
 def server_part(root: Path, spawns: int, calls: int, baseline: str | None) -> dict:
