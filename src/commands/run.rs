@@ -120,9 +120,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let (reader, writer) = std::io::pipe().context("cannot create a pipe for stderr")?;
     let mut cmd = SandboxCommand::new(resolved.clone(), program);
-    cmd.args(rest)
-        .current_dir(dir)
-        .stderr(std::process::Stdio::from(writer));
+    cmd.args(rest).current_dir(dir).stderr(writer);
     let forwarding = SignalForwarding::install();
     let child = cmd.spawn()?;
     child.forward_terminal_signals(&forwarding);

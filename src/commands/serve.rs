@@ -29,7 +29,9 @@ pub enum StartError {
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = config(args)?;
     check_paths(&config)?;
-    server::serve(config)
+    let served = server::serve(config);
+    crate::sandbox::spawn::release_prepared();
+    served
 }
 
 /// Ranges of the numeric flags (what a server can work with).

@@ -2,7 +2,7 @@
 //! [`EnvSink`] as it arrives, stderr lines offered to a line callback (progress
 //! parsing), cancellation and a timeout that kill the whole process group.
 
-use std::process::Stdio;
+use crate::sandbox::Io;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -59,9 +59,7 @@ pub async fn run(
     cancel: &Canceller,
     timeout: Option<Duration>,
 ) -> Result<RunOutcome, EnvError> {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.stdin(Io::Null).stdout(Io::Piped).stderr(Io::Piped);
     let started = Instant::now();
     let mut child = cmd.spawn()?;
     let denials = child.network_denials();

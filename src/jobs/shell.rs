@@ -7,9 +7,9 @@
 //! group, then SIGKILL after the grace period. Status stays `running` while the
 //! process runs: we cannot tell whether it is blocked reading stdin.
 
+use crate::sandbox::Io;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -114,12 +114,8 @@ pub fn start_shell_job(
     for (k, v) in &env {
         cmd.env(k, v);
     }
-    cmd.stdin(if req.stdin {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    });
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(if req.stdin { Io::Piped } else { Io::Null });
+    cmd.stdout(Io::Piped).stderr(Io::Piped);
     let mut child = cmd.spawn()?;
     let killer = child.killer();
 

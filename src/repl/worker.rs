@@ -5,9 +5,9 @@
 //! task) and can kill the process group; dropping it kills the worker. The I/O task owns
 //! the event pipe, stdout, stderr and a pidfd, and ends when the process has ended.
 
+use crate::sandbox::Io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -98,9 +98,9 @@ impl Worker {
         cmd.current_dir(&spec.workspace)
             .env("PYTHONIOENCODING", "utf-8")
             .env("TMPDIR", &spec.tmp)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stdin(Io::Null)
+            .stdout(Io::Piped)
+            .stderr(Io::Piped)
             .pass_fd(OwnedFd::from(req_r), 3)
             .pass_fd(OwnedFd::from(ev_w), 4)
             .enforce_wall_time(false);

@@ -165,8 +165,6 @@ impl JobCgroup {
         memory_bytes: Option<u64>,
         max_pids: Option<u64>,
     ) -> Result<JobCgroup, CgroupError> {
-        static SWEPT: OnceLock<()> = OnceLock::new();
-        SWEPT.get_or_init(|| sweep_stale(layout(), STALE_AFTER));
         Self::create_in(layout(), name, memory_bytes, max_pids)
     }
 
@@ -385,7 +383,7 @@ impl Drop for JobCgroup {
 const STALE_AFTER: Duration = Duration::from_secs(600);
 
 /// Remove the empty job cgroups older than `age` under this process's parent dirs
-/// (best effort; once per process, from [`JobCgroup::create`]).
+/// (best effort; at server start, from [`sweep_orphaned`]).
 pub(crate) fn sweep_stale(layout: &Layout, age: Duration) {
     let parents = [&layout.v1_pids, &layout.v1_memory, &layout.v2_own];
     for parent in parents.into_iter().flatten().map(|p| p.join(PARENT_DIR)) {
@@ -397,6 +395,11 @@ pub(crate) fn sweep_stale(layout: &Layout, age: Duration) {
             .map(|e| e.path())
             .filter(|p| p.is_dir())
         {
+            // A live server's cgroups may wait unused for long (made ahead of need).
+            let owner = dir.file_name().and_then(|n| n.to_str()).and_then(owner_pid);
+            if owner.is_some_and(|pid| Path::new("/proc").join(pid.to_string()).exists()) {
+                continue;
+            }
             let empty = std::fs::read_to_string(dir.join("cgroup.procs"))
                 .is_ok_and(|l| l.trim().is_empty());
             let old = std::fs::metadata(&dir)
@@ -449,6 +452,7 @@ pub fn sweep_orphaned(layout: &Layout) -> Vec<PathBuf> {
             }
         }
     }
+    sweep_stale(layout, STALE_AFTER);
     swept
 }
 

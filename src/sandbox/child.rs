@@ -72,7 +72,11 @@ impl SandboxedChild {
     pub(crate) fn new(
         pid: u32,
         pgid: u32,
-        mut child: std::process::Child,
+        (stdin, stdout, stderr): (
+            Option<std::process::ChildStdin>,
+            Option<std::process::ChildStdout>,
+            Option<std::process::ChildStderr>,
+        ),
         cgroup: Option<JobCgroupHandle>,
         started: Instant,
         wall_limit: Option<Duration>,
@@ -84,9 +88,9 @@ impl SandboxedChild {
         Ok(SandboxedChild {
             pid,
             pgid,
-            stdin: child.stdin.take(),
-            stdout: child.stdout.take(),
-            stderr: child.stderr.take(),
+            stdin,
+            stdout,
+            stderr,
             pidfd,
             killer: GroupKiller {
                 pgid,
@@ -450,6 +454,11 @@ fn register_readable(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, which owns it until dropped.
     unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
         .map_err(|e| e.into())
+}
+
+/// Reap our child `pid` (one whose launcher failed), blocking until it has ended.
+pub(super) fn reap_blocking(pid: u32) {
+    let _ = reap(pid, 0);
 }
 
 /// wait4 for `pid`, retrying on EINTR. `None` if it cannot be reaped.

@@ -60,7 +60,8 @@ pub struct LaunchSpec {
     pub cgroup_procs: Vec<PathBuf>,
     /// Whether memory is capped by the cgroup (then RLIMIT_AS is not used).
     pub memory_cgroup: bool,
-    /// Proxy mode: the network namespace to join (closed right after) ...
+    /// The network namespace to join (closed right after): the broker's in proxy mode,
+    /// or one made ahead of need for `none`/`loopback` (else the launcher makes one) ...
     #[serde(default)]
     pub netns_fd: Option<RawFd>,
     /// ... and the broker's port there, the only TCP port Landlock lets the job connect to.
@@ -164,13 +165,16 @@ fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), Setup
         isolation::join_cgroup(&spec.cgroup_procs, best_effort),
         notes,
     )?;
-    let netns = match policy.network {
-        NetworkPolicy::None => Some(false),
-        NetworkPolicy::Loopback => Some(true),
-        _ => None,
-    };
-    if let (Some(loopback), true) = (netns, policy.syscall_filter || policy.drop_capabilities) {
-        isolation_step(isolation::isolate_network(loopback, best_effort), notes)?;
+    if let Some(loopback) = private_network(policy) {
+        match spec.netns_fd {
+            // A namespace the server made ahead of need for this job alone.
+            Some(fd) => {
+                // SAFETY: the parent passed this descriptor for us alone; we own it from here.
+                let netns = unsafe { OwnedFd::from_raw_fd(fd) };
+                join_namespace(&netns)?;
+            }
+            None => isolation_step(isolation::isolate_network(loopback, best_effort), notes)?,
+        }
     }
     if let NetworkPolicy::Proxy { .. } = policy.network {
         // Never best effort: without the namespace the job would have the host's network.
@@ -255,6 +259,18 @@ fn close_inherited_fds(keep: &[RawFd], status: RawFd) -> Result<(), SetupError> 
         next = next.max(fd.saturating_add(1));
     }
     Ok(())
+}
+
+/// Whether `policy` gives the job a network namespace of its own without a broker, and
+/// whether its `lo` is up (`loopback`) or not (`none`). Only where the job cannot undo
+/// it (no capabilities left, or `setns`/`unshare` refused by seccomp).
+pub(super) fn private_network(policy: &ResolvedPolicy) -> Option<bool> {
+    let loopback = match policy.network {
+        NetworkPolicy::None => false,
+        NetworkPolicy::Loopback => true,
+        _ => return None,
+    };
+    (policy.syscall_filter || policy.drop_capabilities).then_some(loopback)
 }
 
 /// Exec the target with the spec's environment, searching the spec's PATH like execvp

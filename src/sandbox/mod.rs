@@ -4,7 +4,8 @@
 //! seccompiler.
 //!
 //! - `policy`: the TOML format and strict loading; `resolve`: placeholders → paths.
-//! - `spawn` (parent side) and `launcher` (the hidden exec side); `child`: waiting,
+//! - `spawn` (parent side), `zygote` (the server's fork helper) and `launcher` (the
+//!   hidden exec side); `child`: waiting,
 //!   rusage, which limit ended a process.
 //! - one file per mechanism: `rlimits`, `privileges`, `landlock`, `seccomp`, and
 //!   `isolation`, the adapter to the cgroup / network namespace / mount view modules.
@@ -21,6 +22,7 @@ pub mod mounts;
 pub mod netns;
 pub mod pidns;
 pub mod policy;
+pub mod pool;
 pub mod privileges;
 pub mod probe;
 pub mod proxy;
@@ -28,6 +30,7 @@ pub mod resolve;
 pub mod rlimits;
 pub mod seccomp;
 pub mod spawn;
+pub mod zygote;
 
 pub use child::{
     ExitReport, GroupKiller, LimitHit, Pidfd, SandboxedChild, Termination, signal_name,
@@ -37,4 +40,4 @@ pub use explain::explain_denials;
 pub use policy::{DEFAULT_POLICY, KernelSupportMode, NetworkMode, Policy, Scoping};
 pub use privileges::harden_current_process;
 pub use resolve::{Limits, NetworkPolicy, Placeholders, ResolvedPolicy};
-pub use spawn::SandboxCommand;
+pub use spawn::{Io, SandboxCommand};

@@ -10,7 +10,7 @@ use std::io::{Read, Seek, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::Stdio;
+use std::process::{ChildStderr, ChildStdin, ChildStdout, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -20,6 +20,7 @@ use super::error::{LaunchError, SetupError};
 use super::isolation::JobCgroupHandle;
 use super::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes, run_spec};
 use super::policy::KernelSupportMode;
+use super::pool::Pool;
 use super::proxy::{ProxyGuard, start_proxy};
 use super::resolve::{NetworkPolicy, ResolvedPolicy};
 
@@ -31,9 +32,9 @@ pub struct SandboxCommand {
     cwd: Option<PathBuf>,
     env: Vec<(OsString, OsString)>,
     fds: Vec<(OwnedFd, RawFd)>,
-    stdin: Option<Stdio>,
-    stdout: Option<Stdio>,
-    stderr: Option<Stdio>,
+    stdin: Option<Io>,
+    stdout: Option<Io>,
+    stderr: Option<Io>,
     enforce_wall_time: bool,
 }
 
@@ -74,16 +75,16 @@ impl SandboxCommand {
         self.fds.push((fd, target));
         self
     }
-    pub fn stdin(&mut self, s: Stdio) -> &mut Self {
-        self.stdin = Some(s);
+    pub fn stdin(&mut self, s: impl Into<Io>) -> &mut Self {
+        self.stdin = Some(s.into());
         self
     }
-    pub fn stdout(&mut self, s: Stdio) -> &mut Self {
-        self.stdout = Some(s);
+    pub fn stdout(&mut self, s: impl Into<Io>) -> &mut Self {
+        self.stdout = Some(s.into());
         self
     }
-    pub fn stderr(&mut self, s: Stdio) -> &mut Self {
-        self.stderr = Some(s);
+    pub fn stderr(&mut self, s: impl Into<Io>) -> &mut Self {
+        self.stderr = Some(s.into());
         self
     }
     /// Whether `wait` kills the process group when the policy's wall-time limit passes
@@ -107,8 +108,15 @@ impl SandboxCommand {
         let policy = &self.policy;
         let limits = &policy.limits;
         let mut unenforced = Vec::new();
+        let route = Route::choose();
         let cgroup = if limits.memory_bytes.is_some() || limits.processes.is_some() {
-            match JobCgroupHandle::create(&job_name(), limits.memory_bytes, limits.processes) {
+            // The server's jobs take a cgroup made ahead of need (`run` makes its own).
+            let kind = (limits.memory_bytes, limits.processes);
+            let pooled = match route {
+                Route::Zygote | Route::Reexec if made_ahead() => CGROUPS.take(&kind),
+                _ => None,
+            };
+            match pooled.map_or_else(|| make_cgroup(&kind), Ok) {
                 Ok(cg) => Some(cg),
                 Err(e) => {
                     // Without a cgroup, RLIMIT_AS caps memory and RLIMIT_NPROC caps processes
@@ -134,6 +142,13 @@ impl SandboxCommand {
         // that would need undoing.
         let proxy = match &policy.network {
             NetworkPolicy::Proxy { allow } => Some(start_proxy(&policy.name, allow)?),
+            _ => None,
+        };
+        // The server's jobs join a namespace made ahead of need (`run` makes its own).
+        let pooled_netns = match (super::launcher::private_network(policy), route) {
+            (Some(loopback), Route::Zygote | Route::Reexec) if made_ahead() => {
+                super::netns::take_pooled(loopback)
+            }
             _ => None,
         };
         let max_target = self.fds.iter().map(|(_, t)| *t).max().unwrap_or(2);
@@ -174,84 +189,57 @@ impl SandboxCommand {
             status_fd: status_target,
             cgroup_procs: cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
             memory_cgroup: cgroup.as_ref().is_some_and(|c| c.has_memory_limit()),
-            netns_fd: proxy.as_ref().map(|_| netns_target),
+            netns_fd: (proxy.is_some() || pooled_netns.is_some()).then_some(netns_target),
             proxy_port: proxy.as_ref().map(|p| p.port),
             parent_pid: std::process::id(),
         };
-        // A single-threaded parent (the `run` command) applies the sandbox in the forked
-        // child itself, saving a re-exec of this binary; a multi-threaded one (the
-        // server) must re-exec, since only async-signal-safe work is sound after fork.
-        let in_fork = single_threaded() && std::env::var_os(FORCE_REEXEC_ENV).is_none();
-        let spec_fd = match in_fork {
-            true => None,
-            false => Some(spec_memfd(&spec).map_err(spawn_err)?),
-        };
-
-        // Move every source above all targets, so the dup2s in the child cannot clobber
-        // one another; these copies are close-on-exec and dropped after spawn.
-        let mut moves: Vec<(OwnedFd, RawFd)> = Vec::new();
-        for (fd, target) in &self.fds {
-            moves.push((dup_above(fd.as_raw_fd(), high).map_err(spawn_err)?, *target));
+        let [stdin, stdout, stderr] = [
+            (self.stdin, Direction::ToChild),
+            (self.stdout, Direction::FromChild),
+            (self.stderr, Direction::FromChild),
+        ]
+        .map(|(io, dir)| child_end(io, dir));
+        let (stdin, stdin_ours) = stdin.map_err(spawn_err)?;
+        let (stdout, stdout_ours) = stdout.map_err(spawn_err)?;
+        let (stderr, stderr_ours) = stderr.map_err(spawn_err)?;
+        // Where each descriptor goes in the child, 0-2 included (`None` there: inherit).
+        let mut fds: Vec<(RawFd, RawFd)> = self
+            .fds
+            .iter()
+            .map(|(fd, t)| (fd.as_raw_fd(), *t))
+            .collect();
+        fds.push((status_w.as_raw_fd(), status_target));
+        if let Some(netns) = proxy.as_ref().map(|p| &p.netns).or(pooled_netns.as_ref()) {
+            fds.push((netns.as_raw_fd(), netns_target));
         }
-        if let Some(spec_fd) = &spec_fd {
-            let fd = dup_above(spec_fd.as_raw_fd(), high).map_err(spawn_err)?;
-            moves.push((fd, spec_target));
-        }
-        moves.push((
-            dup_above(status_w.as_raw_fd(), high).map_err(spawn_err)?,
-            status_target,
-        ));
-        if let Some(proxy) = &proxy {
-            let fd = dup_above(proxy.netns.as_raw_fd(), high).map_err(spawn_err)?;
-            moves.push((fd, netns_target));
-        }
-        drop(status_w);
-        let pairs: Vec<(RawFd, RawFd)> = moves.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
-
-        let launcher = LAUNCHER_EXE
-            .get()
-            .map_or(std::ffi::OsStr::new("/proc/self/exe"), |p| p.as_os_str());
-        let mut cmd = std::process::Command::new(launcher);
-        cmd.arg(LAUNCHER_ARG)
-            .arg(spec_target.to_string())
-            .env_clear();
-        if let Some(s) = self.stdin {
-            cmd.stdin(s);
-        }
-        if let Some(s) = self.stdout {
-            cmd.stdout(s);
-        }
-        if let Some(s) = self.stderr {
-            cmd.stderr(s);
-        }
-        let in_fork_spec = in_fork.then_some(spec);
-        // SAFETY: the closure calls dup2, which is async-signal-safe, on descriptors that
-        // stay open until after spawn returns. Only when this process has a single thread
-        // (so no lock can be held by a thread that vanished in the fork) does it go on to
-        // apply the sandbox and exec in the child, which allocates.
-        unsafe {
-            cmd.pre_exec(move || {
-                for &(src, target) in &pairs {
-                    if libc::dup2(src, target) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                if let Some(spec) = &in_fork_spec {
-                    run_spec(spec);
-                }
-                Ok(())
-            });
-        }
+        let stdio = [stdin, stdout, stderr];
         let started = Instant::now();
-        let spawned = match in_fork {
-            true => cmd.spawn(),
-            false => spawn_from_lasting_thread(cmd),
+        let zygote_pid = match route {
+            Route::Zygote => {
+                let mut all = fds.clone();
+                for (target, io) in stdio.iter().enumerate() {
+                    // Inherit: this process's own descriptor.
+                    let target = target as RawFd;
+                    all.push((io.as_ref().map_or(target, |fd| fd.as_raw_fd()), target));
+                }
+                super::zygote::spawn(&spec, &all)
+                    .inspect_err(|e| {
+                        tracing::warn!(
+                            error = %e,
+                            "the spawn helper could not start a job; re-executing the launcher"
+                        )
+                    })
+                    .ok()
+            }
+            Route::Fork | Route::Reexec => None,
         };
-        let mut child = spawned.map_err(spawn_err)?;
-        drop(moves);
-        drop(spec_fd);
-        let pid = child.id();
-
+        let pid = match zygote_pid {
+            Some(pid) => pid,
+            None => exec_launcher(spec, route == Route::Fork, &fds, spec_target, high, stdio)
+                .map_err(spawn_err)?,
+        };
+        drop(status_w);
+        drop(pooled_netns);
         let mut report = String::new();
         let mut status_r = std::fs::File::from(status_r);
         let _ = status_r.read_to_string(&mut report);
@@ -261,7 +249,7 @@ impl SandboxCommand {
                 pgid = n.trim().parse().unwrap_or(pid);
             }
             if let Some(msg) = line.strip_prefix("error: ") {
-                let _ = child.wait();
+                super::child::reap_blocking(pid);
                 return Err(LaunchError::Launcher(msg.to_string()));
             }
             if let Some(note) = line.strip_prefix("unenforced: ") {
@@ -276,7 +264,11 @@ impl SandboxCommand {
         let mut child = SandboxedChild::new(
             pid,
             pgid,
-            child,
+            (
+                stdin_ours.map(ChildStdin::from),
+                stdout_ours.map(ChildStdout::from),
+                stderr_ours.map(ChildStderr::from),
+            ),
             cgroup,
             started,
             wall_limit,
@@ -294,6 +286,174 @@ impl SandboxCommand {
 /// Set (to anything) to make even a single-threaded parent re-execute the launcher, as
 /// the server always does (tests and the benchmark use it to cover that path).
 pub const FORCE_REEXEC_ENV: &str = "MCP_SANDBOX_FORCE_REEXEC";
+
+/// Job cgroups made ahead of need, by their limits (memory, processes); see `pool`.
+static CGROUPS: Pool<(Option<u64>, Option<u64>), JobCgroupHandle> =
+    Pool::new("cgroup-pool", |kind| {
+        make_cgroup(kind).map_err(|e| e.to_string())
+    });
+
+fn make_cgroup(
+    &(memory, processes): &(Option<u64>, Option<u64>),
+) -> Result<JobCgroupHandle, super::cgroup::CgroupError> {
+    JobCgroupHandle::create(&job_name(), memory, processes)
+}
+
+/// Set to `0` to make every job's cgroup and network namespace on its spawn path (the
+/// benchmark's ablation; a server has no reason to).
+pub const MADE_AHEAD_ENV: &str = "MCP_SANDBOX_MADE_AHEAD";
+
+fn made_ahead() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os(MADE_AHEAD_ENV).is_none_or(|v| v != "0"))
+}
+
+/// Remove the cgroups made ahead of need and stop making them: at the server's exit.
+pub fn release_prepared() {
+    CGROUPS.drain();
+}
+
+/// How a sandboxed process is started.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// A single-threaded parent (the `run` command) forks and applies the sandbox in
+    /// the child itself: no exec of this binary.
+    Fork,
+    /// A multi-threaded parent (the server) asks its zygote to fork (see `zygote`).
+    Zygote,
+    /// ... or, without one, re-executes this binary in launcher mode: only
+    /// async-signal-safe work is sound after a fork of a multi-threaded process.
+    Reexec,
+}
+
+impl Route {
+    fn choose() -> Route {
+        if single_threaded() && std::env::var_os(FORCE_REEXEC_ENV).is_none() {
+            Route::Fork
+        } else if super::zygote::enabled() {
+            Route::Zygote
+        } else {
+            Route::Reexec
+        }
+    }
+}
+
+/// What a standard stream of the child is connected to.
+#[derive(Debug)]
+pub enum Io {
+    /// /dev/null.
+    Null,
+    /// A new pipe; this side's end is `SandboxedChild::{stdin, stdout, stderr}`.
+    Piped,
+    /// This process's own descriptor (the default).
+    Inherit,
+    /// A descriptor of the caller's (e.g. one end of a pipe it made).
+    Fd(OwnedFd),
+}
+
+impl<T: Into<OwnedFd>> From<T> for Io {
+    fn from(fd: T) -> Io {
+        Io::Fd(fd.into())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Direction {
+    ToChild,
+    FromChild,
+}
+
+/// The child's end of a standard stream (`None`: inherit) and, for a pipe, ours.
+fn child_end(
+    io: Option<Io>,
+    dir: Direction,
+) -> std::io::Result<(Option<OwnedFd>, Option<OwnedFd>)> {
+    Ok(match io.unwrap_or(Io::Inherit) {
+        Io::Inherit => (None, None),
+        Io::Fd(fd) => (Some(fd), None),
+        Io::Null => {
+            let file = std::fs::OpenOptions::new()
+                .read(matches!(dir, Direction::ToChild))
+                .write(matches!(dir, Direction::FromChild))
+                .open("/dev/null")?;
+            (Some(file.into()), None)
+        }
+        Io::Piped => {
+            let (r, w) = std::io::pipe()?;
+            match dir {
+                Direction::ToChild => (Some(r.into()), Some(w.into())),
+                Direction::FromChild => (Some(w.into()), Some(r.into())),
+            }
+        }
+    })
+}
+
+/// Start the launcher by `fork` (in-process, `in_fork`) or by re-executing this binary
+/// with the spec on a memfd at `spec_target`; `fds` are placed at their targets first.
+/// Returns the pid.
+fn exec_launcher(
+    spec: LaunchSpec,
+    in_fork: bool,
+    fds: &[(RawFd, RawFd)],
+    spec_target: RawFd,
+    high: RawFd,
+    stdio: [Option<OwnedFd>; 3],
+) -> std::io::Result<u32> {
+    let spec_fd = match in_fork {
+        true => None,
+        false => Some(spec_memfd(&spec)?),
+    };
+    // Move every source above all targets, so the dup2s in the child cannot clobber
+    // one another; these copies are close-on-exec and dropped after spawn.
+    let mut moves: Vec<(OwnedFd, RawFd)> = Vec::new();
+    for &(fd, target) in fds {
+        moves.push((dup_above(fd, high)?, target));
+    }
+    if let Some(spec_fd) = &spec_fd {
+        moves.push((dup_above(spec_fd.as_raw_fd(), high)?, spec_target));
+    }
+    let pairs: Vec<(RawFd, RawFd)> = moves.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
+    let launcher = launcher_exe();
+    let mut cmd = std::process::Command::new(launcher);
+    cmd.arg(LAUNCHER_ARG)
+        .arg(spec_target.to_string())
+        .env_clear();
+    let [stdin, stdout, stderr] = stdio;
+    if let Some(fd) = stdin {
+        cmd.stdin(Stdio::from(fd));
+    }
+    if let Some(fd) = stdout {
+        cmd.stdout(Stdio::from(fd));
+    }
+    if let Some(fd) = stderr {
+        cmd.stderr(Stdio::from(fd));
+    }
+    let in_fork_spec = in_fork.then_some(spec);
+    // SAFETY: the closure calls dup2, which is async-signal-safe, on descriptors that
+    // stay open until after spawn returns. Only when this process has a single thread
+    // (so no lock can be held by a thread that vanished in the fork) does it go on to
+    // apply the sandbox and exec in the child, which allocates.
+    unsafe {
+        cmd.pre_exec(move || {
+            for &(src, target) in &pairs {
+                if libc::dup2(src, target) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if let Some(spec) = &in_fork_spec {
+                run_spec(spec);
+            }
+            Ok(())
+        });
+    }
+    let child = match in_fork {
+        true => cmd.spawn(),
+        false => spawn_from_lasting_thread(cmd),
+    }?;
+    drop(moves);
+    drop(spec_fd);
+    Ok(child.id())
+}
 
 /// Whether this process has exactly one thread (field 20 of /proc/self/stat).
 fn single_threaded() -> bool {
@@ -313,7 +473,9 @@ type SpawnRequest = (
 /// Fork `cmd` from one thread that lives as long as this process. The launcher asks for
 /// `SIGKILL` when the *thread* that forked it dies (`PR_SET_PDEATHSIG`): forked from a
 /// pool thread that retires when idle, a job would be killed with the server still up.
-fn spawn_from_lasting_thread(cmd: std::process::Command) -> std::io::Result<std::process::Child> {
+pub(super) fn spawn_from_lasting_thread(
+    cmd: std::process::Command,
+) -> std::io::Result<std::process::Child> {
     static SPAWNER: std::sync::OnceLock<
         Result<std::sync::Mutex<std::sync::mpsc::Sender<SpawnRequest>>, String>,
     > = std::sync::OnceLock::new();
@@ -350,6 +512,13 @@ fn spawn_from_lasting_thread(cmd: std::process::Command) -> std::io::Result<std:
 }
 
 static LAUNCHER_EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// The binary to re-execute in launcher or zygote mode.
+pub(super) fn launcher_exe() -> &'static std::ffi::OsStr {
+    LAUNCHER_EXE
+        .get()
+        .map_or(std::ffi::OsStr::new("/proc/self/exe"), |p| p.as_os_str())
+}
 
 /// Run the launcher from `exe` (the mcp-sandbox-repl binary) instead of /proc/self/exe:
 /// for programs that link this library but are not that binary, such as integration
@@ -388,9 +557,13 @@ fn dup_above(fd: RawFd, min: RawFd) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
-/// The spec as JSON in a sealed-size anonymous file, read by the launcher from offset 0.
+/// The spec as JSON in an anonymous file, read by the launcher from offset 0.
 fn spec_memfd(spec: &LaunchSpec) -> std::io::Result<OwnedFd> {
-    let json = serde_json::to_vec(spec).map_err(std::io::Error::other)?;
+    bytes_memfd(&serde_json::to_vec(spec).map_err(std::io::Error::other)?)
+}
+
+/// `bytes` in an anonymous close-on-exec file, positioned at offset 0.
+pub(super) fn bytes_memfd(json: &[u8]) -> std::io::Result<OwnedFd> {
     // SAFETY: memfd_create with a static NUL-terminated name.
     let fd = unsafe { libc::memfd_create(c"launch-spec".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
@@ -398,7 +571,7 @@ fn spec_memfd(spec: &LaunchSpec) -> std::io::Result<OwnedFd> {
     }
     // SAFETY: fresh descriptor we own.
     let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
-    file.write_all(&json)?;
+    file.write_all(json)?;
     file.rewind()?;
     Ok(OwnedFd::from(file))
 }

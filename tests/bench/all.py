@@ -8,7 +8,8 @@ every column alike:
 - the launcher: `true` and `python3 -c pass` bare, under bubblewrap (`--unshare-all`; the
   bench installs `bubblewrap` with apt-get when it is missing and it runs as root, else the
   column is skipped with a note), through `run --policy workspace-write`, and through the
-  server's path (an extra re-exec of the launcher, `MCP_SANDBOX_FORCE_REEXEC=1`);
+  server's fallback path (a re-exec of the launcher per job: `MCP_SANDBOX_FORCE_REEXEC=1
+  MCP_SANDBOX_ZYGOTE=0`; the server's own path, its zygote, is measured through MCP);
 - the launcher ablation: `run -- true` under policies that switch one mechanism off;
 - the server, through the official `mcp` Python SDK over stdio, beside a no-op rmcp
   server (`examples/noop_server.rs`): spawn → initialized, a trivial tool call, the first
@@ -124,7 +125,7 @@ def ensure_bwrap() -> tuple[str | None, str]:
 def launcher_part(runs: int, ws: str, pol_dir: Path) -> dict:
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     bwrap, bwrap_note = ensure_bwrap()
-    reexec = dict(os.environ, MCP_SANDBOX_FORCE_REEXEC="1")
+    reexec = dict(os.environ, MCP_SANDBOX_FORCE_REEXEC="1", MCP_SANDBOX_ZYGOTE="0")
     variants = []  # (key, argv, env)
     for label, cmd in [("true", ["/bin/true"]), ("python3 -c pass", [python, "-c", "pass"])]:
         run = [str(BIN), "run", "--policy", "workspace-write", "--workspace", ws, "--"] + cmd
@@ -187,11 +188,21 @@ async def hot_paths(root: Path, calls: int, res: dict):
     env = server_env(root / "hot", None)
     ours = StdioServerParameters(command=str(BIN), args=[], env=env, cwd=env["MCP_SANDBOX_WORKSPACE"])
     noop = StdioServerParameters(command=str(NOOP), args=[], env=env)
+    env_nz = dict(server_env(root / "hot-nozygote", None), MCP_SANDBOX_ZYGOTE="0")
+    env_na = dict(server_env(root / "hot-noahead", None), MCP_SANDBOX_MADE_AHEAD="0")
+    nozygote = StdioServerParameters(command=str(BIN), args=[], env=env_nz, cwd=env_nz["MCP_SANDBOX_WORKSPACE"])
+    noahead = StdioServerParameters(command=str(BIN), args=[], env=env_na, cwd=env_na["MCP_SANDBOX_WORKSPACE"])
     async with stdio_client(ours, errlog=open(os.devnull, "w")) as (r1, w1), \
-            stdio_client(noop, errlog=open(os.devnull, "w")) as (r2, w2):
-        async with ClientSession(r1, w1) as s, ClientSession(r2, w2) as n:
-            await s.initialize()
-            await n.initialize()
+            stdio_client(noop, errlog=open(os.devnull, "w")) as (r2, w2), \
+            stdio_client(nozygote, errlog=open(os.devnull, "w")) as (r3, w3), \
+            stdio_client(noahead, errlog=open(os.devnull, "w")) as (r4, w4):
+        async with ClientSession(r1, w1) as s, ClientSession(r2, w2) as n, \
+                ClientSession(r3, w3) as nz, ClientSession(r4, w4) as na:
+            for session in (s, n, nz, na):
+                await session.initialize()
+            for _ in range(5):
+                await nz.call_tool("shell_run", {"command": "true"})
+                await na.call_tool("shell_run", {"command": "true"})
             for _ in range(5):
                 await s.call_tool("python_exec", {"code": "1"})
                 await n.call_tool("noop", {})
@@ -209,6 +220,11 @@ async def hot_paths(root: Path, calls: int, res: dict):
                 r = await s.call_tool("shell_run", {"command": "true"})
                 res["shell"].append(time.perf_counter() - t)
                 assert not r.is_error, r
+                for session, key in ((nz, "shell_nozygote"), (na, "shell_noahead")):
+                    t = time.perf_counter()
+                    r = await session.call_tool("shell_run", {"command": "true"})
+                    res[key].append(time.perf_counter() - t)
+                    assert not r.is_error, r
                 res["bare_true"].append(time_cmd(["/bin/true"], "/"))
             for _ in range(10):
                 r = await s.call_tool("python_exec", {"code": "while True: pass", "wait_seconds": 0.1})
@@ -217,12 +233,13 @@ async def hot_paths(root: Path, calls: int, res: dict):
                 await s.call_tool("python_interrupt", {})
                 r = await s.call_tool("job_wait", {"job_id": job, "until_done": True, "timeout_seconds": 10})
                 res["interrupt"].append(time.perf_counter() - t)
-                assert r.structured_content["error"]["ename"] == "KeyboardInterrupt", r
+                assert r.structured_content["exception"]["ename"] == "KeyboardInterrupt", r
 
 
 def server_part(root: Path, spawns: int, calls: int, baseline: str | None) -> dict:
     res: dict = {k: [] for k in ("init_noop", "init_ours", "init_ours_fresh", "first_shim", "first_usr",
                                  "exec", "noop", "shell", "bare_true", "interrupt",
+                                 "shell_nozygote", "shell_noahead",
                                  "b_init", "b_first_shim", "b_first_usr")}
     shim = shutil.which("python3")
     # Interleaved: noop, ours (state dir reused), ours (fresh state dir), first execs.
@@ -285,9 +302,11 @@ def render(L: dict, S: dict, load_before: str, load_after: str, runs: int) -> st
         if bw:
             ratio += f", {med(run) / med(bw):.2f}× bwrap"
         lines.append(f"| `run --policy workspace-write -- {cmd}` | {base} | {fmt(run)} (+{med(run) - med(bare):.2f} ms) | {ratio} |")
-        lines.append(f"| same, server path (extra re-exec) | bare {fmt(bare)} | {fmt(rx)} (+{med(rx) - med(bare):.2f} ms) | {med(rx) / med(bare):.2f}× bare |")
+        lines.append(f"| same, re-exec path (the server's fallback) | bare {fmt(bare)} | {fmt(rx)} (+{med(rx) - med(bare):.2f} ms) | {med(rx) / med(bare):.2f}× bare |")
     lines += [
         f"| `shell_run` of `true` through MCP | bare `true` {fmt(S['bare_true'])}; no-op rmcp tool {fmt(S['noop'])} | {fmt(S['shell'])} | {med(S['shell']) / med(S['noop']):.2f}× no-op tool |",
+        f"| same, zygote off (`MCP_SANDBOX_ZYGOTE=0`: fork of the server + exec per job) | (same) | {fmt(S['shell_nozygote'])} | {med(S['shell_nozygote']) / med(S['noop']):.2f}× no-op tool |",
+        f"| same, nothing made ahead (`MCP_SANDBOX_MADE_AHEAD=0`: cgroup and netns made per job) | (same) | {fmt(S['shell_noahead'])} | {med(S['shell_noahead']) / med(S['noop']):.2f}× no-op tool |",
         f"| spawn → initialized (state dir reused) | no-op rmcp server {fmt(S['init_noop'])} | {fmt(S['init_ours'])} | {med(S['init_ours']) / med(S['init_noop']):.2f}× |",
         f"| spawn → initialized (empty state dir) | no-op rmcp server | {fmt(S['init_ours_fresh'])} | {med(S['init_ours_fresh']) / med(S['init_noop']):.2f}× |",
         f"| first `python_exec` right after initialize, `python3` = `{S['shim']}` | bare `python3 -c pass` {fmt(L[('python3 -c pass', 'bare')])} | {fmt(S['first_shim'])} | — |",

@@ -106,6 +106,8 @@ def test_sigkill_of_the_server_leaves_no_process_and_no_cgroup(server):
         procs = {p: start_time(p) for p in descendants(c.server_pid) + daemons}
         seen["procs"] = {p: t for p, t in procs.items() if t is not None}
         assert len(seen["procs"]) >= 8, seen["procs"]
+        helpers = [p for p in seen["procs"] if b"__sandbox-zygote" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert helpers, "the spawn helper (and the job supervisors it forked) are the server's descendants"
         assert set(daemons) <= set(seen["procs"]), "the daemon is one of the server's descendants"
         assert job_cgroups(c.server_pid), "the jobs run in cgroups named after the server"
         os.kill(c.server_pid, signal.SIGKILL)

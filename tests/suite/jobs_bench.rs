@@ -83,9 +83,9 @@ async fn bench_shell_jobs() {
             let t = Instant::now();
             let mut cmd = SandboxCommand::new(policy, "/bin/sh");
             cmd.args(["-c", "true"]);
-            cmd.stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
+            cmd.stdin(mcp_sandbox_repl::sandbox::Io::Null)
+                .stdout(mcp_sandbox_repl::sandbox::Io::Piped)
+                .stderr(mcp_sandbox_repl::sandbox::Io::Piped);
             let report = cmd.spawn().unwrap().wait().await;
             assert_eq!(report.termination, Termination::Exited(0));
             t.elapsed()

@@ -90,3 +90,76 @@ fn loopback_mode_is_a_private_network() {
         stderr(&out)
     );
 }
+
+/// The server's jobs join network namespaces made ahead of need: each job still gets
+/// one of its own (six jobs alive at once, six namespaces), `lo` up under `loopback`,
+/// and the host's loopback listeners out of reach.
+#[test]
+fn pooled_namespaces_are_fresh_per_job_with_loopback_up() {
+    use mcp_sandbox_repl::sandbox::{Io, Placeholders, Policy, SandboxCommand};
+    use std::io::{BufRead, BufReader, Write};
+    // Spawned from this multi-threaded test binary: the server's route (zygote, pool).
+    mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(crate::common::bin());
+    let ws = TempDir::new("netpool");
+    let host = TcpListener::bind("127.0.0.1:0").unwrap();
+    let host_port = host.local_addr().unwrap().port();
+    let file = ws.write("lo.toml", &format!("{FS}[network]\nmode = \"loopback\"\n"));
+    let tmp = ws.join(".tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let placeholders = Placeholders {
+        workspace: ws.path.clone(),
+        tmp,
+        ..Default::default()
+    };
+    let policy = std::sync::Arc::new(
+        Policy::load(file.to_str().unwrap())
+            .unwrap()
+            .resolve(&placeholders)
+            .unwrap(),
+    );
+    let probe = ws.write(
+        "lo.py",
+        "import os, socket, sys\n\
+         own = socket.socket(); own.bind(('127.0.0.1', 0)); own.listen()\n\
+         socket.create_connection(own.getsockname(), timeout=2).close()\n\
+         try:\n    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=2); host = 'reached'\n\
+         except OSError:\n    host = 'unreachable'\n\
+         print(os.readlink('/proc/self/ns/net'), 'lo-up', host, flush=True)\n\
+         sys.stdin.read()\n",
+    );
+    let mut jobs = Vec::new();
+    for _ in 0..6 {
+        let mut cmd = SandboxCommand::new(policy.clone(), "python3");
+        cmd.arg(probe.to_str().unwrap())
+            .arg(host_port.to_string())
+            .current_dir(&ws.path)
+            .stdin(Io::Piped)
+            .stdout(Io::Piped)
+            .stderr(Io::Null);
+        let mut child = cmd.spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        jobs.push((child, line));
+    }
+    let own = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for (_, line) in &jobs {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            words.get(1..),
+            Some(&["lo-up", "unreachable"][..]),
+            "{line}"
+        );
+        assert_ne!(
+            Some(words[0]),
+            own.to_str(),
+            "a job ran in the host's namespace"
+        );
+        assert!(seen.insert(words[0].to_string()), "two jobs share {line}");
+    }
+    for (mut child, _) in jobs {
+        child.stdin.take().unwrap().write_all(b"").unwrap();
+    }
+}

@@ -157,14 +157,21 @@ fn v2_job_cgroup_join_kill_remove() {
 fn stale_empty_cgroups_are_swept() {
     let stale = JobCgroup::create(&unique("sweep-stale"), None, Some(8)).expect("create");
     let busy = JobCgroup::create(&unique("sweep-busy"), None, Some(8)).expect("create");
+    // Named after this live process, as a server's cgroups made ahead of need are.
+    let waiting = JobCgroup::create(
+        &format!("{JOB_PREFIX}{}-990099", std::process::id()),
+        None,
+        Some(8),
+    )
+    .expect("create");
     run_in(&busy, "sleep 30 & exit 0");
     let dir = |cg: &JobCgroup| cg.procs_files()[0].parent().unwrap().to_path_buf();
-    let (stale_dir, busy_dir) = (dir(&stale), dir(&busy));
+    let (stale_dir, busy_dir, waiting_dir) = (dir(&stale), dir(&busy), dir(&waiting));
     std::mem::forget(stale); // as if the server had been SIGKILLed
     sweep_stale(&Layout::detect(), STALE_AFTER);
     assert!(stale_dir.exists(), "too young to sweep");
     let long_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
-    for d in [&stale_dir, &busy_dir] {
+    for d in [&stale_dir, &busy_dir, &waiting_dir] {
         std::fs::File::open(d)
             .unwrap()
             .set_modified(long_ago)
@@ -173,7 +180,8 @@ fn stale_empty_cgroups_are_swept() {
     sweep_stale(&Layout::detect(), STALE_AFTER);
     assert!(!stale_dir.exists(), "empty stale cgroup swept");
     assert!(busy_dir.exists(), "a cgroup with processes is kept");
-    drop(busy);
+    assert!(waiting_dir.exists(), "a live server's idle cgroup is kept");
+    drop((busy, waiting));
 }
 
 /// Current memory use is read from `memory.usage_in_bytes` (v1) or `memory.current` (v2)

@@ -1,0 +1,206 @@
+//! Resources made ahead of need, off the spawn path: the server's jobs take a fresh one
+//! (a network namespace, a job cgroup) instead of waiting while it is made. One thread
+//! per pool makes them, keeping [`DEPTH`] ready of each kind asked for so far (a kind
+//! is e.g. the limits of a cgroup). A resource is handed out once and never comes back:
+//! what a job used ends with it, so no two jobs ever share one. When the pool has
+//! nothing ready, or its maker failed once, `take` says so (`None`) and the caller
+//! makes its own as it would without a pool.
+
+use std::sync::{Condvar, Mutex};
+
+/// Resources kept ready of each kind.
+pub const DEPTH: usize = 2;
+
+/// At most this many kinds are kept ready (a server uses one or two policies).
+const MAX_KINDS: usize = 8;
+
+pub struct Pool<K, T> {
+    name: &'static str,
+    make: fn(&K) -> Result<T, String>,
+    state: Mutex<State<K, T>>,
+    wake: Condvar,
+}
+
+struct State<K, T> {
+    kinds: Vec<(K, Vec<T>)>,
+    started: bool,
+    /// The maker could not make one: every caller makes its own from then on.
+    failed: bool,
+}
+
+impl<K, T> Pool<K, T>
+where
+    K: Clone + PartialEq + Send + 'static,
+    T: Send + 'static,
+{
+    /// A pool whose maker thread is called `name` and runs `make` for a kind.
+    pub const fn new(name: &'static str, make: fn(&K) -> Result<T, String>) -> Self {
+        Pool {
+            name,
+            make,
+            state: Mutex::new(State {
+                kinds: Vec::new(),
+                started: false,
+                failed: false,
+            }),
+            wake: Condvar::new(),
+        }
+    }
+
+    /// A fresh resource of `kind`, or `None` when none is ready (the first call for a
+    /// kind always; it starts making them).
+    pub fn take(&'static self, kind: &K) -> Option<T> {
+        let mut state = self.state.lock().ok()?;
+        if state.failed {
+            return None;
+        }
+        if !state.started {
+            state.started = true;
+            let spawned = std::thread::Builder::new()
+                .name(self.name.into())
+                .spawn(move || self.make_forever());
+            if spawned.is_err() {
+                state.failed = true;
+                return None;
+            }
+        }
+        let known = state.kinds.iter().position(|(k, _)| k == kind);
+        let taken = match known {
+            Some(i) => state.kinds[i].1.pop(),
+            None => {
+                if state.kinds.len() < MAX_KINDS {
+                    state.kinds.push((kind.clone(), Vec::new()));
+                }
+                None
+            }
+        };
+        self.wake.notify_one();
+        taken
+    }
+
+    /// Stop making and release what is ready (at exit: a cgroup made ahead is a
+    /// directory to remove).
+    pub fn drain(&'static self) {
+        let ready: Vec<T> = match self.state.lock() {
+            Ok(mut state) => {
+                state.failed = true;
+                state.kinds.drain(..).flat_map(|(_, ready)| ready).collect()
+            }
+            Err(_) => Vec::new(),
+        };
+        drop(ready);
+    }
+
+    /// The maker thread: top up whichever kind is short, sleep while none is.
+    fn make_forever(&self) {
+        loop {
+            let kind = {
+                let Ok(mut state) = self.state.lock() else {
+                    return;
+                };
+                loop {
+                    let short = state.kinds.iter().find(|(_, ready)| ready.len() < DEPTH);
+                    if let Some((k, _)) = short {
+                        break k.clone();
+                    }
+                    state = match self.wake.wait(state) {
+                        Ok(s) => s,
+                        Err(_) => return,
+                    };
+                }
+            };
+            let made = (self.make)(&kind);
+            let Ok(mut state) = self.state.lock() else {
+                return;
+            };
+            if state.failed {
+                // Drained while this one was being made: it goes too.
+                drop(state);
+                drop(made);
+                return;
+            }
+            match made {
+                Ok(item) => {
+                    if let Some((_, ready)) = state.kinds.iter_mut().find(|(k, _)| *k == kind) {
+                        ready.push(item);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(pool = self.name, error = %e, "nothing made ahead; jobs make their own");
+                    state.failed = true;
+                    state.kinds.clear();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    static MADE: AtomicU32 = AtomicU32::new(0);
+    static COUNTING: Pool<u8, u32> = Pool::new("test-pool", |kind| {
+        Ok(u32::from(*kind) * 1000 + MADE.fetch_add(1, Ordering::SeqCst))
+    });
+    static FAILING: Pool<u8, u32> = Pool::new("test-pool-fail", |_| Err("no".into()));
+
+    /// Every item is handed out once, of the kind asked for; the first ask of a kind
+    /// finds nothing ready.
+    #[test]
+    fn items_are_fresh_and_of_their_kind() {
+        assert_eq!(COUNTING.take(&1), None);
+        let mut seen = std::collections::HashSet::new();
+        let mut got = 0;
+        for _ in 0..2000 {
+            if let Some(item) = COUNTING.take(&1) {
+                assert_eq!(item / 1000, 1);
+                assert!(seen.insert(item), "{item} handed out twice");
+                got += 1;
+                if got == 5 {
+                    break;
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(got, 5, "the maker never filled the pool");
+    }
+
+    static DRAINED: Pool<u8, std::sync::Arc<()>> =
+        Pool::new("test-pool-drain", |_| Ok(std::sync::Arc::new(())));
+
+    /// After `drain` nothing is ready or made, and what was ready has been dropped.
+    #[test]
+    fn drain_releases_what_is_ready_and_stops() {
+        assert!(DRAINED.take(&0).is_none());
+        for _ in 0..2000 {
+            if DRAINED.state.lock().unwrap().kinds[0].1.len() == DEPTH {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let ready: Vec<_> = DRAINED.state.lock().unwrap().kinds[0]
+            .1
+            .iter()
+            .map(std::sync::Arc::downgrade)
+            .collect();
+        assert_eq!(ready.len(), DEPTH);
+        DRAINED.drain();
+        assert!(
+            ready.iter().all(|w| w.upgrade().is_none()),
+            "drained items are dropped"
+        );
+        assert!(DRAINED.take(&0).is_none());
+    }
+
+    #[test]
+    fn a_failing_maker_makes_every_caller_make_its_own() {
+        for _ in 0..50 {
+            assert_eq!(FAILING.take(&0), None);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(FAILING.state.lock().unwrap().failed);
+    }
+}

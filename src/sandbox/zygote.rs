@@ -1,0 +1,327 @@
+//! The spawn helper (a zygote): one small single-threaded process per server that forks
+//! every sandboxed process, so a job costs a fork of a process of a few hundred KiB
+//! instead of a fork of the multi-threaded server plus an exec of this binary.
+//!
+//! The server starts it once, through the same re-exec as the launcher (`ZYGOTE_ARG`),
+//! from the spawner thread that lives as long as the server (see `spawn`). It reads
+//! requests from a `SOCK_SEQPACKET` socket pair only the two of them hold: one message
+//! of JSON ([`Request`]: the [`LaunchSpec`] and where each descriptor goes) with the
+//! descriptors themselves attached (`SCM_RIGHTS`); a request larger than
+//! [`INLINE_MAX`] (a worker's source travels in its argv) comes in a memfd attached
+//! last, the message itself being [`IN_MEMFD`]. For each it forks with
+//! `CLONE_PARENT`, so the new process is the server's child — the server waits for it,
+//! opens its pidfd and gets its exit status as before — and the child places its
+//! descriptors and goes on exactly as the re-executed launcher does (`run_spec`). The
+//! reply is the child's pid, or a negative errno.
+//!
+//! Nothing about a job is decided here: the spec is the one the re-exec path would
+//! have read from its memfd. The zygote holds no descriptor of any job after the fork
+//! (it closes what it received), asks for `SIGKILL` when the spawner thread dies, and
+//! its children bind themselves to the server exactly as the launcher's do.
+
+use std::io::{IoSlice, IoSliceMut, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::sync::Mutex;
+
+use nix::sys::socket::{
+    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg,
+    sendmsg, socketpair,
+};
+use serde::{Deserialize, Serialize};
+
+use super::launcher::{LaunchSpec, SETUP_FAILED_EXIT, run_spec};
+
+/// argv[1] that selects zygote mode; argv[2] is the socket's descriptor, argv[3] the
+/// server's pid.
+pub const ZYGOTE_ARG: &str = "__sandbox-zygote";
+
+/// Set to `0` to spawn every job by re-executing the launcher instead (the fallback
+/// when the zygote cannot start; the benchmark measures both).
+pub const ZYGOTE_ENV: &str = "MCP_SANDBOX_ZYGOTE";
+
+/// The largest request sent inline in the message (socket buffers are ~200 KiB).
+const INLINE_MAX: usize = 32 << 10;
+
+/// The message of a request whose JSON is in the memfd attached last.
+const IN_MEMFD: &[u8] = b"@";
+
+/// The most descriptors one job is handed (the kernel's own cap is 253).
+const MAX_FDS: usize = 64;
+
+#[derive(Serialize, Deserialize)]
+struct Request {
+    spec: LaunchSpec,
+    /// Where each attached descriptor goes in the child, in order.
+    targets: Vec<RawFd>,
+}
+
+pub fn is_zygote_invocation() -> bool {
+    std::env::args_os().nth(1).is_some_and(|a| a == ZYGOTE_ARG)
+}
+
+/// Zygote mode: serve spawn requests until the server closes the socket. Never returns.
+pub fn zygote_main() -> ! {
+    let mut args = std::env::args().skip(2);
+    let sock: Option<RawFd> = args.next().and_then(|a| a.parse().ok());
+    let parent: Option<u32> = args.next().and_then(|a| a.parse().ok());
+    let (Some(sock), Some(parent)) = (sock, parent) else {
+        eprintln!("mcp-sandbox-repl: {ZYGOTE_ARG} is internal; it is started by the server");
+        std::process::exit(SETUP_FAILED_EXIT);
+    };
+    if super::pidns::bind_to_parent(parent).is_err() {
+        std::process::exit(SETUP_FAILED_EXIT);
+    }
+    // SAFETY: the server put our end of the socket pair at `sock`; nothing else owns it.
+    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    let mut buf = vec![0u8; INLINE_MAX];
+    loop {
+        let (len, mut fds) = match receive(&sock, &mut buf) {
+            Ok(Some(got)) => got,
+            // The server closed its end (or is gone): nothing more to do.
+            Ok(None) | Err(_) => std::process::exit(0),
+        };
+        let request = if &buf[..len] == IN_MEMFD {
+            let mut json = Vec::new();
+            fds.pop()
+                .map(std::fs::File::from)
+                .and_then(|mut f| f.read_to_end(&mut json).ok())
+                .and_then(|_| serde_json::from_slice::<Request>(&json).ok())
+        } else {
+            serde_json::from_slice::<Request>(&buf[..len]).ok()
+        };
+        let reply = match request {
+            Some(req) if req.targets.len() == fds.len() => fork_job(&sock, &req, fds),
+            _ => -libc::EINVAL,
+        };
+        let sent = sendmsg::<()>(
+            sock.as_raw_fd(),
+            &[IoSlice::new(&reply.to_ne_bytes())],
+            &[],
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        );
+        if sent.is_err() {
+            std::process::exit(0);
+        }
+    }
+}
+
+/// Fork one job as the server's child; in the child, place its descriptors and apply
+/// the sandbox (never returns there). Returns the pid, or a negative errno.
+fn fork_job(sock: &OwnedFd, req: &Request, fds: Vec<OwnedFd>) -> i32 {
+    // SAFETY: a raw clone in a single-threaded process: like fork(2), with CLONE_PARENT
+    // making the child a sibling of this process (the server's child). The child only
+    // makes syscalls and allocates, as the re-executed launcher would.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            libc::CLONE_PARENT | libc::SIGCHLD,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if pid == 0 {
+        // SAFETY: closing our copy of the socket; the child never uses it.
+        unsafe { libc::close(sock.as_raw_fd()) };
+        place_fds(&fds, &req.targets);
+        run_spec(&req.spec);
+    }
+    if pid < 0 {
+        return -std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
+    }
+    i32::try_from(pid).unwrap_or(-libc::EOVERFLOW)
+}
+
+/// In the child: put `fds[i]` at `targets[i]`. Every source is first copied above all
+/// targets so no `dup2` clobbers a source still to be placed; the copies are left to
+/// the launcher's close of inherited descriptors.
+fn place_fds(fds: &[OwnedFd], targets: &[RawFd]) {
+    let high = targets.iter().copied().max().unwrap_or(2) + 1;
+    for (fd, &target) in fds.iter().zip(targets) {
+        // SAFETY: fcntl and dup2 on descriptors this process holds.
+        let ok = unsafe {
+            let moved = libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, high);
+            moved >= 0 && libc::dup2(moved, target) >= 0
+        };
+        if !ok {
+            // SAFETY: _exit in a forked child; the status pipe may not be in place yet,
+            // so the server sees a setup failure without words (exit 127).
+            unsafe { libc::_exit(SETUP_FAILED_EXIT) }
+        }
+    }
+}
+
+/// One request and its descriptors; `None` at end of file.
+fn receive(sock: &OwnedFd, buf: &mut [u8]) -> nix::Result<Option<(usize, Vec<OwnedFd>)>> {
+    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
+    loop {
+        let mut iov = [IoSliceMut::new(buf)];
+        match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                for c in msg.cmsgs()? {
+                    if let ControlMessageOwned::ScmRights(raw) = c {
+                        // SAFETY: the kernel just installed these descriptors in this
+                        // process for this message; nothing else owns them.
+                        fds.extend(
+                            raw.into_iter()
+                                .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                        );
+                    }
+                }
+                if msg.bytes == 0 {
+                    return Ok(None);
+                }
+                if msg.flags.contains(MsgFlags::MSG_TRUNC) {
+                    return Ok(Some((0, fds)));
+                }
+                return Ok(Some((msg.bytes, fds)));
+            }
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The server's side: the zygote process and its socket.
+struct Zygote {
+    sock: OwnedFd,
+    process: std::process::Child,
+}
+
+impl Drop for Zygote {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+static ZYGOTE: Mutex<Option<Zygote>> = Mutex::new(None);
+
+/// Whether jobs are spawned through the zygote (not turned off by `ZYGOTE_ENV=0`).
+pub(super) fn enabled() -> bool {
+    std::env::var_os(ZYGOTE_ENV).is_none_or(|v| v != "0")
+}
+
+/// Fork `spec` through the zygote with `fds` placed at their targets; returns the pid
+/// of the new process (this process's child). Starts the zygote on first use, and once
+/// more if it has died; an error means the caller should re-execute the launcher.
+pub(super) fn spawn(spec: &LaunchSpec, fds: &[(RawFd, RawFd)]) -> std::io::Result<u32> {
+    let request = Request {
+        spec: spec.clone(),
+        targets: fds.iter().map(|&(_, t)| t).collect(),
+    };
+    let json = serde_json::to_vec(&request).map_err(std::io::Error::other)?;
+    if fds.len() >= MAX_FDS {
+        return Err(std::io::Error::other("too many descriptors for the zygote"));
+    }
+    let mut raw: Vec<RawFd> = fds.iter().map(|&(fd, _)| fd).collect();
+    let memfd = match json.len() > INLINE_MAX {
+        true => Some(super::spawn::bytes_memfd(&json)?),
+        false => None,
+    };
+    let message: &[u8] = match &memfd {
+        Some(fd) => {
+            raw.push(fd.as_raw_fd());
+            IN_MEMFD
+        }
+        None => &json,
+    };
+    let mut guard = ZYGOTE
+        .lock()
+        .map_err(|_| std::io::Error::other("the zygote lock is poisoned"))?;
+    let mut last = None;
+    for _ in 0..2 {
+        if guard.is_none() {
+            *guard = Some(start()?);
+        }
+        let Some(zygote) = guard.as_ref() else {
+            continue;
+        };
+        match exchange(&zygote.sock, message, &raw) {
+            Ok(pid) if pid > 0 => return Ok(pid as u32),
+            Ok(errno) => {
+                return Err(std::io::Error::from_raw_os_error(-errno));
+            }
+            Err(e) => {
+                // The zygote has died or garbled the exchange: start a new one.
+                tracing::warn!(error = %e, "the spawn helper failed; starting a new one");
+                *guard = None;
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("the zygote could not be started")))
+}
+
+/// Send one request and read the reply (pid or negative errno).
+fn exchange(sock: &OwnedFd, json: &[u8], fds: &[RawFd]) -> std::io::Result<i32> {
+    sendmsg::<()>(
+        sock.as_raw_fd(),
+        &[IoSlice::new(json)],
+        &[ControlMessage::ScmRights(fds)],
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?;
+    let mut reply = [0u8; 4];
+    loop {
+        let mut iov = [IoSliceMut::new(&mut reply)];
+        match recvmsg::<()>(sock.as_raw_fd(), &mut iov, None, MsgFlags::empty()) {
+            Ok(msg) if msg.bytes == 4 => break,
+            Ok(_) => return Err(std::io::Error::other("the zygote closed its socket")),
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(i32::from_ne_bytes(reply))
+}
+
+/// Start the zygote from the spawner thread (its death signal is bound to that thread).
+fn start() -> std::io::Result<Zygote> {
+    let (mine, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?;
+    const TARGET: RawFd = 3;
+    let src = theirs.as_raw_fd();
+    let mut cmd = std::process::Command::new(super::spawn::launcher_exe());
+    cmd.arg(ZYGOTE_ARG)
+        .arg(TARGET.to_string())
+        .arg(std::process::id().to_string())
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    // SAFETY: dup2 is async-signal-safe; `theirs` stays open until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(src, TARGET) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let process = super::spawn::spawn_from_lasting_thread(cmd)?;
+    drop(theirs);
+    Ok(Zygote {
+        sock: mine,
+        process,
+    })
+}
+
+/// The zygote's pid, if one is running (tests kill it to check a new one is started).
+pub fn pid() -> Option<u32> {
+    ZYGOTE.lock().ok()?.as_ref().map(|z| z.process.id())
+}

@@ -1,0 +1,95 @@
+"""How jobs are started: every job gets its own cgroup, network namespace and temp dir,
+and the spawn helper (the server's zygote) holds nothing of any job and is replaced
+when it dies. Needs root (namespaces, cgroups); reads /proc."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+# Prints what identifies this job's confinement, then stays running so that two jobs
+# are alive at once (a namespace's inode number may be reused once it is freed).
+REPORT = (
+    'echo "net=$(readlink /proc/self/ns/net)"; '
+    'echo "cgroup=$(grep -E "pids|^0::" /proc/self/cgroup | head -1)"; '
+    'touch "$TMPDIR/mark-$1"; echo "tmpdir=$TMPDIR"; echo "tmp=$(ls "$TMPDIR" | tr "\\n" " ")"; '
+    "sleep 60"
+)
+
+
+def fields(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def zygotes(server_pid: int) -> list[int]:
+    """Children of the server running in zygote mode. Job supervisors are forks of it
+    (same command line) but each leads a session of its own; the zygote does not."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        pid, ppid, session = int(entry.name), int(stat[1]), int(stat[3])
+        if ppid == server_pid and b"__sandbox-zygote" in cmdline and session != pid:
+            found.append(pid)
+    return found
+
+
+async def report(c, name: str) -> dict[str, str]:
+    job = await c.ok("shell_run", command=f"sh -c '{REPORT}' sh {name}", wait_seconds=0)
+    for _ in range(100):
+        out = await c.ok("job_output", job_id=job["job_id"])
+        got = fields(out["stdout"]["text"] if "stdout" in out else out.get("text", ""))
+        if "tmp" in got:
+            return {**got, "job_id": job["job_id"]}
+        await c.ok("job_wait", job_id=job["job_id"], timeout_seconds=0.1)
+    raise AssertionError(f"job {name} did not report: {out}")
+
+
+def test_two_jobs_never_share_a_cgroup_network_namespace_or_temp_dir(server):
+    async def scenario(c):
+        host_net = os.readlink("/proc/self/ns/net")
+        a = await report(c, "a")
+        b = await report(c, "b")
+        assert a["net"] != host_net and b["net"] != host_net, (a, b)
+        assert a["net"] != b["net"], f"two running jobs share a network namespace: {a} {b}"
+        assert a["cgroup"] != b["cgroup"], f"two running jobs share a cgroup: {a} {b}"
+        assert "msr-" in a["cgroup"] and "msr-" in b["cgroup"], (a, b)
+        assert "mark-a" in a["tmp"] and "mark-b" not in a["tmp"], a
+        assert "mark-b" in b["tmp"] and "mark-a" not in b["tmp"], f"job b sees job a's temp dir: {b}"
+        assert a["tmpdir"] != b["tmpdir"], (a, b)
+        # The spawn helper keeps no descriptor of either job: stdio and its socket only.
+        [zygote] = zygotes(c.server_pid)
+        fds = os.listdir(f"/proc/{zygote}/fd")
+        assert len(fds) <= 4, {fd: os.readlink(f"/proc/{zygote}/fd/{fd}") for fd in fds}
+        for job in (a, b):
+            assert (await c.ok("job_cancel", job_id=job["job_id"]))["status"] == "cancelled"
+        return c.server_pid
+
+    server_pid = server.run(scenario)
+    # Cgroups made ahead of need and never used are removed at exit too.
+    left = [d for root, dirs, _ in os.walk("/sys/fs/cgroup") for d in dirs if d.startswith(f"msr-{server_pid}-")]
+    assert left == [], left
+
+
+def test_a_killed_spawn_helper_is_replaced(server):
+    async def scenario(c):
+        first = await c.ok("shell_run", command="echo one")
+        assert first["status"] == "completed", first
+        found = zygotes(c.server_pid)
+        assert len(found) == 1, (found, os.popen(f"ps -o pid,ppid,sid,args --ppid {c.server_pid}").read())
+        zygote = found[0]
+        os.kill(zygote, signal.SIGKILL)
+        second = await c.ok("shell_run", command="echo two")
+        assert second["status"] == "completed" and "two" in second["stdout"]["text"], second
+        cell = await c.ok("python_exec", code="print(6 * 7)", session="after")
+        assert "42" in cell["stdout"]["text"], cell
+        now = zygotes(c.server_pid)
+        assert len(now) == 1 and now[0] != zygote, (zygote, now)
+
+    server.run(scenario)
