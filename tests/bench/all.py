@@ -121,20 +121,24 @@ def ensure_bwrap() -> tuple[str | None, str]:
     return None, "bubblewrap not installed (and could not be installed): column skipped"
 
 
-def launcher_part(runs: int, ws: str, pol_dir: Path) -> dict:
+def launcher_part(runs: int, ws: str, pol_dir: Path, bare_only: bool = False) -> dict:
+    """The launcher rows and the ablation; `bare_only`: just the bare commands (the
+    baselines the server rows cite), for `--part server`."""
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-    bwrap, bwrap_note = ensure_bwrap()
+    bwrap, bwrap_note = (None, "") if bare_only else ensure_bwrap()
     reexec = dict(os.environ, MCP_SANDBOX_FORCE_REEXEC="1")
     variants = []  # (key, argv, env)
     for label, cmd in [("true", ["/bin/true"]), ("python3 -c pass", [python, "-c", "pass"])]:
         run = [str(BIN), "run", "--policy", "workspace-write", "--workspace", ws, "--"] + cmd
         variants.append(((label, "bare"), cmd, None))
+        if bare_only:
+            continue
         if bwrap:
             variants.append(((label, "bwrap"), [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/",
                                                 "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--"] + cmd, None))
         variants.append(((label, "run"), run, None))
         variants.append(((label, "reexec"), run, reexec))
-    for i, (name, text) in enumerate(ablation_policies()):
+    for i, (name, text) in enumerate([] if bare_only else ablation_policies()):
         f = pol_dir / f"ablation{i}.toml"
         f.write_text(text)
         variants.append((("ablation", name), [str(BIN), "run", "--policy", str(f), "--workspace", ws, "--", "/bin/true"], None))
@@ -217,12 +221,20 @@ async def hot_paths(root: Path, calls: int, res: dict):
                 await s.call_tool("python_interrupt", {})
                 r = await s.call_tool("job_wait", {"job_id": job, "until_done": True, "timeout_seconds": 10})
                 res["interrupt"].append(time.perf_counter() - t)
-                assert r.structured_content["error"]["ename"] == "KeyboardInterrupt", r
+                sc = r.structured_content
+                assert (sc.get("exception") or sc.get("error") or {}).get("ename") == "KeyboardInterrupt", r
+            for _ in range(max(10, calls // 10)):
+                await s.call_tool("python_exec", {"code": "x = 1"})
+                t = time.perf_counter()
+                await s.call_tool("session_restart", {})
+                r = await s.call_tool("python_exec", {"code": "1"})
+                res["restart"].append(time.perf_counter() - t)
+                assert r.structured_content["value"] == "1", r
 
 
 def server_part(root: Path, spawns: int, calls: int, baseline: str | None) -> dict:
     res: dict = {k: [] for k in ("init_noop", "init_ours", "init_ours_fresh", "first_shim", "first_usr",
-                                 "exec", "noop", "shell", "bare_true", "interrupt",
+                                 "exec", "noop", "shell", "bare_true", "interrupt", "restart",
                                  "b_init", "b_first_shim", "b_first_usr")}
     shim = shutil.which("python3")
     # Interleaved: noop, ours (state dir reused), ours (fresh state dir), first execs.
@@ -277,6 +289,8 @@ def render(L: dict, S: dict, load_before: str, load_after: str, runs: int) -> st
     ]
     for label in ("true", "python3 -c pass"):
         bare, bw, run, rx = (L.get((label, k), []) for k in ("bare", "bwrap", "run", "reexec"))
+        if not run:
+            continue  # --part server
         cmd = "/bin/true" if label == "true" else f"{L['python']} -c pass"
         base = f"bare {fmt(bare)}"
         if bw:
@@ -294,6 +308,7 @@ def render(L: dict, S: dict, load_before: str, load_after: str, runs: int) -> st
         f"| same, `MCP_SANDBOX_PYTHON=/usr/bin/python3` | (same) | {fmt(S['first_usr'])} | — |",
         f"| trivial `python_exec` | no-op rmcp tool {fmt(S['noop'])} | {fmt(S['exec'])} (+{med(S['exec']) - med(S['noop']):.2f} ms) | {med(S['exec']) / med(S['noop']):.2f}× |",
         f"| interrupt → KeyboardInterrupt reported | — | {fmt(S['interrupt'])} | — |",
+        f"| `session_restart` → `python_exec` \"1\" answered | — | {fmt(S['restart'])} | — |",
         "",
     ]
     if S["b_init"]:
@@ -307,6 +322,8 @@ def render(L: dict, S: dict, load_before: str, load_after: str, runs: int) -> st
             f"| same, `/usr/bin/python3` | {fmt(S['b_first_usr'])} | {fmt(S['first_usr'])} |",
             "",
         ]
+    if not any(isinstance(k, tuple) and k[0] == "ablation" for k in L):  # --part server
+        return "\n".join(lines)
     lines += [
         f"Launcher ablation: `run --policy <P> -- /bin/true`, each policy workspace-write with one",
         f"mechanism switched off, measured in turns with the rows above (n={runs} each). \"Cost\" is",
@@ -344,6 +361,8 @@ def main():
     ap.add_argument("--calls", type=int, default=200, help="trivial calls on the open servers")
     ap.add_argument("--baseline", help="an earlier build of the server, measured in turns with this one "
                     "for spawn → initialized and the first python_exec (before/after)")
+    ap.add_argument("--part", choices=("all", "server"), default="all",
+                    help="server: only the MCP rows (and the bare commands they cite); prints, never writes")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs alone")
     args = ap.parse_args()
@@ -356,13 +375,13 @@ def main():
         ws.mkdir()
         pols = Path(tmp, "pol")
         pols.mkdir()
-        L = launcher_part(args.runs, str(ws), pols)
+        L = launcher_part(args.runs, str(ws), pols, bare_only=args.part == "server")
         S = server_part(Path(tmp, "srv"), args.spawns, args.calls,
                         os.path.abspath(args.baseline) if args.baseline else None)
     load_after = loadavg()
     section = render(L, S, load_before, load_after, args.runs)
     print(section)
-    if not args.no_write:
+    if not args.no_write and args.part == "all":
         write_section(section)
         print(f"wrote {SECTION!r} in {DOC.relative_to(ROOT)}")
 
