@@ -36,6 +36,11 @@ pub struct SessionManager {
     /// it does not count toward `max_sessions`, and yields its slot (is closed) when
     /// another session needs it. Locked alone.
     spare: Mutex<Option<String>>,
+    /// One start at a time per name: concurrent first uses (the prewarm on `initialize`,
+    /// the one after `initialized`, the first call) wait for the start under way instead
+    /// of each spawning a worker and all but one being killed (three interpreters
+    /// competing for the CPU delayed the first cell). Entries go when nobody waits.
+    starting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl SessionManager {
@@ -51,6 +56,7 @@ impl SessionManager {
             site_dirs: Mutex::new(HashMap::new()),
             expired: Mutex::new(HashMap::new()),
             spare: Mutex::new(None),
+            starting: Mutex::new(HashMap::new()),
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(reap_idle(Arc::downgrade(&manager), ttl));
@@ -188,6 +194,31 @@ impl SessionManager {
             return Ok(s.clone());
         }
         validate_name(name)?;
+        let gate = self
+            .starting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name.to_string())
+            .or_default()
+            .clone();
+        let r = {
+            let _one_at_a_time = gate.lock().await;
+            let started = self.sessions().get(name).cloned(); // while we waited
+            match started {
+                Some(s) => Ok(s),
+                None => self.start(name).await,
+            }
+        };
+        let mut starting = self.starting.lock().unwrap_or_else(|p| p.into_inner());
+        // Ours and the map's: nobody else waits on this gate.
+        if Arc::strong_count(&gate) <= 2 {
+            starting.remove(name);
+        }
+        r
+    }
+
+    /// Start session `name` (the caller holds its start gate).
+    async fn start(&self, name: &str) -> Result<Arc<Session>, ReplError> {
         let python = self.python().await?.clone();
         self.yield_spare(name);
         self.check_room(name, &self.sessions())?;
