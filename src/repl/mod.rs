@@ -16,6 +16,7 @@
 
 mod graph;
 mod manager;
+mod probe_cache;
 pub mod protocol;
 mod pump;
 mod python;

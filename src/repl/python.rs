@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::ReplError;
+use super::probe_cache::ProbeCache;
 
 /// A probed interpreter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -27,6 +28,16 @@ pub struct PythonInfo {
     /// start from it instead of compiling the source each time (saves ~5 ms per start).
     #[serde(skip)]
     pub worker_code: Option<std::sync::Arc<str>>,
+}
+
+impl PythonInfo {
+    /// The same interpreter with the same installation (the precompiled driver aside).
+    pub fn same_interpreter(&self, other: &PythonInfo) -> bool {
+        self.executable == other.executable
+            && self.version == other.version
+            && self.prefixes == other.prefixes
+            && self.venv == other.venv
+    }
 }
 
 /// Prints the interpreter's facts as a JSON list, the last item the worker driver (read
@@ -52,7 +63,13 @@ pub async fn discover_python(
     explicit: Option<&Path>,
     workspace: &Path,
 ) -> Result<PythonInfo, ReplError> {
-    let candidate = match explicit {
+    probe(&candidate(explicit, workspace)?).await
+}
+
+/// The path to ask: `explicit`, else the nearest `.venv` upward from `workspace`, else
+/// `python3` on PATH (which may be a shim).
+pub(crate) fn candidate(explicit: Option<&Path>, workspace: &Path) -> Result<PathBuf, ReplError> {
+    Ok(match explicit {
         Some(p) => p.to_path_buf(),
         None => match nearest_venv_python(workspace) {
             Some(p) => p,
@@ -63,8 +80,25 @@ pub async fn discover_python(
                 ),
             })?,
         },
-    };
-    probe(&candidate).await
+    })
+}
+
+/// [`discover_python`] through the state dir's [`ProbeCache`]: a trusted entry answers
+/// without a probe; otherwise the probe runs and its answer is remembered.
+pub(crate) async fn discover_python_cached(
+    explicit: Option<&Path>,
+    workspace: &Path,
+    cache: &ProbeCache,
+) -> Result<PythonInfo, ReplError> {
+    let candidate = candidate(explicit, workspace)?;
+    if let Some(hit) = cache.lookup(&candidate)
+        && hit.trusted
+    {
+        return Ok(hit.info);
+    }
+    let info = probe(&candidate).await?;
+    cache.store(&candidate, &info);
+    Ok(info)
 }
 
 /// `<dir>/.venv/bin/python` for the nearest `dir` at or above `start` that has one.
@@ -75,7 +109,7 @@ pub(crate) fn nearest_venv_python(start: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-async fn probe(python: &Path) -> Result<PythonInfo, ReplError> {
+pub(crate) async fn probe(python: &Path) -> Result<PythonInfo, ReplError> {
     let fail = |detail: String| ReplError::PythonProbe {
         python: python.to_path_buf(),
         detail,

@@ -133,6 +133,11 @@ impl Session {
         &self.name
     }
 
+    /// The interpreter the session's workers run.
+    pub fn python(&self) -> &super::PythonInfo {
+        &self.env.python
+    }
+
     /// The session's private temp directory (`{tmp}`, also `TMPDIR` of the worker).
     pub fn tmp_dir(&self) -> &std::path::Path {
         &self.env.spec.tmp
