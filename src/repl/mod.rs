@@ -31,7 +31,7 @@ use serde::Serialize;
 
 pub use manager::SessionManager;
 pub use protocol::{DisplayItem, PyError, VariableDetail, VariableInfo};
-pub use python::{PythonInfo, discover_python};
+pub use python::{PythonInfo, discover_python, known_python3};
 pub use session::{Parent, Session};
 
 use crate::sandbox::{

@@ -83,6 +83,15 @@ pub(crate) fn candidate(explicit: Option<&Path>, workspace: &Path) -> Result<Pat
     })
 }
 
+/// Whether an earlier server's probe, remembered in `state_dir` and still trusted (see
+/// `probe_cache`), found `python` to be a working Python 3: then start-up need not
+/// run it again to check.
+pub fn known_python3(python: &Path, state_dir: &Path) -> bool {
+    ProbeCache::new(state_dir)
+        .lookup(python)
+        .is_some_and(|hit| hit.trusted && hit.info.version.starts_with("3."))
+}
+
 /// [`discover_python`] through the state dir's [`ProbeCache`]: a trusted entry answers
 /// without a probe; otherwise the probe runs and its answer is remembered.
 pub(crate) async fn discover_python_cached(
