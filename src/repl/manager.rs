@@ -306,7 +306,7 @@ impl SessionManager {
                 workspace,
                 tmp,
                 policy,
-                code: python.worker_code.clone(),
+                code: python.driver_code(),
                 snapshots: self.cfg.max_snapshots > 0,
             },
             policy_name,

@@ -31,6 +31,16 @@ pub struct PythonInfo {
 }
 
 impl PythonInfo {
+    /// The precompiled driver as bytes (marshal data), if there is one.
+    pub(crate) fn driver_code(&self) -> Option<std::sync::Arc<[u8]>> {
+        use base64::Engine;
+        let text = self.worker_code.as_deref()?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .ok()
+            .map(Into::into)
+    }
+
     /// The same interpreter with the same installation (the precompiled driver aside).
     pub fn same_interpreter(&self, other: &PythonInfo) -> bool {
         self.executable == other.executable
