@@ -13,8 +13,9 @@ every column alike:
 - the server, through the official `mcp` Python SDK over stdio (its client-side check
   of tool results against output schemas switched off: it is client work, and only our
   tools have output schemas), beside a no-op rmcp server (`examples/noop_server.rs`):
-  spawn → initialized, a trivial tool call, the first `python_exec` right after initialize (with `python3` from PATH and with /usr/bin/python3),
-  `shell_run` of `true`, interrupt → KeyboardInterrupt.
+  spawn → initialized, a trivial tool call (also with branching snapshots off), the first
+  `python_exec` right after initialize (with `python3` from PATH and with /usr/bin/python3),
+  `shell_run` of `true`, interrupt → KeyboardInterrupt, `session_restart` → usable.
 Records median, p95, n and /proc/loadavg before and after, and writes the section
 "## Launcher and cold start" of docs/benchmarks.md. Not part of the test run.
 """
@@ -203,13 +204,19 @@ async def hot_paths(root: Path, calls: int, res: dict):
     env = server_env(root / "hot", None)
     ours = StdioServerParameters(command=str(BIN), args=[], env=env, cwd=env["MCP_SANDBOX_WORKSPACE"])
     noop = StdioServerParameters(command=str(NOOP), args=[], env=env)
+    # The same server with branching snapshots off: what the per-cell snapshot costs.
+    env_ns = dict(server_env(root / "hot-nosnap", None), MCP_SANDBOX_MAX_SNAPSHOTS="0")
+    nosnap = StdioServerParameters(command=str(BIN), args=[], env=env_ns, cwd=env_ns["MCP_SANDBOX_WORKSPACE"])
     async with stdio_client(ours, errlog=open(os.devnull, "w")) as (r1, w1), \
-            stdio_client(noop, errlog=open(os.devnull, "w")) as (r2, w2):
-        async with ClientSession(r1, w1) as s, ClientSession(r2, w2) as n:
+            stdio_client(noop, errlog=open(os.devnull, "w")) as (r2, w2), \
+            stdio_client(nosnap, errlog=open(os.devnull, "w")) as (r3, w3):
+        async with ClientSession(r1, w1) as s, ClientSession(r2, w2) as n, ClientSession(r3, w3) as ns:
             await s.initialize()
             await n.initialize()
+            await ns.initialize()
             for _ in range(5):
                 await s.call_tool("python_exec", {"code": "1"})
+                await ns.call_tool("python_exec", {"code": "1"})
                 await n.call_tool("noop", {})
                 await s.call_tool("shell_run", {"command": "true"})
             for _ in range(calls):
@@ -220,6 +227,10 @@ async def hot_paths(root: Path, calls: int, res: dict):
                 t = time.perf_counter()
                 await n.call_tool("noop", {})
                 res["noop"].append(time.perf_counter() - t)
+                t = time.perf_counter()
+                r = await ns.call_tool("python_exec", {"code": "1"})
+                res["exec_nosnap"].append(time.perf_counter() - t)
+                assert r.structured_content["value"] == "1", r
             for _ in range(max(10, calls // 4)):
                 t = time.perf_counter()
                 r = await s.call_tool("shell_run", {"command": "true"})
@@ -237,6 +248,9 @@ async def hot_paths(root: Path, calls: int, res: dict):
                 assert (sc.get("exception") or sc.get("error") or {}).get("ename") == "KeyboardInterrupt", r
             for _ in range(max(10, calls // 10)):
                 await s.call_tool("python_exec", {"code": "x = 1"})
+                # A restart takes the session's idle spare worker; give the one the last
+                # restart started time to come up, as it has between an agent's restarts.
+                await anyio.sleep(0.5)
                 t = time.perf_counter()
                 await s.call_tool("session_restart", {})
                 r = await s.call_tool("python_exec", {"code": "1"})
@@ -246,7 +260,7 @@ async def hot_paths(root: Path, calls: int, res: dict):
 
 def server_part(root: Path, spawns: int, calls: int, baseline: str | None) -> dict:
     res: dict = {k: [] for k in ("init_noop", "init_ours", "init_ours_fresh", "first_shim", "first_usr",
-                                 "exec", "noop", "shell", "bare_true", "interrupt", "restart",
+                                 "exec", "exec_nosnap", "noop", "shell", "bare_true", "interrupt", "restart",
                                  "b_init", "b_first_shim", "b_first_usr")}
     shim = shutil.which("python3")
     # Interleaved: noop, ours (state dir reused), ours (fresh state dir), first execs.
@@ -323,8 +337,9 @@ def render(L: dict, S: dict, load_before: str, load_after: str, runs: int) -> st
         f"| first `python_exec` right after initialize (state dir reused), `python3` = `{S['shim']}` | bare `python3 -c pass` {fmt(L[('python3 -c pass', 'bare')])} | {fmt(S['first_shim'])} | — |",
         f"| same, `MCP_SANDBOX_PYTHON=/usr/bin/python3` | (same) | {fmt(S['first_usr'])} | — |",
         f"| trivial `python_exec` | no-op rmcp tool {fmt(S['noop'])} | {fmt(S['exec'])} (+{med(S['exec']) - med(S['noop']):.2f} ms) | {med(S['exec']) / med(S['noop']):.2f}× |",
+        f"| same, branching snapshots off (`--max-snapshots 0`) | no-op rmcp tool {fmt(S['noop'])} | {fmt(S['exec_nosnap'])} (+{med(S['exec_nosnap']) - med(S['noop']):.2f} ms) | {med(S['exec_nosnap']) / med(S['noop']):.2f}× |",
         f"| interrupt → KeyboardInterrupt reported | — | {fmt(S['interrupt'])} | — |",
-        f"| `session_restart` → `python_exec` \"1\" answered | — | {fmt(S['restart'])} | — |",
+        f"| `session_restart` → `python_exec` \"1\" answered (spare worker up) | — | {fmt(S['restart'])} | — |",
         "",
     ]
     if S["b_init"]:
