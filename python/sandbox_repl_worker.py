@@ -102,12 +102,12 @@ def _high_dup(fd):
     import fcntl
 
     try:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if soft == resource.RLIM_INFINITY:
+        # The soft RLIMIT_NOFILE, without importing `resource` (a shared library to load
+        # on some builds: milliseconds of every worker start).
+        soft = os.sysconf("SC_OPEN_MAX")
+        if soft <= 0:
             soft = 1024
-    except Exception:
+    except (OSError, ValueError):
         soft = 1024
     floor = max(10, min(900, soft - 16))
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)

@@ -252,6 +252,14 @@ impl App {
         self.response_bytes
     }
 
+    /// Neither the client's roots nor its sandbox state can change the workspace or the
+    /// policy (`--workspace` given, `--sandbox-state` not `inherit`): the default session
+    /// may start before the client has said anything.
+    pub fn settings_are_fixed(&self) -> bool {
+        let sources = self.sources();
+        !sources.workspace_from_roots && !sources.inherit_sandbox
+    }
+
     /// Start the default session's worker ahead of the first call (best effort: a failure
     /// is reported again, in words, when a call first needs the session).
     pub async fn prewarm(&self) {

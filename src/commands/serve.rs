@@ -158,7 +158,8 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
     })
 }
 
-/// The workspace is a directory and `--python` runs (probed once: `sys.version_info`).
+/// The workspace is a directory and `--python` runs (probed once: `sys.version_info`;
+/// skipped when an earlier server's probe of it is remembered and still trusted).
 pub fn check_paths(config: &ServerConfig) -> Result<(), StartError> {
     if let Some(ws) = &config.app.workspace {
         let why = match std::fs::metadata(ws) {
@@ -173,7 +174,12 @@ pub fn check_paths(config: &ServerConfig) -> Result<(), StartError> {
             });
         }
     }
-    if let Some(py) = &config.app.python {
+    let state_dir =
+        || (config.app.state_dir.clone()).unwrap_or_else(crate::jobs::default_state_dir);
+    // Checked by an earlier server and unchanged since: no interpreter start here.
+    if let Some(py) = &config.app.python
+        && !crate::repl::known_python3(py, &state_dir())
+    {
         probe_python(py).map_err(|why| StartError::Python {
             path: py.clone(),
             why,

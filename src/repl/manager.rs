@@ -10,9 +10,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use super::probe_cache::ProbeCache;
+use super::python::discover_python_cached;
 use super::session::SessionEnv;
 use super::worker::SpawnSpec;
-use super::{PythonInfo, ReplConfig, ReplError, Session, SessionInfo, discover_python};
+use super::{PythonInfo, ReplConfig, ReplError, Session, SessionInfo};
 use crate::sandbox::{Placeholders, ResolvedPolicy};
 
 /// How many expired session names are remembered for their next cell's note.
@@ -21,6 +23,8 @@ const EXPIRED_CAP: usize = 4096;
 pub struct SessionManager {
     cfg: ReplConfig,
     python: tokio::sync::OnceCell<PythonInfo>,
+    /// The probe's answers from earlier servers (in the state dir).
+    probe_cache: ProbeCache,
     sessions: Mutex<BTreeMap<String, Arc<Session>>>,
     /// Each session name's start-up site directories ([`Session::set_site_dirs`]), kept
     /// across a close so a session started again under that name gets them too. Locked
@@ -36,6 +40,11 @@ pub struct SessionManager {
     /// it does not count toward `max_sessions`, and yields its slot (is closed) when
     /// another session needs it. Locked alone.
     spare: Mutex<Option<String>>,
+    /// One start at a time per name: concurrent first uses (the prewarm on `initialize`,
+    /// the one after `initialized`, the first call) wait for the start under way instead
+    /// of each spawning a worker and all but one being killed (three interpreters
+    /// competing for the CPU delayed the first cell). Entries go when nobody waits.
+    starting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl SessionManager {
@@ -43,14 +52,17 @@ impl SessionManager {
     pub fn new(cfg: ReplConfig) -> Arc<SessionManager> {
         let ttl = cfg.idle_ttl;
         let sandbox = Mutex::new((cfg.policy.clone(), cfg.workspace.clone()));
+        let probe_cache = ProbeCache::new(&cfg.state_dir);
         let manager = Arc::new(SessionManager {
             cfg,
             sandbox,
             python: tokio::sync::OnceCell::new(),
+            probe_cache,
             sessions: Mutex::new(BTreeMap::new()),
             site_dirs: Mutex::new(HashMap::new()),
             expired: Mutex::new(HashMap::new()),
             spare: Mutex::new(None),
+            starting: Mutex::new(HashMap::new()),
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(reap_idle(Arc::downgrade(&manager), ttl));
@@ -102,12 +114,14 @@ impl SessionManager {
         }
     }
 
-    /// The interpreter workers run (discovered and probed once).
+    /// The interpreter workers run (discovered and probed once per server, or taken from
+    /// the state dir's probe cache when that can be trusted).
     pub async fn python(&self) -> Result<&PythonInfo, ReplError> {
         self.python
             .get_or_try_init(|| async {
                 let workspace = self.current_sandbox().1;
-                discover_python(self.cfg.python.as_deref(), &workspace).await
+                discover_python_cached(self.cfg.python.as_deref(), &workspace, &self.probe_cache)
+                    .await
             })
             .await
     }
@@ -188,7 +202,82 @@ impl SessionManager {
             return Ok(s.clone());
         }
         validate_name(name)?;
-        let python = self.python().await?.clone();
+        let gate = self
+            .starting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name.to_string())
+            .or_default()
+            .clone();
+        let r = {
+            let _one_at_a_time = gate.lock().await;
+            let started = self.sessions().get(name).cloned(); // while we waited
+            match started {
+                Some(s) => Ok(s),
+                None => self.start(name).await,
+            }
+        };
+        let mut starting = self.starting.lock().unwrap_or_else(|p| p.into_inner());
+        // Ours and the map's: nobody else waits on this gate.
+        if Arc::strong_count(&gate) <= 2 {
+            starting.remove(name);
+        }
+        r
+    }
+
+    /// Start session `name` (the caller holds its start gate). Before the interpreter is
+    /// known, an untrusted remembered probe answer (a shim's: see `probe_cache`) starts
+    /// the worker while the probe checks it; the session is admitted only if the probe
+    /// agrees, so no cell ever runs on a guess.
+    async fn start(&self, name: &str) -> Result<Arc<Session>, ReplError> {
+        let guess = match self.python.get() {
+            Some(_) => None,
+            None => self
+                .python_candidate()
+                .and_then(|c| self.probe_cache.lookup(&c))
+                .filter(|hit| !hit.trusted),
+        };
+        let python = match guess {
+            None => self.python().await?.clone(),
+            Some(hit) => {
+                let (verified, launched) = tokio::join!(self.python(), self.launch(name, hit.info));
+                let verified = verified?.clone();
+                match launched {
+                    Ok(s) if s.python().same_interpreter(&verified) => return self.admit(name, s),
+                    Ok(s) => {
+                        tracing::info!(
+                            session = %name,
+                            "the interpreter changed since the last server: starting the session again"
+                        );
+                        self.discard(s);
+                    }
+                    Err(e) => {
+                        tracing::debug!(session = %name, error = %e, "the early start failed")
+                    }
+                }
+                verified
+            }
+        };
+        let started = self.launch(name, python).await?;
+        self.admit(name, started)
+    }
+
+    fn python_candidate(&self) -> Option<PathBuf> {
+        let workspace = self.current_sandbox().1;
+        super::python::candidate(self.cfg.python.as_deref(), &workspace).ok()
+    }
+
+    /// Close a session that was never admitted, and remove its temp directory.
+    fn discard(&self, s: Arc<Session>) {
+        s.close();
+        let dir = s.tmp_dir().to_path_buf();
+        std::thread::spawn(move || {
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
+    /// Spawn session `name`'s first worker on `python` (not yet in the map).
+    async fn launch(&self, name: &str, python: PythonInfo) -> Result<Arc<Session>, ReplError> {
         self.yield_spare(name);
         self.check_room(name, &self.sessions())?;
         // One directory per session *instance*: a session closed (or expired) a moment ago
@@ -217,7 +306,7 @@ impl SessionManager {
                 workspace,
                 tmp,
                 policy,
-                code: python.worker_code.clone(),
+                code: python.driver_code(),
                 snapshots: self.cfg.max_snapshots > 0,
             },
             policy_name,
@@ -244,14 +333,23 @@ impl SessionManager {
                     source: std::io::Error::other(e),
                 })??
         };
+        Ok(started)
+    }
+
+    /// Put a launched session in the map (or close it: the name was taken meanwhile, or
+    /// there is no room).
+    fn admit(&self, name: &str, started: Arc<Session>) -> Result<Arc<Session>, ReplError> {
         self.yield_spare(name);
         let mut map = self.sessions();
         if let Some(existing) = map.get(name) {
-            started.close();
-            return Ok(existing.clone());
+            let existing = existing.clone();
+            drop(map);
+            self.discard(started);
+            return Ok(existing);
         }
         if let Err(e) = self.check_room(name, &map) {
-            started.close();
+            drop(map);
+            self.discard(started);
             return Err(e);
         }
         map.insert(name.to_string(), started.clone());

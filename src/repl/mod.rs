@@ -16,6 +16,7 @@
 
 mod graph;
 mod manager;
+mod probe_cache;
 pub mod protocol;
 mod pump;
 mod python;
@@ -30,7 +31,7 @@ use serde::Serialize;
 
 pub use manager::SessionManager;
 pub use protocol::{DisplayItem, PyError, VariableDetail, VariableInfo};
-pub use python::{PythonInfo, discover_python};
+pub use python::{PythonInfo, discover_python, known_python3};
 pub use session::{Parent, Session};
 
 use crate::sandbox::{

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::ReplError;
+use super::probe_cache::ProbeCache;
 
 /// A probed interpreter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -27,6 +28,26 @@ pub struct PythonInfo {
     /// start from it instead of compiling the source each time (saves ~5 ms per start).
     #[serde(skip)]
     pub worker_code: Option<std::sync::Arc<str>>,
+}
+
+impl PythonInfo {
+    /// The precompiled driver as bytes (marshal data), if there is one.
+    pub(crate) fn driver_code(&self) -> Option<std::sync::Arc<[u8]>> {
+        use base64::Engine;
+        let text = self.worker_code.as_deref()?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .ok()
+            .map(Into::into)
+    }
+
+    /// The same interpreter with the same installation (the precompiled driver aside).
+    pub fn same_interpreter(&self, other: &PythonInfo) -> bool {
+        self.executable == other.executable
+            && self.version == other.version
+            && self.prefixes == other.prefixes
+            && self.venv == other.venv
+    }
 }
 
 /// Prints the interpreter's facts as a JSON list, the last item the worker driver (read
@@ -52,7 +73,13 @@ pub async fn discover_python(
     explicit: Option<&Path>,
     workspace: &Path,
 ) -> Result<PythonInfo, ReplError> {
-    let candidate = match explicit {
+    probe(&candidate(explicit, workspace)?).await
+}
+
+/// The path to ask: `explicit`, else the nearest `.venv` upward from `workspace`, else
+/// `python3` on PATH (which may be a shim).
+pub(crate) fn candidate(explicit: Option<&Path>, workspace: &Path) -> Result<PathBuf, ReplError> {
+    Ok(match explicit {
         Some(p) => p.to_path_buf(),
         None => match nearest_venv_python(workspace) {
             Some(p) => p,
@@ -63,8 +90,34 @@ pub async fn discover_python(
                 ),
             })?,
         },
-    };
-    probe(&candidate).await
+    })
+}
+
+/// Whether an earlier server's probe, remembered in `state_dir` and still trusted (see
+/// `probe_cache`), found `python` to be a working Python 3: then start-up need not
+/// run it again to check.
+pub fn known_python3(python: &Path, state_dir: &Path) -> bool {
+    ProbeCache::new(state_dir)
+        .lookup(python)
+        .is_some_and(|hit| hit.trusted && hit.info.version.starts_with("3."))
+}
+
+/// [`discover_python`] through the state dir's [`ProbeCache`]: a trusted entry answers
+/// without a probe; otherwise the probe runs and its answer is remembered.
+pub(crate) async fn discover_python_cached(
+    explicit: Option<&Path>,
+    workspace: &Path,
+    cache: &ProbeCache,
+) -> Result<PythonInfo, ReplError> {
+    let candidate = candidate(explicit, workspace)?;
+    if let Some(hit) = cache.lookup(&candidate)
+        && hit.trusted
+    {
+        return Ok(hit.info);
+    }
+    let info = probe(&candidate).await?;
+    cache.store(&candidate, &info);
+    Ok(info)
 }
 
 /// `<dir>/.venv/bin/python` for the nearest `dir` at or above `start` that has one.
@@ -75,7 +128,7 @@ pub(crate) fn nearest_venv_python(start: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-async fn probe(python: &Path) -> Result<PythonInfo, ReplError> {
+pub(crate) async fn probe(python: &Path) -> Result<PythonInfo, ReplError> {
     let fail = |detail: String| ReplError::PythonProbe {
         python: python.to_path_buf(),
         detail,

@@ -55,6 +55,9 @@ struct Inner {
     /// A started worker nobody has used yet: a restart or the cell after a crash takes
     /// it instead of waiting for a new interpreter to start.
     spare: Option<Arc<Worker>>,
+    /// A spare is being started: cells ending meanwhile start no other (each would be
+    /// killed on arrival, and every cell of a quick loop started one).
+    spare_starting: bool,
     closed: bool,
     /// The session's state was lost since the last cell (a worker died, a cancel killed
     /// it, the session expired): the next cell is told so, in these words.
@@ -109,6 +112,7 @@ impl Session {
             inner: Mutex::new(Inner {
                 worker: Some(worker.clone()),
                 spare: None,
+                spare_starting: false,
                 closed: false,
                 lost: None,
                 cells: graph.last_cell(),
@@ -131,6 +135,11 @@ impl Session {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The interpreter the session's workers run.
+    pub fn python(&self) -> &super::PythonInfo {
+        &self.env.python
     }
 
     /// The session's private temp directory (`{tmp}`, also `TMPDIR` of the worker).
@@ -223,10 +232,14 @@ impl Session {
             return;
         }
         {
-            let inner = self.inner();
-            if inner.closed || inner.spare.as_ref().is_some_and(|w| w.death().is_none()) {
+            let mut inner = self.inner();
+            if inner.closed
+                || inner.spare_starting
+                || inner.spare.as_ref().is_some_and(|w| w.death().is_none())
+            {
                 return;
             }
+            inner.spare_starting = true;
         }
         let me = self.me.clone();
         // Starting a process blocks for the launcher's setup: keep it off the async threads.
@@ -238,11 +251,13 @@ impl Session {
                     Arc::new(w)
                 }
                 Err(e) => {
+                    session.inner().spare_starting = false;
                     tracing::warn!(session = %session.name, error = %e, "could not start a spare worker");
                     return;
                 }
             };
             let mut inner = session.inner();
+            inner.spare_starting = false;
             if !inner.closed && inner.spare.as_ref().is_none_or(|w| w.death().is_some()) {
                 // Under the lock: a concurrent `set_site_dirs` cannot slip in between.
                 session.apply_site_dirs(&worker, &inner.site_dirs);

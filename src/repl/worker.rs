@@ -24,20 +24,23 @@ use crate::sandbox::{Pidfd, ResolvedPolicy, SandboxCommand, SandboxedChild};
 
 /// The worker driver, embedded so the binary is self-contained.
 pub(crate) const WORKER_SOURCE: &str = include_str!("../../python/sandbox_repl_worker.py");
-/// Compiles the driver (passed as argv[1]) under a fixed name its tracebacks filter on.
-const BOOTSTRAP: &str =
-    "import sys;_s=sys.argv.pop(1);exec(compile(_s,'<sandbox-repl-worker>','exec'))";
-/// Runs the driver precompiled by the same interpreter (argv[1]: base64 of marshal data).
-const BOOTSTRAP_MARSHAL: &str =
-    "import sys,marshal,binascii;exec(marshal.loads(binascii.a2b_base64(sys.argv.pop(1))))";
+/// Reads the driver from the request pipe (fd 3) ahead of the first request: argv[1] says
+/// what follows (`m`: the driver precompiled by this interpreter, marshal data; `s`: its
+/// source, compiled under a fixed name its tracebacks filter on), argv[2] how many bytes.
+/// Through the pipe rather than argv, the ~60 KB never cross the launcher's two execs
+/// and its JSON (where argv bytes took ~400 KB).
+const BOOTSTRAP: &str = "import os,sys\n\
+k,n=sys.argv.pop(1),int(sys.argv.pop(1));b=b''\n\
+while len(b)<n:\n c=os.read(3,n-len(b))\n if not c:raise SystemExit('sandbox-repl: the worker driver did not arrive')\n b+=c\n\
+exec(__import__('marshal').loads(b) if k=='m' else compile(b,'<sandbox-repl-worker>','exec'))";
 /// What a worker needs to start.
 pub(crate) struct SpawnSpec {
     pub python: PathBuf,
     pub workspace: PathBuf,
     pub tmp: PathBuf,
     pub policy: Arc<ResolvedPolicy>,
-    /// The driver precompiled by this interpreter, if the probe managed to.
-    pub code: Option<Arc<str>>,
+    /// The driver precompiled by this interpreter (marshal data), if the probe managed to.
+    pub code: Option<Arc<[u8]>>,
     /// Pass a snapshot control socket (fd 5): the worker snapshots each cell.
     pub snapshots: bool,
 }
@@ -91,10 +94,14 @@ impl Worker {
             None
         };
         let mut cmd = SandboxCommand::new(spec.policy.clone(), &spec.python);
-        match &spec.code {
-            Some(code) => cmd.arg("-c").arg(BOOTSTRAP_MARSHAL).arg(&**code),
-            None => cmd.arg("-c").arg(BOOTSTRAP).arg(WORKER_SOURCE),
+        let (kind, driver): (&str, &[u8]) = match &spec.code {
+            Some(code) => ("m", code),
+            None => ("s", WORKER_SOURCE.as_bytes()),
         };
+        cmd.arg("-c")
+            .arg(BOOTSTRAP)
+            .arg(kind)
+            .arg(driver.len().to_string());
         cmd.current_dir(&spec.workspace)
             .env("PYTHONIOENCODING", "utf-8")
             .env("TMPDIR", &spec.tmp)
@@ -130,7 +137,10 @@ impl Worker {
             stderr,
             control,
         };
-        Self::attach(pid, Some(child), None, fds, spec.policy.clone())
+        let worker = Self::attach(pid, Some(child), None, fds, spec.policy.clone())?;
+        // First on the pipe, ahead of any request (the channel keeps the order).
+        let _ = worker.requests.send(driver.to_vec());
+        Ok(worker)
     }
 
     /// A live worker a snapshot forked (see [`Snapshot::fork_live`]): not our child, so it
@@ -427,5 +437,72 @@ impl Worker {
 impl Drop for Worker {
     fn drop(&mut self) {
         self.end_tree("the session was closed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Run the bootstrap outside any sandbox with `driver` on fd 3 (a pipe held open
+    /// until the first event, then closed, so the driver ends after its start; at once
+    /// unless `hold`) and fd 4 into a file; the events written.
+    fn bootstrap_events(
+        python: &std::path::Path,
+        kind: &str,
+        driver: &[u8],
+        claimed: usize,
+        hold: bool,
+    ) -> (String, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let (input, events) = (dir.path().join("driver"), dir.path().join("events"));
+        std::fs::write(&input, driver).unwrap();
+        std::fs::write(&events, "").unwrap();
+        let feed = if hold {
+            "cat \"$IN\"; while [ ! -s \"$EV\" ]; do sleep 0.01; done"
+        } else {
+            "cat \"$IN\""
+        };
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "({feed}) | \"$PY\" -c \"$0\" \"$@\" 3<&0 0</dev/null 4>>\"$EV\""
+            ))
+            .arg(BOOTSTRAP)
+            .arg(kind)
+            .arg(claimed.to_string())
+            .env("PY", python)
+            .env("IN", &input)
+            .env("EV", &events)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.success(), hold, "{out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (std::fs::read_to_string(&events).unwrap(), stderr)
+    }
+
+    #[tokio::test]
+    async fn the_bootstrap_runs_the_driver_sent_down_the_pipe() {
+        let info = super::super::discover_python(None, std::path::Path::new("/"))
+            .await
+            .unwrap();
+        let code = info.driver_code().expect("the probe compiled the driver");
+        for (kind, driver) in [("m", &*code), ("s", WORKER_SOURCE.as_bytes())] {
+            let (events, _) = bootstrap_events(&info.executable, kind, driver, driver.len(), true);
+            assert!(
+                events.starts_with("{\"ev\":\"ready\""),
+                "{kind}: {events:?}"
+            );
+        }
+        // Cut short (the server died mid-way): the worker fails with words, says nothing.
+        let cut = &WORKER_SOURCE.as_bytes()[..100];
+        let (events, stderr) =
+            bootstrap_events(&info.executable, "s", cut, WORKER_SOURCE.len(), false);
+        assert_eq!(events, "");
+        assert!(
+            stderr.contains("the worker driver did not arrive"),
+            "{stderr}"
+        );
     }
 }

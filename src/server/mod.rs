@@ -86,6 +86,12 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let app = Arc::new(App::new(&config.app).map_err(|e| ServerError::Config(e.to_string()))?);
     let shutdown = CancellationToken::new();
     spawn_signal_watch(shutdown.clone());
+    if app.settings_are_fixed() {
+        // Nothing the client says can change where the default session runs: start its
+        // worker now, while the client is still starting and sending `initialize`.
+        let app = app.clone();
+        tokio::spawn(async move { app.prewarm().await });
+    }
     let served = match config.transport {
         Transport::Stdio => transport::serve_stdio(app.clone(), shutdown.clone()).await,
         Transport::Http { listen, auth } => {

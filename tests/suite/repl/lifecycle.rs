@@ -445,6 +445,42 @@ async fn prestart_starts_a_session_in_the_background() {
     );
 }
 
+/// Concurrent first uses of one name (the prewarm on `initialize`, the one after
+/// `initialized`, the first call) start one worker: the others wait for it. Every start
+/// makes the session instance's own temp directory, so one directory means one start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_uses_start_one_worker() {
+    let f = fixture("oneflight", 4);
+    let m = f.manager.clone();
+    let (a, b, c, d) = tokio::join!(
+        m.prewarm("default"),
+        m.prewarm("default"),
+        m.get_or_start("default"),
+        m.get_or_start("default"),
+    );
+    let (a, b, c, d) = (a.unwrap(), b.unwrap(), c.unwrap(), d.unwrap());
+    assert!(Arc::ptr_eq(&a, &b) && Arc::ptr_eq(&a, &c) && Arc::ptr_eq(&a, &d));
+    let repl = f.dir.join("state/repl");
+    let starts: Vec<String> = std::fs::read_dir(repl.join("default"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("tmp-"))
+        .collect();
+    let closed = std::fs::read_dir(&repl)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".closed-")
+        })
+        .count();
+    assert_eq!((starts.len(), closed), (1, 0), "{starts:?}");
+    let (o, _) = run(&f.manager, "default", "6 * 7").await;
+    assert_eq!((o.status, o.value.as_deref()), (CellStatus::Ok, Some("42")));
+}
+
 /// User code that digs out the event pipe and floods it without a newline cannot make
 /// the server buffer without bound: the worker is killed with words, the session recovers.
 #[tokio::test]

@@ -5,6 +5,7 @@
 mod bench;
 mod cells;
 mod lifecycle;
+mod probe_cache;
 mod site_dirs;
 
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,112 @@
+//! The interpreter probe's answer remembered in the state dir: a later manager on the
+//! same state dir uses it without probing when the candidate is the interpreter itself,
+//! and only as a guess (checked by the probe before any cell runs) when it is a shim.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use mcp_sandbox_repl::repl::{CellStatus, ReplConfig, SessionManager};
+use mcp_sandbox_repl::sandbox::Policy;
+
+use super::{run, use_real_launcher};
+
+struct Dirs {
+    root: PathBuf,
+}
+
+impl Drop for Dirs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn dirs(tag: &str) -> Dirs {
+    let root = std::env::temp_dir().join(format!("repl-probe-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("ws")).unwrap();
+    Dirs { root }
+}
+
+fn manager(d: &Dirs, python: &Path) -> Arc<SessionManager> {
+    use_real_launcher();
+    let mut cfg = ReplConfig::new(
+        d.root.join("ws"),
+        Policy::load("workspace-write").unwrap(),
+        d.root.join("state"),
+    );
+    cfg.python = Some(python.to_path_buf());
+    SessionManager::new(cfg)
+}
+
+/// Rewrite the remembered version of every entry (what only a probe would correct).
+fn tamper_version(d: &Dirs) {
+    let file = d.root.join("state/python-probe.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    for e in v["entries"].as_array_mut().unwrap() {
+        e["version"] = "9.9.9".into();
+    }
+    std::fs::write(&file, serde_json::to_vec(&v).unwrap()).unwrap();
+}
+
+async fn version_seen(m: &SessionManager) -> String {
+    let (o, _) = run(m, "default", "import sys; sys.version.split()[0]").await;
+    assert_eq!(o.status, CellStatus::Ok, "{o:?}");
+    let listed = m
+        .list()
+        .into_iter()
+        .find(|i| i.name == "default")
+        .unwrap()
+        .python;
+    format!("{} | {listed}", o.value.unwrap_or_default())
+}
+
+async fn real_python() -> PathBuf {
+    mcp_sandbox_repl::repl::discover_python(None, Path::new("/"))
+        .await
+        .unwrap()
+        .executable
+}
+
+#[tokio::test]
+async fn the_interpreter_itself_is_not_probed_again() {
+    let d = dirs("trusted");
+    let python = real_python().await;
+    let first = manager(&d, &python);
+    let real = version_seen(&first).await;
+    first.shutdown();
+    tamper_version(&d);
+    // A later server believes the file (no probe ran to correct the version) ...
+    let second = manager(&d, &python);
+    let seen = version_seen(&second).await;
+    second.shutdown();
+    assert!(
+        seen.ends_with("(9.9.9)"),
+        "the remembered answer was not used: {seen}"
+    );
+    // ... and the worker is the same interpreter all the same.
+    assert_eq!(seen.split(" | ").next(), real.split(" | ").next());
+}
+
+#[tokio::test]
+async fn a_shims_remembered_answer_is_checked_before_a_cell_runs() {
+    let d = dirs("shim");
+    let python = real_python().await;
+    let shim = d.root.join("python3-shim");
+    std::fs::write(
+        &shim,
+        format!("#!/bin/sh\nexec {} \"$@\"\n", python.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let first = manager(&d, &shim);
+    let real = version_seen(&first).await;
+    first.shutdown();
+    tamper_version(&d);
+    let second = manager(&d, &shim);
+    second.prewarm("default").await.unwrap();
+    let seen = version_seen(&second).await;
+    second.shutdown();
+    assert_eq!(seen, real, "a cell ran on an unchecked guess");
+    assert!(!seen.contains("9.9.9"), "{seen}");
+}
