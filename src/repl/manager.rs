@@ -33,6 +33,11 @@ pub struct SessionManager {
     /// The policy and workspace sessions started from now on get ([`Self::set_sandbox`]);
     /// starts as the config's. Running sessions keep what they started with.
     sandbox: Mutex<(crate::sandbox::Policy, PathBuf)>,
+    /// Bumped by every [`Self::set_sandbox`]; each session name's worker records the
+    /// value it started under, so an unused prewarmed session started before a change
+    /// is started again under the new sandbox at its first use. Locked alone.
+    sandbox_generation: std::sync::atomic::AtomicU64,
+    launched_under: Mutex<HashMap<String, u64>>,
     /// Sessions the idle reaper closed, with how long they had been idle: the next cell
     /// of a session started again under that name is told its state was lost and why.
     expired: Mutex<HashMap<String, Duration>>,
@@ -56,6 +61,8 @@ impl SessionManager {
         let manager = Arc::new(SessionManager {
             cfg,
             sandbox,
+            sandbox_generation: std::sync::atomic::AtomicU64::new(0),
+            launched_under: Mutex::new(HashMap::new()),
             python: tokio::sync::OnceCell::new(),
             probe_cache,
             sessions: Mutex::new(BTreeMap::new()),
@@ -85,6 +92,8 @@ impl SessionManager {
     /// theirs until they are closed or restarted.
     pub fn set_sandbox(&self, policy: crate::sandbox::Policy, workspace: PathBuf) {
         *self.sandbox.lock().unwrap_or_else(|p| p.into_inner()) = (policy, workspace);
+        self.sandbox_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn current_sandbox(&self) -> (crate::sandbox::Policy, PathBuf) {
@@ -154,9 +163,33 @@ impl SessionManager {
     /// The session called `name`, started (with its worker) if it does not exist yet.
     /// Counts as a use.
     pub async fn get_or_start(&self, name: &str) -> Result<Arc<Session>, ReplError> {
-        let r = self.open(name).await;
+        let mut r = self.open(name).await;
+        if r.is_ok() && self.stale_spare(name) {
+            // Started ahead of use under a sandbox the client has since changed: no call
+            // has used it, so it starts again under the current one.
+            tracing::debug!(session = %name, "the prewarmed session predates the client's sandbox; starting it again");
+            let _ = self.close(name);
+            r = self.open(name).await;
+        }
         self.used(name);
         r
+    }
+
+    /// `name` is the unused prewarmed session and started before the last sandbox change.
+    pub fn stale_spare(&self, name: &str) -> bool {
+        if lock_spare(&self.spare).as_deref() != Some(name) {
+            return false;
+        }
+        let now = self
+            .sandbox_generation
+            .load(std::sync::atomic::Ordering::SeqCst);
+        let under = self
+            .launched_under
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .copied();
+        under != Some(now)
     }
 
     /// Start `name` ahead of use (the server's `default` after the handshake). Until a
@@ -289,7 +322,14 @@ impl SessionManager {
             what: format!("create the session directory {}", tmp.display()),
             source,
         })?;
+        let generation = self
+            .sandbox_generation
+            .load(std::sync::atomic::Ordering::SeqCst);
         let (policy, workspace) = self.current_sandbox();
+        self.launched_under
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), generation);
         let placeholders = Placeholders {
             workspace: workspace.clone(),
             tmp: tmp.clone(),

@@ -270,3 +270,24 @@ def test_a_good_python_passes_the_probe(server):
         assert r["value"] == "3", r
 
     server.run(scenario, "--python", python_real())
+
+
+def test_the_prewarmed_default_session_follows_a_later_sandbox_update(server):
+    """The default session is started ahead of the first call; a sandbox the client sends
+    before using it is the one its first cell runs under."""
+
+    async def scenario(c):
+        for _ in range(100):  # the prewarm on initialize has started the worker
+            sessions = {s["name"]: s for s in (await c.ok("session_list"))["sessions"]}
+            if sessions.get("default", {}).get("status") == "idle":
+                break
+            await anyio.sleep(0.05)
+        assert sessions["default"]["policy"] == "workspace-write", sessions
+        assert await sandbox_request(c, {"type": "read-only"}, sandboxCwd=str(server.workspace)) == {}
+        r = await c.py("open('x.txt', 'w')")
+        assert r["status"] == "failed", r
+        assert not (server.workspace / "x.txt").exists()
+        sessions = {s["name"]: s for s in (await c.ok("session_list"))["sessions"]}
+        assert sessions["default"]["policy"] == "read-only (from the client)", sessions
+
+    server.run(scenario, "--sandbox-state", "inherit")

@@ -216,7 +216,10 @@ impl App {
         name: &str,
         spare: bool,
     ) -> Result<Arc<Session>, AppError> {
-        if !spare && let Ok(s) = self.sessions.get(name) {
+        if !spare
+            && !self.sessions.stale_spare(name)
+            && let Ok(s) = self.sessions.get(name)
+        {
             return Ok(s);
         }
         if let Ok(envs) = self.envs().await
