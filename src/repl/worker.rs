@@ -474,7 +474,7 @@ mod tests {
             .env("PY", python)
             .env("IN", &input)
             .env("EV", &events)
-            .stdin(Stdio::null())
+            .stdin(std::process::Stdio::null())
             .output()
             .unwrap();
         assert_eq!(out.status.success(), hold, "{out:?}");
