@@ -6,8 +6,9 @@
 //! A job costs one appended line when it starts (so a job running when the server dies
 //! comes back as `lost`) and one when it finishes; its directory appears only with its
 //! first output or a structured result (a quick cell that prints nothing touches no other
-//! file). Start-up reads the one index file, never the job directories; exit appends only
-//! the records that changed since they were last written. The index is rewritten with
+//! file). Opening a store reads nothing; the table is read from the one index file (never
+//! the job directories) on first use or on a thread of its own (see `JobStore::open`); exit
+//! appends only the records that changed since they were last written. The index is rewritten with
 //! the live records when dead lines outnumber them (amortised: never per job), and
 //! removals (prune, retention, the disk cap) append one `removed` line each.
 //!
@@ -15,7 +16,9 @@
 //! pattern is append-one-record and read-everything-once at start-up, which a log does
 //! with one `write` per change and one sequential read; a B-tree store would add a crate,
 //! a file format to migrate and page writes per commit for no query the store needs (the
-//! table is in memory while the server runs).
+//! table is in memory while the server runs). Reading it off the start-up path (lazily,
+//! prefetched on a thread) keeps start-up independent of the history without a store that
+//! answers lookups from disk.
 //!
 //! Layout of a store directory:
 //! ```text
@@ -165,6 +168,11 @@ impl Journal {
         self.file.write_all(&bytes)
     }
 
+    /// Count `n` more lines (those the index held when it was read).
+    pub(crate) fn add_lines(&mut self, n: u64) {
+        self.lines += n;
+    }
+
     /// Whether dead lines outnumber the `live` records enough to rewrite the index.
     pub(crate) fn needs_compaction(&self, live: usize) -> bool {
         self.lines >= JOURNAL_COMPACT_LINES + 2 * live as u64
@@ -227,15 +235,21 @@ pub(crate) struct Loaded {
     pub legacy: bool,
 }
 
-/// Every job record of the store and the next job number: from the index, or (once, for
-/// a store of an older server) from its job directories and `started.log`.
-pub(crate) fn load_store(store_dir: &Path) -> Loaded {
+/// Whether the store directory has an index (else it is new, or an older server's).
+pub(crate) fn has_index(store_dir: &Path) -> bool {
+    store_dir.join(JOURNAL).exists()
+}
+
+/// Every job record of the store and the next job number: from the index if the store
+/// `had_index` when it was opened, else (once, for a store of an older server) from its
+/// job directories and `started.log`.
+pub(crate) fn load_store(store_dir: &Path, had_index: bool) -> Loaded {
     let index = store_dir.join(JOURNAL);
     let next_file = std::fs::read_to_string(store_dir.join("next_id"))
         .ok()
         .and_then(|t| t.trim().parse::<u64>().ok())
         .unwrap_or(1);
-    if index.exists() {
+    if had_index {
         let (map, lines, max_seq) = read_journal_file(&index);
         return Loaded {
             records: map.into_values().collect(),
@@ -491,7 +505,7 @@ mod tests {
             from_journal: true,
             ..running.clone()
         };
-        let loaded = load_store(&dir.path);
+        let loaded = load_store(&dir.path, has_index(&dir.path));
         assert!(loaded.legacy);
         assert_eq!(
             (loaded.records.clone(), loaded.next_id),
@@ -520,13 +534,13 @@ mod tests {
             .file
             .write_all(b"{\"version\":1,\"id\":\"j4\"")
             .unwrap();
-        let loaded = load_store(&dir.path);
+        let loaded = load_store(&dir.path, has_index(&dir.path));
         assert!(!loaded.legacy);
         assert_eq!(loaded.records, vec![record("j1"), record("j2")]);
         assert_eq!((loaded.next_id, loaded.lines), (4, 6));
         // Rewriting keeps only what it is given.
         index.rewrite(&[record("j2")]).unwrap();
-        let loaded = load_store(&dir.path);
+        let loaded = load_store(&dir.path, has_index(&dir.path));
         assert_eq!((loaded.records, loaded.lines), (vec![record("j2")], 1));
         assert!(index.needs_compaction(0) == (JOURNAL_COMPACT_LINES <= 1));
     }
