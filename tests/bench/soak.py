@@ -9,7 +9,9 @@ big history against an empty state dir.
         [--executes 100000] [--shell 20000] [--keep-jobs 10000] [--startups 7]
 
 The issue's full run is 100,000 executes and 20,000 shell jobs; pass smaller numbers on a
-busy machine (and say so next to the figures). Prints a markdown section.
+busy machine (and say so next to the figures). Server flags can be given as their env
+twins (e.g. MCP_SANDBOX_MAX_SNAPSHOTS=0); those set are printed with the command. Prints a
+markdown section.
 """
 
 from __future__ import annotations
@@ -97,8 +99,10 @@ async def soak(binary: str, ws: Path, state: Path, args, out: dict):
                     if res.is_error:
                         raise SystemExit(f"{tool} failed: {res.content}")
                     if i % 1000 == 0:
-                        peak = max(peak, rss_kib(pid))
-                        print(f"{phase} {i}/{n} rss {rss_kib(pid)} KiB", file=sys.stderr, flush=True)
+                        now = rss_kib(pid)
+                        peak = max(peak, now)
+                        out.setdefault("rss_series", []).append(now)
+                        print(f"{phase} {i}/{n} rss {now} KiB", file=sys.stderr, flush=True)
                 out[phase] = lat
             out["rss_end"] = rss_kib(pid)
             out["rss_peak"] = max(peak, out["rss_end"])
@@ -109,12 +113,16 @@ async def soak(binary: str, ws: Path, state: Path, args, out: dict):
     out["index_bytes"] = (state / "jobs" / "index.log").stat().st_size
 
 
-async def startup(binary: str, ws: Path, state: Path, keep: int) -> float:
+async def startup(binary: str, ws: Path, state: Path, keep: int) -> tuple[float, float]:
+    """(spawn -> initialized, spawn -> the first `job_list` answered): the second shows
+    what a client waits for when its first call needs the job table."""
     t = time.perf_counter()
     async with stdio_client(params(binary, ws, state, keep), errlog=open(os.devnull, "w")) as (r, w):
         async with ClientSession(r, w) as s:
             await s.initialize()
-            return time.perf_counter() - t
+            ready = time.perf_counter() - t
+            await s.call_tool("job_list", {"limit": 1})
+            return ready, time.perf_counter() - t
 
 
 def main():
@@ -141,8 +149,12 @@ def main():
         for _ in range(args.startups):  # alternate, so machine noise hits both
             big.append(anyio.run(startup, args.bin, ws, state, args.keep_jobs))
             fresh.append(anyio.run(startup, args.bin, ws, empty, args.keep_jobs))
+    ready_big, ready_fresh = [b[0] for b in big], [f[0] for f in fresh]
+    first_big, first_fresh = [b[1] for b in big], [f[1] for f in fresh]
     ms = lambda v: f"{v * 1000:.2f}"
-    print(f"`python3 tests/bench/soak.py --executes {args.executes} --shell {args.shell} "
+    extra = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
+                     if k.startswith("MCP_SANDBOX_") and k != "MCP_SANDBOX_KEEP_JOBS")
+    print(f"`{extra + ' ' if extra else ''}python3 tests/bench/soak.py --executes {args.executes} --shell {args.shell} "
           f"--keep-jobs {args.keep_jobs}` — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
           f"{os.uname().sysname} {os.uname().release}, {os.cpu_count()} CPUs; {took:.0f} s in all.\n")
     print("| phase | calls | p50 (ms) | p99 (ms) |\n| --- | ---: | ---: | ---: |")
@@ -157,9 +169,15 @@ def main():
     print(f"- state dir: {out['state_bytes'] / 1e6:.2f} MB on disk at the end "
           f"(index.log {out['index_bytes'] / 1e6:.2f} MB); job_list limit=500 listed {out['listed']} "
           f"jobs in {out['list_bytes']} bytes of text")
+    med = statistics.median
     print(f"- start-up (spawn -> initialized), median of {args.startups}: "
-          f"{ms(statistics.median(big))} ms with the history, {ms(statistics.median(fresh))} ms empty "
-          f"({statistics.median(big) / statistics.median(fresh):.2f}x)")
+          f"{ms(med(ready_big))} ms with the history, {ms(med(ready_fresh))} ms empty "
+          f"({med(ready_big) / med(ready_fresh):.2f}x)")
+    print(f"- spawn -> first `job_list` answered, median of {args.startups}: "
+          f"{ms(med(first_big))} ms with the history, {ms(med(first_fresh))} ms empty "
+          f"({med(first_big) / med(first_fresh):.2f}x)")
+    series = ", ".join(f"{v / 1024:.1f}" for v in out.get("rss_series", []))
+    print(f"- RSS every 1,000 calls (MiB): {series}")
 
 
 if __name__ == "__main__":
