@@ -7,6 +7,7 @@ big history against an empty state dir.
 
     python3 tests/bench/soak.py [--bin target/release/mcp-sandbox-repl]
         [--executes 100000] [--shell 20000] [--keep-jobs 10000] [--startups 7]
+        [--client sdk|raw]
 
 The issue's full run is 100,000 executes and 20,000 shell jobs; pass smaller numbers on a
 busy machine (and say so next to the figures). Server flags can be given as their env
@@ -17,6 +18,7 @@ markdown section.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -113,6 +115,81 @@ async def soak(binary: str, ws: Path, state: Path, args, out: dict):
     out["index_bytes"] = (state / "jobs" / "index.log").stat().st_size
 
 
+class RawClient:
+    """JSON-RPC lines over the server's stdio, nothing else: what the server takes to
+    answer, without the SDK's per-call work (pydantic models, output-schema validation),
+    which on this machine costs more than the server does for a trivial call."""
+
+    def __init__(self, binary: str, env: dict, cwd: Path):
+        self.proc = subprocess.Popen([binary], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env=env, cwd=cwd)
+        self.next_id = 0
+        self.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                    "clientInfo": {"name": "soak", "version": "0"}})
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def send(self, msg: dict):
+        self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def request(self, method: str, params: dict) -> dict:
+        self.next_id += 1
+        rid = self.next_id
+        self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise SystemExit(f"the server closed its output during {method}")
+            msg = json.loads(line)
+            if msg.get("id") == rid and "method" not in msg:
+                if "error" in msg:
+                    raise SystemExit(f"{method} failed: {msg['error']}")
+                return msg["result"]
+            if "method" in msg and "id" in msg:  # a request of the server's (e.g. ping)
+                self.send({"jsonrpc": "2.0", "id": msg["id"], "result": {}})
+
+    def call_tool(self, name: str, arguments: dict) -> dict:
+        return self.request("tools/call", {"name": name, "arguments": arguments})
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def soak_raw(binary: str, ws: Path, state: Path, args, out: dict):
+    p = params(binary, ws, state, args.keep_jobs)
+    c = RawClient(binary, p.env, ws)
+    c.call_tool("python_exec", {"code": "1"})  # the worker is up
+    pid = c.proc.pid
+    out["rss_start"] = rss_kib(pid)
+    peak = out["rss_start"]
+    for phase, n, tool, call in (
+        ("execute", args.executes, "python_exec", {"code": "1"}),
+        ("shell", args.shell, "shell_run", {"command": "true"}),
+    ):
+        lat = []
+        for i in range(n):
+            t = time.perf_counter()
+            res = c.call_tool(tool, call)
+            lat.append(time.perf_counter() - t)
+            if res.get("isError"):
+                raise SystemExit(f"{tool} failed: {res.get('content')}")
+            if i % 1000 == 0:
+                now = rss_kib(pid)
+                peak = max(peak, now)
+                out.setdefault("rss_series", []).append(now)
+                print(f"{phase} {i}/{n} rss {now} KiB", file=sys.stderr, flush=True)
+        out[phase] = lat
+    out["rss_end"] = rss_kib(pid)
+    out["rss_peak"] = max(peak, out["rss_end"])
+    listed = c.call_tool("job_list", {"limit": 500})
+    out["listed"] = len(listed["structuredContent"]["jobs"])
+    out["list_bytes"] = sum(len(x.get("text", "")) for x in listed["content"])
+    c.close()
+    out["state_bytes"] = dir_bytes(state)
+    out["index_bytes"] = (state / "jobs" / "index.log").stat().st_size
+
+
 async def startup(binary: str, ws: Path, state: Path, keep: int) -> tuple[float, float]:
     """(spawn -> initialized, spawn -> the first `job_list` answered): the second shows
     what a client waits for when its first call needs the job table."""
@@ -132,6 +209,9 @@ def main():
     ap.add_argument("--shell", type=int, default=20_000)
     ap.add_argument("--keep-jobs", type=int, default=10_000)
     ap.add_argument("--startups", type=int, default=7)
+    ap.add_argument("--client", choices=("sdk", "raw"), default="sdk",
+                    help="drive the calls through the MCP SDK (what an SDK client sees) or as "
+                         "raw JSON-RPC lines (what the server takes); start-up always uses the SDK")
     args = ap.parse_args()
     args.bin = os.path.abspath(args.bin)
     if args.bin == str(REPO / "target" / "release" / "mcp-sandbox-repl"):
@@ -143,7 +223,10 @@ def main():
             d.mkdir()
         out: dict = {}
         t0 = time.perf_counter()
-        anyio.run(soak, args.bin, ws, state, args, out)
+        if args.client == "raw":
+            soak_raw(args.bin, ws, state, args, out)
+        else:
+            anyio.run(soak, args.bin, ws, state, args, out)
         took = time.perf_counter() - t0
         big, fresh = [], []
         for _ in range(args.startups):  # alternate, so machine noise hits both
@@ -155,7 +238,7 @@ def main():
     extra = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
                      if k.startswith("MCP_SANDBOX_") and k != "MCP_SANDBOX_KEEP_JOBS")
     print(f"`{extra + ' ' if extra else ''}python3 tests/bench/soak.py --executes {args.executes} --shell {args.shell} "
-          f"--keep-jobs {args.keep_jobs}` — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+          f"--keep-jobs {args.keep_jobs} --client {args.client}` — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
           f"{os.uname().sysname} {os.uname().release}, {os.cpu_count()} CPUs; {took:.0f} s in all.\n")
     print("| phase | calls | p50 (ms) | p99 (ms) |\n| --- | ---: | ---: | ---: |")
     for phase in ("execute", "shell"):
