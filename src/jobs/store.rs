@@ -151,6 +151,7 @@ impl JobStore {
     /// Build the table from the index (see [`persist::load_store`]); what must still be
     /// written is left in `pending` for [`settle`](Self::settle).
     fn load_table(&self) -> Jobs {
+        let started = std::time::Instant::now();
         let loaded = persist::load_store(&self.dir.path, self.had_index);
         let legacy = loaded.legacy.then(|| loaded.records.clone());
         let mut map = BTreeMap::new();
@@ -214,6 +215,13 @@ impl JobStore {
             map.insert(seq, job);
         }
         self.disk_used.fetch_add(disk_used, Ordering::Relaxed);
+        tracing::debug!(
+            jobs = map.len(),
+            lost = lost.len(),
+            index_lines = loaded.lines,
+            ms = started.elapsed().as_secs_f64() * 1000.0,
+            "read the job table from the index"
+        );
         *lock(&self.pending) = Some(Pending {
             lost,
             legacy,
@@ -541,7 +549,8 @@ impl JobStore {
         if !self.is_loaded() {
             return;
         }
-        let running: Vec<Arc<Job>> = self.jobs()
+        let running: Vec<Arc<Job>> = self
+            .jobs()
             .map
             .values()
             .filter(|j| !j.is_finished())
@@ -582,7 +591,8 @@ impl JobStore {
         }
         // Record what changed since it was last written (delivered cursors, mostly): the
         // cost of exit follows the jobs touched in this run, not the history.
-        let dirty: Vec<Arc<Job>> = self.jobs()
+        let dirty: Vec<Arc<Job>> = self
+            .jobs()
             .map
             .values()
             .filter(|j| !j.record_saved.load(Ordering::SeqCst))
@@ -805,7 +815,8 @@ impl JobStore {
     fn compact_journal(&self) {
         self.write_next_id();
         let mut journal = lock(&self.journal);
-        let live: Vec<(Arc<Job>, persist::JobRecord)> = self.jobs()
+        let live: Vec<(Arc<Job>, persist::JobRecord)> = self
+            .jobs()
             .map
             .values()
             .map(|j| (j.clone(), j.record()))

@@ -665,11 +665,18 @@ async fn the_table_is_read_on_first_use_and_lost_jobs_are_still_marked() {
         store.shutdown().await;
         assert!(!store.is_loaded());
     }
-    assert_eq!(std::fs::read(&index).unwrap(), before, "nothing was written");
+    assert_eq!(
+        std::fs::read(&index).unwrap(),
+        before,
+        "nothing was written"
+    );
     let store = JobStore::open(cfg.clone()).unwrap();
     assert!(!store.is_loaded(), "open read the index");
     // A line written after open is seen: the index is read at first use, not at open.
-    let mut late = std::fs::OpenOptions::new().append(true).open(&index).unwrap();
+    let mut late = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&index)
+        .unwrap();
     std::io::Write::write_all(
         &mut late,
         br#"{"version":1,"id":"j2","kind":"python","session":null,"label":"relabelled","status":"completed","prompt":null,"exit_code":0,"signal":null,"message":null,"created_unix_ms":1,"elapsed_ms":1,"delivered":[0,0],"has_result":false}
@@ -686,7 +693,9 @@ async fn the_table_is_read_on_first_use_and_lost_jobs_are_still_marked() {
     // The lost mark was written: it survives a restart with no shutdown.
     let after = String::from_utf8(std::fs::read(&index).unwrap()).unwrap();
     assert!(
-        after.lines().any(|l| l.contains(r#""id":"j4""#) && l.contains(r#""status":"lost""#)),
+        after
+            .lines()
+            .any(|l| l.contains(r#""id":"j4""#) && l.contains(r#""status":"lost""#)),
         "{after}"
     );
     let store = JobStore::open(cfg).unwrap();
@@ -740,9 +749,14 @@ async fn calls_racing_the_background_read_wait_for_it() {
             .collect();
         let mut ids: Vec<String> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         ids.sort_by_key(|id| persist::parse_id(id));
-        let want: Vec<String> = (0..4).map(|i| format!("j{}", 501 + round * 4 + i)).collect();
+        let want: Vec<String> = (0..4)
+            .map(|i| format!("j{}", 501 + round * 4 + i))
+            .collect();
         assert_eq!(ids, want, "round {round}");
-        assert_eq!(store.list(&JobFilter::default()).len(), 500 + (round + 1) * 4);
+        assert_eq!(
+            store.list(&JobFilter::default()).len(),
+            500 + (round + 1) * 4
+        );
         // Let the background thread finish with the store before the next open.
         while Arc::strong_count(&store) > 1 {
             std::thread::sleep(Duration::from_millis(1));

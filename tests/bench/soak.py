@@ -228,12 +228,23 @@ def main():
         else:
             anyio.run(soak, args.bin, ws, state, args, out)
         took = time.perf_counter() - t0
-        big, fresh = [], []
-        for _ in range(args.startups):  # alternate, so machine noise hits both
+        big, fresh, jobs_only = [], [], []
+        graphs = sorted((state / "repl").glob("*/graph.jsonl"))
+        out["graph_bytes"] = sum(g.stat().st_size for g in graphs)
+        for _ in range(args.startups):  # alternate, so machine noise hits all
             big.append(anyio.run(startup, args.bin, ws, state, args.keep_jobs))
             fresh.append(anyio.run(startup, args.bin, ws, empty, args.keep_jobs))
+            # The same history without the sessions' cell graphs: the job table's share.
+            for g in graphs:
+                g.rename(g.with_suffix(".aside"))
+            try:
+                jobs_only.append(anyio.run(startup, args.bin, ws, state, args.keep_jobs))
+            finally:
+                for g in graphs:
+                    g.with_suffix(".aside").rename(g)
     ready_big, ready_fresh = [b[0] for b in big], [f[0] for f in fresh]
     first_big, first_fresh = [b[1] for b in big], [f[1] for f in fresh]
+    ready_jobs, first_jobs = [j[0] for j in jobs_only], [j[1] for j in jobs_only]
     ms = lambda v: f"{v * 1000:.2f}"
     extra = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
                      if k.startswith("MCP_SANDBOX_") and k != "MCP_SANDBOX_KEEP_JOBS")
@@ -259,6 +270,10 @@ def main():
     print(f"- spawn -> first `job_list` answered, median of {args.startups}: "
           f"{ms(med(first_big))} ms with the history, {ms(med(first_fresh))} ms empty "
           f"({med(first_big) / med(first_fresh):.2f}x)")
+    print(f"- the same history without the sessions' cell graphs (`repl/*/graph.jsonl`, "
+          f"{out['graph_bytes'] / 1e6:.2f} MB), median of {args.startups}: initialized in "
+          f"{ms(med(ready_jobs))} ms ({med(ready_jobs) / med(ready_fresh):.2f}x empty), first "
+          f"`job_list` in {ms(med(first_jobs))} ms ({med(first_jobs) / med(first_fresh):.2f}x)")
     series = ", ".join(f"{v / 1024:.1f}" for v in out.get("rss_series", []))
     print(f"- RSS every 1,000 calls (MiB): {series}")
 
