@@ -235,9 +235,11 @@ pub(crate) struct Loaded {
     pub legacy: bool,
 }
 
-/// Whether the store directory has an index (else it is new, or an older server's).
+/// Whether the store directory has an index (else it is new, or an older server's). An
+/// empty index counts as none: it may be the one a server created just before it died
+/// converting an older layout, and an index with no lines holds no job anyway.
 pub(crate) fn has_index(store_dir: &Path) -> bool {
-    store_dir.join(JOURNAL).exists()
+    std::fs::metadata(store_dir.join(JOURNAL)).is_ok_and(|m| m.len() > 0)
 }
 
 /// Every job record of the store and the next job number: from the index if the store
@@ -505,6 +507,8 @@ mod tests {
             from_journal: true,
             ..running.clone()
         };
+        // A server that died converting it left an empty index: still converted.
+        std::fs::write(dir.path.join(JOURNAL), "").unwrap();
         let loaded = load_store(&dir.path, has_index(&dir.path));
         assert!(loaded.legacy);
         assert_eq!(
