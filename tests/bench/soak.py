@@ -90,7 +90,7 @@ async def soak(binary: str, ws: Path, state: Path, args, out: dict):
             out["rss_start"] = rss_kib(pid)
             peak = out["rss_start"]
             for phase, n, tool, call in (
-                ("execute", args.executes, "python_exec", {"code": "1"}),
+                ("execute", args.executes, "python_exec", {"code": args.code}),
                 ("shell", args.shell, "shell_run", {"command": "true"}),
             ):
                 lat = []
@@ -164,16 +164,31 @@ def soak_raw(binary: str, ws: Path, state: Path, args, out: dict):
     out["rss_start"] = rss_kib(pid)
     peak = out["rss_start"]
     for phase, n, tool, call in (
-        ("execute", args.executes, "python_exec", {"code": "1"}),
+        ("execute", args.executes, "python_exec", {"code": args.code}),
         ("shell", args.shell, "shell_run", {"command": "true"}),
     ):
         lat = []
         for i in range(n):
             t = time.perf_counter()
             res = c.call_tool(tool, call)
-            lat.append(time.perf_counter() - t)
             if res.get("isError"):
                 raise SystemExit(f"{tool} failed: {res.get('content')}")
+            job = res.get("structuredContent") or {}
+            if job.get("status") in ("running", "awaiting_input"):
+                # Not done within the call's wait window: follow it to its end (the
+                # latency counts the whole wait), so the next call finds the session free.
+                late = {"call": i, "job_id": job.get("job_id")}
+                deadline = time.perf_counter() + 120
+                while job.get("status") in ("running", "awaiting_input"):
+                    if time.perf_counter() > deadline:
+                        raise SystemExit(f"{tool} call {i}: {job.get('job_id')} still running after 120 s")
+                    job = c.call_tool("job_wait", {"job_id": job["job_id"], "timeout_seconds": 30,
+                                                   "until_done": True})["structuredContent"]
+                late["took_s"] = round(time.perf_counter() - t, 2)
+                late["status"] = job.get("status")
+                out.setdefault("late", []).append((phase, late))
+                print(f"{phase} {i}: not done within the wait window: {late}", file=sys.stderr, flush=True)
+            lat.append(time.perf_counter() - t)
             if i % 1000 == 0:
                 now = rss_kib(pid)
                 peak = max(peak, now)
@@ -209,6 +224,7 @@ def main():
     ap.add_argument("--shell", type=int, default=20_000)
     ap.add_argument("--keep-jobs", type=int, default=10_000)
     ap.add_argument("--startups", type=int, default=7)
+    ap.add_argument("--code", default="1", help="the cell each execute runs")
     ap.add_argument("--client", choices=("sdk", "raw"), default="sdk",
                     help="drive the calls through the MCP SDK (what an SDK client sees) or as "
                          "raw JSON-RPC lines (what the server takes); start-up always uses the SDK")
@@ -249,13 +265,14 @@ def main():
     extra = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
                      if k.startswith("MCP_SANDBOX_") and k != "MCP_SANDBOX_KEEP_JOBS")
     print(f"`{extra + ' ' if extra else ''}python3 tests/bench/soak.py --executes {args.executes} --shell {args.shell} "
-          f"--keep-jobs {args.keep_jobs} --client {args.client}` — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+          f"--keep-jobs {args.keep_jobs} --client {args.client}"
+          f"{'' if args.code == '1' else ' --code ' + repr(args.code)}` — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
           f"{os.uname().sysname} {os.uname().release}, {os.cpu_count()} CPUs; {took:.0f} s in all.\n")
     print("| phase | calls | p50 (ms) | p99 (ms) |\n| --- | ---: | ---: | ---: |")
     for phase in ("execute", "shell"):
         lat = out[phase]
         if lat:
-            print(f"| `{'python_exec 1' if phase == 'execute' else 'shell_run true'}` | {len(lat)} | "
+            print(f"| `{'python_exec ' + args.code if phase == 'execute' else 'shell_run true'}` | {len(lat)} | "
                   f"{ms(statistics.median(lat))} | {ms(pct(lat, 99))} |")
     print()
     print(f"- server RSS: {out['rss_start'] / 1024:.1f} MiB after the first call, "
@@ -274,6 +291,8 @@ def main():
           f"{out['graph_bytes'] / 1e6:.2f} MB), median of {args.startups}: initialized in "
           f"{ms(med(ready_jobs))} ms ({med(ready_jobs) / med(ready_fresh):.2f}x empty), first "
           f"`job_list` in {ms(med(first_jobs))} ms ({med(first_jobs) / med(first_fresh):.2f}x)")
+    for phase, late in out.get("late", []):
+        print(f"- a `{phase}` call not done within its 3 s wait window (followed with job_wait): {late}")
     series = ", ".join(f"{v / 1024:.1f}" for v in out.get("rss_series", []))
     print(f"- RSS every 1,000 calls (MiB): {series}")
 
