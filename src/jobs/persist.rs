@@ -35,7 +35,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
@@ -178,16 +178,21 @@ impl Journal {
         self.lines >= JOURNAL_COMPACT_LINES + 2 * live as u64
     }
 
-    /// Replace the log with `recs` (atomically) and keep appending to the new file.
-    pub(crate) fn rewrite(&mut self, recs: &[JobRecord]) -> io::Result<()> {
-        let mut bytes = Vec::new();
-        for rec in recs {
-            serde_json::to_writer(&mut bytes, rec).map_err(io::Error::other)?;
-            bytes.push(b'\n');
-        }
-        write_atomic(&self.path, &bytes)?;
+    /// Replace the log with `recs` (atomically) and keep appending to the new file. The
+    /// records are streamed to the file one at a time: a rewrite of a long table does not
+    /// hold the whole index in memory (which the allocator would keep as RSS).
+    pub(crate) fn rewrite(&mut self, recs: impl IntoIterator<Item = JobRecord>) -> io::Result<()> {
+        let mut lines = 0;
+        write_atomic_with(&self.path, |out| {
+            for rec in recs {
+                serde_json::to_writer(&mut *out, &rec).map_err(io::Error::other)?;
+                out.write_all(b"\n")?;
+                lines += 1;
+            }
+            Ok(())
+        })?;
         self.file = OpenOptions::new().append(true).open(&self.path)?;
-        self.lines = recs.len() as u64;
+        self.lines = lines;
         Ok(())
     }
 }
@@ -386,8 +391,21 @@ pub(crate) fn save_next_id(store_dir: &Path, next_id: u64) -> io::Result<()> {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_with(path, |out| out.write_all(bytes))
+}
+
+/// Write a file through `write` to a temporary name, then rename it over `path`: readers
+/// see the old or the new file, never a part.
+fn write_atomic_with(
+    path: &Path,
+    write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
+) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
-    let written = File::create(&tmp).and_then(|mut file| file.write_all(bytes));
+    let written = File::create(&tmp).and_then(|file| {
+        let mut out = BufWriter::new(file);
+        write(&mut out)?;
+        out.flush()
+    });
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
@@ -543,7 +561,7 @@ mod tests {
         assert_eq!(loaded.records, vec![record("j1"), record("j2")]);
         assert_eq!((loaded.next_id, loaded.lines), (4, 6));
         // Rewriting keeps only what it is given.
-        index.rewrite(&[record("j2")]).unwrap();
+        index.rewrite([record("j2")]).unwrap();
         let loaded = load_store(&dir.path, has_index(&dir.path));
         assert_eq!((loaded.records, loaded.lines), (vec![record("j2")], 1));
         assert!(index.needs_compaction(0) == (JOURNAL_COMPACT_LINES <= 1));

@@ -815,16 +815,10 @@ impl JobStore {
     fn compact_journal(&self) {
         self.write_next_id();
         let mut journal = lock(&self.journal);
-        let live: Vec<(Arc<Job>, persist::JobRecord)> = self
-            .jobs()
-            .map
-            .values()
-            .map(|j| (j.clone(), j.record()))
-            .collect();
-        let recs: Vec<persist::JobRecord> = live.iter().map(|(_, r)| r.clone()).collect();
-        match journal.rewrite(&recs) {
+        let live: Vec<Arc<Job>> = self.jobs().map.values().cloned().collect();
+        match journal.rewrite(live.iter().map(|j| j.record())) {
             Ok(()) => {
-                for (job, _) in &live {
+                for job in &live {
                     job.record_saved.store(true, Ordering::SeqCst);
                 }
             }
