@@ -200,28 +200,52 @@ impl Journal {
 /// Records of a log file by job number: the last line of a job wins, a `removed` line
 /// drops it, a damaged line (e.g. cut by a crash) is skipped. Also returns the number of
 /// lines and the highest job number seen (removed jobs included).
+///
+/// Read from the end, so that the lines a later line of the same job supersedes (most of
+/// them: a job has a line when it starts and one when it ends) are recognised by their
+/// first bytes and never parsed.
 fn read_journal_file(path: &Path) -> (BTreeMap<u64, JobRecord>, u64, u64) {
     let mut out = BTreeMap::new();
     let (mut lines, mut max_seq) = (0, 0);
     let Ok(bytes) = std::fs::read(path) else {
         return (out, lines, max_seq);
     };
-    for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+    let prefix = format!("{{\"version\":{RECORD_VERSION},\"id\":\"j");
+    // Jobs whose last valid line was seen (kept, or removed).
+    let mut decided = std::collections::HashSet::new();
+    for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()).rev() {
         lines += 1;
-        if let Some((seq, rec)) = serde_json::from_slice::<JobRecord>(line)
+        if line_seq(line, prefix.as_bytes()).is_some_and(|seq| decided.contains(&seq)) {
+            continue;
+        }
+        let Some((seq, rec)) = serde_json::from_slice::<JobRecord>(line)
             .ok()
             .filter(|r| r.version == RECORD_VERSION)
             .and_then(|r| Some((parse_id(&r.id)?, r)))
-        {
-            max_seq = max_seq.max(seq);
-            if rec.removed {
-                out.remove(&seq);
-            } else {
-                out.insert(seq, rec);
-            }
+        else {
+            continue;
+        };
+        if !decided.insert(seq) {
+            continue;
+        }
+        max_seq = max_seq.max(seq);
+        if !rec.removed {
+            out.insert(seq, rec);
         }
     }
     (out, lines, max_seq)
+}
+
+/// The job number of a record line from its first bytes (`prefix`, then the digits of
+/// the id: the fields are written in declaration order), or None if it does not start so.
+fn line_seq(line: &[u8], prefix: &[u8]) -> Option<u64> {
+    let rest = line.strip_prefix(prefix)?;
+    let end = rest.iter().position(|b| *b == b'"')?;
+    let digits = &rest[..end];
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 /// Records of the legacy `started.log` by job number.
@@ -565,6 +589,41 @@ mod tests {
         let loaded = load_store(&dir.path, has_index(&dir.path));
         assert_eq!((loaded.records, loaded.lines), (vec![record("j2")], 1));
         assert!(index.needs_compaction(0) == (JOURNAL_COMPACT_LINES <= 1));
+    }
+
+    #[test]
+    fn a_record_line_names_its_job_in_its_first_bytes() {
+        let prefix = format!("{{\"version\":{RECORD_VERSION},\"id\":\"j");
+        let line = serde_json::to_vec(&record("j42")).unwrap();
+        assert_eq!(line_seq(&line, prefix.as_bytes()), Some(42));
+        for other in [
+            &br#"{"version":2,"id":"j42""#[..],
+            br#"{"id":"j42","version":1}"#,
+            br#"{"version":1,"id":"j""#,
+            br#"{"version":1,"id":"j4x2""#,
+            br#"{"version":1,"id":"j42"#,
+        ] {
+            assert_eq!(line_seq(other, prefix.as_bytes()), None, "{other:?}");
+        }
+    }
+
+    /// Superseded lines are skipped without being parsed, but only when a later line of
+    /// the job was valid: a torn last line leaves the one before it in force.
+    #[test]
+    fn a_torn_last_line_leaves_the_previous_record_of_its_job() {
+        let s = state("torn-last");
+        let dir = open_dir(&s).unwrap();
+        let mut index = Journal::open(&dir.path, 0).unwrap();
+        let mut running = record("j1");
+        running.status = JobStatus::Running;
+        index.append(&running).unwrap();
+        index.append(&record("j2")).unwrap();
+        let mut line = serde_json::to_vec(&record("j1")).unwrap();
+        line.truncate(line.len() - 5);
+        index.file.write_all(&line).unwrap();
+        let loaded = load_store(&dir.path, true);
+        assert_eq!(loaded.records, vec![running, record("j2")]);
+        assert_eq!((loaded.next_id, loaded.lines), (3, 3));
     }
 
     #[test]

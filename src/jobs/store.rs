@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -61,6 +61,8 @@ pub struct JobStore {
     table: OnceLock<Mutex<Jobs>>,
     /// Set by the load, taken by [`settle`](Self::settle).
     pending: Mutex<Option<Pending>>,
+    /// Whether [`load_in_background`](Self::load_in_background) started its thread.
+    prefetching: AtomicBool,
     /// The log of started jobs (`started.log`). Held across the insert of a new job so a
     /// compaction, which rewrites the log from the table, cannot miss it; hence it comes
     /// before `jobs` in the lock order.
@@ -100,6 +102,7 @@ impl JobStore {
             had_index,
             table: OnceLock::new(),
             pending: Mutex::new(None),
+            prefetching: AtomicBool::new(false),
             journal: Mutex::new(journal),
             disk_used: AtomicU64::new(0),
         });
@@ -115,7 +118,7 @@ impl JobStore {
     /// needs it finds it loaded (a call that comes sooner waits for it). Without this the
     /// first such call reads it.
     pub fn load_in_background(self: &Arc<Self>) {
-        if self.table.get().is_some() {
+        if self.table.get().is_some() || self.prefetching.swap(true, Ordering::SeqCst) {
             return;
         }
         let store = self.clone();
