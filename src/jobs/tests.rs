@@ -604,7 +604,7 @@ async fn retention_keeps_the_newest_finished_jobs_silent_or_not() {
     );
 }
 
-/// Start-up reads the index, not the job directories: a store whose job directories
+/// The table is read from the index, not the job directories: a store whose job directories
 /// are gone still lists every job, with its status and delivered cursors.
 #[tokio::test]
 async fn restart_reads_the_index_only() {
