@@ -63,9 +63,9 @@ pub struct JobStore {
     pending: Mutex<Option<Pending>>,
     /// Whether [`load_in_background`](Self::load_in_background) started its thread.
     prefetching: AtomicBool,
-    /// The log of started jobs (`started.log`). Held across the insert of a new job so a
-    /// compaction, which rewrites the log from the table, cannot miss it; hence it comes
-    /// before `jobs` in the lock order.
+    /// The index (`index.log`), open for appending. Held across the insert of a new job
+    /// so a compaction, which rewrites the index from the table, cannot miss it; hence it
+    /// comes before the table in the lock order.
     journal: Mutex<persist::Journal>,
     /// Bytes of spooled output on disk, for the disk cap.
     disk_used: AtomicU64,
