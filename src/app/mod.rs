@@ -261,11 +261,14 @@ impl App {
     }
 
     /// Start the default session's worker ahead of the first call (best effort: a failure
-    /// is reported again, in words, when a call first needs the session).
+    /// is reported again, in words, when a call first needs the session), and read the
+    /// job table from its index.
     pub async fn prewarm(&self) {
         if self.stopping.load(Ordering::SeqCst) {
             return;
         }
+        // The job table too: read on a thread of its own, off the start-up path.
+        self.store.load_in_background();
         match self.session_for(DEFAULT_SESSION, true).await {
             Ok(s) => {
                 if let Err(e) = s.wait_ready().await {

@@ -22,13 +22,13 @@
 //!   held to clone or replace the `Arc`; the clone is called after the lock is released,
 //!   because a control calls into a session or a process and may call back into the
 //!   handle (an input reply flips the status through `state`).
-//! - `JobStore::journal` and `JobStore::jobs` (store.rs): the log of started jobs and
+//! - `JobStore::journal` and `JobStore::table` (store.rs): the index of job records and
 //!   the table.
 //!
 //! Lock order (a thread holding one may only take those to its right):
-//! `JobStore::journal` → `JobStore::jobs` → `Job::state` → `Job::spools[0]` →
+//! `JobStore::journal` → `JobStore::table` → `Job::state` → `Job::spools[0]` →
 //! `Job::spools[1]` → `Job::result`; `Job::control` is taken alone. So
-//! [`JobHandle::append`] makes room under the disk cap (`jobs`, then each finished job's
+//! [`JobHandle::append`] makes room under the disk cap (the table, then each finished job's
 //! `state` and spools) *before* it takes its own spool lock, not while holding it.
 //!
 //! Channel: `Job::version` is a `tokio::sync::watch` sender bumped after every change a

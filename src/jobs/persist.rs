@@ -6,8 +6,9 @@
 //! A job costs one appended line when it starts (so a job running when the server dies
 //! comes back as `lost`) and one when it finishes; its directory appears only with its
 //! first output or a structured result (a quick cell that prints nothing touches no other
-//! file). Start-up reads the one index file, never the job directories; exit appends only
-//! the records that changed since they were last written. The index is rewritten with
+//! file). Opening a store reads nothing; the table is read from the one index file (never
+//! the job directories) on first use or on a thread of its own (see `JobStore::open`); exit
+//! appends only the records that changed since they were last written. The index is rewritten with
 //! the live records when dead lines outnumber them (amortised: never per job), and
 //! removals (prune, retention, the disk cap) append one `removed` line each.
 //!
@@ -15,7 +16,9 @@
 //! pattern is append-one-record and read-everything-once at start-up, which a log does
 //! with one `write` per change and one sequential read; a B-tree store would add a crate,
 //! a file format to migrate and page writes per commit for no query the store needs (the
-//! table is in memory while the server runs).
+//! table is in memory while the server runs). Reading it off the start-up path (lazily,
+//! prefetched on a thread) keeps start-up independent of the history without a store that
+//! answers lookups from disk.
 //!
 //! Layout of a store directory:
 //! ```text
@@ -32,7 +35,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
@@ -165,21 +168,31 @@ impl Journal {
         self.file.write_all(&bytes)
     }
 
+    /// Count `n` more lines (those the index held when it was read).
+    pub(crate) fn add_lines(&mut self, n: u64) {
+        self.lines += n;
+    }
+
     /// Whether dead lines outnumber the `live` records enough to rewrite the index.
     pub(crate) fn needs_compaction(&self, live: usize) -> bool {
         self.lines >= JOURNAL_COMPACT_LINES + 2 * live as u64
     }
 
-    /// Replace the log with `recs` (atomically) and keep appending to the new file.
-    pub(crate) fn rewrite(&mut self, recs: &[JobRecord]) -> io::Result<()> {
-        let mut bytes = Vec::new();
-        for rec in recs {
-            serde_json::to_writer(&mut bytes, rec).map_err(io::Error::other)?;
-            bytes.push(b'\n');
-        }
-        write_atomic(&self.path, &bytes)?;
+    /// Replace the log with `recs` (atomically) and keep appending to the new file. The
+    /// records are streamed to the file one at a time: a rewrite of a long table does not
+    /// hold the whole index in memory (which the allocator would keep as RSS).
+    pub(crate) fn rewrite(&mut self, recs: impl IntoIterator<Item = JobRecord>) -> io::Result<()> {
+        let mut lines = 0;
+        write_atomic_with(&self.path, |out| {
+            for rec in recs {
+                serde_json::to_writer(&mut *out, &rec).map_err(io::Error::other)?;
+                out.write_all(b"\n")?;
+                lines += 1;
+            }
+            Ok(())
+        })?;
         self.file = OpenOptions::new().append(true).open(&self.path)?;
-        self.lines = recs.len() as u64;
+        self.lines = lines;
         Ok(())
     }
 }
@@ -187,28 +200,52 @@ impl Journal {
 /// Records of a log file by job number: the last line of a job wins, a `removed` line
 /// drops it, a damaged line (e.g. cut by a crash) is skipped. Also returns the number of
 /// lines and the highest job number seen (removed jobs included).
+///
+/// Read from the end, so that the lines a later line of the same job supersedes (most of
+/// them: a job has a line when it starts and one when it ends) are recognised by their
+/// first bytes and never parsed.
 fn read_journal_file(path: &Path) -> (BTreeMap<u64, JobRecord>, u64, u64) {
     let mut out = BTreeMap::new();
     let (mut lines, mut max_seq) = (0, 0);
     let Ok(bytes) = std::fs::read(path) else {
         return (out, lines, max_seq);
     };
-    for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+    let prefix = format!("{{\"version\":{RECORD_VERSION},\"id\":\"j");
+    // Jobs whose last valid line was seen (kept, or removed).
+    let mut decided = std::collections::HashSet::new();
+    for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()).rev() {
         lines += 1;
-        if let Some((seq, rec)) = serde_json::from_slice::<JobRecord>(line)
+        if line_seq(line, prefix.as_bytes()).is_some_and(|seq| decided.contains(&seq)) {
+            continue;
+        }
+        let Some((seq, rec)) = serde_json::from_slice::<JobRecord>(line)
             .ok()
             .filter(|r| r.version == RECORD_VERSION)
             .and_then(|r| Some((parse_id(&r.id)?, r)))
-        {
-            max_seq = max_seq.max(seq);
-            if rec.removed {
-                out.remove(&seq);
-            } else {
-                out.insert(seq, rec);
-            }
+        else {
+            continue;
+        };
+        if !decided.insert(seq) {
+            continue;
+        }
+        max_seq = max_seq.max(seq);
+        if !rec.removed {
+            out.insert(seq, rec);
         }
     }
     (out, lines, max_seq)
+}
+
+/// The job number of a record line from its first bytes (`prefix`, then the digits of
+/// the id: the fields are written in declaration order), or None if it does not start so.
+fn line_seq(line: &[u8], prefix: &[u8]) -> Option<u64> {
+    let rest = line.strip_prefix(prefix)?;
+    let end = rest.iter().position(|b| *b == b'"')?;
+    let digits = &rest[..end];
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 /// Records of the legacy `started.log` by job number.
@@ -227,15 +264,23 @@ pub(crate) struct Loaded {
     pub legacy: bool,
 }
 
-/// Every job record of the store and the next job number: from the index, or (once, for
-/// a store of an older server) from its job directories and `started.log`.
-pub(crate) fn load_store(store_dir: &Path) -> Loaded {
+/// Whether the store directory has an index (else it is new, or an older server's). An
+/// empty index counts as none: it may be the one a server created just before it died
+/// converting an older layout, and an index with no lines holds no job anyway.
+pub(crate) fn has_index(store_dir: &Path) -> bool {
+    std::fs::metadata(store_dir.join(JOURNAL)).is_ok_and(|m| m.len() > 0)
+}
+
+/// Every job record of the store and the next job number: from the index if the store
+/// `had_index` when it was opened, else (once, for a store of an older server) from its
+/// job directories and `started.log`.
+pub(crate) fn load_store(store_dir: &Path, had_index: bool) -> Loaded {
     let index = store_dir.join(JOURNAL);
     let next_file = std::fs::read_to_string(store_dir.join("next_id"))
         .ok()
         .and_then(|t| t.trim().parse::<u64>().ok())
         .unwrap_or(1);
-    if index.exists() {
+    if had_index {
         let (map, lines, max_seq) = read_journal_file(&index);
         return Loaded {
             records: map.into_values().collect(),
@@ -370,8 +415,21 @@ pub(crate) fn save_next_id(store_dir: &Path, next_id: u64) -> io::Result<()> {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_with(path, |out| out.write_all(bytes))
+}
+
+/// Write a file through `write` to a temporary name, then rename it over `path`: readers
+/// see the old or the new file, never a part.
+fn write_atomic_with(
+    path: &Path,
+    write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
+) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
-    let written = File::create(&tmp).and_then(|mut file| file.write_all(bytes));
+    let written = File::create(&tmp).and_then(|file| {
+        let mut out = BufWriter::new(file);
+        write(&mut out)?;
+        out.flush()
+    });
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
@@ -491,7 +549,9 @@ mod tests {
             from_journal: true,
             ..running.clone()
         };
-        let loaded = load_store(&dir.path);
+        // A server that died converting it left an empty index: still converted.
+        std::fs::write(dir.path.join(JOURNAL), "").unwrap();
+        let loaded = load_store(&dir.path, has_index(&dir.path));
         assert!(loaded.legacy);
         assert_eq!(
             (loaded.records.clone(), loaded.next_id),
@@ -520,15 +580,50 @@ mod tests {
             .file
             .write_all(b"{\"version\":1,\"id\":\"j4\"")
             .unwrap();
-        let loaded = load_store(&dir.path);
+        let loaded = load_store(&dir.path, has_index(&dir.path));
         assert!(!loaded.legacy);
         assert_eq!(loaded.records, vec![record("j1"), record("j2")]);
         assert_eq!((loaded.next_id, loaded.lines), (4, 6));
         // Rewriting keeps only what it is given.
-        index.rewrite(&[record("j2")]).unwrap();
-        let loaded = load_store(&dir.path);
+        index.rewrite([record("j2")]).unwrap();
+        let loaded = load_store(&dir.path, has_index(&dir.path));
         assert_eq!((loaded.records, loaded.lines), (vec![record("j2")], 1));
         assert!(index.needs_compaction(0) == (JOURNAL_COMPACT_LINES <= 1));
+    }
+
+    #[test]
+    fn a_record_line_names_its_job_in_its_first_bytes() {
+        let prefix = format!("{{\"version\":{RECORD_VERSION},\"id\":\"j");
+        let line = serde_json::to_vec(&record("j42")).unwrap();
+        assert_eq!(line_seq(&line, prefix.as_bytes()), Some(42));
+        for other in [
+            &br#"{"version":2,"id":"j42""#[..],
+            br#"{"id":"j42","version":1}"#,
+            br#"{"version":1,"id":"j""#,
+            br#"{"version":1,"id":"j4x2""#,
+            br#"{"version":1,"id":"j42"#,
+        ] {
+            assert_eq!(line_seq(other, prefix.as_bytes()), None, "{other:?}");
+        }
+    }
+
+    /// Superseded lines are skipped without being parsed, but only when a later line of
+    /// the job was valid: a torn last line leaves the one before it in force.
+    #[test]
+    fn a_torn_last_line_leaves_the_previous_record_of_its_job() {
+        let s = state("torn-last");
+        let dir = open_dir(&s).unwrap();
+        let mut index = Journal::open(&dir.path, 0).unwrap();
+        let mut running = record("j1");
+        running.status = JobStatus::Running;
+        index.append(&running).unwrap();
+        index.append(&record("j2")).unwrap();
+        let mut line = serde_json::to_vec(&record("j1")).unwrap();
+        line.truncate(line.len() - 5);
+        index.file.write_all(&line).unwrap();
+        let loaded = load_store(&dir.path, true);
+        assert_eq!(loaded.records, vec![running, record("j2")]);
+        assert_eq!((loaded.next_id, loaded.lines), (3, 3));
     }
 
     #[test]

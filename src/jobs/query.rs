@@ -135,7 +135,7 @@ impl JobStore {
 
     /// Jobs matching `filter`, newest first.
     pub fn list(&self, filter: &JobFilter) -> Vec<JobSummary> {
-        let jobs: Vec<Arc<Job>> = lock(&self.jobs).map.values().rev().cloned().collect();
+        let jobs: Vec<Arc<Job>> = self.jobs().map.values().rev().cloned().collect();
         let now = now_unix_ms();
         let mut out = Vec::new();
         for job in jobs {
@@ -170,7 +170,7 @@ impl JobStore {
             })?,
         };
         let now = now_unix_ms();
-        let jobs = lock(&self.jobs);
+        let jobs = self.jobs();
         let mut out: Vec<JobSummary> = Vec::new();
         let mut used = 0usize;
         let mut next_cursor = None;
@@ -205,7 +205,7 @@ impl JobStore {
     pub fn prune(&self, filter: &JobFilter) -> Result<Vec<JobId>, JobError> {
         let now = now_unix_ms();
         let removed: Vec<Arc<Job>> = {
-            let mut jobs = lock(&self.jobs);
+            let mut jobs = self.jobs();
             let mut picked: Vec<u64> = Vec::new();
             for (seq, job) in jobs.map.iter().rev() {
                 if filter.limit.is_some_and(|l| picked.len() >= l) {

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use super::excerpt::{make_excerpt, split_budget};
@@ -37,18 +37,35 @@ pub(super) struct Jobs {
     pub(super) next_id: u64,
 }
 
+/// What is left to write after the table was read (see [`JobStore::settle`]).
+struct Pending {
+    /// Jobs that were running when the previous server stopped, now `lost`.
+    lost: Vec<Arc<Job>>,
+    /// The records of an older server's layout, to be written as an index.
+    legacy: Option<Vec<persist::JobRecord>>,
+    /// Lines the index held when it was read.
+    lines: u64,
+}
+
 /// All jobs of this server. See the module docs of [`crate::jobs`].
 pub struct JobStore {
     pub(super) cfg: StoreConfig,
     dir: StoreDir,
-    /// The table and the next job number. Held only to look a job up, insert, remove or
-    /// collect `Arc`s (never while a job's `JobControl` runs). Lock order, for all of the
-    /// jobs module (`job.rs` has the full picture): `journal` → `jobs` → a job's
-    /// `state` → its spools → its `result`.
-    pub(super) jobs: Mutex<Jobs>,
-    /// The log of started jobs (`started.log`). Held across the insert of a new job so a
-    /// compaction, which rewrites the log from the table, cannot miss it; hence it comes
-    /// before `jobs` in the lock order.
+    /// Whether the directory had an index when it was opened.
+    had_index: bool,
+    /// The table and the next job number, read from the index on first use (see
+    /// [`table`](Self::table)). Held only to look a job up, insert, remove or collect
+    /// `Arc`s (never while a job's `JobControl` runs). Lock order, for all of the jobs
+    /// module (`job.rs` has the full picture): `journal` → the table → a job's `state` →
+    /// its spools → its `result`; `pending` is taken alone.
+    table: OnceLock<Mutex<Jobs>>,
+    /// Set by the load, taken by [`settle`](Self::settle).
+    pending: Mutex<Option<Pending>>,
+    /// Whether [`load_in_background`](Self::load_in_background) started its thread.
+    prefetching: AtomicBool,
+    /// The index (`index.log`), open for appending. Held across the insert of a new job
+    /// so a compaction, which rewrites the index from the table, cannot miss it; hence it
+    /// comes before the table in the lock order.
     journal: Mutex<persist::Journal>,
     /// Bytes of spooled output on disk, for the disk cap.
     disk_used: AtomicU64,
@@ -63,23 +80,87 @@ impl std::fmt::Debug for JobStore {
 }
 
 impl JobStore {
-    /// Open (or create) the store under `cfg.state_dir`, load the job table, and mark
-    /// jobs that were running when the previous server stopped as `lost`.
+    /// Open (or create) the store under `cfg.state_dir`: lock its directory and open
+    /// the index for appending, without reading it. The table of jobs is read from the
+    /// index on first use (any lookup, list or new job), or before that by
+    /// [`load_in_background`](Self::load_in_background); then jobs that were running when
+    /// the previous server stopped are marked `lost` and retention applies. So opening
+    /// costs the same whatever the history; only a store without an index (an older
+    /// server's layout, or a new directory) is read at once, to write its index.
     pub fn open(cfg: StoreConfig) -> Result<Arc<JobStore>, JobError> {
         let dir = persist::open_dir(&cfg.state_dir)?;
-        let loaded = persist::load_store(&dir.path);
-        let (records, next_id) = (loaded.records, loaded.next_id);
-        let legacy = loaded.legacy.then(|| records.clone());
-        let journal = persist::Journal::open(&dir.path, loaded.lines).map_err(|e| {
+        let had_index = persist::has_index(&dir.path);
+        let journal = persist::Journal::open(&dir.path, 0).map_err(|e| {
             JobError::io(
                 format!("could not open the job log in {}", dir.path.display()),
                 e,
             )
         })?;
+        let store = Arc::new(JobStore {
+            cfg,
+            dir,
+            had_index,
+            table: OnceLock::new(),
+            pending: Mutex::new(None),
+            prefetching: AtomicBool::new(false),
+            journal: Mutex::new(journal),
+            disk_used: AtomicU64::new(0),
+        });
+        store.retake_reserve();
+        if !had_index {
+            // Convert an older server's layout now, before anything is appended.
+            store.table();
+        }
+        Ok(store)
+    }
+
+    /// Read the table from the index on a thread of its own, so the first call that
+    /// needs it finds it loaded (a call that comes sooner waits for it). Without this the
+    /// first such call reads it.
+    pub fn load_in_background(self: &Arc<Self>) {
+        if self.table.get().is_some() || self.prefetching.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let store = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("job-index".into())
+            .spawn(move || {
+                store.table();
+            });
+        if let Err(e) = spawned {
+            tracing::debug!(error = %e, "could not start a thread to read the job index; the first call that needs it reads it");
+        }
+    }
+
+    /// Whether the table has been read from the index yet.
+    pub fn is_loaded(&self) -> bool {
+        self.table.get().is_some()
+    }
+
+    /// The table, read from the index if this is its first use; a thread that comes
+    /// while another reads it waits. Must not be called holding `journal` unless the
+    /// table is already loaded (the work after a load appends to the index).
+    pub(super) fn table(&self) -> &Mutex<Jobs> {
+        let table = self.table.get_or_init(|| Mutex::new(self.load_table()));
+        self.settle();
+        table
+    }
+
+    /// The table, locked (see [`table`](Self::table)).
+    pub(super) fn jobs(&self) -> MutexGuard<'_, Jobs> {
+        lock(self.table())
+    }
+
+    /// Build the table from the index (see [`persist::load_store`]); what must still be
+    /// written is left in `pending` for [`settle`](Self::settle).
+    fn load_table(&self) -> Jobs {
+        let started = std::time::Instant::now();
+        let loaded = persist::load_store(&self.dir.path, self.had_index);
+        let legacy = loaded.legacy.then(|| loaded.records.clone());
         let mut map = BTreeMap::new();
         let mut lost = Vec::new();
         let mut disk_used = 0;
-        for rec in records {
+        for rec in loaded.records {
             let Some(seq) = parse_id(&rec.id) else {
                 continue;
             };
@@ -95,7 +176,7 @@ impl JobStore {
                     ),
                 )
             };
-            let job_dir = persist::job_dir(&dir.path, &rec.id);
+            let job_dir = persist::job_dir(&self.dir.path, &rec.id);
             let spools = match rec.bytes {
                 Some([out, err]) if !was_running => [
                     Spool::finished(job_dir.join("stdout"), out),
@@ -137,27 +218,46 @@ impl JobStore {
             }
             map.insert(seq, job);
         }
-        let store = Arc::new(JobStore {
-            cfg,
-            dir,
-            jobs: Mutex::new(Jobs { map, next_id }),
-            journal: Mutex::new(journal),
-            disk_used: AtomicU64::new(disk_used),
+        self.disk_used.fetch_add(disk_used, Ordering::Relaxed);
+        tracing::debug!(
+            jobs = map.len(),
+            lost = lost.len(),
+            index_lines = loaded.lines,
+            ms = started.elapsed().as_secs_f64() * 1000.0,
+            "read the job table from the index"
+        );
+        *lock(&self.pending) = Some(Pending {
+            lost,
+            legacy,
+            lines: loaded.lines,
         });
-        store.retake_reserve();
-        for job in &lost {
-            store.save_job(job);
+        Jobs {
+            map,
+            next_id: loaded.next_id,
         }
-        if let Some(records) = legacy {
+    }
+
+    /// The writes a load leaves: record the jobs found running as `lost`, write the
+    /// index of an older layout (or compact a long one), apply the disk cap and
+    /// retention. Done once, by whichever caller of [`table`](Self::table) takes it; the
+    /// table in memory is already right, so other callers go on meanwhile.
+    fn settle(&self) {
+        let Some(pending) = lock(&self.pending).take() else {
+            return;
+        };
+        lock(&self.journal).add_lines(pending.lines);
+        for job in &pending.lost {
+            self.save_job(job);
+        }
+        if let Some(records) = pending.legacy {
             // An older server's layout: its records are in the index from now on.
-            store.compact_journal();
-            persist::remove_legacy(&store.dir.path, &records);
+            self.compact_journal();
+            persist::remove_legacy(&self.dir.path, &records);
         } else {
-            store.compact_if_needed();
+            self.compact_if_needed();
         }
-        store.make_room(0);
-        store.apply_retention();
-        Ok(store)
+        self.make_room(0);
+        self.apply_retention();
     }
 
     /// The directory holding this store's table and spools.
@@ -177,7 +277,7 @@ impl JobStore {
         label: &str,
     ) -> Result<JobHandle, JobError> {
         let seq = {
-            let mut jobs = lock(&self.jobs);
+            let mut jobs = self.jobs();
             let seq = jobs.next_id;
             jobs.next_id += 1;
             seq
@@ -225,7 +325,7 @@ impl JobStore {
                 }
                 tracing::warn!(job = %job.id, error = %e, "could not log the job's start");
             }
-            let mut jobs = lock(&self.jobs);
+            let mut jobs = self.jobs();
             jobs.map.insert(seq, job.clone());
             journal.needs_compaction(jobs.map.len())
         };
@@ -449,9 +549,14 @@ impl JobStore {
     }
 
     /// Kill every running job (no grace), wait briefly for them to end, record the
-    /// rest as cancelled, and write the table.
+    /// rest as cancelled, and write the table. A store whose table was never read ran
+    /// no job: nothing to do.
     pub async fn shutdown(&self) {
-        let running: Vec<Arc<Job>> = lock(&self.jobs)
+        if !self.is_loaded() {
+            return;
+        }
+        let running: Vec<Arc<Job>> = self
+            .jobs()
             .map
             .values()
             .filter(|j| !j.is_finished())
@@ -492,7 +597,8 @@ impl JobStore {
         }
         // Record what changed since it was last written (delivered cursors, mostly): the
         // cost of exit follows the jobs touched in this run, not the history.
-        let dirty: Vec<Arc<Job>> = lock(&self.jobs)
+        let dirty: Vec<Arc<Job>> = self
+            .jobs()
             .map
             .values()
             .filter(|j| !j.record_saved.load(Ordering::SeqCst))
@@ -507,7 +613,7 @@ impl JobStore {
     // ----- internals -----
 
     pub(crate) fn get(&self, id: &str) -> Result<Arc<Job>, JobError> {
-        let jobs = lock(&self.jobs);
+        let jobs = self.jobs();
         if let Some(job) = parse_id(id).and_then(|seq| jobs.map.get(&seq)) {
             return Ok(job.clone());
         }
@@ -549,7 +655,7 @@ impl JobStore {
             return true;
         }
         let evicted: Vec<Arc<Job>> = {
-            let mut jobs = lock(&self.jobs);
+            let mut jobs = self.jobs();
             let mut evicted = Vec::new();
             let finished: Vec<u64> = jobs
                 .map
@@ -599,7 +705,7 @@ impl JobStore {
             if let Err(e) = journal.append(&rec) {
                 tracing::warn!(job = %job.id, error = %e, "could not record the job's removal");
             }
-            journal.needs_compaction(lock(&self.jobs).map.len())
+            journal.needs_compaction(self.jobs().map.len())
         };
         if compact {
             self.compact_journal();
@@ -615,7 +721,7 @@ impl JobStore {
         let max_age_ms = self.cfg.retention.max_age.as_millis() as u64;
         let now = now_unix_ms();
         let removed: Vec<Arc<Job>> = {
-            let mut jobs = lock(&self.jobs);
+            let mut jobs = self.jobs();
             let mut over = jobs.map.len().saturating_sub(max_jobs);
             let mut picked = Vec::new();
             for (seq, job) in jobs.map.iter() {
@@ -698,14 +804,14 @@ impl JobStore {
 
     /// Write the next job number (the index may have lost the highest ones to removals).
     fn write_next_id(&self) {
-        let next_id = lock(&self.jobs).next_id;
+        let next_id = self.jobs().next_id;
         if let Err(e) = persist::save_next_id(&self.dir.path, next_id) {
             tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not write next_id");
         }
     }
 
     fn compact_if_needed(&self) {
-        let live = lock(&self.jobs).map.len();
+        let live = self.jobs().map.len();
         if lock(&self.journal).needs_compaction(live) {
             self.compact_journal();
         }
@@ -715,15 +821,10 @@ impl JobStore {
     fn compact_journal(&self) {
         self.write_next_id();
         let mut journal = lock(&self.journal);
-        let live: Vec<(Arc<Job>, persist::JobRecord)> = lock(&self.jobs)
-            .map
-            .values()
-            .map(|j| (j.clone(), j.record()))
-            .collect();
-        let recs: Vec<persist::JobRecord> = live.iter().map(|(_, r)| r.clone()).collect();
-        match journal.rewrite(&recs) {
+        let live: Vec<Arc<Job>> = self.jobs().map.values().cloned().collect();
+        match journal.rewrite(live.iter().map(|j| j.record())) {
             Ok(()) => {
-                for (job, _) in &live {
+                for job in &live {
                     job.record_saved.store(true, Ordering::SeqCst);
                 }
             }

@@ -604,7 +604,7 @@ async fn retention_keeps_the_newest_finished_jobs_silent_or_not() {
     );
 }
 
-/// Start-up reads the index, not the job directories: a store whose job directories
+/// The table is read from the index, not the job directories: a store whose job directories
 /// are gone still lists every job, with its status and delivered cursors.
 #[tokio::test]
 async fn restart_reads_the_index_only() {
@@ -625,4 +625,141 @@ async fn restart_reads_the_index_only() {
     let s = store.summary("j1").unwrap();
     assert_eq!(s.status, JobStatus::Completed);
     assert_eq!(s.label, "echo hi");
+}
+
+/// Opening a store with history reads nothing: the table is read at its first use, which
+/// marks the jobs that were running as `lost` (once, in the index) and gives the next id
+/// after every id ever used. A server that stops without using the table changes nothing,
+/// so the next one still finds the job that was running.
+#[tokio::test]
+async fn the_table_is_read_on_first_use_and_lost_jobs_are_still_marked() {
+    let dir = state_dir("lazy");
+    let cfg = config(dir.clone());
+    {
+        let store = JobStore::open(cfg.clone()).unwrap();
+        for _ in 0..3 {
+            store
+                .create(JobKind::Python, None, "1")
+                .unwrap()
+                .finish(done());
+        }
+        let _running = store.create(JobKind::Shell, None, "sleep 100").unwrap();
+        // j5 is pruned, so only next_id / the index's removed line remember it.
+        store
+            .create(JobKind::Shell, None, "true")
+            .unwrap()
+            .finish(done());
+        let filter = JobFilter {
+            ids: Some(vec!["j5".into()]),
+            ..Default::default()
+        };
+        assert_eq!(store.prune(&filter).unwrap(), vec!["j5"]);
+        // No shutdown: the server "died" with j4 running.
+    }
+    let index = dir.join("jobs").join("index.log");
+    let before = std::fs::read(&index).unwrap();
+    {
+        // A server that is opened and stopped without a call that needs the table.
+        let store = JobStore::open(cfg.clone()).unwrap();
+        assert!(!store.is_loaded(), "open read the index");
+        store.shutdown().await;
+        assert!(!store.is_loaded());
+    }
+    assert_eq!(
+        std::fs::read(&index).unwrap(),
+        before,
+        "nothing was written"
+    );
+    let store = JobStore::open(cfg.clone()).unwrap();
+    assert!(!store.is_loaded(), "open read the index");
+    // A line written after open is seen: the index is read at first use, not at open.
+    let mut late = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&index)
+        .unwrap();
+    std::io::Write::write_all(
+        &mut late,
+        br#"{"version":1,"id":"j2","kind":"python","session":null,"label":"relabelled","status":"completed","prompt":null,"exit_code":0,"signal":null,"message":null,"created_unix_ms":1,"elapsed_ms":1,"delivered":[0,0],"has_result":false}
+"#,
+    )
+    .unwrap();
+    assert_eq!(store.summary("j4").unwrap().status, JobStatus::Lost);
+    assert!(store.is_loaded());
+    assert_eq!(store.summary("j2").unwrap().label, "relabelled");
+    let next = store.create(JobKind::Shell, None, "true").unwrap();
+    assert_eq!(next.id(), "j6", "the pruned j5 is not reused");
+    next.finish(done());
+    drop((next, store));
+    // The lost mark was written: it survives a restart with no shutdown.
+    let after = String::from_utf8(std::fs::read(&index).unwrap()).unwrap();
+    assert!(
+        after
+            .lines()
+            .any(|l| l.contains(r#""id":"j4""#) && l.contains(r#""status":"lost""#)),
+        "{after}"
+    );
+    let store = JobStore::open(cfg).unwrap();
+    let listed: Vec<(String, JobStatus)> = store
+        .list(&JobFilter::default())
+        .into_iter()
+        .map(|s| (s.id, s.status))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("j6".to_string(), JobStatus::Completed),
+            ("j4".to_string(), JobStatus::Lost),
+            ("j3".to_string(), JobStatus::Completed),
+            ("j2".to_string(), JobStatus::Completed),
+            ("j1".to_string(), JobStatus::Completed),
+        ]
+    );
+}
+
+/// Calls that come while the table is being read on its own thread wait for it: jobs
+/// created from several threads at once get distinct ids after the history's, and every
+/// one of them is in the table and the index.
+#[tokio::test]
+async fn calls_racing_the_background_read_wait_for_it() {
+    let dir = state_dir("racing");
+    let cfg = config(dir.clone());
+    {
+        let store = JobStore::open(cfg.clone()).unwrap();
+        for i in 0..500 {
+            let h = store
+                .create(JobKind::Python, None, &format!("cell {i}"))
+                .unwrap();
+            h.append(Stream::Stdout, b"out\n");
+            h.finish(done());
+        }
+        store.shutdown().await;
+    }
+    for round in 0..5 {
+        let store = JobStore::open(cfg.clone()).unwrap();
+        store.load_in_background();
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    let h = store.create(JobKind::Shell, None, "true").unwrap();
+                    h.finish(done());
+                    h.id().to_string()
+                })
+            })
+            .collect();
+        let mut ids: Vec<String> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        ids.sort_by_key(|id| persist::parse_id(id));
+        let want: Vec<String> = (0..4)
+            .map(|i| format!("j{}", 501 + round * 4 + i))
+            .collect();
+        assert_eq!(ids, want, "round {round}");
+        assert_eq!(
+            store.list(&JobFilter::default()).len(),
+            500 + (round + 1) * 4
+        );
+        // Let the background thread finish with the store before the next open.
+        while Arc::strong_count(&store) > 1 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }

@@ -2,6 +2,9 @@
 response cap, retention (--keep-jobs) removes the oldest finished jobs, silent ones too,
 and both survive a restart (the index)."""
 
+import json
+import time
+
 import pytest
 
 
@@ -58,3 +61,54 @@ def test_retention_removes_the_oldest_finished_jobs_even_silent_ones(server):
         assert listed == list(reversed(ids[-5:])), listed
 
     server.run(again)
+
+
+def _record(n: int, status: str, label: str) -> str:
+    return json.dumps({
+        "version": 1, "id": f"j{n}", "kind": "shell", "session": None, "label": label,
+        "status": status, "prompt": None, "exit_code": 0 if status == "completed" else None,
+        "signal": None, "message": None, "created_unix_ms": int(time.time() * 1000) - 1000,
+        "elapsed_ms": 1, "delivered": [0, 0], "has_result": False, "bytes": [0, 0],
+    })
+
+
+@pytest.mark.parametrize("first", ["job_list", "job_wait", "python_exec"])
+def test_a_large_history_is_all_there_for_the_first_call(server, first):
+    """The job table is read after start-up (on a thread of its own, or by the first call
+    that needs it): whichever call comes first right after initialize sees the whole
+    history, the job that was running when the last server died as `lost`, and new jobs
+    get ids after every id ever used. Torn and foreign lines in the index are skipped."""
+    jobs = server.state_dir / "jobs"
+    jobs.mkdir()
+    lines = [_record(n, "completed", f"old {n}") for n in range(1, 3001)]
+    lines.insert(1500, _record(3001, "running", "sleep 300"))
+    lines.insert(10, "this is not json")
+    lines.insert(20, '{"version": 99, "id": "j5000"}')
+    lines.append(json.dumps({**json.loads(_record(3002, "completed", "gone")), "removed": True}))
+    (jobs / "index.log").write_text("\n".join(lines) + '\n{"version":1,"id":"j30')
+
+    async def scenario(c):
+        if first == "job_list":
+            page = await c.ok("job_list", status="lost")
+            assert [j["job_id"] for j in page["jobs"]] == ["j3001"]
+        elif first == "job_wait":
+            lost = await c.call("job_wait", job_id="j3001", timeout_seconds=0)
+            assert lost.structured_content["status"] == "lost", lost
+        else:
+            job = await c.ok("python_exec", code="1")
+            assert job["job_id"] == "j3003", "ids after the removed j3002, not reused"
+        old = await c.ok("job_wait", job_id="j1", timeout_seconds=0)
+        assert old["status"] == "completed"
+        count, cursor = 0, None
+        while True:
+            page = await c.ok("job_list", limit=500, **({"cursor": cursor} if cursor else {}))
+            count += len(page["jobs"])
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert count == 3001 + (first == "python_exec"), count
+
+    server.run(scenario)
+    index = (jobs / "index.log").read_text()
+    assert any('"id":"j3001"' in l and '"status":"lost"' in l for l in index.splitlines()), \
+        "the lost mark is written"
