@@ -332,7 +332,16 @@ def test_replaced_heads_are_reaped_by_their_snapshot(server: Harness):
         deadline = time.monotonic() + 20
         while zombies() and time.monotonic() < deadline:
             await anyio.sleep(0.2)
-        assert not zombies()
+        left = zombies()
+        # Whose zombies they are (a parent that never reaps: stopped, or no snapshot loop).
+        def parent(z: int) -> str:
+            try:
+                ppid = Path(f"/proc/{z}/stat").read_text().rsplit(")", 1)[1].split()[1]
+                stat = Path(f"/proc/{ppid}/stat").read_text()
+                return f"{z} <- {ppid} {stat.split(')')[0].split('(')[-1]} state {stat.rsplit(')', 1)[1].split()[0]}"
+            except OSError as e:
+                return f"{z} <- ? ({e})"
+        assert not left, [parent(z) for z in left]
 
     server.run(scenario)
 
