@@ -13,6 +13,30 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_mcp-sandbox-repl"))
 }
 
+/// `policy` (a name or a file) resolved for a job in `ws` (its `{tmp}` is `ws/.tmp`), for
+/// spawning with `SandboxCommand` from this multi-threaded test binary: the server's
+/// route (the zygote, a re-exec of the real binary), with resources made ahead of need.
+pub fn resolved_in(
+    ws: &TempDir,
+    policy: &str,
+) -> std::sync::Arc<mcp_sandbox_repl::sandbox::ResolvedPolicy> {
+    use mcp_sandbox_repl::sandbox::{Placeholders, Policy};
+    mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(bin());
+    let tmp = ws.join(".tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let placeholders = Placeholders {
+        workspace: ws.path.clone(),
+        tmp,
+        ..Default::default()
+    };
+    std::sync::Arc::new(
+        Policy::load(policy)
+            .unwrap()
+            .resolve(&placeholders)
+            .unwrap(),
+    )
+}
+
 /// A fresh directory removed on drop, under /var/tmp/msr-tests: outside /tmp, because
 /// the mount view puts each job's private temp dir at /tmp, and outside any other
 /// test's workspace.

@@ -4,28 +4,12 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use mcp_sandbox_repl::sandbox::{
-    LaunchError, Placeholders, Policy, ResolvedPolicy, SandboxCommand, SetupError,
-};
+use mcp_sandbox_repl::sandbox::{LaunchError, ResolvedPolicy, SandboxCommand, SetupError};
 
 use crate::common::TempDir;
 
 fn policy(ws: &TempDir) -> Arc<ResolvedPolicy> {
-    // Spawned from this (multi-threaded) test binary: re-exec the real binary.
-    mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(crate::common::bin());
-    let tmp = ws.join(".tmp");
-    std::fs::create_dir_all(&tmp).unwrap();
-    let placeholders = Placeholders {
-        workspace: ws.path.clone(),
-        tmp,
-        ..Default::default()
-    };
-    Arc::new(
-        Policy::load("workspace-write")
-            .unwrap()
-            .resolve(&placeholders)
-            .unwrap(),
-    )
+    crate::common::resolved_in(ws, "workspace-write")
 }
 
 /// An unknown command fails in the launcher's exec step; the words the parent gets are

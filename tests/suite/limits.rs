@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mcp_sandbox_repl::envs::{self, Canceller, EnvSink, OutStream, Progress};
-use mcp_sandbox_repl::sandbox::{Placeholders, Policy, ResolvedPolicy, SandboxCommand};
+use mcp_sandbox_repl::sandbox::{ResolvedPolicy, SandboxCommand};
 
 use crate::common::{TempDir, pids_with_env, sh, stat_fields, unique_marker};
 
@@ -21,24 +21,12 @@ fn daemon_then_stay(mark: &str) -> String {
 
 /// `workspace-write` (which has memory and process limits, so a job cgroup) for `ws`.
 fn cgroup_policy(ws: &TempDir) -> Arc<ResolvedPolicy> {
-    // Spawned from this (multi-threaded) test binary: re-exec the real binary.
-    mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(crate::common::bin());
-    let tmp = ws.join(".tmp");
-    std::fs::create_dir_all(&tmp).unwrap();
-    let placeholders = Placeholders {
-        workspace: ws.path.clone(),
-        tmp,
-        ..Default::default()
-    };
-    let policy = Policy::load("workspace-write")
-        .unwrap()
-        .resolve(&placeholders)
-        .unwrap();
+    let policy = crate::common::resolved_in(ws, "workspace-write");
     assert!(
         policy.limits.processes.is_some() && policy.limits.memory_bytes.is_some(),
         "the test needs a policy with a job cgroup"
     );
-    Arc::new(policy)
+    policy
 }
 
 /// The daemon's host pid once it has started (waits up to 30 s): the marked process

@@ -96,27 +96,14 @@ fn loopback_mode_is_a_private_network() {
 /// and the host's loopback listeners out of reach.
 #[test]
 fn pooled_namespaces_are_fresh_per_job_with_loopback_up() {
-    use mcp_sandbox_repl::sandbox::{Io, Placeholders, Policy, SandboxCommand};
+    use mcp_sandbox_repl::sandbox::{Io, SandboxCommand};
     use std::io::{BufRead, BufReader, Write};
-    // Spawned from this multi-threaded test binary: the server's route (zygote, pool).
-    mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(crate::common::bin());
     let ws = TempDir::new("netpool");
     let host = TcpListener::bind("127.0.0.1:0").unwrap();
     let host_port = host.local_addr().unwrap().port();
     let file = ws.write("lo.toml", &format!("{FS}[network]\nmode = \"loopback\"\n"));
-    let tmp = ws.join(".tmp");
-    std::fs::create_dir_all(&tmp).unwrap();
-    let placeholders = Placeholders {
-        workspace: ws.path.clone(),
-        tmp,
-        ..Default::default()
-    };
-    let policy = std::sync::Arc::new(
-        Policy::load(file.to_str().unwrap())
-            .unwrap()
-            .resolve(&placeholders)
-            .unwrap(),
-    );
+    // The server's route: the zygote, namespaces made ahead of need.
+    let policy = crate::common::resolved_in(&ws, file.to_str().unwrap());
     let probe = ws.write(
         "lo.py",
         "import os, socket, sys\n\
