@@ -222,14 +222,17 @@ impl SandboxCommand {
                     let target = target as RawFd;
                     all.push((io.as_ref().map_or(target, |fd| fd.as_raw_fd()), target));
                 }
-                super::zygote::spawn(&spec, &all)
-                    .inspect_err(|e| {
+                match super::zygote::spawn(&spec, &all) {
+                    Ok(pid) => Some(pid),
+                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(spawn_err(e)),
+                    Err(e) => {
                         tracing::warn!(
                             error = %e,
                             "the spawn helper could not start a job; re-executing the launcher"
-                        )
-                    })
-                    .ok()
+                        );
+                        None
+                    }
+                }
             }
             Route::Fork | Route::Reexec => None,
         };

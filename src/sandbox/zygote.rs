@@ -47,6 +47,9 @@ const INLINE_MAX: usize = 32 << 10;
 /// The message of a request whose JSON is in the memfd attached last.
 const IN_MEMFD: &[u8] = b"@";
 
+/// How long the server waits for the zygote's reply before replacing it.
+const REPLY_WITHIN_SECS: i64 = 10;
+
 /// The most descriptors one job is handed (the kernel's own cap is 253).
 const MAX_FDS: usize = 64;
 
@@ -216,7 +219,8 @@ pub(super) fn enabled() -> bool {
 
 /// Fork `spec` through the zygote with `fds` placed at their targets; returns the pid
 /// of the new process (this process's child). Starts the zygote on first use, and once
-/// more if it has died; an error means the caller should re-execute the launcher.
+/// more if it has died; an error means the caller should re-execute the launcher —
+/// except `TimedOut`: the zygote may have forked the job before it stopped answering.
 pub(super) fn spawn(spec: &LaunchSpec, fds: &[(RawFd, RawFd)]) -> std::io::Result<u32> {
     let request = Request {
         spec: spec.clone(),
@@ -254,6 +258,11 @@ pub(super) fn spawn(spec: &LaunchSpec, fds: &[(RawFd, RawFd)]) -> std::io::Resul
             Ok(errno) => {
                 return Err(std::io::Error::from_raw_os_error(-errno));
             }
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                // It may have forked the job already: never start it a second time.
+                *guard = None;
+                return Err(e);
+            }
             Err(e) => {
                 // The zygote has died or garbled the exchange: start a new one.
                 tracing::warn!(error = %e, "the spawn helper failed; starting a new one");
@@ -281,6 +290,14 @@ fn exchange(sock: &OwnedFd, json: &[u8], fds: &[RawFd]) -> std::io::Result<i32> 
             Ok(msg) if msg.bytes == 4 => break,
             Ok(_) => return Err(std::io::Error::other("the zygote closed its socket")),
             Err(nix::Error::EINTR) => continue,
+            Err(nix::Error::EAGAIN) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "the spawn helper did not answer within {REPLY_WITHIN_SECS} s; it was replaced"
+                    ),
+                ));
+            }
             Err(e) => return Err(e.into()),
         }
     }
@@ -315,6 +332,13 @@ fn start() -> std::io::Result<Zygote> {
     }
     let process = super::spawn::spawn_from_lasting_thread(cmd)?;
     drop(theirs);
+    // A zygote that stops answering (it forks and replies, nothing slower) is replaced
+    // rather than left to hold every spawn of the server.
+    nix::sys::socket::setsockopt(
+        &mine,
+        nix::sys::socket::sockopt::ReceiveTimeout,
+        &nix::sys::time::TimeVal::new(REPLY_WITHIN_SECS, 0),
+    )?;
     Ok(Zygote {
         sock: mine,
         process,

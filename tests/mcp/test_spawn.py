@@ -93,3 +93,24 @@ def test_a_killed_spawn_helper_is_replaced(server):
         assert len(now) == 1 and now[0] != zygote, (zygote, now)
 
     server.run(scenario)
+
+
+def test_a_stopped_spawn_helper_fails_one_job_in_words_and_is_replaced(server):
+    """A helper that stops answering is not waited for forever, and the job it may have
+    forked is never started a second time: that one call fails in words."""
+
+    async def scenario(c):
+        assert (await c.ok("shell_run", command="true"))["status"] == "completed"
+        found = zygotes(c.server_pid)
+        assert len(found) == 1, found
+        os.kill(found[0], signal.SIGSTOP)
+        res = await c.call("shell_run", command="echo once >> ran.txt")
+        assert res.is_error, res
+        assert "did not answer" in str(res.content), res.content
+        ok = await c.ok("shell_run", command="echo again")
+        assert ok["status"] == "completed" and "again" in ok["stdout"]["text"], ok
+        now = zygotes(c.server_pid)
+        assert len(now) == 1 and now[0] != found[0], (found, now)
+        assert not os.path.exists(f"/proc/{found[0]}/stat") or "Z" in open(f"/proc/{found[0]}/stat").read().rsplit(")", 1)[1][:3]
+
+    server.run(scenario)
