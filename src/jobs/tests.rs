@@ -40,6 +40,15 @@ fn done() -> JobOutcome {
     }
 }
 
+/// Every job the store lists (default filter), as (id, status), newest first.
+fn listed(store: &JobStore) -> Vec<(String, JobStatus)> {
+    store
+        .list(&JobFilter::default())
+        .into_iter()
+        .map(|s| (s.id, s.status))
+        .collect()
+}
+
 #[tokio::test]
 async fn wait_delivers_each_byte_once_then_the_end() {
     let store = open("once", 20_000, 1 << 30);
@@ -504,11 +513,7 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
         // No shutdown: the server "died" with j3 running.
     }
     let store = JobStore::open(cfg).unwrap();
-    let ids: Vec<(String, JobStatus)> = store
-        .list(&JobFilter::default())
-        .into_iter()
-        .map(|s| (s.id, s.status))
-        .collect();
+    let ids = listed(&store);
     assert_eq!(
         ids,
         vec![
@@ -562,11 +567,7 @@ async fn retention_keeps_the_newest_finished_jobs_silent_or_not() {
         running.id().to_string()
     };
     let store = JobStore::open(cfg.clone()).unwrap();
-    let listed: Vec<(String, JobStatus)> = store
-        .list(&JobFilter::default())
-        .into_iter()
-        .map(|s| (s.id, s.status))
-        .collect();
+    let listed = listed(&store);
     // The running job was cancelled at shutdown.
     assert_eq!(
         listed,
@@ -699,11 +700,7 @@ async fn the_table_is_read_on_first_use_and_lost_jobs_are_still_marked() {
         "{after}"
     );
     let store = JobStore::open(cfg).unwrap();
-    let listed: Vec<(String, JobStatus)> = store
-        .list(&JobFilter::default())
-        .into_iter()
-        .map(|s| (s.id, s.status))
-        .collect();
+    let listed = listed(&store);
     assert_eq!(
         listed,
         [
