@@ -143,7 +143,23 @@ fn apply_and_exec(
     for note in notes.iter() {
         let _ = writeln!(status, "unenforced: {note}");
     }
+    default_signal_dispositions();
     exec(spec)
+}
+
+/// Give the target every signal's default disposition: an ignored signal stays ignored
+/// across exec, and this process inherited `SIGPIPE` ignored from Rust's runtime (the
+/// zygote's or the re-executed launcher's), or any signal its server was started with
+/// ignored (`nohup`). A shell job would otherwise see `yes | head` fail with EPIPE
+/// instead of ending quietly.
+fn default_signal_dispositions() {
+    for sig in 1..libc::SIGRTMIN() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: resetting a disposition in a single-threaded process about to exec.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
 }
 
 fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), SetupError> {

@@ -114,3 +114,16 @@ def test_a_stopped_spawn_helper_fails_one_job_in_words_and_is_replaced(server):
         assert not os.path.exists(f"/proc/{found[0]}/stat") or "Z" in open(f"/proc/{found[0]}/stat").read().rsplit(")", 1)[1][:3]
 
     server.run(scenario)
+
+
+def test_jobs_start_with_default_signal_dispositions(server):
+    """No signal is ignored in a job (an ignored one survives exec): `yes | head` ends
+    quietly on SIGPIPE instead of failing with EPIPE."""
+
+    async def scenario(c):
+        job = await c.ok("shell_run", command="yes | head -1; grep SigIgn /proc/self/status")
+        assert job["status"] == "completed", job
+        assert job["stdout"]["text"].split() == ["y", "SigIgn:", "0000000000000000"], job
+        assert "Broken pipe" not in (job.get("stderr") or {}).get("text", ""), job
+
+    server.run(scenario)
