@@ -3,7 +3,8 @@
 //! sandbox to itself in a fixed order and execs the target:
 //!
 //! parent-death signal → setsid → PID namespace (see `pidns`) → cgroup → network namespace (new, or the broker's joined) → mount view → chdir → rlimits → environment →
-//! capability drop → no_new_privs → Landlock → seccomp → close inherited fds → execvp.
+//! capability drop → no_new_privs → Landlock → seccomp → close inherited fds → default signal
+//! dispositions → execvp.
 //!
 //! Any failure before exec is a [`SetupError`] whose `Display` is written to the status
 //! pipe (close-on-exec, so a successful exec closes it). Lines starting with `unenforced:` name what a
