@@ -255,10 +255,9 @@ mod tests {
         // Real host paths: /proc/self exists everywhere; the view binds /proc, so a
         // missing name there is ordinary. `/` and a name missing on the host are ordinary.
         let mut p = policy("workspace-write");
-        // Not under /tmp: the view always shows a /tmp (the private one).
-        let host = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("target")
-            .join(format!("explain-{}", std::process::id()));
+        // Not under /tmp (the view always shows a /tmp, the private one), nor under the
+        // checkout, which may itself be under /tmp.
+        let host = PathBuf::from(format!("/var/tmp/msr-explain-{}", std::process::id()));
         std::fs::create_dir_all(host.join("inner")).unwrap();
         let text = format!(
             "mkdir: cannot create directory '{0}/inner/x': No such file or directory\n\
