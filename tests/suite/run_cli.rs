@@ -313,33 +313,38 @@ fn setup_failures_are_reported_in_words() {
     );
 }
 
-/// The server's path: the launcher re-executed as a separate program (a multi-threaded
-/// parent cannot apply the sandbox after fork). Same confinement, same words on failure.
+/// The server's paths: a fork of its zygote, and the fallback, the launcher re-executed as
+/// a separate program (a multi-threaded parent cannot apply the sandbox after fork). Same
+/// confinement, same words on failure.
 #[test]
 fn reexec_launcher_path_confines_too() {
-    let ws = TempDir::new("reexec");
-    let script = "echo ok > inside; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; \
-                  (echo x > /etc/msr-reexec) 2>/dev/null || echo DENIED";
-    let out = run_cmd("workspace-write", &ws.path, false, &["sh", "-c", script])
-        .env("MCP_SANDBOX_FORCE_REEXEC", "1")
-        .output()
-        .unwrap();
-    assert_eq!(
-        stdout(&out),
-        "CapEff:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\nDENIED\n",
-        "stderr: {}",
-        stderr(&out)
-    );
-    assert!(ws.join("inside").exists());
-    let out = run_cmd("workspace-write", &ws.path, false, &["no-such-command-xyz"])
-        .env("MCP_SANDBOX_FORCE_REEXEC", "1")
-        .output()
-        .unwrap();
-    assert!(
-        stderr(&out).contains("command not found: \"no-such-command-xyz\""),
-        "{}",
-        stderr(&out)
-    );
+    for zygote in ["1", "0"] {
+        let ws = TempDir::new("reexec");
+        let script = "echo ok > inside; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; \
+                      (echo x > /etc/msr-reexec) 2>/dev/null || echo DENIED";
+        let out = run_cmd("workspace-write", &ws.path, false, &["sh", "-c", script])
+            .env("MCP_SANDBOX_FORCE_REEXEC", "1")
+            .env("MCP_SANDBOX_ZYGOTE", zygote)
+            .output()
+            .unwrap();
+        assert_eq!(
+            stdout(&out),
+            "CapEff:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\nDENIED\n",
+            "zygote {zygote}; stderr: {}",
+            stderr(&out)
+        );
+        assert!(ws.join("inside").exists());
+        let out = run_cmd("workspace-write", &ws.path, false, &["no-such-command-xyz"])
+            .env("MCP_SANDBOX_FORCE_REEXEC", "1")
+            .env("MCP_SANDBOX_ZYGOTE", zygote)
+            .output()
+            .unwrap();
+        assert!(
+            stderr(&out).contains("command not found: \"no-such-command-xyz\""),
+            "zygote {zygote}: {}",
+            stderr(&out)
+        );
+    }
 }
 
 /// SIGTERM sent to `run` (a CI timeout, Ctrl-C) reaches the sandboxed command, which
