@@ -50,27 +50,14 @@ pub fn namespace_with_listener() -> Result<NamespaceListener, NetnsError> {
     let worker = std::thread::Builder::new()
         .name("netns-listener".into())
         .spawn(|| -> Result<NamespaceListener, NetnsError> {
-            // SAFETY: unshare(2) with a constant flag; it changes only this thread, which
-            // ends right after.
-            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                return Err(NetnsError::Unshare(io::Error::last_os_error()));
-            }
-            bring_up_loopback()?;
+            // The thread ends right after: its namespace lives on in the descriptor.
+            let netns = make_namespace(true)?;
             let listener =
                 TcpListener::bind(("127.0.0.1", 0)).map_err(|source| NetnsError::Listener {
                     step: "bind 127.0.0.1",
                     source,
                 })?;
-            let netns = std::fs::File::open("/proc/thread-self/ns/net").map_err(|source| {
-                NetnsError::Listener {
-                    step: "open /proc/thread-self/ns/net",
-                    source,
-                }
-            })?;
-            Ok(NamespaceListener {
-                netns: OwnedFd::from(netns),
-                listener,
-            })
+            Ok(NamespaceListener { netns, listener })
         })
         .map_err(|source| NetnsError::Listener {
             step: "spawn a thread",
@@ -135,9 +122,10 @@ pub fn take_pooled(loopback: bool) -> Option<OwnedFd> {
     POOL.take(&loopback)
 }
 
-/// In the calling (pool) thread: a new network namespace, `lo` up if asked.
+/// Move the calling thread (one of our own: the pool's, the broker's short-lived one)
+/// into a new network namespace, `lo` up if asked; its descriptor keeps it alive.
 fn make_namespace(loopback: bool) -> Result<OwnedFd, NetnsError> {
-    // SAFETY: unshare(2) with a constant flag; it moves only this thread, the pool's own.
+    // SAFETY: unshare(2) with a constant flag; it moves only this thread.
     if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
         return Err(NetnsError::Unshare(io::Error::last_os_error()));
     }

@@ -109,13 +109,12 @@ impl SandboxCommand {
         let limits = &policy.limits;
         let mut unenforced = Vec::new();
         let route = Route::choose();
+        // The server's jobs take a cgroup and a network namespace made ahead of need;
+        // `run` (one job per process) makes its own.
+        let ahead = route != Route::Fork && made_ahead();
         let cgroup = if limits.memory_bytes.is_some() || limits.processes.is_some() {
-            // The server's jobs take a cgroup made ahead of need (`run` makes its own).
             let kind = (limits.memory_bytes, limits.processes);
-            let pooled = match route {
-                Route::Zygote | Route::Reexec if made_ahead() => CGROUPS.take(&kind),
-                _ => None,
-            };
+            let pooled = if ahead { CGROUPS.take(&kind) } else { None };
             match pooled.map_or_else(|| make_cgroup(&kind), Ok) {
                 Ok(cg) => Some(cg),
                 Err(e) => {
@@ -144,13 +143,9 @@ impl SandboxCommand {
             NetworkPolicy::Proxy { allow } => Some(start_proxy(&policy.name, allow)?),
             _ => None,
         };
-        // The server's jobs join a namespace made ahead of need (`run` makes its own).
-        let pooled_netns = match (super::launcher::private_network(policy), route) {
-            (Some(loopback), Route::Zygote | Route::Reexec) if made_ahead() => {
-                super::netns::take_pooled(loopback)
-            }
-            _ => None,
-        };
+        let pooled_netns = super::launcher::private_network(policy)
+            .filter(|_| ahead)
+            .and_then(super::netns::take_pooled);
         let max_target = self.fds.iter().map(|(_, t)| *t).max().unwrap_or(2);
         let (spec_target, status_target) = (max_target + 1, max_target + 2);
         let netns_target = max_target + 3;
@@ -202,7 +197,7 @@ impl SandboxCommand {
         let (stdin, stdin_ours) = stdin.map_err(spawn_err)?;
         let (stdout, stdout_ours) = stdout.map_err(spawn_err)?;
         let (stderr, stderr_ours) = stderr.map_err(spawn_err)?;
-        // Where each descriptor goes in the child, 0-2 included (`None` there: inherit).
+        // Where each descriptor besides 0-2 goes in the child.
         let mut fds: Vec<(RawFd, RawFd)> = self
             .fds
             .iter()

@@ -344,8 +344,3 @@ fn start() -> std::io::Result<Zygote> {
         process,
     })
 }
-
-/// The zygote's pid, if one is running (tests kill it to check a new one is started).
-pub fn pid() -> Option<u32> {
-    ZYGOTE.lock().ok()?.as_ref().map(|z| z.process.id())
-}
