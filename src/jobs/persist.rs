@@ -479,6 +479,14 @@ mod tests {
         p
     }
 
+    /// A record of job `id` as it is while the job runs.
+    fn running_record(id: &str) -> JobRecord {
+        JobRecord {
+            status: JobStatus::Running,
+            ..record(id)
+        }
+    }
+
     fn record(id: &str) -> JobRecord {
         JobRecord {
             version: RECORD_VERSION,
@@ -531,8 +539,7 @@ mod tests {
     fn legacy_started_log_brings_back_jobs_without_a_record_and_skips_torn_lines() {
         let s = state("journal");
         let dir = open_dir(&s).unwrap();
-        let mut running = record("j7");
-        running.status = JobStatus::Running;
+        let running = running_record("j7");
         let mut log = Vec::new();
         for rec in [&running, &record("j8")] {
             serde_json::to_writer(&mut log, rec).unwrap();
@@ -567,8 +574,7 @@ mod tests {
         let s = state("index");
         let dir = open_dir(&s).unwrap();
         let mut index = Journal::open(&dir.path, 0).unwrap();
-        let mut running = record("j1");
-        running.status = JobStatus::Running;
+        let running = running_record("j1");
         index.append(&running).unwrap();
         index.append(&record("j2")).unwrap();
         index.append(&record("j1")).unwrap();
@@ -614,8 +620,7 @@ mod tests {
         let s = state("torn-last");
         let dir = open_dir(&s).unwrap();
         let mut index = Journal::open(&dir.path, 0).unwrap();
-        let mut running = record("j1");
-        running.status = JobStatus::Running;
+        let running = running_record("j1");
         index.append(&running).unwrap();
         index.append(&record("j2")).unwrap();
         let mut line = serde_json::to_vec(&record("j1")).unwrap();
