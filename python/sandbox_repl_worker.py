@@ -945,8 +945,10 @@ class _Snapshots:
     `_socket` is imported on first use (it is a C module: no import cost to speak of)."""
 
     ctl = None  # control socket to the server (a _socket.socket), or None: no snapshots
-    children = []  # pids of the snapshots this process forked, reaped between cells
-    REAP_AFTER = 5.0  # seconds a snapshot waits before reaping the workers it forked
+    children = []  # pids of the processes this one forked (snapshots or live workers)
+    REAP_AFTER = 5.0  # seconds between reaps of those that ended
+    reap_lock = _thread.allocate_lock()  # `children` is shared with the reaper thread
+    reaper = False  # whether this process runs a reaper thread
     # asyncio loops inherited from a snapshot: kept, never closed (closing one would
     # unregister descriptors from an epoll instance the snapshot shares).
     old_loops = []
@@ -970,15 +972,43 @@ class _Snapshots:
 
     @classmethod
     def reap(cls, *_):
-        for pid in list(cls.children):
-            try:
-                done, _status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            except OSError:
-                continue
-            if done:
-                cls.children.remove(pid)
+        with cls.reap_lock:
+            for pid in list(cls.children):
+                try:
+                    done, _status = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    done = pid
+                except OSError:
+                    continue
+                if done:
+                    cls.children.remove(pid)
+
+    @classmethod
+    def start_reaper(cls):
+        """In a live worker: reap its ended snapshots every few seconds, also while it
+        sits idle (a snapshot the server dropped would otherwise stay a zombie until the
+        next cell, counted against the session's process cap). Started with the first
+        snapshot; a thread of our own (`_thread`), so `unforkable` does not count it."""
+        if cls.reaper:
+            return
+        cls.reaper = True
+
+        def loop():
+            import time
+
+            while True:
+                time.sleep(cls.REAP_AFTER)
+                cls.reap()
+
+        _thread.start_new_thread(loop, ())
+
+    @classmethod
+    def forked(cls):
+        """In a new process forked from this one: fresh bookkeeping (a lock copied while
+        the reaper thread held it would stay held for ever), and no reaper thread."""
+        cls.children = []
+        cls.reap_lock = _thread.allocate_lock()
+        cls.reaper = False
 
     @classmethod
     def unforkable(cls, worker):
@@ -1047,10 +1077,18 @@ class _Snapshots:
             return
         if pid == 0:
             theirs.close()
-            cls.serve_snapshot(worker, mine)
+            cls.forked()
+            try:
+                cls.serve_snapshot(worker, mine)
+            except BaseException:
+                # A snapshot never goes back into the worker's loop: it would wait there
+                # for ever, reaping nothing. Its children go to the namespace's init.
+                os._exit(1)
             return
         mine.close()
-        cls.children.append(pid)
+        with cls.reap_lock:
+            cls.children.append(pid)
+        cls.start_reaper()
         try:
             # The descriptor first: the server takes it when it reads the event.
             _send_msg(cls.ctl, {"cell": cell, "pid": pid}, [theirs.fileno()])
@@ -1083,7 +1121,6 @@ class _Snapshots:
         # the next message comes), not at once: the server reads an ended one's exit
         # status in /proc while it is a zombie. Reaping keeps zombies from filling the
         # session's process cap.
-        cls.children = []
         sock.settimeout(cls.REAP_AFTER)
         while True:
             try:
@@ -1113,6 +1150,7 @@ class _Snapshots:
                 continue
             if pid == 0:
                 sock.close()
+                cls.forked()
                 cls.become_live(worker, fds)
                 return
             cls.children.append(pid)
@@ -1145,7 +1183,6 @@ class _Snapshots:
         _STD_COPIES[:] = [_high_dup(1), _high_dup(2)]
         worker.chan = _Channel(_move_fd_out_of_reach(req_r), _move_fd_out_of_reach(ev_w))
         cls.ctl = cls._socket(_move_fd_out_of_reach(ctl))
-        cls.children = []
         worker.requests = _queue.SimpleQueue()
         worker.inputs = _queue.SimpleQueue()
         # An asyncio loop's selector is shared with the snapshot: start a new one.

@@ -306,44 +306,78 @@ def test_graph_survives_a_server_restart_and_replays_only_when_asked(server: Har
     server.run(second)
 
 
+def zombies_named(name: str, server: Harness) -> list[int]:
+    """Zombies whose name (comm) is `name`, but the spawned worker (the server's child,
+    kept unreaped on purpose)."""
+    out = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{p}/comm").read_text().strip() != name:
+                continue
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z" and int(fields[1]) != server.last_server_pid:
+            out.append(int(p))
+    return out
+
+
+def process_tree(name: str) -> list[str]:
+    """The processes named `name`, for a failure message: a live worker has several
+    threads, a snapshot one."""
+    out = []
+    for p in sorted(map(int, filter(str.isdigit, os.listdir("/proc")))):
+        try:
+            if Path(f"/proc/{p}/comm").read_text().strip() != name:
+                continue
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            status = Path(f"/proc/{p}/status").read_text().splitlines()
+        except OSError:
+            continue
+        threads = next((line.split()[1] for line in status if line.startswith("Threads:")), "?")
+        out.append(f"{p} ppid {fields[1]} state {fields[0]} threads {threads}")
+    return out
+
+
+async def no_zombies_left(name: str, server: Harness) -> None:
+    """Wait (up to 20 s, four reap periods) until no zombie named `name` is left."""
+    deadline = time.monotonic() + 20
+    while zombies_named(name, server) and time.monotonic() < deadline:
+        await anyio.sleep(0.2)
+    left = zombies_named(name, server)
+    assert not left, (left, process_tree(name), server.stderr_log()[-6000:])
+
+
 def test_replaced_heads_are_reaped_by_their_snapshot(server: Harness):
     """Each branch kills the old head; its snapshot parent reaps it a few seconds later, so
     zombies do not pile up against the session's process cap."""
     name = f"brz{os.getpid() % 100000}"
-
-    def zombies() -> list[int]:
-        out = []
-        for p in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if Path(f"/proc/{p}/comm").read_text().strip() != name:
-                    continue
-                fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            # The spawned worker is the server's child, kept unreaped on purpose.
-            if fields[0] == "Z" and int(fields[1]) != server.last_server_pid:
-                out.append(int(p))
-        return out
+    server.env["RUST_LOG"] = "mcp_sandbox_repl=debug"
 
     async def scenario(c):
         await c.ok("python_exec", code=MARK_CODE.format(name=name))  # c1
         for _ in range(4):
             await c.ok("python_exec", code="1", parent="c1")
-        deadline = time.monotonic() + 20
-        while zombies() and time.monotonic() < deadline:
-            await anyio.sleep(0.2)
-        left = zombies()
-        # Whose zombies they are (a parent that never reaps: stopped, or no snapshot loop).
-        def parent(z: int) -> str:
-            try:
-                ppid = Path(f"/proc/{z}/stat").read_text().rsplit(")", 1)[1].split()[1]
-                stat = Path(f"/proc/{ppid}/stat").read_text()
-                return f"{z} <- {ppid} {stat.split(')')[0].split('(')[-1]} state {stat.rsplit(')', 1)[1].split()[0]}"
-            except OSError as e:
-                return f"{z} <- ? ({e})"
-        assert not left, [parent(z) for z in left]
+        await no_zombies_left(name, server)
 
     server.run(scenario)
+
+
+def test_an_idle_head_reaps_the_snapshots_the_server_dropped(server: Harness):
+    """With a cap of 2, the third cell's snapshot evicts the first, which exits; the head
+    that forked it reaps it while it sits idle, not only when its next cell ends."""
+    name = f"bri{os.getpid() % 100000}"
+    server.env["RUST_LOG"] = "mcp_sandbox_repl=debug"
+
+    async def scenario(c):
+        await c.ok("python_exec", code=MARK_CODE.format(name=name))  # c1
+        await c.ok("python_exec", code="2")
+        await c.ok("python_exec", code="3")
+        h = await c.ok("python_history")
+        assert "evicted" in (h["cells"][0].get("note") or ""), h
+        await no_zombies_left(name, server)
+
+    server.run(scenario, "--max-snapshots", "2")
 
 
 def test_a_dead_snapshot_falls_back_to_replay_and_the_session_goes_on(server: Harness):
