@@ -242,7 +242,7 @@ mod tests {
         let root = ws.path().to_path_buf();
         std::fs::create_dir(root.join("sub")).unwrap();
         std::fs::write(root.join("sub/a.py"), "").unwrap();
-        symlink(&outside.path(), root.join("out")).unwrap();
+        symlink(outside.path(), root.join("out")).unwrap();
         symlink(outside.path().join("nothing"), root.join("dangling")).unwrap();
         symlink("sub", root.join("in")).unwrap();
         symlink(root.join("sub"), root.join("abs-in")).unwrap();

@@ -99,7 +99,7 @@ fn stale_cgroup_is_replaced() {
 #[test]
 fn v2_prepare_on_fake_tree() {
     let scratch = scratch_dir("fakecg2");
-    let root = scratch.path();
+    let root = scratch.path().to_path_buf();
     std::fs::write(root.join("cgroup.subtree_control"), "pids memory").unwrap();
     std::fs::write(root.join("cgroup.procs"), "").unwrap();
     let parent = prepare_v2(&root, &["pids", "memory"], 1).expect("prepare");
