@@ -34,3 +34,5 @@ pub mod names;
 pub mod repl;
 pub mod sandbox;
 pub mod server;
+#[cfg(test)]
+mod test_support;

@@ -183,8 +183,7 @@ mod tests {
 
     #[test]
     fn saved_scripts_round_trip_without_env_values() {
-        let d = std::env::temp_dir().join(format!("app-scripts-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
+        let (_scratch, d) = crate::test_support::scratch_path("app-scripts", "state");
         save(&d, "j7", "script: print(1)", arguments_of(&args())).unwrap();
         let s = get(&d, "j7").unwrap();
         assert_eq!(s.arguments["code"], "print(1)");
@@ -199,6 +198,5 @@ mod tests {
             assert!(get(&d, bad).is_none());
             assert!(save(&d, bad, "", arguments_of(&args())).is_err());
         }
-        let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -314,17 +314,20 @@ pub fn client_path(p: &Path) -> Result<PathBuf, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::scratch_dir;
 
-    fn scratch(name: &str) -> PathBuf {
-        let p = std::env::temp_dir().join(format!("app-settings-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        p.canonicalize().unwrap()
+    /// A fresh scratch directory (removed on drop) and its path.
+    fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = scratch_dir(&format!("app-settings-{name}"));
+        let path = dir.path().to_path_buf();
+        (dir, path)
     }
 
-    fn state(inherit: bool, name: &str) -> (State, PathBuf) {
-        let ws = scratch(&format!("{name}-ws"));
-        let st = scratch(&format!("{name}-state"));
+    /// The state over fresh workspace and state directories: their guards, the state and
+    /// the workspace.
+    fn state(inherit: bool, name: &str) -> ([tempfile::TempDir; 2], State, PathBuf) {
+        let (ws_dir, ws) = scratch(&format!("{name}-ws"));
+        let (st_dir, st) = scratch(&format!("{name}-state"));
         let s = State::new(
             Sources {
                 inherit_sandbox: inherit,
@@ -335,12 +338,12 @@ mod tests {
             st,
         )
         .unwrap();
-        (s, ws)
+        ([ws_dir, st_dir], s, ws)
     }
 
     #[test]
     fn inherit_says_workspace_write_until_a_request() {
-        let (s, _) = state(true, "inherit");
+        let (_dirs, s, _) = state(true, "inherit");
         assert_eq!(s.current.generation, 0);
         assert_eq!(s.current.policy.name, "workspace-write");
         assert!(
@@ -352,7 +355,7 @@ mod tests {
 
     #[test]
     fn requests_map_onto_policies() {
-        let (mut s, _) = state(true, "map");
+        let (_dirs, mut s, _) = state(true, "map");
         let ro = s.apply_request(SandboxRequest::ReadOnly).unwrap();
         assert_eq!(ro.generation, 1);
         assert!(ro.policy.name.starts_with("read-only"));
@@ -363,7 +366,7 @@ mod tests {
                 .iter()
                 .any(|w| w == "{workspace}")
         );
-        let extra = scratch("map-extra");
+        let (_extra_dir, extra) = scratch("map-extra");
         let ww = s
             .apply_request(SandboxRequest::WorkspaceWrite {
                 writable_roots: vec![extra.clone(), "/".into(), "relative".into()],
@@ -388,9 +391,9 @@ mod tests {
 
     #[test]
     fn roots_set_the_workspace_and_readable_paths() {
-        let (mut s, ws) = state(false, "roots");
-        let a = scratch("roots-a");
-        let b = scratch("roots-b");
+        let (_dirs, mut s, ws) = state(false, "roots");
+        let (_a_dir, a) = scratch("roots-a");
+        let (_b_dir, b) = scratch("roots-b");
         let r = s.apply_roots(vec![a.clone(), b.clone()]).unwrap();
         assert_eq!(r.workspace.root(), a.as_path());
         assert_eq!(r.extra_read, vec![b.clone()]);

@@ -120,8 +120,7 @@ mod tests {
 
     #[test]
     fn sweep_keeps_live_servers_dirs_only() {
-        let base = std::env::temp_dir().join(format!("app-tmp-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&base);
+        let (_scratch, base) = crate::test_support::scratch_path("app-tmp", "base");
         let mine = create_job_tmp(&base).unwrap();
         let second = create_job_tmp(&base).unwrap();
         assert_ne!(mine, second);
@@ -134,6 +133,5 @@ mod tests {
         assert_eq!(swept.len(), 2, "{swept:?}");
         assert!(mine.is_dir() && second.is_dir());
         assert!(!dead.exists() && !junk.exists());
-        let _ = std::fs::remove_dir_all(&base);
     }
 }

@@ -231,35 +231,19 @@ pub fn check_breadth(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::scratch_dir;
     use std::os::unix::fs::symlink;
-
-    /// A scratch directory removed on drop.
-    struct Scratch(PathBuf);
-
-    impl Scratch {
-        fn new(name: &str) -> Self {
-            let p = std::env::temp_dir().join(format!("app-ws-{}-{name}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::create_dir_all(&p).unwrap();
-            Scratch(p.canonicalize().unwrap())
-        }
-    }
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use tempfile::TempDir;
 
     /// A workspace with a file, a symlink out, a dangling one, and one that stays inside.
-    fn setup(name: &str) -> (Scratch, Scratch, Workspace) {
-        let ws = Scratch::new(&format!("{name}-ws"));
-        let outside = Scratch::new(&format!("{name}-out"));
-        let root = ws.0.clone();
+    fn setup(name: &str) -> (TempDir, TempDir, Workspace) {
+        let ws = scratch_dir(&format!("app-ws-{name}-ws"));
+        let outside = scratch_dir(&format!("app-ws-{name}-out"));
+        let root = ws.path().to_path_buf();
         std::fs::create_dir(root.join("sub")).unwrap();
         std::fs::write(root.join("sub/a.py"), "").unwrap();
-        symlink(&outside.0, root.join("out")).unwrap();
-        symlink(outside.0.join("nothing"), root.join("dangling")).unwrap();
+        symlink(outside.path(), root.join("out")).unwrap();
+        symlink(outside.path().join("nothing"), root.join("dangling")).unwrap();
         symlink("sub", root.join("in")).unwrap();
         symlink(root.join("sub"), root.join("abs-in")).unwrap();
         (ws, outside, Workspace::new(root))
@@ -294,7 +278,7 @@ mod tests {
     #[test]
     fn paths_leading_out_are_refused_alike_whether_or_not_they_exist() {
         let (_ws, out, w) = setup("out");
-        let outside = out.0.to_str().unwrap().to_string();
+        let outside = out.path().to_str().unwrap().to_string();
         let missing = format!("{outside}/nothing");
         for p in [
             "/etc/passwd",
@@ -322,7 +306,7 @@ mod tests {
             }
         }
         // Nothing was created outside by the refused creations.
-        assert!(!out.0.join("x").exists() && !out.0.join("nothing").exists());
+        assert!(!out.path().join("x").exists() && !out.path().join("nothing").exists());
         for p in [".", "", "new/../x", "./new"] {
             assert!(w.create_dir(p, "venv_path").is_err(), "{p:?}");
         }

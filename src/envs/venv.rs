@@ -299,10 +299,8 @@ mod tests {
 
     #[test]
     fn open_rejects_a_plain_directory() {
-        let dir = std::env::temp_dir().join(format!("envs-open-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let err = Venv::open(&dir).unwrap_err();
+        let dir = crate::test_support::scratch_dir("envs-open");
+        let err = Venv::open(dir.path()).unwrap_err();
         assert!(err.to_string().contains("no bin/python"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -141,15 +141,7 @@ pub fn lossy(bytes: Vec<u8>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
-
-    fn file_with(name: &str, data: &[u8]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("jobs-excerpt-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
-        std::fs::write(&path, data).unwrap();
-        path
-    }
+    use crate::test_support::scratch_file;
 
     #[test]
     fn incomplete_suffixes() {
@@ -165,7 +157,7 @@ mod tests {
 
     #[test]
     fn small_range_is_whole() {
-        let p = file_with("small", b"hello\nworld\n");
+        let (_dir, p) = scratch_file("jobs-excerpt-small", b"hello\nworld\n");
         let ex = make_excerpt(&p, 6, 12, 100).unwrap();
         assert_eq!(
             ex,
@@ -184,7 +176,7 @@ mod tests {
         let data: Vec<u8> = (0..1000)
             .flat_map(|i| format!("line {i:04}\n").into_bytes())
             .collect();
-        let p = file_with("large", &data);
+        let (_dir, p) = scratch_file("jobs-excerpt-large", &data);
         let ex = make_excerpt(&p, 0, data.len() as u64, 200).unwrap();
         let [a, b] = ex.omitted.unwrap();
         // Head and tail are exactly the bytes outside the omitted range.
@@ -200,7 +192,7 @@ mod tests {
     #[test]
     fn cuts_never_split_a_character() {
         let data = "é".repeat(500); // 1000 bytes, no newlines
-        let p = file_with("utf8", data.as_bytes());
+        let (_dir, p) = scratch_file("jobs-excerpt-utf8", data.as_bytes());
         for budget in [7, 8, 9, 50, 101] {
             let ex = make_excerpt(&p, 1, 1000, budget).unwrap();
             let [a, b] = ex.omitted.unwrap();
@@ -215,7 +207,7 @@ mod tests {
 
     #[test]
     fn invalid_bytes_are_replaced() {
-        let p = file_with("bad", b"ok\xff\xfeok");
+        let (_dir, p) = scratch_file("jobs-excerpt-bad", b"ok\xff\xfeok");
         let ex = make_excerpt(&p, 0, 6, 100).unwrap();
         assert_eq!(ex.head, "ok\u{FFFD}\u{FFFD}ok");
     }
@@ -231,7 +223,7 @@ mod tests {
 
     #[test]
     fn read_text_does_not_split_characters() {
-        let p = file_with("read", "a€b".as_bytes());
+        let (_dir, p) = scratch_file("jobs-excerpt-read", "a€b".as_bytes());
         assert_eq!(read_text(&p, 0, 2, 5).unwrap(), ("a".to_string(), 1));
         assert_eq!(read_text(&p, 1, 3, 5).unwrap(), ("€".to_string(), 4));
         assert_eq!(read_text(&p, 0, 100, 5).unwrap(), ("a€b".to_string(), 5));

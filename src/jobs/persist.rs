@@ -472,12 +472,7 @@ pub(crate) fn remove_job_files(job_dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn state(name: &str) -> PathBuf {
-        let p = std::env::temp_dir().join(format!("jobs-persist-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        p
-    }
+    use crate::test_support::scratch_path;
 
     /// A record of job `id` as it is while the job runs.
     fn running_record(id: &str) -> JobRecord {
@@ -511,7 +506,7 @@ mod tests {
 
     #[test]
     fn save_then_load_round_trips() {
-        let s = state("roundtrip");
+        let (_scratch, s) = scratch_path("jobs-persist-roundtrip", "state");
         let dir = open_dir(&s).unwrap();
         for id in ["j10", "j2"] {
             std::fs::create_dir_all(job_dir(&dir.path, id)).unwrap();
@@ -524,7 +519,7 @@ mod tests {
 
     #[test]
     fn directories_without_a_valid_record_are_removed() {
-        let s = state("corrupt");
+        let (_scratch, s) = scratch_path("jobs-persist-corrupt", "state");
         let dir = open_dir(&s).unwrap();
         let broken = job_dir(&dir.path, "j3");
         std::fs::create_dir_all(&broken).unwrap();
@@ -537,7 +532,7 @@ mod tests {
 
     #[test]
     fn legacy_started_log_brings_back_jobs_without_a_record_and_skips_torn_lines() {
-        let s = state("journal");
+        let (_scratch, s) = scratch_path("jobs-persist-journal", "state");
         let dir = open_dir(&s).unwrap();
         let running = running_record("j7");
         let mut log = Vec::new();
@@ -571,7 +566,7 @@ mod tests {
 
     #[test]
     fn index_last_line_wins_removed_lines_drop_and_ids_are_not_reused() {
-        let s = state("index");
+        let (_scratch, s) = scratch_path("jobs-persist-index", "state");
         let dir = open_dir(&s).unwrap();
         let mut index = Journal::open(&dir.path, 0).unwrap();
         let running = running_record("j1");
@@ -617,7 +612,7 @@ mod tests {
     /// the job was valid: a torn last line leaves the one before it in force.
     #[test]
     fn a_torn_last_line_leaves_the_previous_record_of_its_job() {
-        let s = state("torn-last");
+        let (_scratch, s) = scratch_path("jobs-persist-torn-last", "state");
         let dir = open_dir(&s).unwrap();
         let mut index = Journal::open(&dir.path, 0).unwrap();
         let running = running_record("j1");
@@ -633,7 +628,7 @@ mod tests {
 
     #[test]
     fn second_open_gets_its_own_directory() {
-        let s = state("slots");
+        let (_scratch, s) = scratch_path("jobs-persist-slots", "state");
         let a = open_dir(&s).unwrap();
         let b = open_dir(&s).unwrap();
         assert_eq!(a.path, s.join("jobs"));

@@ -220,7 +220,7 @@ fn shorten(line: &[u8], at: Option<usize>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
+    use crate::test_support::scratch_file;
 
     /// The first `len` bytes of `path`, at most `max_hits` hits, every match counted.
     fn search_file(
@@ -240,18 +240,10 @@ mod tests {
         Ok(scan(path, len, re, &limits)?.hits)
     }
 
-    fn file_with(name: &str, data: &[u8]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("jobs-search-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
-        std::fs::write(&path, data).unwrap();
-        path
-    }
-
     #[test]
     fn finds_lines_with_context_and_offsets() {
         let data = b"alpha\nbeta\nERROR one\ngamma\ndelta\nERROR two\n";
-        let p = file_with("ctx", data);
+        let (_dir, p) = scratch_file("jobs-search-ctx", data);
         let hits = search_file(&p, data.len() as u64, &compile("ERROR").unwrap(), 1, 10).unwrap();
         assert_eq!(
             hits,
@@ -278,7 +270,7 @@ mod tests {
     #[test]
     fn respects_max_hits_and_length() {
         let data = b"x1\nx2\nx3\nx4\n";
-        let p = file_with("max", data);
+        let (_dir, p) = scratch_file("jobs-search-max", data);
         let hits = search_file(&p, data.len() as u64, &compile("x").unwrap(), 0, 2).unwrap();
         assert_eq!(hits.iter().map(|h| h.line).collect::<Vec<_>>(), vec![1, 2]);
         // Only the first 6 bytes are searched.
@@ -290,7 +282,7 @@ mod tests {
     fn long_lines_are_searched_in_pieces_and_shortened() {
         let mut data = vec![b'a'; MAX_LINE + 1000];
         data.extend_from_slice(b"needle\nnext\n");
-        let p = file_with("long", &data);
+        let (_dir, p) = scratch_file("jobs-search-long", &data);
         let hits = search_file(&p, data.len() as u64, &compile("needle").unwrap(), 0, 10).unwrap();
         assert_eq!(hits.len(), 1);
         assert_eq!(hits[0].line, 1);
@@ -303,7 +295,7 @@ mod tests {
         let data: Vec<u8> = (1..=1000)
             .flat_map(|i| format!("{i}\n").into_bytes())
             .collect();
-        let p = file_with("cursor", &data);
+        let (_dir, p) = scratch_file("jobs-search-cursor", &data);
         let re = compile("7").unwrap();
         let expected: Vec<u64> = (1..=1000u64)
             .filter(|i| i.to_string().contains('7'))

@@ -230,16 +230,11 @@ pub(crate) fn read_range(path: &Path, offset: u64, len: u64) -> io::Result<Vec<u
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tmp(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("jobs-spool-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir.join("out")
-    }
+    use crate::test_support::scratch_path;
 
     #[test]
     fn appends_are_readable_at_once_and_by_range() {
-        let path = tmp("append");
+        let (_dir, path) = scratch_path("jobs-spool-append", "out");
         let mut s = Spool::create(path.clone());
         s.append(b"hello ").unwrap();
         s.append(b"world").unwrap();
@@ -256,7 +251,7 @@ mod tests {
 
     #[test]
     fn remembers_a_partial_multibyte_character() {
-        let path = tmp("utf8");
+        let (_dir, path) = scratch_path("jobs-spool-utf8", "out");
         let mut s = Spool::create(path);
         let euro = "€".as_bytes(); // 3 bytes
         s.append(b"ab").unwrap();

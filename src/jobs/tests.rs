@@ -5,12 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::*;
-
-pub(crate) fn state_dir(name: &str) -> std::path::PathBuf {
-    let p = std::env::temp_dir().join(format!("jobs-store-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    p
-}
+use crate::test_support::scratch_path;
 
 /// The store configuration of most tests: a 1 GiB disk cap, 20 KB answers, default
 /// retention, in `dir`.
@@ -23,13 +18,16 @@ fn config(dir: std::path::PathBuf) -> StoreConfig {
     }
 }
 
-fn open(name: &str, response_bytes: usize, disk_cap: u64) -> Arc<JobStore> {
-    JobStore::open(StoreConfig {
+/// A store in a fresh state directory, after the guard that removes it.
+fn open(name: &str, response_bytes: usize, disk_cap: u64) -> (tempfile::TempDir, Arc<JobStore>) {
+    let (scratch, dir) = scratch_path(&format!("jobs-store-{name}"), "state");
+    let store = JobStore::open(StoreConfig {
         disk_cap,
         response_bytes,
-        ..config(state_dir(name))
+        ..config(dir)
     })
-    .unwrap()
+    .unwrap();
+    (scratch, store)
 }
 
 fn done() -> JobOutcome {
@@ -51,7 +49,7 @@ fn listed(store: &JobStore) -> Vec<(String, JobStatus)> {
 
 #[tokio::test]
 async fn wait_delivers_each_byte_once_then_the_end() {
-    let store = open("once", 20_000, 1 << 30);
+    let (_dir, store) = open("once", 20_000, 1 << 30);
     let h = store.create(JobKind::Shell, None, "echo").unwrap();
     h.append(Stream::Stdout, b"one\n");
     h.append(Stream::Stderr, b"warn\n");
@@ -98,7 +96,7 @@ async fn wait_delivers_each_byte_once_then_the_end() {
 
 #[tokio::test]
 async fn wait_times_out_when_nothing_happens_and_wakes_on_output() {
-    let store = open("timeout", 20_000, 1 << 30);
+    let (_dir, store) = open("timeout", 20_000, 1 << 30);
     let h = store.create(JobKind::Python, Some("s1"), "sleep").unwrap();
     let t = Instant::now();
     let s = store
@@ -126,7 +124,7 @@ async fn wait_times_out_when_nothing_happens_and_wakes_on_output() {
 
 #[tokio::test]
 async fn settled_wait_ignores_output_until_the_end() {
-    let store = open("settled", 20_000, 1 << 30);
+    let (_dir, store) = open("settled", 20_000, 1 << 30);
     let h = store.create(JobKind::Shell, None, "x").unwrap();
     let h2 = h.clone();
     tokio::spawn(async move {
@@ -155,7 +153,7 @@ async fn input_requests_are_reported_and_routed() {
             Ok(())
         }
     }
-    let store = open("input", 20_000, 1 << 30);
+    let (_dir, store) = open("input", 20_000, 1 << 30);
     let h = store
         .create(JobKind::Python, Some("main"), "input()")
         .unwrap();
@@ -202,7 +200,7 @@ async fn cancel_is_routed_and_failed_becomes_cancelled() {
             Err("not reading".into())
         }
     }
-    let store = open("cancel", 20_000, 1 << 30);
+    let (_dir, store) = open("cancel", 20_000, 1 << 30);
     let h = store.create(JobKind::Python, None, "loop").unwrap();
     // A cancel before the control is registered is applied on registration.
     store.cancel(h.id()).unwrap();
@@ -232,7 +230,7 @@ async fn cancel_is_routed_and_failed_becomes_cancelled() {
 
 #[tokio::test]
 async fn big_output_is_excerpted_and_every_byte_is_readable() {
-    let store = open("big", 1000, 1 << 30);
+    let (_dir, store) = open("big", 1000, 1 << 30);
     let h = store.create(JobKind::Shell, None, "seq").unwrap();
     let data: Vec<u8> = (0..5000)
         .flat_map(|i| format!("{i}\n").into_bytes())
@@ -287,7 +285,7 @@ async fn big_output_is_excerpted_and_every_byte_is_readable() {
 
 #[tokio::test]
 async fn a_partly_written_character_is_held_back_while_running() {
-    let store = open("utf8", 20_000, 1 << 30);
+    let (_dir, store) = open("utf8", 20_000, 1 << 30);
     let h = store.create(JobKind::Shell, None, "x").unwrap();
     let euro = "€".as_bytes();
     h.append(Stream::Stdout, b"a");
@@ -318,7 +316,7 @@ async fn a_partly_written_character_is_held_back_while_running() {
 
 #[tokio::test]
 async fn restart_keeps_finished_jobs_and_marks_running_ones_lost() {
-    let dir = state_dir("restart");
+    let (_scratch, dir) = scratch_path("jobs-store-restart", "state");
     let cfg = config(dir.clone());
     let (done_id, running_id) = {
         let store = JobStore::open(cfg.clone()).unwrap();
@@ -362,7 +360,7 @@ async fn restart_keeps_finished_jobs_and_marks_running_ones_lost() {
 
 #[tokio::test]
 async fn list_filters_and_prune_removes_files() {
-    let store = open("prune", 20_000, 1 << 30);
+    let (_dir, store) = open("prune", 20_000, 1 << 30);
     let a = store.create(JobKind::Shell, Some("s1"), "a").unwrap();
     let b = store.create(JobKind::Python, Some("s2"), "b").unwrap();
     let c = store.create(JobKind::Shell, None, "c").unwrap();
@@ -411,7 +409,7 @@ async fn list_filters_and_prune_removes_files() {
 
 #[tokio::test]
 async fn disk_cap_evicts_oldest_finished_jobs_first() {
-    let store = open("cap", 20_000, 1000);
+    let (_dir, store) = open("cap", 20_000, 1000);
     let a = store.create(JobKind::Shell, None, "a").unwrap();
     a.append(Stream::Stdout, &[b'a'; 400]);
     a.finish(done());
@@ -447,7 +445,7 @@ async fn shutdown_records_jobs_that_do_not_end_as_cancelled() {
             Ok(())
         }
     }
-    let dir = state_dir("shutdown");
+    let (_scratch, dir) = scratch_path("jobs-store-shutdown", "state");
     let cfg = config(dir);
     let id = {
         let store = JobStore::open(cfg.clone()).unwrap();
@@ -473,7 +471,7 @@ async fn shutdown_records_jobs_that_do_not_end_as_cancelled() {
 
 #[tokio::test]
 async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost() {
-    let dir = state_dir("silent");
+    let (_scratch, dir) = scratch_path("jobs-store-silent", "state");
     let cfg = config(dir.clone());
     {
         let store = JobStore::open(cfg.clone()).unwrap();
@@ -529,7 +527,7 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
 /// `removed` lines), without job ids being reused.
 #[tokio::test]
 async fn retention_keeps_the_newest_finished_jobs_silent_or_not() {
-    let dir = state_dir("retention");
+    let (_scratch, dir) = scratch_path("jobs-store-retention", "state");
     let cfg = StoreConfig {
         retention: Retention {
             max_jobs: 3,
@@ -609,7 +607,7 @@ async fn retention_keeps_the_newest_finished_jobs_silent_or_not() {
 /// are gone still lists every job, with its status and delivered cursors.
 #[tokio::test]
 async fn restart_reads_the_index_only() {
-    let dir = state_dir("index-only");
+    let (_scratch, dir) = scratch_path("jobs-store-index-only", "state");
     let cfg = config(dir.clone());
     {
         let store = JobStore::open(cfg.clone()).unwrap();
@@ -634,7 +632,7 @@ async fn restart_reads_the_index_only() {
 /// so the next one still finds the job that was running.
 #[tokio::test]
 async fn the_table_is_read_on_first_use_and_lost_jobs_are_still_marked() {
-    let dir = state_dir("lazy");
+    let (_scratch, dir) = scratch_path("jobs-store-lazy", "state");
     let cfg = config(dir.clone());
     {
         let store = JobStore::open(cfg.clone()).unwrap();
@@ -718,7 +716,7 @@ async fn the_table_is_read_on_first_use_and_lost_jobs_are_still_marked() {
 /// one of them is in the table and the index.
 #[tokio::test]
 async fn calls_racing_the_background_read_wait_for_it() {
-    let dir = state_dir("racing");
+    let (_scratch, dir) = scratch_path("jobs-store-racing", "state");
     let cfg = config(dir.clone());
     {
         let store = JobStore::open(cfg.clone()).unwrap();

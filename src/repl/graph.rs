@@ -507,10 +507,7 @@ mod tests {
 
     #[test]
     fn the_graph_file_survives_a_restart_without_snapshots() {
-        let dir = std::env::temp_dir().join(format!("graph-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("graph.jsonl");
-        let _ = std::fs::remove_file(&file);
+        let (_scratch, file) = crate::test_support::scratch_path("graph-test", "graph.jsonl");
         let mut g = Graph::open(8, Some(file.clone()));
         g.add(node(1, None, CellStatus::Ok));
         let mut n = node(2, Some(1), CellStatus::Ok);
@@ -538,6 +535,5 @@ mod tests {
         let mut again = again;
         again.clear();
         assert!(!file.exists());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -222,7 +222,8 @@ mod tests {
 
     #[test]
     fn nearest_venv_is_found_upward() {
-        let root = std::env::temp_dir().join(format!("repl-venv-test-{}", std::process::id()));
+        let scratch = crate::test_support::scratch_dir("repl-venv-test");
+        let root = scratch.path();
         let deep = root.join("a/b");
         std::fs::create_dir_all(&deep).unwrap();
         std::fs::create_dir_all(root.join(".venv/bin")).unwrap();
@@ -231,7 +232,6 @@ mod tests {
             nearest_venv_python(&deep),
             Some(root.join(".venv/bin/python"))
         );
-        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[tokio::test]
@@ -256,8 +256,7 @@ mod tests {
     /// The probe runs without `site`, yet still finds the prefix of a virtual environment.
     #[tokio::test]
     async fn a_virtual_environment_is_recognised_without_site() {
-        let root = std::env::temp_dir().join(format!("repl-probe-venv-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+        let (_scratch, root) = crate::test_support::scratch_path("repl-probe-venv", "venv");
         let base = discover_python(None, Path::new("/")).await.unwrap();
         let made = std::process::Command::new(&base.executable)
             .args(["-m", "venv", "--without-pip"])
@@ -273,7 +272,6 @@ mod tests {
         let info = discover_python(Some(&python), Path::new("/"))
             .await
             .unwrap();
-        std::fs::remove_dir_all(&root).unwrap();
         assert_eq!(info.venv, Some(root.clone()));
         assert_eq!(info.executable, python);
         assert!(info.prefixes.contains(&root));

@@ -257,7 +257,8 @@ mod tests {
         let mut p = policy("workspace-write");
         // Not under /tmp (the view always shows a /tmp, the private one), nor under the
         // checkout, which may itself be under /tmp.
-        let host = PathBuf::from(format!("/var/tmp/msr-explain-{}", std::process::id()));
+        let scratch = crate::test_support::scratch_dir_in(Path::new("/var/tmp"), "msr-explain");
+        let host = scratch.path().to_path_buf();
         std::fs::create_dir_all(host.join("inner")).unwrap();
         let text = format!(
             "mkdir: cannot create directory '{0}/inner/x': No such file or directory\n\
@@ -286,7 +287,6 @@ mod tests {
         // A hidden path beneath a shown one is not visible again.
         p.hide.push(host.join("inner"));
         assert_eq!(explain_denials(&p, &text).len(), 1);
-        std::fs::remove_dir_all(&host).unwrap();
     }
 
     #[test]

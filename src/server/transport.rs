@@ -322,8 +322,8 @@ mod tests {
         let b = generate_token().unwrap();
         assert_eq!(a.len(), 64);
         assert_ne!(a, b);
-        let dir = std::env::temp_dir().join(format!("tok-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = crate::test_support::scratch_dir("tok");
+        let dir = scratch.path();
         let path = dir.join(TOKEN_FILE);
         // A planted symlink is replaced, not followed.
         let target = dir.join("target");
@@ -336,7 +336,6 @@ mod tests {
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), a);
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

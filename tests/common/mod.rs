@@ -37,26 +37,39 @@ pub fn resolved_in(
     )
 }
 
-/// A fresh directory removed on drop, under /var/tmp/msr-tests: outside /tmp, because
-/// the mount view puts each job's private temp dir at /tmp, and outside any other
-/// test's workspace.
+/// A fresh directory removed on drop (also while a failed test unwinds), by default
+/// under /var/tmp/msr-tests: outside /tmp, because the mount view puts each job's private
+/// temp dir at /tmp, and outside any other test's workspace.
 pub struct TempDir {
+    /// Canonical, so that comparisons with what the child sees hold.
     pub path: PathBuf,
+    /// Removes the directory when dropped.
+    _guard: tempfile::TempDir,
 }
 
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let path = PathBuf::from("/var/tmp/msr-tests").join(format!(
-            "msr-test-{tag}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&path).unwrap();
-        // Canonical, so that comparisons with what the child sees hold.
+        let base = Path::new("/var/tmp/msr-tests");
+        std::fs::create_dir_all(base).unwrap();
+        TempDir::new_in(base, tag)
+    }
+
+    /// A fresh directory `msr-test-<tag>-XXXXXX` under `base`, for a test whose directory
+    /// must stay where it always was (e.g. the system temp dir).
+    pub fn new_in(base: &Path, tag: &str) -> TempDir {
+        let guard = tempfile::Builder::new()
+            .prefix(&format!("msr-test-{tag}-"))
+            .tempdir_in(base.canonicalize().unwrap())
+            .unwrap();
         TempDir {
-            path: path.canonicalize().unwrap(),
+            path: guard.path().to_path_buf(),
+            _guard: guard,
         }
+    }
+
+    /// [`TempDir::new_in`] the system temp dir (`$TMPDIR` or /tmp).
+    pub fn in_system_tmp(tag: &str) -> TempDir {
+        TempDir::new_in(&std::env::temp_dir(), tag)
     }
 
     pub fn join(&self, p: impl AsRef<Path>) -> PathBuf {
@@ -68,12 +81,6 @@ impl TempDir {
         let p = self.join(name);
         std::fs::write(&p, text).unwrap();
         p
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
     }
 }
 

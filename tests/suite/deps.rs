@@ -20,6 +20,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("broker", 2),
     ("sandbox", 1),
     ("names", 0),
+    // Unit-test helpers (`#[cfg(test)]` only): a leaf any layer's tests may use.
+    ("test_support", 0),
 ];
 
 /// Edges between units of the same layer that are allowed (they must stay acyclic and be

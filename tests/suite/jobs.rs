@@ -14,17 +14,38 @@ use mcp_sandbox_repl::jobs::{
 };
 use mcp_sandbox_repl::sandbox::{Placeholders, Policy, ResolvedPolicy};
 
-use crate::common::{pgid_of, pids_with_env, unique_marker, wait_for_pids_with_env};
+use crate::common::{TempDir, pgid_of, pids_with_env, unique_marker, wait_for_pids_with_env};
 
 struct Fixture {
     store: Arc<JobStore>,
     policy: Arc<ResolvedPolicy>,
-    dir: PathBuf,
+    /// Dropped last (fields drop in order), after `Drop::drop` has stopped the jobs.
+    dir: TempDir,
 }
 
 impl Drop for Fixture {
+    /// Stop every job, and let the tasks that still hold the store (a job's supervisor
+    /// writing its record a moment after the test saw the job end) finish, before the
+    /// directory goes: a record written after that would make it again.
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        let store = self.store.clone();
+        let _ = std::thread::spawn(move || {
+            // The test's runtime may be a single thread, busy running this drop.
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+            {
+                rt.block_on(store.shutdown());
+            }
+        })
+        .join();
+        // Only a multi-threaded runtime runs those tasks while this one waits.
+        let multi = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while multi && Arc::strong_count(&self.store) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
@@ -36,8 +57,8 @@ fn fixture_with(tag: &str, response_bytes: usize) -> Fixture {
     mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(PathBuf::from(env!(
         "CARGO_BIN_EXE_mcp-sandbox-repl"
     )));
-    let dir = std::env::temp_dir().join(format!("jobs-suite-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    // In the system temp dir, where these tests always ran (their workspace under /tmp).
+    let dir = TempDir::in_system_tmp(&format!("jobs-suite-{tag}"));
     let workspace = dir.join("ws");
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&workspace).unwrap();
@@ -358,13 +379,13 @@ async fn bad_requests_are_clear_errors_and_create_no_job() {
     }
     let err = f
         .start(ShellRequest {
-            cwd: Some(f.dir.clone()),
+            cwd: Some(f.dir.path.clone()),
             ..ShellRequest::command("true")
         })
         .unwrap_err()
         .to_string();
     assert!(
-        err.starts_with(&format!("working directory {:?} is outside", f.dir)),
+        err.starts_with(&format!("working directory {:?} is outside", f.dir.path)),
         "{err}"
     );
     assert!(

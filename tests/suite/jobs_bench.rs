@@ -43,8 +43,7 @@ async fn bench_shell_jobs() {
     mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(PathBuf::from(env!(
         "CARGO_BIN_EXE_mcp-sandbox-repl"
     )));
-    let dir = std::env::temp_dir().join(format!("jobs-bench-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = crate::common::TempDir::in_system_tmp("jobs-bench");
     std::fs::create_dir_all(dir.join("ws")).unwrap();
     std::fs::create_dir_all(dir.join("tmp")).unwrap();
     let ph = Placeholders {
@@ -123,7 +122,6 @@ async fn bench_shell_jobs() {
         mbps(df),
         mbps(jb) / mbps(df)
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn ms(d: Duration) -> f64 {

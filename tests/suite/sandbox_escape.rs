@@ -182,13 +182,13 @@ const FS_CHECKS: &[&str] = &[
 fn filesystem_escapes() {
     for base in ["/tmp", "/var/tmp"] {
         for policy in [DENY, CONTROL] {
-            let ws = WorkDir::new(base, "esc-fs");
+            let ws = TempDir::new_in(Path::new(base), "esc-fs");
             let o = outside();
             let tag = format!("msr-escape-{}-{policy}", std::process::id());
             let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
             let args = json!({"secret": o.secret, "victim": o.dir.join("victim.txt"), "outside": o.dir.path,
                               "tag": tag, "home": home});
-            let (r, _) = sandboxed(policy, &ws.0, FS_SCRIPT, args);
+            let (r, _) = sandboxed(policy, &ws.path, FS_SCRIPT, args);
             assert_table(policy, &r, FS_CHECKS);
             let host_tmp = Path::new("/tmp").join(&tag);
             assert_eq!(
@@ -199,24 +199,6 @@ fn filesystem_escapes() {
             let _ = std::fs::remove_file(host_tmp);
             assert_eq!(std::fs::read_to_string(&o.secret).unwrap(), "top secret");
         }
-    }
-}
-
-/// A workspace directory under `base`, removed on drop.
-struct WorkDir(PathBuf);
-
-impl WorkDir {
-    fn new(base: &str, tag: &str) -> WorkDir {
-        let dir = Path::new(base).join(format!("msr-test-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        WorkDir(dir)
-    }
-}
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -572,7 +554,7 @@ fn binary() -> PathBuf {
 #[test]
 fn symlink_planted_for_a_policy_path_does_not_escape() {
     let o = outside();
-    let ws = WorkDir::new("/var/tmp", "esc-planted");
+    let ws = TempDir::new_in(Path::new("/var/tmp"), "esc-planted");
     let pol = TempDir::new("esc-planted-policy");
     let text = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/workspace-write.toml"),
@@ -583,13 +565,13 @@ fn symlink_planted_for_a_policy_path_does_not_escape() {
     let policy = pol.write("venv-in-ws.toml", &text).display().to_string();
     // The first job plants the link (it may: the workspace is writable) ...
     let plant = format!("ln -s {} .venv", o.dir.path.display());
-    let out = run_in(&policy, &ws.0, false, &["sh", "-c", &plant]);
+    let out = run_in(&policy, &ws.path, false, &["sh", "-c", &plant]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(ws.0.join(".venv").is_symlink());
+    assert!(ws.join(".venv").is_symlink());
     // ... the next job tries to read through it, by the link and by the target's path.
     let script = r#"check("via_link", lambda: open(".venv/secret.txt").read())
 check("via_target", lambda: open(A["secret"]).read())"#;
-    let (r, _) = sandboxed(&policy, &ws.0, script, json!({"secret": o.secret}));
+    let (r, _) = sandboxed(&policy, &ws.path, script, json!({"secret": o.secret}));
     assert!(r["via_link"].starts_with("denied:"), "{r:?}");
     assert!(r["via_target"].starts_with("denied:"), "{r:?}");
 }

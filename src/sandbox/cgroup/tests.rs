@@ -5,6 +5,7 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 use super::*;
+use crate::test_support::scratch_dir;
 
 fn unique(tag: &str) -> String {
     format!("unit-{tag}-{}", std::process::id())
@@ -97,8 +98,8 @@ fn stale_cgroup_is_replaced() {
 /// v2: with controllers already enabled above, the parent gets them enabled for jobs.
 #[test]
 fn v2_prepare_on_fake_tree() {
-    let root = std::env::temp_dir().join(unique("fakecg2"));
-    std::fs::create_dir_all(&root).unwrap();
+    let scratch = scratch_dir("fakecg2");
+    let root = scratch.path().to_path_buf();
     std::fs::write(root.join("cgroup.subtree_control"), "pids memory").unwrap();
     std::fs::write(root.join("cgroup.procs"), "").unwrap();
     let parent = prepare_v2(&root, &["pids", "memory"], 1).expect("prepare");
@@ -107,7 +108,6 @@ fn v2_prepare_on_fake_tree() {
         std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap(),
         "+pids +memory"
     );
-    std::fs::remove_dir_all(&root).unwrap();
 }
 
 /// cgroup v2 for real, on this machine's cgroup2 mount (which holds no pids/memory
@@ -188,7 +188,8 @@ fn stale_empty_cgroups_are_swept() {
 /// of the job's memory cgroup; nothing without a memory cgroup, or from a broken file.
 #[test]
 fn current_memory_is_read_on_fake_trees() {
-    let root = std::env::temp_dir().join(unique("fakemem"));
+    let scratch = scratch_dir("fakemem");
+    let root = scratch.path().to_path_buf();
     let (pids, mem) = (root.join("pids"), root.join("memory"));
     std::fs::create_dir_all(&pids).unwrap();
     std::fs::create_dir_all(&mem).unwrap();
@@ -255,5 +256,4 @@ fn current_memory_is_read_on_fake_trees() {
     for cg in [capped, uncapped, cg2, v2_uncapped] {
         cg.removed.store(true, Ordering::SeqCst);
     }
-    std::fs::remove_dir_all(&root).unwrap();
 }

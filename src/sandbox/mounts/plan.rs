@@ -293,7 +293,8 @@ mod tests {
 
     #[test]
     fn hidden_paths_are_masked_between_parent_and_children() {
-        let base = PathBuf::from(format!("/var/tmp/plan-hide-{}", std::process::id()));
+        let scratch = crate::test_support::scratch_dir_in(Path::new("/var/tmp"), "plan-hide");
+        let base = scratch.path().to_path_buf();
         let state = base.join("ws/state");
         std::fs::create_dir_all(state.join("tmp/1")).unwrap();
         let base = base.canonicalize().unwrap();
@@ -318,7 +319,6 @@ mod tests {
                 (s(&tmp), false),
             ]
         );
-        let _ = std::fs::remove_dir_all(&base);
     }
 
     #[test]
@@ -374,7 +374,8 @@ mod tests {
     /// a workspace reached through a symlink itself is fine.
     #[test]
     fn symlinks_planted_beneath_writable_dirs_are_not_followed() {
-        let base = std::env::temp_dir().join(format!("plan-planted-{}", std::process::id()));
+        let scratch = crate::test_support::scratch_dir("plan-planted");
+        let base = scratch.path().to_path_buf();
         let ws = base.join("ws");
         std::fs::create_dir_all(ws.join("real-venv")).unwrap();
         std::os::unix::fs::symlink("/root", ws.join(".venv")).unwrap();
@@ -388,7 +389,6 @@ mod tests {
             .into_iter()
             .map(|e| e.given)
             .collect();
-        std::fs::remove_dir_all(&base).unwrap();
         assert_eq!(
             got,
             vec![

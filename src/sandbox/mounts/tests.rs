@@ -6,20 +6,26 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 use super::*;
+use crate::test_support::scratch_dir_in;
 
 struct Dirs {
-    root: PathBuf,
+    /// Removes the directories on drop, also when the test fails.
+    _root: tempfile::TempDir,
     ws: PathBuf,
     tmp: PathBuf,
 }
 
 /// Scratch dirs under `base` (/var/tmp: outside /tmp, so the /tmp alias applies).
 fn dirs_in(base: &str, tag: &str) -> Dirs {
-    let root = Path::new(base).join(format!("mounts-{tag}-{}", std::process::id()));
-    let (ws, tmp) = (root.join("ws"), root.join("tmp"));
+    let root = scratch_dir_in(Path::new(base), &format!("mounts-{tag}"));
+    let (ws, tmp) = (root.path().join("ws"), root.path().join("tmp"));
     std::fs::create_dir_all(&ws).unwrap();
     std::fs::create_dir_all(&tmp).unwrap();
-    Dirs { root, ws, tmp }
+    Dirs {
+        _root: root,
+        ws,
+        tmp,
+    }
 }
 
 fn dirs(tag: &str) -> Dirs {
@@ -106,7 +112,6 @@ fn view_has_only_listed_paths_with_their_modes() {
         "/tmp is the private tmp"
     );
     assert!(!Path::new("/etc/mcp-escape").exists());
-    std::fs::remove_dir_all(&d.root).unwrap();
 }
 
 /// A workspace inside the host's /tmp stays reachable and writable; /tmp is then not the
@@ -124,7 +129,6 @@ fn workspace_under_host_tmp() {
         ["ok", "tmp-own-path", "no-alias"],
         "stderr: {err}"
     );
-    std::fs::remove_dir_all(&d.root).unwrap();
 }
 
 /// A read-only workspace (policy read-only) is not made writable by the view.
@@ -143,7 +147,6 @@ fn read_only_workspace_stays_read_only() {
         ["readable", "denied"],
         "stderr: {err}"
     );
-    std::fs::remove_dir_all(&d.root).unwrap();
 }
 
 /// Median microseconds of `f` run in a forked child, over `n` runs, `gap_ms` apart
@@ -223,7 +226,6 @@ fn measure_isolation_costs() {
     v.read.push(PathBuf::from("/root/.pyenv"));
     let m = child_median_us(n, 0, &|| apply_mount_view(&v).is_ok());
     println!("mount view (workspace-write-like): {m} us");
-    std::fs::remove_dir_all(&d.root).unwrap();
 }
 
 /// A symlink planted in the private tmp (reused by a session's next worker) where the
@@ -231,17 +233,17 @@ fn measure_isolation_costs() {
 /// make the privileged launcher create directories anywhere on the host.
 #[test]
 fn planted_symlink_on_a_mount_point_path_is_not_followed() {
-    let id = std::process::id();
-    let root = PathBuf::from(format!("/tmp/mounts-plant-{id}"));
-    let tmp = root.join("tmp");
-    let ws = PathBuf::from(format!("/var/tmp/mounts-plant-ws-{id}"));
-    let target = PathBuf::from(format!("/var/tmp/mounts-plant-target-{id}"));
+    let root = scratch_dir_in(Path::new("/tmp"), "mounts-plant");
+    let tmp = root.path().join("tmp");
+    let ws_dir = scratch_dir_in(Path::new("/var/tmp"), "mounts-plant-ws");
+    let target_dir = scratch_dir_in(Path::new("/var/tmp"), "mounts-plant-target");
+    let (ws, target) = (ws_dir.path().to_path_buf(), target_dir.path().to_path_buf());
     std::fs::create_dir_all(&tmp).unwrap();
-    std::fs::create_dir_all(&ws).unwrap();
-    std::fs::create_dir_all(&target).unwrap();
-    // In the view /tmp is `tmp`; its own path /tmp/mounts-plant-ID/tmp runs through this link.
+    // In the view /tmp is `tmp`; its own path /tmp/mounts-plant-XXXXXX/tmp runs through
+    // this link.
     let link = format!("../../oldroot{}", target.display());
-    std::os::unix::fs::symlink(&link, tmp.join(format!("mounts-plant-{id}"))).unwrap();
+    let name = root.path().file_name().unwrap();
+    std::os::unix::fs::symlink(&link, tmp.join(name)).unwrap();
     let v = MountView {
         read: vec!["/usr".into(), "/bin".into(), "/lib".into(), "/lib64".into()],
         write: vec![ws.clone()],
@@ -251,9 +253,6 @@ fn planted_symlink_on_a_mount_point_path_is_not_followed() {
     };
     let (out, err) = run_in_view(v, "echo started");
     let created = target.join("tmp").exists();
-    for d in [&root, &ws, &target] {
-        std::fs::remove_dir_all(d).unwrap();
-    }
     assert!(
         !created,
         "the launcher followed the planted link (stdout {out:?}, stderr {err:?})"
@@ -283,7 +282,6 @@ fn dev_shm_is_private() {
         py.trim()
     );
     let (out, err) = run_in_view(v, &script);
-    std::fs::remove_dir_all(&d.root).unwrap();
     assert_eq!(
         out.split_whitespace().collect::<Vec<_>>(),
         ["wrote", "lock"],

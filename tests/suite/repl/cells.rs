@@ -4,10 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mcp_sandbox_repl::repl::{CellStatus, ReplConfig, SessionManager, SessionState};
-use mcp_sandbox_repl::sandbox::Policy;
+use mcp_sandbox_repl::repl::{CellStatus, SessionState};
 
-use super::{Fixture, Sink, fixture, run, use_real_launcher, wait_for};
+use super::{Fixture, Sink, fixture, run, wait_for};
 
 /// State persists across cells; the last expression's repr comes back; stdout and
 /// stderr are separate; errors carry a traceback without the worker's own frames.
@@ -276,19 +275,7 @@ async fn top_level_await_and_odd_text() {
 async fn matplotlib_show_emits_png_display_items() {
     let python = std::env::var("SANDBOX_REPL_MPL_PYTHON")
         .expect("set SANDBOX_REPL_MPL_PYTHON to a python with matplotlib");
-    use_real_launcher();
-    let dir = std::env::temp_dir().join(format!("repl-suite-mpl-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("ws")).unwrap();
-    let mut cfg = ReplConfig::new(
-        dir.join("ws"),
-        Policy::load("workspace-write").unwrap(),
-        dir.join("state"),
-    );
-    cfg.python = Some(python.into());
-    let f = Fixture {
-        manager: SessionManager::new(cfg),
-        dir,
-    };
+    let f = Fixture::new("mpl", |cfg| cfg.python = Some(python.into()));
     let (o, s) = run(&f.manager, "default", "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()\nprint(plt.get_backend())").await;
     assert_eq!(o.status, CellStatus::Ok, "{:?}", o.error);
     assert_eq!(s.out(), "module://_sandbox_repl_mpl\n");

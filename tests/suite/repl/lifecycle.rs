@@ -7,9 +7,7 @@ use std::time::{Duration, Instant};
 use mcp_sandbox_repl::repl::{CellStatus, ReplConfig, SessionManager, SessionState};
 use mcp_sandbox_repl::sandbox::Policy;
 
-use super::{
-    Fixture, Sink, fixture, run, time_interrupts, time_restarts, use_real_launcher, wait_for,
-};
+use super::{Fixture, Sink, fixture, run, time_interrupts, time_restarts, wait_for};
 
 /// Interrupt stops a running loop with KeyboardInterrupt quickly; state survives.
 #[tokio::test]
@@ -280,19 +278,7 @@ async fn start_interrupt_and_restart_timings() {
 /// refuses work with words.
 #[tokio::test]
 async fn idle_sessions_are_reaped_after_the_ttl() {
-    use_real_launcher();
-    let dir = std::env::temp_dir().join(format!("repl-suite-ttl-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("ws")).unwrap();
-    let mut cfg = ReplConfig::new(
-        dir.join("ws"),
-        Policy::load("workspace-write").unwrap(),
-        dir.join("state"),
-    );
-    cfg.idle_ttl = Duration::from_millis(800);
-    let f = Fixture {
-        manager: SessionManager::new(cfg),
-        dir,
-    };
+    let f = Fixture::new("ttl", |cfg| cfg.idle_ttl = Duration::from_millis(800));
     let idle = f.manager.get_or_start("idle").await.unwrap();
     let busy = f.manager.get_or_start("busy").await.unwrap();
     let task = tokio::spawn(async move {

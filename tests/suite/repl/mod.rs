@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use mcp_sandbox_repl::repl::{CellOutcome, CellSink, OutStream, ReplConfig, SessionManager};
 use mcp_sandbox_repl::sandbox::Policy;
 
+use crate::common::TempDir;
+
 /// Collects a cell's output.
 #[derive(Default)]
 pub(super) struct Sink {
@@ -56,31 +58,40 @@ pub(super) fn use_real_launcher() {
 
 pub(super) struct Fixture {
     pub(super) manager: Arc<SessionManager>,
-    pub(super) dir: std::path::PathBuf,
+    /// Its workspace `ws` and state dir `state`; dropped after `Drop::drop` closed the
+    /// sessions (fields drop in order).
+    pub(super) dir: TempDir,
 }
 
 impl Drop for Fixture {
     fn drop(&mut self) {
         self.manager.shutdown();
-        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Fixture {
+    /// A manager under workspace-write on a fresh workspace and state dir (in the system
+    /// temp dir, where these tests always ran), its config first given to `configure`.
+    pub(super) fn new(tag: &str, configure: impl FnOnce(&mut ReplConfig)) -> Fixture {
+        use_real_launcher();
+        let dir = TempDir::in_system_tmp(&format!("repl-suite-{tag}"));
+        let workspace = dir.join("ws");
+        std::fs::create_dir_all(&workspace).unwrap();
+        let mut cfg = ReplConfig::new(
+            workspace,
+            Policy::load("workspace-write").unwrap(),
+            dir.join("state"),
+        );
+        configure(&mut cfg);
+        Fixture {
+            manager: SessionManager::new(cfg),
+            dir,
+        }
     }
 }
 
 pub(super) fn fixture(tag: &str, max_sessions: usize) -> Fixture {
-    use_real_launcher();
-    let dir = std::env::temp_dir().join(format!("repl-suite-{tag}-{}", std::process::id()));
-    let workspace = dir.join("ws");
-    std::fs::create_dir_all(&workspace).unwrap();
-    let mut cfg = ReplConfig::new(
-        workspace,
-        Policy::load("workspace-write").unwrap(),
-        dir.join("state"),
-    );
-    cfg.max_sessions = max_sessions;
-    Fixture {
-        manager: SessionManager::new(cfg),
-        dir,
-    }
+    Fixture::new(tag, |cfg| cfg.max_sessions = max_sessions)
 }
 
 pub(super) async fn run(

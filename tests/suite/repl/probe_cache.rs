@@ -9,38 +9,29 @@ use mcp_sandbox_repl::repl::{CellStatus, ReplConfig, SessionManager};
 use mcp_sandbox_repl::sandbox::Policy;
 
 use super::{run, use_real_launcher};
+use crate::common::TempDir;
 
-struct Dirs {
-    root: PathBuf,
+/// A scratch dir with a workspace `ws` (its state dir is `state`), removed on drop.
+fn dirs(tag: &str) -> TempDir {
+    let d = TempDir::in_system_tmp(&format!("repl-probe-{tag}"));
+    std::fs::create_dir_all(d.join("ws")).unwrap();
+    d
 }
 
-impl Drop for Dirs {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-fn dirs(tag: &str) -> Dirs {
-    let root = std::env::temp_dir().join(format!("repl-probe-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(root.join("ws")).unwrap();
-    Dirs { root }
-}
-
-fn manager(d: &Dirs, python: &Path) -> Arc<SessionManager> {
+fn manager(d: &TempDir, python: &Path) -> Arc<SessionManager> {
     use_real_launcher();
     let mut cfg = ReplConfig::new(
-        d.root.join("ws"),
+        d.join("ws"),
         Policy::load("workspace-write").unwrap(),
-        d.root.join("state"),
+        d.join("state"),
     );
     cfg.python = Some(python.to_path_buf());
     SessionManager::new(cfg)
 }
 
 /// Rewrite the remembered version of every entry (what only a probe would correct).
-fn tamper_version(d: &Dirs) {
-    let file = d.root.join("state/python-probe.json");
+fn tamper_version(d: &TempDir) {
+    let file = d.join("state/python-probe.json");
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     for e in v["entries"].as_array_mut().unwrap() {
         e["version"] = "9.9.9".into();
@@ -91,7 +82,7 @@ async fn the_interpreter_itself_is_not_probed_again() {
 async fn a_shims_remembered_answer_is_checked_before_a_cell_runs() {
     let d = dirs("shim");
     let python = real_python().await;
-    let shim = d.root.join("python3-shim");
+    let shim = d.join("python3-shim");
     std::fs::write(
         &shim,
         format!("#!/bin/sh\nexec {} \"$@\"\n", python.display()),
