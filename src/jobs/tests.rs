@@ -77,12 +77,14 @@ async fn wait_delivers_each_byte_once_then_the_end() {
     );
     assert!(s.stderr.is_empty());
     h.finish(done());
-    let t = Instant::now();
-    let s = store.wait(h.id(), Duration::from_secs(5)).await.unwrap();
-    assert!(
-        t.elapsed() < Duration::from_secs(1),
-        "a finished job answers at once"
-    );
+    // A finished job answers at once, not when the hour-long window ends.
+    let s = tokio::time::timeout(
+        Duration::from_secs(60),
+        store.wait(h.id(), Duration::from_secs(3600)),
+    )
+    .await
+    .expect("a finished job answers at once")
+    .unwrap();
     assert_eq!(s.status, JobStatus::Completed);
     assert_eq!(s.exit_code, Some(0));
     assert!(s.stdout.is_empty() && s.stdout.offset == 8);
@@ -112,13 +114,14 @@ async fn wait_times_out_when_nothing_happens_and_wakes_on_output() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         h2.append(Stream::Stdout, b"tick\n");
     });
-    let t = Instant::now();
-    let s = store.wait(h.id(), Duration::from_secs(10)).await.unwrap();
-    assert!(
-        t.elapsed() < Duration::from_secs(2),
-        "woke on output after {:?}",
-        t.elapsed()
-    );
+    // Output ends the wait, not the hour-long window.
+    let s = tokio::time::timeout(
+        Duration::from_secs(60),
+        store.wait(h.id(), Duration::from_secs(3600)),
+    )
+    .await
+    .expect("the wait woke on output")
+    .unwrap();
     assert_eq!(s.stdout.head, "tick\n");
 }
 
@@ -453,9 +456,10 @@ async fn shutdown_records_jobs_that_do_not_end_as_cancelled() {
             .create(JobKind::Python, Some("s"), "while True: pass")
             .unwrap();
         h.set_control(Arc::new(Stuck));
-        let t = Instant::now();
-        store.shutdown().await;
-        assert!(t.elapsed() < Duration::from_secs(1));
+        // A job whose control never answers does not hold shutdown up.
+        tokio::time::timeout(Duration::from_secs(60), store.shutdown())
+            .await
+            .expect("shutdown is not held up by a stuck job");
         let s = store.summary(h.id()).unwrap();
         assert_eq!(s.status, JobStatus::Cancelled);
         assert_eq!(

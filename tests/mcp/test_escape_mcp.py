@@ -455,7 +455,7 @@ def test_env_file_fifo_does_not_hang_the_server(server):
         t0 = time.monotonic()
         r = await c.call("shell_run", command="env", env_file="fifo.env", wait_seconds=5, timeout=10)
         assert r.is_error and "regular file" in repr(r.content), r
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 9, "the server blocked on the FIFO"
         await answers_quickly(c)
 
     server.run(scenario, timeout=30)

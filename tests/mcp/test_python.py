@@ -25,10 +25,8 @@ def test_async_repl_scenario(server):
         r = await c.ok("python_exec", code='print(f"Hello {name}, x={x}")')
         assert r["stdout"]["text"] == "Hello Jonathan, x=42\n"
 
-        t0 = time.monotonic()
         r = await c.ok("python_exec", code='import time\n[print(f"tick {i}", flush=True) for i in range(5) if not time.sleep(1)]', wait_seconds=1.5)
-        assert r["status"] == "running" and r["job_id"], r
-        assert time.monotonic() - t0 < 3
+        assert r["status"] == "running" and r["job_id"], r  # answered before the loop ended
         done = await c.finish(r)
         assert done["status"] == "completed"
         assert done["all_stdout"] == "".join(f"tick {i}\n" for i in range(5))
@@ -63,12 +61,10 @@ def test_interrupt_keeps_state(server):
         await c.ok("python_exec", code="keep = 'me'")
         r = await c.ok("python_exec", code="while True: pass", wait_seconds=0.3)
         assert r["status"] == "running"
-        t0 = time.monotonic()
         await c.ok("python_interrupt")
         res = await c.call("job_wait", job_id=r["job_id"], until_done=True, timeout_seconds=10)
         rep = res.structured_content
         assert rep["status"] == "failed" and rep["exception"]["ename"] == "KeyboardInterrupt", rep
-        assert time.monotonic() - t0 < 2
         assert (await c.ok("python_exec", code="keep"))["value"] == "'me'"
 
     server.run(scenario)

@@ -35,7 +35,8 @@ def test_ticking_loop_is_collected_by_long_poll(server):
             t0 = time.monotonic()
             r = await c.ok("job_wait", job_id=r["job_id"], timeout_seconds=30)
             polls += 1
-            assert time.monotonic() - t0 < 2.5, "job_wait must return when output arrives"
+            # On output, not at the end of its 30 s window.
+            assert time.monotonic() - t0 < 15, "job_wait must return when output arrives"
             seen += r["stdout"]["text"]
         assert r["status"] == "completed" and r["exit_code"] == 0
         assert seen == "".join(f"tick {i}\n" for i in range(1, 6))
@@ -86,7 +87,7 @@ def test_cancel_kills_children_that_ignore_sigterm(server):
         t0 = time.monotonic()
         r = await c.ok("job_cancel", job_id=r["job_id"])
         assert r["status"] == "cancelled", r
-        assert time.monotonic() - t0 < 6
+        assert time.monotonic() - t0 < 60, "the cancel waited for the 300 s sleeps"
         deadline = time.monotonic() + 2
         while pids_with_env_marker(marker) and time.monotonic() < deadline:
             time.sleep(0.05)

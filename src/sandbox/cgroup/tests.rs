@@ -74,7 +74,8 @@ fn drop_kills_survivors() {
     let start = Instant::now();
     drop(cg);
     assert!(!dir.exists());
-    assert!(start.elapsed() < Duration::from_secs(1));
+    // Killed, not waited for: the sleeps would have taken 30 s.
+    assert!(start.elapsed() < Duration::from_secs(15));
     assert!(!cgroup_after_kill_hit_reported());
 }
 
@@ -147,7 +148,8 @@ fn v2_job_cgroup_join_kill_remove() {
     cg.kill_all();
     cg.remove();
     assert!(!procs[0].parent().unwrap().exists(), "removed");
-    assert!(start.elapsed() < Duration::from_secs(1));
+    // Killed, not waited for: the sleep would have taken 30 s.
+    assert!(start.elapsed() < Duration::from_secs(15));
     std::fs::remove_dir(own.join(PARENT_DIR)).unwrap();
     std::fs::remove_dir(&own).unwrap();
 }
