@@ -268,6 +268,10 @@ impl Session {
                     cell_name(c)
                 ),
             )),
+            Err(Unusable::Dropped(asked, gone)) => {
+                let why = self.inner().graph.dropped_words(asked, gone);
+                Err(self.bad_parent(p, why))
+            }
             Err(Unusable::FailedNoSnapshot) => {
                 let note = self
                     .inner()
