@@ -775,4 +775,150 @@ mod tests {
         assert!(!file.exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// Keys of the cells kept.
+    fn kept(g: &Graph) -> Vec<u64> {
+        g.nodes.keys().copied().collect()
+    }
+
+    #[test]
+    fn the_cell_cap_drops_the_oldest_but_keeps_held_snapshots_and_the_head_line() {
+        let mut g = Graph::open(8, 10, None);
+        // A line c1 → … → c5 with a snapshot at c1; the head stays at c5 while fifteen
+        // more cells (each on an empty state) are added.
+        for c in 1..=5 {
+            g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
+        }
+        g.hold(snap(1), 1);
+        g.head = Some(5);
+        for c in 6..=20 {
+            g.add(node(c, None, CellStatus::Ok));
+        }
+        assert_eq!(kept(&g), [1, 2, 3, 4, 5, 16, 17, 18, 19, 20]);
+        assert_eq!(g.dropped(), Some((10, 1)));
+        // The head's line still replays from its snapshot.
+        assert_eq!(
+            g.plan(4, true),
+            Ok(Plan::Fork {
+                from: 1,
+                replay: vec![2, 3, 4]
+            })
+        );
+        assert_eq!(g.plan(5, true), Ok(Plan::Head));
+        // A dropped cell is refused in words that name a held cell to use instead; a cell
+        // that never was is still unknown.
+        assert_eq!(g.plan(10, true), Err(Unusable::Dropped(10, 10)));
+        assert_eq!(
+            g.dropped_words(10, 10),
+            "c10 was dropped from the history: the session keeps its last 10 cells; \
+             branch from c1 (held) or start fresh (session_restart)"
+        );
+        assert_eq!(g.plan(21, true), Err(Unusable::Unknown));
+        // Once the head moves on and the snapshot is gone, the old line goes too.
+        g.drop_snapshots("the session was closed");
+        g.head = Some(20);
+        g.add(node(21, Some(20), CellStatus::Ok));
+        assert_eq!(kept(&g), [2, 3, 4, 5, 16, 17, 18, 19, 20, 21]);
+        g.add(node(22, Some(21), CellStatus::Ok));
+        assert_eq!(kept(&g)[0], 3, "one in, one out");
+        assert_eq!(g.dropped(), Some((12, 3)));
+        // The newest cell is always kept, even with a cap of one.
+        let mut one = Graph::open(0, 1, None);
+        for c in 1..=3 {
+            one.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
+        }
+        assert_eq!(kept(&one), [3]);
+        assert_eq!(one.last_cell(), 3);
+    }
+
+    #[test]
+    fn a_replay_over_a_dropped_cell_is_refused_in_words() {
+        let mut g = Graph::open(8, 10, None);
+        for c in 1..=20 {
+            g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
+            g.head = Some(c);
+        }
+        // No snapshot on the line: nothing protects the old cells.
+        assert_eq!(kept(&g), (11..=20).collect::<Vec<_>>());
+        assert_eq!(g.plan(15, true), Err(Unusable::Dropped(15, 10)));
+        assert_eq!(
+            g.dropped_words(15, 10),
+            "c15 needs c10, which was dropped from the history: the session keeps its last \
+             10 cells; branch from a kept cell (the oldest is c11) or start fresh (session_restart)"
+        );
+        // With a snapshot on the way, the same cell forks from it instead.
+        g.hold(snap(12), 1);
+        assert_eq!(
+            g.plan(15, true),
+            Ok(Plan::Fork {
+                from: 12,
+                replay: vec![13, 14, 15]
+            })
+        );
+        assert_eq!(g.plan(11, true), Err(Unusable::Dropped(11, 10)));
+        // The list of usable cells agrees with `plan` for every cell.
+        let near = g.usable_near(11, 100);
+        for c in kept(&g) {
+            let listed = near.iter().any(|s| s.starts_with(&format!("c{c} (")));
+            assert_eq!(listed, g.plan(c, true).is_ok(), "c{c}: {near:?}");
+        }
+        assert_eq!(thousands(10_000), "10,000");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+
+    #[test]
+    fn the_graph_file_is_compacted_and_a_reload_sees_exactly_the_kept_cells() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("graph.jsonl");
+        let lines = || std::fs::read_to_string(&file).unwrap().lines().count();
+        let mut g = Graph::open(8, 10, Some(file.clone()));
+        let mut most = 0;
+        for c in 1..=95 {
+            g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
+            g.head = Some(c);
+            most = most.max(lines());
+        }
+        g.hold(snap(95), 1);
+        assert!(most <= 2 * 10 + 1, "the file grew to {most} lines");
+        let before = kept(&g);
+        assert_eq!(before, (86..=95).collect::<Vec<_>>());
+        let again = Graph::open(8, 10, Some(file.clone()));
+        assert_eq!(kept(&again), before);
+        assert_eq!(again.dropped(), Some((85, 86)));
+        assert_eq!(again.get(90), g.get(90));
+        assert_eq!(again.note(90), Some(RELOADED));
+        assert_eq!(again.held_count(), 0);
+        // Cells dropped before the reload are still known as dropped, not unknown.
+        assert_eq!(again.plan(3, true), Err(Unusable::Dropped(3, 3)));
+        assert_eq!(again.plan(90, true), Err(Unusable::Dropped(90, 85)));
+        drop(g);
+        // A torn last line (a crash while appending) loses no earlier cell; appending
+        // and compacting go on from there.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&file)
+            .unwrap()
+            .write_all(b"{\"cell\":96,\"par")
+            .unwrap();
+        let mut g = Graph::open(8, 10, Some(file.clone()));
+        assert_eq!(kept(&g), before);
+        for c in 96..=130 {
+            g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
+            assert!(lines() <= 2 * 10 + 1);
+        }
+        let again = Graph::open(8, 10, Some(file.clone()));
+        assert_eq!(kept(&again), (121..=130).collect::<Vec<_>>());
+        assert_eq!(again.dropped(), Some((120, 121)));
+        // A file from before the cap (or a larger cap) is cut to the newest cells on load.
+        let small = Graph::open(8, 3, Some(file.clone()));
+        assert_eq!(kept(&small), [128, 129, 130]);
+        assert_eq!(small.dropped(), Some((127, 128)));
+        // No temporary files are left beside it.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["graph.jsonl"]);
+    }
 }
