@@ -10,8 +10,8 @@ use super::{App, AppError, Call, JobView};
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
 use crate::repl::{
-    CellOutcome, CellSink, CellStatus, History, OutStream, Parent, ReplError, Session,
-    SessionInfo, SessionState, VariableDetail, VariableInfo, parse_cell,
+    CellOutcome, CellSink, CellStatus, History, OutStream, Parent, ReplError, Session, SessionInfo,
+    SessionState, VariableDetail, VariableInfo, parse_cell,
 };
 
 /// What to do with a session's variables.

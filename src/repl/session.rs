@@ -20,8 +20,7 @@ use super::worker::{Reply, SpawnSpec, Worker};
 use crate::sandbox::Termination;
 
 use super::{
-    CellOutcome, CellSink, CellStatus, History, PythonInfo, ReplError, SessionInfo,
-    SessionState,
+    CellOutcome, CellSink, CellStatus, History, PythonInfo, ReplError, SessionInfo, SessionState,
 };
 
 mod branch;
