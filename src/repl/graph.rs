@@ -30,7 +30,9 @@ pub(crate) enum CellCode {
 pub(crate) struct Node {
     pub cell: u64,
     pub parent: Option<u64>,
-    /// What history shows: the code, or `run_file <path> <args>`.
+    /// What history shows when it is not the code itself: `run_file <path> <args>`
+    /// (empty for code: it is kept once, see [`Node::label`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub label: String,
     #[serde(flatten)]
     pub code: CellCode,
@@ -57,6 +59,16 @@ const LINE_KEPT: usize = 1_000;
 
 /// Why the server restarted note, for cells loaded from an earlier server's file.
 const RELOADED: &str = "the server restarted; snapshots do not survive it";
+
+impl Node {
+    /// What history shows: the code, or `run_file <path> <args>`.
+    pub fn label(&self) -> &str {
+        match &self.code {
+            CellCode::Execute { code } if self.label.is_empty() => code,
+            _ => &self.label,
+        }
+    }
+}
 
 /// A held snapshot and when it was last used (for LRU eviction).
 struct Held {
@@ -171,6 +183,9 @@ impl Graph {
         if node.started_ms == 0 {
             node.started_ms = now_ms();
         }
+        if matches!(&node.code, CellCode::Execute { code } if *code == node.label) {
+            node.label = String::new(); // the code is the label: keep it once
+        }
         if let Some(file) = &self.file {
             let appended = serde_json::to_string(&node)
                 .map_err(std::io::Error::other)
@@ -199,7 +214,11 @@ impl Graph {
     fn protected(&self) -> BTreeSet<u64> {
         let mut keep: BTreeSet<u64> = self.held.keys().copied().collect();
         let newest = self.nodes.keys().next_back().copied();
-        for start in [self.head, newest].into_iter().flatten() {
+        let mut walked: Vec<u64> = Vec::new();
+        for start in [newest, self.head].into_iter().flatten() {
+            if walked.contains(&start) && keep.contains(&start) {
+                continue; // on the line just kept whole (the head is the newest's parent)
+            }
             let mut line = Vec::new();
             let mut at = Some(start);
             let mut whole = false;
@@ -218,10 +237,11 @@ impl Graph {
                 at = node.parent.filter(|p| *p < c); // a corrupt file must not loop
             }
             if whole {
-                keep.extend(line);
+                keep.extend(line.iter().copied());
             } else {
                 keep.insert(start);
             }
+            walked = line;
         }
         keep
     }
@@ -572,7 +592,7 @@ impl Graph {
                 HistoryEntry {
                     cell: n.cell,
                     parent: n.parent,
-                    code: n.label.clone(),
+                    code: n.label().to_string(),
                     status: n.status,
                     elapsed_ms: n.elapsed_ms,
                     snapshot,
@@ -888,6 +908,11 @@ mod tests {
         assert_eq!(again.dropped(), Some((85, 86)));
         assert_eq!(again.get(90), g.get(90));
         assert_eq!(again.note(90), Some(RELOADED));
+        // The code is kept once, and history still shows it.
+        assert!(again.get(90).is_some_and(|n| n.label.is_empty()));
+        let shown = again.entries();
+        assert_eq!(shown.len(), 10);
+        assert_eq!(shown[4].code, "x = 90");
         assert_eq!(again.held_count(), 0);
         // Cells dropped before the reload are still known as dropped, not unknown.
         assert_eq!(again.plan(3, true), Err(Unusable::Dropped(3, 3)));
