@@ -53,6 +53,10 @@ struct Header {
     dropped: u64,
 }
 
+/// How the temporary files of a compaction begin (a crash may leave one: the next open
+/// removes it).
+const TMP_PREFIX: &str = ".graph-compact-";
+
 /// The longest line of a head kept whole by the retention cap (besides half the cap): a
 /// line without a snapshot longer than this is not worth replaying from its start.
 const LINE_KEPT: usize = 1_000;
@@ -141,6 +145,7 @@ impl Graph {
             max_cells,
             ..Default::default()
         };
+        g.remove_stale_temporaries();
         if let Some(text) = g
             .file
             .as_ref()
@@ -167,6 +172,21 @@ impl Graph {
             g.trim();
         }
         g
+    }
+
+    /// Remove what a compaction cut short by a crash left beside the graph file.
+    fn remove_stale_temporaries(&self) {
+        let Some(dir) = self.file.as_ref().and_then(|f| f.parent()) else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 
     /// The highest cell number, to continue numbering after a server restart.
@@ -282,7 +302,9 @@ impl Graph {
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("."));
         let written = (|| -> std::io::Result<usize> {
-            let mut tmp = tempfile::NamedTempFile::new_in(&dir)?;
+            let mut tmp = tempfile::Builder::new()
+                .prefix(TMP_PREFIX)
+                .tempfile_in(&dir)?;
             let mut out = std::io::BufWriter::new(tmp.as_file_mut());
             serde_json::to_writer(
                 &mut out,
@@ -939,7 +961,14 @@ mod tests {
         let small = Graph::open(8, 3, Some(file.clone()));
         assert_eq!(kept(&small), [128, 129, 130]);
         assert_eq!(small.dropped(), Some((127, 128)));
-        // No temporary files are left beside it.
+        // No temporary files are left beside it, not even one a crash left.
+        std::fs::write(dir.path().join(format!("{TMP_PREFIX}x1")), "{").unwrap();
+        let again = Graph::open(8, 10, Some(file.clone()));
+        assert_eq!(
+            kept(&again),
+            [128, 129, 130],
+            "the smaller cap compacted the file"
+        );
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())
