@@ -342,9 +342,15 @@ impl Graph {
         (self.dropped > 0).then_some((self.dropped, oldest))
     }
 
-    /// Cells kept at most (0: all).
-    pub fn max_cells(&self) -> usize {
-        self.max_cells
+    /// What history says when cells were dropped: how many, and the oldest kept.
+    pub fn dropped_note(&self) -> Option<String> {
+        self.dropped().map(|(n, oldest)| {
+            format!(
+                "{} older cell(s) were dropped (the session keeps its last {} cells); the oldest kept is c{oldest}",
+                thousands(n),
+                thousands(self.max_cells as u64)
+            )
+        })
     }
 
     /// Why `asked` cannot be branched from when `gone` (itself or the cell its state is
@@ -838,6 +844,13 @@ mod tests {
         }
         assert_eq!(kept(&g), [1, 2, 3, 4, 5, 16, 17, 18, 19, 20]);
         assert_eq!(g.dropped(), Some((10, 1)));
+        assert_eq!(
+            g.dropped_note().as_deref(),
+            Some(
+                "10 older cell(s) were dropped (the session keeps its last 10 cells); \
+                 the oldest kept is c1"
+            )
+        );
         // The head's line still replays from its snapshot.
         assert_eq!(
             g.plan(4, true),

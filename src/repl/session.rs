@@ -642,14 +642,10 @@ impl Session {
         let mut cells = inner.graph.entries();
         let skip = cells.len().saturating_sub(HISTORY_CAP);
         cells.drain(..skip);
-        let dropped = inner.graph.dropped().map(|(n, oldest)| {
-            format!(
-                "{n} older cell(s) were dropped (the session keeps its last {} cells); the oldest kept is {}",
-                inner.graph.max_cells(),
-                super::cell_name(oldest)
-            )
-        });
-        History { cells, dropped }
+        History {
+            cells,
+            dropped: inner.graph.dropped_note(),
+        }
     }
 
     pub fn idle_for(&self) -> Duration {
