@@ -449,6 +449,16 @@ impl Graph {
         }
     }
 
+    /// The session is closing: drop every snapshot (`why` for each), and compact the
+    /// graph file if it still has dropped cells, so a later server loads exactly the
+    /// cells kept now (also those kept only for their snapshot or the head's line).
+    pub fn close(&mut self, why: &str) {
+        self.drop_snapshots(why);
+        if self.dropped > 0 && self.lines > self.nodes.len() + 1 {
+            self.compact();
+        }
+    }
+
     /// Drop every snapshot (the session is closing): `why` for each.
     pub fn drop_snapshots(&mut self, why: &str) {
         for c in std::mem::take(&mut self.held).into_keys() {
@@ -884,6 +894,33 @@ mod tests {
         }
         assert_eq!(kept(&one), [3]);
         assert_eq!(one.last_cell(), 3);
+    }
+
+    #[test]
+    fn a_closed_session_leaves_exactly_its_kept_cells_for_the_next_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("graph.jsonl");
+        let mut g = Graph::open(8, 10, Some(file.clone()));
+        for c in 1..=5 {
+            g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
+        }
+        g.hold(snap(1), 1);
+        g.head = Some(5);
+        for c in 6..=20 {
+            g.add(node(c, None, CellStatus::Ok));
+        }
+        let before = kept(&g);
+        assert_eq!(before, [1, 2, 3, 4, 5, 16, 17, 18, 19, 20]);
+        // Without the close, the file still has c6..c15 (not compacted yet): a reload
+        // would keep the newest ten.
+        assert_eq!(
+            kept(&Graph::open(8, 10, Some(file.clone()))),
+            (11..=20).collect::<Vec<_>>()
+        );
+        g.close("the session was closed");
+        let again = Graph::open(8, 10, Some(file.clone()));
+        assert_eq!(kept(&again), before);
+        assert_eq!(again.dropped(), Some((10, 1)));
     }
 
     #[test]

@@ -711,7 +711,7 @@ impl Session {
         for (_, root) in inner.roots.drain() {
             root.end_tree("the session was closed");
         }
-        inner.graph.drop_snapshots("the session was closed");
+        inner.graph.close("the session was closed");
     }
 }
 
