@@ -511,6 +511,11 @@ impl Graph {
         (path, broken)
     }
 
+    /// Whether `cell` is a cell of this session, kept or dropped.
+    pub fn knows(&self, cell: u64) -> bool {
+        self.nodes.contains_key(&cell) || self.was_dropped(cell)
+    }
+
     /// Whether `cell` is missing because the retention cap dropped it (not a cell that
     /// never was).
     fn was_dropped(&self, cell: u64) -> bool {
@@ -879,6 +884,7 @@ mod tests {
              branch from c1 (held) or start fresh (session_restart)"
         );
         assert_eq!(g.plan(21, true), Err(Unusable::Unknown));
+        assert!(g.knows(10) && g.knows(20) && !g.knows(21) && !g.knows(0));
         // Once the head moves on and the snapshot is gone, the old line goes too.
         g.drop_snapshots("the session was closed");
         g.head = Some(20);
