@@ -130,6 +130,10 @@ pub struct ServeArgs {
     /// evicted. Default: half the policy's memory limit (none without one).
     #[arg(long, env = "MCP_SANDBOX_SNAPSHOT_MEMORY", value_parser = parse_byte_size)]
     pub snapshot_memory: Option<u64>,
+    /// Cells a session keeps in its history and graph file; past it the oldest are
+    /// dropped (except those whose snapshot is held and the head's line).
+    #[arg(long, env = "MCP_SANDBOX_MAX_CELLS", default_value_t = 10_000)]
+    pub max_cells: usize,
     /// Approximate cap, in bytes, on the text of one tool response.
     #[arg(long, env = "MCP_SANDBOX_RESPONSE_BYTES", default_value_t = 20_000)]
     pub response_bytes: usize,

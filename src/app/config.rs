@@ -24,6 +24,8 @@ pub struct Config {
     pub max_snapshots: usize,
     /// Memory budget for a session's snapshots, bytes (default: half the policy's memory limit).
     pub snapshot_memory: Option<u64>,
+    /// Cells a session keeps in its graph (the oldest are dropped past it; at least 1).
+    pub max_cells: usize,
     /// Approximate cap, in bytes, on the text of one response.
     pub response_bytes: usize,
     /// Cap, in bytes, on disk used by spooled job output.

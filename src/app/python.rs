@@ -10,8 +10,8 @@ use super::{App, AppError, Call, JobView};
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
 use crate::repl::{
-    CellOutcome, CellSink, CellStatus, HistoryEntry, OutStream, Parent, ReplError, Session,
-    SessionInfo, SessionState, VariableDetail, VariableInfo, parse_cell,
+    CellOutcome, CellSink, CellStatus, History, OutStream, Parent, ReplError, Session, SessionInfo,
+    SessionState, VariableDetail, VariableInfo, parse_cell,
 };
 
 /// What to do with a session's variables.
@@ -323,20 +323,20 @@ impl App {
         })
     }
 
-    /// The session's cells, the most recent `limit` if given.
+    /// The session's cells, the most recent `limit` if given, and what retention dropped.
     pub async fn python_history(
         &self,
         session: &str,
         limit: Option<usize>,
-    ) -> Result<Vec<HistoryEntry>, AppError> {
+    ) -> Result<History, AppError> {
         let s = self.sessions.get(session)?;
         s.settle_snapshots().await;
-        let mut cells = s.history();
+        let mut history = s.history();
         if let Some(n) = limit {
-            let skip = cells.len().saturating_sub(n);
-            cells.drain(..skip);
+            let skip = history.cells.len().saturating_sub(n);
+            history.cells.drain(..skip);
         }
-        Ok(cells)
+        Ok(history)
     }
 
     pub fn session_list(&self) -> Vec<SessionInfo> {

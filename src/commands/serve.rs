@@ -39,6 +39,7 @@ const MAX_SESSIONS: (u64, u64) = (1, 1024);
 const SESSION_TTL: (u64, u64) = (1, 30 * 24 * 3600);
 const RESPONSE_BYTES: (u64, u64) = (1_000, 10_000_000);
 const MIN_DISK_CAP: u64 = 1024 * 1024;
+const MAX_CELLS: (u64, u64) = (1, 10_000_000);
 
 fn in_range(
     flag: &'static str,
@@ -76,6 +77,7 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         session_ttl,
         max_snapshots,
         snapshot_memory,
+        max_cells,
         response_bytes,
         disk_cap,
         keep_jobs,
@@ -93,6 +95,13 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         session_ttl,
         SESSION_TTL,
         "1 second to 30 days",
+    )
+    .map_err(|e| ServerError::Config(e.to_string()))?;
+    in_range(
+        "max-cells",
+        max_cells as u64,
+        MAX_CELLS,
+        "1 to 10000000 cells",
     )
     .map_err(|e| ServerError::Config(e.to_string()))?;
     in_range(
@@ -145,6 +154,7 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
             session_ttl: Duration::from_secs(session_ttl),
             max_snapshots,
             snapshot_memory,
+            max_cells,
             response_bytes,
             disk_cap,
             allow_broad_workspace,

@@ -1,11 +1,13 @@
 //! The cell graph of a session: each cell's parent, code, status and whether its state
 //! is held by a snapshot; which cell the live worker is at (the head); the snapshot cap
-//! with least-recently-used eviction; the replay plan for a cell whose state is not
-//! held; and the graph persisted as JSON lines in the session's state directory.
+//! with least-recently-used eviction; the retention cap on cells kept (the oldest are
+//! dropped, except held snapshots and the head's line); the replay plan for a cell whose
+//! state is not held; and the graph persisted as JSON lines in the session's state
+//! directory, compacted when it grows past twice the cells kept.
 //!
 //! Pure bookkeeping: no processes, no I/O but the graph file. `session` drives it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,7 +30,9 @@ pub(crate) enum CellCode {
 pub(crate) struct Node {
     pub cell: u64,
     pub parent: Option<u64>,
-    /// What history shows: the code, or `run_file <path> <args>`.
+    /// What history shows when it is not the code itself: `run_file <path> <args>`
+    /// (empty for code: it is kept once, see [`Node::label`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub label: String,
     #[serde(flatten)]
     pub code: CellCode,
@@ -39,6 +43,35 @@ pub(crate) struct Node {
     /// Cells run again (in order) to rebuild the parent's state before this one ran.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replayed: Vec<u64>,
+}
+
+/// The first line of a compacted graph file: how many cells were dropped before the
+/// ones that follow (a line that is not a [`Node`], so a reader that does not know it
+/// skips it).
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    dropped: u64,
+}
+
+/// How the temporary files of a compaction begin (a crash may leave one: the next open
+/// removes it).
+const TMP_PREFIX: &str = ".graph-compact-";
+
+/// The longest line of a head kept whole by the retention cap (besides half the cap): a
+/// line without a snapshot longer than this is not worth replaying from its start.
+const LINE_KEPT: usize = 1_000;
+
+/// Why the server restarted note, for cells loaded from an earlier server's file.
+const RELOADED: &str = "the server restarted; snapshots do not survive it";
+
+impl Node {
+    /// What history shows: the code, or `run_file <path> <args>`.
+    pub fn label(&self) -> &str {
+        match &self.code {
+            CellCode::Execute { code } if self.label.is_empty() => code,
+            _ => &self.label,
+        }
+    }
 }
 
 /// A held snapshot and when it was last used (for LRU eviction).
@@ -68,6 +101,9 @@ pub(crate) enum Unusable {
     Died(u64),
     /// It raised, and its snapshot is gone: replaying it would raise again.
     FailedNoSnapshot,
+    /// It, or the cell its state is rebuilt from (`.1`), was dropped by the retention
+    /// cap: `.0` is the cell asked for, `.1` the dropped one.
+    Dropped(u64, u64),
 }
 
 #[derive(Default)]
@@ -81,6 +117,14 @@ pub(crate) struct Graph {
     cap: usize,
     tick: u64,
     file: Option<PathBuf>,
+    /// Cells kept at most (0: all); past it the oldest are dropped (see [`Graph::trim`]).
+    max_cells: usize,
+    /// Cells dropped since the session started or was restarted (across server restarts).
+    dropped: u64,
+    /// Cells up to this one were loaded from an earlier server's file: their note says so.
+    reloaded_upto: u64,
+    /// Lines in the graph file (it is compacted past twice `max_cells`).
+    lines: usize,
 }
 
 fn now_ms() -> u64 {
@@ -91,14 +135,17 @@ fn now_ms() -> u64 {
 }
 
 impl Graph {
-    /// An empty graph keeping at most `cap` snapshots, persisted to `file` (whose cells,
-    /// from an earlier server, are loaded: their snapshots are gone).
-    pub fn open(cap: usize, file: Option<PathBuf>) -> Graph {
+    /// An empty graph keeping at most `cap` snapshots and `max_cells` cells (0: all),
+    /// persisted to `file` (whose cells, from an earlier server, are loaded — the newest
+    /// `max_cells` of them; their snapshots are gone).
+    pub fn open(cap: usize, max_cells: usize, file: Option<PathBuf>) -> Graph {
         let mut g = Graph {
             cap,
             file,
+            max_cells,
             ..Default::default()
         };
+        g.remove_stale_temporaries();
         if let Some(text) = g
             .file
             .as_ref()
@@ -114,16 +161,32 @@ impl Graph {
                 }
             }
             for line in text.lines() {
+                g.lines += 1;
                 if let Ok(node) = serde_json::from_str::<Node>(line) {
-                    g.notes.insert(
-                        node.cell,
-                        "the server restarted; snapshots do not survive it".into(),
-                    );
                     g.nodes.insert(node.cell, node);
+                } else if let Ok(header) = serde_json::from_str::<Header>(line) {
+                    g.dropped = header.dropped;
                 }
             }
+            g.reloaded_upto = g.last_cell();
+            g.trim();
         }
         g
+    }
+
+    /// Remove what a compaction cut short by a crash left beside the graph file.
+    fn remove_stale_temporaries(&self) {
+        let Some(dir) = self.file.as_ref().and_then(|f| f.parent()) else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 
     /// The highest cell number, to continue numbering after a server restart.
@@ -140,6 +203,9 @@ impl Graph {
         if node.started_ms == 0 {
             node.started_ms = now_ms();
         }
+        if matches!(&node.code, CellCode::Execute { code } if *code == node.label) {
+            node.label = String::new(); // the code is the label: keep it once
+        }
         if let Some(file) = &self.file {
             let appended = serde_json::to_string(&node)
                 .map_err(std::io::Error::other)
@@ -150,11 +216,162 @@ impl Graph {
                         .open(file)?;
                     f.write_all(format!("{line}\n").as_bytes())
                 });
-            if let Err(e) = appended {
-                tracing::warn!(file = %file.display(), error = %e, "could not persist the cell graph");
+            match appended {
+                Ok(()) => self.lines += 1,
+                Err(e) => {
+                    tracing::warn!(file = %file.display(), error = %e, "could not persist the cell graph")
+                }
             }
         }
         self.nodes.insert(node.cell, node);
+        self.trim();
+    }
+
+    /// The cells no trim may drop: those whose snapshot is held, and the lines of the
+    /// head and of the newest cell (the head-to-be) back to their nearest held snapshot
+    /// or the root — each only if it is at most half the cap and [`LINE_KEPT`] long (a
+    /// longer line keeps only its last cell).
+    fn protected(&self) -> BTreeSet<u64> {
+        let mut keep: BTreeSet<u64> = self.held.keys().copied().collect();
+        let newest = self.nodes.keys().next_back().copied();
+        let mut walked: Vec<u64> = Vec::new();
+        for start in [newest, self.head].into_iter().flatten() {
+            if walked.contains(&start) && keep.contains(&start) {
+                continue; // on the line just kept whole (the head is the newest's parent)
+            }
+            let mut line = Vec::new();
+            let mut at = Some(start);
+            let mut whole = false;
+            while let Some(c) = at {
+                let Some(node) = self.nodes.get(&c) else {
+                    break; // dropped already: the line is broken
+                };
+                line.push(c);
+                if self.is_held(c) || node.parent.is_none() {
+                    whole = true;
+                    break;
+                }
+                if line.len() > (self.max_cells / 2).min(LINE_KEPT) {
+                    break;
+                }
+                at = node.parent.filter(|p| *p < c); // a corrupt file must not loop
+            }
+            if whole {
+                keep.extend(line.iter().copied());
+            } else {
+                keep.insert(start);
+            }
+            walked = line;
+        }
+        keep
+    }
+
+    /// Drop the oldest cells past `max_cells`, sparing [`Graph::protected`] ones; compact
+    /// the graph file when it has more than twice `max_cells` lines.
+    fn trim(&mut self) {
+        if self.max_cells == 0 {
+            return;
+        }
+        if self.nodes.len() > self.max_cells {
+            let excess = self.nodes.len() - self.max_cells;
+            let keep = self.protected();
+            let gone: Vec<u64> = self
+                .nodes
+                .keys()
+                .filter(|c| !keep.contains(c))
+                .take(excess)
+                .copied()
+                .collect();
+            for c in gone {
+                self.nodes.remove(&c);
+                self.notes.remove(&c);
+                self.dropped += 1;
+            }
+        }
+        if self.lines > self.max_cells.saturating_mul(2) {
+            self.compact();
+        }
+    }
+
+    /// Rewrite the graph file with the kept cells only, atomically (a temporary file in
+    /// the same directory, renamed over it): a crash leaves the old file or the new one.
+    fn compact(&mut self) {
+        let Some(file) = &self.file else { return };
+        let dir = file
+            .parent()
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("."));
+        let written = (|| -> std::io::Result<usize> {
+            let mut tmp = tempfile::Builder::new()
+                .prefix(TMP_PREFIX)
+                .tempfile_in(&dir)?;
+            let mut out = std::io::BufWriter::new(tmp.as_file_mut());
+            serde_json::to_writer(
+                &mut out,
+                &Header {
+                    dropped: self.dropped,
+                },
+            )?;
+            out.write_all(b"\n")?;
+            for node in self.nodes.values() {
+                serde_json::to_writer(&mut out, node)?;
+                out.write_all(b"\n")?;
+            }
+            out.flush()?;
+            drop(out);
+            tmp.as_file().sync_all()?;
+            tmp.persist(file).map_err(|e| e.error)?;
+            Ok(self.nodes.len() + 1)
+        })();
+        match written {
+            Ok(lines) => {
+                tracing::debug!(file = %file.display(), lines, dropped = self.dropped, "cell graph compacted");
+                self.lines = lines;
+            }
+            Err(e) => {
+                tracing::warn!(file = %file.display(), error = %e, "could not compact the cell graph");
+                // Try again only after as many lines again.
+                self.lines = self.max_cells;
+            }
+        }
+    }
+
+    /// Cells dropped by the retention cap, and the oldest kept (None: none dropped).
+    pub fn dropped(&self) -> Option<(u64, u64)> {
+        let oldest = self.nodes.keys().next().copied()?;
+        (self.dropped > 0).then_some((self.dropped, oldest))
+    }
+
+    /// What history says when cells were dropped: how many, and the oldest kept.
+    pub fn dropped_note(&self) -> Option<String> {
+        self.dropped().map(|(n, oldest)| {
+            format!(
+                "{} older cell(s) were dropped (the session keeps its last {} cells); the oldest kept is c{oldest}",
+                thousands(n),
+                thousands(self.max_cells as u64)
+            )
+        })
+    }
+
+    /// Why `asked` cannot be branched from when `gone` (itself or the cell its state is
+    /// rebuilt from) was dropped, in words, with a cell to use instead.
+    pub fn dropped_words(&self, asked: u64, gone: u64) -> String {
+        let what = if asked == gone {
+            format!("c{gone} was dropped from the history")
+        } else {
+            format!("c{asked} needs c{gone}, which was dropped from the history")
+        };
+        let instead = match self.held.keys().min_by_key(|c| c.abs_diff(asked)) {
+            Some(c) => format!("branch from c{c} (held)"),
+            None => match self.nodes.keys().next() {
+                Some(c) => format!("branch from a kept cell (the oldest is c{c})"),
+                None => "run a cell".to_string(),
+            },
+        };
+        format!(
+            "{what}: the session keeps its last {} cells; {instead} or start fresh (session_restart)",
+            thousands(self.max_cells as u64)
+        )
     }
 
     /// Forget everything (restart): cells, snapshots (they exit), the graph file.
@@ -163,6 +380,9 @@ impl Graph {
         self.held.clear();
         self.notes.clear();
         self.head = None;
+        self.dropped = 0;
+        self.reloaded_upto = 0;
+        self.lines = 0;
         if let Some(file) = &self.file {
             let _ = std::fs::remove_file(file);
         }
@@ -229,6 +449,16 @@ impl Graph {
         }
     }
 
+    /// The session is closing: drop every snapshot (`why` for each), and compact the
+    /// graph file if it still has dropped cells, so a later server loads exactly the
+    /// cells kept now (also those kept only for their snapshot or the head's line).
+    pub fn close(&mut self, why: &str) {
+        self.drop_snapshots(why);
+        if self.dropped > 0 && self.lines > self.nodes.len() + 1 {
+            self.compact();
+        }
+    }
+
     /// Drop every snapshot (the session is closing): `why` for each.
     pub fn drop_snapshots(&mut self, why: &str) {
         for c in std::mem::take(&mut self.held).into_keys() {
@@ -238,7 +468,9 @@ impl Graph {
 
     /// Why the state of `cell` is not held, if known.
     pub fn note(&self, cell: u64) -> Option<&str> {
-        self.notes.get(&cell).map(String::as_str)
+        self.notes.get(&cell).map(String::as_str).or_else(|| {
+            (cell <= self.reloaded_upto && self.nodes.contains_key(&cell)).then_some(RELOADED)
+        })
     }
 
     /// The snapshot of `cell`, marked as just used.
@@ -260,24 +492,45 @@ impl Graph {
         self.held.len()
     }
 
-    /// The cells from the root to `cell`, oldest first.
-    fn path(&self, cell: u64) -> Vec<u64> {
+    /// The cells from the root to `cell`, oldest first, and the cell the path was broken
+    /// at (a parent dropped by the retention cap), if it was.
+    fn path(&self, cell: u64) -> (Vec<u64>, Option<u64>) {
         let mut path = Vec::new();
         let mut at = Some(cell);
+        let mut broken = None;
         while let Some(c) = at {
-            if path.contains(&c) {
-                break; // a corrupt file must not loop
-            }
+            let Some(node) = self.nodes.get(&c) else {
+                broken = Some(c);
+                break;
+            };
             path.push(c);
-            at = self.nodes.get(&c).and_then(|n| n.parent);
+            // A parent is always an earlier cell: a corrupt file must not loop.
+            at = node.parent.filter(|p| *p < c);
         }
         path.reverse();
-        path
+        (path, broken)
+    }
+
+    /// Whether `cell` is a cell of this session, kept or dropped.
+    pub fn knows(&self, cell: u64) -> bool {
+        self.nodes.contains_key(&cell) || self.was_dropped(cell)
+    }
+
+    /// Whether `cell` is missing because the retention cap dropped it (not a cell that
+    /// never was).
+    fn was_dropped(&self, cell: u64) -> bool {
+        self.dropped > 0 && cell >= 1 && cell < self.last_cell() && !self.nodes.contains_key(&cell)
     }
 
     /// How to get the state right after `cell`, or why it cannot be had.
     pub fn plan(&self, cell: u64, head_alive: bool) -> Result<Plan, Unusable> {
-        let node = self.nodes.get(&cell).ok_or(Unusable::Unknown)?;
+        let Some(node) = self.nodes.get(&cell) else {
+            return Err(if self.was_dropped(cell) {
+                Unusable::Dropped(cell, cell)
+            } else {
+                Unusable::Unknown
+            });
+        };
         if node.status == CellStatus::WorkerDied {
             return Err(Unusable::Died(cell));
         }
@@ -293,7 +546,7 @@ impl Graph {
         if node.status == CellStatus::Error {
             return Err(Unusable::FailedNoSnapshot);
         }
-        let path = self.path(cell);
+        let (path, broken) = self.path(cell);
         if let Some(&died) = path.iter().find(|c| {
             self.nodes
                 .get(c)
@@ -302,35 +555,67 @@ impl Graph {
             return Err(Unusable::Died(died));
         }
         let from = path.iter().rposition(|c| self.is_held(*c));
-        Ok(match from {
-            Some(i) => Plan::Fork {
+        match (from, broken) {
+            (Some(i), _) => Ok(Plan::Fork {
                 from: path[i],
                 replay: path[i + 1..].to_vec(),
-            },
-            None => Plan::Scratch { replay: path },
-        })
+            }),
+            (None, Some(gone)) => Err(Unusable::Dropped(cell, gone)),
+            (None, None) => Ok(Plan::Scratch { replay: path }),
+        }
     }
 
     /// Up to `n` cells one can branch from, nearest to `cell` first, in words
-    /// ("c3 (snapshot)", "c4 (replays c4 from c2)").
+    /// ("c3 (snapshot)", "c4 (replays c4 from c2)"). One pass over the cells, oldest
+    /// first (a parent is always older than its child), deciding as [`Graph::plan`] does.
     pub fn usable_near(&self, cell: u64, n: usize) -> Vec<String> {
+        /// What a cell's path from the root holds, as seen from that cell.
+        #[derive(Clone, Copy)]
+        enum Line {
+            /// A cell on it ended with the worker's death.
+            Died,
+            /// It reaches a dropped cell before any snapshot.
+            Broken,
+            /// Its nearest held snapshot.
+            Held(u64),
+            /// It reaches the root without a snapshot.
+            Root,
+        }
+        let mut lines: BTreeMap<u64, Line> = BTreeMap::new();
         // Forks first (no replay), then replays from a snapshot, then from the start;
         // nearest to `cell` first within each.
-        let mut usable: Vec<(u8, u64, String)> = self
-            .nodes
-            .keys()
-            .filter_map(|&c| {
-                let (rank, how) = match self.plan(c, true).ok()? {
-                    Plan::Head => (0, "head".to_string()),
-                    Plan::Fork { replay, .. } if replay.is_empty() => (0, "snapshot".to_string()),
-                    Plan::Fork { from, .. } => (1, format!("replays from the snapshot of c{from}")),
-                    Plan::Scratch { .. } => {
-                        (2, "replay from the start, with replay=true".to_string())
-                    }
-                };
-                Some((rank, c.abs_diff(cell), format!("c{c} ({how})")))
-            })
-            .collect();
+        let mut usable: Vec<(u8, u64, String)> = Vec::new();
+        for (&c, node) in &self.nodes {
+            let above = match node.parent.filter(|p| *p < c) {
+                None => Line::Root,
+                Some(p) => lines.get(&p).copied().unwrap_or(Line::Broken),
+            };
+            let line = match above {
+                _ if node.status == CellStatus::WorkerDied => Line::Died,
+                Line::Died => Line::Died,
+                _ if self.is_held(c) => Line::Held(c),
+                other => other,
+            };
+            lines.insert(c, line);
+            let how = if node.status == CellStatus::WorkerDied {
+                None
+            } else if self.head == Some(c) {
+                Some((0, "head".to_string()))
+            } else if self.is_held(c) {
+                Some((0, "snapshot".to_string()))
+            } else if node.status == CellStatus::Error {
+                None
+            } else {
+                match line {
+                    Line::Died | Line::Broken => None,
+                    Line::Held(from) => Some((1, format!("replays from the snapshot of c{from}"))),
+                    Line::Root => Some((2, "replay from the start, with replay=true".to_string())),
+                }
+            };
+            if let Some((rank, how)) = how {
+                usable.push((rank, c.abs_diff(cell), format!("c{c} ({how})")));
+            }
+        }
         usable.sort();
         usable.into_iter().take(n).map(|(_, _, s)| s).collect()
     }
@@ -350,17 +635,30 @@ impl Graph {
                 HistoryEntry {
                     cell: n.cell,
                     parent: n.parent,
-                    code: n.label.clone(),
+                    code: n.label().to_string(),
                     status: n.status,
                     elapsed_ms: n.elapsed_ms,
                     snapshot,
-                    note: self.notes.get(&n.cell).cloned(),
+                    note: self.note(n.cell).map(str::to_string),
                     head: self.head == Some(n.cell),
                     replayed: n.replayed.clone(),
                 }
             })
             .collect()
     }
+}
+
+/// `10000` as "10,000".
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -389,7 +687,7 @@ mod tests {
 
     /// A chain c1 → c2 → c3 with a branch c1 → c4.
     fn sample() -> Graph {
-        let mut g = Graph::open(8, None);
+        let mut g = Graph::open(8, 0, None);
         g.add(node(1, None, CellStatus::Ok));
         g.add(node(2, Some(1), CellStatus::Ok));
         g.add(node(3, Some(2), CellStatus::Ok));
@@ -463,7 +761,7 @@ mod tests {
 
     #[test]
     fn the_cap_evicts_the_least_recently_used_snapshot() {
-        let mut g = Graph::open(2, None);
+        let mut g = Graph::open(2, 0, None);
         for c in 1..=3 {
             g.add(node(c, c.checked_sub(1).filter(|p| *p > 0), CellStatus::Ok));
         }
@@ -508,7 +806,7 @@ mod tests {
     #[test]
     fn the_graph_file_survives_a_restart_without_snapshots() {
         let (_scratch, file) = crate::test_support::scratch_path("graph-test", "graph.jsonl");
-        let mut g = Graph::open(8, Some(file.clone()));
+        let mut g = Graph::open(8, 0, Some(file.clone()));
         g.add(node(1, None, CellStatus::Ok));
         let mut n = node(2, Some(1), CellStatus::Ok);
         n.code = CellCode::RunFile {
@@ -524,7 +822,7 @@ mod tests {
             .unwrap()
             .write_all(b"{\"cell\":3,")
             .unwrap();
-        let again = Graph::open(8, Some(file.clone()));
+        let again = Graph::open(8, 0, Some(file.clone()));
         assert_eq!(again.last_cell(), 2);
         assert_eq!(again.get(2), Some(&n));
         assert_eq!(again.held_count(), 0);
@@ -535,5 +833,198 @@ mod tests {
         let mut again = again;
         again.clear();
         assert!(!file.exists());
+    }
+
+    /// Keys of the cells kept.
+    fn kept(g: &Graph) -> Vec<u64> {
+        g.nodes.keys().copied().collect()
+    }
+
+    #[test]
+    fn the_cell_cap_drops_the_oldest_but_keeps_held_snapshots_and_the_head_line() {
+        let mut g = Graph::open(8, 10, None);
+        // A line c1 → … → c5 with a snapshot at c1; the head stays at c5 while fifteen
+        // more cells (each on an empty state) are added.
+        for c in 1..=5 {
+            g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
+        }
+        g.hold(snap(1), 1);
+        g.head = Some(5);
+        for c in 6..=20 {
+            g.add(node(c, None, CellStatus::Ok));
+        }
+        assert_eq!(kept(&g), [1, 2, 3, 4, 5, 16, 17, 18, 19, 20]);
+        assert_eq!(g.dropped(), Some((10, 1)));
+        assert_eq!(
+            g.dropped_note().as_deref(),
+            Some(
+                "10 older cell(s) were dropped (the session keeps its last 10 cells); \
+                 the oldest kept is c1"
+            )
+        );
+        // The head's line still replays from its snapshot.
+        assert_eq!(
+            g.plan(4, true),
+            Ok(Plan::Fork {
+                from: 1,
+                replay: vec![2, 3, 4]
+            })
+        );
+        assert_eq!(g.plan(5, true), Ok(Plan::Head));
+        // A dropped cell is refused in words that name a held cell to use instead; a cell
+        // that never was is still unknown.
+        assert_eq!(g.plan(10, true), Err(Unusable::Dropped(10, 10)));
+        assert_eq!(
+            g.dropped_words(10, 10),
+            "c10 was dropped from the history: the session keeps its last 10 cells; \
+             branch from c1 (held) or start fresh (session_restart)"
+        );
+        assert_eq!(g.plan(21, true), Err(Unusable::Unknown));
+        assert!(g.knows(10) && g.knows(20) && !g.knows(21) && !g.knows(0));
+        // Once the head moves on and the snapshot is gone, the old line goes too.
+        g.drop_snapshots("the session was closed");
+        g.head = Some(20);
+        g.add(node(21, Some(20), CellStatus::Ok));
+        assert_eq!(kept(&g), [2, 3, 4, 5, 16, 17, 18, 19, 20, 21]);
+        g.add(node(22, Some(21), CellStatus::Ok));
+        assert_eq!(kept(&g)[0], 3, "one in, one out");
+        assert_eq!(g.dropped(), Some((12, 3)));
+        // The newest cell is always kept, even with a cap of one.
+        let mut one = Graph::open(0, 1, None);
+        for c in 1..=3 {
+            one.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
+        }
+        assert_eq!(kept(&one), [3]);
+        assert_eq!(one.last_cell(), 3);
+    }
+
+    #[test]
+    fn a_closed_session_leaves_exactly_its_kept_cells_for_the_next_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("graph.jsonl");
+        let mut g = Graph::open(8, 10, Some(file.clone()));
+        for c in 1..=5 {
+            g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
+        }
+        g.hold(snap(1), 1);
+        g.head = Some(5);
+        for c in 6..=20 {
+            g.add(node(c, None, CellStatus::Ok));
+        }
+        let before = kept(&g);
+        assert_eq!(before, [1, 2, 3, 4, 5, 16, 17, 18, 19, 20]);
+        // Without the close, the file still has c6..c15 (not compacted yet): a reload
+        // would keep the newest ten.
+        assert_eq!(
+            kept(&Graph::open(8, 10, Some(file.clone()))),
+            (11..=20).collect::<Vec<_>>()
+        );
+        g.close("the session was closed");
+        let again = Graph::open(8, 10, Some(file.clone()));
+        assert_eq!(kept(&again), before);
+        assert_eq!(again.dropped(), Some((10, 1)));
+    }
+
+    #[test]
+    fn a_replay_over_a_dropped_cell_is_refused_in_words() {
+        let mut g = Graph::open(8, 10, None);
+        for c in 1..=20 {
+            g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
+            g.head = Some(c);
+        }
+        // No snapshot on the line: nothing protects the old cells.
+        assert_eq!(kept(&g), (11..=20).collect::<Vec<_>>());
+        assert_eq!(g.plan(15, true), Err(Unusable::Dropped(15, 10)));
+        assert_eq!(
+            g.dropped_words(15, 10),
+            "c15 needs c10, which was dropped from the history: the session keeps its last \
+             10 cells; branch from a kept cell (the oldest is c11) or start fresh (session_restart)"
+        );
+        // With a snapshot on the way, the same cell forks from it instead.
+        g.hold(snap(12), 1);
+        assert_eq!(
+            g.plan(15, true),
+            Ok(Plan::Fork {
+                from: 12,
+                replay: vec![13, 14, 15]
+            })
+        );
+        assert_eq!(g.plan(11, true), Err(Unusable::Dropped(11, 10)));
+        // The list of usable cells agrees with `plan` for every cell.
+        let near = g.usable_near(11, 100);
+        for c in kept(&g) {
+            let listed = near.iter().any(|s| s.starts_with(&format!("c{c} (")));
+            assert_eq!(listed, g.plan(c, true).is_ok(), "c{c}: {near:?}");
+        }
+        assert_eq!(thousands(10_000), "10,000");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+
+    #[test]
+    fn the_graph_file_is_compacted_and_a_reload_sees_exactly_the_kept_cells() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("graph.jsonl");
+        let lines = || std::fs::read_to_string(&file).unwrap().lines().count();
+        let mut g = Graph::open(8, 10, Some(file.clone()));
+        let mut most = 0;
+        for c in 1..=95 {
+            g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
+            g.head = Some(c);
+            most = most.max(lines());
+        }
+        g.hold(snap(95), 1);
+        assert!(most <= 2 * 10 + 1, "the file grew to {most} lines");
+        let before = kept(&g);
+        assert_eq!(before, (86..=95).collect::<Vec<_>>());
+        let again = Graph::open(8, 10, Some(file.clone()));
+        assert_eq!(kept(&again), before);
+        assert_eq!(again.dropped(), Some((85, 86)));
+        assert_eq!(again.get(90), g.get(90));
+        assert_eq!(again.note(90), Some(RELOADED));
+        // The code is kept once, and history still shows it.
+        assert!(again.get(90).is_some_and(|n| n.label.is_empty()));
+        let shown = again.entries();
+        assert_eq!(shown.len(), 10);
+        assert_eq!(shown[4].code, "x = 90");
+        assert_eq!(again.held_count(), 0);
+        // Cells dropped before the reload are still known as dropped, not unknown.
+        assert_eq!(again.plan(3, true), Err(Unusable::Dropped(3, 3)));
+        assert_eq!(again.plan(90, true), Err(Unusable::Dropped(90, 85)));
+        drop(g);
+        // A torn last line (a crash while appending) loses no earlier cell; appending
+        // and compacting go on from there.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&file)
+            .unwrap()
+            .write_all(b"{\"cell\":96,\"par")
+            .unwrap();
+        let mut g = Graph::open(8, 10, Some(file.clone()));
+        assert_eq!(kept(&g), before);
+        for c in 96..=130 {
+            g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
+            assert!(lines() <= 2 * 10 + 1);
+        }
+        let again = Graph::open(8, 10, Some(file.clone()));
+        assert_eq!(kept(&again), (121..=130).collect::<Vec<_>>());
+        assert_eq!(again.dropped(), Some((120, 121)));
+        // A file from before the cap (or a larger cap) is cut to the newest cells on load.
+        let small = Graph::open(8, 3, Some(file.clone()));
+        assert_eq!(kept(&small), [128, 129, 130]);
+        assert_eq!(small.dropped(), Some((127, 128)));
+        // No temporary files are left beside it, not even one a crash left.
+        std::fs::write(dir.path().join(format!("{TMP_PREFIX}x1")), "{").unwrap();
+        let again = Graph::open(8, 10, Some(file.clone()));
+        assert_eq!(
+            kept(&again),
+            [128, 129, 130],
+            "the smaller cap compacted the file"
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["graph.jsonl"]);
     }
 }

@@ -357,6 +357,7 @@ impl SessionManager {
             max_snapshots: self.cfg.max_snapshots,
             snapshot_memory,
             graph_file: Some(self.session_dir(name).join("graph.jsonl")),
+            max_cells: self.cfg.max_cells,
         };
         // Start the worker without holding the map: other sessions stay reachable while
         // the launcher sets up. A concurrent start of the same name wins; ours is closed.

@@ -91,6 +91,9 @@ pub struct ReplConfig {
     /// it the least recently used are evicted. `None`: half the policy's memory limit
     /// (no budget without one: there is no memory cgroup to read).
     pub snapshot_memory: Option<u64>,
+    /// Cells a session keeps in its graph (history, branching) at most; past it the oldest
+    /// are dropped, except those whose snapshot is held and the head's line. 0: all.
+    pub max_cells: usize,
 }
 
 impl ReplConfig {
@@ -108,6 +111,7 @@ impl ReplConfig {
             spare_worker: true,
             max_snapshots: 8,
             snapshot_memory: None,
+            max_cells: 10_000,
         }
     }
 }
@@ -232,6 +236,16 @@ pub struct HistoryEntry {
     #[schemars(with = "Vec<String>")]
     #[serde(serialize_with = "cell_ids")]
     pub replayed: Vec<u64>,
+}
+
+/// A session's history: its cells (the newest [`HistoryEntry`]s) and, when the retention
+/// cap dropped older ones, a note in words.
+#[derive(Debug, Clone, PartialEq)]
+pub struct History {
+    pub cells: Vec<HistoryEntry>,
+    /// "12 older cells were dropped (the session keeps its last 10 cells); the oldest kept
+    /// is c13".
+    pub dropped: Option<String>,
 }
 
 /// `c<N>`, the id agents see for cell N.

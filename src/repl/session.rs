@@ -20,8 +20,7 @@ use super::worker::{Reply, SpawnSpec, Worker};
 use crate::sandbox::Termination;
 
 use super::{
-    CellOutcome, CellSink, CellStatus, HistoryEntry, PythonInfo, ReplError, SessionInfo,
-    SessionState,
+    CellOutcome, CellSink, CellStatus, History, PythonInfo, ReplError, SessionInfo, SessionState,
 };
 
 mod branch;
@@ -48,6 +47,8 @@ pub(crate) struct SessionEnv {
     pub snapshot_memory: Option<u64>,
     /// Where the cell graph is persisted (JSON lines).
     pub graph_file: Option<PathBuf>,
+    /// Cells kept in the graph at most (0: all).
+    pub max_cells: usize,
 }
 
 struct Inner {
@@ -103,7 +104,7 @@ impl Session {
         site_dirs: Vec<PathBuf>,
     ) -> Result<Arc<Session>, ReplError> {
         let worker = Arc::new(Worker::spawn(&env.spec)?);
-        let graph = Graph::open(env.max_snapshots, env.graph_file.clone());
+        let graph = Graph::open(env.max_snapshots, env.max_cells, env.graph_file.clone());
         let session = Arc::new_cyclic(|me| Session {
             name,
             env,
@@ -635,12 +636,16 @@ impl Session {
     }
 
     /// The cells run since the session started or was last restarted (last 1000), as a
-    /// graph: parents, snapshots, the head.
-    pub fn history(&self) -> Vec<HistoryEntry> {
-        let mut all = self.inner().graph.entries();
-        let skip = all.len().saturating_sub(HISTORY_CAP);
-        all.drain(..skip);
-        all
+    /// graph: parents, snapshots, the head; and how many older ones retention dropped.
+    pub fn history(&self) -> History {
+        let inner = self.inner();
+        let mut cells = inner.graph.entries();
+        let skip = cells.len().saturating_sub(HISTORY_CAP);
+        cells.drain(..skip);
+        History {
+            cells,
+            dropped: inner.graph.dropped_note(),
+        }
     }
 
     pub fn idle_for(&self) -> Duration {
@@ -706,7 +711,7 @@ impl Session {
         for (_, root) in inner.roots.drain() {
             root.end_tree("the session was closed");
         }
-        inner.graph.drop_snapshots("the session was closed");
+        inner.graph.close("the session was closed");
     }
 }
 

@@ -15,7 +15,7 @@ use crate::app::result::ResultImage;
 use crate::app::{Chunk, EnvInfo, VarsOutcome};
 use crate::jobs::search::Found;
 use crate::jobs::{JobPage, SearchHit, Stream};
-use crate::repl::{HistoryEntry, SessionInfo, SnapshotState, cell_name};
+use crate::repl::{self, HistoryEntry, SessionInfo, SnapshotState, cell_name};
 
 /// The name a value has in JSON (lowercase states), for the text to say the same.
 fn wire_name<T: serde::Serialize>(v: &T) -> String {
@@ -129,7 +129,8 @@ pub fn vars(session: &str, outcome: VarsOutcome, cap: usize) -> CallToolResult {
     }
 }
 
-pub fn history(session: &str, mut cells: Vec<HistoryEntry>, cap: usize) -> CallToolResult {
+pub fn history(session: &str, history: repl::History, cap: usize) -> CallToolResult {
+    let repl::History { mut cells, dropped } = history;
     let head = cells.iter().find(|c| c.head).map(|c| cell_name(c.cell));
     // Within the answer budget: long cells cut, then the oldest left out.
     for c in &mut cells {
@@ -141,6 +142,9 @@ pub fn history(session: &str, mut cells: Vec<HistoryEntry>, cap: usize) -> CallT
             "{total} cell(s) in session {session:?}; head: {}\n",
             head.as_deref().unwrap_or("none (empty state)")
         );
+        if let Some(dropped) = &dropped {
+            let _ = writeln!(text, "{dropped}");
+        }
         if cells.len() < total {
             let _ = writeln!(
                 text,
@@ -190,6 +194,7 @@ pub fn history(session: &str, mut cells: Vec<HistoryEntry>, cap: usize) -> CallT
             session: session.into(),
             head,
             left_out: (from > 0).then_some(from),
+            dropped,
             cells,
         },
     )

@@ -297,10 +297,11 @@ pub async fn read(app: &App, uri: &str) -> Result<ReadResourceResult, ErrorData>
             ))
         }
         Target::History { session } => {
-            let cells = app
+            let history = app
                 .python_history(&session, None)
                 .await
                 .map_err(app_error)?;
+            let cells = history.cells;
             let mut shown = Vec::new();
             let mut used = 0usize;
             for c in cells.iter().rev() {
@@ -325,6 +326,10 @@ pub async fn read(app: &App, uri: &str) -> Result<ReadResourceResult, ErrorData>
                 );
             }
             body.push('\n');
+            if let Some(dropped) = &history.dropped {
+                body.push_str(dropped);
+                body.push('\n');
+            }
             for e in shown.iter().rev() {
                 let (s, end) = slice(e, 0, None, cap);
                 body.push_str(&e[s..end]);

@@ -57,6 +57,9 @@ pub struct History {
     /// Older cells left out to fit the answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub left_out: Option<usize>,
+    /// Older cells dropped for good by the session's cap on cells kept, in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<String>,
 }
 
 /// job_list.

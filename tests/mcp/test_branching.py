@@ -399,3 +399,56 @@ def test_a_dead_snapshot_falls_back_to_replay_and_the_session_goes_on(server: Ha
         assert (await c.ok("python_exec", code="x", parent="c1", replay=True))["value"] == "1"
 
     server.run(scenario)
+
+
+def test_the_cell_cap_drops_the_oldest_cells_and_says_so(server: Harness):
+    """Issue 9, bounded graph: with `MCP_SANDBOX_MAX_CELLS=5` a session keeps its newest
+    five cells (held snapshots and the head's line first); history says how many were
+    dropped and which is the oldest kept; branching to a dropped cell, or to one whose
+    state needs a dropped cell, is refused in words; the graph file stays bounded and a new
+    server sees exactly the kept cells."""
+    server.env["MCP_SANDBOX_MAX_CELLS"] = "5"
+    server.env["MCP_SANDBOX_MAX_SNAPSHOTS"] = "2"
+    graph = server.state_dir / "repl" / "default" / "graph.jsonl"
+    dropped_note = "7 older cell(s) were dropped (the session keeps its last 5 cells); the oldest kept is c8"
+
+    async def first(c):
+        await c.ok("python_exec", code="log = [1]")
+        for n in range(2, 13):
+            await c.ok("python_exec", code=f"log.append({n})")
+            assert len(graph.read_text().splitlines()) <= 2 * 5 + 1
+        res = await c.call("python_history")
+        h = res.structured_content
+        assert [e["cell"] for e in h["cells"]] == ["c8", "c9", "c10", "c11", "c12"], h
+        assert h["dropped"] == dropped_note, h
+        assert dropped_note in res.content[0].text
+        held = [e["cell"] for e in h["cells"] if e["snapshot"] == "held"]
+        assert held == ["c11", "c12"], h
+        # A dropped cell, and a kept cell whose state needs a dropped one: refused, with a
+        # held cell to use instead; nothing ran.
+        msg = await c.err("python_exec", code="log", parent="c3")
+        assert "c3 was dropped from the history: the session keeps its last 5 cells; branch from c11 (held)" in msg, msg
+        msg = await c.err("python_exec", code="log", parent="c9", replay=True)
+        assert "c9 needs c7, which was dropped from the history" in msg, msg
+        assert (await c.ok("python_exec", code="len(log)"))["value"] == "12", "the head is unchanged"
+        # A held cell still branches (c13's snapshot evicted c11's: c12, c13 are held).
+        r = await c.ok("python_exec", code="len(log)", parent="c12")
+        assert (r["value"], r["cell"], r.get("replayed")) == ("12", "c14", None), r
+        # A cell number that never was is not "dropped".
+        msg = await c.err("python_exec", code="1", parent="c99")
+        assert "there is no cell c99" in msg and "dropped" not in msg, msg
+
+    async def second(c):
+        # The new server loaded c10..c14 (and the count dropped before them); numbering
+        # goes on, and the new cell drops c10.
+        r = await c.ok("python_exec", code="1")
+        assert r["cell"] == "c15", r
+        h = await c.ok("python_history")
+        assert [e["cell"] for e in h["cells"]] == ["c11", "c12", "c13", "c14", "c15"], h
+        assert h["dropped"].startswith("10 older cell(s) were dropped"), h
+        assert "server restarted" in h["cells"][0]["note"], h
+        text = (await c.session.read_resource("session://default/history")).contents[0].text
+        assert "the oldest kept is c11" in text, text
+
+    server.run(first)
+    server.run(second)

@@ -200,9 +200,10 @@ impl Session {
         }
     }
 
-    /// Whether this session has a cell numbered `cell`.
+    /// Whether this session has (or had, before the cell cap dropped it) a cell numbered
+    /// `cell`.
     pub fn has_cell(&self, cell: u64) -> bool {
-        self.inner().graph.get(cell).is_some()
+        self.inner().graph.knows(cell)
     }
 
     /// The live head, once every snapshot it announced before now is in (a ping is
@@ -268,6 +269,10 @@ impl Session {
                     cell_name(c)
                 ),
             )),
+            Err(Unusable::Dropped(asked, gone)) => {
+                let why = self.inner().graph.dropped_words(asked, gone);
+                Err(self.bad_parent(p, why))
+            }
             Err(Unusable::FailedNoSnapshot) => {
                 let note = self
                     .inner()

@@ -51,7 +51,7 @@ async fn cells_keep_state_and_report_values_streams_and_errors() {
     );
     let (o, _) = run(&f.manager, "default", "'x' * 100000").await;
     assert!(o.value_truncated && o.value_chars == Some(100002), "{o:?}");
-    let hist = f.manager.get("default").unwrap().history();
+    let hist = f.manager.get("default").unwrap().history().cells;
     assert_eq!(hist.len(), 6);
     assert_eq!(hist[2].status, CellStatus::Error);
 }
