@@ -459,3 +459,57 @@ def test_env_file_fifo_does_not_hang_the_server(server):
         await answers_quickly(c)
 
     server.run(scenario, timeout=30)
+
+
+def test_host_ipc_objects_are_out_of_reach(server):
+    # Proves: the host's System V shared memory and message queues and its POSIX message
+    # queues are per IPC namespace, and a root-uid job owns root's 0600 segments by plain
+    # DAC; from a session, a shell job and a script none of them is found, listed, read,
+    # written or removed (each job has an IPC namespace of its own).
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+    key = int.from_bytes(os.urandom(3), "big") | 0x1000000
+    mq = f"/redteam-{uuid.uuid4().hex[:12]}"
+    marker = b"HOST-IPC-" + uuid.uuid4().hex[:8].encode()
+    shmid = libc.shmget(key, 4096, 0o1000 | 0o600)  # IPC_CREAT
+    msqid = libc.msgget(key, 0o1000 | 0o600)
+    mqd = libc.mq_open(mq.encode(), os.O_CREAT | os.O_RDWR, 0o600, None)
+    assert shmid >= 0 and msqid >= 0 and mqd >= 0, ctypes.get_errno()
+    addr = libc.shmat(shmid, None, 0)
+    ctypes.memmove(addr, marker, len(marker))
+    probe = f"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+print('shm', libc.shmget({key}, 0, 0), 'msg', libc.msgget({key}, 0),
+      'mq', libc.mq_open({mq.encode()!r}, os.O_RDWR, 0, None))
+print([l.split()[0] for l in open('/proc/sysvipc/shm').readlines()[1:]])
+"""
+    absent = "shm -1 msg -1 mq -1\n"
+
+    async def scenario(c):
+        r = await c.py(probe)
+        assert r["status"] == "completed", r
+        assert r["stdout"]["text"].startswith(absent), r
+        assert str(key) not in r["stdout"]["text"], r
+        r = await c.ok("python_run_script", code=probe, wait_seconds=60)
+        r = await c.finish(r)
+        assert r["all_stdout"].startswith(absent), r
+        r = await c.ok("shell_run", command=f"ipcs -m; ipcrm -M {key}; ipcrm -Q {key}; cat /proc/sysvipc/msg", wait_seconds=20)
+        r = await c.finish(r)
+        assert f"{key:#010x}" not in r["all_stdout"] and str(key) not in r["all_stdout"], r
+
+    try:
+        server.run(scenario)
+        assert ctypes.string_at(addr, len(marker)) == marker
+        assert libc.shmget(key, 0, 0) == shmid and libc.msgget(key, 0) == msqid
+    finally:
+        libc.shmdt(ctypes.c_void_p(addr))
+        libc.shmctl(shmid, 0, None)  # IPC_RMID
+        libc.msgctl(msqid, 0, None)
+        libc.mq_close(mqd)
+        libc.mq_unlink(mq.encode())
