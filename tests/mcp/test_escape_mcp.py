@@ -513,3 +513,28 @@ print([l.split()[0] for l in open('/proc/sysvipc/shm').readlines()[1:]])
         libc.msgctl(msqid, 0, None)
         libc.mq_close(mqd)
         libc.mq_unlink(mq.encode())
+
+
+def test_a_huge_sparse_script_does_not_fill_the_servers_memory(server):
+    # Proves: python_run_script path= naming a 3 GiB sparse file in the workspace (no disk
+    # used; any job can make one) does not make the server read it into its own memory
+    # (it looks for a PEP 723 block in a bounded prefix); the server's peak RSS stays far
+    # below the file's size and it keeps answering.
+    with open(server.workspace / "big.py", "wb") as f:
+        f.truncate(3 << 30)
+
+    def peak_kib(pid):
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmHWM")
+
+    async def scenario(c):
+        r = await c.ok("python_run_script", path="big.py", wait_seconds=10)
+        if r.get("status") == "running":
+            await c.ok("job_cancel", job_id=r["job_id"], grace_seconds=1)
+        r = await c.py("print(6 * 7)")
+        assert r["stdout"]["text"] == "42\n", r
+        assert peak_kib(c.server_pid) < 1 << 20, f"server peak RSS {peak_kib(c.server_pid)} KiB"
+
+    server.run(scenario)
