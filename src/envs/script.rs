@@ -170,6 +170,7 @@ pub async fn run_script(
     let needs_env = !req.dependencies.is_empty() || req.python_version.is_some() || pep723;
     let mut benchmark = Benchmark::default();
     let mut env_dir = None;
+    let mut prefixes = Vec::new();
     let result = async {
         let python = if needs_env {
             let dir = transient_env_dir(cfg)?;
@@ -187,8 +188,9 @@ pub async fn run_script(
             )
             .await?
             {
-                Ok(b) => {
+                Ok((b, base)) => {
                     add(&mut benchmark, &b);
+                    prefixes = base;
                     dir.join("bin").join("python")
                 }
                 Err(mut report) => {
@@ -203,7 +205,7 @@ pub async fn run_script(
         let mut policy = session_policy.with_read(script.clone());
         if let Some(dir) = &env_dir {
             policy = policy.with_execute(dir.clone());
-            for prefix in base_prefixes(dir) {
+            for prefix in prefixes {
                 policy = policy.with_execute(prefix);
             }
         } else if let Some(prefix) = interpreter_prefix(&python) {
@@ -315,6 +317,7 @@ fn transient_env_dir(cfg: &EnvConfig) -> Result<PathBuf, EnvError> {
 
 /// The installation prefixes of the interpreter a venv is based on (`home` in its
 /// pyvenv.cfg, and where that resolves to): the script's interpreter must run from there.
+/// Read right after `uv venv`, before any package's build hook could rewrite the venv.
 fn base_prefixes(venv: &std::path::Path) -> Vec<PathBuf> {
     let cfg = std::fs::read_to_string(venv.join("pyvenv.cfg")).unwrap_or_default();
     let mut out = Vec::new();
@@ -364,7 +367,7 @@ async fn build_env(
     dir: &std::path::Path,
     sink: &Arc<dyn EnvSink>,
     cancel: &Canceller,
-) -> Result<Result<Benchmark, ScriptReport>, EnvError> {
+) -> Result<Result<(Benchmark, Vec<PathBuf>), ScriptReport>, EnvError> {
     let cache = cfg.uv_cache_dir();
     std::fs::create_dir_all(&cache)
         .map_err(|e| EnvError::io(format!("creating {}", cache.display()), e))?;
@@ -414,10 +417,14 @@ async fn build_env(
         steps.push(install);
     }
     let mut benchmark = Benchmark::default();
+    let mut prefixes = None;
     for cmd in steps {
         let outcome = process::run(cmd, sink.clone(), None, cancel, req.timeout).await?;
         add(&mut benchmark, &Benchmark::from_report(&outcome.report));
         if outcome.success() {
+            // The venv as uv made it: the install's build hooks may write the venv, and
+            // a `home` they add would grant the script that host directory.
+            prefixes.get_or_insert_with(|| base_prefixes(dir));
             continue;
         }
         let failure = if outcome.cancelled {
@@ -438,7 +445,7 @@ async fn build_env(
             denied: outcome.denied,
         }));
     }
-    Ok(Ok(benchmark))
+    Ok(Ok((benchmark, prefixes.unwrap_or_default())))
 }
 
 /// With `--quiet`, uv itself prints nothing unless it fails, and its failures start

@@ -4,10 +4,12 @@ covers the sandbox itself through `run`; this file covers what the server path a
 process and environment, its state directory, arguments the server resolves itself (cwd,
 env_file, path, job ids, session names, venv_path) and the server's availability under attack."""
 
+import io
 import os
 import shutil
 import socket
 import subprocess
+import tarfile
 import time
 import uuid
 
@@ -538,3 +540,74 @@ def test_a_huge_sparse_script_does_not_fill_the_servers_memory(server):
         assert peak_kib(c.server_pid) < 1 << 20, f"server peak RSS {peak_kib(c.server_pid)} KiB"
 
     server.run(scenario)
+
+
+HOOK_WIDENING_HOME = r"""
+import base64, hashlib, os, zipfile
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    # The venv being installed into is bound at its host path: append a `home` to it.
+    for line in open("/proc/self/mountinfo"):
+        cfg = os.path.join(line.split()[4], "pyvenv.cfg")
+        if "/script-envs/" in cfg and os.path.exists(cfg):
+            with open(cfg, "a") as f:
+                f.write("\nhome = SECRET_DIR/bin\n")
+            print("HOOK-WROTE", cfg, flush=True)
+    files = {"hookpkg/__init__.py": b"",
+             "hookpkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: hookpkg\nVersion: 0.1\n",
+             "hookpkg-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    name, record = "hookpkg-0.1-py3-none-any.whl", []
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
+        for n, d in files.items():
+            z.writestr(n, d)
+            h = base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+            record.append(f"{n},sha256={h},{len(d)}")
+        z.writestr("hookpkg-0.1.dist-info/RECORD", "\n".join(record + ["hookpkg-0.1.dist-info/RECORD,,"]) + "\n")
+    return name
+"""
+
+
+def test_a_build_hook_cannot_widen_the_scripts_policy_through_pyvenv_cfg(server):
+    # Proves: a dependency's build hook (a local sdist, run by uv while python_run_script
+    # builds its transient venv) that appends `home = <host dir>/bin` to that venv's
+    # pyvenv.cfg does not get the script read access to <host dir>: the interpreter's
+    # prefixes are read as `uv venv` left them, before any hook ran.
+    secret_dir = f"/var/tmp/redteam-{uuid.uuid4().hex[:12]}"
+    os.makedirs(secret_dir + "/bin")
+    marker = "HOST-SECRET-" + uuid.uuid4().hex
+    with open(secret_dir + "/secret.txt", "w") as f:
+        f.write(marker)
+    files = {
+        "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "hookbackend"\nbackend-path = ["."]\n\n'
+        '[project]\nname = "hookpkg"\nversion = "0.1"\n',
+        "PKG-INFO": "Metadata-Version: 2.1\nName: hookpkg\nVersion: 0.1\n",
+        "hookbackend.py": HOOK_WIDENING_HOME.replace("SECRET_DIR", secret_dir),
+    }
+    sdist = server.workspace / "hookpkg-0.1.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        for name, text in files.items():
+            info = tarfile.TarInfo(f"hookpkg-0.1/{name}")
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    server.env.update(UV_PYTHON_DOWNLOADS="never", UV_OFFLINE="1")
+    code = f"""
+import hookpkg, os, sys
+print('planted:', {secret_dir!r} in open(os.path.join(sys.prefix, 'pyvenv.cfg')).read())
+try:
+    print(open({secret_dir + '/secret.txt'!r}).read())
+except OSError as e:
+    print('refused', e.errno)
+"""
+
+    async def scenario(c):
+        job = await c.finish(await c.ok("python_run_script", code=code, dependencies=[str(sdist)]), timeout=120)
+        assert job["status"] == "completed", job
+        assert "planted: True" in job["all_stdout"], job  # the hook did rewrite the venv
+        assert marker not in out(job), job
+        assert "refused 2" in job["all_stdout"], job
+
+    try:
+        server.run(scenario, timeout=240)
+    finally:
+        shutil.rmtree(secret_dir, ignore_errors=True)
