@@ -611,3 +611,28 @@ except OSError as e:
         server.run(scenario, timeout=240)
     finally:
         shutil.rmtree(secret_dir, ignore_errors=True)
+
+
+def test_the_interpreter_probe_imports_nothing_from_the_workspace(server):
+    # Proves: a `json.py` left in the workspace (by a job of an earlier server, or in a
+    # checkout) is not imported by the server's interpreter probe, which runs outside the
+    # sandbox when no remembered answer can be used (a fresh state dir here), with the
+    # server's working directory being the workspace, as clients start it.
+    marker = f"/var/tmp/redteam-probe-{uuid.uuid4().hex[:12]}"
+    (server.workspace / "json.py").write_text(
+        "import importlib, sys\n"
+        f"try:\n    open({marker!r}, 'w').write('imported outside the sandbox')\nexcept OSError:\n    pass\n"
+        "sys.path = [p for p in sys.path if p not in ('', '.', __import__('os').getcwd())]\n"
+        "del sys.modules['json']\nsys.modules['json'] = importlib.import_module('json')\n"
+    )
+
+    async def scenario(c):
+        r = await c.py("print(6 * 7)")
+        assert r["stdout"]["text"] == "42\n", r
+
+    try:
+        server.run(scenario)
+        assert not os.path.exists(marker), "the probe imported the workspace's json.py outside the sandbox"
+    finally:
+        if os.path.exists(marker):
+            os.unlink(marker)
