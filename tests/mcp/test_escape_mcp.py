@@ -636,3 +636,32 @@ def test_the_interpreter_probe_imports_nothing_from_the_workspace(server):
     finally:
         if os.path.exists(marker):
             os.unlink(marker)
+
+
+def test_finding_uv_imports_nothing_from_the_workspace(server):
+    # Proves: when `uv` on PATH is a wrapper script (a shim), the server asks Python's
+    # `uv` package where the binary is, outside the sandbox; a `uv.py` a shell job left in
+    # the workspace (the server's working directory) is not what it imports.
+    marker = f"/var/tmp/redteam-uv-{uuid.uuid4().hex[:12]}"
+    real = shutil.which("uv")
+    assert real, "uv is needed on PATH"
+    shim = server.root / "shim"
+    shim.mkdir()
+    (shim / "real-uv").symlink_to(real)
+    (shim / "uv").write_text('#!/bin/sh\nexec "$(dirname "$0")/real-uv" "$@"\n')
+    (shim / "uv").chmod(0o755)
+    server.env["PATH"] = f"{shim}:{os.environ['PATH']}"
+    planted = f"try:\n    open({marker!r}, 'w').write('x')\nexcept OSError:\n    pass\ndef find_uv_bin():\n    return {real!r}\n"
+
+    async def scenario(c):
+        job = await c.finish(await c.ok("shell_run", command=f"cat > uv.py <<'EOF'\n{planted}EOF\n", wait_seconds=20))
+        assert job["status"] == "completed", job
+        assert (server.workspace / "uv.py").exists()
+        await c.call("env_info")
+
+    try:
+        server.run(scenario)
+        assert not os.path.exists(marker), "finding uv imported the workspace's uv.py outside the sandbox"
+    finally:
+        if os.path.exists(marker):
+            os.unlink(marker)
