@@ -665,3 +665,31 @@ def test_finding_uv_imports_nothing_from_the_workspace(server):
     finally:
         if os.path.exists(marker):
             os.unlink(marker)
+
+
+def test_a_fifo_pyvenv_cfg_in_the_workspace_venv_does_not_hang_the_server(server):
+    # Proves: a shell job that makes `.venv/pyvenv.cfg` a FIFO does not make the server
+    # block reading it when sessions adopt the workspace venv (env_info
+    # use_workspace_venv=true, several sessions at once): every call answers and the
+    # server keeps serving cells.
+    async def scenario(c):
+        job = await c.finish(await c.ok(
+            "shell_run",
+            command="mkdir -p .venv/bin .venv/lib/python3/site-packages && ln -s \"$(command -v python3)\" .venv/bin/python"
+            " && mkfifo .venv/pyvenv.cfg",
+            wait_seconds=20,
+        ))
+        assert job["status"] == "completed", job
+        answers = []
+
+        async def adopt(i):
+            answers.append(await c.call("env_info", use_workspace_venv=True, create=True, session=f"v{i}", timeout=30))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(adopt, i)
+        assert len(answers) == 4
+        r = await c.py("print(6 * 7)")
+        assert r["stdout"]["text"] == "42\n", r
+
+    server.run(scenario, timeout=180)
