@@ -170,6 +170,7 @@ pub async fn run_script(
     let needs_env = !req.dependencies.is_empty() || req.python_version.is_some() || pep723;
     let mut benchmark = Benchmark::default();
     let mut env_dir = None;
+    let mut prefixes = Vec::new();
     let result = async {
         let python = if needs_env {
             let dir = transient_env_dir(cfg)?;
@@ -187,8 +188,9 @@ pub async fn run_script(
             )
             .await?
             {
-                Ok(b) => {
+                Ok((b, base)) => {
                     add(&mut benchmark, &b);
+                    prefixes = base;
                     dir.join("bin").join("python")
                 }
                 Err(mut report) => {
@@ -203,7 +205,7 @@ pub async fn run_script(
         let mut policy = session_policy.with_read(script.clone());
         if let Some(dir) = &env_dir {
             policy = policy.with_execute(dir.clone());
-            for prefix in base_prefixes(dir) {
+            for prefix in prefixes {
                 policy = policy.with_execute(prefix);
             }
         } else if let Some(prefix) = interpreter_prefix(&python) {
@@ -274,10 +276,31 @@ fn add(total: &mut Benchmark, b: &Benchmark) {
     total.peak_rss_bytes = total.peak_rss_bytes.max(b.peak_rss_bytes);
 }
 
+/// How much of a script the server itself reads looking for its block: a workspace file
+/// may be any size (a sparse one costs no disk), and this is the server's memory.
+const SCRIPT_BLOCK_SCAN: u64 = 16 << 20;
+
 /// Whether the script has a PEP 723 `# /// script` block (then uv reads its
-/// dependencies with `-r script`).
+/// dependencies with `-r script`) in its first [`SCRIPT_BLOCK_SCAN`] bytes. Opened
+/// without blocking and without following a last-step link, and only a regular file is
+/// read: a job may have swapped the checked path for a FIFO or a link since.
 fn has_script_block(script: &std::path::Path) -> bool {
-    std::fs::read_to_string(script).is_ok_and(|t| t.lines().any(|l| l.trim_end() == "# /// script"))
+    use std::io::{BufRead, Read};
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(script)
+    else {
+        return false;
+    };
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return false;
+    }
+    std::io::BufReader::new(file.take(SCRIPT_BLOCK_SCAN))
+        .split(b'\n')
+        .map_while(Result::ok)
+        .any(|l| l.trim_ascii_end() == b"# /// script")
 }
 
 fn transient_env_dir(cfg: &EnvConfig) -> Result<PathBuf, EnvError> {
@@ -294,6 +317,7 @@ fn transient_env_dir(cfg: &EnvConfig) -> Result<PathBuf, EnvError> {
 
 /// The installation prefixes of the interpreter a venv is based on (`home` in its
 /// pyvenv.cfg, and where that resolves to): the script's interpreter must run from there.
+/// Read right after `uv venv`, before any package's build hook could rewrite the venv.
 fn base_prefixes(venv: &std::path::Path) -> Vec<PathBuf> {
     let cfg = std::fs::read_to_string(venv.join("pyvenv.cfg")).unwrap_or_default();
     let mut out = Vec::new();
@@ -343,7 +367,7 @@ async fn build_env(
     dir: &std::path::Path,
     sink: &Arc<dyn EnvSink>,
     cancel: &Canceller,
-) -> Result<Result<Benchmark, ScriptReport>, EnvError> {
+) -> Result<Result<(Benchmark, Vec<PathBuf>), ScriptReport>, EnvError> {
     let cache = cfg.uv_cache_dir();
     std::fs::create_dir_all(&cache)
         .map_err(|e| EnvError::io(format!("creating {}", cache.display()), e))?;
@@ -393,10 +417,14 @@ async fn build_env(
         steps.push(install);
     }
     let mut benchmark = Benchmark::default();
+    let mut prefixes = None;
     for cmd in steps {
         let outcome = process::run(cmd, sink.clone(), None, cancel, req.timeout).await?;
         add(&mut benchmark, &Benchmark::from_report(&outcome.report));
         if outcome.success() {
+            // The venv as uv made it: the install's build hooks may write the venv, and
+            // a `home` they add would grant the script that host directory.
+            prefixes.get_or_insert_with(|| base_prefixes(dir));
             continue;
         }
         let failure = if outcome.cancelled {
@@ -417,7 +445,7 @@ async fn build_env(
             denied: outcome.denied,
         }));
     }
-    Ok(Ok(benchmark))
+    Ok(Ok((benchmark, prefixes.unwrap_or_default())))
 }
 
 /// With `--quiet`, uv itself prints nothing unless it fails, and its failures start
@@ -450,6 +478,31 @@ fn write_inline(cfg: &EnvConfig, code: &str) -> Result<PathBuf, EnvError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_block_is_found_in_a_bounded_read_of_a_regular_file_only() {
+        let d = tempfile::tempdir().unwrap();
+        let p = |n: &str| d.path().join(n);
+        std::fs::write(p("a.py"), "x = 1\r\n# /// script\r\n# ///\n").unwrap();
+        std::fs::write(p("b.py"), "# // script\n").unwrap();
+        assert!(has_script_block(&p("a.py")));
+        assert!(!has_script_block(&p("b.py")));
+        // Past the bound (a sparse file costs no disk): not read, not found.
+        let big = std::fs::File::create(p("big.py")).unwrap();
+        big.set_len(SCRIPT_BLOCK_SCAN + 10).unwrap();
+        drop(big);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(p("big.py"))
+            .unwrap();
+        std::io::Write::write_all(&mut f, b"\n# /// script\n").unwrap();
+        assert!(!has_script_block(&p("big.py")));
+        // A link or a FIFO swapped in: not followed, never blocks.
+        std::os::unix::fs::symlink(p("a.py"), p("link.py")).unwrap();
+        assert!(!has_script_block(&p("link.py")));
+        nix::unistd::mkfifo(&p("fifo.py"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(!has_script_block(&p("fifo.py")));
+    }
 
     #[test]
     fn uv_failures_are_told_apart_from_script_failures() {

@@ -298,9 +298,15 @@ fn resolve_wrapper(script: &Path) -> Option<PathBuf> {
     None
 }
 
-/// First line of a command's stdout, if it succeeded.
+/// First line of a command's stdout, if it succeeded. Run from `/`, not from the
+/// server's working directory (often the workspace): there `python -c` would import a
+/// job's `uv.py` and pyenv would read a job's `.python-version`, outside the sandbox.
 fn command_line(program: &str, args: &[&str]) -> Option<String> {
-    let out = Command::new(program).args(args).output().ok()?;
+    let out = Command::new(program)
+        .args(args)
+        .current_dir("/")
+        .output()
+        .ok()?;
     if !out.status.success() {
         return None;
     }

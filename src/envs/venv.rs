@@ -92,9 +92,8 @@ impl Venv {
         let Some(site_packages) = sites.pop() else {
             return Err(no("it has no lib/python*/site-packages"));
         };
-        let python_version = std::fs::read_to_string(root.join("pyvenv.cfg"))
-            .ok()
-            .and_then(|cfg| cfg_value(&cfg, &["version_info", "version"]));
+        let python_version =
+            read_cfg(root).and_then(|cfg| cfg_value(&cfg, &["version_info", "version"]));
         Ok(Venv {
             root: root.to_path_buf(),
             python,
@@ -102,6 +101,25 @@ impl Venv {
             python_version,
         })
     }
+}
+
+/// A venv's `pyvenv.cfg` as the server reads it: a workspace venv's is the jobs' to
+/// write, so only a regular file (not a FIFO that would hold the server's thread, not a
+/// link), opened without blocking, and only its first 64 KiB.
+fn read_cfg(root: &Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(root.join("pyvenv.cfg"))
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(64 << 10).read_to_string(&mut text).ok()?;
+    Some(text)
 }
 
 /// Let session workers read (and run programs from) the managed venvs, which live in

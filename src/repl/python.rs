@@ -135,6 +135,10 @@ pub(crate) async fn probe(python: &Path) -> Result<PythonInfo, ReplError> {
     };
     let mut child = tokio::process::Command::new(python)
         .args(["-S", "-c", PROBE])
+        // `-c` puts the working directory first on sys.path, and this probe runs outside
+        // the sandbox: from the server's (often the workspace, where a job may have put a
+        // `json.py`) it would import what a job left there.
+        .current_dir("/")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -50,7 +50,8 @@ pub struct MountView {
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
     #[error(
-        "cannot create a mount namespace (unshare CLONE_NEWNS): {0}; the launcher needs CAP_SYS_ADMIN \
+        "cannot create a mount and IPC namespace (unshare CLONE_NEWNS|CLONE_NEWIPC): {0}; the launcher \
+         needs CAP_SYS_ADMIN \
          (run the server as root or in a user namespace), or use a policy that allows best effort"
     )]
     Unshare(io::Error),
@@ -92,8 +93,11 @@ pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
     plan::hide(&mut plan, &view.hide);
     let tmpfs = view.tmp_size.map(|size| (tmp.as_path(), size));
 
-    // SAFETY: unshare(2) with a constant flag, affecting only this process.
-    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+    // A private IPC namespace with the view: System V shared memory, message queues and
+    // semaphores, and POSIX message queues (mq_open needs no /dev/mqueue) are per IPC
+    // namespace, and a root-uid job owns the host's root-owned segments by plain DAC.
+    // SAFETY: unshare(2) with constant flags, affecting only this process.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC) } != 0 {
         return Err(MountError::Unshare(io::Error::last_os_error()));
     }
     // Nothing we do may propagate back to the host.

@@ -4,10 +4,12 @@ covers the sandbox itself through `run`; this file covers what the server path a
 process and environment, its state directory, arguments the server resolves itself (cwd,
 env_file, path, job ids, session names, venv_path) and the server's availability under attack."""
 
+import io
 import os
 import shutil
 import socket
 import subprocess
+import tarfile
 import time
 import uuid
 
@@ -459,3 +461,235 @@ def test_env_file_fifo_does_not_hang_the_server(server):
         await answers_quickly(c)
 
     server.run(scenario, timeout=30)
+
+
+def test_host_ipc_objects_are_out_of_reach(server):
+    # Proves: the host's System V shared memory and message queues and its POSIX message
+    # queues are per IPC namespace, and a root-uid job owns root's 0600 segments by plain
+    # DAC; from a session, a shell job and a script none of them is found, listed, read,
+    # written or removed (each job has an IPC namespace of its own).
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+    key = int.from_bytes(os.urandom(3), "big") | 0x1000000
+    mq = f"/redteam-{uuid.uuid4().hex[:12]}"
+    marker = b"HOST-IPC-" + uuid.uuid4().hex[:8].encode()
+    shmid = libc.shmget(key, 4096, 0o1000 | 0o600)  # IPC_CREAT
+    msqid = libc.msgget(key, 0o1000 | 0o600)
+    mqd = libc.mq_open(mq.encode(), os.O_CREAT | os.O_RDWR, 0o600, None)
+    assert shmid >= 0 and msqid >= 0 and mqd >= 0, ctypes.get_errno()
+    addr = libc.shmat(shmid, None, 0)
+    ctypes.memmove(addr, marker, len(marker))
+    probe = f"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+print('shm', libc.shmget({key}, 0, 0), 'msg', libc.msgget({key}, 0),
+      'mq', libc.mq_open({mq.encode()!r}, os.O_RDWR, 0, None))
+print([l.split()[0] for l in open('/proc/sysvipc/shm').readlines()[1:]])
+"""
+    absent = "shm -1 msg -1 mq -1\n"
+
+    async def scenario(c):
+        r = await c.py(probe)
+        assert r["status"] == "completed", r
+        assert r["stdout"]["text"].startswith(absent), r
+        assert str(key) not in r["stdout"]["text"], r
+        r = await c.ok("python_run_script", code=probe, wait_seconds=60)
+        r = await c.finish(r)
+        assert r["all_stdout"].startswith(absent), r
+        r = await c.ok("shell_run", command=f"ipcs -m; ipcrm -M {key}; ipcrm -Q {key}; cat /proc/sysvipc/msg", wait_seconds=20)
+        r = await c.finish(r)
+        assert f"{key:#010x}" not in r["all_stdout"] and str(key) not in r["all_stdout"], r
+
+    try:
+        server.run(scenario)
+        assert ctypes.string_at(addr, len(marker)) == marker
+        assert libc.shmget(key, 0, 0) == shmid and libc.msgget(key, 0) == msqid
+    finally:
+        libc.shmdt(ctypes.c_void_p(addr))
+        libc.shmctl(shmid, 0, None)  # IPC_RMID
+        libc.msgctl(msqid, 0, None)
+        libc.mq_close(mqd)
+        libc.mq_unlink(mq.encode())
+
+
+def test_a_huge_sparse_script_does_not_fill_the_servers_memory(server):
+    # Proves: python_run_script path= naming a 3 GiB sparse file in the workspace (no disk
+    # used; any job can make one) does not make the server read it into its own memory
+    # (it looks for a PEP 723 block in a bounded prefix); the server's peak RSS stays far
+    # below the file's size and it keeps answering.
+    with open(server.workspace / "big.py", "wb") as f:
+        f.truncate(3 << 30)
+
+    def peak_kib(pid):
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmHWM")
+
+    async def scenario(c):
+        r = await c.ok("python_run_script", path="big.py", wait_seconds=10)
+        if r.get("status") == "running":
+            await c.ok("job_cancel", job_id=r["job_id"], grace_seconds=1)
+        r = await c.py("print(6 * 7)")
+        assert r["stdout"]["text"] == "42\n", r
+        assert peak_kib(c.server_pid) < 1 << 20, f"server peak RSS {peak_kib(c.server_pid)} KiB"
+
+    server.run(scenario)
+
+
+HOOK_WIDENING_HOME = r"""
+import base64, hashlib, os, zipfile
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    # The venv being installed into is bound at its host path: append a `home` to it.
+    for line in open("/proc/self/mountinfo"):
+        cfg = os.path.join(line.split()[4], "pyvenv.cfg")
+        if "/script-envs/" in cfg and os.path.exists(cfg):
+            with open(cfg, "a") as f:
+                f.write("\nhome = SECRET_DIR/bin\n")
+            print("HOOK-WROTE", cfg, flush=True)
+    files = {"hookpkg/__init__.py": b"",
+             "hookpkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: hookpkg\nVersion: 0.1\n",
+             "hookpkg-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    name, record = "hookpkg-0.1-py3-none-any.whl", []
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
+        for n, d in files.items():
+            z.writestr(n, d)
+            h = base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+            record.append(f"{n},sha256={h},{len(d)}")
+        z.writestr("hookpkg-0.1.dist-info/RECORD", "\n".join(record + ["hookpkg-0.1.dist-info/RECORD,,"]) + "\n")
+    return name
+"""
+
+
+def test_a_build_hook_cannot_widen_the_scripts_policy_through_pyvenv_cfg(server):
+    # Proves: a dependency's build hook (a local sdist, run by uv while python_run_script
+    # builds its transient venv) that appends `home = <host dir>/bin` to that venv's
+    # pyvenv.cfg does not get the script read access to <host dir>: the interpreter's
+    # prefixes are read as `uv venv` left them, before any hook ran.
+    secret_dir = f"/var/tmp/redteam-{uuid.uuid4().hex[:12]}"
+    os.makedirs(secret_dir + "/bin")
+    marker = "HOST-SECRET-" + uuid.uuid4().hex
+    with open(secret_dir + "/secret.txt", "w") as f:
+        f.write(marker)
+    files = {
+        "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "hookbackend"\nbackend-path = ["."]\n\n'
+        '[project]\nname = "hookpkg"\nversion = "0.1"\n',
+        "PKG-INFO": "Metadata-Version: 2.1\nName: hookpkg\nVersion: 0.1\n",
+        "hookbackend.py": HOOK_WIDENING_HOME.replace("SECRET_DIR", secret_dir),
+    }
+    sdist = server.workspace / "hookpkg-0.1.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        for name, text in files.items():
+            info = tarfile.TarInfo(f"hookpkg-0.1/{name}")
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    server.env.update(UV_PYTHON_DOWNLOADS="never", UV_OFFLINE="1")
+    code = f"""
+import hookpkg, os, sys
+print('planted:', {secret_dir!r} in open(os.path.join(sys.prefix, 'pyvenv.cfg')).read())
+try:
+    print(open({secret_dir + '/secret.txt'!r}).read())
+except OSError as e:
+    print('refused', e.errno)
+"""
+
+    async def scenario(c):
+        job = await c.finish(await c.ok("python_run_script", code=code, dependencies=[str(sdist)]), timeout=120)
+        assert job["status"] == "completed", job
+        assert "planted: True" in job["all_stdout"], job  # the hook did rewrite the venv
+        assert marker not in out(job), job
+        assert "refused 2" in job["all_stdout"], job
+
+    try:
+        server.run(scenario, timeout=240)
+    finally:
+        shutil.rmtree(secret_dir, ignore_errors=True)
+
+
+def test_the_interpreter_probe_imports_nothing_from_the_workspace(server):
+    # Proves: a `json.py` left in the workspace (by a job of an earlier server, or in a
+    # checkout) is not imported by the server's interpreter probe, which runs outside the
+    # sandbox when no remembered answer can be used (a fresh state dir here), with the
+    # server's working directory being the workspace, as clients start it.
+    marker = f"/var/tmp/redteam-probe-{uuid.uuid4().hex[:12]}"
+    (server.workspace / "json.py").write_text(
+        "import importlib, sys\n"
+        f"try:\n    open({marker!r}, 'w').write('imported outside the sandbox')\nexcept OSError:\n    pass\n"
+        "sys.path = [p for p in sys.path if p not in ('', '.', __import__('os').getcwd())]\n"
+        "del sys.modules['json']\nsys.modules['json'] = importlib.import_module('json')\n"
+    )
+
+    async def scenario(c):
+        r = await c.py("print(6 * 7)")
+        assert r["stdout"]["text"] == "42\n", r
+
+    try:
+        server.run(scenario)
+        assert not os.path.exists(marker), "the probe imported the workspace's json.py outside the sandbox"
+    finally:
+        if os.path.exists(marker):
+            os.unlink(marker)
+
+
+def test_finding_uv_imports_nothing_from_the_workspace(server):
+    # Proves: when `uv` on PATH is a wrapper script (a shim), the server asks Python's
+    # `uv` package where the binary is, outside the sandbox; a `uv.py` a shell job left in
+    # the workspace (the server's working directory) is not what it imports.
+    marker = f"/var/tmp/redteam-uv-{uuid.uuid4().hex[:12]}"
+    real = shutil.which("uv")
+    assert real, "uv is needed on PATH"
+    shim = server.root / "shim"
+    shim.mkdir()
+    (shim / "real-uv").symlink_to(real)
+    (shim / "uv").write_text('#!/bin/sh\nexec "$(dirname "$0")/real-uv" "$@"\n')
+    (shim / "uv").chmod(0o755)
+    server.env["PATH"] = f"{shim}:{os.environ['PATH']}"
+    planted = f"try:\n    open({marker!r}, 'w').write('x')\nexcept OSError:\n    pass\ndef find_uv_bin():\n    return {real!r}\n"
+
+    async def scenario(c):
+        job = await c.finish(await c.ok("shell_run", command=f"cat > uv.py <<'EOF'\n{planted}EOF\n", wait_seconds=20))
+        assert job["status"] == "completed", job
+        assert (server.workspace / "uv.py").exists()
+        await c.call("env_info")
+
+    try:
+        server.run(scenario)
+        assert not os.path.exists(marker), "finding uv imported the workspace's uv.py outside the sandbox"
+    finally:
+        if os.path.exists(marker):
+            os.unlink(marker)
+
+
+def test_a_fifo_pyvenv_cfg_in_the_workspace_venv_does_not_hang_the_server(server):
+    # Proves: a shell job that makes `.venv/pyvenv.cfg` a FIFO does not make the server
+    # block reading it when sessions adopt the workspace venv (env_info
+    # use_workspace_venv=true, several sessions at once): every call answers and the
+    # server keeps serving cells.
+    async def scenario(c):
+        job = await c.finish(await c.ok(
+            "shell_run",
+            command="mkdir -p .venv/bin .venv/lib/python3/site-packages && ln -s \"$(command -v python3)\" .venv/bin/python"
+            " && mkfifo .venv/pyvenv.cfg",
+            wait_seconds=20,
+        ))
+        assert job["status"] == "completed", job
+        answers = []
+
+        async def adopt(i):
+            answers.append(await c.call("env_info", use_workspace_venv=True, create=True, session=f"v{i}", timeout=30))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(adopt, i)
+        assert len(answers) == 4
+        r = await c.py("print(6 * 7)")
+        assert r["stdout"]["text"] == "42\n", r
+
+    server.run(scenario, timeout=180)
