@@ -142,6 +142,11 @@ pub(crate) struct ProbeCache {
 }
 
 impl ProbeCache {
+    /// The state dir it lives in.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
     pub fn new(state_dir: &Path) -> ProbeCache {
         ProbeCache {
             state_dir: state_dir.to_path_buf(),

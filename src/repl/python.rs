@@ -5,6 +5,8 @@
 //! PATH. PATH entries may be shims (pyenv's are shell scripts that re-exec the real
 //! interpreter on every start, costing tens of milliseconds and needing a shell in the
 //! sandbox), so the interpreter is asked once for `sys.executable` and that is used.
+//! That probe runs outside the sandbox, so it never runs a program sandboxed code could
+//! have written (see `probe_candidate`).
 
 use std::path::{Path, PathBuf};
 
@@ -57,12 +59,13 @@ impl PythonInfo {
 /// at every start (tens of milliseconds), and none of the facts needs them. Without
 /// `site`, a virtual environment's prefix is not applied, so the probe does what
 /// `site.venv` does: a `pyvenv.cfg` beside the executable or one directory up makes that
-/// directory `sys.prefix` and `sys.exec_prefix`.
+/// directory `sys.prefix` and `sys.exec_prefix`. Given an argument, it looks there
+/// instead of beside the executable (a venv whose interpreter is probed by its real path).
 const PROBE: &str = "import sys,json,marshal,binascii,os\n\
 try: c=binascii.b2a_base64(marshal.dumps(compile(sys.stdin.read(),'<sandbox-repl-worker>','exec')),newline=False).decode()\n\
 except Exception: c=None\n\
 p,e=sys.prefix,sys.exec_prefix\n\
-d=os.path.dirname(sys.executable)\n\
+d=sys.argv[1] if len(sys.argv)>1 else os.path.dirname(sys.executable)\n\
 v=[v for v in (d,os.path.dirname(d)) if os.path.isfile(os.path.join(v,'pyvenv.cfg'))]\n\
 if v: p=e=v[0]\n\
 print(json.dumps([sys.executable,sys.version.split()[0],p,sys.base_prefix,e,sys.base_exec_prefix,c]))";
@@ -73,7 +76,58 @@ pub async fn discover_python(
     explicit: Option<&Path>,
     workspace: &Path,
 ) -> Result<PythonInfo, ReplError> {
-    probe(&candidate(explicit, workspace)?).await
+    let candidate = candidate(explicit, workspace)?;
+    probe_candidate(&candidate, explicit.is_some(), &[workspace]).await
+}
+
+/// Probe `candidate` — outside the sandbox, so never a program a job could have written.
+/// An explicit `--python` is the user's choice, and a candidate outside `job_writable`
+/// (the workspace and the state dir) no job can change. A `.venv` found inside them is
+/// another matter: a job may have written its `bin/python`. Then the real interpreter it
+/// links to is probed by its real path (told where the venv is), provided that path lies
+/// outside `job_writable` too; the venv's own `bin/python` only ever runs in the sandbox.
+/// A venv whose interpreter is a file in there (a `--copies` venv, or whatever a job
+/// wrote) is not used: `python3` on PATH is, and a warning says why.
+async fn probe_candidate(
+    candidate: &Path,
+    explicit: bool,
+    job_writable: &[&Path],
+) -> Result<PythonInfo, ReplError> {
+    let inside = |p: &Path| {
+        job_writable.iter().any(|root| {
+            p.starts_with(root) || root.canonicalize().is_ok_and(|root| p.starts_with(root))
+        })
+    };
+    if explicit || !inside(candidate) {
+        return probe(candidate, None).await;
+    }
+    let bin = candidate.parent().unwrap_or(Path::new("/"));
+    match candidate.canonicalize() {
+        Ok(real) if !inside(&real) => {
+            let mut info = probe(&real, Some(bin)).await?;
+            info.executable = candidate.to_path_buf();
+            Ok(info)
+        }
+        found => {
+            let why = match found {
+                Ok(real) => format!("it is the file {}", real.display()),
+                Err(e) => format!("it cannot be resolved ({e})"),
+            };
+            tracing::warn!(
+                venv_python = %candidate.display(),
+                "not using the workspace's virtual environment: {why}, in a directory sandboxed \
+                 code can write, and the server does not run such a program outside the \
+                 sandbox; using python3 from PATH (pass --python to choose the interpreter)"
+            );
+            let path = which::which("python3").map_err(|e| ReplError::PythonNotFound {
+                detail: format!(
+                    "{} is not usable ({why}) and there is no python3 on PATH ({e})",
+                    candidate.display()
+                ),
+            })?;
+            probe(&path, None).await
+        }
+    }
 }
 
 /// The path to ask: `explicit`, else the nearest `.venv` upward from `workspace`, else
@@ -115,7 +169,12 @@ pub(crate) async fn discover_python_cached(
     {
         return Ok(hit.info);
     }
-    let info = probe(&candidate).await?;
+    let info = probe_candidate(
+        &candidate,
+        explicit.is_some(),
+        &[workspace, cache.state_dir()],
+    )
+    .await?;
     cache.store(&candidate, &info);
     Ok(info)
 }
@@ -128,13 +187,16 @@ pub(crate) fn nearest_venv_python(start: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-pub(crate) async fn probe(python: &Path) -> Result<PythonInfo, ReplError> {
+/// Run the probe with `python`; `venv_bin`: where to look for `pyvenv.cfg` instead of
+/// beside it.
+pub(crate) async fn probe(python: &Path, venv_bin: Option<&Path>) -> Result<PythonInfo, ReplError> {
     let fail = |detail: String| ReplError::PythonProbe {
         python: python.to_path_buf(),
         detail,
     };
     let mut child = tokio::process::Command::new(python)
         .args(["-S", "-c", PROBE])
+        .args(venv_bin)
         // `-c` puts the working directory first on sys.path, and this probe runs outside
         // the sandbox: from the server's (often the workspace, where a job may have put a
         // `json.py`) it would import what a job left there.

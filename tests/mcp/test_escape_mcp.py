@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tarfile
 import time
 import uuid
@@ -636,6 +637,52 @@ def test_the_interpreter_probe_imports_nothing_from_the_workspace(server):
     finally:
         if os.path.exists(marker):
             os.unlink(marker)
+
+
+def test_a_venv_python_a_job_wrote_never_runs_outside_the_sandbox(server):
+    # Proves: a shell job that writes `.venv/bin/python` into the workspace cannot have the
+    # next server (fresh state dir, no --python) run it outside the sandbox when it probes
+    # the interpreter: the server does not use a venv whose interpreter is a file sandboxed
+    # code can write; it says so and uses python3 from PATH.
+    marker = f"/var/tmp/redteam-venv-{uuid.uuid4().hex[:12]}"
+    planted = f"#!/bin/sh\n(id > {marker}) 2>/dev/null\nexec python3 \"$@\"\n"
+
+    async def plant(c):
+        r = await c.ok("shell_run", command=(
+            "mkdir -p .venv/bin && printf 'home = /usr/bin\\n' > .venv/pyvenv.cfg && "
+            f"cat > .venv/bin/python <<'EOF'\n{planted}EOF\nchmod +x .venv/bin/python"),
+            wait_seconds=10)
+        assert r["status"] == "completed", r
+
+    async def next_server(c):
+        r = await c.py("import sys; print(sys.prefix)")
+        assert r["stdout"]["text"].strip() != str(server.workspace / ".venv"), r
+
+    try:
+        server.run(plant)
+        assert (server.workspace / ".venv/bin/python").exists()
+        shutil.rmtree(server.state_dir)
+        server.state_dir.mkdir()
+        server.env["RUST_LOG"] = "warn"
+        server.run(next_server)
+        assert not os.path.exists(marker), "the planted .venv/bin/python ran outside the sandbox"
+        assert "not using the workspace's virtual environment" in server.stderr_log()
+    finally:
+        if os.path.exists(marker):
+            os.unlink(marker)
+
+
+def test_a_workspace_venv_linked_to_a_real_interpreter_is_still_used(server):
+    # The usual `python -m venv .venv` (bin/python links to the base interpreter) is still
+    # the sessions' interpreter: its real path is probed, its own path runs in the sandbox.
+    base = sys.executable
+    subprocess.run([base, "-m", "venv", "--without-pip", str(server.workspace / ".venv")], check=True)
+
+    async def scenario(c):
+        r = await c.py("import sys; print(sys.prefix)")
+        assert r["stdout"]["text"].strip() == str(server.workspace / ".venv"), r
+
+    server.run(scenario)
 
 
 def test_finding_uv_imports_nothing_from_the_workspace(server):
