@@ -835,16 +835,10 @@ mod tests {
         assert!(!file.exists());
     }
 
-    /// Keys of the cells kept.
-    fn kept(g: &Graph) -> Vec<u64> {
-        g.nodes.keys().copied().collect()
-    }
-
-    #[test]
-    fn the_cell_cap_drops_the_oldest_but_keeps_held_snapshots_and_the_head_line() {
-        let mut g = Graph::open(8, 10, None);
-        // A line c1 → … → c5 with a snapshot at c1; the head stays at c5 while fifteen
-        // more cells (each on an empty state) are added.
+    /// A cap of 10: a line c1 → … → c5 with a snapshot at c1 and the head at c5, then
+    /// fifteen more cells (each on an empty state).
+    fn line_then_fifteen(file: Option<PathBuf>) -> Graph {
+        let mut g = Graph::open(8, 10, file);
         for c in 1..=5 {
             g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
         }
@@ -853,6 +847,17 @@ mod tests {
         for c in 6..=20 {
             g.add(node(c, None, CellStatus::Ok));
         }
+        g
+    }
+
+    /// Keys of the cells kept.
+    fn kept(g: &Graph) -> Vec<u64> {
+        g.nodes.keys().copied().collect()
+    }
+
+    #[test]
+    fn the_cell_cap_drops_the_oldest_but_keeps_held_snapshots_and_the_head_line() {
+        let mut g = line_then_fifteen(None);
         assert_eq!(kept(&g), [1, 2, 3, 4, 5, 16, 17, 18, 19, 20]);
         assert_eq!(g.dropped(), Some((10, 1)));
         assert_eq!(
@@ -902,15 +907,7 @@ mod tests {
     fn a_closed_session_leaves_exactly_its_kept_cells_for_the_next_server() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("graph.jsonl");
-        let mut g = Graph::open(8, 10, Some(file.clone()));
-        for c in 1..=5 {
-            g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
-        }
-        g.hold(snap(1), 1);
-        g.head = Some(5);
-        for c in 6..=20 {
-            g.add(node(c, None, CellStatus::Ok));
-        }
+        let mut g = line_then_fifteen(Some(file.clone()));
         let before = kept(&g);
         assert_eq!(before, [1, 2, 3, 4, 5, 16, 17, 18, 19, 20]);
         // Without the close, the file still has c6..c15 (not compacted yet): a reload

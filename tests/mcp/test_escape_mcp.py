@@ -614,6 +614,16 @@ except OSError as e:
         shutil.rmtree(secret_dir, ignore_errors=True)
 
 
+def run_and_check_marker(server, scenario, marker: str, why: str) -> None:
+    """Run `scenario`; code outside the sandbox would have written `marker` (removed after)."""
+    try:
+        server.run(scenario)
+        assert not os.path.exists(marker), why
+    finally:
+        if os.path.exists(marker):
+            os.unlink(marker)
+
+
 def test_the_interpreter_probe_imports_nothing_from_the_workspace(server):
     # Proves: a `json.py` left in the workspace (by a job of an earlier server, or in a
     # checkout) is not imported by the server's interpreter probe, which runs outside the
@@ -631,12 +641,7 @@ def test_the_interpreter_probe_imports_nothing_from_the_workspace(server):
         r = await c.py("print(6 * 7)")
         assert r["stdout"]["text"] == "42\n", r
 
-    try:
-        server.run(scenario)
-        assert not os.path.exists(marker), "the probe imported the workspace's json.py outside the sandbox"
-    finally:
-        if os.path.exists(marker):
-            os.unlink(marker)
+    run_and_check_marker(server, scenario, marker, "the probe imported the workspace's json.py outside the sandbox")
 
 
 def test_a_venv_python_a_job_wrote_never_runs_outside_the_sandbox(server):
@@ -706,12 +711,7 @@ def test_finding_uv_imports_nothing_from_the_workspace(server):
         assert (server.workspace / "uv.py").exists()
         await c.call("env_info")
 
-    try:
-        server.run(scenario)
-        assert not os.path.exists(marker), "finding uv imported the workspace's uv.py outside the sandbox"
-    finally:
-        if os.path.exists(marker):
-            os.unlink(marker)
+    run_and_check_marker(server, scenario, marker, "finding uv imported the workspace's uv.py outside the sandbox")
 
 
 def test_a_fifo_pyvenv_cfg_in_the_workspace_venv_does_not_hang_the_server(server):
