@@ -290,11 +290,14 @@ pub(crate) fn load_store(store_dir: &Path, had_index: bool) -> Loaded {
         };
     }
     let (records, next_id) = load(store_dir);
+    // With nothing found there is nothing to convert: no rewrite of an empty index (and
+    // of `next_id`) at every start of a server with no history.
+    let legacy = !records.is_empty();
     Loaded {
         records,
         next_id,
         lines: 0,
-        legacy: true,
+        legacy,
     }
 }
 

@@ -762,3 +762,22 @@ async fn calls_racing_the_background_read_wait_for_it() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_store_with_no_history_writes_nothing_when_its_table_is_read() {
+    let (scratch, store) = open("no-history", 20_000, 1 << 30);
+    assert!(listed(&store).is_empty());
+    let mut names: Vec<String> = std::fs::read_dir(scratch.path().join("state/jobs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    // The lock, the (empty) index opened for appending and the disk reserve: no
+    // `next_id`, no rewritten index.
+    assert!(
+        !names.iter().any(|n| n == "next_id" || n.ends_with(".tmp")),
+        "{names:?}"
+    );
+    let index = scratch.path().join("state/jobs/index.log");
+    assert_eq!(std::fs::metadata(index).unwrap().len(), 0);
+}
