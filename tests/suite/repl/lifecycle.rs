@@ -40,6 +40,11 @@ async fn interrupt_stops_running_code_and_keeps_state() {
 /// lost; a cell stuck in one C call is killed when the cancel's grace period ends.
 #[tokio::test]
 async fn cancel_is_never_lost_and_escalates_to_a_kill() {
+    // SIGINT is blocked before the marker prints: the interrupt can never land between
+    // the print and the C call (as it could on a loaded machine), so the cell never
+    // answers it, as one stuck in C code would not.
+    const STUCK_IN_C: &str = "import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, \
+        {signal.SIGINT})\nprint('in C', flush=True)\nsum(range(10**11))";
     let f = fixture("cancel", 4);
     run(&f.manager, "default", "keep = 1").await;
     let s = f.manager.get("default").unwrap();
@@ -60,7 +65,7 @@ async fn cancel_is_never_lost_and_escalates_to_a_kill() {
     let task = {
         let (s, sink) = (s.clone(), sink.clone());
         tokio::spawn(async move {
-            s.execute("print('in C', flush=True)\nsum(range(10**11))", sink)
+            s.execute(STUCK_IN_C, sink)
                 .await
         })
     };
