@@ -6,6 +6,7 @@ arguments. Hostile URIs get a resource error, never a file."""
 from __future__ import annotations
 
 import json
+import time
 from contextlib import asynccontextmanager
 
 import anyio
@@ -198,6 +199,12 @@ def test_listen_on_the_2026_protocol_is_told_as_the_output_grows(server):
             async with ModernClient(params, mode="auto") as c:
                 r = await c.call_tool("shell_run", {"command": "echo a; read x; echo b; read x", "wait_seconds": 0.5})
                 jid = r.structured_content["job_id"]
+                # On a loaded machine "a" may come after the call's window: wait for it, so
+                # the change listened for below is "b".
+                seen = r.structured_content["stdout"]["text"]
+                while "a" not in seen:
+                    w = await c.call_tool("job_wait", {"job_id": jid, "timeout_seconds": 30})
+                    seen += w.structured_content["stdout"]["text"]
                 uri = f"job://{jid}/stdout"
                 async with c.listen(resource_subscriptions=[uri, "session://none/history", "job://j999/stdout"]) as sub:
                     assert list(sub.honored.resource_subscriptions) == [uri], sub.honored
@@ -205,8 +212,11 @@ def test_listen_on_the_2026_protocol_is_told_as_the_output_grows(server):
                     async for event in sub:
                         assert str(event.uri) == uri, event
                         break
-                text = (await c.read_resource(uri)).contents[0].text
-                assert text == "a\nb\n", text
+                # The event may announce "b" before all of it is readable: read until it is.
+                deadline = time.monotonic() + 30
+                while (text := (await c.read_resource(uri)).contents[0].text) != "a\nb\n":
+                    assert time.monotonic() < deadline, text
+                    await anyio.sleep(0.05)
                 await c.call_tool("job_cancel", {"job_id": jid})
 
     try:
