@@ -45,7 +45,6 @@ pub struct SandboxServer {
     pub(crate) app: Arc<App>,
     /// Cancelled when this connection goes away; long waits of its tool calls end then.
     pub(crate) closing: CancellationToken,
-    tools: ToolRouter<SandboxServer>,
     /// Roots and what the agent was told of the sandbox ([`client_state`]).
     link: Arc<ClientLink>,
     /// This connection's resource subscriptions ([`resources`]).
@@ -59,16 +58,22 @@ impl SandboxServer {
         SandboxServer {
             app,
             closing,
-            tools: all_tools(),
             link: Arc::default(),
             subscriptions: Arc::default(),
             tasks: JobTasks::default(),
         }
     }
 
+    /// The tools, with their schemas rewritten (see `schema`): built once per process, at
+    /// the first call that needs them, not on the way to answering `initialize`.
+    fn tools() -> &'static ToolRouter<SandboxServer> {
+        static TOOLS: std::sync::OnceLock<ToolRouter<SandboxServer>> = std::sync::OnceLock::new();
+        TOOLS.get_or_init(all_tools)
+    }
+
     /// Names of every tool offered (used by the docs-in-step test).
     pub fn tool_names() -> Vec<String> {
-        all_tools()
+        Self::tools()
             .list_all()
             .into_iter()
             .map(|t| t.name.to_string())
@@ -96,8 +101,7 @@ impl SandboxServer {
         let detail = message
             .trim_start_matches("failed to deserialize parameters:")
             .trim();
-        let which = self
-            .tools
+        let which = Self::tools()
             .get(tool)
             .and_then(|t| super::args_check::explain(&t.input_schema, args));
         let text = match which {
@@ -283,11 +287,11 @@ impl ServerHandler for SandboxServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.tools.list_all()))
+        Ok(ListToolsResult::with_all_items(Self::tools().list_all()))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.tools.get(name).cloned()
+        Self::tools().get(name).cloned()
     }
 
     async fn call_tool(
@@ -296,9 +300,8 @@ impl ServerHandler for SandboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let name = request.name.to_string();
-        if self.tools.get(&name).is_none() {
-            let known: Vec<String> = self
-                .tools
+        if Self::tools().get(&name).is_none() {
+            let known: Vec<String> = Self::tools()
                 .list_all()
                 .into_iter()
                 .map(|t| t.name.to_string())
@@ -319,7 +322,7 @@ impl ServerHandler for SandboxServer {
         let args = request.arguments.clone().unwrap_or_default();
         let started = std::time::Instant::now();
         let tcc = ToolCallContext::new(self, request, context);
-        let outcome = self.tools.call(tcc).await;
+        let outcome = Self::tools().call(tcc).await;
         tracing::debug!(tool = %name, micros = started.elapsed().as_micros() as u64, "tool call handled");
         let answer = match outcome {
             // Arguments that do not fit the schema (or a range the tool checks) are
@@ -378,7 +381,7 @@ mod tests {
     /// Argument schemas reject unknown fields and every tool has annotations.
     #[test]
     fn schemas_are_strict_and_annotated() {
-        for tool in all_tools().list_all() {
+        for tool in SandboxServer::tools().list_all() {
             let schema = serde_json::Value::Object((*tool.input_schema).clone());
             assert_eq!(
                 schema["additionalProperties"],

@@ -64,10 +64,7 @@ async fn cancel_is_never_lost_and_escalates_to_a_kill() {
 
     let task = {
         let (s, sink) = (s.clone(), sink.clone());
-        tokio::spawn(async move {
-            s.execute(STUCK_IN_C, sink)
-                .await
-        })
+        tokio::spawn(async move { s.execute(STUCK_IN_C, sink).await })
     };
     wait_for(|| sink.out().contains("in C")).await;
     assert!(s.cancel_cell(Duration::from_millis(300)));
