@@ -266,7 +266,9 @@ def test_a_silent_wait_sends_heartbeats(server):
         async def on_progress(progress, total, message):
             seen.append((progress, message))
 
-        res = await c.call("python_exec", code="import time; time.sleep(6); 'done'", wait_seconds=8, progress=on_progress)
+        # The window is wide (the call returns when the cell ends): a loaded machine may take
+        # well over 6 s to run a 6 s cell, and a "running" answer is not what is tested here.
+        res = await c.call("python_exec", code="import time; time.sleep(6); 'done'", wait_seconds=50, progress=on_progress)
         r = res.structured_content
         assert r["status"] == "completed" and r["value"] == "'done'", r
         print(f"{len(seen)} progress notifications: {seen[:3]}")
@@ -402,13 +404,13 @@ def test_the_eight_step_scenario_takes_at_most_eight_calls(server):
         r = await c.ok("job_input", job_id=r["job_id"], text="ada")  # 4
         assert r["status"] == "completed" and "hi ada" in r["stdout"]["text"]
         loop = "import time\nfor i in range(5):\n    print('tick', i, flush=True)\n    time.sleep(1)\n"
-        r = await c.ok("python_exec", code=loop, wait_seconds=10)  # 5: a 5 s loop, whole
+        r = await c.ok("python_exec", code=loop, wait_seconds=50)  # 5: a 5 s loop, whole (ends the wait)
         assert r["status"] == "completed", r
         assert [ln for ln in r["stdout"]["text"].splitlines()] == [f"tick {i}" for i in range(5)]
         await c.ok("session_restart")  # 6: restart
         r = await c.py("x")  # 7: state is gone
         assert r["exception"]["ename"] == "NameError"
-        r = await c.ok("shell_run", command="for i in 1 2 3; do echo $i; sleep 1; done", wait_seconds=10)  # 8
+        r = await c.ok("shell_run", command="for i in 1 2 3; do echo $i; sleep 1; done", wait_seconds=50)  # 8
         assert r["status"] == "completed" and r["stdout"]["text"] == "1\n2\n3\n"
         print(f"{len(calls)} calls: {calls}")
         assert len(calls) <= 8, calls

@@ -110,9 +110,20 @@ def test_cancelling_a_request_cancels_its_job(server):
     the cell; the session stays usable."""
 
     async def scenario(c):
-        with anyio.move_on_after(0.8):
+        # Cancel only once the cell is seen running (a fixed delay could fire before the
+        # server has started it on a loaded machine); the poll's deadline only guards a hang.
+        async def call_and_cancel(scope):
+            deadline = time.monotonic() + 60
+            while not [j for j in (await c.ok("job_list", kind="python"))["jobs"] if j["status"] == "running"]:
+                assert time.monotonic() < deadline, "the cell never showed up as running"
+                await anyio.sleep(0.05)
+            scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call_and_cancel, tg.cancel_scope)
             await c.call("python_exec", code="import time\nwhile True: time.sleep(0.05)", wait_seconds=30)
-        deadline = time.monotonic() + 5
+            raise AssertionError("the endless cell returned instead of being cancelled")
+        deadline = time.monotonic() + 60
         while True:
             jobs = (await c.ok("job_list", kind="python"))["jobs"]
             if jobs and jobs[0]["status"] != "running":

@@ -34,12 +34,14 @@ def start_work(c_pids, server):
 def test_closing_stdin_leaves_no_process_behind(server):
     pids = {}
     server.run(start_work(pids, server))
-    # The client closed stdin and waited for the server to exit (the SDK does that).
-    deadline = time.monotonic() + 1.0
+    # The client closed stdin and waited for the server to exit (the SDK does that). The
+    # processes sleep 300 s or loop forever: a generous poll (no timing is asserted) still
+    # tells "killed" from "left behind" on a loaded machine.
+    deadline = time.monotonic() + 60
     while any(alive(p) for p in pids["all"] + [pids["server"]]) and time.monotonic() < deadline:
         time.sleep(0.02)
     left = [p for p in pids["all"] + [pids["server"]] if alive(p)]
-    assert left == [], f"processes left 1 s after stdin closed: {left}"
+    assert left == [], f"processes left 60 s after stdin closed: {left}"
 
 
 def test_sigterm_cleans_up_within_a_second(server):

@@ -112,7 +112,7 @@ def test_sigkill_of_the_server_leaves_no_process_and_no_cgroup(server):
         assert job_cgroups(c.server_pid), "the jobs run in cgroups named after the server"
         os.kill(c.server_pid, signal.SIGKILL)
         # Soon after: no process of theirs is left (polled; no timing is asserted).
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         while survivors(seen["procs"]) and time.monotonic() < deadline:
             time.sleep(0.02)
         left = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in survivors(seen["procs"])}

@@ -116,8 +116,12 @@ async fn huge_outputs_neither_hang_nor_corrupt() {
 #[tokio::test]
 async fn late_output_goes_to_the_next_cell() {
     let f = fixture("late", 4);
-    run(&f.manager, "default", "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), print('late', flush=True))).start()").await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    run(&f.manager, "default", "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), print('late', flush=True), open('late.done', 'w').close())).start()").await;
+    // The thread leaves a file once it has printed: wait for that rather than for a fixed
+    // time a loaded machine may not give the thread.
+    let printed = f.dir.join("ws").join("late.done");
+    wait_for(|| printed.exists()).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let (_, s) = run(&f.manager, "default", "print('now')").await;
     assert_eq!(s.out(), "late\nnow\n");
 }

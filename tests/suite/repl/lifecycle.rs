@@ -283,9 +283,15 @@ async fn idle_sessions_are_reaped_after_the_ttl() {
     let f = Fixture::new("ttl", |cfg| cfg.idle_ttl = Duration::from_millis(800));
     let idle = f.manager.get_or_start("idle").await.unwrap();
     let busy = f.manager.get_or_start("busy").await.unwrap();
+    // The busy cell runs until the test has checked the list (not for a fixed time a loaded
+    // machine could outlast, after which "busy" would be idle and reaped too).
+    let release = f.dir.join("ws").join("release");
     let task = tokio::spawn(async move {
-        busy.execute("import time; time.sleep(2.5)", Arc::new(Sink::default()))
-            .await
+        busy.execute(
+            "import os, time\nwhile not os.path.exists('release'): time.sleep(0.05)",
+            Arc::new(Sink::default()),
+        )
+        .await
     });
     wait_for(|| f.manager.list().iter().all(|i| i.name != "idle")).await;
     assert_eq!(
@@ -302,6 +308,7 @@ async fn idle_sessions_are_reaped_after_the_ttl() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("was closed"), "{err}");
+    std::fs::write(&release, b"").unwrap();
     assert_eq!(task.await.unwrap().unwrap().status, CellStatus::Ok);
 }
 
