@@ -44,7 +44,7 @@ def test_closing_stdin_leaves_no_process_behind(server):
     assert left == [], f"processes left 60 s after stdin closed: {left}"
 
 
-def test_sigterm_cleans_up_within_a_second(server):
+def test_sigterm_kills_every_job_without_waiting_for_them(server):
     proc = subprocess.Popen(
         [binary()], env=server.server_env(), cwd=server.workspace,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
