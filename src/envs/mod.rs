@@ -244,3 +244,21 @@ impl Canceller {
         }
     }
 }
+
+/// The first `limit` bytes of `path`, a file sandboxed code may write (a workspace venv's
+/// `pyvenv.cfg`, a script): opened without blocking and without following a last-step
+/// link, and read only if it is a regular file, so a FIFO or a link swapped in never holds
+/// a server thread or sends it elsewhere, and a huge (sparse) file never fills its memory.
+pub(crate) fn open_job_file(
+    path: &std::path::Path,
+    limit: u64,
+) -> Option<std::io::Take<std::fs::File>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    file.metadata().ok()?.is_file().then(|| file.take(limit))
+}

@@ -285,22 +285,13 @@ const SCRIPT_BLOCK_SCAN: u64 = 16 << 20;
 /// without blocking and without following a last-step link, and only a regular file is
 /// read: a job may have swapped the checked path for a FIFO or a link since.
 fn has_script_block(script: &std::path::Path) -> bool {
-    use std::io::{BufRead, Read};
-    use std::os::unix::fs::OpenOptionsExt;
-    let Ok(file) = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
-        .open(script)
-    else {
-        return false;
-    };
-    if !file.metadata().is_ok_and(|m| m.is_file()) {
-        return false;
-    }
-    std::io::BufReader::new(file.take(SCRIPT_BLOCK_SCAN))
-        .split(b'\n')
-        .map_while(Result::ok)
-        .any(|l| l.trim_ascii_end() == b"# /// script")
+    use std::io::BufRead;
+    super::open_job_file(script, SCRIPT_BLOCK_SCAN).is_some_and(|file| {
+        std::io::BufReader::new(file)
+            .split(b'\n')
+            .map_while(Result::ok)
+            .any(|l| l.trim_ascii_end() == b"# /// script")
+    })
 }
 
 fn transient_env_dir(cfg: &EnvConfig) -> Result<PathBuf, EnvError> {

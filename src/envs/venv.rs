@@ -108,17 +108,10 @@ impl Venv {
 /// link), opened without blocking, and only its first 64 KiB.
 fn read_cfg(root: &Path) -> Option<String> {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
-        .open(root.join("pyvenv.cfg"))
-        .ok()?;
-    if !file.metadata().ok()?.is_file() {
-        return None;
-    }
     let mut text = String::new();
-    file.take(64 << 10).read_to_string(&mut text).ok()?;
+    super::open_job_file(&root.join("pyvenv.cfg"), 64 << 10)?
+        .read_to_string(&mut text)
+        .ok()?;
     Some(text)
 }
 
