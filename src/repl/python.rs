@@ -93,11 +93,17 @@ async fn probe_candidate(
     explicit: bool,
     job_writable: &[&Path],
 ) -> Result<PythonInfo, ReplError> {
-    let inside = |p: &Path| {
-        job_writable.iter().any(|root| {
-            p.starts_with(root) || root.canonicalize().is_ok_and(|root| p.starts_with(root))
+    // Each root as given and as resolved: the candidate is built from the first, the
+    // real interpreter's path from the second.
+    let roots: Vec<PathBuf> = job_writable
+        .iter()
+        .flat_map(|root| {
+            [root.to_path_buf()]
+                .into_iter()
+                .chain(root.canonicalize().ok())
         })
-    };
+        .collect();
+    let inside = |p: &Path| roots.iter().any(|root| p.starts_with(root));
     if explicit || !inside(candidate) {
         return probe(candidate, None).await;
     }
