@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, watch};
 
 pub use call::{Call, ProgressSink};
 pub use config::Config;
@@ -86,6 +86,28 @@ pub struct App {
     uv: Option<PathBuf>,
     /// Set when shutdown begins, so a background prewarm does not leave a worker behind.
     stopping: AtomicBool,
+    /// Turns `true` once what earlier servers left has been swept.
+    settled: watch::Receiver<bool>,
+}
+
+/// Sweep what earlier servers left ([`sweep_leftovers`]) on a thread of its own, off the
+/// path to the first answer (it reads cgroup trees, and kills and waits for leftover
+/// processes); the receiver turns `true` when it is done ([`App::settled`]).
+fn sweep_in_background(state_dir: &std::path::Path) -> watch::Receiver<bool> {
+    let (done, settled) = watch::channel(false);
+    let state_dir = state_dir.to_path_buf();
+    let spawned = std::thread::Builder::new()
+        .name("sweep".into())
+        .spawn(move || {
+            sweep_leftovers(&state_dir);
+            let _ = done.send(true);
+        });
+    if let Err(e) = spawned {
+        // Nothing is lost: the next server sweeps again.
+        tracing::warn!("cannot start the thread that sweeps what earlier servers left: {e}");
+        return watch::channel(true).1;
+    }
+    settled
 }
 
 /// What servers killed before their jobs ended left behind: their job cgroups (any
@@ -153,8 +175,7 @@ impl App {
             home.as_deref(),
             cfg.allow_broad_workspace,
         )?;
-        tmp::sweep_at_start(&state_dir);
-        sweep_leftovers(&state_dir);
+        let settled = sweep_in_background(&state_dir);
         let store = JobStore::open(StoreConfig {
             state_dir: state_dir.clone(),
             disk_cap: cfg.disk_cap,
@@ -185,9 +206,19 @@ impl App {
             shell_policy: Mutex::new(None),
             running: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
+            settled,
             envs: OnceCell::new(),
             uv: cfg.uv.clone(),
         })
+    }
+
+    /// Returns once what earlier servers left (job cgroups and their processes, temp
+    /// files) has been swept: the start-up does not wait for it, the first tool call does,
+    /// so no call sees a half-swept state dir.
+    pub async fn settled(&self) {
+        let mut settled = self.settled.clone();
+        // An error means the sweeping thread is gone: nothing is left to wait for.
+        let _ = settled.wait_for(|done| *done).await;
     }
 
     /// What new sessions and jobs get now.

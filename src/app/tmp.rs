@@ -36,22 +36,6 @@ impl Drop for TmpDir {
     }
 }
 
-/// At server start: remove what dead servers left — job temp dirs of shell jobs,
-/// scripts and installs (`shell-tmp`, `env-tmp`), and session dirs moved aside at
-/// `session_close` whose removal had not finished (`repl/.closed-*`).
-pub fn sweep_at_start(state_dir: &Path) {
-    sweep_dead_job_tmps(&state_dir.join("shell-tmp"));
-    sweep_dead_job_tmps(&state_dir.join("env-tmp"));
-    let Ok(entries) = std::fs::read_dir(state_dir.join("repl")) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(".closed-") {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
 /// `create_dir_all` with the error in words.
 pub fn create_dir(dir: &Path) -> Result<(), AppError> {
     std::fs::create_dir_all(dir).map_err(|error| AppError::CreateDir {
@@ -68,11 +52,13 @@ pub fn sweep_dead_job_tmps(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Server start: remove what servers that are no longer running left in `state_dir`:
-/// shell jobs' private temp dirs (`shell-tmp/<pid>-<n>`), inline scripts
+/// the private temp dirs of shell jobs, scripts and installs (`shell-tmp/<pid>-<n>`,
+/// `env-tmp/<pid>-<n>`), inline scripts
 /// (`scripts/script-<pid>-<n>.py`) and session directories set aside for removal
 /// (`repl/.closed-*`, of any server: they are renamed away before removal). Returns them.
 pub fn sweep_state_dir(state_dir: &Path) -> Vec<PathBuf> {
     let mut swept = sweep_dead_job_tmps(&state_dir.join("shell-tmp"));
+    swept.extend(sweep_dead_job_tmps(&state_dir.join("env-tmp")));
     swept.extend(sweep_dead(&state_dir.join("scripts"), |n| {
         n.strip_prefix("script-")?.split('-').next()
     }));

@@ -313,6 +313,7 @@ impl ServerHandler for SandboxServer {
             ));
         }
         self.link.roots_settled(&self.app, &context.peer).await;
+        self.app.settled().await;
         // A client that declares the tasks extension gets a task for a job that
         // outlives the window; every other client gets today's `running` report.
         let may_task = TASK_TOOLS.contains(&name.as_str())
