@@ -207,9 +207,7 @@ impl PrivateTmp {
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&self.path)
-            .with_context(|| {
-                format!("cannot create a private temp dir {}", self.path.display())
-            })?;
+            .with_context(|| format!("cannot create a private temp dir {}", self.path.display()))?;
         self.made = true;
         Ok(())
     }

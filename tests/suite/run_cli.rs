@@ -145,7 +145,10 @@ fn tmpfs_tmp_exists_in_the_view_only() {
         .unwrap();
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
     let tmpdir = lines.next().unwrap().unwrap();
-    assert!(tmpdir.starts_with('/') && tmpdir.contains("mcp-sandbox-run-"), "{tmpdir}");
+    assert!(
+        tmpdir.starts_with('/') && tmpdir.contains("mcp-sandbox-run-"),
+        "{tmpdir}"
+    );
     assert_eq!(lines.next().unwrap().unwrap(), "data");
     assert_eq!(lines.next().unwrap().unwrap(), "tmpfs");
     // The command is still running (it waits for a line): nothing of it on the host.
