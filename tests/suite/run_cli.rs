@@ -129,6 +129,38 @@ fn environment_is_an_allow_list() {
     );
 }
 
+/// With `tmp_size` (workspace-write), `{tmp}` is a tmpfs made in the view alone: no host
+/// directory exists for it even while the command runs, yet it is writable at its own
+/// path and at /tmp, and a planted host directory of another job's name is not it.
+#[test]
+fn tmpfs_tmp_exists_in_the_view_only() {
+    use std::io::{BufRead, Write};
+    let ws = TempDir::new("viewtmp");
+    let script = "echo \"$TMPDIR\"; echo data > \"$TMPDIR/f\" && cat /tmp/f; \
+                  stat -f -c %T \"$TMPDIR\"; read _; echo done";
+    let mut child = run_cmd("workspace-write", &ws.path, false, &["sh", "-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let tmpdir = lines.next().unwrap().unwrap();
+    assert!(
+        tmpdir.starts_with('/') && tmpdir.contains("mcp-sandbox-run-"),
+        "{tmpdir}"
+    );
+    assert_eq!(lines.next().unwrap().unwrap(), "data");
+    assert_eq!(lines.next().unwrap().unwrap(), "tmpfs");
+    // The command is still running (it waits for a line): nothing of it on the host.
+    assert!(
+        !std::path::Path::new(&tmpdir).exists(),
+        "{tmpdir} exists on the host"
+    );
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert_eq!(lines.next().unwrap().unwrap(), "done");
+    assert!(child.wait().unwrap().success());
+}
+
 /// No capabilities, no_new_privs set, a seccomp filter installed.
 #[test]
 fn privileges_are_dropped() {

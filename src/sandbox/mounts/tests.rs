@@ -292,3 +292,37 @@ fn dev_shm_is_private() {
         "reached the host's /dev/shm"
     );
 }
+
+/// A private tmp with no host directory (what `run` passes with `tmp_size`): made in the
+/// view only, a tmpfs at its own path and at /tmp, and still absent on the host.
+#[test]
+fn tmpfs_tmp_without_a_host_directory() {
+    let d = dirs("viewonly");
+    let tmp = d.tmp.join("not-on-host");
+    let view = MountView {
+        read: vec!["/usr".into(), "/bin".into(), "/lib".into(), "/lib64".into()],
+        write: vec![d.ws.clone()],
+        tmp: tmp.clone(),
+        tmp_size: Some(1 << 20),
+        hide: vec![],
+        workspace: d.ws.clone(),
+    };
+    let script = format!(
+        "echo x > '{}/f' && cat /tmp/f && stat -f -c %T '{}'",
+        tmp.display(),
+        tmp.display()
+    );
+    let (out, err) = run_in_view(view, &script);
+    assert_eq!(out, "x\ntmpfs\n", "{err}");
+    assert!(!tmp.exists());
+}
+
+#[test]
+fn a_view_only_tmp_needs_an_absolute_plain_path_under_an_existing_directory() {
+    let d = dirs("scratch");
+    let ok = view_only_scratch(&d.tmp.join("a/b")).unwrap();
+    assert_eq!(ok, d.tmp.canonicalize().unwrap());
+    for bad in ["relative/x", "/x", "/var/tmp/../x"] {
+        assert!(view_only_scratch(Path::new(bad)).is_err(), "{bad}");
+    }
+}
