@@ -98,9 +98,11 @@ def _move_fd_out_of_reach(fd):
 
 
 def _high_dup(fd):
-    """A close-on-exec duplicate of `fd` at a high number, out of the way of user code."""
-    import fcntl
-
+    """A close-on-exec duplicate of `fd` at the lowest free number from a high floor, out
+    of the way of user code. Called only while the process has a single thread (at start,
+    and in a worker just forked from a snapshot), so the free number stays free until
+    dup2 takes it; `fcntl(F_DUPFD_CLOEXEC)` would do the same but costs a shared library
+    load at every worker start on some builds."""
     try:
         # The soft RLIMIT_NOFILE, without importing `resource` (a shared library to load
         # on some builds: milliseconds of every worker start).
@@ -109,8 +111,14 @@ def _high_dup(fd):
             soft = 1024
     except (OSError, ValueError):
         soft = 1024
-    floor = max(10, min(900, soft - 16))
-    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+    n = max(10, min(900, soft - 16))
+    while True:
+        try:
+            os.fstat(n)
+        except OSError as e:
+            if e.errno == 9:  # EBADF: free (past the limit, dup2 below says so)
+                return os.dup2(fd, n, inheritable=False)
+        n += 1
 
 
 # Copies of the original fds 1 and 2 (the output pipes), taken at start.
@@ -570,6 +578,9 @@ class Worker:
         self.reset_namespace()
         self.loop = None
         self.sources = {}
+        # linecache's cache the sources were last published to, and the last one published.
+        self.published = None
+        self.last_published = None
 
     # ---- namespace -------------------------------------------------------------
     def reset_namespace(self):
@@ -645,7 +656,7 @@ class Worker:
     def run_cell(self, req, source, filename, argv=None):
         """Run one cell on the main thread; returns the `done` event."""
         self.sources[filename] = source
-        self.publish_sources()
+        self.publish_sources(filename)
         _State.display = []
         value = None
         has_value = False
@@ -659,7 +670,8 @@ class Worker:
             last = None
             if argv is None and tree.body and isinstance(tree.body[-1], _ast.Expr):
                 last = _ast.Expression(tree.body.pop().value)
-            body = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
+            # A cell that is one expression has no statements left to compile.
+            body = compile(tree, filename, "exec", flags=flags, dont_inherit=True) if tree.body or not last else None
             tail = compile(last, filename, "eval", flags=flags, dont_inherit=True) if last else None
             if argv is not None:
                 saved_argv = sys.argv
@@ -674,7 +686,8 @@ class Worker:
                 _allow_sigint(True)
                 if _State.interrupt_id == req["id"]:
                     raise KeyboardInterrupt
-                self.run_code(body)
+                if body is not None:
+                    self.run_code(body)
                 if tail is not None:
                     value = self.run_code(tail)
                     has_value = True
@@ -717,15 +730,22 @@ class Worker:
         _State.display = []
         return done
 
-    def publish_sources(self):
+    def publish_sources(self, new=None):
         """Give tracebacks the source of cells, once something has imported linecache
-        (importing it ourselves would slow every worker start)."""
+        (importing it ourselves would slow every worker start). With `new` (the cell
+        about to run), only that one when the cache still holds the others: a cell costs
+        the same however many came before it."""
         linecache = sys.modules.get("linecache")
-        if linecache is None:
+        cache = getattr(linecache, "cache", None)
+        if not isinstance(cache, dict):
             return
-        for name, text in self.sources.items():
+        names = [new] if new is not None and self.published is cache and self.last_published in cache else self.sources
+        for name in names:
             if name.startswith("<cell-"):
-                linecache.cache[name] = (len(text), None, text.splitlines(True), name)
+                text = self.sources[name]
+                cache[name] = (len(text), None, text.splitlines(True), name)
+                self.last_published = name
+        self.published = cache
 
     def run_code(self, code):
         result = eval(code, self.ns)
@@ -1030,11 +1050,14 @@ class _Snapshots:
                 if sock is not None:
                     own.add(sock.fileno())
         try:
+            # fstat of each descriptor, not readlink of its /proc entry: half the cost,
+            # and this runs after every cell.
             for name in os.listdir("/proc/self/fd"):
-                if int(name) in own:
+                fd = int(name)
+                if fd in own:
                     continue
                 try:
-                    if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                    if os.fstat(fd).st_mode & 0o170000 == 0o140000:  # S_ISSOCK
                         return "an open socket: a fork would share the connection, not copy it"
                 except OSError:
                     pass
@@ -1057,7 +1080,6 @@ class _Snapshots:
             return
         import _socket
 
-        cls.reap()
         reason = cls.unforkable(worker)
         if reason is not None:
             worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": reason})
@@ -1098,6 +1120,9 @@ class _Snapshots:
             return
         theirs.close()
         worker.chan.send({"ev": "snapshot", "cell": cell, "held": True, "pid": pid})
+        # Snapshots the server dropped meanwhile, after the fork: the next cell may be
+        # waiting for it.
+        cls.reap()
 
     @classmethod
     def serve_snapshot(cls, worker, sock):

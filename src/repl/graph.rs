@@ -125,6 +125,10 @@ pub(crate) struct Graph {
     reloaded_upto: u64,
     /// Lines in the graph file (it is compacted past twice `max_cells`).
     lines: usize,
+    /// The graph file, open for appending (kept between cells: opening it for every cell
+    /// cost two path lookups on the answer's path). Dropped when the file is replaced
+    /// (compacted) or removed (restart).
+    appender: Option<std::fs::File>,
 }
 
 fn now_ms() -> u64 {
@@ -207,18 +211,27 @@ impl Graph {
             node.label = String::new(); // the code is the label: keep it once
         }
         if let Some(file) = &self.file {
-            let appended = serde_json::to_string(&node)
+            let appended = serde_json::to_vec(&node)
                 .map_err(std::io::Error::other)
-                .and_then(|line| {
-                    let mut f = std::fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(file)?;
-                    f.write_all(format!("{line}\n").as_bytes())
+                .and_then(|mut line| {
+                    line.push(b'\n');
+                    let f = match &mut self.appender {
+                        Some(f) => f,
+                        None => self.appender.insert(
+                            std::fs::OpenOptions::new()
+                                .create(true)
+                                .append(true)
+                                .open(file)?,
+                        ),
+                    };
+                    // One write of the whole line (O_APPEND): never interleaved.
+                    f.write_all(&line)
                 });
             match appended {
                 Ok(()) => self.lines += 1,
                 Err(e) => {
+                    // Reopened for the next cell (the file may have been removed).
+                    self.appender = None;
                     tracing::warn!(file = %file.display(), error = %e, "could not persist the cell graph")
                 }
             }
@@ -296,6 +309,8 @@ impl Graph {
     /// Rewrite the graph file with the kept cells only, atomically (a temporary file in
     /// the same directory, renamed over it): a crash leaves the old file or the new one.
     fn compact(&mut self) {
+        // The file is replaced: the next line goes to the new one.
+        self.appender = None;
         let Some(file) = &self.file else { return };
         let dir = file
             .parent()
@@ -383,6 +398,7 @@ impl Graph {
         self.dropped = 0;
         self.reloaded_upto = 0;
         self.lines = 0;
+        self.appender = None;
         if let Some(file) = &self.file {
             let _ = std::fs::remove_file(file);
         }
@@ -956,6 +972,23 @@ mod tests {
         assert_eq!(thousands(10_000), "10,000");
         assert_eq!(thousands(999), "999");
         assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+
+    #[test]
+    fn cells_added_after_a_restart_are_in_the_new_graph_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("graph.jsonl");
+        let mut g = Graph::open(8, 10, Some(file.clone()));
+        for c in 1..=3 {
+            g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
+        }
+        g.clear();
+        assert!(!file.exists());
+        for c in 1..=2 {
+            g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
+        }
+        let again = Graph::open(8, 10, Some(file.clone()));
+        assert_eq!(kept(&again), [1, 2]);
     }
 
     #[test]
