@@ -252,8 +252,15 @@ impl Session {
                     Arc::new(w)
                 }
                 Err(e) => {
-                    session.inner().spare_starting = false;
-                    tracing::warn!(session = %session.name, error = %e, "could not start a spare worker");
+                    let mut inner = session.inner();
+                    inner.spare_starting = false;
+                    // A session closed meanwhile (shutdown, session_close) took its temp
+                    // dir away under the start: expected, not worth a warning.
+                    if inner.closed {
+                        tracing::debug!(session = %session.name, error = %e, "no spare worker: the session closed while it started");
+                    } else {
+                        tracing::warn!(session = %session.name, error = %e, "could not start a spare worker");
+                    }
                     return;
                 }
             };
