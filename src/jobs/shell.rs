@@ -466,7 +466,13 @@ async fn supervise(
             pump.abort();
         }
     }
-    handle.finish(outcome(&report));
+    // Wake the waiting call first (it answers from memory, and it sits in this worker's
+    // next slot), then write the job's files: `result.json` and the index line are off
+    // the answer's path, as for Python cells.
+    if handle.finish_unpersisted(outcome(&report)) {
+        tokio::task::yield_now().await;
+        handle.persist();
+    }
     if let Some(dir) = private_tmp {
         let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
     }
