@@ -46,7 +46,6 @@
 //! control (its pipes and tasks), and bumps `version`, which wakes every waiter with the
 //! final snapshot. Last, every record is written for the next start.
 
-use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -382,61 +381,6 @@ impl JobHandle {
             }
         }
         self.job.bump();
-    }
-
-    /// Move what waits in the output pipe `from` (non-blocking) into the spool of
-    /// `stream` without copying it through memory (see [`Spool::splice_from`]), up to
-    /// `max` bytes. `Ok(Some(n))`: `n` bytes moved and waiters woken. `Ok(None)`: not
-    /// this way — the pipe looks empty (it may be at its end), the disk cap or a full
-    /// disk is in the way, the job has finished, or splicing failed: the caller reads
-    /// the pipe and [`append`](Self::append)s, which accounts for dropped bytes.
-    /// `Err`: `WouldBlock` (nothing to read), or `splice(2)` is not supported here.
-    pub(crate) fn splice_from(
-        &self,
-        stream: Stream,
-        from: BorrowedFd<'_>,
-        max: usize,
-    ) -> std::io::Result<Option<usize>> {
-        let mut waiting: libc::c_int = 0;
-        // SAFETY: FIONREAD on a pipe we hold writes one int to the pointer we pass.
-        if unsafe { libc::ioctl(from.as_raw_fd(), libc::FIONREAD, &mut waiting) } != 0 {
-            return Ok(None);
-        }
-        let n = (waiting.max(0) as usize).min(max);
-        // The room is made before the spool's lock is taken (see the lock order).
-        if n == 0 || !self.store.make_room(n as u64) {
-            return Ok(None);
-        }
-        let moved = {
-            let mut spool = lock(&self.job.spools[stream.index()]);
-            if spool.is_closed() || spool.full_at().is_some() {
-                return Ok(None);
-            }
-            let before = spool.len();
-            let res = spool.splice_from(from, n);
-            self.store.add_disk_used(spool.len() - before);
-            res
-        };
-        match moved {
-            Ok(0) => Ok(None),
-            Ok(k) => {
-                self.job.bump();
-                Ok(Some(k))
-            }
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    || matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)
-                    ) =>
-            {
-                Err(e)
-            }
-            Err(e) => {
-                tracing::debug!(job = %self.job.id, %stream, error = %e, "splicing output into the spool failed; reading it instead");
-                Ok(None)
-            }
-        }
     }
 
     /// The job is blocked reading input; `prompt` is what it printed as a prompt.

@@ -1,6 +1,6 @@
 //! Shell jobs: a command (`sh -c`) or an argv list, spawned through the sandbox
-//! launcher with piped stdio. Two pump tasks move stdout and stderr into the job's
-//! spools in chunks (spliced, so the bytes skip the server's memory); a writer task feeds stdin; a supervisor task waits for the exit,
+//! launcher with piped stdio. Two pump tasks copy stdout and stderr into the job's
+//! spools in chunks; a writer task feeds stdin; a supervisor task waits for the exit,
 //! kills what is left of the process group, and finishes the job.
 //!
 //! Cancel: SIGTERM (and SIGCONT, so stopped processes see it) to the whole process
@@ -14,10 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use std::os::fd::{AsFd, OwnedFd};
-
-use tokio::io::AsyncWriteExt;
-use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use super::job::lock;
@@ -37,6 +34,9 @@ const DRAIN_WAIT: Duration = Duration::from_secs(1);
 const PIPE_SIZE: i32 = 1 << 20;
 /// Largest read from an output pipe (one buffer per stream per running job).
 const READ_CHUNK: usize = 256 * 1024;
+/// The first reads of an output pipe, until one fills it (no large buffer for a job
+/// that prints little).
+const SMALL_READ: usize = 4096;
 /// Reads at least this large (but short of a full buffer) mark a burst of output.
 const BURST: usize = 4096;
 
@@ -140,8 +140,14 @@ pub fn start_shell_job(
     if let Some(p) = &child.stderr {
         widen_pipe(p);
     }
-    let stdout = child.stdout.take().and_then(output_pipe);
-    let stderr = child.stderr.take().and_then(output_pipe);
+    let stdout = child
+        .stdout
+        .take()
+        .and_then(|s| tokio::process::ChildStdout::from_std(s).ok());
+    let stderr = child
+        .stderr
+        .take()
+        .and_then(|s| tokio::process::ChildStderr::from_std(s).ok());
 
     let control = Arc::new(ShellControl {
         job: handle.id().to_string(),
@@ -167,12 +173,19 @@ pub fn start_shell_job(
     }
     handle.set_control(control.clone());
 
-    let pumps: Vec<_> = [(stdout, Stream::Stdout), (stderr, Stream::Stderr)]
-        .into_iter()
-        .filter_map(|(r, stream)| r.map(|r| rt.spawn(pump(r, handle.clone(), stream))))
-        .collect();
+    let pumps: Vec<_> = [
+        (stdout.map(boxed), Stream::Stdout),
+        (stderr.map(boxed), Stream::Stderr),
+    ]
+    .into_iter()
+    .filter_map(|(r, stream)| r.map(|r| rt.spawn(pump(r, handle.clone(), stream))))
+    .collect();
     rt.spawn(supervise(child, pumps, control, handle.clone(), req_tmp));
     Ok(handle)
+}
+
+fn boxed<R: AsyncRead + Send + Unpin + 'static>(r: R) -> Box<dyn AsyncRead + Send + Unpin> {
+    Box::new(r)
 }
 
 fn program_and_args(req: &ShellRequest) -> Result<(String, Vec<String>, String), JobError> {
@@ -421,78 +434,41 @@ async fn feed_stdin(
     }
 }
 
-/// Copy one output pipe into the job's spool until the job closes it. The bytes are
-/// spliced into the spool file when the store takes them (no copy through our memory);
-/// otherwise (disk cap, full disk, `splice` unsupported) read and appended, which counts
-/// what is dropped.
-async fn pump(pipe: AsyncFd<OwnedFd>, handle: JobHandle, stream: Stream) {
-    let mut splice = true;
-    // Only allocated if the bytes have to be read.
+async fn pump(mut r: Box<dyn AsyncRead + Send + Unpin>, handle: JobHandle, stream: Stream) {
+    // Most pipes only ever show their end (or a few lines): they are read into a small
+    // buffer; the large one is taken once a read fills the small one.
+    let mut small = [0u8; SMALL_READ];
     let mut buf: Vec<u8> = Vec::new();
     loop {
-        let mut guard = match pipe.readable().await {
-            Ok(g) => g,
-            Err(e) => {
-                tracing::warn!(job = %handle.id(), %stream, error = %e, "reading job output failed");
-                return;
-            }
+        let read = if buf.is_empty() {
+            r.read(&mut small).await
+        } else {
+            r.read(&mut buf).await
         };
-        let step = guard.try_io(|fd| {
-            if splice {
-                match handle.splice_from(stream, fd.get_ref().as_fd(), READ_CHUNK) {
-                    Ok(Some(n)) => return Ok(n),
-                    Ok(None) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Err(e),
-                    Err(e) => {
-                        tracing::debug!(job = %handle.id(), %stream, error = %e, "splice is not supported for the spool; reading the output instead");
-                        splice = false;
-                    }
-                }
-            }
-            if buf.is_empty() {
-                // Most reads here only see the end of the pipe: no buffer for that. A
-                // full small read means a stream of output to read: take the large one.
-                let mut small = [0u8; 4096];
-                let n = nix::unistd::read(fd.get_ref(), &mut small).map_err(std::io::Error::from)?;
+        match read {
+            Ok(0) => return,
+            Ok(n) if buf.is_empty() => {
                 handle.append(stream, &small[..n]);
-                if n == small.len() {
+                if n == SMALL_READ {
                     buf = vec![0u8; READ_CHUNK];
                 }
-                return Ok(n);
             }
-            let n = nix::unistd::read(fd.get_ref(), &mut buf).map_err(std::io::Error::from)?;
-            handle.append(stream, &buf[..n]);
-            Ok(n)
-        });
-        match step {
-            // Readiness was stale: the pipe is empty; wait for more.
-            Err(_would_block) => {}
-            Ok(Ok(0)) => return,
-            Ok(Ok(n)) => {
-                // A sizeable chunk that drained the pipe means a fast writer: let the
-                // pipe fill for a moment so the next chunk is large, instead of waking
+            Ok(n) => {
+                handle.append(stream, &buf[..n]);
+                // A sizeable read that drained the pipe means a fast writer: let the
+                // pipe fill for a moment so the next read is large, instead of waking
                 // for every few KiB (5-10x fewer wake-ups; at most 1 ms of latency).
                 if (BURST..READ_CHUNK).contains(&n) {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Ok(Err(e)) => {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
                 tracing::warn!(job = %handle.id(), %stream, error = %e, "reading job output failed");
                 return;
             }
         }
     }
-}
-
-/// An output pipe, non-blocking and registered with the runtime (call inside it).
-fn output_pipe(fd: impl Into<OwnedFd>) -> Option<AsyncFd<OwnedFd>> {
-    let fd: OwnedFd = fd.into();
-    let flags = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).ok()?;
-    let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
-    nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(flags)).ok()?;
-    // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, which owns it until dropped.
-    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
 }
 
 async fn supervise(

@@ -8,14 +8,9 @@
 //! The file (and the job directory holding it) is created on the first append: a job
 //! that prints nothing costs no file system work for its output. A missing spool file
 //! reads as empty.
-//!
-//! A job's output pipe is moved into its spool with `splice(2)` ([`Spool::splice_from`]):
-//! the kernel copies the pipe's pages into the file, so the bytes never pass through
-//! the server's memory (one copy instead of a read and a write).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -67,10 +62,8 @@ impl Spool {
             if let Some(dir) = self.path.parent() {
                 std::fs::create_dir_all(dir)?;
             }
-            // Readable too: after a splice the last bytes are read back (`remember_tail`).
             let file = OpenOptions::new()
                 .create(true)
-                .read(true)
                 .write(true)
                 .truncate(true)
                 .open(&self.path)?;
@@ -173,41 +166,6 @@ impl Spool {
         }
     }
 
-    /// Move up to `max` bytes waiting in the pipe `from` (non-blocking) into the file
-    /// with `splice(2)`; returns how many moved (`0`: the pipe's writers are gone).
-    /// `WouldBlock` when the pipe is empty. Any other error leaves the spool as it was
-    /// (nothing counted, nothing dropped): the caller reads the bytes instead, through
-    /// [`append`](Self::append), which does the accounting of a full disk. The caller
-    /// checks first that the spool is open and not full.
-    pub(crate) fn splice_from(&mut self, from: BorrowedFd<'_>, max: usize) -> io::Result<usize> {
-        let len = self.len;
-        let file = self.open_file()?;
-        // SAFETY: splice(2) between two descriptors we hold open for the call; null
-        // offsets (the pipe has none, the file writes at its position, its end).
-        let n = unsafe {
-            libc::splice(
-                from.as_raw_fd(),
-                std::ptr::null_mut(),
-                file.as_raw_fd(),
-                std::ptr::null_mut(),
-                max,
-                libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let n = n as u64;
-        if n > 0 {
-            let keep = (len + n).min(3);
-            let mut tail = [0u8; 3];
-            file.read_exact_at(&mut tail[..keep as usize], len + n - keep)?;
-            self.len += n;
-            self.remember_tail(&tail[..keep as usize]);
-        }
-        Ok(n as usize)
-    }
-
     /// Whether the spool was closed (the job finished).
     pub(crate) fn is_closed(&self) -> bool {
         !self.open
@@ -289,39 +247,6 @@ mod tests {
         assert_eq!(s.dropped(), 1);
         let again = Spool::existing(path.clone());
         assert_eq!(again.len(), 11);
-    }
-
-    #[test]
-    fn splice_moves_a_pipe_into_the_file_and_keeps_the_tail() {
-        use std::os::fd::AsFd;
-        let (_dir, path) = scratch_path("jobs-spool-splice", "out");
-        let mut s = Spool::create(path.clone());
-        s.append(b"ab").unwrap();
-        let (r, w) = nix::unistd::pipe().unwrap();
-        nix::fcntl::fcntl(
-            &r,
-            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
-        )
-        .unwrap();
-        let euro = "€".as_bytes();
-        let mut data = b"hello ".to_vec();
-        data.extend_from_slice(&euro[..2]); // a character cut in two
-        nix::unistd::write(&w, &data).unwrap();
-        assert_eq!(s.splice_from(r.as_fd(), 1 << 20).unwrap(), data.len());
-        assert_eq!(s.len(), 2 + data.len() as u64);
-        assert_eq!(s.incomplete_tail(), 2);
-        // Empty pipe: would block; the spool is unchanged.
-        let e = s.splice_from(r.as_fd(), 1 << 20).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
-        nix::unistd::write(&w, &euro[2..]).unwrap();
-        assert_eq!(s.splice_from(r.as_fd(), 1 << 20).unwrap(), 1);
-        assert_eq!(s.incomplete_tail(), 0);
-        drop(w);
-        assert_eq!(s.splice_from(r.as_fd(), 1 << 20).unwrap(), 0, "EOF");
-        let mut want = b"ab".to_vec();
-        want.extend_from_slice(&data);
-        want.extend_from_slice(&euro[2..]);
-        assert_eq!(read_range(&path, 0, 100).unwrap(), want);
     }
 
     #[test]
