@@ -16,7 +16,11 @@ every column alike:
   tools have output schemas), beside a no-op rmcp server (`examples/noop_server.rs`):
   spawn → initialized, a trivial tool call (also with branching snapshots off), the first
   `python_exec` right after initialize (with `python3` from PATH and with /usr/bin/python3),
-  `shell_run` of `true`, interrupt → KeyboardInterrupt, `session_restart` → usable.
+  `shell_run` of `true`, interrupt → KeyboardInterrupt, `session_restart` → usable;
+- output spooling: a 1 GiB shell print (`head -c 1G /dev/zero`) through a job, from the
+  `shell_run` call until it answers completed (within its 60 s window), beside the same
+  command writing to a file outside any job (`> file`, the baseline) and inside a job;
+  and the server's peak RSS (VmHWM in /proc/<pid>/status) before and after those prints.
 Records median, p95, n and /proc/loadavg before and after, and writes the section
 "## Launcher and cold start" of docs/benchmarks.md. Not part of the test run.
 """
@@ -274,11 +278,74 @@ async def hot_paths(root: Path, calls: int, res: dict):
                 assert r.structured_content["value"] == "1", r
 
 
-def server_part(root: Path, spawns: int, calls: int, baseline: str | None) -> dict:
+def vm_hwm_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmHWM in /proc/{pid}/status")
+
+
+def child_server_pid(marker: str) -> int:
+    """The server this process spawned whose environment holds `marker` (its state dir);
+    its zygote and workers are its children, not ours."""
+    me = os.getpid()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == me and marker.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                return int(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    raise RuntimeError("could not find the server's process")
+
+
+async def spooling(root: Path, runs: int, size: str, res: dict):
+    """A `size` shell print through a job vs `> file` outside and inside a job, in turns;
+    the server's VmHWM before and after."""
+    env = server_env(root / "spool", None)
+    ws = Path(env["MCP_SANDBOX_WORKSPACE"])
+    params = StdioServerParameters(command=str(BIN), args=[], env=env, cwd=str(ws))
+    cmd = f"head -c {size} /dev/zero"
+    async with stdio_client(params, errlog=open(os.devnull, "w")) as (r, w):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+
+            async def job(command: str) -> float:
+                t = time.perf_counter()
+                # As an agent runs it: the call waits for the end (up to its 60 s window).
+                out = await s.call_tool("shell_run", {"command": command, "wait_seconds": 60})
+                job_id = out.structured_content["job_id"]
+                while out.structured_content["status"] == "running":
+                    out = await s.call_tool("job_wait", {"job_id": job_id, "until_done": True,
+                                                         "timeout_seconds": 60})
+                took = time.perf_counter() - t
+                assert out.structured_content["status"] == "completed", out
+                await s.call_tool("job_prune", {"job_id": job_id})
+                return took
+
+            await job("true")
+            pid = child_server_pid(env["MCP_SANDBOX_STATE_DIR"])
+            res["rss_before"] = vm_hwm_kb(pid)
+            target = ws / "out.bin"
+            for _ in range(runs):
+                t = time.perf_counter()
+                subprocess.run(["/bin/sh", "-c", f"{cmd} > {target}"], check=True)
+                res["spool_bare_file"].append(time.perf_counter() - t)
+                target.unlink()
+                res["spool_job_print"].append(await job(cmd))
+                res["spool_job_file"].append(await job(f"{cmd} > out.bin"))
+                target.unlink()
+            res["rss_after"] = vm_hwm_kb(pid)
+    res["spool_size"] = size
+
+
+def server_part(root: Path, spawns: int, calls: int, baseline: str | None, spool_runs: int = 0,
+                spool_size: str = "1G") -> dict:
     res: dict = {k: [] for k in ("init_noop", "init_ours", "init_ours_fresh", "first_shim", "first_usr",
                                  "exec", "exec_nosnap", "noop", "shell", "bare_true", "interrupt", "restart",
                                  "shell_nozygote", "shell_noahead",
-                                 "b_init", "b_first_shim", "b_first_usr")}
+                                 "b_init", "b_first_shim", "b_first_usr",
+                                 "spool_bare_file", "spool_job_print", "spool_job_file")}
     shim = shutil.which("python3")
     # Interleaved: noop, ours (state dir reused), ours (fresh state dir), first execs.
     for i in range(spawns):
@@ -299,8 +366,17 @@ def server_part(root: Path, spawns: int, calls: int, baseline: str | None) -> di
                     res["b_first_usr"].append(
                         anyio.run(first_exec, server_env(root / "bfu", "/usr/bin/python3"), baseline))
     anyio.run(hot_paths, root, calls, res)
+    if spool_runs:
+        anyio.run(spooling, root, spool_runs, spool_size, res)
     res["shim"] = shim
     return res
+
+
+def fmt_s(values) -> str:
+    if not values:
+        return "—"
+    med, p95, n = stat(values)
+    return f"{med / 1000:.2f} s (p95 {p95 / 1000:.2f}, n={n})"
 
 
 def render(L: dict, S: dict, load_before: str, load_after: str, runs: int) -> str:
@@ -359,8 +435,16 @@ def render(L: dict, S: dict, load_before: str, load_after: str, runs: int) -> st
         f"| same, branching snapshots off (`--max-snapshots 0`) | no-op rmcp tool {fmt(S['noop'])} | {fmt(S['exec_nosnap'])} (+{med(S['exec_nosnap']) - med(S['noop']):.2f} ms) | {med(S['exec_nosnap']) / med(S['noop']):.2f}× |",
         f"| interrupt → KeyboardInterrupt reported | — | {fmt(S['interrupt'])} | — |",
         f"| `session_restart` → `python_exec` \"1\" answered (spare worker up) | — | {fmt(S['restart'])} | — |",
-        "",
     ]
+    if S["spool_job_print"]:
+        size, base = S["spool_size"], S["spool_bare_file"]
+        cmd = f"head -c {size} /dev/zero"
+        lines += [
+            f"| {size} shell print through a job (`{cmd}`, `shell_run` call → answered completed) | `{cmd} > file` outside a job {fmt_s(base)} | {fmt_s(S['spool_job_print'])} | {med(base) / med(S['spool_job_print']):.2f}× the speed of `> file` |",
+            f"| same, `> file` inside a job | (same) | {fmt_s(S['spool_job_file'])} | {med(base) / med(S['spool_job_file']):.2f}× |",
+            f"| server peak RSS (VmHWM) before → after those {2 * len(base)} jobs | — | {S['rss_before'] / 1024:.1f} → {S['rss_after'] / 1024:.1f} MB | +{(S['rss_after'] - S['rss_before']) / 1024:.1f} MB |",
+        ]
+    lines.append("")
     if S["b_init"]:
         lines += [
             "Before/after (`--baseline`: the build before this change set, measured in turns with it):",
@@ -411,6 +495,9 @@ def main():
     ap.add_argument("--calls", type=int, default=200, help="trivial calls on the open servers")
     ap.add_argument("--baseline", help="an earlier build of the server, measured in turns with this one "
                     "for spawn → initialized and the first python_exec (before/after)")
+    ap.add_argument("--spool-runs", type=int, default=5,
+                    help="runs of the output-spooling rows (0 skips them)")
+    ap.add_argument("--spool-size", default="1G", help="bytes each spooling run prints (head -c syntax)")
     ap.add_argument("--part", choices=("all", "server"), default="all",
                     help="server: only the MCP rows (and the bare commands they cite); prints, never writes")
     ap.add_argument("--no-build", action="store_true")
@@ -427,7 +514,8 @@ def main():
         pols.mkdir()
         L = launcher_part(args.runs, str(ws), pols, bare_only=args.part == "server")
         S = server_part(Path(tmp, "srv"), args.spawns, args.calls,
-                        os.path.abspath(args.baseline) if args.baseline else None)
+                        os.path.abspath(args.baseline) if args.baseline else None,
+                        args.spool_runs, args.spool_size)
     load_after = loadavg()
     section = render(L, S, load_before, load_after, args.runs)
     print(section)
