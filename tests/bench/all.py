@@ -156,6 +156,11 @@ def launcher_part(runs: int, ws: str, pol_dir: Path, bare_only: bool = False) ->
                                                 "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--"] + cmd, None))
         variants.append(((label, "run"), run, None))
         variants.append(((label, "reexec"), run, reexec))
+    # The first python_exec with `python3` from PATH is set beside that interpreter's own
+    # bare start (through the same PATH entry, e.g. a pyenv shim).
+    path_python = shutil.which("python3")
+    if path_python:
+        variants.append((("path python3 -c pass", "bare"), [path_python, "-c", "pass"], None))
     for i, (name, text) in enumerate([] if bare_only else ablation_policies()):
         f = pol_dir / f"ablation{i}.toml"
         f.write_text(text)
@@ -429,8 +434,8 @@ def render(L: dict, S: dict, load_before: str, load_after: str, runs: int) -> st
         f"| same, nothing made ahead (`MCP_SANDBOX_MADE_AHEAD=0`: cgroup and netns made per job) | (same) | {fmt(S['shell_noahead'])} | {med(S['shell_noahead']) / med(S['noop']):.2f}× no-op tool |",
         f"| spawn → initialized (state dir reused) | no-op rmcp server {fmt(S['init_noop'])} | {fmt(S['init_ours'])} | {med(S['init_ours']) / med(S['init_noop']):.2f}× |",
         f"| spawn → initialized (empty state dir) | no-op rmcp server | {fmt(S['init_ours_fresh'])} | {med(S['init_ours_fresh']) / med(S['init_noop']):.2f}× |",
-        f"| first `python_exec` right after initialize (state dir reused), `python3` = `{S['shim']}` | bare `python3 -c pass` {fmt(L[('python3 -c pass', 'bare')])} | {fmt(S['first_shim'])} | — |",
-        f"| same, `MCP_SANDBOX_PYTHON=/usr/bin/python3` | (same) | {fmt(S['first_usr'])} | — |",
+        f"| first `python_exec` right after initialize (state dir reused), `python3` = `{S['shim']}` | bare `{S['shim']} -c pass` {fmt(L.get(('path python3 -c pass', 'bare'), []))} | {fmt(S['first_shim'])} | — |",
+        f"| same, `MCP_SANDBOX_PYTHON=/usr/bin/python3` | bare `{L['python']} -c pass` {fmt(L[('python3 -c pass', 'bare')])} | {fmt(S['first_usr'])} | — |",
         f"| trivial `python_exec` | no-op rmcp tool {fmt(S['noop'])} | {fmt(S['exec'])} (+{med(S['exec']) - med(S['noop']):.2f} ms) | {med(S['exec']) / med(S['noop']):.2f}× |",
         f"| same, branching snapshots off (`--max-snapshots 0`) | no-op rmcp tool {fmt(S['noop'])} | {fmt(S['exec_nosnap'])} (+{med(S['exec_nosnap']) - med(S['noop']):.2f} ms) | {med(S['exec_nosnap']) / med(S['noop']):.2f}× |",
         f"| interrupt → KeyboardInterrupt reported | — | {fmt(S['interrupt'])} | — |",
