@@ -146,16 +146,24 @@ fn fork_job(sock: &OwnedFd, req: &Request, fds: Vec<OwnedFd>) -> i32 {
 /// the launcher's close of inherited descriptors.
 fn place_fds(fds: &[OwnedFd], targets: &[RawFd]) {
     let high = targets.iter().copied().max().unwrap_or(2) + 1;
-    for (fd, &target) in fds.iter().zip(targets) {
-        // SAFETY: fcntl and dup2 on descriptors this process holds.
-        let ok = unsafe {
-            let moved = libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, high);
-            moved >= 0 && libc::dup2(moved, target) >= 0
-        };
-        if !ok {
-            // SAFETY: _exit in a forked child; the status pipe may not be in place yet,
-            // so the server sees a setup failure without words (exit 127).
-            unsafe { libc::_exit(SETUP_FAILED_EXIT) }
+    let fail = || {
+        // SAFETY: _exit in a forked child; the status pipe may not be in place yet,
+        // so the server sees a setup failure without words (exit 127).
+        unsafe { libc::_exit(SETUP_FAILED_EXIT) }
+    };
+    let mut moved = Vec::with_capacity(fds.len());
+    for fd in fds {
+        // SAFETY: fcntl on a descriptor this process holds.
+        let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, high) };
+        if dup < 0 {
+            fail();
+        }
+        moved.push(dup);
+    }
+    for (&fd, &target) in moved.iter().zip(targets) {
+        // SAFETY: dup2 from a descriptor this process holds (above every target).
+        if unsafe { libc::dup2(fd, target) } < 0 {
+            fail();
         }
     }
 }
@@ -343,4 +351,49 @@ fn start() -> std::io::Result<Zygote> {
         sock: mine,
         process,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn inode(fd: RawFd) -> u64 {
+        // SAFETY: a zeroed stat buffer filled by fstat on a descriptor we hold.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        match unsafe { libc::fstat(fd, &mut st) } {
+            0 => st.st_ino,
+            _ => 0,
+        }
+    }
+
+    /// Two descriptors that arrive at each other's target numbers (a swap): each must
+    /// still end up at its own target, not a copy of the one placed first.
+    #[test]
+    fn descriptors_that_arrive_at_each_others_targets_are_swapped_right() {
+        let a = std::fs::File::open("/dev/null").unwrap();
+        let b = tempfile::tempfile().unwrap();
+        let (ino_a, ino_b) = (a.metadata().unwrap().ino(), b.metadata().unwrap().ino());
+        assert_ne!(ino_a, ino_b);
+        // SAFETY: a fork in a test: the child only makes syscalls and _exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: dup2 onto numbers nothing else in this child uses.
+            let (x, y) = unsafe { (libc::dup2(a.as_raw_fd(), 40), libc::dup2(b.as_raw_fd(), 41)) };
+            // SAFETY: the descriptors were just made by dup2 and are owned here only.
+            let fds = unsafe { [OwnedFd::from_raw_fd(x), OwnedFd::from_raw_fd(y)] };
+            place_fds(&fds, &[41, 40]);
+            let ok = inode(41) == ino_a && inode(40) == ino_b;
+            // SAFETY: _exit in the forked child.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+        }
+        let mut status = 0;
+        // SAFETY: waiting for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the descriptors were not placed at their own targets (status {status})"
+        );
+    }
 }
