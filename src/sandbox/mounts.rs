@@ -89,8 +89,21 @@ const NEW: &str = "/newroot";
 pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
     let mut write = view.write.clone();
     // A private tmp that is a tmpfs in the view needs no host directory (see
-    // [`MountView::tmp`]): it is a name only, made in the view alone.
-    let in_view_only = view.tmp_size.is_some() && !view.tmp.exists();
+    // [`MountView::tmp`]): it is a name only, made in the view alone. What is there must
+    // be a directory itself, never a link followed to somewhere else (the caller made it,
+    // or left the name free).
+    let in_view_only = match std::fs::symlink_metadata(&view.tmp) {
+        Ok(meta) if meta.is_dir() => false,
+        Ok(_) => {
+            let why = io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a directory (a link or a file)",
+            );
+            return Err(step("find the private temp dir", &view.tmp)(why));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound && view.tmp_size.is_some() => true,
+        Err(e) => return Err(step("find the private temp dir", &view.tmp)(e)),
+    };
     // The workspace is writable only if the policy says so (read-only policy: it is not).
     if !in_view_only {
         write.push(view.tmp.clone());

@@ -326,3 +326,30 @@ fn a_view_only_tmp_needs_an_absolute_plain_path_under_an_existing_directory() {
         assert!(view_only_scratch(Path::new(bad)).is_err(), "{bad}");
     }
 }
+
+/// A private tmp whose name is taken by a link (planted where `run` left the name free, or
+/// anywhere): refused, never followed to the link's target.
+#[test]
+fn a_private_tmp_that_is_a_link_is_refused() {
+    let d = dirs("tmplink");
+    let target = d.tmp.join("target");
+    std::fs::create_dir(&target).unwrap();
+    let link = d.tmp.join("link");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    for tmp_size in [None, Some(1 << 20)] {
+        let view = MountView {
+            read: vec!["/usr".into(), "/bin".into(), "/lib".into(), "/lib64".into()],
+            write: vec![d.ws.clone()],
+            tmp: link.clone(),
+            tmp_size,
+            hide: vec![],
+            workspace: d.ws.clone(),
+        };
+        let (out, err) = run_in_view(view, "echo x > /tmp/f && echo started");
+        assert!(
+            err.starts_with("view refused"),
+            "tmp_size {tmp_size:?}: {out:?} {err:?}"
+        );
+        assert!(!target.join("f").exists());
+    }
+}
