@@ -18,6 +18,7 @@ import _queue
 import _signal
 import _thread
 import builtins
+import errno
 import os
 import sys
 
@@ -116,7 +117,7 @@ def _high_dup(fd):
         try:
             os.fstat(n)
         except OSError as e:
-            if e.errno == 9:  # EBADF: free (past the limit, dup2 below says so)
+            if e.errno == errno.EBADF:  # free (past the limit, dup2 below says so)
                 return os.dup2(fd, n, inheritable=False)
         n += 1
 
