@@ -227,11 +227,13 @@ impl ServerHandler for SandboxServer {
         &self,
         requested: &rmcp::model::SubscriptionFilter,
     ) -> Option<rmcp::model::SubscriptionFilter> {
-        resources::accepted_filter(&self.app, requested)
+        self.subscriptions.accept(&self.app, requested)
     }
 
     async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), ErrorData> {
-        resources::listen(self.app.clone(), context, &self.closing).await;
+        self.subscriptions
+            .listen(self.app.clone(), context, &self.closing)
+            .await;
         Ok(())
     }
 

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rmcp::model::{
     ErrorCode, ListResourceTemplatesResult, ListResourcesResult, MetaObject, ReadResourceResult,
@@ -34,6 +34,9 @@ const RECHECK: Duration = Duration::from_secs(2);
 /// At most one `resources/updated` per subscription this often: a job that floods its
 /// output must not flood the client with notifications too.
 const MIN_GAP: Duration = Duration::from_millis(250);
+/// How long a stream's size taken when a `subscriptions/listen` was accepted stays the
+/// starting point of listens of it (see [`Baselines`]).
+const BASELINE_KEPT: Duration = Duration::from_secs(10);
 
 /// What a resource URI names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -392,11 +395,50 @@ pub async fn read(app: &App, uri: &str) -> Result<ReadResourceResult, ErrorData>
 #[derive(Debug, Default)]
 pub struct Subscriptions {
     live: Mutex<HashMap<String, CancellationToken>>,
+    baselines: Mutex<Baselines>,
+}
+
+/// The size of each job stream when a `subscriptions/listen` naming it was accepted. The
+/// SDK acknowledges a subscription before [`Subscriptions::listen`] runs, and the client
+/// may make the job write in between: that output is news, so a listen counts growth
+/// from the size at acceptance, not from when its watcher starts. A size is kept
+/// [`BASELINE_KEPT`] and shared by every listen of the URI accepted meanwhile (the
+/// oldest size wins: at worst one notification too many, never one missed).
+#[derive(Debug, Default)]
+struct Baselines {
+    taken: HashMap<String, (Instant, u64)>,
+}
+
+impl Baselines {
+    fn record(&mut self, uri: &str, bytes: u64, now: Instant) {
+        self.taken
+            .retain(|_, (at, _)| now.saturating_duration_since(*at) < BASELINE_KEPT);
+        self.taken.entry(uri.to_string()).or_insert((now, bytes));
+    }
+
+    fn get(&self, uri: &str, now: Instant) -> Option<u64> {
+        self.taken
+            .get(uri)
+            .filter(|(at, _)| now.saturating_duration_since(*at) < BASELINE_KEPT)
+            .map(|(_, bytes)| *bytes)
+    }
+}
+
+/// How much of `stream` the job has written so far.
+fn stream_bytes(summary: &crate::jobs::JobSummary, stream: Stream) -> u64 {
+    match stream {
+        Stream::Stdout => summary.stdout_bytes,
+        Stream::Stderr => summary.stderr_bytes,
+    }
 }
 
 impl Subscriptions {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn baselines(&self) -> std::sync::MutexGuard<'_, Baselines> {
+        self.baselines.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Watch a job stream; `notifications/resources/updated` as it grows and at its end.
@@ -416,7 +458,8 @@ impl Subscriptions {
                 None,
             ));
         };
-        app.job_summary(&job).map_err(app_error)?;
+        // The size now, before the answer goes: output after it is news to the client.
+        let start = stream_bytes(&app.job_summary(&job).map_err(app_error)?, stream);
         let token = closing.child_token();
         {
             let mut live = self.lock();
@@ -435,7 +478,8 @@ impl Subscriptions {
             }
             live.insert(uri.clone(), token.clone());
         }
-        tokio::spawn(watch(app, Notifier::Legacy(peer), uri, job, stream, token));
+        let notifier = Notifier::Legacy(peer);
+        tokio::spawn(watch(app, notifier, uri, job, stream, start, token));
         Ok(())
     }
 
@@ -467,30 +511,52 @@ impl Notifier {
     }
 }
 
-/// The part of a `subscriptions/listen` filter this server honours: job streams that
-/// exist (list-changed categories are not offered).
-pub fn accepted_filter(app: &App, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
-    let uris: Vec<String> = requested
-        .resource_subscriptions
-        .iter()
-        .flatten()
-        .filter(|uri| match parse(uri) {
-            Ok(Target::Output { job, .. }) => app.job_summary(&job).is_ok(),
-            _ => false,
-        })
-        .take(MAX_SUBSCRIPTIONS)
-        .cloned()
-        .collect();
-    let mut filter = SubscriptionFilter::new();
-    filter.resource_subscriptions = Some(uris);
-    Some(filter)
-}
+impl Subscriptions {
+    /// The part of a `subscriptions/listen` filter this server honours: job streams that
+    /// exist (list-changed categories are not offered). Runs before the acknowledgement,
+    /// so the sizes the listen counts from are taken here.
+    pub fn accept(&self, app: &App, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        let now = Instant::now();
+        let mut uris = Vec::new();
+        for uri in requested.resource_subscriptions.iter().flatten() {
+            let Ok(Target::Output { job, stream, .. }) = parse(uri) else {
+                continue;
+            };
+            let Ok(summary) = app.job_summary(&job) else {
+                continue;
+            };
+            self.baselines()
+                .record(uri, stream_bytes(&summary, stream), now);
+            uris.push(uri.clone());
+            if uris.len() == MAX_SUBSCRIPTIONS {
+                break;
+            }
+        }
+        let mut filter = SubscriptionFilter::new();
+        filter.resource_subscriptions = Some(uris);
+        Some(filter)
+    }
 
-/// Serve one `subscriptions/listen` until the client cancels it or the connection goes.
-pub async fn listen(app: Arc<App>, ctx: SubscriptionContext, closing: &CancellationToken) {
-    let token = closing.child_token();
-    for uri in ctx.accepted().resource_subscriptions.iter().flatten() {
-        if let Ok(Target::Output { job, stream, .. }) = parse(uri) {
+    /// Serve one `subscriptions/listen` until the client cancels it or the connection goes.
+    pub async fn listen(
+        &self,
+        app: Arc<App>,
+        ctx: SubscriptionContext,
+        closing: &CancellationToken,
+    ) {
+        let token = closing.child_token();
+        let now = Instant::now();
+        for uri in ctx.accepted().resource_subscriptions.iter().flatten() {
+            let Ok(Target::Output { job, stream, .. }) = parse(uri) else {
+                continue;
+            };
+            let start = match self.baselines().get(uri, now) {
+                Some(bytes) => bytes,
+                None => match app.job_summary(&job) {
+                    Ok(summary) => stream_bytes(&summary, stream),
+                    Err(_) => continue,
+                },
+            };
             let notifier = Notifier::Listen(ctx.sink().clone());
             tokio::spawn(watch(
                 app.clone(),
@@ -498,36 +564,32 @@ pub async fn listen(app: Arc<App>, ctx: SubscriptionContext, closing: &Cancellat
                 uri.clone(),
                 job,
                 stream,
+                start,
                 token.child_token(),
             ));
         }
+        tokio::select! {
+            _ = ctx.cancelled() => {}
+            _ = token.cancelled() => {}
+        }
+        token.cancel();
     }
-    tokio::select! {
-        _ = ctx.cancelled() => {}
-        _ = token.cancelled() => {}
-    }
-    token.cancel();
 }
 
+/// Notify `uri`'s subscriber whenever the stream has grown past `last` bytes (at most
+/// once per [`MIN_GAP`]), and once more when the job ends.
 async fn watch(
     app: Arc<App>,
     notifier: Notifier,
     uri: String,
     job: String,
     stream: Stream,
+    mut last: u64,
     token: CancellationToken,
 ) {
-    let bytes = |s: &crate::jobs::JobSummary| match stream {
-        Stream::Stdout => s.stdout_bytes,
-        Stream::Stderr => s.stderr_bytes,
-    };
-    let mut last = match app.job_summary(&job) {
-        Ok(s) => bytes(&s),
-        Err(_) => return,
-    };
     loop {
         let Ok(s) = app.job_summary(&job) else { return };
-        let now = bytes(&s);
+        let now = stream_bytes(&s, stream);
         let done = s.status.is_finished();
         if now != last || done {
             last = now;
@@ -552,6 +614,27 @@ async fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A listen counts from the size at acceptance, even when its watcher starts after
+    /// the stream grew; a second listen accepted meanwhile shares the older size; stale
+    /// sizes are neither used nor kept.
+    #[test]
+    fn a_listen_counts_from_the_size_at_acceptance() {
+        let t0 = Instant::now();
+        let mut b = Baselines::default();
+        b.record("job://j1/stdout", 2, t0);
+        b.record("job://j1/stdout", 4, t0 + Duration::from_secs(1));
+        assert_eq!(
+            b.get("job://j1/stdout", t0 + Duration::from_secs(2)),
+            Some(2)
+        );
+        assert_eq!(b.get("job://j2/stdout", t0), None);
+        let late = t0 + BASELINE_KEPT + Duration::from_secs(1);
+        assert_eq!(b.get("job://j1/stdout", late), None);
+        b.record("job://j2/stdout", 7, late);
+        assert_eq!(b.taken.len(), 1, "{:?}", b.taken);
+        assert_eq!(b.get("job://j2/stdout", late), Some(7));
+    }
 
     #[test]
     fn uris_parse() {
