@@ -4,8 +4,9 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 /// Receives progress reports (the server forwards them as MCP notifications).
@@ -28,6 +29,7 @@ pub struct Call {
     pub progress: Option<Arc<dyn ProgressSink>>,
     /// The last amount reported on this call (shared by its clones): amounts sent are
     /// kept strictly increasing, as MCP requires, when steps and heartbeats interleave.
+    /// Held while a report is sent, so two clones cannot send theirs out of order.
     last: Arc<Mutex<f64>>,
 }
 
@@ -65,21 +67,20 @@ impl Call {
     }
 
     /// Send a progress report if the caller asked for them. An amount not above the last
-    /// one sent is nudged just above it, so amounts strictly increase.
+    /// one sent is nudged just above it, so amounts strictly increase. The amount is chosen
+    /// and sent under one lock: clones reporting at once (an install's steps from their
+    /// own task, the wait's heartbeats) are sent in the order their amounts were chosen.
     pub async fn progress(&self, amount: f64, message: impl Into<String>) {
         let Some(p) = &self.progress else {
             return;
         };
-        let amount = {
-            let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-            let next = if amount > *last {
-                amount
-            } else {
-                *last + 0.001
-            };
-            *last = next;
-            next
+        let mut last = self.last.lock().await;
+        let amount = if amount > *last {
+            amount
+        } else {
+            *last + 0.001
         };
+        *last = amount;
         p.report(amount, message.into()).await;
     }
 }
@@ -88,7 +89,7 @@ impl Call {
 mod tests {
     use super::*;
 
-    struct Record(Mutex<Vec<f64>>);
+    struct Record(std::sync::Mutex<Vec<f64>>);
 
     impl ProgressSink for Record {
         fn report(
@@ -103,7 +104,7 @@ mod tests {
 
     #[tokio::test]
     async fn amounts_strictly_increase_across_clones() {
-        let sink = Arc::new(Record(Mutex::new(Vec::new())));
+        let sink = Arc::new(Record(std::sync::Mutex::new(Vec::new())));
         let call = Call::new(
             CancellationToken::new(),
             CancellationToken::new(),
@@ -118,5 +119,64 @@ mod tests {
         assert!(seen.windows(2).all(|w| w[1] > w[0]), "{seen:?}");
         assert_eq!(seen[3], 3.0);
         assert!(!Call::detached().wants_progress());
+    }
+
+    /// A sink whose first report is held at a gate (a slow send), as a notification
+    /// queued behind others is; it records amounts in the order they were delivered.
+    struct Gated {
+        gate: std::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+        seen: std::sync::Mutex<Vec<f64>>,
+    }
+
+    impl ProgressSink for Gated {
+        fn report(
+            &self,
+            amount: f64,
+            _message: String,
+        ) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+            let gate = self.gate.lock().unwrap().take();
+            Box::pin(async move {
+                if let Some(gate) = gate {
+                    let _ = gate.await;
+                }
+                self.seen.lock().unwrap().push(amount);
+            })
+        }
+    }
+
+    /// A heartbeat whose send is slow and an install step reported meanwhile from another
+    /// task: the step waits for the heartbeat, so the client sees amounts in order (it
+    /// once saw 1.0 then 0.5 on a loaded machine).
+    #[tokio::test]
+    async fn concurrent_reports_are_delivered_in_increasing_order() {
+        let (open, gate) = tokio::sync::oneshot::channel();
+        let sink = Arc::new(Gated {
+            gate: std::sync::Mutex::new(Some(gate)),
+            seen: std::sync::Mutex::new(Vec::new()),
+        });
+        let call = Call::new(
+            CancellationToken::new(),
+            CancellationToken::new(),
+            Some(sink.clone()),
+        );
+        let beat = tokio::spawn({
+            let call = call.clone();
+            async move { call.progress(0.5, "beat").await }
+        });
+        // Let the heartbeat reach its (held) send before the step is reported.
+        while sink.gate.lock().unwrap().is_some() {
+            tokio::task::yield_now().await;
+        }
+        let step = tokio::spawn({
+            let call = call.clone();
+            async move { call.progress(1.0, "step").await }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        open.send(()).unwrap();
+        beat.await.unwrap();
+        step.await.unwrap();
+        assert_eq!(*sink.seen.lock().unwrap(), vec![0.5, 1.0]);
     }
 }
