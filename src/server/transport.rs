@@ -200,35 +200,44 @@ pub async fn serve_http(
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| ServerError::Transport(format!("cannot listen on {listen}: {e}")))?;
-    let url = format!("http://{listen}/mcp");
+    // The port is taken first (a server that cannot have it, another listening there, fails
+    // before touching that one's token file) and opened for connections only once the token file is
+    // written: a client that connects as soon as the port answers finds the token there.
+    // The address is announced once it answers.
+    let socket = take_port(listen)?;
     // A generated token is good for this run only: its file goes when the server stops.
-    let mut token_file = None;
-    let token: Option<Arc<str>> = match auth {
-        HttpAuth::Token(t) => {
-            tracing::info!("MCP over streamable HTTP at {url} (bearer token from --token)");
-            Some(Arc::from(t))
-        }
+    let (token, token_file): (Option<Arc<str>>, _) = match auth {
+        HttpAuth::Token(t) => (Some(Arc::from(t)), None),
         HttpAuth::Generate => {
             let t = generate_token()?;
             let path = app.state_dir().join(TOKEN_FILE);
             write_token_file(&path, &t)?;
-            tracing::info!(
-                "MCP over streamable HTTP at {url}; send `Authorization: Bearer <token>` with the token in {} (generated for this run; pass --token to choose one)",
-                path.display()
-            );
-            token_file = Some(path);
-            Some(Arc::from(t))
+            (Some(Arc::from(t)), Some(path))
         }
-        HttpAuth::NoAuth => {
-            tracing::warn!(
-                "MCP over streamable HTTP at {url} WITHOUT authentication (--no-auth): any local process can run code through it"
-            );
-            None
+        HttpAuth::NoAuth => (None, None),
+    };
+    let listener = match socket.listen(1024) {
+        Ok(l) => l,
+        Err(e) => {
+            if let Some(path) = &token_file {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(cannot_listen(listen, e));
         }
     };
+    let url = format!("http://{listen}/mcp");
+    match (&token, &token_file) {
+        (Some(_), None) => {
+            tracing::info!("MCP over streamable HTTP at {url} (bearer token from --token)")
+        }
+        (Some(_), Some(path)) => tracing::info!(
+            "MCP over streamable HTTP at {url}; send `Authorization: Bearer <token>` with the token in {} (generated for this run; pass --token to choose one)",
+            path.display()
+        ),
+        (None, _) => tracing::warn!(
+            "MCP over streamable HTTP at {url} WITHOUT authentication (--no-auth): any local process can run code through it"
+        ),
+    }
     loop {
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -258,6 +267,26 @@ pub async fn serve_http(
         let _ = std::fs::remove_file(path);
     }
     Ok(())
+}
+
+fn cannot_listen(listen: SocketAddr, e: std::io::Error) -> ServerError {
+    ServerError::Transport(format!("cannot listen on {listen}: {e}"))
+}
+
+/// `listen`'s address, bound but not yet accepting connections (`listen()` opens it).
+fn take_port(listen: SocketAddr) -> Result<tokio::net::TcpSocket, ServerError> {
+    let socket = if listen.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(|e| cannot_listen(listen, e))?;
+    // As TcpListener::bind does: a restart may reuse a port still in TIME_WAIT.
+    socket
+        .set_reuseaddr(true)
+        .map_err(|e| cannot_listen(listen, e))?;
+    socket.bind(listen).map_err(|e| cannot_listen(listen, e))?;
+    Ok(socket)
 }
 
 async fn route(
@@ -290,6 +319,26 @@ async fn route(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The port answers only after `listen()`: what is made between (the token file) is
+    /// there for a client that connects as soon as it answers.
+    #[tokio::test]
+    async fn a_taken_port_refuses_connections_until_it_listens() {
+        let socket = take_port("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = socket.local_addr().unwrap();
+        let early = tokio::net::TcpStream::connect(addr).await;
+        assert_eq!(
+            early.map(|_| ()).unwrap_err().kind(),
+            std::io::ErrorKind::ConnectionRefused
+        );
+        let listener = socket.listen(16).unwrap();
+        // A second server cannot take it now (and so never reaches the token file).
+        assert!(take_port(addr).is_err());
+        let (client, accepted) =
+            tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
+        client.unwrap();
+        accepted.unwrap();
+    }
 
     #[test]
     fn bearer_token_must_match_exactly() {
