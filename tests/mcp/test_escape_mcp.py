@@ -241,11 +241,15 @@ def test_signals_cannot_reach_the_server_or_other_sessions(server):
     server.run(scenario)
 
 
-async def answers_quickly(c, limit=8.0):
-    t0 = time.monotonic()
+async def answers_meanwhile(c, *endless):
+    """Another session answers while the `endless` jobs (which never end by themselves) are
+    still running: the server is neither starved nor blocked by them. No clock is read (a
+    loaded machine may take any time): a server that could not answer until they ended
+    would never answer at all, and the call's own deadline fails the test."""
     r = await c.py("print(6 * 7)", session="bystander")
-    assert r["stdout"]["text"] == "42\n", r
-    assert time.monotonic() - t0 < limit, f"bystander took {time.monotonic() - t0:.1f}s"
+    assert r["status"] == "completed" and r["stdout"]["text"] == "42\n", r
+    running = {j["job_id"] for j in (await c.ok("job_list", status="running"))["jobs"]}
+    assert {j["job_id"] for j in endless} <= running, (endless, running)
 
 
 def test_bombs_do_not_starve_other_sessions(server):
@@ -260,14 +264,16 @@ def test_bombs_do_not_starve_other_sessions(server):
                            wait_seconds=0)
         pyflood = await c.py("import sys\nwhile True: sys.stdout.write('B' * 65536)", session="flooder", wait_seconds=0)
         await anyio.sleep(2)
-        await answers_quickly(c)
+        await answers_meanwhile(c, bomb, pyflood)
         r = await c.ok("job_wait", job_id=flood["job_id"], timeout_seconds=1)
         assert len(out(r)) < 200_000, "a flood must not be returned whole"
         for j in (bomb, pyflood, flood):
             await c.call("job_cancel", job_id=j["job_id"])
-        await answers_quickly(c)
+        await answers_meanwhile(c)
 
-    server.run(scenario, timeout=60)
+    # A guard against a hang only: starting four sandboxed workers beside a fork bomb on a
+    # loaded machine can take a while.
+    server.run(scenario, timeout=180)
 
 
 def test_memory_bomb_is_capped_and_server_answers(server):
@@ -276,12 +282,12 @@ def test_memory_bomb_is_capped_and_server_answers(server):
     async def scenario(c):
         await c.py("1", session="bystander")
         r = await c.py("x = []\nwhile True: x.append(bytearray(64 << 20))", session="hog", wait_seconds=0)
-        await answers_quickly(c, limit=15)
+        await answers_meanwhile(c)
         res = await c.call("job_wait", job_id=r["job_id"], until_done=True, timeout_seconds=40)
         assert res.is_error and "memory" in repr(res.content), res
-        await answers_quickly(c)
+        await answers_meanwhile(c)
 
-    server.run(scenario, timeout=60)
+    server.run(scenario, timeout=180)
 
 
 def test_no_network_from_python_or_shell(server):
@@ -459,13 +465,13 @@ def test_env_file_fifo_does_not_hang_the_server(server):
     os.mkfifo(server.workspace / "fifo.env")
 
     async def scenario(c):
-        t0 = time.monotonic()
-        r = await c.call("shell_run", command="env", env_file="fifo.env", wait_seconds=5, timeout=10)
+        # A FIFO with no writer blocks its opener for ever: a server that opened it would
+        # never answer (the call's deadline fails the test), however fast the machine.
+        r = await c.call("shell_run", command="env", env_file="fifo.env", wait_seconds=5)
         assert r.is_error and "regular file" in repr(r.content), r
-        assert time.monotonic() - t0 < 9, "the server blocked on the FIFO"
-        await answers_quickly(c)
+        await answers_meanwhile(c)
 
-    server.run(scenario, timeout=30)
+    server.run(scenario)
 
 
 def test_host_ipc_objects_are_out_of_reach(server):

@@ -65,6 +65,11 @@ def test_running_job_output_is_a_resource_and_subscribers_hear_it_grow(server):
         )
         assert job["status"] == "running", job
         jid = job["job_id"]
+        # On a loaded machine "first" may come after the call's window: wait for it, so the
+        # resource read below holds it and the changes listened for are "second", "third".
+        seen = job["stdout"]["text"]
+        while "first\n" not in seen:
+            seen += (await c.ok("job_wait", job_id=jid, timeout_seconds=30))["stdout"]["text"]
         uri = f"job://{jid}/stdout"
         await c.session.subscribe_resource(uri)
         listed = {str(r.uri) for r in (await c.session.list_resources()).resources}
@@ -74,18 +79,16 @@ def test_running_job_output_is_a_resource_and_subscribers_hear_it_grow(server):
         for n, word in enumerate(["second", "third"], start=1):
             before = len([u for u in updates if u == uri])
             await c.ok("job_input", job_id=jid, text="go\n")
-            for _ in range(300):  # the notification arrives without polling the job
-                if len([u for u in updates if u == uri]) > before:
-                    break
+            # The notification arrives without polling the job; the deadlines only guard a
+            # hang (a loaded machine may be slow to run the echo).
+            deadline = time.monotonic() + 60
+            while len([u for u in updates if u == uri]) <= before:
+                assert time.monotonic() < deadline, f"no resources/updated for {uri} after input {n}: {updates}"
                 await anyio.sleep(0.05)
-            else:
-                raise AssertionError(f"no resources/updated for {uri} after input {n}: {updates}")
-            for _ in range(100):
-                text = body(await c.session.read_resource(uri))
-                if word in text:
-                    break
+            deadline = time.monotonic() + 60
+            while word not in (text := body(await c.session.read_resource(uri))):
+                assert time.monotonic() < deadline, text
                 await anyio.sleep(0.05)
-            assert word in text, text
         # Ranges go through the pager, with the position in _meta.
         page = (await c.session.read_resource(f"{uri}?offset=6&length=3")).contents[0]
         assert page.text == "sec", page
@@ -167,19 +170,24 @@ def test_a_flooding_job_does_not_flood_its_subscriber(server):
     second per subscription), and one more when the job ends."""
 
     async def scenario(c, updates):
+        # The job floods only once told to, after the subscription: on a loaded machine a
+        # job that started at once could be over before the subscription was made.
         job = await c.ok(
             "shell_run",
-            command="i=0; while [ $i -lt 400 ]; do echo $i; i=$((i+1)); sleep 0.005; done",
+            command="read go; i=0; while [ $i -lt 400 ]; do echo $i; i=$((i+1)); sleep 0.005; done",
             wait_seconds=0.1,
         )
+        assert job["status"] == "running", job
         uri = f"job://{job['job_id']}/stdout"
         await c.session.subscribe_resource(uri)
+        job = await c.ok("job_input", job_id=job["job_id"], text="go\n", wait_seconds=0)
         done = await c.finish(job)
         assert done["status"] == "completed", done
-        for _ in range(100):  # the end is announced too
+        deadline = time.monotonic() + 60  # the end is announced too; this only guards a hang
+        while True:
             mine = [u for u in updates if u == uri]
             text = body(await c.session.read_resource(uri))
-            if mine and text.endswith("399\n"):
+            if (mine and text.endswith("399\n")) or time.monotonic() > deadline:
                 break
             await anyio.sleep(0.05)
         mine = [u for u in updates if u == uri]
