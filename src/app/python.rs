@@ -196,9 +196,14 @@ impl App {
             .unwrap_or_else(|p| p.into_inner())
             .insert(session_name.to_string(), id.clone());
         let sink: Arc<dyn CellSink> = Arc::new(JobSink(handle.clone()));
+        // The caller hears "running" before the spawned cell reaches the session: a cancel
+        // or interrupt in between must be kept for it, not find nothing running.
+        session.expect_cell();
+        let expected = session.clone();
         let fut = run(session, sink);
         tokio::spawn(async move {
             let r = fut.await;
+            expected.expected_cell_ended();
             // Wake the waiting call first (it answers from memory), then write the files.
             if handle.finish_unpersisted(job_outcome(r, handle.cancel_requested())) {
                 tokio::task::yield_now().await;

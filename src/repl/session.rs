@@ -70,6 +70,9 @@ struct Inner {
     /// An interrupt came before the running cell was handed to its worker: it is sent
     /// right after.
     interrupt_pending: bool,
+    /// A cell was promised to a caller (its job exists: it may be cancelled already) and
+    /// has not started yet: an interrupt meanwhile is kept for it, not dropped.
+    cell_expected: bool,
     /// The running cell and its parent, once numbered (for answers while it runs).
     running: Option<(u64, Option<u64>)>,
     /// The cells, their parents and snapshots; `graph.head` is the head's cell.
@@ -120,6 +123,7 @@ impl Session {
                 running_cell: 0,
                 cell_active: false,
                 interrupt_pending: false,
+                cell_expected: false,
                 running: None,
                 head_tree: worker.pid,
                 graph,
@@ -361,7 +365,9 @@ impl Session {
             inner.cells += 1;
             inner.running_cell = inner.cells;
             inner.cell_active = true;
-            inner.interrupt_pending = false;
+            // An interrupt kept while this cell was expected is its own; any other is stale.
+            let expected = std::mem::take(&mut inner.cell_expected);
+            inner.interrupt_pending &= expected;
             inner.cells
         };
         let got = match parent {
@@ -507,10 +513,33 @@ impl Session {
         Ok(out)
     }
 
-    /// KeyboardInterrupt in the running cell (also while it waits in `input()`).
-    /// Returns false when no cell was running (nothing to interrupt).
+    /// A cell is about to run for a caller who may cancel it before it starts (its job
+    /// is answered "running" at once): until it starts, or [`Self::expected_cell_ended`],
+    /// an interrupt is kept for it instead of finding nothing to interrupt.
+    pub fn expect_cell(&self) {
+        let mut inner = self.inner();
+        inner.cell_expected = true;
+        inner.interrupt_pending = false;
+    }
+
+    /// The call of an expected cell ended, having run it or not (refused before it
+    /// started): an interrupt kept for it is dropped.
+    pub fn expected_cell_ended(&self) {
+        let mut inner = self.inner();
+        if std::mem::take(&mut inner.cell_expected) {
+            inner.interrupt_pending = false;
+        }
+    }
+
+    /// KeyboardInterrupt in the running cell (also while it waits in `input()`), or in
+    /// the expected cell as it starts. Returns false when no cell was running or
+    /// expected (nothing to interrupt).
     pub fn interrupt(&self) -> bool {
         let mut inner = self.inner();
+        if inner.cell_expected && !inner.cell_active {
+            inner.interrupt_pending = true;
+            return true;
+        }
         if !inner.cell_active || self.op_lock.try_lock().is_ok() {
             return false;
         }

@@ -80,7 +80,11 @@ def test_install_into_session_is_a_job_with_progress_and_keeps_state(offline):
         values = [v for v, _, _ in seen]
         assert values and values == sorted(values) and len(set(values)) == len(values), seen
         assert any(m and m.startswith("Resolved") for _, _, m in seen), seen
-        assert values[-1] == 3.0, seen
+        # The install's own steps end at 3; the wait's heartbeats ("job j2 running: ...")
+        # may come between and after them on a loaded machine (the activation cell runs
+        # after the last step), nudged just above the last amount sent.
+        steps = [v for v, _, m in seen if not (m or "").startswith("job ")]
+        assert steps[-1] == 3.0, seen
 
         r = await c.py("import tinypkg\n(before, tinypkg.__version__)")
         assert r["status"] == "completed", r

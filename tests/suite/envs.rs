@@ -372,8 +372,10 @@ async fn script_timeout_kills_the_run() {
     .await
     .unwrap();
     assert_eq!(report.failure, Some(ScriptFailure::TimedOut), "{report:?}");
+    // Killed, not left to finish its 60 s sleep (a loaded machine may be slow to start
+    // uv and the script: no tighter bound holds).
     assert!(
-        started.elapsed() < Duration::from_secs(20),
+        started.elapsed() < Duration::from_secs(60),
         "{:?}",
         started.elapsed()
     );

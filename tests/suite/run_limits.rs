@@ -23,7 +23,6 @@ fn policy_with_limits(ws: &TempDir, name: &str, limits: &str) -> String {
 fn cpu_limit_ends_process() {
     let ws = TempDir::new("cpu");
     let policy = policy_with_limits(&ws, "cpu.toml", "cpu_seconds = 1");
-    let started = Instant::now();
     let out = run_in(
         &policy,
         &ws.path,
@@ -37,7 +36,8 @@ fn cpu_limit_ends_process() {
     // rusage splits CPU time by tick sampling (and a VM steals some): roughly the limit.
     let cpu = r["user_cpu_ms"].as_u64().unwrap() + r["system_cpu_ms"].as_u64().unwrap();
     assert!(cpu >= 500, "{r}");
-    assert!(started.elapsed() < Duration::from_secs(20));
+    // No wall-clock bound: on a busy machine the loop may wait long for its second of
+    // CPU. The loop never ends by itself, so the report above is the limit's doing.
 }
 
 /// A sleeping process ends at the wall-time limit and the report says `wall_time`.
@@ -55,9 +55,11 @@ fn wall_limit_ends_process() {
     let r = report(&out);
     assert_eq!(r["limit"], "wall_time", "{r}");
     assert_eq!(r["signal"], "SIGKILL", "{r}");
+    // Not before the limit, and before the sleeps would have ended by themselves (a
+    // loaded machine may be slow to start and stop the run: no tighter bound holds).
     let took = started.elapsed();
     assert!(
-        took >= Duration::from_secs(1) && took < Duration::from_secs(10),
+        took >= Duration::from_secs(1) && took < Duration::from_secs(30),
         "{took:?}"
     );
 }

@@ -80,6 +80,44 @@ async fn cancel_is_never_lost_and_escalates_to_a_kill() {
     assert!(!s.cancel_cell(Duration::from_secs(1)), "nothing runs");
 }
 
+/// A cell's caller may cancel it before the cell reaches the session (over MCP the answer
+/// "running" comes first): an interrupt while the cell is expected is kept and stops it
+/// as it starts. Once an expected cell's call has ended, nothing is left pending for the
+/// next cell.
+#[tokio::test]
+async fn an_interrupt_before_an_expected_cell_starts_is_kept_for_it() {
+    let f = fixture("expected", 4);
+    run(&f.manager, "default", "keep = 1").await;
+    let s = f.manager.get("default").unwrap();
+    s.expect_cell();
+    assert!(s.interrupt(), "an expected cell is there to interrupt");
+    // Lost, the interrupt would let the cell sleep its 30 s and complete.
+    let o = s
+        .execute(
+            "import time
+time.sleep(30)",
+            Arc::new(Sink::default()),
+        )
+        .await
+        .unwrap();
+    s.expected_cell_ended();
+    assert_eq!(o.status, CellStatus::Interrupted, "{o:?}");
+    assert_eq!(
+        run(&f.manager, "default", "keep").await.0.value.as_deref(),
+        Some("1")
+    );
+    // Expected, interrupted, then its call ended without running it (refused).
+    s.expect_cell();
+    assert!(s.interrupt());
+    s.expected_cell_ended();
+    assert!(!s.interrupt(), "nothing runs or is expected");
+    let (o, _) = run(&f.manager, "default", "'next'").await;
+    assert_eq!(
+        (o.status, o.value.as_deref()),
+        (CellStatus::Ok, Some("'next'"))
+    );
+}
+
 /// A segfault, os._exit(3) and kill -9 are reported in words; the next cell runs in a
 /// fresh worker and is told its state was lost; other sessions are untouched.
 #[tokio::test]
