@@ -11,7 +11,6 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
 use serde_json::json;
 
@@ -457,13 +456,13 @@ fn memory_bomb_ends_at_cap() {
     let pol = TempDir::new("esc-mem-policy");
     let policy = small_memory_policy(&pol);
     let bomb = "b = []\nwhile True: b.append(b'x' * (8 << 20))";
-    let started = Instant::now();
     let out = run_in(&policy, &ws.path, true, &[python(), "-c", bomb]);
     let r = report(&out);
     assert_eq!(r["limit"], "memory", "{r}; stderr: {}", stderr(&out));
     assert_eq!(r["signal"], "SIGKILL", "{r}");
     assert!(r["peak_rss_bytes"].as_u64().unwrap() <= 140 << 20, "{r}");
-    assert!(started.elapsed() < Duration::from_secs(20));
+    // No wall-clock bound (a loaded machine may be slow to get there): the bomb never
+    // ends by itself, so the report above is the cap's doing.
 }
 
 /// A fork bomb under workspace-write, run as root (where RLIMIT_NPROC does not bind),
@@ -480,15 +479,11 @@ fn fork_bomb_contained_as_root() {
     let ws = TempDir::new("esc-fork");
     // Every process forks until a fork fails, then exits: exponential growth up to the cap.
     let bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        os._exit(3)";
-    let started = Instant::now();
     let out = run_in(DENY, &ws.path, true, &[python(), "-c", bomb]);
     let r = report(&out);
+    // No wall-clock bound (a loaded machine may take a while to run 512 processes to
+    // their failed fork): the report names the cap that ended it.
     assert_eq!(r["limit"], "processes", "{r}; stderr: {}", stderr(&out));
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "took {:?}",
-        started.elapsed()
-    );
     let mut child = Command::new("true")
         .spawn()
         .expect("the machine still starts processes");

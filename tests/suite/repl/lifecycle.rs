@@ -424,6 +424,17 @@ async fn a_crash_takes_the_workers_children_along() {
     assert!(!child.is_empty());
 }
 
+/// Whether a SIGINT sent to `pid` is still pending (not yet delivered), from the shared
+/// and the main thread's pending sets in /proc.
+fn sigint_pending(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .filter(|l| l.starts_with("SigPnd:") || l.starts_with("ShdPnd:"))
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .any(|mask| u64::from_str_radix(mask, 16).unwrap_or(0) & (1 << (libc::SIGINT - 1)) != 0)
+}
+
 /// A SIGINT that arrives between cells interrupts nothing — not even with the default
 /// handler installed by user code — and interrupts still work afterwards.
 #[tokio::test]
@@ -442,7 +453,10 @@ async fn a_sigint_between_cells_is_discarded() {
         // SAFETY: signalling our own child process.
         unsafe { libc::kill(pid as i32, libc::SIGINT) };
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Until the worker has taken the signal (no fixed delay: a loaded machine may not run
+    // it for a while, and a SIGINT still pending when the next cell arrives is one that
+    // arrives during that cell, not between cells).
+    wait_for(|| !sigint_pending(pid)).await;
     let (o, _) = run(&f.manager, "default", "import time; time.sleep(0.2); x + 1").await;
     assert_eq!(
         (o.status, o.value.as_deref()),
