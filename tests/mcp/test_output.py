@@ -21,7 +21,7 @@ def test_20mb_print_and_1mb_raw_write_do_not_hang(server):
             r = await c.finish(r)
         assert r["status"] == "completed", r
         assert text_len(res) < 25_000
-        res = await c.call("python_exec", code="import os\nn = os.write(1, b'y' * 1_000_000)\nn", wait_seconds=30)
+        res = await c.call("python_exec", code="import os\nn = os.write(1, b'y' * 1_000_000)\nn", wait_seconds=60)
         r = res.structured_content
         assert r["status"] == "completed" and r["value"] == "1000000", r
         assert r["stdout"]["omitted"] and r["stdout"]["end"] - r["stdout"]["offset"] == 1_000_000

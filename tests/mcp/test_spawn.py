@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 # Prints what identifies this job's confinement, then stays running so that two jobs
@@ -42,7 +43,9 @@ def zygotes(server_pid: int) -> list[int]:
 
 async def report(c, name: str) -> dict[str, str]:
     job = await c.ok("shell_run", command=f"sh -c '{REPORT}' sh {name}", wait_seconds=0)
-    for _ in range(100):
+    # The deadline only guards a job that never reports (a loaded machine may be slow).
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
         out = await c.ok("job_output", job_id=job["job_id"])
         got = fields(out["stdout"]["text"] if "stdout" in out else out.get("text", ""))
         if "tmp" in got:

@@ -399,9 +399,8 @@ def test_venv_path_race_creates_nothing_outside(server):
             res = await c.call("env_info", create=True, venv_path=f"sub/v{i}", session="target", timeout=120)
             outcomes["refused" if res.is_error else "ok"] += 1
         (server.workspace / "stop-swapping").write_text("")
-        for _ in range(100):
-            if (server.workspace / "swaps").exists():
-                break
+        deadline = time.monotonic() + 60  # guards a swapper that never stops, only
+        while not (server.workspace / "swaps").exists() and time.monotonic() < deadline:
             await anyio.sleep(0.1)
         return outcomes, int((server.workspace / "swaps").read_text())
 
