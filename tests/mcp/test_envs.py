@@ -12,9 +12,11 @@ Set MCP_SANDBOX_TEST_REAL_INDEX=1 to also run the test that installs from the re
 import base64
 import hashlib
 import os
+import time
 import zipfile
 from pathlib import Path
 
+import anyio
 import pytest
 from conftest import descendants
 
@@ -288,13 +290,27 @@ def test_a_long_script_is_a_job_that_can_be_cancelled(offline):
         )
         assert job["status"] == "running", job
         assert "job_wait" in job["next"]
+        # The script is running once it says so (uv may take longer than the window to
+        # get there on a loaded machine).
+        seen = job["stdout"]["text"]
+        while "started" not in seen:
+            w = await c.ok("job_wait", job_id=job["job_id"], timeout_seconds=30)
+            assert w["status"] == "running", w
+            seen += w["stdout"]["text"]
         running = [cmdline(p) for p in descendants(c.server_pid)]
         assert [l for l in running if "scripts/script-" in l], running
         done = await c.ok("job_cancel", job_id=job["job_id"])
         assert done["status"] == "cancelled", done
         assert c.server_pid is not None
-        left = [cmdline(p) for p in descendants(c.server_pid)]
-        assert not [l for l in left if "scripts/script-" in l or " run " in l], left
+        # The script sleeps 120 s: a generous poll still tells "killed" from "left".
+        deadline = time.monotonic() + 60
+        while True:
+            left = [cmdline(p) for p in descendants(c.server_pid)]
+            left = [l for l in left if "scripts/script-" in l or " run " in l]
+            if not left or time.monotonic() > deadline:
+                break
+            await anyio.sleep(0.1)
+        assert not left, left
 
     offline.run(scenario)
 

@@ -12,6 +12,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 from conftest import descendants, pids_with_env_marker
 
@@ -103,8 +104,16 @@ def test_sigkill_of_the_server_leaves_no_process_and_no_cgroup(server):
         assert install["status"] == "running", install
         seen["jobs"] = {shell["job_id"], script["job_id"], install["job_id"]}
         seen["server"] = c.server_pid
-        procs = {p: start_time(p) for p in descendants(c.server_pid) + daemons}
-        seen["procs"] = {p: t for p, t in procs.items() if t is not None}
+        # The jobs' processes appear as each job gets going (the shell's sleeps, uv and the
+        # script's Python, the installer's build backend): a loaded machine may take longer
+        # than the calls' windows. Wait for them; the deadline only guards a hang.
+        deadline = time.monotonic() + 60
+        while True:
+            procs = {p: start_time(p) for p in descendants(c.server_pid) + daemons}
+            seen["procs"] = {p: t for p, t in procs.items() if t is not None}
+            if len(seen["procs"]) >= 8 or time.monotonic() > deadline:
+                break
+            await anyio.sleep(0.1)
         assert len(seen["procs"]) >= 8, seen["procs"]
         helpers = [p for p in seen["procs"] if b"__sandbox-zygote" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert helpers, "the spawn helper (and the job supervisors it forked) are the server's descendants"
