@@ -108,12 +108,16 @@ def http_server(server):
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
     )
     try:
-        for _ in range(200):
+        # Until the port answers; the deadline only guards a server that never listens (a
+        # loaded machine may be slow to start one).
+        deadline = time.monotonic() + 60
+        while True:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
                 assert proc.poll() is None, server.stderr_log()
+                assert time.monotonic() < deadline, f"the HTTP server did not listen: {server.stderr_log()}"
                 time.sleep(0.05)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:

@@ -96,7 +96,7 @@ def test_progress_notifications_while_waiting(server):
             seen.append((progress, message))
 
         res = await c.call(
-            "shell_run", command="for i in 1 2 3; do echo p$i; sleep 0.6; done", wait_seconds=10, progress=on_progress
+            "shell_run", command="for i in 1 2 3; do echo p$i; sleep 0.6; done", wait_seconds=60, progress=on_progress
         )
         assert res.structured_content["status"] == "completed"
         assert seen, "no progress notification during a 2 s wait with output"

@@ -54,8 +54,10 @@ def start_http(server, *extra, log_env=None):
         [binary(), "--transport", "http", "--listen", f"127.0.0.1:{port}", *extra],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
     )
-    deadline = time.time() + 15
-    while time.time() < deadline:
+    # The deadline only guards a server that never listens (a loaded machine may be slow to
+    # start one); a server that exited is reported at once.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             return proc, f"http://127.0.0.1:{port}/mcp", port
