@@ -141,7 +141,13 @@ def test_sigkill_of_the_server_leaves_no_process_and_no_cgroup(server):
         assert {status.get(j) for j in seen["jobs"]} == {"lost"}, listed
         assert job_cgroups(seen["server"]) == [], "the dead server's job cgroups were swept"
 
+    # Job cgroups are machine-wide: any server that starts on this machine meanwhile (a
+    # concurrent test run) sweeps a dead server's too. Its temp paths are in this test's
+    # state dir, which only the next server here sweeps.
+    left_before = job_cgroups(seen["server"])
     server.env["RUST_LOG"] = "info"
     server.run(second)
     log = server.stderr_log()
-    assert "swept what an earlier server left" in log and f"msr-{seen['server']}-" in log, log[-2000:]
+    assert "swept what an earlier server left" in log, log[-2000:]
+    assert f"shell-tmp/{seen['server']}-" in log, log[-2000:]
+    assert f"msr-{seen['server']}-" in log or not left_before, (left_before, log[-2000:])

@@ -32,13 +32,25 @@ def maturin_command() -> list[str]:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheels")
-    build = subprocess.run(
-        [*maturin_command(), "build", "--profile", "dev", "--locked", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    # maturin's own cargo build may put its build of the binary in target/debug (its
+    # flags differ) and then stages it out of there: keep the one every other test runs
+    # (a hard link) and put it back, so that tests after this one, in any order or run,
+    # find the binary they were built for.
+    served = REPO / "target" / "debug" / "mcp-sandbox-repl"
+    kept = out / "served-binary"
+    if served.exists():
+        os.link(served, kept)
+    try:
+        build = subprocess.run(
+            [*maturin_command(), "build", "--profile", "dev", "--locked", "--out", str(out)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+    finally:
+        if kept.exists():
+            os.replace(kept, served)
     assert build.returncode == 0, build.stderr[-4000:]
     wheels = list(out.glob("mcp_sandbox_repl-*.whl"))
     assert len(wheels) == 1, wheels
