@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from conftest import binary
+from conftest import REPO, binary
 
 INIT = {
     "jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -258,7 +258,8 @@ def test_state_dir_is_hidden_even_inside_an_allowed_broad_workspace(server):
 
 
 def small_tmp_policy(server, size: str) -> Path:
-    text = (Path(binary()).resolve().parents[2] / "policies" / "workspace-write.toml").read_text()
+    # The repository's policy, wherever the binary under test is ($MCP_SANDBOX_BIN).
+    text = (REPO / "policies" / "workspace-write.toml").read_text()
     assert 'tmp_size = "1GiB"' in text
     p = server.root / "small-tmp.toml"
     p.write_text(text.replace('tmp_size = "1GiB"', f'tmp_size = "{size}"'))
