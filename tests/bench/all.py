@@ -28,6 +28,7 @@ Records median, p95, n and /proc/loadavg before and after, and writes the sectio
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import re
@@ -139,9 +140,11 @@ def ensure_bwrap() -> tuple[str | None, str]:
     return None, "bubblewrap not installed (and could not be installed): column skipped"
 
 
-def launcher_part(runs: int, ws: str, pol_dir: Path, bare_only: bool = False) -> dict:
+def launcher_part(runs: int, ws: str, pol_dir: Path, bare_only: bool = False,
+                  baseline: str | None = None) -> dict:
     """The launcher rows and the ablation; `bare_only`: just the bare commands (the
-    baselines the server rows cite), for `--part server`."""
+    baselines the server rows cite), for `--part server`; `baseline`: an earlier build's
+    `run` too (before/after)."""
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     bwrap, bwrap_note = (None, "") if bare_only else ensure_bwrap()
     reexec = dict(os.environ, MCP_SANDBOX_FORCE_REEXEC="1", MCP_SANDBOX_ZYGOTE="0")
@@ -156,6 +159,8 @@ def launcher_part(runs: int, ws: str, pol_dir: Path, bare_only: bool = False) ->
                                                 "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--"] + cmd, None))
         variants.append(((label, "run"), run, None))
         variants.append(((label, "reexec"), run, reexec))
+        if baseline:
+            variants.append(((label, "b_run"), [baseline] + run[1:], None))
     # The first python_exec with `python3` from PATH is set beside that interpreter's own
     # bare start (through the same PATH entry, e.g. a pyenv shim).
     path_python = shutil.which("python3")
@@ -209,8 +214,9 @@ async def first_exec(env: dict, binary: str = str(BIN)) -> float:
             return took
 
 
-async def hot_paths(root: Path, calls: int, res: dict):
-    """One real server and one no-op server open side by side; calls alternate."""
+async def hot_paths(root: Path, calls: int, res: dict, baseline: str | None = None):
+    """One real server and one no-op server open side by side; calls alternate. With
+    `baseline`, an earlier build's server too, for the before/after rows."""
     env = server_env(root / "hot", None)
     ours = StdioServerParameters(command=str(BIN), args=[], env=env, cwd=env["MCP_SANDBOX_WORKSPACE"])
     noop = StdioServerParameters(command=str(NOOP), args=[], env=env)
@@ -222,65 +228,82 @@ async def hot_paths(root: Path, calls: int, res: dict):
     nosnap, nozygote, noahead = (
         StdioServerParameters(command=str(BIN), args=[], env=e, cwd=e["MCP_SANDBOX_WORKSPACE"])
         for e in (env_ns, env_nz, env_na))
-    async with stdio_client(ours, errlog=open(os.devnull, "w")) as (r1, w1), \
-            stdio_client(noop, errlog=open(os.devnull, "w")) as (r2, w2), \
-            stdio_client(nosnap, errlog=open(os.devnull, "w")) as (r3, w3), \
-            stdio_client(nozygote, errlog=open(os.devnull, "w")) as (r4, w4), \
-            stdio_client(noahead, errlog=open(os.devnull, "w")) as (r5, w5):
-        async with ClientSession(r1, w1) as s, ClientSession(r2, w2) as n, ClientSession(r3, w3) as ns, \
-                ClientSession(r4, w4) as nz, ClientSession(r5, w5) as na:
-            for session in (s, n, ns, nz, na):
-                await session.initialize()
-            for _ in range(5):
-                await nz.call_tool("shell_run", {"command": "true"})
-                await na.call_tool("shell_run", {"command": "true"})
-            for _ in range(5):
-                await s.call_tool("python_exec", {"code": "1"})
-                await ns.call_tool("python_exec", {"code": "1"})
-                await n.call_tool("noop", {})
-                await s.call_tool("shell_run", {"command": "true"})
-            for _ in range(calls):
+    env_b = server_env(root / "hot-baseline", None)
+    servers = [ours, noop, nosnap, nozygote, noahead]
+    if baseline:
+        servers.append(StdioServerParameters(command=baseline, args=[], env=env_b, cwd=env_b["MCP_SANDBOX_WORKSPACE"]))
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = []
+        for params in servers:
+            r, w = await stack.enter_async_context(stdio_client(params, errlog=open(os.devnull, "w")))
+            sessions.append(await stack.enter_async_context(ClientSession(r, w)))
+        s, n, ns, nz, na = sessions[:5]
+        b = sessions[5] if baseline else None
+        for session in sessions:
+            await session.initialize()
+        for _ in range(5):
+            await nz.call_tool("shell_run", {"command": "true"})
+            await na.call_tool("shell_run", {"command": "true"})
+        for _ in range(5):
+            if b:
+                await b.call_tool("python_exec", {"code": "1"})
+                await b.call_tool("shell_run", {"command": "true"})
+            await s.call_tool("python_exec", {"code": "1"})
+            await ns.call_tool("python_exec", {"code": "1"})
+            await n.call_tool("noop", {})
+            await s.call_tool("shell_run", {"command": "true"})
+        for _ in range(calls):
+            t = time.perf_counter()
+            r = await s.call_tool("python_exec", {"code": "1"})
+            res["exec"].append(time.perf_counter() - t)
+            assert r.structured_content["value"] == "1", r
+            t = time.perf_counter()
+            await n.call_tool("noop", {})
+            res["noop"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            r = await ns.call_tool("python_exec", {"code": "1"})
+            res["exec_nosnap"].append(time.perf_counter() - t)
+            assert r.structured_content["value"] == "1", r
+            if b:
                 t = time.perf_counter()
-                r = await s.call_tool("python_exec", {"code": "1"})
-                res["exec"].append(time.perf_counter() - t)
+                r = await b.call_tool("python_exec", {"code": "1"})
+                res["b_exec"].append(time.perf_counter() - t)
                 assert r.structured_content["value"] == "1", r
+        for _ in range(max(10, calls // 4)):
+            t = time.perf_counter()
+            r = await s.call_tool("shell_run", {"command": "true"})
+            res["shell"].append(time.perf_counter() - t)
+            assert not r.is_error, r
+            for session, key in ((nz, "shell_nozygote"), (na, "shell_noahead")):
                 t = time.perf_counter()
-                await n.call_tool("noop", {})
-                res["noop"].append(time.perf_counter() - t)
-                t = time.perf_counter()
-                r = await ns.call_tool("python_exec", {"code": "1"})
-                res["exec_nosnap"].append(time.perf_counter() - t)
-                assert r.structured_content["value"] == "1", r
-            for _ in range(max(10, calls // 4)):
-                t = time.perf_counter()
-                r = await s.call_tool("shell_run", {"command": "true"})
-                res["shell"].append(time.perf_counter() - t)
+                r = await session.call_tool("shell_run", {"command": "true"})
+                res[key].append(time.perf_counter() - t)
                 assert not r.is_error, r
-                for session, key in ((nz, "shell_nozygote"), (na, "shell_noahead")):
-                    t = time.perf_counter()
-                    r = await session.call_tool("shell_run", {"command": "true"})
-                    res[key].append(time.perf_counter() - t)
-                    assert not r.is_error, r
-                res["bare_true"].append(time_cmd(["/bin/true"], "/"))
-            for _ in range(10):
-                r = await s.call_tool("python_exec", {"code": "while True: pass", "wait_seconds": 0.1})
-                job = r.structured_content["job_id"]
+            if b:
                 t = time.perf_counter()
-                await s.call_tool("python_interrupt", {})
-                r = await s.call_tool("job_wait", {"job_id": job, "until_done": True, "timeout_seconds": 10})
-                res["interrupt"].append(time.perf_counter() - t)
-                sc = r.structured_content
-                assert (sc.get("exception") or sc.get("error") or {}).get("ename") == "KeyboardInterrupt", r
-            for _ in range(max(10, calls // 10)):
-                await s.call_tool("python_exec", {"code": "x = 1"})
-                # A restart takes the session's idle spare worker; give the one the last
-                # restart started time to come up, as it has between an agent's restarts.
-                await anyio.sleep(0.5)
-                t = time.perf_counter()
-                await s.call_tool("session_restart", {})
-                r = await s.call_tool("python_exec", {"code": "1"})
-                res["restart"].append(time.perf_counter() - t)
-                assert r.structured_content["value"] == "1", r
+                r = await b.call_tool("shell_run", {"command": "true"})
+                res["b_shell"].append(time.perf_counter() - t)
+                assert not r.is_error, r
+            res["bare_true"].append(time_cmd(["/bin/true"], "/"))
+        for _ in range(10):
+            r = await s.call_tool("python_exec", {"code": "while True: pass", "wait_seconds": 0.1})
+            job = r.structured_content["job_id"]
+            t = time.perf_counter()
+            await s.call_tool("python_interrupt", {})
+            r = await s.call_tool("job_wait", {"job_id": job, "until_done": True, "timeout_seconds": 10})
+            res["interrupt"].append(time.perf_counter() - t)
+            sc = r.structured_content
+            assert (sc.get("exception") or sc.get("error") or {}).get("ename") == "KeyboardInterrupt", r
+        for _ in range(max(10, calls // 10)):
+            await s.call_tool("python_exec", {"code": "x = 1"})
+            # A restart takes the session's idle spare worker; give the one the last
+            # restart started time to come up, as it has between an agent's restarts.
+            await anyio.sleep(0.5)
+            t = time.perf_counter()
+            await s.call_tool("session_restart", {})
+            r = await s.call_tool("python_exec", {"code": "1"})
+            res["restart"].append(time.perf_counter() - t)
+            assert r.structured_content["value"] == "1", r
 
 
 def vm_hwm_kb(pid: int) -> int:
@@ -363,7 +386,7 @@ def server_part(root: Path, spawns: int, calls: int, baseline: str | None, spool
     res: dict = {k: [] for k in ("init_noop", "init_ours", "init_ours_fresh", "first_shim", "first_usr",
                                  "exec", "exec_nosnap", "noop", "shell", "bare_true", "interrupt", "restart",
                                  "shell_nozygote", "shell_noahead",
-                                 "b_init", "b_first_shim", "b_first_usr",
+                                 "b_init", "b_first_shim", "b_first_usr", "b_exec", "b_shell",
                                  "spool_bare_file", "spool_bare_pipe", "spool_job_print", "spool_job_file")}
     shim = shutil.which("python3")
     # Interleaved: noop, ours (state dir reused), ours (fresh state dir), first execs.
@@ -384,7 +407,7 @@ def server_part(root: Path, spawns: int, calls: int, baseline: str | None, spool
                 if baseline:
                     res["b_first_usr"].append(
                         anyio.run(first_exec, server_env(root / "bfu", "/usr/bin/python3"), baseline))
-    anyio.run(hot_paths, root, calls, res)
+    anyio.run(hot_paths, root, calls, res, baseline)
     if spool_runs:
         anyio.run(spooling, root, spool_runs, spool_size, res)
     res["shim"] = shim
@@ -474,8 +497,15 @@ def render(L: dict, S: dict, load_before: str, load_after: str, runs: int) -> st
             f"| spawn → initialized (state dir reused) | {fmt(S['b_init'])} | {fmt(S['init_ours'])} |",
             f"| first `python_exec` right after initialize, `python3` from PATH | {fmt(S['b_first_shim'])} | {fmt(S['first_shim'])} |",
             f"| same, `/usr/bin/python3` | {fmt(S['b_first_usr'])} | {fmt(S['first_usr'])} |",
-            "",
+            f"| trivial `python_exec` | {fmt(S['b_exec'])} | {fmt(S['exec'])} |",
+            f"| `shell_run` of `true` | {fmt(S['b_shell'])} | {fmt(S['shell'])} |",
         ]
+        for label in ("true", "python3 -c pass"):
+            before, after = L.get((label, "b_run"), []), L.get((label, "run"), [])
+            if before and after:
+                cmd = "/bin/true" if label == "true" else f"{L['python']} -c pass"
+                lines.append(f"| `run --policy workspace-write -- {cmd}` | {fmt(before)} | {fmt(after)} |")
+        lines.append("")
     if not any(isinstance(k, tuple) and k[0] == "ablation" for k in L):  # --part server
         return "\n".join(lines)
     lines += [
@@ -514,7 +544,8 @@ def main():
     ap.add_argument("--spawns", type=int, default=20, help="server spawns of each kind")
     ap.add_argument("--calls", type=int, default=200, help="trivial calls on the open servers")
     ap.add_argument("--baseline", help="an earlier build of the server, measured in turns with this one "
-                    "for spawn → initialized and the first python_exec (before/after)")
+                    "for `run`, spawn → initialized, the first and a trivial python_exec and shell_run "
+                    "(before/after)")
     ap.add_argument("--spool-runs", type=int, default=5,
                     help="runs of the output-spooling rows (0 skips them)")
     ap.add_argument("--spool-size", default="1G", help="bytes each spooling run prints (head -c syntax)")
@@ -532,9 +563,9 @@ def main():
         ws.mkdir()
         pols = Path(tmp, "pol")
         pols.mkdir()
-        L = launcher_part(args.runs, str(ws), pols, bare_only=args.part == "server")
-        S = server_part(Path(tmp, "srv"), args.spawns, args.calls,
-                        os.path.abspath(args.baseline) if args.baseline else None,
+        baseline = os.path.abspath(args.baseline) if args.baseline else None
+        L = launcher_part(args.runs, str(ws), pols, bare_only=args.part == "server", baseline=baseline)
+        S = server_part(Path(tmp, "srv"), args.spawns, args.calls, baseline,
                         args.spool_runs, args.spool_size)
     load_after = loadavg()
     section = render(L, S, load_before, load_after, args.runs)
