@@ -294,6 +294,7 @@ fn compile_tree(rules: &[SyscallDeny]) -> Result<Option<BpfProgram>, SetupError>
     let Some(mut out) = prologue else {
         return Ok(None);
     };
+    out.reserve(tree_len(&leaves));
     if !append_tree(&leaves, &mut out) || out.len() >= 4096 {
         return Ok(None);
     }
@@ -325,6 +326,20 @@ fn self_contained(chain: &[sock_filter]) -> bool {
         })
 }
 
+/// Instructions of the search tree over `leaves` ([`append_tree`]).
+fn tree_len(leaves: &[(u32, Vec<sock_filter>)]) -> usize {
+    match leaves {
+        [] => 0,
+        [(_, chain)] => chain.len(),
+        _ => {
+            let mid = leaves.len() / 2;
+            let left = tree_len(&leaves[..mid]);
+            let split = if left <= usize::from(u8::MAX) { 1 } else { 2 };
+            split + left + tree_len(&leaves[mid..])
+        }
+    }
+}
+
 /// Append the search tree over `leaves` (sorted by syscall number) to `out`; the
 /// accumulator holds the syscall number on entry. False if it cannot be encoded.
 fn append_tree(leaves: &[(u32, Vec<sock_filter>)], out: &mut Vec<sock_filter>) -> bool {
@@ -336,24 +351,20 @@ fn append_tree(leaves: &[(u32, Vec<sock_filter>)], out: &mut Vec<sock_filter>) -
         }
         _ => {
             let mid = leaves.len() / 2;
-            let mut left = Vec::new();
-            if !append_tree(&leaves[..mid], &mut left) {
-                return false;
-            }
+            let left = tree_len(&leaves[..mid]);
             let at_or_above = leaves[mid].0;
             // nr >= leaves[mid]: the right half; else the left half, which follows.
-            match u8::try_from(left.len()) {
+            match u8::try_from(left) {
                 Ok(skip) => out.push(jump(BPF_JMP | BPF_JGE_K, at_or_above, skip, 0)),
                 Err(_) => {
-                    let Ok(skip) = u32::try_from(left.len()) else {
+                    let Ok(skip) = u32::try_from(left) else {
                         return false;
                     };
                     out.push(jump(BPF_JMP | BPF_JGE_K, at_or_above, 0, 1));
                     out.push(jump(BPF_JMP | BPF_JA, skip, 0, 0));
                 }
             }
-            out.extend(left);
-            append_tree(&leaves[mid..], out)
+            append_tree(&leaves[..mid], out) && append_tree(&leaves[mid..], out)
         }
     }
 }
@@ -668,6 +679,39 @@ mod tests {
             0,
             "step that failed in the child"
         );
+    }
+
+    /// Halves longer than a jump offset can span (255) are jumped over with `JA`.
+    #[test]
+    fn tree_spans_long_halves() {
+        let deny = |nr: u32| libc::SECCOMP_RET_ERRNO | nr;
+        let leaves: Vec<(u32, Vec<sock_filter>)> = [3u32, 40, 41, 300, 301]
+            .into_iter()
+            .map(|nr| {
+                let mut chain = vec![
+                    jump(BPF_JMP | 0x10, nr, 0, 1),
+                    jump(BPF_RET, deny(nr), 0, 0),
+                ];
+                // Padding never reached: it makes each leaf 202 instructions long.
+                chain.resize(202, jump(BPF_RET, libc::SECCOMP_RET_ALLOW, 0, 0));
+                (nr, chain)
+            })
+            .collect();
+        let mut prog = vec![jump(0x20, 0, 0, 0)];
+        assert!(append_tree(&leaves, &mut prog));
+        assert_eq!(prog.len(), 1 + tree_len(&leaves));
+        assert!(
+            prog.iter().any(|i| i.code == BPF_JMP | BPF_JA),
+            "a long jump was needed"
+        );
+        for nr in 0..400u32 {
+            let want = if leaves.iter().any(|(n, _)| *n == nr) {
+                deny(nr)
+            } else {
+                libc::SECCOMP_RET_ALLOW
+            };
+            assert_eq!(run(&prog, nr, 0, [0; 6]), want, "nr {nr}");
+        }
     }
 
     #[test]
