@@ -119,7 +119,14 @@ pub fn start_shell_job(
     }
     cmd.stdin(if req.stdin { Io::Piped } else { Io::Null });
     cmd.stdout(Io::Piped).stderr(Io::Piped);
-    let mut child = cmd.spawn()?;
+    // The spawn waits for the job's set-up (until it execs): off the runtime's worker,
+    // so the tasks queued on it (other calls, output pumps) move on meanwhile.
+    let on_worker = rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
+    let mut child = if on_worker {
+        tokio::task::block_in_place(|| cmd.spawn())?
+    } else {
+        cmd.spawn()?
+    };
     let killer = child.killer();
 
     let handle = match store.create(JobKind::Shell, req.session.as_deref(), &label) {

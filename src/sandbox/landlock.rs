@@ -142,6 +142,40 @@ pub fn check_support(
     })
 }
 
+/// What `grant` allows beneath a path under Landlock ABI `target`.
+fn fs_access(grant: FsGrant, target: ABI) -> BitFlags<AccessFs> {
+    let read = AccessFs::ReadFile | AccessFs::ReadDir;
+    match grant {
+        FsGrant::Read => read,
+        // Writing does not imply executing: that is the `execute` set's job.
+        FsGrant::Write => AccessFs::from_all(target) & !AccessFs::Execute,
+        FsGrant::Execute => read | AccessFs::Execute,
+    }
+}
+
+/// The plan's file-system rules grouped by path, in the order each path first appears,
+/// each with every grant it has.
+fn grants_by_path(rules: &[(PathBuf, FsGrant)]) -> Vec<(&PathBuf, Vec<FsGrant>)> {
+    let mut out: Vec<(&PathBuf, Vec<FsGrant>)> = Vec::new();
+    for (path, grant) in rules {
+        match out.iter_mut().find(|(p, _)| *p == path) {
+            Some((_, grants)) => {
+                if !grants.contains(grant) {
+                    grants.push(*grant);
+                }
+            }
+            None => out.push((path, vec![*grant])),
+        }
+    }
+    out
+}
+
+/// Whether the descriptor is a directory (`fstat`; a failed stat counts as not one, so
+/// the rule keeps only the accesses valid on a file).
+fn is_dir(fd: &PathFd) -> bool {
+    nix::sys::stat::fstat(fd).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
+}
+
 /// Apply `plan` to the calling thread. `best_effort`: enforce what the kernel supports
 /// and return what it does not; otherwise anything unenforced is an error.
 pub fn install_landlock_on_current_thread(
@@ -184,7 +218,11 @@ pub fn install_landlock_on_current_thread(
     }
     let mut created = ruleset.create().map_err(err)?;
     if let Some(rules) = &plan.fs {
-        for (path, grant) in rules {
+        // One rule per path with the union of its grants: Landlock unions the accesses
+        // of every rule on the same object of a layer, so this enforces exactly what a
+        // rule per grant would, with one open (and one stat) per path instead of one per
+        // grant.
+        for (path, grants) in grants_by_path(rules) {
             let fd = match PathFd::new(path) {
                 Ok(fd) => fd,
                 // A path that does not exist on this machine (e.g. /lib32) grants nothing.
@@ -196,14 +234,12 @@ pub fn install_landlock_on_current_thread(
                     });
                 }
             };
-            let read = AccessFs::ReadFile | AccessFs::ReadDir;
-            let mut access = match grant {
-                FsGrant::Read => read,
-                // Writing does not imply executing: that is the `execute` set's job.
-                FsGrant::Write => AccessFs::from_all(target) & !AccessFs::Execute,
-                FsGrant::Execute => read | AccessFs::Execute,
-            };
-            if !path.is_dir() {
+            let mut access = BitFlags::<AccessFs>::EMPTY;
+            for grant in grants {
+                access |= fs_access(grant, target);
+            }
+            // The open descriptor, not the path again: what the rule is attached to.
+            if !is_dir(&fd) {
                 access &= AccessFs::from_file(target);
             }
             created = created
@@ -244,6 +280,7 @@ pub fn install_landlock_on_current_thread(
 mod tests {
     use super::*;
     use crate::sandbox::resolve::test_fixture::resolved;
+    use std::path::Path;
 
     #[test]
     fn workspace_write_plan() {
@@ -301,6 +338,37 @@ mod tests {
         );
         assert_eq!(check_support(&plan, 5, "ci", true).unwrap().len(), 2);
         assert!(check_support(&plan, 7, "ci", false).unwrap().is_empty());
+    }
+
+    #[test]
+    fn rules_are_grouped_one_per_path_with_every_grant() {
+        let plan = landlock_rules(&resolved("workspace-write"));
+        let fs = plan.fs.as_ref().unwrap();
+        let grouped = grants_by_path(fs);
+        // Every path once, in first-seen order, and no grant lost or invented.
+        let paths: Vec<&PathBuf> = grouped.iter().map(|(p, _)| *p).collect();
+        let mut unique = paths.clone();
+        unique.dedup();
+        assert_eq!(paths.len(), unique.len());
+        assert!(paths.len() < fs.len(), "workspace-write names paths twice");
+        for (path, grant) in fs {
+            let (_, grants) = grouped.iter().find(|(p, _)| *p == path).unwrap();
+            assert!(grants.contains(grant), "{path:?} lost {grant:?}");
+        }
+        let total: usize = grouped.iter().map(|(_, g)| g.len()).sum();
+        assert_eq!(total, fs.len());
+        let usr = grouped
+            .iter()
+            .find(|(p, _)| p.as_path() == Path::new("/usr"));
+        assert_eq!(usr.unwrap().1, vec![FsGrant::Read, FsGrant::Execute]);
+        let w = grouped.iter().find(|(p, _)| p.as_path() == Path::new("/w"));
+        assert_eq!(w.unwrap().1, vec![FsGrant::Write, FsGrant::Execute]);
+        // A union of grants is what two rules on the same object add up to.
+        let target = ABI::V6;
+        let both = fs_access(FsGrant::Read, target) | fs_access(FsGrant::Execute, target);
+        assert!(both.contains(AccessFs::Execute) && both.contains(AccessFs::ReadDir));
+        assert!(!both.contains(AccessFs::WriteFile));
+        assert!(!fs_access(FsGrant::Write, target).contains(AccessFs::Execute));
     }
 
     #[test]

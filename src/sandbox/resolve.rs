@@ -193,6 +193,158 @@ impl Policy {
     }
 }
 
+/// One path of a policy list before duplicates are dropped: fixed for every job, or
+/// `{tmp}` with this tail (the job's own temp dir goes there).
+#[derive(Debug, Clone)]
+enum Slot {
+    /// `dup`: equal to an earlier fixed slot of the same list (so never kept).
+    Fixed {
+        path: PathBuf,
+        dup: bool,
+    },
+    Tmp(String),
+}
+
+/// A policy resolved once for a workspace, interpreter and home, leaving only `{tmp}`:
+/// [`PolicyTemplate::for_tmp`] makes each job's policy by putting its own temp dir
+/// there, and gives exactly what [`Policy::resolve`] would with that `{tmp}` (the same
+/// paths in the same order, the same duplicates dropped, the same environment).
+#[derive(Debug, Clone)]
+pub struct PolicyTemplate {
+    /// The policy resolved with the placeholders the template was made from.
+    base: ResolvedPolicy,
+    /// `read`, `write`, `execute`, `hide` as slots, in the order `resolve` expands them.
+    lists: [Vec<Slot>; 4],
+    /// `[environment] set` as written (expanded per job: `{tmp}` may be in any value).
+    env_set: Vec<(String, String)>,
+    ph: Placeholders,
+    home: Option<PathBuf>,
+}
+
+impl PolicyTemplate {
+    /// Resolve `policy` for `ph` (whose `tmp` is the base the jobs' dirs live under;
+    /// the returned template's own policy uses it) — the expensive part, once.
+    pub fn new(policy: &Policy, ph: &Placeholders) -> Result<PolicyTemplate, PolicyError> {
+        let base = policy.resolve(ph)?;
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let slots = |paths: &[String]| -> Vec<Slot> {
+            let mut out: Vec<Slot> = Vec::new();
+            for p in paths {
+                if let Some(tail) = p.strip_prefix("{tmp}") {
+                    out.push(Slot::Tmp(tail.to_string()));
+                    continue;
+                }
+                for path in expand_path(p, ph, home.as_deref()) {
+                    let dup = out
+                        .iter()
+                        .any(|s| matches!(s, Slot::Fixed { path: q, .. } if *q == path));
+                    out.push(Slot::Fixed { path, dup });
+                }
+            }
+            out
+        };
+        let fs = &policy.filesystem;
+        Ok(PolicyTemplate {
+            base,
+            lists: [
+                slots(&fs.read),
+                slots(&fs.write),
+                slots(&fs.execute),
+                slots(&fs.hide),
+            ],
+            env_set: policy
+                .environment
+                .set
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            ph: ph.clone(),
+            home,
+        })
+    }
+
+    /// The policy resolved with the placeholders the template was made from.
+    pub fn base(&self) -> &ResolvedPolicy {
+        &self.base
+    }
+
+    /// The placeholders the template was made from.
+    pub fn placeholders(&self) -> &Placeholders {
+        &self.ph
+    }
+
+    /// The policy of one job whose `{tmp}` is `tmp`: what `Policy::resolve` gives for
+    /// the template's placeholders with this `tmp`.
+    pub fn for_tmp(&self, tmp: &Path) -> Result<ResolvedPolicy, PolicyError> {
+        if !tmp.is_absolute() {
+            return Err(PolicyError::Resolve {
+                policy: self.base.name.clone(),
+                message: format!("the tmp path {} is not absolute", tmp.display()),
+            });
+        }
+        let list = |slots: &[Slot]| -> Vec<PathBuf> {
+            let mut out: Vec<PathBuf> = Vec::with_capacity(slots.len());
+            // Kept paths that came from `{tmp}`: the only ones a fixed slot can equal
+            // that `dup` does not already say.
+            let mut from_tmp: Vec<usize> = Vec::new();
+            for slot in slots {
+                match slot {
+                    Slot::Fixed { dup: true, .. } => {}
+                    Slot::Fixed { path, dup: false } => {
+                        if !from_tmp.iter().any(|&i| out[i] == *path) {
+                            out.push(path.clone());
+                        }
+                    }
+                    Slot::Tmp(tail) => {
+                        let tail = tail.trim_start_matches('/');
+                        let path = if tail.is_empty() {
+                            tmp.to_path_buf()
+                        } else {
+                            tmp.join(tail)
+                        };
+                        if !out.contains(&path) {
+                            from_tmp.push(out.len());
+                            out.push(path);
+                        }
+                    }
+                }
+            }
+            out
+        };
+        let ph = Placeholders {
+            tmp: tmp.to_path_buf(),
+            ..self.ph.clone()
+        };
+        let [read, write, execute, hide] = &self.lists;
+        let b = &self.base;
+        // Every field named (no `..`): a field added later must be thought about here.
+        Ok(ResolvedPolicy {
+            name: b.name.clone(),
+            kernel_support: b.kernel_support,
+            workspace: b.workspace.clone(),
+            tmp: tmp.to_path_buf(),
+            read: list(read),
+            write: list(write),
+            execute: list(execute),
+            hide: list(hide),
+            network: b.network.clone(),
+            abstract_unix_sockets: b.abstract_unix_sockets,
+            signals: b.signals,
+            env_pass: b.env_pass.clone(),
+            env_set: self
+                .env_set
+                .iter()
+                .map(|(k, v)| (k.clone(), expand_text(v, &ph, self.home.as_deref())))
+                .collect(),
+            limits: b.limits.clone(),
+            drop_capabilities: b.drop_capabilities,
+            syscall_filter: b.syscall_filter,
+            installer_network: b.installer_network.clone(),
+            wheels_only: b.wheels_only,
+        })
+    }
+}
+
 fn expand_path(p: &str, ph: &Placeholders, home: Option<&Path>) -> Vec<PathBuf> {
     let Some(rest) = p.strip_prefix('{') else {
         return vec![PathBuf::from(p)];
@@ -399,6 +551,57 @@ mod tests {
         assert!(env.contains(&("PATH".into(), "/bin".into())));
         assert!(env.contains(&("HOME".into(), "/t".into())));
         assert!(!env.iter().any(|(k, _)| k == "SECRET"));
+    }
+
+    /// Made once, substituted per job: exactly what a fresh resolution gives, for every
+    /// shipped policy and for lists where `{tmp}` paths and fixed ones coincide.
+    #[test]
+    fn template_for_tmp_equals_a_fresh_resolution() {
+        let tricky = Policy::parse(
+            "t",
+            concat!(
+                "[filesystem]\n",
+                "read = [\"/usr\", \"{tmp}\", \"/j/1\", \"/usr/\", \"{tmp}/a\", \"{tmp}//a\", ",
+                "\"/j/1/a\", \"{python}\", \"/py/a\", \"{venv}/x\"]\n",
+                "write = [\"{workspace}\", \"{tmp}\", \"{workspace}\"]\n",
+                "execute = [\"/j/1\", \"{tmp}\"]\n",
+                "hide = [\"{tmp}/secret\"]\n",
+                "[environment]\n",
+                "set = { HOME = \"{tmp}\", X = \"{workspace}:{tmp}/b:{uv_cache}:{home}\" }\n",
+            ),
+            "t",
+        )
+        .unwrap();
+        let mut policies: Vec<Policy> =
+            ["workspace-write", "read-only", "ci", "danger-full-access"]
+                .into_iter()
+                .map(|n| Policy::load(n).unwrap())
+                .collect();
+        policies.push(tricky);
+        let base = Placeholders {
+            tmp: "/state/shell-tmp".into(),
+            ..ph()
+        };
+        for policy in &policies {
+            let template = PolicyTemplate::new(policy, &base).unwrap();
+            assert_eq!(template.base(), &policy.resolve(&base).unwrap());
+            // `/j/1` is a fixed path of the tricky policy: a job tmp equal to it must drop
+            // the same duplicates a fresh resolution drops.
+            for tmp in ["/state/shell-tmp/1-0", "/j/1", "/usr", "/t/"] {
+                let job = Placeholders {
+                    tmp: tmp.into(),
+                    ..base.clone()
+                };
+                assert_eq!(
+                    template.for_tmp(Path::new(tmp)).unwrap(),
+                    policy.resolve(&job).unwrap(),
+                    "policy {} with tmp {tmp}",
+                    policy.name
+                );
+            }
+            let e = template.for_tmp(Path::new("rel")).unwrap_err().to_string();
+            assert!(e.contains("not absolute"), "{e}");
+        }
     }
 
     #[test]

@@ -1,13 +1,16 @@
 //! The seccomp filter: [`seccomp_rules`] turns a policy into a pure list of denied
-//! syscalls (unit-tested), [`install_seccomp_filter_on_current_thread`] compiles it with
-//! seccompiler and loads it. Denials return an errno (EPERM, or ENOSYS for clone3 so
+//! syscalls (unit-tested), [`compile_filter`] compiles it (seccompiler's chain for each
+//! syscall, found by a binary search on the syscall number: one program) and
+//! [`install_seccomp_filter_on_current_thread`] loads it, compiled once per process
+//! ([`compiled_for`]: the spawn helper compiles before it forks, its children load). Denials return an errno (EPERM, or ENOSYS for clone3 so
 //! that libc falls back to clone, whose flags a filter can inspect); nothing is killed.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
+    SeccompRule, TargetArch, sock_filter,
 };
 
 use super::error::SetupError;
@@ -182,54 +185,235 @@ fn condition(check: ArgCheck) -> Result<SeccompCondition, seccompiler::BackendEr
     SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)
 }
 
-/// Compile `rules` into one BPF program per errno.
-fn compile(rules: &[SyscallDeny]) -> Result<Vec<BpfProgram>, SetupError> {
-    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(SetupError::SeccompArch)?;
+/// A filter ready to load: one program (a search tree over the syscall numbers), or
+/// one linear program per errno as seccompiler builds them (if the tree could not be
+/// made from seccompiler's output).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompiledFilter(Vec<BpfProgram>);
+
+/// The compiled filter of `rules` (empty: nothing to load).
+pub fn compile_filter(rules: &[SyscallDeny]) -> Result<CompiledFilter, SetupError> {
+    if rules.is_empty() {
+        return Ok(CompiledFilter(Vec::new()));
+    }
+    match compile_tree(rules)? {
+        Some(tree) => Ok(CompiledFilter(vec![tree])),
+        None => Ok(CompiledFilter(compile_linear(rules)?)),
+    }
+}
+
+/// Compile `rules` with seccompiler into one linear program per errno: every syscall
+/// number compared in turn.
+fn compile_linear(rules: &[SyscallDeny]) -> Result<Vec<BpfProgram>, SetupError> {
     let mut by_errno: BTreeMap<i32, BTreeMap<i64, Vec<SeccompRule>>> = BTreeMap::new();
     for rule in rules {
-        let rule_err = |source| SetupError::SeccompRule {
-            syscall: rule.name.to_string(),
-            source,
-        };
-        let mut compiled = Vec::new();
-        for alt in &rule.when {
-            let conds = alt
-                .iter()
-                .map(|c| condition(*c))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(rule_err)?;
-            compiled.push(SeccompRule::new(conds).map_err(rule_err)?);
-        }
         by_errno
             .entry(rule.errno)
             .or_default()
-            .insert(rule.nr, compiled);
+            .insert(rule.nr, seccomp_rules_of(rule)?);
     }
     by_errno
         .into_iter()
-        .map(|(errno, map)| {
-            let filter = SeccompFilter::new(
-                map,
-                SeccompAction::Allow,
-                SeccompAction::Errno(errno as u32),
-                arch,
-            )
-            .map_err(SetupError::SeccompFilter)?;
-            BpfProgram::try_from(filter).map_err(SetupError::SeccompFilter)
-        })
+        .map(|(errno, map)| program(map, errno))
         .collect()
 }
 
+/// seccompiler's rules for one denial (its alternatives).
+fn seccomp_rules_of(rule: &SyscallDeny) -> Result<Vec<SeccompRule>, SetupError> {
+    let rule_err = |source| SetupError::SeccompRule {
+        syscall: rule.name.to_string(),
+        source,
+    };
+    let mut compiled = Vec::new();
+    for alt in &rule.when {
+        let conds = alt
+            .iter()
+            .map(|c| condition(*c))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(rule_err)?;
+        compiled.push(SeccompRule::new(conds).map_err(rule_err)?);
+    }
+    Ok(compiled)
+}
+
+/// seccompiler's program for `map` (syscall → alternatives), denying with `errno`.
+fn program(map: BTreeMap<i64, Vec<SeccompRule>>, errno: i32) -> Result<BpfProgram, SetupError> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(SetupError::SeccompArch)?;
+    let filter = SeccompFilter::new(
+        map,
+        SeccompAction::Allow,
+        SeccompAction::Errno(errno as u32),
+        arch,
+    )
+    .map_err(SetupError::SeccompFilter)?;
+    BpfProgram::try_from(filter).map_err(SetupError::SeccompFilter)
+}
+
+/// Instructions of a seccompiler program before its first syscall chain: the check of
+/// the architecture (3) and the load of the syscall number (1).
+const PROLOGUE: usize = 4;
+
+/// One program for all of `rules`: the syscall number is found by binary search (`JGE`
+/// on the sorted numbers) and each leaf is seccompiler's own chain for one syscall,
+/// which returns its verdict (its errno, or allow) on every path. The kernel walks a
+/// filter once per syscall number when it loads it (to cache the always-allowed ones):
+/// a tree of 48 denials costs ~6 comparisons per number where the linear chain costs
+/// ~100, and one program replaces one per errno. `None` when seccompiler's output is
+/// not shaped as expected (the caller loads the linear programs then).
+fn compile_tree(rules: &[SyscallDeny]) -> Result<Option<BpfProgram>, SetupError> {
+    let mut sorted: Vec<&SyscallDeny> = rules.iter().collect();
+    sorted.sort_by_key(|r| r.nr);
+    if sorted.windows(2).any(|w| w[0].nr == w[1].nr) || sorted.iter().any(|r| r.nr < 0) {
+        return Ok(None);
+    }
+    let mut prologue: Option<Vec<sock_filter>> = None;
+    let mut leaves: Vec<(u32, Vec<sock_filter>)> = Vec::new();
+    for rule in sorted {
+        let mut map = BTreeMap::new();
+        map.insert(rule.nr, seccomp_rules_of(rule)?);
+        let mut one = program(map, rule.errno)?;
+        if one.len() <= PROLOGUE + 1 {
+            return Ok(None);
+        }
+        let chain = one.split_off(PROLOGUE);
+        // The same prologue for every syscall, and a chain that ends in a return and
+        // jumps nowhere outside itself: then it may stand anywhere in a program.
+        match &prologue {
+            None => prologue = Some(one),
+            Some(p) if *p == one => {}
+            Some(_) => return Ok(None),
+        }
+        if !self_contained(&chain) {
+            return Ok(None);
+        }
+        let Ok(nr) = u32::try_from(rule.nr) else {
+            return Ok(None);
+        };
+        leaves.push((nr, chain));
+    }
+    let Some(mut out) = prologue else {
+        return Ok(None);
+    };
+    out.reserve(tree_len(&leaves));
+    if !append_tree(&leaves, &mut out) || out.len() >= 4096 {
+        return Ok(None);
+    }
+    Ok(Some(out))
+}
+
+const BPF_CLASS_MASK: u16 = 0x07;
+const BPF_JMP: u16 = 0x05;
+const BPF_RET: u16 = 0x06;
+const BPF_JA: u16 = 0x00;
+const BPF_JGE_K: u16 = 0x35;
+
+/// Whether every jump of `chain` lands inside it and its last instruction returns.
+fn self_contained(chain: &[sock_filter]) -> bool {
+    let len = chain.len();
+    let ends_in_ret = chain
+        .last()
+        .is_some_and(|i| i.code & BPF_CLASS_MASK == BPF_RET);
+    ends_in_ret
+        && chain.iter().enumerate().all(|(at, i)| {
+            if i.code & BPF_CLASS_MASK != BPF_JMP {
+                return true;
+            }
+            let next = at + 1;
+            if i.code & 0xf0 == BPF_JA {
+                return next + (i.k as usize) < len;
+            }
+            next + usize::from(i.jt) < len && next + usize::from(i.jf) < len
+        })
+}
+
+/// Instructions of the search tree over `leaves` ([`append_tree`]).
+fn tree_len(leaves: &[(u32, Vec<sock_filter>)]) -> usize {
+    match leaves {
+        [] => 0,
+        [(_, chain)] => chain.len(),
+        _ => {
+            let mid = leaves.len() / 2;
+            let left = tree_len(&leaves[..mid]);
+            let split = if left <= usize::from(u8::MAX) { 1 } else { 2 };
+            split + left + tree_len(&leaves[mid..])
+        }
+    }
+}
+
+/// Append the search tree over `leaves` (sorted by syscall number) to `out`; the
+/// accumulator holds the syscall number on entry. False if it cannot be encoded.
+fn append_tree(leaves: &[(u32, Vec<sock_filter>)], out: &mut Vec<sock_filter>) -> bool {
+    match leaves {
+        [] => false,
+        [(_, chain)] => {
+            out.extend_from_slice(chain);
+            true
+        }
+        _ => {
+            let mid = leaves.len() / 2;
+            let left = tree_len(&leaves[..mid]);
+            let at_or_above = leaves[mid].0;
+            // nr >= leaves[mid]: the right half; else the left half, which follows.
+            match u8::try_from(left) {
+                Ok(skip) => out.push(jump(BPF_JMP | BPF_JGE_K, at_or_above, skip, 0)),
+                Err(_) => {
+                    let Ok(skip) = u32::try_from(left) else {
+                        return false;
+                    };
+                    out.push(jump(BPF_JMP | BPF_JGE_K, at_or_above, 0, 1));
+                    out.push(jump(BPF_JMP | BPF_JA, skip, 0, 0));
+                }
+            }
+            append_tree(&leaves[..mid], out) && append_tree(&leaves[mid..], out)
+        }
+    }
+}
+
+fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
+    sock_filter { code, jt, jf, k }
+}
+
+/// Load `filter` on the calling thread (no_new_privs must be set, or the caller must
+/// hold CAP_SYS_ADMIN).
+pub fn install_compiled(filter: &CompiledFilter) -> Result<(), SetupError> {
+    for program in &filter.0 {
+        seccompiler::apply_filter(program).map_err(SetupError::SeccompLoad)?;
+    }
+    Ok(())
+}
+
+/// Filters compiled in this process, by their rules: a spawn helper compiles each
+/// policy's once and its forked children load it from here (see [`compiled_for`]).
+static COMPILED: Mutex<Vec<(Vec<SyscallDeny>, Arc<CompiledFilter>)>> = Mutex::new(Vec::new());
+
+/// How many distinct filters [`COMPILED`] keeps (a server uses a handful of policies).
+const COMPILED_KEEP: usize = 16;
+
+/// The compiled filter of `rules`, compiled at most once per process while it stays
+/// among the last [`COMPILED_KEEP`] used.
+pub fn compiled_for(rules: &[SyscallDeny]) -> Result<Arc<CompiledFilter>, SetupError> {
+    let mut cache = COMPILED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(at) = cache.iter().position(|(r, _)| r.as_slice() == rules) {
+        let hit = cache.remove(at);
+        let filter = hit.1.clone();
+        cache.push(hit);
+        return Ok(filter);
+    }
+    let filter = Arc::new(compile_filter(rules)?);
+    if cache.len() >= COMPILED_KEEP {
+        cache.remove(0);
+    }
+    cache.push((rules.to_vec(), filter.clone()));
+    Ok(filter)
+}
+
 /// Load the filter for `rules` on the calling thread (no_new_privs must be set, or the
-/// caller must hold CAP_SYS_ADMIN).
+/// caller must hold CAP_SYS_ADMIN); compiled here unless this process compiled it before.
 pub fn install_seccomp_filter_on_current_thread(rules: &[SyscallDeny]) -> Result<(), SetupError> {
     if rules.is_empty() {
         return Ok(());
     }
-    for program in compile(rules)? {
-        seccompiler::apply_filter(&program).map_err(SetupError::SeccompLoad)?;
-    }
-    Ok(())
+    install_compiled(compiled_for(rules)?.as_ref())
 }
 
 #[cfg(test)]
@@ -268,7 +452,7 @@ mod tests {
             find(&rules, "clone").unwrap().when.len(),
             CLONE_NS_FLAGS.len()
         );
-        compile(&rules).unwrap();
+        compile_filter(&rules).unwrap();
     }
 
     #[test]
@@ -289,7 +473,7 @@ mod tests {
             ArgCheck::Ne(0, libc::AF_INET as u64),
             ArgCheck::Ne(0, libc::AF_INET6 as u64),
         ]));
-        compile(&rules).unwrap();
+        compile_filter(&rules).unwrap();
     }
 
     #[test]
@@ -310,7 +494,7 @@ mod tests {
                 .when
                 .contains(&vec![ArgCheck::Ne(0, libc::AF_UNIX as u64)])
         );
-        compile(&rules).unwrap();
+        compile_filter(&rules).unwrap();
     }
 
     #[test]
@@ -318,6 +502,216 @@ mod tests {
         let p = resolved("ci").with_network(NetworkPolicy::Full);
         let rules = seccomp_rules(&p);
         assert!(find(&rules, "socket").is_none() && find(&rules, "ptrace").is_some());
+    }
+
+    /// A classic-BPF interpreter for what seccompiler and the tree emit (loads of the
+    /// seccomp data, `K` jumps, `AND`, returns), over `struct seccomp_data`.
+    fn run(prog: &[sock_filter], nr: u32, arch: u32, args: [u64; 6]) -> u32 {
+        let mut data = Vec::new();
+        data.extend_from_slice(&nr.to_ne_bytes());
+        data.extend_from_slice(&arch.to_ne_bytes());
+        data.extend_from_slice(&0u64.to_ne_bytes());
+        for a in args {
+            data.extend_from_slice(&a.to_ne_bytes());
+        }
+        let (mut pc, mut acc) = (0usize, 0u32);
+        loop {
+            let i = &prog[pc];
+            pc += 1;
+            match i.code {
+                0x20 => {
+                    let at = i.k as usize;
+                    acc = u32::from_ne_bytes(data[at..at + 4].try_into().unwrap());
+                }
+                0x54 => acc &= i.k,
+                0x05 => pc += i.k as usize,
+                0x15 | 0x25 | 0x35 | 0x45 => {
+                    let hit = match i.code {
+                        0x15 => acc == i.k,
+                        0x25 => acc > i.k,
+                        0x35 => acc >= i.k,
+                        _ => acc & i.k != 0,
+                    };
+                    pc += usize::from(if hit { i.jt } else { i.jf });
+                }
+                0x06 => return i.k,
+                other => panic!("instruction {other:#x} not interpreted"),
+            }
+        }
+    }
+
+    /// What a stack of programs answers: the most restrictive action (the kernel
+    /// compares actions as signed: kill-process < errno < allow); for two errnos, the
+    /// last loaded one's.
+    fn verdict(progs: &[BpfProgram], nr: u32, arch: u32, args: [u64; 6]) -> u32 {
+        let action = |v: u32| (v & libc::SECCOMP_RET_ACTION_FULL) as i32;
+        let mut out = libc::SECCOMP_RET_ALLOW;
+        for p in progs {
+            let v = run(p, nr, arch, args);
+            if action(v) <= action(out) {
+                out = v;
+            }
+        }
+        out
+    }
+
+    fn policies() -> Vec<ResolvedPolicy> {
+        let ww = resolved("workspace-write");
+        vec![
+            ww.clone(),
+            resolved("read-only"),
+            resolved("ci"),
+            ww.with_network(NetworkPolicy::Loopback),
+            ww.with_network(NetworkPolicy::Full),
+            ww.with_network(NetworkPolicy::Ports {
+                connect: vec![443],
+                bind: vec![],
+            }),
+            ww.with_network(NetworkPolicy::Proxy { allow: vec![] }),
+        ]
+    }
+
+    /// The one-program tree answers every syscall number and argument pattern exactly
+    /// as seccompiler's linear programs do, for every policy shape.
+    #[test]
+    fn tree_answers_as_the_linear_programs_do() {
+        let arch = 0xc000_003e; // AUDIT_ARCH_X86_64
+        let mut args_set: Vec<[u64; 6]> = vec![[0; 6], [u64::MAX; 6]];
+        for a0 in [0u64, 1, 2, 10, 16, 0xffff_ffff] {
+            for a1 in [0u64, 1, 2, 3, 5, 0x80001, 0x80002] {
+                for a2 in [0u64, 6, 17, 132, 262] {
+                    args_set.push([a0, a1, a2, 0, 0, 0]);
+                }
+            }
+        }
+        for &f in CLONE_NS_FLAGS {
+            args_set.push([f | libc::SIGCHLD as u64, 0, 0, 0, 0, 0]);
+        }
+        let mut denied_seen = 0;
+        for policy in policies() {
+            let rules = seccomp_rules(&policy);
+            let linear = compile_linear(&rules).unwrap();
+            assert_eq!(linear.len(), 2, "EPERM and ENOSYS: two linear programs");
+            let tree = compile_tree(&rules)
+                .unwrap()
+                .expect("seccompiler's output as expected");
+            let compiled = compile_filter(&rules).unwrap();
+            assert_eq!(compiled, CompiledFilter(vec![tree.clone()]));
+            assert!(tree.len() < linear.iter().map(Vec::len).sum::<usize>() + 2 * rules.len());
+            for nr in 0..1024u32 {
+                // Every argument pattern for the syscalls with rules, two for the others.
+                let named = rules.iter().any(|r| r.nr == i64::from(nr));
+                let args_here = if named { &args_set[..] } else { &args_set[..2] };
+                for args in args_here {
+                    let want = verdict(&linear, nr, arch, *args);
+                    assert_eq!(run(&tree, nr, arch, *args), want, "nr {nr} args {args:?}");
+                    if want != libc::SECCOMP_RET_ALLOW {
+                        denied_seen += 1;
+                    }
+                }
+            }
+            // Another architecture is killed by both.
+            let other = verdict(&linear, 0, 0x4000_0003, [0; 6]);
+            assert_eq!(run(&tree, 0, 0x4000_0003, [0; 6]), other);
+            assert_eq!(other, libc::SECCOMP_RET_KILL_PROCESS);
+        }
+        assert!(
+            denied_seen > 1000,
+            "the comparison saw denials: {denied_seen}"
+        );
+        let clone3 = run(
+            &compile_tree(&seccomp_rules(&resolved("ci")))
+                .unwrap()
+                .unwrap(),
+            libc::SYS_clone3 as u32,
+            arch,
+            [0; 6],
+        );
+        assert_eq!(clone3, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
+    }
+
+    /// The tree loads in the kernel, and the kernel answers with it as the rules say.
+    #[test]
+    fn tree_loads_and_denies_in_the_kernel() {
+        let rules = seccomp_rules(&resolved("workspace-write"));
+        let filter = compiled_for(&rules).unwrap();
+        assert_eq!(filter.0.len(), 1);
+        assert!(
+            Arc::ptr_eq(&filter, &compiled_for(&rules).unwrap()),
+            "compiled once"
+        );
+        // SAFETY: a fork in a test: the child only makes syscalls and _exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            // SAFETY: prctl and raw syscalls in the forked child, which then _exits.
+            let code = unsafe {
+                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+                if install_compiled(&filter).is_err() {
+                    1
+                } else if libc::syscall(libc::SYS_clone3, 0usize, 0usize) != -1
+                    || errno() != libc::ENOSYS
+                {
+                    2
+                } else if libc::unshare(0) != -1 || errno() != libc::EPERM {
+                    3
+                } else if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) != -1
+                    || errno() != libc::EPERM
+                {
+                    4
+                } else if libc::getpid() <= 0 || libc::personality(0xffff_ffff) == -1 {
+                    5
+                } else if libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) < 0 {
+                    6
+                } else {
+                    0
+                }
+            };
+            // SAFETY: _exit in the forked child.
+            unsafe { libc::_exit(code) }
+        }
+        let mut status = 0;
+        // SAFETY: waiting for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "status {status}");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "step that failed in the child"
+        );
+    }
+
+    /// Halves longer than a jump offset can span (255) are jumped over with `JA`.
+    #[test]
+    fn tree_spans_long_halves() {
+        let deny = |nr: u32| libc::SECCOMP_RET_ERRNO | nr;
+        let leaves: Vec<(u32, Vec<sock_filter>)> = [3u32, 40, 41, 300, 301]
+            .into_iter()
+            .map(|nr| {
+                let mut chain = vec![
+                    jump(BPF_JMP | 0x10, nr, 0, 1),
+                    jump(BPF_RET, deny(nr), 0, 0),
+                ];
+                // Padding never reached: it makes each leaf 202 instructions long.
+                chain.resize(202, jump(BPF_RET, libc::SECCOMP_RET_ALLOW, 0, 0));
+                (nr, chain)
+            })
+            .collect();
+        let mut prog = vec![jump(0x20, 0, 0, 0)];
+        assert!(append_tree(&leaves, &mut prog));
+        assert_eq!(prog.len(), 1 + tree_len(&leaves));
+        assert!(
+            prog.iter().any(|i| i.code == BPF_JMP | BPF_JA),
+            "a long jump was needed"
+        );
+        for nr in 0..400u32 {
+            let want = if leaves.iter().any(|(n, _)| *n == nr) {
+                deny(nr)
+            } else {
+                libc::SECCOMP_RET_ALLOW
+            };
+            assert_eq!(run(&prog, nr, 0, [0; 6]), want, "nr {nr}");
+        }
     }
 
     #[test]

@@ -114,6 +114,9 @@ pub fn zygote_main() -> ! {
 /// Fork one job as the server's child; in the child, place its descriptors and apply
 /// the sandbox (never returns there). Returns the pid, or a negative errno.
 fn fork_job(sock: &OwnedFd, req: &Request, fds: Vec<OwnedFd>) -> i32 {
+    // The policy's seccomp filter, compiled here once: the child finds it compiled (a
+    // failure here is met again, and reported, by the child).
+    let _ = super::seccomp::compiled_for(&super::seccomp::seccomp_rules(&req.spec.policy));
     // SAFETY: a raw clone in a single-threaded process: like fork(2), with CLONE_PARENT
     // making the child a sibling of this process (the server's child). The child only
     // makes syscalls and allocates, as the re-executed launcher would.
