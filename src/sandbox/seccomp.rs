@@ -203,7 +203,7 @@ pub fn compile_filter(rules: &[SyscallDeny]) -> Result<CompiledFilter, SetupErro
 }
 
 /// Compile `rules` with seccompiler into one linear program per errno: every syscall
-/// number compared in turn.
+/// number compared in turn; on x86-64 after [`x32_guard`].
 fn compile_linear(rules: &[SyscallDeny]) -> Result<Vec<BpfProgram>, SetupError> {
     let mut by_errno: BTreeMap<i32, BTreeMap<i64, Vec<SeccompRule>>> = BTreeMap::new();
     for rule in rules {
@@ -212,10 +212,60 @@ fn compile_linear(rules: &[SyscallDeny]) -> Result<Vec<BpfProgram>, SetupError> 
             .or_default()
             .insert(rule.nr, seccomp_rules_of(rule)?);
     }
-    by_errno
-        .into_iter()
-        .map(|(errno, map)| program(map, errno))
-        .collect()
+    let mut programs: Vec<BpfProgram> = x32_guard().into_iter().collect();
+    for (errno, map) in by_errno {
+        programs.push(program(map, errno)?);
+    }
+    Ok(programs)
+}
+
+/// x86-64's x32 ABI shares the architecture value of the seccomp data and marks its
+/// syscall numbers with this bit. seccompiler matches numbers alone, so on a kernel
+/// built with x32 support x32's `unshare` or `socket` would pass a filter that denies
+/// the 64-bit ones: every x32 syscall is refused first, with ENOSYS (what a kernel
+/// without x32 answers).
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+/// AUDIT_ARCH_X86_64 (linux/audit.h).
+const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+const BPF_LD_W_ABS: u16 = 0x20;
+const BPF_JEQ_K: u16 = 0x15;
+/// Offsets in `struct seccomp_data`.
+const DATA_NR: u32 = 0;
+const DATA_ARCH: u32 = 4;
+
+/// With the syscall number in the accumulator: return ENOSYS for an x32 syscall, else
+/// fall through. Nothing on other architectures.
+fn x32_check() -> Vec<sock_filter> {
+    if !cfg!(target_arch = "x86_64") {
+        return Vec::new();
+    }
+    vec![
+        jump(BPF_JMP | BPF_JGE_K, X32_SYSCALL_BIT, 0, 1),
+        jump(
+            BPF_RET,
+            libc::SECCOMP_RET_ERRNO | (libc::ENOSYS as u32 & libc::SECCOMP_RET_DATA),
+            0,
+            0,
+        ),
+    ]
+}
+
+/// A program of its own that refuses x32 syscalls and allows everything else (loaded
+/// beside the linear programs, which cannot hold the check); `None` off x86-64.
+fn x32_guard() -> Option<BpfProgram> {
+    let check = x32_check();
+    if check.is_empty() {
+        return None;
+    }
+    let mut guard = vec![
+        jump(BPF_LD_W_ABS, DATA_ARCH, 0, 0),
+        // Another architecture: nothing to check here (seccompiler's programs refuse it).
+        jump(BPF_JMP | BPF_JEQ_K, AUDIT_ARCH_X86_64, 0, 3),
+        jump(BPF_LD_W_ABS, DATA_NR, 0, 0),
+    ];
+    guard.extend(check);
+    guard.push(jump(BPF_RET, libc::SECCOMP_RET_ALLOW, 0, 0));
+    Some(guard)
 }
 
 /// seccompiler's rules for one denial (its alternatives).
@@ -294,6 +344,8 @@ fn compile_tree(rules: &[SyscallDeny]) -> Result<Option<BpfProgram>, SetupError>
     let Some(mut out) = prologue else {
         return Ok(None);
     };
+    // The prologue leaves the syscall number in the accumulator.
+    out.extend(x32_check());
     out.reserve(tree_len(&leaves));
     if !append_tree(&leaves, &mut out) || out.len() >= 4096 {
         return Ok(None);
@@ -591,7 +643,11 @@ mod tests {
         for policy in policies() {
             let rules = seccomp_rules(&policy);
             let linear = compile_linear(&rules).unwrap();
-            assert_eq!(linear.len(), 2, "EPERM and ENOSYS: two linear programs");
+            assert_eq!(
+                linear.len(),
+                2 + usize::from(cfg!(target_arch = "x86_64")),
+                "the x32 guard, then EPERM and ENOSYS: a linear program each"
+            );
             let tree = compile_tree(&rules)
                 .unwrap()
                 .expect("seccompiler's output as expected");
@@ -628,6 +684,32 @@ mod tests {
             [0; 6],
         );
         assert_eq!(clone3, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
+    }
+
+    /// x32 syscalls (the 64-bit numbers with the x32 bit) are refused by both forms,
+    /// whatever the number: `unshare`, `socket`, `read` alike.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn x32_syscalls_are_refused_by_both_forms() {
+        let arch = AUDIT_ARCH_X86_64;
+        let enosys = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+        for policy in policies() {
+            let rules = seccomp_rules(&policy);
+            let linear = compile_linear(&rules).unwrap();
+            let tree = compile_tree(&rules).unwrap().unwrap();
+            for nr in [0, 41, 272, 435, 0x3fff_ffff] {
+                let x32 = X32_SYSCALL_BIT | nr;
+                assert_eq!(run(&tree, x32, arch, [0; 6]), enosys, "tree, x32 {nr}");
+                assert_eq!(
+                    verdict(&linear, x32, arch, [0; 6]),
+                    enosys,
+                    "linear, x32 {nr}"
+                );
+            }
+            // The 64-bit `read` is still allowed by both.
+            assert_eq!(run(&tree, 0, arch, [0; 6]), libc::SECCOMP_RET_ALLOW);
+            assert_eq!(verdict(&linear, 0, arch, [0; 6]), libc::SECCOMP_RET_ALLOW);
+        }
     }
 
     /// The tree loads in the kernel, and the kernel answers with it as the rules say.
