@@ -252,19 +252,27 @@ async def hot_paths(root: Path, calls: int, res: dict, baseline: str | None = No
             await ns.call_tool("python_exec", {"code": "1"})
             await n.call_tool("noop", {})
             await s.call_tool("shell_run", {"command": "true"})
+        # Each timed call starts after a short pause: a server's work after its answer
+        # (the snapshot fork of a cell) must not land on the next server's call, which
+        # it would in back-to-back turns (an agent's calls are seconds apart).
+        settle_gap = 0.005
         for _ in range(calls):
+            await anyio.sleep(settle_gap)
             t = time.perf_counter()
             r = await s.call_tool("python_exec", {"code": "1"})
             res["exec"].append(time.perf_counter() - t)
             assert r.structured_content["value"] == "1", r
+            await anyio.sleep(settle_gap)
             t = time.perf_counter()
             await n.call_tool("noop", {})
             res["noop"].append(time.perf_counter() - t)
+            await anyio.sleep(settle_gap)
             t = time.perf_counter()
             r = await ns.call_tool("python_exec", {"code": "1"})
             res["exec_nosnap"].append(time.perf_counter() - t)
             assert r.structured_content["value"] == "1", r
             if b:
+                await anyio.sleep(settle_gap)
                 t = time.perf_counter()
                 r = await b.call_tool("python_exec", {"code": "1"})
                 res["b_exec"].append(time.perf_counter() - t)
