@@ -222,8 +222,12 @@ class _State:
 
     running_user_code = False
     current_id = None
-    # The cell the server asked to interrupt (set by the reader thread).
+    # The cell the server asked to interrupt (set by the reader thread), and how many
+    # `interrupt` requests have come (bumped first, so whoever sees the id sees the count).
     interrupt_id = None
+    interrupt_seq = 0
+    # The `interrupt_seq` last raised as KeyboardInterrupt in a cell (main thread only).
+    raised_seq = 0
     waiting_input_id = None
     display = []
 
@@ -488,7 +492,8 @@ class _GetpassFinder:
 class _Flusher:
     """Flushes stdout every 50 ms while a cell runs, so output streams live without
     line buffering (a write per line halves the speed of print-heavy loops and floods
-    the server with tiny chunks). Between cells the thread blocks on `gate`.
+    the server with tiny chunks). Each tick also repeats an interrupt whose SIGINT was lost
+    (`_resend_lost_interrupt`). Between cells the thread blocks on `gate`.
 
     Fork safety: user code may fork. The flusher holds `busy` while it flushes and a fork
     waits for it (register_at_fork), so a child never inherits stdout's buffer lock held
@@ -537,6 +542,7 @@ class _Flusher:
             cls.gate.acquire()  # waits here between cells
             cls.gate.release()
             time.sleep(cls.INTERVAL)
+            _resend_lost_interrupt()
             with cls.busy:
                 try:
                     sys.stdout.flush()
@@ -643,6 +649,7 @@ class Worker:
                 elif op == "interrupt":
                     # Set first, then look: the main thread sets running_user_code before
                     # it checks interrupt_id, so one of the two always sees the other.
+                    _State.interrupt_seq += 1
                     _State.interrupt_id = msg.get("id")
                     if _State.running_user_code and _State.current_id == msg.get("id"):
                         _signal.pthread_kill(_MAIN_THREAD, _signal.SIGINT)
@@ -686,6 +693,7 @@ class Worker:
                 _State.running_user_code = True
                 _allow_sigint(True)
                 if _State.interrupt_id == req["id"]:
+                    _State.raised_seq = _State.interrupt_seq
                     raise KeyboardInterrupt
                 if body is not None:
                     self.run_code(body)
@@ -1221,9 +1229,38 @@ class _Snapshots:
 
 
 def _on_sigint(signum, frame):
-    if _State.running_user_code:
-        raise KeyboardInterrupt
-    # Idle (or inside the worker's own bookkeeping): ignore.
+    if not _State.running_user_code:
+        return  # idle (or inside the worker's own bookkeeping): ignore
+    if _State.interrupt_id == _State.current_id:
+        if _State.raised_seq == _State.interrupt_seq:
+            return  # a repeat (see _resend_lost_interrupt) of an interrupt already raised
+        _State.raised_seq = _State.interrupt_seq
+    raise KeyboardInterrupt
+
+
+def _resend_lost_interrupt():
+    """SIGINT again to the main thread if the running cell was asked to stop and our
+    handler has not raised it yet (called every flusher tick, so while a cell runs).
+
+    A signal can be lost to Python: its C-level handler only sets a flag that the main
+    thread acts on at its next check, and when the signal lands after that check but
+    before a blocking system call (the sleep of `time.sleep`, a lock wait), the call
+    blocks on, its full length. On a loaded machine that window can be wide: the reader thread
+    waiting for the GIL makes the main thread hand it over on entering the call, and the
+    reader sends the signal while the main thread has not reached the call yet. A repeat
+    interrupts the call; `_on_sigint` raises once per interrupt. Not with a SIGINT handler
+    of the user's own (we could not tell whether it ran); the cancel's kill remains."""
+    if (
+        _State.running_user_code
+        and _State.interrupt_id is not None
+        and _State.interrupt_id == _State.current_id
+        and _State.raised_seq != _State.interrupt_seq
+        and _signal.getsignal(_signal.SIGINT) is _on_sigint
+    ):
+        try:
+            _signal.pthread_kill(_MAIN_THREAD, _signal.SIGINT)
+        except (AttributeError, OSError):
+            pass
 
 
 _MAIN_THREAD = _thread.get_ident()

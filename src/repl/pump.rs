@@ -35,6 +35,17 @@ pub(super) struct Pending {
     pub(super) _guard: Option<OwnedMutexGuard<()>>,
 }
 
+impl Pending {
+    /// Answer the call, releasing the operation lock first: the caller the answer wakes
+    /// (on another thread) may start the next cell at once, and must not find the session
+    /// busy because this thread has not yet dropped the lock of the cell that ended.
+    fn answer(self, reply: Reply) {
+        let Pending { tx, _guard, .. } = self;
+        drop(_guard);
+        let _ = tx.send(reply);
+    }
+}
+
 #[derive(Default)]
 pub(super) struct State {
     pub(super) pending: HashMap<u64, Pending>,
@@ -163,7 +174,7 @@ impl Shared {
                 }
                 if let Some(p) = st.pending.remove(&id) {
                     drop(st);
-                    let _ = p.tx.send(Reply::Event(other));
+                    p.answer(Reply::Event(other));
                 } else {
                     tracing::debug!(id, "worker answered a call nobody waits for");
                 }
@@ -292,7 +303,7 @@ pub(super) async fn pump(
     drop(st);
     shared.ready.send_replace(false);
     for p in pending {
-        let _ = p.tx.send(Reply::Died(message.clone()));
+        p.answer(Reply::Died(message.clone()));
     }
 }
 

@@ -118,6 +118,83 @@ time.sleep(30)",
     );
 }
 
+/// An interrupt whose SIGINT never reached Python's handler — it landed after the
+/// interpreter's last signal check and before the cell's sleep began, which then went on
+/// for its full length (seen once under heavy load: the cancel's kill ended the cell and
+/// its state) — is sent again, and the cell ends interrupted with its session intact.
+/// Made exact here: the cell takes the signal itself with SIGINT blocked, then sleeps.
+#[tokio::test]
+async fn an_interrupt_whose_signal_was_lost_is_sent_again() {
+    const LOSES_THE_SIGNAL: &str = "import signal, time
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+print('ready', flush=True)
+while signal.SIGINT not in signal.sigpending():
+    time.sleep(0.001)
+signal.sigtimedwait({signal.SIGINT}, 0)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+time.sleep(30)
+'slept through the interrupt'";
+    let f = fixture("lostsig", 4);
+    run(&f.manager, "default", "keep = 1").await;
+    let s = f.manager.get("default").unwrap();
+    let sink = Arc::new(Sink::default());
+    let task = {
+        let (s, sink) = (s.clone(), sink.clone());
+        tokio::spawn(async move { s.execute(LOSES_THE_SIGNAL, sink).await })
+    };
+    wait_for(|| sink.out().contains("ready")).await;
+    // A grace longer than the sleep: only the repeated signal can end the cell early, and
+    // only as interrupted (the kill would say worker_died, the sleep ok).
+    assert!(s.cancel_cell(Duration::from_secs(120)));
+    let o = task.await.unwrap().unwrap();
+    assert_eq!(o.status, CellStatus::Interrupted, "{o:?}");
+    let (o, _) = run(&f.manager, "default", "keep").await;
+    assert_eq!((o.value.as_deref(), o.state_lost), (Some("1"), false));
+}
+
+/// A cancel racing a cell on its way to the worker — before the session has it
+/// (expected), numbered but not handed over, handed over but not started (the worker
+/// still busy with the previous cell's snapshot), running — is never lost: every such
+/// cell ends interrupted, none is killed by the escalation. The first cell of a fresh
+/// session and a warm one alike; a multi-thread runtime, so the cell's task and the
+/// cancel really race.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_racing_the_start_of_a_cell_is_never_lost() {
+    let f = fixture("cancelrace", 4);
+    for i in 0..16u64 {
+        // Every other round in a fresh session, whose first cell it follows.
+        let name = format!("race{}", i / 2);
+        run(&f.manager, &name, &format!("kept = {i}")).await;
+        let s = f.manager.get(&name).unwrap();
+        s.expect_cell();
+        let task = {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let o = s
+                    .execute("import time\ntime.sleep(60)", Arc::new(Sink::default()))
+                    .await;
+                s.expected_cell_ended();
+                o
+            })
+        };
+        match i % 4 {
+            0 => {}
+            1 => tokio::task::yield_now().await,
+            2 => tokio::time::sleep(Duration::from_micros(300 * (i % 7))).await,
+            _ => wait_for(|| s.state() == SessionState::Busy).await,
+        }
+        // A lost interrupt lets the cell sleep until this grace ends and kills it.
+        assert!(s.cancel_cell(Duration::from_secs(30)), "round {i}");
+        let o = task.await.unwrap().unwrap();
+        assert_eq!(o.status, CellStatus::Interrupted, "round {i}: {o:?}");
+        let (o, _) = run(&f.manager, &name, "kept").await;
+        assert_eq!(o.value, Some(i.to_string()), "round {i}");
+        if i % 2 == 1 {
+            f.manager.close(&name).unwrap();
+        }
+    }
+}
+
 /// A segfault, os._exit(3) and kill -9 are reported in words; the next cell runs in a
 /// fresh worker and is told its state was lost; other sessions are untouched.
 #[tokio::test]
