@@ -48,7 +48,7 @@ use crate::jobs::store::WaitFor;
 use crate::jobs::{JobKind, JobSnapshot, JobStatus, JobStore, StoreConfig};
 use crate::names::DEFAULT_SESSION;
 use crate::repl::{ReplConfig, SessionManager};
-use crate::sandbox::{Placeholders, Policy, PolicyTemplate, ResolvedPolicy};
+use crate::sandbox::{Placeholders, Policy, ResolvedPolicy};
 use settings::State;
 use workspace::Workspace;
 
@@ -63,9 +63,8 @@ pub struct JobView {
     pub running_cell: Option<(u64, Option<u64>)>,
 }
 
-/// The server's policy resolved for the workspace (its `{tmp}` the base of the jobs'
-/// temp dirs), and the template each shell job's policy is made from.
-type BasePolicy = (Arc<ResolvedPolicy>, Arc<PolicyTemplate>);
+/// A policy resolved for the workspace, with the placeholders it was resolved from.
+type BasePolicy = (Arc<ResolvedPolicy>, Placeholders);
 
 pub struct App {
     sessions: Arc<SessionManager>,
@@ -77,7 +76,7 @@ pub struct App {
     response_bytes: usize,
     /// The server's policy resolved for the workspace on first use (needs the
     /// interpreter's prefixes), for the settings generation it was resolved from; each
-    /// shell job gets a copy with its own `{tmp}` (substituted, not resolved again).
+    /// shell job gets a copy with its own `{tmp}`.
     shell_policy: Mutex<Option<(u64, BasePolicy)>>,
     /// The job currently running in each session, to point a caller at it when busy.
     running: Mutex<HashMap<String, String>>,
@@ -353,8 +352,8 @@ impl App {
             venv,
             uv_cache: None,
         };
-        let template = PolicyTemplate::new(&settings.policy, &ph)?;
-        let base = (Arc::new(template.base().clone()), Arc::new(template));
+        let policy = settings.policy.resolve(&ph).map(Arc::new)?;
+        let base = (policy, ph);
         *self.shell_policy.lock().unwrap_or_else(|p| p.into_inner()) =
             Some((settings.generation, base.clone()));
         Ok(base)
@@ -362,12 +361,14 @@ impl App {
 
     /// A policy for one shell job: the server's, with a fresh private `{tmp}` that no other
     /// job or session sees; the job removes it when it ends (`ShellRequest::private_tmp`).
-    /// The policy is resolved once per settings generation ([`App::resolved_base`]);
-    /// a job only puts its own `{tmp}` into it ([`PolicyTemplate::for_tmp`]).
     async fn job_policy(&self) -> Result<(Arc<ResolvedPolicy>, PathBuf), AppError> {
-        let (_, template) = self.resolved_base().await?;
-        let tmp = tmp::create_job_tmp(&template.placeholders().tmp)?;
-        match template.for_tmp(&tmp) {
+        let (_, base) = self.resolved_base().await?;
+        let tmp = tmp::create_job_tmp(&base.tmp)?;
+        let ph = Placeholders {
+            tmp: tmp.clone(),
+            ..base
+        };
+        match self.settings().policy.resolve(&ph) {
             Ok(policy) => Ok((Arc::new(policy), tmp)),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&tmp);

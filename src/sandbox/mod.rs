@@ -39,5 +39,5 @@ pub use error::{LaunchError, PolicyError, SetupError};
 pub use explain::explain_denials;
 pub use policy::{DEFAULT_POLICY, KernelSupportMode, NetworkMode, Policy, Scoping};
 pub use privileges::harden_current_process;
-pub use resolve::{Limits, NetworkPolicy, Placeholders, PolicyTemplate, ResolvedPolicy};
+pub use resolve::{Limits, NetworkPolicy, Placeholders, ResolvedPolicy};
 pub use spawn::{Io, SandboxCommand};
