@@ -313,12 +313,14 @@ impl App {
             session: args.session,
             stdin: true,
             cancel_grace: None,
-            private_tmp: Some(tmp.clone()),
+            private_tmp: tmp.clone(),
         };
         let handle = match start_shell_job(&self.store, req, policy) {
             Ok(h) => h,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&tmp);
+                if let Some(tmp) = tmp {
+                    let _ = std::fs::remove_dir_all(&tmp);
+                }
                 return Err(e.into());
             }
         };

@@ -63,8 +63,16 @@ pub struct JobView {
     pub running_cell: Option<(u64, Option<u64>)>,
 }
 
-/// A policy resolved for the workspace, with the placeholders it was resolved from.
-type BasePolicy = (Arc<ResolvedPolicy>, Placeholders);
+/// The server's policy resolved for the workspace, for one settings generation.
+#[derive(Clone)]
+struct BasePolicy {
+    /// Its `{tmp}` is `<state>/shell-tmp`: what denials are explained against.
+    policy: Arc<ResolvedPolicy>,
+    placeholders: Placeholders,
+    /// What every shell job runs under when its `{tmp}` is a tmpfs in a view of its own
+    /// (see [`App::job_policy`]), resolved once.
+    shared: Option<Arc<ResolvedPolicy>>,
+}
 
 pub struct App {
     sessions: Arc<SessionManager>,
@@ -75,8 +83,7 @@ pub struct App {
     state_dir: PathBuf,
     response_bytes: usize,
     /// The server's policy resolved for the workspace on first use (needs the
-    /// interpreter's prefixes), for the settings generation it was resolved from; each
-    /// shell job gets a copy with its own `{tmp}`.
+    /// interpreter's prefixes), for the settings generation it was resolved from.
     shell_policy: Mutex<Option<(u64, BasePolicy)>>,
     /// The job currently running in each session, to point a caller at it when busy.
     running: Mutex<HashMap<String, String>>,
@@ -325,7 +332,7 @@ impl App {
     /// The policy resolved for the workspace (its `{tmp}` is `<state>/shell-tmp`); what
     /// denials are explained against.
     async fn shell_policy(&self) -> Result<Arc<ResolvedPolicy>, AppError> {
-        Ok(self.resolved_base().await?.0)
+        Ok(self.resolved_base().await?.policy)
     }
 
     /// The current settings' policy resolved, cached per settings generation.
@@ -353,23 +360,46 @@ impl App {
             uv_cache: None,
         };
         let policy = settings.policy.resolve(&ph).map(Arc::new)?;
-        let base = (policy, ph);
+        // A tmpfs `{tmp}` in the job's own view is a name only (`sandbox::mounts`): no
+        // host directory, and one name serves every job, each seeing its own tmpfs there.
+        let in_view = !policy.filesystem_unrestricted() && policy.limits.tmp_size_bytes.is_some();
+        let shared = match in_view {
+            true => {
+                let name = ph.tmp.join(format!("{}-job", std::process::id()));
+                let ph = Placeholders {
+                    tmp: name,
+                    ..ph.clone()
+                };
+                Some(settings.policy.resolve(&ph).map(Arc::new)?)
+            }
+            false => None,
+        };
+        let base = BasePolicy {
+            policy,
+            placeholders: ph,
+            shared,
+        };
         *self.shell_policy.lock().unwrap_or_else(|p| p.into_inner()) =
             Some((settings.generation, base.clone()));
         Ok(base)
     }
 
-    /// A policy for one shell job: the server's, with a fresh private `{tmp}` that no other
-    /// job or session sees; the job removes it when it ends (`ShellRequest::private_tmp`).
-    async fn job_policy(&self) -> Result<(Arc<ResolvedPolicy>, PathBuf), AppError> {
-        let (_, base) = self.resolved_base().await?;
-        let tmp = tmp::create_job_tmp(&base.tmp)?;
+    /// The policy of one shell job and the host directory to remove when it ends. Its
+    /// `{tmp}` is private: a tmpfs in the job's own view where the policy has one (then
+    /// the policy is shared by every job of the generation, which lets the sandbox make
+    /// their views ahead of need), else a fresh directory no other job or session sees.
+    async fn job_policy(&self) -> Result<(Arc<ResolvedPolicy>, Option<PathBuf>), AppError> {
+        let base = self.resolved_base().await?;
+        if let Some(shared) = base.shared {
+            return Ok((shared, None));
+        }
+        let tmp = tmp::create_job_tmp(&base.placeholders.tmp)?;
         let ph = Placeholders {
             tmp: tmp.clone(),
-            ..base
+            ..base.placeholders
         };
         match self.settings().policy.resolve(&ph) {
-            Ok(policy) => Ok((Arc::new(policy), tmp)),
+            Ok(policy) => Ok((Arc::new(policy), Some(tmp))),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&tmp);
                 Err(e.into())
@@ -445,7 +475,7 @@ impl App {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
-            .map(|(_, (policy, _))| policy.clone());
+            .map(|(_, base)| base.policy.clone());
         let denied = match cached {
             Some(policy) => denials(&snapshot, &policy),
             None => Vec::new(),

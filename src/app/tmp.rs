@@ -1,6 +1,7 @@
-//! Private temp dirs: every shell job gets its own `{tmp}` (`<state>/shell-tmp/<pid>-<n>`)
-//! that no other job or session sees; the job removes it when it ends
-//! (`ShellRequest::private_tmp`). Those left by a server killed before its jobs ended are
+//! Private temp dirs: every shell job gets its own `{tmp}` that no other job or session
+//! sees — a tmpfs in its own view where the policy has one (no host directory: see
+//! `App::job_policy`), else `<state>/shell-tmp/<pid>-<n>`, which the job removes when it
+//! ends (`ShellRequest::private_tmp`). Those left by a server killed before its jobs ended are
 //! swept when the next server starts ([`sweep_state_dir`]), with the other temporary
 //! files such a server leaves: inline scripts and session directories set aside for removal.
 

@@ -60,7 +60,8 @@ pub struct ShellRequest {
     pub stdin: bool,
     /// Time between SIGTERM and SIGKILL on cancel (default 2 s).
     pub cancel_grace: Option<Duration>,
-    /// The job's private temp dir (its policy's `{tmp}`), removed once the job has ended.
+    /// The job's private temp dir on the host (its policy's `{tmp}`), removed once the job
+    /// has ended; `None` where there is none (a tmpfs in the job's view is its `{tmp}`).
     pub private_tmp: Option<PathBuf>,
 }
 
@@ -117,6 +118,9 @@ pub fn start_shell_job(
     for (k, v) in &env {
         cmd.env(k, v);
     }
+    // Shell jobs share their policy (`ShellRequest::private_tmp` is `None` when the
+    // private tmp is a tmpfs of the job's view): their views may be made ahead.
+    cmd.view_made_ahead(true);
     cmd.stdin(if req.stdin { Io::Piped } else { Io::Null });
     cmd.stdout(Io::Piped).stderr(Io::Piped);
     // The spawn waits for the job's set-up (until it execs): off the runtime's worker,

@@ -6,12 +6,14 @@
 //! mechanism is not available and the policy allows best effort (the note lands in the
 //! report's list of what was not enforced), `Err(SetupError)` when it is fatal.
 
-use std::path::PathBuf;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
 
 use super::cgroup::{self, CgroupError, JobCgroup};
 use super::error::SetupError;
 use super::mounts::{self, MountView};
 use super::netns;
+use super::resolve::ResolvedPolicy;
 
 /// The parent's handle on a job's cgroup(s). Dropping it kills what is left and removes it.
 #[derive(Debug)]
@@ -97,34 +99,51 @@ pub fn isolate_network(loopback_up: bool, best_effort: bool) -> Result<Option<St
     )
 }
 
-/// What the mount view shows: `read` read-only, `write` writable, `tmp` also at /tmp.
-pub struct MountViewSpec<'a> {
-    pub read: &'a [PathBuf],
-    pub write: &'a [PathBuf],
-    pub tmp: &'a PathBuf,
-    /// Make `tmp` a tmpfs of this size in the view instead of binding the host directory.
-    pub tmp_size: Option<u64>,
-    /// Covered by an empty read-only directory (listed paths beneath stay visible).
-    pub hide: &'a [PathBuf],
-    pub workspace: &'a PathBuf,
+/// The mount view `policy` asks for (`None`: the whole host file system). Executable
+/// paths must exist in the view as well (bound read-only); the view makes its
+/// `workspace` writable, so it is named only where the policy makes it writable.
+pub fn mount_view_of(policy: &ResolvedPolicy) -> Option<MountView> {
+    if policy.filesystem_unrestricted() {
+        return None;
+    }
+    let mut read = policy.read.clone();
+    for p in &policy.execute {
+        if !read.contains(p) {
+            read.push(p.clone());
+        }
+    }
+    let workspace = match policy.write.contains(&policy.workspace) {
+        true => policy.workspace.clone(),
+        false => PathBuf::new(),
+    };
+    Some(MountView {
+        read,
+        write: policy.write.clone(),
+        tmp: policy.tmp.clone(),
+        tmp_size: policy.limits.tmp_size_bytes,
+        hide: policy.hide.clone(),
+        workspace,
+    })
 }
 
 /// Launcher side: a private mount namespace showing only the policy's paths.
-pub fn apply_mount_view(
-    view: &MountViewSpec<'_>,
+pub fn apply_mount_view(view: &MountView, best_effort: bool) -> Result<Option<String>, SetupError> {
+    outcome(
+        mounts::apply_mount_view(view),
+        best_effort,
+        "private mount view",
+    )
+}
+
+/// Launcher side: join the view made ahead of need for this job (`ns`, owned from here).
+pub fn enter_prepared_view(
+    ns: &OwnedFd,
+    mount_proc: bool,
+    workspace: &Path,
     best_effort: bool,
 ) -> Result<Option<String>, SetupError> {
-    // Executable paths must be visible too; the view binds them read-only.
-    let view = MountView {
-        read: view.read.to_vec(),
-        write: view.write.to_vec(),
-        tmp: view.tmp.clone(),
-        tmp_size: view.tmp_size,
-        hide: view.hide.to_vec(),
-        workspace: view.workspace.clone(),
-    };
     outcome(
-        mounts::apply_mount_view(&view),
+        mounts::enter_prepared_view(ns, mount_proc, workspace),
         best_effort,
         "private mount view",
     )

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::error::SetupError;
-use super::isolation::{self, MountViewSpec};
+use super::isolation;
 use super::landlock::{install_landlock_on_current_thread, landlock_rules};
 use super::netns::{NetnsError, join_namespace};
 use super::pidns;
@@ -68,6 +68,13 @@ pub struct LaunchSpec {
     /// ... and the broker's port there, the only TCP port Landlock lets the job connect to.
     #[serde(default)]
     pub proxy_port: Option<u16>,
+    /// A mount namespace holding the finished view, made ahead of need for this job
+    /// alone (else the launcher builds the view itself) ...
+    #[serde(default)]
+    pub view_fd: Option<RawFd>,
+    /// ... and whether the job mounts its `/proc` there (after the PID namespace split).
+    #[serde(default)]
+    pub view_mounts_proc: bool,
     /// The spawning process: the launcher dies with it (`pidns`).
     pub parent_pid: u32,
 }
@@ -204,30 +211,22 @@ fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), Setup
         let netns = unsafe { OwnedFd::from_raw_fd(fd) };
         join_namespace(&netns)?;
     }
-    if !policy.filesystem_unrestricted() {
-        // Executable paths must exist in the view as well: they are bound read-only.
-        let mut read = policy.read.clone();
-        for p in &policy.execute {
-            if !read.contains(p) {
-                read.push(p.clone());
+    if let Some(view) = isolation::mount_view_of(policy) {
+        let step = match spec.view_fd {
+            // The view made ahead of need for this job alone.
+            Some(fd) => {
+                // SAFETY: the parent passed this descriptor for us alone; we own it from here.
+                let ns = unsafe { OwnedFd::from_raw_fd(fd) };
+                isolation::enter_prepared_view(
+                    &ns,
+                    spec.view_mounts_proc,
+                    &view.workspace,
+                    best_effort,
+                )
             }
-        }
-        // The view makes its `workspace` writable: name it only where the policy does.
-        let no_workspace = PathBuf::new();
-        let workspace = if policy.write.contains(&policy.workspace) {
-            &policy.workspace
-        } else {
-            &no_workspace
+            None => isolation::apply_mount_view(&view, best_effort),
         };
-        let view = MountViewSpec {
-            read: &read,
-            write: &policy.write,
-            tmp: &policy.tmp,
-            tmp_size: policy.limits.tmp_size_bytes,
-            hide: &policy.hide,
-            workspace,
-        };
-        isolation_step(isolation::apply_mount_view(&view, best_effort), notes)?;
+        isolation_step(step, notes)?;
     }
     if let Some(dir) = &spec.cwd {
         std::env::set_current_dir(dir).map_err(|source| SetupError::WorkingDir {

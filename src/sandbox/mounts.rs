@@ -15,7 +15,9 @@
 //! chown, utimes, xattrs — also outside Landlock's reach) fail with EROFS.
 //!
 //! Called in the launcher child, single-threaded and still privileged, after the
-//! cgroup join and network namespace and before capabilities are dropped.
+//! cgroup join and network namespace and before capabilities are dropped — or ahead of
+//! need, in a short-lived thread of the server ([`prepare_view`]), the child then only
+//! joining the finished view ([`enter_prepared_view`]).
 
 pub mod plan;
 mod sys;
@@ -30,7 +32,7 @@ use plan::{Bind, OWN_DEVICES, Plan};
 use sys::{mkdir_open, mount, open_beneath, pivot_root};
 
 /// What the job sees. Paths are host paths; nonexistent ones are skipped.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MountView {
     pub read: Vec<PathBuf>,
     pub write: Vec<PathBuf>,
@@ -87,6 +89,148 @@ const NEW: &str = "/newroot";
 
 /// Launcher child: switch this process into the view (see the module docs).
 pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
+    let layout = layout(view)?;
+    // A private IPC namespace with the view: System V shared memory, message queues and
+    // semaphores, and POSIX message queues (mq_open needs no /dev/mqueue) are per IPC
+    // namespace, and a root-uid job owns the host's root-owned segments by plain DAC.
+    // SAFETY: unshare(2) with constant flags, affecting only this process.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC) } != 0 {
+        return Err(MountError::Unshare(io::Error::last_os_error()));
+    }
+    switch_root(&layout, &view.workspace, ProcFs::Mount)
+}
+
+/// A view made ahead of need (the server's shell jobs): a mount namespace no process is
+/// in, whose root is the finished view but for `/proc` (a procfs shows the PID namespace
+/// of whoever mounts it: the job mounts its own, [`enter_prepared_view`]). It is used by
+/// one job at most; dropping it unused releases the namespace.
+#[derive(Debug)]
+pub struct PreparedView {
+    ns: OwnedFd,
+    mount_proc: bool,
+    seen: Seen,
+}
+
+impl PreparedView {
+    /// The namespace, for the job's launcher (which owns its copy from then on).
+    pub fn fd(&self) -> &OwnedFd {
+        &self.ns
+    }
+    /// Whether the job must mount its `/proc`.
+    pub fn mounts_proc(&self) -> bool {
+        self.mount_proc
+    }
+    /// Whether the host still shows what this view was made from: every listed path the
+    /// same file (or still missing), the same secret files to cover. A view made before
+    /// a listed directory was created (a venv, a cache) would not show it: such a view is
+    /// not used, the job makes its own.
+    pub fn is_current(&self, view: &MountView) -> bool {
+        Seen::now(view) == self.seen
+    }
+}
+
+/// What a view was made from, as the host shows it: the identity (device, inode) of each
+/// listed path following links, `None` for a missing one; the secret files covered.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    paths: Vec<Option<(u64, u64)>>,
+    masked: Vec<PathBuf>,
+}
+
+impl Seen {
+    fn now(view: &MountView) -> Seen {
+        use std::os::unix::fs::MetadataExt;
+        let listed = view.read.iter().chain(&view.write).chain(&view.hide);
+        Seen {
+            paths: listed
+                .chain([&view.tmp, &view.workspace])
+                .map(|p| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino())))
+                .collect(),
+            masked: plan::MASKED
+                .iter()
+                .flat_map(|pattern| expand(Path::new(pattern)))
+                .collect(),
+        }
+    }
+}
+
+/// Make `view` ahead of need. Namespaces are per thread: a short-lived thread of the
+/// caller unshares, builds the view and ends; the namespace lives on in the descriptor.
+pub fn prepare_view(view: &MountView) -> Result<PreparedView, MountError> {
+    let view = view.clone();
+    let maker = std::thread::Builder::new()
+        .name("view-maker".into())
+        .spawn(move || prepare_here(&view))
+        .map_err(step("start a thread to make a view", "/"))?;
+    maker
+        .join()
+        .map_err(|_| step("make a view", "/")(io::Error::other("the view's thread panicked")))?
+}
+
+fn prepare_here(view: &MountView) -> Result<PreparedView, MountError> {
+    // Taken first: whatever changes while the view is built makes it stale, never wrong.
+    let seen = Seen::now(view);
+    let layout = layout(view)?;
+    // SAFETY: unshare(2) with a constant flag; it moves only this thread (and gives it a
+    // file-system context of its own), which ends right after.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+        return Err(MountError::Unshare(io::Error::last_os_error()));
+    }
+    let ns = std::fs::File::open("/proc/thread-self/ns/mnt")
+        .map_err(step("open the namespace of", "/proc/thread-self/ns/mnt"))?;
+    switch_root(&layout, &view.workspace, ProcFs::Later)?;
+    Ok(PreparedView {
+        ns: ns.into(),
+        mount_proc: layout.plan.own_proc,
+        seen,
+    })
+}
+
+/// Launcher child: join a view made ahead (`ns`), with a private IPC namespace as
+/// [`apply_mount_view`] gives, and mount its `/proc` here, after the PID namespace split.
+pub fn enter_prepared_view(
+    ns: &OwnedFd,
+    mount_proc: bool,
+    workspace: &Path,
+) -> Result<(), MountError> {
+    // SAFETY: unshare(2) with a constant flag, affecting only this process.
+    if unsafe { libc::unshare(libc::CLONE_NEWIPC) } != 0 {
+        return Err(MountError::Unshare(io::Error::last_os_error()));
+    }
+    // SAFETY: setns(2) on a descriptor we own; this process is single-threaded, so its
+    // root and working directory move to the view's root.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS) } != 0 {
+        return Err(step("join the mount namespace made for", "/")(
+            io::Error::last_os_error(),
+        ));
+    }
+    if mount_proc {
+        mount(
+            Some("proc"),
+            "/proc",
+            Some("proc"),
+            PROC_FLAGS,
+            Some(PROC_OPTIONS),
+        )
+        .map_err(step("mount a procfs on", "/proc"))?;
+    }
+    chdir("/")?;
+    if !workspace.as_os_str().is_empty() {
+        let _ = std::env::set_current_dir(workspace);
+    }
+    Ok(())
+}
+
+/// What a view needs that `switch_root` must not look up again in the new namespace.
+struct Layout {
+    plan: Plan,
+    /// Where the scratch root is mounted for a moment (the private tmp or its parent).
+    scratch: PathBuf,
+    /// The private tmp's path and size when it is a tmpfs.
+    tmpfs: Option<(PathBuf, u64)>,
+}
+
+fn layout(view: &MountView) -> Result<Layout, MountError> {
     let mut write = view.write.clone();
     // A private tmp that is a tmpfs in the view needs no host directory (see
     // [`MountView::tmp`]): it is a name only, made in the view alone. What is there must
@@ -125,15 +269,23 @@ pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
     };
     let mut plan = plan::plan(&entries, Some(&tmp));
     plan::hide(&mut plan, &view.hide);
-    let tmpfs = view.tmp_size.map(|size| (tmp.as_path(), size));
+    Ok(Layout {
+        plan,
+        scratch,
+        tmpfs: view.tmp_size.map(|size| (tmp, size)),
+    })
+}
 
-    // A private IPC namespace with the view: System V shared memory, message queues and
-    // semaphores, and POSIX message queues (mq_open needs no /dev/mqueue) are per IPC
-    // namespace, and a root-uid job owns the host's root-owned segments by plain DAC.
-    // SAFETY: unshare(2) with constant flags, affecting only this process.
-    if unsafe { libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC) } != 0 {
-        return Err(MountError::Unshare(io::Error::last_os_error()));
-    }
+/// Whether `/proc` is mounted while the view is built, or left to the job.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ProcFs {
+    Mount,
+    Later,
+}
+
+/// In a fresh mount namespace: build the view and make it the root.
+fn switch_root(layout: &Layout, workspace: &Path, proc: ProcFs) -> Result<(), MountError> {
+    let scratch = &layout.scratch;
     // Nothing we do may propagate back to the host.
     mount(NO_SRC, "/", None, libc::MS_REC | libc::MS_PRIVATE, None)
         .map_err(step("make / private", "/"))?;
@@ -143,21 +295,22 @@ pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
     // off it, so /oldroot shows what was underneath.
     mount(
         Some("tmpfs"),
-        &scratch,
+        scratch,
         Some("tmpfs"),
         libc::MS_NOSUID,
         Some("mode=0755,size=1m"),
     )
-    .map_err(step("mount a scratch tmpfs on", &scratch))?;
+    .map_err(step("mount a scratch tmpfs on", scratch))?;
     mkdir(&scratch.join("oldroot"))?;
-    pivot_root(&scratch, &scratch.join("oldroot")).map_err(step("pivot_root into", &scratch))?;
+    pivot_root(scratch, &scratch.join("oldroot")).map_err(step("pivot_root into", scratch))?;
     chdir("/")?;
     mkdir(Path::new(NEW))?;
     // The new root is a directory of the scratch tmpfs, made a mount point by a self-bind
     // (cheaper than a second tmpfs; /oldroot, beside it, is not part of it).
     mount(Some(NEW), NEW, None, libc::MS_BIND, None).map_err(step("bind-mount", NEW))?;
 
-    build(&plan, tmpfs)?;
+    let tmpfs = layout.tmpfs.as_ref().map(|(p, size)| (p.as_path(), *size));
+    build(&layout.plan, tmpfs, proc)?;
 
     // The root tmpfs only holds mount points: read-only from here on.
     mount(
@@ -176,8 +329,8 @@ pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
         return Err(step("detach the old root", "/")(io::Error::last_os_error()));
     }
     chdir("/")?;
-    if !view.workspace.as_os_str().is_empty() {
-        let _ = std::env::set_current_dir(&view.workspace);
+    if !workspace.as_os_str().is_empty() {
+        let _ = std::env::set_current_dir(workspace);
     }
     Ok(())
 }
@@ -204,7 +357,7 @@ fn view_only_scratch(tmp: &Path) -> Result<PathBuf, MountError> {
 
 /// Create every mount point and mount of `plan` under /newroot. With `tmpfs` (the
 /// private tmp's host path and a size), binds of that path get one fresh tmpfs instead.
-fn build(plan: &Plan, tmpfs: Option<(&Path, u64)>) -> Result<(), MountError> {
+fn build(plan: &Plan, tmpfs: Option<(&Path, u64)>, proc: ProcFs) -> Result<(), MountError> {
     // The tmpfs, once mounted: later binds of the private tmp bind it.
     let mut tmp_mount: Option<OwnedFd> = None;
     for bind in &plan.binds {
@@ -282,8 +435,10 @@ fn build(plan: &Plan, tmpfs: Option<(&Path, u64)>) -> Result<(), MountError> {
     if plan.own_dev {
         build_dev(plan.private_shm)?;
     }
-    if plan.own_proc {
-        mount_proc()?;
+    match (plan.own_proc, proc) {
+        (true, ProcFs::Mount) => mount_proc()?,
+        (true, ProcFs::Later) => procfs_point()?,
+        (false, _) => {}
     }
     mask_secrets()
 }
@@ -420,18 +575,23 @@ fn build_dev(private_shm: bool) -> Result<(), MountError> {
     Ok(())
 }
 
+/// How the view's procfs is mounted: read-only, showing only processes the job could
+/// ptrace (its own).
+const PROC_FLAGS: libc::c_ulong =
+    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
+const PROC_OPTIONS: &str = "hidepid=ptraceable";
+
 /// A read-only procfs showing only processes the job could ptrace (its own); falls back
 /// to a read-only bind of the host's /proc where a new procfs may not be mounted.
 fn mount_proc() -> Result<(), MountError> {
     let proc = Path::new(NEW).join("proc");
     mkdir(&proc)?;
-    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
     if mount(
         Some("proc"),
         &proc,
         Some("proc"),
-        flags,
-        Some("hidepid=ptraceable"),
+        PROC_FLAGS,
+        Some(PROC_OPTIONS),
     )
     .is_ok()
     {
@@ -453,6 +613,28 @@ fn mount_proc() -> Result<(), MountError> {
         mask: false,
     };
     set_attrs(&proc, &bind)
+}
+
+/// For a view made ahead: the mount point of the job's own procfs, once a procfs was
+/// seen to mount there (a view whose job would need the fallback bind is not made ahead).
+fn procfs_point() -> Result<(), MountError> {
+    let proc = Path::new(NEW).join("proc");
+    mkdir(&proc)?;
+    mount(
+        Some("proc"),
+        &proc,
+        Some("proc"),
+        PROC_FLAGS,
+        Some(PROC_OPTIONS),
+    )
+    .map_err(step("mount a procfs on", &proc))?;
+    // SAFETY: umount2(2) of the procfs just mounted, by a path we built.
+    if unsafe { libc::umount2(cstr(&proc)?.as_ptr(), 0) } != 0 {
+        return Err(step("unmount the trial procfs on", &proc)(
+            io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
 }
 
 fn under(root: &str, path: &Path) -> PathBuf {

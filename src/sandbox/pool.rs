@@ -1,7 +1,8 @@
 //! Resources made ahead of need, off the spawn path: the server's jobs take a fresh one
 //! (a network namespace, a job cgroup) instead of waiting while it is made. One thread
-//! per pool makes them, keeping [`DEPTH`] ready of each kind asked for so far (a kind
-//! is e.g. the limits of a cgroup). A resource is handed out once and never comes back:
+//! per pool makes them, keeping [`DEPTH`] ready of each of the last [`MAX_KINDS`] kinds
+//! asked for (a kind is e.g. the limits of a cgroup; the resources of a kind nobody has
+//! asked for longest are released for a new one). A resource is handed out once and never comes back:
 //! what a job used ends with it, so no two jobs ever share one. When the pool has
 //! nothing ready, or its maker failed once, `take` says so (`None`) and the caller
 //! makes its own as it would without a pool.
@@ -11,7 +12,8 @@ use std::sync::{Condvar, Mutex};
 /// Resources kept ready of each kind.
 pub const DEPTH: usize = 2;
 
-/// At most this many kinds are kept ready (a server uses one or two policies).
+/// At most this many kinds are kept ready (a server uses one or two policies at a time;
+/// a client that changes the workspace makes a new one).
 const MAX_KINDS: usize = 8;
 
 pub struct Pool<K, T> {
@@ -22,6 +24,7 @@ pub struct Pool<K, T> {
 }
 
 struct State<K, T> {
+    /// Least recently asked for first.
     kinds: Vec<(K, Vec<T>)>,
     started: bool,
     /// The maker could not make one: every caller makes its own from then on.
@@ -65,16 +68,26 @@ where
             }
         }
         let known = state.kinds.iter().position(|(k, _)| k == kind);
+        let mut released = None;
         let taken = match known {
-            Some(i) => state.kinds[i].1.pop(),
+            Some(i) => {
+                let mut entry = state.kinds.remove(i);
+                let taken = entry.1.pop();
+                state.kinds.push(entry);
+                taken
+            }
             None => {
-                if state.kinds.len() < MAX_KINDS {
-                    state.kinds.push((kind.clone(), Vec::new()));
+                if state.kinds.len() >= MAX_KINDS {
+                    released = Some(state.kinds.remove(0));
                 }
+                state.kinds.push((kind.clone(), Vec::new()));
                 None
             }
         };
         self.wake.notify_one();
+        drop(state);
+        // Released outside the lock (a cgroup is a directory to remove).
+        drop(released);
         taken
     }
 
@@ -99,7 +112,12 @@ where
                     return;
                 };
                 loop {
-                    let short = state.kinds.iter().find(|(_, ready)| ready.len() < DEPTH);
+                    // The kind asked for most recently first.
+                    let short = state
+                        .kinds
+                        .iter()
+                        .rev()
+                        .find(|(_, ready)| ready.len() < DEPTH);
                     if let Some((k, _)) = short {
                         break k.clone();
                     }
@@ -193,6 +211,53 @@ mod tests {
             "drained items are dropped"
         );
         assert!(DRAINED.take(&0).is_none());
+    }
+
+    static KINDS: Pool<u32, std::sync::Arc<()>> =
+        Pool::new("test-pool-kinds", |_| Ok(std::sync::Arc::new(())));
+
+    /// A new kind beyond `MAX_KINDS` releases what is ready of the kind asked for least
+    /// recently; a kind asked for again is kept.
+    #[test]
+    fn the_kind_asked_for_least_recently_makes_room() {
+        let ready = |kind: u32| {
+            for _ in 0..2000 {
+                let state = KINDS.state.lock().unwrap();
+                if let Some((_, r)) = state.kinds.iter().find(|(k, _)| *k == kind)
+                    && r.len() == DEPTH
+                {
+                    return r.iter().map(std::sync::Arc::downgrade).collect::<Vec<_>>();
+                }
+                drop(state);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            panic!("kind {kind} was never filled");
+        };
+        assert!(KINDS.take(&0).is_none());
+        let first = ready(0);
+        assert!(KINDS.take(&1).is_none());
+        let second = ready(1);
+        for kind in 2..MAX_KINDS as u32 {
+            assert!(KINDS.take(&kind).is_none());
+        }
+        // Kind 0 asked for again: kind 1 is now the least recently asked for.
+        assert!(KINDS.take(&0).is_some());
+        assert!(KINDS.take(&(MAX_KINDS as u32)).is_none());
+        assert!(
+            second.iter().all(|w| w.upgrade().is_none()),
+            "kind 1 released"
+        );
+        assert!(first.iter().any(|w| w.upgrade().is_some()), "kind 0 kept");
+        let kinds: Vec<u32> = KINDS
+            .state
+            .lock()
+            .unwrap()
+            .kinds
+            .iter()
+            .map(|(k, _)| *k)
+            .collect();
+        assert_eq!(kinds.len(), MAX_KINDS);
+        assert!(!kinds.contains(&1), "{kinds:?}");
     }
 
     #[test]

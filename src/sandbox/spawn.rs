@@ -19,6 +19,7 @@ use super::child::SandboxedChild;
 use super::error::{LaunchError, SetupError};
 use super::isolation::JobCgroupHandle;
 use super::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes, run_spec};
+use super::mounts::{MountView, PreparedView, prepare_view};
 use super::policy::KernelSupportMode;
 use super::pool::Pool;
 use super::proxy::{ProxyGuard, start_proxy};
@@ -36,6 +37,7 @@ pub struct SandboxCommand {
     stdout: Option<Io>,
     stderr: Option<Io>,
     enforce_wall_time: bool,
+    view_made_ahead: bool,
 }
 
 impl SandboxCommand {
@@ -51,6 +53,7 @@ impl SandboxCommand {
             stdout: None,
             stderr: None,
             enforce_wall_time: true,
+            view_made_ahead: false,
         }
     }
     pub fn arg(&mut self, arg: impl Into<OsString>) -> &mut Self {
@@ -91,6 +94,15 @@ impl SandboxCommand {
     /// (true by default; a long-lived REPL worker turns it off).
     pub fn enforce_wall_time(&mut self, on: bool) -> &mut Self {
         self.enforce_wall_time = on;
+        self
+    }
+
+    /// Whether this process may take a file-system view made ahead of need (by the
+    /// server, for a policy its jobs share: shell jobs). Off by default: views would be
+    /// made ahead for a policy used once (a session's, an install's) and wait unused.
+    /// The view is the job's alone either way.
+    pub fn view_made_ahead(&mut self, on: bool) -> &mut Self {
+        self.view_made_ahead = on;
         self
     }
 
@@ -146,10 +158,13 @@ impl SandboxCommand {
         let pooled_netns = super::launcher::private_network(policy)
             .filter(|_| ahead)
             .and_then(super::netns::take_pooled);
+        let prepared_view = super::isolation::mount_view_of(policy)
+            .filter(|_| ahead && self.view_made_ahead)
+            .and_then(|kind| VIEWS.take(&kind).filter(|view| view.is_current(&kind)));
         let max_target = self.fds.iter().map(|(_, t)| *t).max().unwrap_or(2);
         let (spec_target, status_target) = (max_target + 1, max_target + 2);
-        let netns_target = max_target + 3;
-        let high = netns_target + 1;
+        let (netns_target, view_target) = (max_target + 3, max_target + 4);
+        let high = view_target + 1;
 
         let (status_r, status_w) = pipe_cloexec().map_err(spawn_err)?;
         let mut env = policy.child_env(std::env::vars_os());
@@ -186,6 +201,8 @@ impl SandboxCommand {
             memory_cgroup: cgroup.as_ref().is_some_and(|c| c.has_memory_limit()),
             netns_fd: (proxy.is_some() || pooled_netns.is_some()).then_some(netns_target),
             proxy_port: proxy.as_ref().map(|p| p.port),
+            view_fd: prepared_view.as_ref().map(|_| view_target),
+            view_mounts_proc: prepared_view.as_ref().is_some_and(|v| v.mounts_proc()),
             parent_pid: std::process::id(),
         };
         let [stdin, stdout, stderr] = [
@@ -206,6 +223,9 @@ impl SandboxCommand {
         fds.push((status_w.as_raw_fd(), status_target));
         if let Some(netns) = proxy.as_ref().map(|p| &p.netns).or(pooled_netns.as_ref()) {
             fds.push((netns.as_raw_fd(), netns_target));
+        }
+        if let Some(view) = &prepared_view {
+            fds.push((view.fd().as_raw_fd(), view_target));
         }
         let stdio = [stdin, stdout, stderr];
         let started = Instant::now();
@@ -238,6 +258,7 @@ impl SandboxCommand {
         };
         drop(status_w);
         drop(pooled_netns);
+        drop(prepared_view);
         let mut report = String::new();
         let mut status_r = std::fs::File::from(status_r);
         let _ = status_r.read_to_string(&mut report);
@@ -297,7 +318,12 @@ fn make_cgroup(
     JobCgroupHandle::create(&job_name(), memory, processes)
 }
 
-/// Set to `0` to make every job's cgroup and network namespace on its spawn path (the
+/// File-system views made ahead of need, by the view (see `mounts::PreparedView`).
+static VIEWS: Pool<MountView, PreparedView> = Pool::new("view-pool", |view| {
+    prepare_view(view).map_err(|e| e.to_string())
+});
+
+/// Set to `0` to make every job's cgroup, network namespace and view on its spawn path (the
 /// benchmark's ablation; a server has no reason to).
 pub const MADE_AHEAD_ENV: &str = "MCP_SANDBOX_MADE_AHEAD";
 
@@ -309,6 +335,7 @@ fn made_ahead() -> bool {
 /// Remove the cgroups made ahead of need and stop making them: at the server's exit.
 pub fn release_prepared() {
     CGROUPS.drain();
+    VIEWS.drain();
 }
 
 /// How a sandboxed process is started.

@@ -7,7 +7,7 @@ import uuid
 
 import anyio
 
-from conftest import pids_with_env_marker
+from conftest import REPO, pids_with_env_marker
 
 
 def test_echo_answers_inline(server):
@@ -157,7 +157,28 @@ def test_unknown_job_ids_are_clear_errors(server):
 
 def test_each_shell_job_gets_its_own_private_tmp(server):
     """Shell jobs do not share a temp dir: a file one job leaves in $TMPDIR (also seen at
-    /tmp) is invisible to the next job, and the dir is removed once the job has ended."""
+    /tmp) is invisible to the next job. Under the default policy the dir is a tmpfs in the
+    job's own view, a name only: every job may have the same one, and nothing of it is on
+    the host."""
+
+    async def scenario(c):
+        r = await c.ok("shell_run", command='echo secret > "$TMPDIR/x"; echo "$TMPDIR"; stat -f -c %T "$TMPDIR"')
+        tmp1, kind = r["stdout"]["text"].split()
+        assert os.path.isabs(tmp1) and kind == "tmpfs", r
+        assert not os.path.exists(tmp1), f"{tmp1} is on the host"
+        r = await c.ok("shell_run", command='cat "$TMPDIR/x" /tmp/x 2>&1; ls -A "$TMPDIR"; true')
+        assert "secret" not in r["stdout"]["text"], r
+
+    server.run(scenario)
+
+
+def test_without_a_tmpfs_each_shell_job_gets_a_host_dir_of_its_own(server):
+    """A policy without `tmp_size`: each job's $TMPDIR is a directory of its own on the
+    host, invisible to the next job and removed once the job has ended."""
+    text = (REPO / "policies" / "workspace-write.toml").read_text()
+    assert 'tmp_size = "1GiB"' in text
+    policy = server.root / "host-tmp.toml"
+    policy.write_text(text.replace('tmp_size = "1GiB"', ""))
 
     async def scenario(c):
         r = await c.ok("shell_run", command='echo secret > "$TMPDIR/x"; echo "$TMPDIR"')
@@ -173,7 +194,7 @@ def test_each_shell_job_gets_its_own_private_tmp(server):
             await asyncio.sleep(0.1)
         assert not os.path.exists(tmp1), f"{tmp1} left behind"
 
-    server.run(scenario)
+    server.run(scenario, "--policy", str(policy))
 
 
 def test_paths_outside_the_mount_view_are_explained(server):

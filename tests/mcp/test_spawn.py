@@ -1,4 +1,5 @@
-"""How jobs are started: every job gets its own cgroup, network namespace and temp dir,
+"""How jobs are started: every job gets its own cgroup, network namespace, mount
+namespace (its file-system view, made ahead of need or not) and temp dir,
 and the spawn helper (the server's zygote) holds nothing of any job and is replaced
 when it dies. Needs root (namespaces, cgroups); reads /proc."""
 
@@ -12,7 +13,7 @@ from pathlib import Path
 # Prints what identifies this job's confinement, then stays running so that two jobs
 # are alive at once (a namespace's inode number may be reused once it is freed).
 REPORT = (
-    'echo "net=$(readlink /proc/self/ns/net)"; '
+    'echo "net=$(readlink /proc/self/ns/net)"; echo "mnt=$(readlink /proc/self/ns/mnt)"; '
     'echo "cgroup=$(grep -E "pids|^0::" /proc/self/cgroup | head -1)"; '
     'touch "$TMPDIR/mark-$1"; echo "tmpdir=$TMPDIR"; echo "tmp=$(ls "$TMPDIR" | tr "\\n" " ")"; '
     "sleep 60"
@@ -56,21 +57,27 @@ async def report(c, name: str) -> dict[str, str]:
 
 def test_two_jobs_never_share_a_cgroup_network_namespace_or_temp_dir(server):
     async def scenario(c):
-        host_net = os.readlink("/proc/self/ns/net")
+        host_net, host_mnt = os.readlink("/proc/self/ns/net"), os.readlink("/proc/self/ns/mnt")
+        # The first job's view is made while it starts; the next ones were made ahead.
         a = await report(c, "a")
         b = await report(c, "b")
+        third = await report(c, "c")
         assert a["net"] != host_net and b["net"] != host_net, (a, b)
         assert a["net"] != b["net"], f"two running jobs share a network namespace: {a} {b}"
+        mnts = [j["mnt"] for j in (a, b, third)]
+        assert host_mnt not in mnts and len(set(mnts)) == 3, f"jobs share a mount namespace: {mnts}"
         assert a["cgroup"] != b["cgroup"], f"two running jobs share a cgroup: {a} {b}"
         assert "msr-" in a["cgroup"] and "msr-" in b["cgroup"], (a, b)
         assert "mark-a" in a["tmp"] and "mark-b" not in a["tmp"], a
         assert "mark-b" in b["tmp"] and "mark-a" not in b["tmp"], f"job b sees job a's temp dir: {b}"
-        assert a["tmpdir"] != b["tmpdir"], (a, b)
+        assert third["tmp"].split() == ["mark-c"], f"job c sees another job's temp dir: {third}"
+        # Each job's temp dir is a tmpfs in its own view: nothing of it is on the host.
+        assert not os.path.exists(a["tmpdir"]), a
         # The spawn helper keeps no descriptor of either job: stdio and its socket only.
         [zygote] = zygotes(c.server_pid)
         fds = os.listdir(f"/proc/{zygote}/fd")
         assert len(fds) <= 4, {fd: os.readlink(f"/proc/{zygote}/fd/{fd}") for fd in fds}
-        for job in (a, b):
+        for job in (a, b, third):
             assert (await c.ok("job_cancel", job_id=job["job_id"]))["status"] == "cancelled"
         return c.server_pid
 

@@ -33,12 +33,28 @@ fn dirs(tag: &str) -> Dirs {
 }
 
 fn run_in_view(view: MountView, script: &str) -> (String, String) {
+    run_entering(move || apply_mount_view(&view), script)
+}
+
+/// The same through a view made ahead in this process (as the server does) and joined
+/// by the child (as its job's launcher does).
+fn run_in_prepared(view: MountView, script: &str) -> (String, String) {
+    let prepared = prepare_view(&view).expect("a view made ahead");
+    let ws = view.workspace.clone();
+    run_entering(
+        move || enter_prepared_view(prepared.fd(), prepared.mounts_proc(), &ws),
+        script,
+    )
+}
+
+fn run_entering(
+    mut enter: impl FnMut() -> Result<(), MountError> + Send + Sync + 'static,
+    script: &str,
+) -> (String, String) {
     let mut cmd = Command::new("/bin/sh");
     cmd.arg("-c").arg(script);
     // SAFETY: test only; glibc keeps malloc usable in the forked child.
-    unsafe {
-        cmd.pre_exec(move || apply_mount_view(&view).map_err(|e| io::Error::other(e.to_string())))
-    };
+    unsafe { cmd.pre_exec(move || enter().map_err(|e| io::Error::other(e.to_string()))) };
     // The error text of a failed pre_exec does not cross the fork; its errno does.
     let out = match cmd.output() {
         Ok(out) => out,
@@ -74,7 +90,17 @@ fn view(d: &Dirs) -> MountView {
 /// changes outside writable paths fail with EROFS even for a process holding every capability.
 #[test]
 fn view_has_only_listed_paths_with_their_modes() {
-    let d = dirs("basic");
+    check_listed_paths_and_modes("basic", run_in_view);
+}
+
+/// A view made ahead of need and joined by the job shows exactly the same.
+#[test]
+fn a_view_made_ahead_has_only_listed_paths_with_their_modes() {
+    check_listed_paths_and_modes("ahead", run_in_prepared);
+}
+
+fn check_listed_paths_and_modes(tag: &str, run: fn(MountView, &str) -> (String, String)) {
+    let d = dirs(tag);
     let script = r#"
         t() { if eval "$2" >/dev/null 2>&1; then echo "$1=ok"; else echo "$1=no"; fi; }
         t read_etc 'cat /etc/passwd'
@@ -95,7 +121,7 @@ fn view_has_only_listed_paths_with_their_modes() {
         t cwd_is_ws "test \"\$(pwd)\" = '"$WS"'"
     "#
     .replace("$WS", &d.ws.display().to_string());
-    let (out, err) = run_in_view(view(&d), &script);
+    let (out, err) = run(view(&d), &script);
     let expect = "read_etc=ok shadow_has_content=no write_etc=no chmod_etc=no touch_root=no mkdir_usr=no write_ws=ok write_tmp=ok \
                   home_exists=no run_exists=no work_exists=no dev_null=ok dev_urandom=ok proc_self=ok proc_ro=no cwd_is_ws=ok";
     assert_eq!(
@@ -297,7 +323,21 @@ fn dev_shm_is_private() {
 /// view only, a tmpfs at its own path and at /tmp, and still absent on the host.
 #[test]
 fn tmpfs_tmp_without_a_host_directory() {
-    let d = dirs("viewonly");
+    check_tmpfs_tmp_without_a_host_directory("viewonly", run_in_view);
+}
+
+/// The same in views made ahead, the server's shell jobs' case: every job's `{tmp}` has
+/// the same name, and each job has a tmpfs of its own there.
+#[test]
+fn views_made_ahead_have_a_tmpfs_tmp_each() {
+    check_tmpfs_tmp_without_a_host_directory("viewonly-ahead", run_in_prepared);
+}
+
+fn check_tmpfs_tmp_without_a_host_directory(
+    tag: &str,
+    run: fn(MountView, &str) -> (String, String),
+) {
+    let d = dirs(tag);
     let tmp = d.tmp.join("not-on-host");
     let view = MountView {
         read: vec!["/usr".into(), "/bin".into(), "/lib".into(), "/lib64".into()],
@@ -308,13 +348,50 @@ fn tmpfs_tmp_without_a_host_directory() {
         workspace: d.ws.clone(),
     };
     let script = format!(
-        "echo x > '{}/f' && cat /tmp/f && stat -f -c %T '{}'",
+        "ls -A /tmp; echo x > '{}/f' && cat /tmp/f && stat -f -c %T '{}'",
         tmp.display(),
         tmp.display()
     );
-    let (out, err) = run_in_view(view, &script);
-    assert_eq!(out, "x\ntmpfs\n", "{err}");
+    for _ in 0..2 {
+        // The second job finds nothing of the first's.
+        let (out, err) = run(view.clone(), &script);
+        assert_eq!(out, "x\ntmpfs\n", "{err}");
+    }
     assert!(!tmp.exists());
+}
+
+/// Making a view ahead moves nothing of the process that makes it: its mount namespace
+/// and root stay the host's.
+#[test]
+fn making_a_view_ahead_leaves_the_caller_where_it_was() {
+    let d = dirs("ahead-caller");
+    let ns = || std::fs::read_link("/proc/thread-self/ns/mnt").unwrap();
+    let before = ns();
+    let prepared = prepare_view(&view(&d)).unwrap();
+    assert_eq!(ns(), before);
+    assert!(Path::new("/proc/1/status").exists() && d.ws.exists());
+    let theirs =
+        std::fs::read_link(format!("/proc/self/fd/{}", prepared.fd().as_raw_fd())).unwrap();
+    assert_ne!(theirs, before, "the view is a namespace of its own");
+}
+
+/// A view made before the host changed what it lists is not used: a listed path created
+/// since (a venv, a cache), or replaced by another directory, makes it stale.
+#[test]
+fn a_view_made_before_a_listed_path_changed_is_stale() {
+    let d = dirs("stale");
+    let later = d.ws.join("made-later");
+    let mut v = view(&d);
+    v.read.push(later.clone());
+    let prepared = prepare_view(&v).unwrap();
+    assert!(prepared.is_current(&v));
+    std::fs::create_dir(&later).unwrap();
+    assert!(!prepared.is_current(&v), "a listed path created since");
+    let prepared = prepare_view(&v).unwrap();
+    assert!(prepared.is_current(&v));
+    std::fs::rename(&later, d.ws.join("moved")).unwrap();
+    std::fs::create_dir(&later).unwrap();
+    assert!(!prepared.is_current(&v), "a listed path replaced since");
 }
 
 #[test]
