@@ -149,5 +149,8 @@ def test_sigkill_of_the_server_leaves_no_process_and_no_cgroup(server):
     server.run(second)
     log = server.stderr_log()
     assert "swept what an earlier server left" in log, log[-2000:]
-    assert f"shell-tmp/{seen['server']}-" in log, log[-2000:]
+    # The script's and the install's temp dirs (the shell job's `{tmp}` was a tmpfs in its
+    # own view: nothing of it was on the host).
+    assert f"env-tmp/{seen['server']}-" in log, log[-2000:]
+    assert not list((server.state_dir / "shell-tmp").glob(f"{seen['server']}-*"))
     assert f"msr-{seen['server']}-" in log or not left_before, (left_before, log[-2000:])
