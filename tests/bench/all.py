@@ -476,7 +476,7 @@ def render(L: dict, S: dict, load_before: str, load_after: str, runs: int) -> st
     lines += [
         f"| `shell_run` of `true` through MCP | bare `true` {fmt(S['bare_true'])}; no-op rmcp tool {fmt(S['noop'])} | {fmt(S['shell'])} | {med(S['shell']) / med(S['noop']):.2f}× no-op tool |",
         f"| same, zygote off (`MCP_SANDBOX_ZYGOTE=0`: fork of the server + exec per job) | (same) | {fmt(S['shell_nozygote'])} | {med(S['shell_nozygote']) / med(S['noop']):.2f}× no-op tool |",
-        f"| same, nothing made ahead (`MCP_SANDBOX_MADE_AHEAD=0`: cgroup and netns made per job) | (same) | {fmt(S['shell_noahead'])} | {med(S['shell_noahead']) / med(S['noop']):.2f}× no-op tool |",
+        f"| same, nothing made ahead (`MCP_SANDBOX_MADE_AHEAD=0`: cgroup, netns and view made per job) | (same) | {fmt(S['shell_noahead'])} | {med(S['shell_noahead']) / med(S['noop']):.2f}× no-op tool |",
         f"| spawn → initialized (state dir reused) | no-op rmcp server {fmt(S['init_noop'])} | {fmt(S['init_ours'])} | {med(S['init_ours']) / med(S['init_noop']):.2f}× |",
         f"| spawn → initialized (empty state dir) | no-op rmcp server | {fmt(S['init_ours_fresh'])} | {med(S['init_ours_fresh']) / med(S['init_noop']):.2f}× |",
         f"| first `python_exec` right after initialize (state dir reused), `python3` = `{S['shim']}` | bare `{S['shim']} -c pass` {fmt(L.get(('path python3 -c pass', 'bare'), []))} | {fmt(S['first_shim'])} | — |",
