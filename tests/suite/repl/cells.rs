@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use mcp_sandbox_repl::repl::{CellStatus, SessionState};
 
-use super::{Fixture, Sink, fixture, run, wait_for};
+use super::{Fixture, Sink, fixture, run, spawn_cell, wait_for};
 
 /// State persists across cells; the last expression's repr comes back; stdout and
 /// stderr are separate; errors carry a traceback without the worker's own frames.
@@ -82,10 +82,7 @@ async fn input_round_trip_and_interrupt_while_waiting() {
     assert!(s.send_input("late", false).is_err(), "no input is pending");
 
     let sink = Arc::new(Sink::default());
-    let task = {
-        let (s, sink) = (s.clone(), sink.clone());
-        tokio::spawn(async move { s.execute("input('again? ')", sink).await })
-    };
+    let task = spawn_cell(&s, "input('again? ')", &sink);
     wait_for(|| s.info().state == SessionState::AwaitingInput).await;
     assert!(s.interrupt());
     let o = task.await.unwrap().unwrap();

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use mcp_sandbox_repl::repl::{CellStatus, ReplConfig, SessionManager, SessionState};
 use mcp_sandbox_repl::sandbox::Policy;
 
-use super::{Fixture, Sink, fixture, run, time_interrupts, time_restarts, wait_for};
+use super::{Fixture, Sink, fixture, run, spawn_cell, time_interrupts, time_restarts, wait_for};
 
 /// Interrupt stops a running loop with KeyboardInterrupt quickly; state survives.
 #[tokio::test]
@@ -49,10 +49,7 @@ async fn cancel_is_never_lost_and_escalates_to_a_kill() {
     run(&f.manager, "default", "keep = 1").await;
     let s = f.manager.get("default").unwrap();
     let sink = Arc::new(Sink::default());
-    let task = {
-        let (s, sink) = (s.clone(), sink.clone());
-        tokio::spawn(async move { s.execute("import time\ntime.sleep(30)", sink).await })
-    };
+    let task = spawn_cell(&s, "import time\ntime.sleep(30)", &sink);
     wait_for(|| s.state() == SessionState::Busy).await;
     assert!(s.interrupt());
     let o = task.await.unwrap().unwrap();
@@ -62,10 +59,7 @@ async fn cancel_is_never_lost_and_escalates_to_a_kill() {
         Some("1")
     );
 
-    let task = {
-        let (s, sink) = (s.clone(), sink.clone());
-        tokio::spawn(async move { s.execute(STUCK_IN_C, sink).await })
-    };
+    let task = spawn_cell(&s, STUCK_IN_C, &sink);
     wait_for(|| sink.out().contains("in C")).await;
     assert!(s.cancel_cell(Duration::from_millis(300)));
     let o = task.await.unwrap().unwrap();
@@ -138,10 +132,7 @@ time.sleep(30)
     run(&f.manager, "default", "keep = 1").await;
     let s = f.manager.get("default").unwrap();
     let sink = Arc::new(Sink::default());
-    let task = {
-        let (s, sink) = (s.clone(), sink.clone());
-        tokio::spawn(async move { s.execute(LOSES_THE_SIGNAL, sink).await })
-    };
+    let task = spawn_cell(&s, LOSES_THE_SIGNAL, &sink);
     wait_for(|| sink.out().contains("ready")).await;
     // A grace longer than the sleep: only the repeated signal can end the cell early, and
     // only as interrupted (the kill would say worker_died, the sleep ok).
@@ -288,10 +279,7 @@ async fn sessions_execute_concurrently_and_are_isolated() {
     }
     let busy = f.manager.get("s0").unwrap();
     let sink = Arc::new(Sink::default());
-    let task = {
-        let (s, sink) = (busy.clone(), sink.clone());
-        tokio::spawn(async move { s.execute("import time; time.sleep(0.5)", sink).await })
-    };
+    let task = spawn_cell(&busy, "import time; time.sleep(0.5)", &sink);
     wait_for(|| busy.info().state == SessionState::Busy).await;
     let err = busy
         .execute("1", Arc::new(Sink::default()))
@@ -309,10 +297,7 @@ async fn restart_clears_state_and_ends_a_running_cell() {
     run(&f.manager, "default", "x = 1").await;
     let s = f.manager.get("default").unwrap();
     let sink = Arc::new(Sink::default());
-    let task = {
-        let (s, sink) = (s.clone(), sink.clone());
-        tokio::spawn(async move { s.execute("import time; time.sleep(30)", sink).await })
-    };
+    let task = spawn_cell(&s, "import time; time.sleep(30)", &sink);
     wait_for(|| s.info().state == SessionState::Busy).await;
     s.restart().await.unwrap();
     let o = task.await.unwrap().unwrap();

@@ -25,6 +25,17 @@ pub(super) struct Sink {
     pub(super) inputs: Mutex<usize>,
 }
 
+/// Start `code` on `s` in a task of its own, its output going to `sink`: for a test that
+/// acts on the cell while it runs (interrupt, cancel, restart, a second cell).
+pub(super) fn spawn_cell(
+    s: &Arc<mcp_sandbox_repl::repl::Session>,
+    code: &'static str,
+    sink: &Arc<Sink>,
+) -> tokio::task::JoinHandle<Result<CellOutcome, mcp_sandbox_repl::repl::ReplError>> {
+    let (s, sink) = (s.clone(), sink.clone());
+    tokio::spawn(async move { s.execute(code, sink).await })
+}
+
 impl CellSink for Sink {
     fn output(&self, stream: OutStream, data: &[u8]) {
         match stream {
