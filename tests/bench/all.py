@@ -44,6 +44,8 @@ import anyio
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from server import time_interrupt  # tests/bench/server.py: the same measure
+
 # The SDK checks each tool result against the tool's output schema on the client: the
 # first check lists the tools and imports and compiles `jsonschema` (~100 ms here), later
 # ones cost ~0.1-1 ms. Our tools declare output schemas, the no-op tool does not, so that
@@ -294,14 +296,7 @@ async def hot_paths(root: Path, calls: int, res: dict, baseline: str | None = No
                 assert not r.is_error, r
             res["bare_true"].append(time_cmd(["/bin/true"], "/"))
         for _ in range(10):
-            r = await s.call_tool("python_exec", {"code": "while True: pass", "wait_seconds": 0.1})
-            job = r.structured_content["job_id"]
-            t = time.perf_counter()
-            await s.call_tool("python_interrupt", {})
-            r = await s.call_tool("job_wait", {"job_id": job, "until_done": True, "timeout_seconds": 10})
-            res["interrupt"].append(time.perf_counter() - t)
-            sc = r.structured_content
-            assert (sc.get("exception") or sc.get("error") or {}).get("ename") == "KeyboardInterrupt", r
+            res["interrupt"].append(await time_interrupt(s))
         for _ in range(max(10, calls // 10)):
             await s.call_tool("python_exec", {"code": "x = 1"})
             # A restart takes the session's idle spare worker; give the one the last

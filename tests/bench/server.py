@@ -37,6 +37,19 @@ def pct(values, p):
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
+async def time_interrupt(s: ClientSession) -> float:
+    """Seconds from `python_interrupt` to the busy cell's KeyboardInterrupt reported."""
+    r = await s.call_tool("python_exec", {"code": "while True: pass", "wait_seconds": 0.1})
+    job = r.structured_content["job_id"]
+    t = time.perf_counter()
+    await s.call_tool("python_interrupt", {})
+    r = await s.call_tool("job_wait", {"job_id": job, "until_done": True, "timeout_seconds": 10})
+    took = time.perf_counter() - t
+    sc = r.structured_content
+    assert (sc.get("exception") or sc.get("error") or {}).get("ename") == "KeyboardInterrupt", r
+    return took
+
+
 async def one_server(binary: str, root: Path, n: int, results: dict, full: bool, pause: float = 0.0):
     ws, state = root / "ws", root / "state"
     ws.mkdir(parents=True, exist_ok=True)
@@ -70,16 +83,7 @@ async def one_server(binary: str, root: Path, n: int, results: dict, full: bool,
                 assert res.structured_content["value"] == "1"
             results["trivial"] = lat
 
-            ints = []
-            for _ in range(5):
-                res = await s.call_tool("python_exec", {"code": "while True: pass", "wait_seconds": 0.1})
-                job = res.structured_content["job_id"]
-                t = time.perf_counter()
-                await s.call_tool("python_interrupt", {})
-                res = await s.call_tool("job_wait", {"job_id": job, "until_done": True, "timeout_seconds": 10})
-                ints.append(time.perf_counter() - t)
-                assert res.structured_content["error"]["ename"] == "KeyboardInterrupt", res
-            results["interrupt"] = ints
+            results["interrupt"] = [await time_interrupt(s) for _ in range(5)]
 
             rs = []
             for _ in range(5):
