@@ -200,25 +200,14 @@ pub fn enter_prepared_view(
     // SAFETY: setns(2) on a descriptor we own; this process is single-threaded, so its
     // root and working directory move to the view's root.
     if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS) } != 0 {
-        return Err(step("join the mount namespace made for", "/")(
+        return Err(step("join the view made ahead at", "/")(
             io::Error::last_os_error(),
         ));
     }
     if mount_proc {
-        mount(
-            Some("proc"),
-            "/proc",
-            Some("proc"),
-            PROC_FLAGS,
-            Some(PROC_OPTIONS),
-        )
-        .map_err(step("mount a procfs on", "/proc"))?;
+        mount_procfs(Path::new("/proc")).map_err(step("mount a procfs on", "/proc"))?;
     }
-    chdir("/")?;
-    if !workspace.as_os_str().is_empty() {
-        let _ = std::env::set_current_dir(workspace);
-    }
-    Ok(())
+    enter_workspace(workspace)
 }
 
 /// What a view needs that `switch_root` must not look up again in the new namespace.
@@ -328,6 +317,11 @@ fn switch_root(layout: &Layout, workspace: &Path, proc: ProcFs) -> Result<(), Mo
     if unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) } != 0 {
         return Err(step("detach the old root", "/")(io::Error::last_os_error()));
     }
+    enter_workspace(workspace)
+}
+
+/// From the view's root into its workspace (if the view has one writable).
+fn enter_workspace(workspace: &Path) -> Result<(), MountError> {
     chdir("/")?;
     if !workspace.as_os_str().is_empty() {
         let _ = std::env::set_current_dir(workspace);
@@ -575,26 +569,25 @@ fn build_dev(private_shm: bool) -> Result<(), MountError> {
     Ok(())
 }
 
-/// How the view's procfs is mounted: read-only, showing only processes the job could
-/// ptrace (its own).
-const PROC_FLAGS: libc::c_ulong =
-    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
-const PROC_OPTIONS: &str = "hidepid=ptraceable";
+/// The view's procfs at `at`: read-only, showing only processes the job could ptrace
+/// (its own), of the PID namespace of the process that mounts it.
+fn mount_procfs(at: &Path) -> io::Result<()> {
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
+    mount(
+        Some("proc"),
+        at,
+        Some("proc"),
+        flags,
+        Some("hidepid=ptraceable"),
+    )
+}
 
 /// A read-only procfs showing only processes the job could ptrace (its own); falls back
 /// to a read-only bind of the host's /proc where a new procfs may not be mounted.
 fn mount_proc() -> Result<(), MountError> {
     let proc = Path::new(NEW).join("proc");
     mkdir(&proc)?;
-    if mount(
-        Some("proc"),
-        &proc,
-        Some("proc"),
-        PROC_FLAGS,
-        Some(PROC_OPTIONS),
-    )
-    .is_ok()
-    {
+    if mount_procfs(&proc).is_ok() {
         return Ok(());
     }
     mount(
@@ -620,14 +613,7 @@ fn mount_proc() -> Result<(), MountError> {
 fn procfs_point() -> Result<(), MountError> {
     let proc = Path::new(NEW).join("proc");
     mkdir(&proc)?;
-    mount(
-        Some("proc"),
-        &proc,
-        Some("proc"),
-        PROC_FLAGS,
-        Some(PROC_OPTIONS),
-    )
-    .map_err(step("mount a procfs on", &proc))?;
+    mount_procfs(&proc).map_err(step("mount a procfs on", &proc))?;
     // SAFETY: umount2(2) of the procfs just mounted, by a path we built.
     if unsafe { libc::umount2(cstr(&proc)?.as_ptr(), 0) } != 0 {
         return Err(step("unmount the trial procfs on", &proc)(
