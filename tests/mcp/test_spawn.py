@@ -14,6 +14,7 @@ from pathlib import Path
 # are alive at once (a namespace's inode number may be reused once it is freed).
 REPORT = (
     'echo "net=$(readlink /proc/self/ns/net)"; echo "mnt=$(readlink /proc/self/ns/mnt)"; '
+    'echo "pids=$(ls /proc | grep -E "^[0-9]+$" | tr "\n" " ")"; '
     'echo "cgroup=$(grep -E "pids|^0::" /proc/self/cgroup | head -1)"; '
     'touch "$TMPDIR/mark-$1"; echo "tmpdir=$TMPDIR"; echo "tmp=$(ls "$TMPDIR" | tr "\\n" " ")"; '
     "sleep 60"
@@ -66,6 +67,12 @@ def test_two_jobs_never_share_a_cgroup_network_namespace_or_temp_dir(server):
         assert a["net"] != b["net"], f"two running jobs share a network namespace: {a} {b}"
         mnts = [j["mnt"] for j in (a, b, third)]
         assert host_mnt not in mnts and len(set(mnts)) == 3, f"jobs share a mount namespace: {mnts}"
+        # Each job's /proc is of its own PID namespace (in a view made ahead too: the job
+        # mounts it after the split): the namespace's low numbers (its init, hidden from
+        # it, is 1), none of the host's, such as the server's.
+        for job in (a, b, third):
+            pids = {int(p) for p in job["pids"].split()}
+            assert pids and max(pids) < 100 and c.server_pid not in pids, job
         assert a["cgroup"] != b["cgroup"], f"two running jobs share a cgroup: {a} {b}"
         assert "msr-" in a["cgroup"] and "msr-" in b["cgroup"], (a, b)
         assert "mark-a" in a["tmp"] and "mark-b" not in a["tmp"], a
