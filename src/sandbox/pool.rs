@@ -6,8 +6,14 @@
 //! what a job used ends with it, so no two jobs ever share one. When the pool has
 //! nothing ready, or its maker failed once, `take` says so (`None`) and the caller
 //! makes its own as it would without a pool.
+//!
+//! The maker tops up only [`SETTLE`] after the latest `take`: the spawn that took runs
+//! on the same CPUs and needs the same kernel locks (the cgroup tree, the mount
+//! namespace lock, the network namespace list), so making its replacement at once
+//! slowed the very job the pool was there to speed up.
 
 use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// Resources kept ready of each kind.
 pub const DEPTH: usize = 2;
@@ -15,6 +21,11 @@ pub const DEPTH: usize = 2;
 /// At most this many kinds are kept ready (a server uses one or two policies at a time;
 /// a client that changes the workspace makes a new one).
 const MAX_KINDS: usize = 8;
+
+/// How long after the latest `take` the maker waits before making the next resource.
+/// A burst of jobs within it finds [`DEPTH`] ready; a steady flood of them slows the
+/// maker to one resource per `SETTLE`, never stops it.
+pub const SETTLE: Duration = Duration::from_millis(10);
 
 pub struct Pool<K, T> {
     name: &'static str,
@@ -27,6 +38,8 @@ struct State<K, T> {
     /// Least recently asked for first.
     kinds: Vec<(K, Vec<T>)>,
     started: bool,
+    /// When a resource was last asked for.
+    last_take: Option<Instant>,
     /// The maker could not make one: every caller makes its own from then on.
     failed: bool,
 }
@@ -44,6 +57,7 @@ where
             state: Mutex::new(State {
                 kinds: Vec::new(),
                 started: false,
+                last_take: None,
                 failed: false,
             }),
             wake: Condvar::new(),
@@ -67,6 +81,7 @@ where
                 return None;
             }
         }
+        state.last_take = Some(Instant::now());
         let known = state.kinds.iter().position(|(k, _)| k == kind);
         let mut released = None;
         let taken = match known {
@@ -104,14 +119,31 @@ where
         drop(ready);
     }
 
-    /// The maker thread: top up whichever kind is short, sleep while none is.
+    /// The maker thread: top up whichever kind is short, sleep while none is. Before
+    /// each resource it waits until [`SETTLE`] after the latest take, once (so takes
+    /// that keep coming slow it down but never stop it).
     fn make_forever(&self) {
         loop {
             let kind = {
                 let Ok(mut state) = self.state.lock() else {
                     return;
                 };
+                let mut settled = false;
                 loop {
+                    if !settled {
+                        settled = true;
+                        let quiet = state.last_take.map(|t| t + SETTLE);
+                        if let Some(wait) =
+                            quiet.and_then(|q| q.checked_duration_since(Instant::now()))
+                        {
+                            drop(state);
+                            std::thread::sleep(wait);
+                            state = match self.state.lock() {
+                                Ok(s) => s,
+                                Err(_) => return,
+                            };
+                        }
+                    }
                     // The kind asked for most recently first.
                     let short = state
                         .kinds
@@ -125,6 +157,7 @@ where
                         Ok(s) => s,
                         Err(_) => return,
                     };
+                    settled = false;
                 }
             };
             let made = (self.make)(&kind);
@@ -258,6 +291,35 @@ mod tests {
             .collect();
         assert_eq!(kinds.len(), MAX_KINDS);
         assert!(!kinds.contains(&1), "{kinds:?}");
+    }
+
+    static MADE_AT: Mutex<Vec<Instant>> = Mutex::new(Vec::new());
+    static SETTLING: Pool<u8, ()> = Pool::new("test-pool-settle", |_| {
+        MADE_AT.lock().unwrap().push(Instant::now());
+        Ok(())
+    });
+
+    /// Nothing is made sooner than `SETTLE` after a take (the spawn that took has the
+    /// CPUs and kernel locks to itself meanwhile), and the pool still fills.
+    #[test]
+    fn the_maker_waits_for_the_take_to_settle() {
+        let asked = Instant::now();
+        assert!(SETTLING.take(&0).is_none());
+        for _ in 0..2000 {
+            if MADE_AT.lock().unwrap().len() == DEPTH {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let made = MADE_AT.lock().unwrap().clone();
+        assert_eq!(made.len(), DEPTH, "the maker never filled the pool");
+        for at in made {
+            assert!(
+                at.duration_since(asked) >= SETTLE,
+                "made {:?} after the take",
+                at.duration_since(asked)
+            );
+        }
     }
 
     #[test]
