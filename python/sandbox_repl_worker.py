@@ -919,9 +919,25 @@ class Worker:
 
     def serve(self):
         self.send_ready()
+        pending = None  # the cell whose snapshot is still to be taken
         while True:
             try:
-                req = self.requests.get()
+                if pending is None:
+                    req = self.requests.get()
+                else:
+                    # The snapshot's fork waits until the answer is on its way (it would
+                    # share the CPUs with the server passing it on), or until the next
+                    # request, which then sees the state right after the cell.
+                    try:
+                        req = self.requests.get(timeout=_Snapshots.DEFER)
+                    except _queue.Empty:
+                        req = None
+                    if req is None or req.get("op") != "shutdown":
+                        cell, pending = pending, None
+                        if _Snapshots.after_cell(self, cell):
+                            continue  # a new live worker, branched from that snapshot
+                    if req is None:
+                        continue
                 if req.get("op") == "shutdown":
                     _flush_std()
                     os._exit(0)
@@ -932,7 +948,7 @@ class Worker:
                 _State.current_id = None
                 self.chan.send(reply)
                 if req.get("op") in ("execute", "run_file"):
-                    _Snapshots.after_cell(self, req.get("cell"))
+                    pending = req.get("cell")
             except KeyboardInterrupt:
                 continue  # an interrupt between cells breaks nothing
 
@@ -976,6 +992,7 @@ class _Snapshots:
     ctl = None  # control socket to the server (a _socket.socket), or None: no snapshots
     children = []  # pids of the processes this one forked (snapshots or live workers)
     REAP_AFTER = 5.0  # seconds between reaps of those that ended
+    DEFER = 0.02  # seconds the fork waits after a cell's answer (see Worker.serve)
     reap_lock = _thread.allocate_lock()  # `children` is shared with the reaper thread
     reaper = False  # whether this process runs a reaper thread
     # asyncio loops inherited from a snapshot: kept, never closed (closing one would
@@ -1083,21 +1100,21 @@ class _Snapshots:
     @classmethod
     def after_cell(cls, worker, cell):
         """Take the snapshot of `cell` (the state right after it ended) and announce it.
-        Returns at once in the live worker; in the snapshot it returns only in a new live
-        worker forked from it."""
+        Returns at once in the live worker (False); in the snapshot it returns only in a
+        new live worker forked from it (True)."""
         if cls.ctl is None or not isinstance(cell, int):
-            return
+            return False
         import _socket
 
         reason = cls.unforkable(worker)
         if reason is not None:
             worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": reason})
-            return
+            return False
         try:
             mine, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0)
         except OSError as e:
             worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": f"socketpair failed: {e}"})
-            return
+            return False
         _flush_std()
         try:
             pid = os.fork()
@@ -1105,7 +1122,7 @@ class _Snapshots:
             mine.close()
             theirs.close()
             worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": f"fork failed: {e}"})
-            return
+            return False
         if pid == 0:
             theirs.close()
             cls.forked()
@@ -1115,7 +1132,7 @@ class _Snapshots:
                 # A snapshot never goes back into the worker's loop: it would wait there
                 # for ever, reaping nothing. Its children go to the namespace's init.
                 os._exit(1)
-            return
+            return True
         mine.close()
         with cls.reap_lock:
             cls.children.append(pid)
@@ -1126,12 +1143,13 @@ class _Snapshots:
         except OSError as e:
             theirs.close()
             worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": f"could not hand over: {e}"})
-            return
+            return False
         theirs.close()
         worker.chan.send({"ev": "snapshot", "cell": cell, "held": True, "pid": pid})
         # Snapshots the server dropped meanwhile, after the fork: the next cell may be
         # waiting for it.
         cls.reap()
+        return False
 
     @classmethod
     def serve_snapshot(cls, worker, sock):

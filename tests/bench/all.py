@@ -254,10 +254,11 @@ async def hot_paths(root: Path, calls: int, res: dict, baseline: str | None = No
             await ns.call_tool("python_exec", {"code": "1"})
             await n.call_tool("noop", {})
             await s.call_tool("shell_run", {"command": "true"})
-        # Each timed call starts after a short pause: a server's work after its answer
-        # (the snapshot fork of a cell) must not land on the next server's call, which
-        # it would in back-to-back turns (an agent's calls are seconds apart).
-        settle_gap = 0.005
+        # Each timed call starts after a pause: a server's work after its answer (the
+        # snapshot fork of a cell, 20 ms after it; pools topped up 10 ms after a take)
+        # must not land on the next server's call, which it would in back-to-back turns
+        # (an agent's calls are seconds apart).
+        settle_gap = 0.04
         for _ in range(calls):
             await anyio.sleep(settle_gap)
             t = time.perf_counter()
@@ -280,16 +281,19 @@ async def hot_paths(root: Path, calls: int, res: dict, baseline: str | None = No
                 res["b_exec"].append(time.perf_counter() - t)
                 assert r.structured_content["value"] == "1", r
         for _ in range(max(10, calls // 4)):
+            await anyio.sleep(settle_gap)
             t = time.perf_counter()
             r = await s.call_tool("shell_run", {"command": "true"})
             res["shell"].append(time.perf_counter() - t)
             assert not r.is_error, r
             for session, key in ((nz, "shell_nozygote"), (na, "shell_noahead")):
+                await anyio.sleep(settle_gap)
                 t = time.perf_counter()
                 r = await session.call_tool("shell_run", {"command": "true"})
                 res[key].append(time.perf_counter() - t)
                 assert not r.is_error, r
             if b:
+                await anyio.sleep(settle_gap)
                 t = time.perf_counter()
                 r = await b.call_tool("shell_run", {"command": "true"})
                 res["b_shell"].append(time.perf_counter() - t)

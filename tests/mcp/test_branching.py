@@ -92,6 +92,27 @@ def test_branching_restores_state_replay_could_not(server: Harness):
     server.run(scenario)
 
 
+def test_a_snapshot_is_the_state_right_after_its_cell_whatever_comes_next(server: Harness):
+    """The worker forks a cell's snapshot a moment after the answer, or before the next
+    request if that comes first: a variable set right behind the cell, or the next cell,
+    never leaks into the snapshot, and a branch still finds it held."""
+
+    async def scenario(c):
+        a = await c.ok("python_exec", code="x = 1")
+        await c.ok("python_vars", action="set", name="x", value=5)
+        b = await c.ok("python_exec", code="x += 1; x")
+        assert b["value"] == "6"
+        await c.ok("python_exec", code="x = 0")
+        back = await c.ok("python_exec", code="x", parent=a["cell"])
+        assert back["value"] == "1" and not back.get("replayed"), back
+        back = await c.ok("python_exec", code="x", parent=b["cell"])
+        assert back["value"] == "6" and not back.get("replayed"), back
+        cells = by_cell(await c.ok("python_history"))
+        assert cells[a["cell"]]["snapshot"] == "held" and cells[b["cell"]]["snapshot"] == "held"
+
+    server.run(scenario)
+
+
 def test_the_cap_evicts_and_an_evicted_cell_replays(server: Harness):
     server.env["MCP_SANDBOX_MAX_SNAPSHOTS"] = "2"
 
