@@ -2,10 +2,12 @@
 //! input bridging and history.
 //!
 //! Locks: `op_lock` (async, per session) serialises the calls that need the worker's
-//! main thread — cells and variable operations. It is taken with `try_lock`, so a call
-//! on a busy session fails at once with [`ReplError::Busy`] instead of queueing, and
-//! its guard travels with the pending call into the worker, so it is released when the
-//! worker answers or dies — not when a caller gives up waiting. `inner` (sync) guards
+//! main thread — cells and variable operations. A call on a session that runs a cell
+//! fails at once with [`ReplError::Busy`] instead of queueing behind it; one that finds
+//! the lock held by a short operation (a variable read, the ping that settles snapshots,
+//! a restart) waits for it ([`Session::op_guard`]). The guard travels with the pending
+//! call into the worker, so it is released when the worker answers or dies — not when a
+//! caller gives up waiting. `inner` (sync) guards
 //! plain bookkeeping and is never held across an await. Sessions share no lock.
 
 use std::collections::HashMap;
@@ -30,6 +32,9 @@ mod variables;
 pub use branch::Parent;
 
 const HISTORY_CAP: usize = 1000;
+
+/// How often a call waiting for the operation lock looks whether a cell took it.
+const OP_RECHECK: Duration = Duration::from_millis(20);
 
 /// Everything a session needs to (re)start its worker.
 pub(crate) struct SessionEnv {
@@ -355,11 +360,7 @@ impl Session {
         sink: Arc<dyn CellSink>,
         request: impl FnOnce(u64, u64) -> Request,
     ) -> Result<CellOutcome, ReplError> {
-        let guard = self
-            .op_lock
-            .clone()
-            .try_lock_owned()
-            .map_err(|_| self.busy())?;
+        let guard = self.op_guard().await?;
         let cell = {
             let mut inner = self.inner();
             inner.cells += 1;
@@ -590,6 +591,27 @@ impl Session {
             worker.kill(&reason);
         });
         true
+    }
+
+    /// The operation lock for a cell or a variable operation: [`ReplError::Busy`] while a
+    /// cell runs, else as soon as the short operation holding it (if any) is done. Two
+    /// calls made in parallel (a cell and a variable read, a cell and `python_history`)
+    /// both run; only a cell makes the other wait for nothing.
+    pub(crate) async fn op_guard(&self) -> Result<tokio::sync::OwnedMutexGuard<()>, ReplError> {
+        loop {
+            if let Ok(guard) = self.op_lock.clone().try_lock_owned() {
+                return Ok(guard);
+            }
+            if self.inner().cell_active {
+                return Err(self.busy());
+            }
+            // Queued for the lock, and looking again now and then: a cell that took it
+            // first means busy, not a wait as long as that cell.
+            let wait = self.op_lock.clone().lock_owned();
+            if let Ok(guard) = tokio::time::timeout(OP_RECHECK, wait).await {
+                return Ok(guard);
+            }
+        }
     }
 
     /// The operation lock, waited for (a killed worker's cell releases it as soon as the

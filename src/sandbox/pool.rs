@@ -128,21 +128,16 @@ where
                 let Ok(mut state) = self.state.lock() else {
                     return;
                 };
-                let mut settled = false;
                 loop {
-                    if !settled {
-                        settled = true;
-                        let quiet = state.last_take.map(|t| t + SETTLE);
-                        if let Some(wait) =
-                            quiet.and_then(|q| q.checked_duration_since(Instant::now()))
-                        {
-                            drop(state);
-                            std::thread::sleep(wait);
-                            state = match self.state.lock() {
-                                Ok(s) => s,
-                                Err(_) => return,
-                            };
-                        }
+                    let quiet = state.last_take.map(|t| t + SETTLE);
+                    if let Some(wait) = quiet.and_then(|q| q.checked_duration_since(Instant::now()))
+                    {
+                        drop(state);
+                        std::thread::sleep(wait);
+                        state = match self.state.lock() {
+                            Ok(s) => s,
+                            Err(_) => return,
+                        };
                     }
                     // The kind asked for most recently first.
                     let short = state
@@ -157,7 +152,6 @@ where
                         Ok(s) => s,
                         Err(_) => return,
                     };
-                    settled = false;
                 }
             };
             let made = (self.make)(&kind);

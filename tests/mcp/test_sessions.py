@@ -113,6 +113,35 @@ def test_busy_session_answers_with_a_pointer_to_its_job(server):
     server.run(scenario)
 
 
+def test_a_cell_called_beside_a_short_operation_runs_instead_of_being_busy(server):
+    """Calls made in parallel (as agents do): a cell beside a variable read or
+    `python_history` (which briefly holds the session's lock for its own round trip to the
+    worker) runs, every time; only a cell that runs makes the other call busy."""
+
+    async def scenario(c):
+        await c.ok("python_exec", code="x = 1")
+        refused = []
+        for beside in ({"name": "python_vars", "action": "list"}, {"name": "python_history"}):
+            for _ in range(30):
+                results = {}
+
+                async def call(key, name, **args):
+                    results[key] = await c.call(name, **args)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(lambda: call("other", **beside))
+                    tg.start_soon(lambda: call("cell", "python_exec", code="x"))
+                cell, other = results["cell"], results["other"]
+                if cell.is_error:
+                    refused.append(cell.content[0].text)
+                if other.is_error:
+                    # Only a cell in progress may be the reason.
+                    assert "busy running cell" in other.content[0].text, other.content[0].text
+        assert refused == [], f"{len(refused)} of 60 cells refused: {refused[:2]}"
+
+    server.run(scenario)
+
+
 def test_sandbox_applies_to_the_worker(server):
     """Under workspace-write, writing outside the workspace fails; inside works."""
 

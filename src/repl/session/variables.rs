@@ -1,5 +1,5 @@
 //! Variable operations of a session: list, get, set, delete, clear. They run on the
-//! worker's main thread between cells, so a busy session refuses them at once.
+//! worker's main thread between cells, so a session running a cell refuses them at once.
 
 use super::Session;
 use crate::repl::protocol::{Event, Request};
@@ -10,11 +10,7 @@ use std::time::Instant;
 
 impl Session {
     async fn call(&self, request: impl FnOnce(u64) -> Request) -> Result<Event, ReplError> {
-        let guard = self
-            .op_lock
-            .clone()
-            .try_lock_owned()
-            .map_err(|_| self.busy())?;
+        let guard = self.op_guard().await?;
         let (worker, _) = self.live_worker(false)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let rx = worker.call(id, &request(id), None, Some(guard));
