@@ -29,6 +29,8 @@ pub enum StartError {
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = config(args)?;
     check_paths(&config)?;
+    // Still single-threaded here: the spawn helper is a fork, not an exec.
+    crate::sandbox::zygote::start_early();
     let served = server::serve(config);
     crate::sandbox::spawn::release_prepared();
     served

@@ -2,7 +2,8 @@
 //! every sandboxed process, so a job costs a fork of a process of a few hundred KiB
 //! instead of a fork of the multi-threaded server plus an exec of this binary.
 //!
-//! The server starts it once, through the same re-exec as the launcher (`ZYGOTE_ARG`),
+//! The server forks it at start, before its runtime starts any thread ([`start_early`]);
+//! one that has died is replaced through the same re-exec as the launcher (`ZYGOTE_ARG`),
 //! from the spawner thread that lives as long as the server (see `spawn`). It reads
 //! requests from a `SOCK_SEQPACKET` socket pair only the two of them hold: one message
 //! of JSON ([`Request`]: the [`LaunchSpec`] and where each descriptor goes) with the
@@ -16,7 +17,7 @@
 //!
 //! Nothing about a job is decided here: the spec is the one the re-exec path would
 //! have read from its memfd. The zygote holds no descriptor of any job after the fork
-//! (it closes what it received), asks for `SIGKILL` when the spawner thread dies, and
+//! (it closes what it received), asks for `SIGKILL` when the thread that started it dies, and
 //! its children bind themselves to the server exactly as the launcher's do.
 
 use std::io::{IoSlice, IoSliceMut, Read};
@@ -77,7 +78,11 @@ pub fn zygote_main() -> ! {
         std::process::exit(SETUP_FAILED_EXIT);
     }
     // SAFETY: the server put our end of the socket pair at `sock`; nothing else owns it.
-    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    serve(unsafe { OwnedFd::from_raw_fd(sock) })
+}
+
+/// The zygote's loop: one request, one fork, one reply, until the server is gone.
+fn serve(sock: OwnedFd) -> ! {
     let mut buf = vec![0u8; INLINE_MAX];
     loop {
         let (len, mut fds) = match receive(&sock, &mut buf) {
@@ -208,16 +213,19 @@ fn receive(sock: &OwnedFd, buf: &mut [u8]) -> nix::Result<Option<(usize, Vec<Own
     }
 }
 
-/// The server's side: the zygote process and its socket.
+/// The server's side: the zygote process (our child) and its socket.
 struct Zygote {
     sock: OwnedFd,
-    process: std::process::Child,
+    pid: libc::pid_t,
 }
 
 impl Drop for Zygote {
     fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
+        // SAFETY: kill and waitpid of our own unreaped child.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
     }
 }
 
@@ -343,6 +351,11 @@ fn start() -> std::io::Result<Zygote> {
     }
     let process = super::spawn::spawn_from_lasting_thread(cmd)?;
     drop(theirs);
+    replying(mine, process.id() as libc::pid_t)
+}
+
+/// The server's side of a zygote just started.
+fn replying(mine: OwnedFd, pid: libc::pid_t) -> std::io::Result<Zygote> {
     // A zygote that stops answering (it forks and replies, nothing slower) is replaced
     // rather than left to hold every spawn of the server.
     nix::sys::socket::setsockopt(
@@ -350,10 +363,73 @@ fn start() -> std::io::Result<Zygote> {
         nix::sys::socket::sockopt::ReceiveTimeout,
         &nix::sys::time::TimeVal::new(REPLY_WITHIN_SECS, 0),
     )?;
-    Ok(Zygote {
-        sock: mine,
-        process,
-    })
+    Ok(Zygote { sock: mine, pid })
+}
+
+/// Start the zygote by forking this process, before it starts any thread (the server's
+/// runtime): the first job then waits for no exec of this binary and its start (~3 ms
+/// here), and the fork of the still small process costs a fraction of that. Its death
+/// signal is bound to the calling thread, which must live as long as the server (the
+/// main thread, which runs the server's runtime); so are the jobs it forks, as with the
+/// spawner thread. Does nothing when the zygote is off or this process already has
+/// threads; the first job then starts one the usual way.
+pub fn start_early() {
+    if !enabled() || !single_threaded() {
+        return;
+    }
+    let Ok(mut guard) = ZYGOTE.lock() else { return };
+    if guard.is_some() {
+        return;
+    }
+    match fork_here() {
+        Ok(zygote) => *guard = Some(zygote),
+        Err(e) => {
+            tracing::debug!(error = %e, "no spawn helper forked at start; the first job starts one")
+        }
+    }
+}
+
+fn single_threaded() -> bool {
+    std::fs::read_dir("/proc/self/task").is_ok_and(|tasks| tasks.count() == 1)
+}
+
+fn fork_here() -> std::io::Result<Zygote> {
+    let (mine, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?;
+    let parent = std::process::id();
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    // SAFETY: fork in a single-threaded process (checked by the caller); the child only
+    // makes syscalls before it serves, as the re-executed zygote would.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: the child's own descriptors: the protocol's stdin and stdout become
+        // /dev/null (the zygote must not hold the client's pipes), everything but the
+        // socket and stderr is closed.
+        let kept = unsafe {
+            libc::dup2(null.as_raw_fd(), 0) == 0
+                && libc::dup2(null.as_raw_fd(), 1) == 1
+                && libc::dup2(theirs.as_raw_fd(), 3) == 3
+                && libc::close_range(4, u32::MAX, 0) == 0
+        };
+        if !kept || super::pidns::bind_to_parent(parent).is_err() {
+            // SAFETY: _exit in the forked child.
+            unsafe { libc::_exit(SETUP_FAILED_EXIT) }
+        }
+        // SAFETY: descriptor 3 is the socket, placed just above; nothing else owns it.
+        serve(unsafe { OwnedFd::from_raw_fd(3) })
+    }
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    drop(theirs);
+    replying(mine, pid)
 }
 
 #[cfg(test)]

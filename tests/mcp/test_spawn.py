@@ -26,19 +26,21 @@ def fields(text: str) -> dict[str, str]:
 
 
 def zygotes(server_pid: int) -> list[int]:
-    """Children of the server running in zygote mode. Job supervisors are forks of it
-    (same command line) but each leads a session of its own; the zygote does not."""
+    """Children of the server running the server's binary without a session of their own:
+    the spawn helper (forked at start, or re-executed in zygote mode after it died). Job
+    supervisors are forks of it too, but each leads a session of its own."""
+    exe = os.readlink(f"/proc/{server_pid}/exe")
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            same_binary = os.readlink(entry / "exe") == exe
         except OSError:
             continue
         pid, ppid, session = int(entry.name), int(stat[1]), int(stat[3])
-        if ppid == server_pid and b"__sandbox-zygote" in cmdline and session != pid:
+        if ppid == server_pid and same_binary and session != pid:
             found.append(pid)
     return found
 
@@ -80,10 +82,11 @@ def test_two_jobs_never_share_a_cgroup_network_namespace_or_temp_dir(server):
         assert third["tmp"].split() == ["mark-c"], f"job c sees another job's temp dir: {third}"
         # Each job's temp dir is a tmpfs in its own view: nothing of it is on the host.
         assert not os.path.exists(a["tmpdir"]), a
-        # The spawn helper keeps no descriptor of either job: stdio and its socket only.
+        # The spawn helper keeps no descriptor of either job, nor the client's pipes (it is
+        # forked from the server): /dev/null as stdin and stdout, stderr and its socket.
         [zygote] = zygotes(c.server_pid)
-        fds = os.listdir(f"/proc/{zygote}/fd")
-        assert len(fds) <= 4, {fd: os.readlink(f"/proc/{zygote}/fd/{fd}") for fd in fds}
+        links = {fd: os.readlink(f"/proc/{zygote}/fd/{fd}") for fd in os.listdir(f"/proc/{zygote}/fd")}
+        assert len(links) <= 4 and links["0"] == links["1"] == "/dev/null", links
         for job in (a, b, third):
             assert (await c.ok("job_cancel", job_id=job["job_id"]))["status"] == "cancelled"
         return c.server_pid
