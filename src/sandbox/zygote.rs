@@ -325,12 +325,7 @@ fn exchange(sock: &OwnedFd, json: &[u8], fds: &[RawFd]) -> std::io::Result<i32> 
 
 /// Start the zygote from the spawner thread (its death signal is bound to that thread).
 fn start() -> std::io::Result<Zygote> {
-    let (mine, theirs) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )?;
+    let (mine, theirs) = socket_pair()?;
     const TARGET: RawFd = 3;
     let src = theirs.as_raw_fd();
     let mut cmd = std::process::Command::new(super::spawn::launcher_exe());
@@ -352,6 +347,16 @@ fn start() -> std::io::Result<Zygote> {
     let process = super::spawn::spawn_from_lasting_thread(cmd)?;
     drop(theirs);
     replying(mine, process.id() as libc::pid_t)
+}
+
+/// The pair the server and its zygote talk over (only the two of them hold it).
+fn socket_pair() -> nix::Result<(OwnedFd, OwnedFd)> {
+    socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
 }
 
 /// The server's side of a zygote just started.
@@ -394,12 +399,7 @@ fn single_threaded() -> bool {
 }
 
 fn fork_here() -> std::io::Result<Zygote> {
-    let (mine, theirs) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )?;
+    let (mine, theirs) = socket_pair()?;
     let parent = std::process::id();
     let null = std::fs::OpenOptions::new()
         .read(true)
