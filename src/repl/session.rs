@@ -596,7 +596,7 @@ impl Session {
     /// The operation lock for a cell or a variable operation: [`ReplError::Busy`] while a
     /// cell runs, else as soon as the short operation holding it (if any) is done. Two
     /// calls made in parallel (a cell and a variable read, a cell and `python_history`)
-    /// both run; only a cell makes the other wait for nothing.
+    /// both run; only a running cell turns the other away.
     pub(crate) async fn op_guard(&self) -> Result<tokio::sync::OwnedMutexGuard<()>, ReplError> {
         loop {
             if let Ok(guard) = self.op_lock.clone().try_lock_owned() {
