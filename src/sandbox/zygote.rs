@@ -346,7 +346,7 @@ fn start() -> std::io::Result<Zygote> {
     }
     let process = super::spawn::spawn_from_lasting_thread(cmd)?;
     drop(theirs);
-    replying(mine, process.id() as libc::pid_t)
+    server_side(mine, process.id() as libc::pid_t)
 }
 
 /// The pair the server and its zygote talk over (only the two of them hold it).
@@ -360,7 +360,7 @@ fn socket_pair() -> nix::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// The server's side of a zygote just started.
-fn replying(mine: OwnedFd, pid: libc::pid_t) -> std::io::Result<Zygote> {
+fn server_side(mine: OwnedFd, pid: libc::pid_t) -> std::io::Result<Zygote> {
     // A zygote that stops answering (it forks and replies, nothing slower) is replaced
     // rather than left to hold every spawn of the server.
     nix::sys::socket::setsockopt(
@@ -429,7 +429,7 @@ fn fork_here() -> std::io::Result<Zygote> {
         return Err(std::io::Error::last_os_error());
     }
     drop(theirs);
-    replying(mine, pid)
+    server_side(mine, pid)
 }
 
 #[cfg(test)]
