@@ -379,6 +379,9 @@ impl JobStore {
         let job = self.get(id)?;
         let deadline = tokio::time::Instant::now() + timeout;
         let mut rx = job.version.subscribe();
+        // This waiter's own cursors: output that arrives while several wait on the job
+        // goes to every one of them, not only to whichever is woken first.
+        let from = lock(&job.state).delivered;
         loop {
             rx.borrow_and_update();
             let (settled, has_output) = self.readiness(&job);
@@ -405,7 +408,7 @@ impl JobStore {
                 break;
             }
         }
-        self.snapshot(&job, true)
+        self.snapshot(&job, true, Some(from))
     }
 
     /// Wait until the job changes (output, status) or `timeout` passes, consuming
@@ -422,7 +425,7 @@ impl JobStore {
     /// advancing the delivered cursors.
     pub fn peek(&self, id: &str) -> Result<JobSnapshot, JobError> {
         let job = self.get(id)?;
-        self.snapshot(&job, false)
+        self.snapshot(&job, false, None)
     }
 
     /// (finished or awaiting input, has undelivered output)
@@ -436,7 +439,14 @@ impl JobStore {
         (settled, has_output)
     }
 
-    fn snapshot(&self, job: &Job, advance: bool) -> Result<JobSnapshot, JobError> {
+    /// `from`: where the output handed out starts, if not at the delivered cursors (a
+    /// waiter's cursors from when it began to wait; never past the delivered ones).
+    fn snapshot(
+        &self,
+        job: &Job,
+        advance: bool,
+        from: Option<[u64; 2]>,
+    ) -> Result<JobSnapshot, JobError> {
         let mut ranges = [(0u64, 0u64); 2];
         let mut paths = Vec::with_capacity(2);
         let st = {
@@ -450,7 +460,9 @@ impl JobStore {
                 } else {
                     spool.len() - spool.incomplete_tail()
                 };
-                let start = st.delivered[i].min(end);
+                let start = from
+                    .map_or(st.delivered[i], |f| f[i].min(st.delivered[i]))
+                    .min(end);
                 *range = (start, end);
                 if advance && end > st.delivered[i] {
                     st.delivered[i] = end;
