@@ -406,8 +406,13 @@ pub fn chunk(chunk: Chunk) -> CallToolResult {
     } else {
         "; the job is still writing".to_string()
     };
+    let encoding = if chunk.base64 {
+        " (not text: the bytes in base64)"
+    } else {
+        ""
+    };
     let text = format!(
-        "{} of job {} bytes [{}..{}) of {}{more}\n{}",
+        "{} of job {} bytes [{}..{}) of {}{more}{encoding}\n{}",
         chunk.stream.as_str(),
         chunk.job_id,
         chunk.offset,
@@ -423,6 +428,7 @@ pub fn chunk(chunk: Chunk) -> CallToolResult {
         total: Some(chunk.total),
         eof: Some(chunk.eof),
         text: Some(chunk.text),
+        encoding: chunk.base64.then(|| "base64".into()),
         ..Default::default()
     };
     listing(text, &value)
