@@ -374,13 +374,13 @@ impl Session {
         let got = match parent {
             None => self
                 .live_worker(true)
-                .map(|(w, lost)| (w, lost, Vec::new())),
+                .map(|(w, lost)| (w, lost, Vec::new(), None)),
             Some(p) => self
                 .branch_to(&p)
                 .await
-                .map(|(w, replayed)| (w, None, replayed)),
+                .map(|(w, replayed, shared)| (w, None, replayed, shared)),
         };
-        let (worker, earlier_loss, replayed) = match got {
+        let (worker, earlier_loss, replayed, shared) = match got {
             Ok(w) => w,
             Err(e) => {
                 let mut inner = self.inner();
@@ -436,7 +436,11 @@ impl Session {
             signal: None,
             exit_code: None,
             state_lost: earlier_loss.is_some(),
-            state_note: earlier_loss,
+            state_note: earlier_loss.or_else(|| {
+                shared.map(|s| {
+                    format!("this branch shares with the parent cell's other branches: {s}")
+                })
+            }),
             elapsed,
         };
         match reply {

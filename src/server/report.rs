@@ -293,6 +293,9 @@ impl JobReport {
                         .to_string(),
                 );
             }
+        } else if let Some(note) = result.get("state_note").and_then(Value::as_str) {
+            // State kept, with something said of it (a branch that shares descriptors).
+            self.state_note = Some(note.to_string());
         }
         if let Some(cell) = result.get("cell").and_then(Value::as_u64) {
             self.cell = Some(cell_name(cell));
