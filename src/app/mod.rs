@@ -379,7 +379,9 @@ impl App {
         let in_view = !policy.filesystem_unrestricted() && policy.limits.tmp_size_bytes.is_some();
         let shared = match in_view {
             true => {
-                let name = ph.tmp.join(format!("{}-job", crate::sandbox::instance::id()));
+                let name = ph
+                    .tmp
+                    .join(format!("{}-job", crate::sandbox::instance::id()));
                 let ph = Placeholders {
                     tmp: name,
                     ..ph.clone()

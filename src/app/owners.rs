@@ -122,7 +122,10 @@ mod tests {
         }
         assert!(!state.join(DIR).join("2x00000002").exists());
         drop(live);
-        assert!(!state.join(DIR).join("1x00000001").exists(), "removed on drop");
+        assert!(
+            !state.join(DIR).join("1x00000001").exists(),
+            "removed on drop"
+        );
     }
 
     #[test]

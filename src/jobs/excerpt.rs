@@ -257,8 +257,14 @@ mod tests {
     fn bytes_that_are_not_text_are_read_exactly_in_base64() {
         let (_dir, p) = scratch_file("jobs-excerpt-bin", &[0x61, 0xff, 0x00, 0x80, 0x62, 0x63]);
         // 8 bytes of budget: 6 raw bytes fit (8 * 3 / 4), all of them here.
-        assert_eq!(read_text(&p, 0, 8, 6).unwrap(), ("Yf8AgGJj".to_string(), 6, true));
+        assert_eq!(
+            read_text(&p, 0, 8, 6).unwrap(),
+            ("Yf8AgGJj".to_string(), 6, true)
+        );
         // 4 bytes of budget: 3 raw bytes, exactly, even if they split nothing.
-        assert_eq!(read_text(&p, 1, 4, 6).unwrap(), ("/wCA".to_string(), 4, true));
+        assert_eq!(
+            read_text(&p, 1, 4, 6).unwrap(),
+            ("/wCA".to_string(), 4, true)
+        );
     }
 }

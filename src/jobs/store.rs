@@ -321,7 +321,8 @@ impl JobStore {
             let mut journal = lock(&self.journal);
             // Refused before it runs while the disk is full: a job started then could
             // keep neither its output nor, at its end, its record.
-            if persist::free_bytes(&self.cfg.state_dir).is_some_and(|f| f < persist::MIN_FREE_BYTES) {
+            if persist::free_bytes(&self.cfg.state_dir).is_some_and(|f| f < persist::MIN_FREE_BYTES)
+            {
                 return Err(JobError::StateDirFull {
                     path: self.cfg.state_dir.clone(),
                 });

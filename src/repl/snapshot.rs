@@ -246,6 +246,7 @@ mod tests {
         let s = Snapshot {
             cell: 1,
             pid: 1,
+            shared: None,
             sock: server,
         };
         let t = std::thread::spawn(move || {

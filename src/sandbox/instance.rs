@@ -43,7 +43,14 @@ mod tests {
         assert_eq!(id(), id());
         assert!(is_id(id()), "{}", id());
         assert!(id().starts_with(&format!("{}x", std::process::id())));
-        for bad in ["123", "123x", "x0000abcd", "12x0000abc", "12x0000abcg", "1-2x00000000"] {
+        for bad in [
+            "123",
+            "123x",
+            "x0000abcd",
+            "12x0000abc",
+            "12x0000abcg",
+            "1-2x00000000",
+        ] {
             assert!(!is_id(bad), "{bad}");
         }
     }

@@ -538,8 +538,14 @@ fn build_dev(private_shm: bool, shm_size: Option<u64>) -> Result<(), MountError>
         mkdir(&shm)?;
         let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
         let options = format!("mode=1777,size={}", shm_size.unwrap_or(SHM_SIZE));
-        mount(Some("tmpfs"), &shm, Some("tmpfs"), flags, Some(options.as_str()))
-            .map_err(step("mount a private tmpfs on", "/dev/shm"))?;
+        mount(
+            Some("tmpfs"),
+            &shm,
+            Some("tmpfs"),
+            flags,
+            Some(options.as_str()),
+        )
+        .map_err(step("mount a private tmpfs on", "/dev/shm"))?;
     }
     for (name, major, minor) in OWN_DEVICES {
         let path = dev.join(name);

@@ -128,10 +128,7 @@ pub fn split(status_fd: RawFd) -> Result<Option<String>, SetupError> {
 }
 
 /// pid 1 of the new namespace. Returns (`Ok(None)`) only in its child, the target.
-fn init(
-    to_supervisor: OwnedFd,
-    original: &libc::sigset_t,
-) -> Result<Option<String>, SetupError> {
+fn init(to_supervisor: OwnedFd, original: &libc::sigset_t) -> Result<Option<String>, SetupError> {
     // SAFETY: prctl with integer arguments, affecting only this process.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } != 0 {
         return Err(SetupError::ParentDeath(io::Error::last_os_error()));

@@ -181,7 +181,8 @@ fn only_the_named_owners_cgroups_are_swept() {
     let busy = JobCgroup::create(&name(&dead, 1), None, Some(8)).expect("create");
     let idle = JobCgroup::create(&name(&dead, 2), None, Some(8)).expect("create");
     let others = JobCgroup::create(&name(other, 3), None, Some(8)).expect("create");
-    let legacy = JobCgroup::create(&format!("{JOB_PREFIX}999999-4"), None, Some(8)).expect("create");
+    let legacy =
+        JobCgroup::create(&format!("{JOB_PREFIX}999999-4"), None, Some(8)).expect("create");
     run_in(&busy, "sleep 3600 & exit 0");
     let dir = |cg: &JobCgroup| cg.procs_files()[0].parent().unwrap().to_path_buf();
     let (busy_dir, idle_dir, others_dir, legacy_dir) =
@@ -191,10 +192,16 @@ fn only_the_named_owners_cgroups_are_swept() {
     std::mem::forget(idle);
     let swept = sweep_owned_by(&Layout::detect(), std::slice::from_ref(&dead));
     assert!(!busy_dir.exists() && !idle_dir.exists(), "{swept:?}");
-    assert!(swept.contains(&busy_dir) && swept.contains(&idle_dir), "{swept:?}");
+    assert!(
+        swept.contains(&busy_dir) && swept.contains(&idle_dir),
+        "{swept:?}"
+    );
     assert_all_gone(&members);
     assert!(others_dir.exists(), "another owner's cgroup is kept");
-    assert!(legacy_dir.exists(), "a name that is not an instance id is kept");
+    assert!(
+        legacy_dir.exists(),
+        "a name that is not an instance id is kept"
+    );
     assert_eq!(owner_of(&name(&dead, 1)), Some(dead.as_str()));
     assert_eq!(owner_of(&format!("{JOB_PREFIX}999999-4")), None);
     drop((others, legacy));
