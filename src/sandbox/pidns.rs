@@ -381,8 +381,9 @@ mod tests {
             drop(to_supervisor);
             // Wait until the init has ended, leaving it unreaped (WNOWAIT): its SIGCHLD
             // has been sent (and, unblocked, discarded) before the supervisor waits.
-            // SAFETY: siginfo_t is plain data; waitid with a valid out-pointer.
+            // SAFETY: siginfo_t is plain data; zeroed is valid.
             let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: waitid of our own child with a valid out-pointer.
             unsafe {
                 libc::waitid(
                     libc::P_PID,
