@@ -738,7 +738,7 @@ impl Session {
         let inner = self.inner();
         let live = inner.worker.as_ref().filter(|w| w.death().is_none());
         let state = Self::state_of(&inner, busy);
-        let pid = live.map(|w| w.pid);
+        let pid = live.map(|w| w.python_pid());
         SessionInfo {
             name: self.name.clone(),
             state,
@@ -749,7 +749,8 @@ impl Session {
                 self.env.python.version
             ),
             worker_pid: pid,
-            memory_bytes: live.map(|w| w.python_pid()).and_then(rss_bytes),
+            memory_bytes: pid.and_then(rss_bytes),
+            held_memory_bytes: Self::trees_memory(&inner),
             idle_seconds: if busy {
                 0
             } else {

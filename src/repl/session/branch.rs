@@ -97,7 +97,7 @@ impl Session {
     /// Memory the session's process trees hold now (the head's and those of earlier
     /// heads that still hold snapshots), from their job cgroups; `None` without a memory
     /// cgroup. The spare worker is not counted: it holds no snapshot.
-    fn trees_memory(inner: &Inner) -> Option<u64> {
+    pub(super) fn trees_memory(inner: &Inner) -> Option<u64> {
         let head_root = inner.worker.as_ref().filter(|w| w.is_root());
         head_root
             .into_iter()
