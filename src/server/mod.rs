@@ -26,7 +26,6 @@ pub mod transport;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -75,8 +74,10 @@ pub fn serve(config: ServerConfig) -> anyhow::Result<ExitCode> {
         .build()
         .map_err(ServerError::Runtime)?;
     let result = runtime.block_on(run(config));
-    // Anything still blocking (a stuck reader thread) must not keep the process alive.
-    runtime.shutdown_timeout(Duration::from_millis(200));
+    // `run` has shut the app down (workers killed, job records written). What may still
+    // block is tokio's stdin reader, parked in read(2) until the client writes or closes:
+    // waiting for it (a `shutdown_timeout`) cost every SIGTERM its whole timeout.
+    runtime.shutdown_background();
     result?;
     Ok(ExitCode::SUCCESS)
 }
