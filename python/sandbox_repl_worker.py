@@ -291,7 +291,9 @@ def _truncate(text, limit):
 
 
 def _rich_items(value):
-    """Rich representations an object offers (IPython's _repr_*_ convention)."""
+    """Rich representations an object offers (IPython's _repr_*_ convention). Each method
+    is user code: one that raises or returns the wrong type gives a one-line text item
+    saying so, never a fault of the worker."""
     items = []
     for method, mime, binary in (
         ("_repr_png_", "image/png", True),
@@ -300,28 +302,46 @@ def _rich_items(value):
         ("_repr_html_", "text/html", False),
         ("_repr_markdown_", "text/markdown", False),
     ):
-        fn = getattr(type(value), method, None)
-        if fn is None:
+        if getattr(type(value), method, None) is None:
             continue
         try:
-            data = getattr(value, method)()
-        except Exception:
-            continue
-        if isinstance(data, tuple):
-            data = data[0]
-        if data is None:
-            continue
-        if binary:
-            import base64
-
-            if isinstance(data, str):
-                data = data.encode("latin-1")
-            data = base64.b64encode(data).decode("ascii")
-        data = str(data)
-        if len(data) > DISPLAY_LIMIT:
-            data, mime = f"[{mime} output of {len(data)} characters left out: over the limit]", "text/plain"
-        items.append({"mime": mime, "data": data})
+            item = _rich_item(value, method, mime, binary)
+        except Exception as e:
+            item = {"mime": "text/plain", "data": f"[{method} failed: {_safe_error(e)}]"}
+        if item is not None:
+            items.append(item)
     return items
+
+
+def _rich_item(value, method, mime, binary):
+    data = getattr(value, method)()
+    if isinstance(data, tuple):  # (data, metadata)
+        data = data[0] if data else None
+    if data is None:
+        return None
+    if binary:
+        import base64
+
+        if isinstance(data, str):
+            data = data.encode("latin-1")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"returned {type(data).__name__}, not bytes")
+        data = base64.b64encode(data).decode("ascii")
+    elif isinstance(data, (bytes, bytearray)):
+        data = bytes(data).decode("utf-8", errors="replace")
+    elif not isinstance(data, str):
+        raise TypeError(f"returned {type(data).__name__}, not str")
+    if len(data) > DISPLAY_LIMIT:
+        data, mime = f"[{mime} output of {len(data)} characters left out: over the limit]", "text/plain"
+    return {"mime": mime, "data": data}
+
+
+def _safe_error(e):
+    """`Type: message` of an exception whose own __str__ may raise."""
+    try:
+        return f"{type(e).__name__}: {e}"
+    except Exception:
+        return type(e).__name__
 
 
 def display(*objs):
@@ -918,6 +938,24 @@ class Worker:
         except Exception as e:
             return {"ev": "failed", "id": req.get("id", 0), "message": f"{type(e).__name__}: {e}"}
 
+    def fault_reply(self, req, e):
+        import traceback
+
+        try:
+            tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        except Exception:
+            tb = _safe_error(e) + "\n"
+        message = f"the worker failed to handle {req.get('op')!r}: {_safe_error(e)} (state kept)"
+        if req.get("op") in ("execute", "run_file"):
+            return {
+                "ev": "done",
+                "id": req.get("id", 0),
+                "status": "error",
+                "display": [],
+                "error": {"ename": "WorkerError", "evalue": message, "traceback": tb},
+            }
+        return {"ev": "failed", "id": req.get("id", 0), "message": message}
+
     def send_ready(self):
         self.chan.send(
             {
@@ -954,7 +992,12 @@ class Worker:
                     _flush_std()
                     os._exit(0)
                 _State.current_id = req.get("id")
-                reply = self.handle(req)
+                try:
+                    reply = self.handle(req)
+                except Exception as e:
+                    # A fault of the worker's own code (user code's faults are the cell's):
+                    # answered in words, and the session's state lives on.
+                    reply = self.fault_reply(req, e)
                 _restore_std()  # what the cell printed after closing fd 1 still arrives
                 _flush_std()
                 _State.current_id = None

@@ -201,3 +201,29 @@ def test_multiprocessing_works_under_every_sandboxing_policy_with_a_private_dev_
         assert "absent" in other["stdout"]["text"], other
 
     server.run(scenario, "--sandbox-state" if policy != "ci" else "--policy", policy)
+
+
+def test_the_worker_survives_bad_rich_reprs_and_hooks(server):
+    """User hooks are user code: a `_repr_png_` returning an int (which killed the worker
+    and every variable), a raising `__repr__`, a `_repr_html_` returning bytes, a raising
+    `_repr_markdown_` and a raising `__del__` leave the session's state intact."""
+
+    async def scenario(c):
+        await c.py("keep = 41")
+        png = await c.py("class X:\n def _repr_png_(self): return 5\nX()")
+        assert png["status"] == "completed", png
+        shown = str(png.get("display"))
+        assert "_repr_png_ failed: TypeError: returned int, not bytes" in shown, png
+        for code in (
+            "class Y:\n def __repr__(self): raise ValueError('bad repr')\nY()",
+            "class Z:\n def _repr_html_(self): return b'<b>z</b>'\nZ()",
+            "class V:\n def _repr_markdown_(self): raise KeyError('md')\nV()",
+            "class W:\n def __del__(self): raise RuntimeError('del')\nw = W()\ndel w",
+        ):
+            r = await c.py(code)
+            assert r["status"] == "completed", (code, r)
+            assert (await c.py("keep + 1"))["value"] == "42", code
+        html = await c.py("Z()")
+        assert "<b>z</b>" in str(html.get("display")) or "<b>z</b>" in str(html), html
+
+    server.run(scenario)
