@@ -107,6 +107,8 @@ pub async fn install(
     let policy = Arc::new(policy::extend(session_policy, &grants));
 
     let mut cmd = SandboxCommand::new(policy.clone(), &uv.path);
+    // uv itself (not the build hooks it runs) may borrow the index credentials.
+    cmd.proxy_trusts_target(true);
     cmd.args(["pip", "install", "--python"]).arg(venv.python());
     if req.upgrade {
         cmd.arg("--upgrade");

@@ -394,6 +394,7 @@ async fn build_env(
     if !req.dependencies.is_empty() || pep723 {
         let mut install = SandboxCommand::new(policy.clone(), &uv.path);
         install
+            .proxy_trusts_target(true)
             .args(["pip", "install", "--quiet", "--python"])
             .arg(&python)
             .args(cfg.sources.args());
