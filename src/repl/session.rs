@@ -437,6 +437,7 @@ impl Session {
             exit_code: None,
             state_lost: earlier_loss.is_some(),
             state_note: earlier_loss,
+            denied: worker.take_denials(),
             elapsed,
         };
         match reply {
