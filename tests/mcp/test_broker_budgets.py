@@ -79,8 +79,8 @@ def flood(n, out):
             break
         s.sendall(b'CONNECT half')
         socks.append(s)
-    # Admitted ones hear nothing yet; every answer is reported: '4' for a 429 (the
-    # first one's words too), '?' for anything else.
+    # Admitted ones hear nothing yet; every answer is reported: 'R' for a 429 (the
+    # first one's words too, hex-encoded), '?' for anything else.
     pending, said = set(socks), False
     while not os.path.exists(stop):
         ready, _, _ = select.select(list(pending), [], [], 0.5)
@@ -88,9 +88,9 @@ def flood(n, out):
             pending.discard(s)
             text = s.recv(4096).decode(errors='replace')
             ok = text.startswith('HTTP/1.1 429')
-            os.write(out, b'4' if ok else b'?')
+            os.write(out, b'R' if ok else b'?')
             if ok and not said:
-                os.write(out, ('|' + ' '.join(text.split()) + '|').encode())
+                os.write(out, ('|' + ' '.join(text.split()).encode().hex() + '|').encode())
                 said = True
     os._exit(0)
 
@@ -102,10 +102,10 @@ for _ in range(2):
 os.close(w)
 # Wait until every connection over the budget was refused (a hang guard only).
 got, deadline = b'', time.monotonic() + 120
-while got.count(b'4') < 1500 - BUDGET and got.count(b'!') < 2 and time.monotonic() < deadline:
+while got.count(b'R') < 1500 - BUDGET and got.count(b'!') < 2 and time.monotonic() < deadline:
     got += os.read(r, 65536)
-words = got.split(b'|')[1].decode() if b'|' in got else 'none'
-print('FLOOD READY', got.count(b'4'), got.count(b'?') + got.count(b'!') // 2, words, flush=True)
+words = bytes.fromhex(got.split(b'|')[1].decode()).decode() if b'|' in got else 'none'
+print('FLOOD READY', got.count(b'R'), got.count(b'?') + got.count(b'!') // 2, words, flush=True)
 while not os.path.exists(stop):
     time.sleep(0.1)
 os.wait(); os.wait()
@@ -141,8 +141,9 @@ def test_a_job_flooding_its_broker_is_refused_and_the_server_keeps_working(serve
             out += job["stdout"]["text"]
         ready = out.split("FLOOD READY ", 1)[1].splitlines()[0]
         refused, other, words = ready.split(" ", 2)
-        # 1,500 connections, 128 admitted: every other one was refused, in words.
-        assert (int(refused), int(other)) == (1500 - 128, 0), ready
+        # 1,500 connections, 128 admitted: every other one was refused, in words. (The
+        # admitted ones are answered 408 once their head is 30 s late: `other` counts those.)
+        assert int(refused) == 1500 - 128, ready
         assert "429 Too Many Requests" in words and "this job already holds 128 connections" in words, words
 
         # Meanwhile: a new session, a shell job and an install, each in a session of its own.
