@@ -492,10 +492,7 @@ impl App {
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
             .map(|(_, base)| base.policy.clone());
-        let denied = match cached {
-            Some(policy) => denials(&snapshot, &policy),
-            None => Vec::new(),
-        };
+        let denied = denials(&snapshot, cached.as_deref());
         if snapshot.status.is_finished()
             && let Some(session) = &snapshot.session
         {
@@ -520,10 +517,11 @@ impl App {
     }
 }
 
-/// For a job that failed, what the sandbox blocked, in words, if the output it shows or
-/// its traceback shows a denial (the kernel itself only answers EACCES/EROFS/EPERM).
-fn denials(snap: &JobSnapshot, policy: &ResolvedPolicy) -> Vec<String> {
-    // What a network broker refused, recorded by installs and scripts in their result.
+/// What the sandbox blocked, in words: the network broker's refusals (any job in proxy
+/// mode), and, for a job that failed, denials its output or traceback shows (the kernel
+/// itself only answers EACCES/EROFS/EPERM), once the policy to explain them is known.
+fn denials(snap: &JobSnapshot, policy: Option<&ResolvedPolicy>) -> Vec<String> {
+    // What a network broker refused, recorded in the job's result (every kind of job).
     let mut broker: Vec<String> = snap
         .result
         .as_ref()
@@ -535,7 +533,9 @@ fn denials(snap: &JobSnapshot, policy: &ResolvedPolicy) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default();
-    broker.extend(explained_denials(snap, policy));
+    if let Some(policy) = policy {
+        broker.extend(explained_denials(snap, policy));
+    }
     broker
 }
 

@@ -2,7 +2,8 @@
 //! `ALL_PROXY`, `NO_PROXY`, credentials included) and package-index credentials
 //! (`UV_INDEX_URL=https://user:pass@...`, `UV_INDEX_<NAME>_USERNAME/PASSWORD`, ...).
 //! The broker chains to the upstream proxy itself and adds an index's `Authorization`
-//! header to plain-HTTP requests for that index's host; jobs never see either.
+//! header to the installer's own plain-HTTP reads of that index (see `conn`); jobs never
+//! see either.
 
 use base64::Engine;
 
@@ -25,8 +26,55 @@ pub struct Upstream {
     pub https: Option<ProxyTarget>,
     /// `NO_PROXY` entries (lowercase, leading dot removed; `*` = everything).
     pub no_proxy: Vec<String>,
-    /// (host, port, `Authorization` value) of package indexes with credentials.
-    pub index_auth: Vec<(String, u16, String)>,
+    /// Package indexes with credentials.
+    pub index_auth: Vec<IndexAuth>,
+}
+
+/// One package index (or find-links page) with credentials: where, and the header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexAuth {
+    pub host: String,
+    pub port: u16,
+    /// The index URL's path without a trailing `/` (empty: the whole host).
+    pub path: String,
+    /// The `Authorization` value.
+    pub authorization: String,
+}
+
+impl IndexAuth {
+    /// Whether a request for `path` (origin form, query allowed) lies under this index's
+    /// path: segment-wise, with no dot segment and no encoded dot, slash or backslash
+    /// that a server might decode into a way out of it.
+    pub fn covers(&self, path: &str) -> bool {
+        let path = path.split(['?', '#']).next().unwrap_or_default();
+        let lower = path.to_ascii_lowercase();
+        if ["%2e", "%2f", "%5c", "\\"]
+            .iter()
+            .any(|bad| lower.contains(bad))
+            || path.split('/').any(|seg| seg == "." || seg == "..")
+        {
+            return false;
+        }
+        match path.strip_prefix(self.path.as_str()) {
+            Some(rest) => rest.is_empty() || rest.starts_with('/'),
+            None => false,
+        }
+    }
+
+    /// `http://host[:port]/path/` for messages.
+    pub fn url(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        let port = if self.port == 80 {
+            String::new()
+        } else {
+            format!(":{}", self.port)
+        };
+        format!("http://{host}{port}{}/", self.path)
+    }
 }
 
 /// Variables naming package indexes (space- or comma-separated URLs, maybe `name=url`).
@@ -137,8 +185,14 @@ impl Upstream {
                     .user
                     .as_deref()
                     .map(|user| basic(user, u.password.as_deref().unwrap_or("")));
-                if let Some(auth) = named.or(inline) {
-                    index_auth.push((u.host.clone(), u.port_or_default(), auth));
+                if let Some(authorization) = named.or(inline) {
+                    let path = u.rest.split(['?', '#']).next().unwrap_or_default();
+                    index_auth.push(IndexAuth {
+                        host: u.host.clone(),
+                        port: u.port_or_default(),
+                        path: path.trim_end_matches('/').to_string(),
+                        authorization,
+                    });
                 }
             }
         }
@@ -170,12 +224,15 @@ impl Upstream {
         }
     }
 
-    /// The `Authorization` value for a package index at `host:port`, if configured.
-    pub fn index_authorization(&self, host: &str, port: u16) -> Option<&str> {
+    /// The package indexes with credentials at `host:port`.
+    pub fn indexes_at<'a>(
+        &'a self,
+        host: &'a str,
+        port: u16,
+    ) -> impl Iterator<Item = &'a IndexAuth> + 'a {
         self.index_auth
             .iter()
-            .find(|(h, p, _)| h == host && *p == port)
-            .map(|(_, _, a)| a.as_str())
+            .filter(move |i| i.host == host && i.port == port)
     }
 }
 
@@ -215,14 +272,59 @@ mod tests {
             ("UV_INDEX_CORP_USERNAME", "svc"),
             ("UV_INDEX_CORP_PASSWORD", "tok"),
         ]);
+        let at = |h: &str, p: u16| {
+            u.indexes_at(h, p)
+                .map(|i| (i.path.clone(), i.authorization.clone()))
+                .collect::<Vec<_>>()
+        };
         assert_eq!(
-            u.index_authorization("127.0.0.1", 8123),
-            Some("Basic YWxpY2U6cHc=")
+            at("127.0.0.1", 8123),
+            [("/simple".to_string(), "Basic YWxpY2U6cHc=".to_string())]
         );
         assert_eq!(
-            u.index_authorization("pkgs.corp", 443),
-            Some("Basic c3ZjOnRvaw==")
+            at("pkgs.corp", 443),
+            [("/simple".to_string(), "Basic c3ZjOnRvaw==".to_string())]
         );
-        assert_eq!(u.index_authorization("x.org", 443), None);
+        assert!(at("x.org", 443).is_empty());
+    }
+
+    #[test]
+    fn an_index_covers_its_own_path_only() {
+        let idx = |path: &str| IndexAuth {
+            host: "h".into(),
+            port: 80,
+            path: path.into(),
+            authorization: String::new(),
+        };
+        let simple = idx("/simple");
+        for ok in [
+            "/simple",
+            "/simple/",
+            "/simple/pkg/",
+            "/simple/pkg/pkg-1.0.tar.gz#sha256=00",
+            "/simple/pkg/?format=json",
+        ] {
+            assert!(simple.covers(ok), "{ok}");
+        }
+        for bad in [
+            "/",
+            "/simplex/",
+            "/upload",
+            "/simple/../upload",
+            "/simple/./x",
+            "/simple/%2e%2e/upload",
+            "/simple/%2E%2e/upload",
+            "/simple/..%2fupload",
+            "/simple/..%2Fupload",
+            "/simple/..%5cupload",
+            "/simple/..\\upload",
+            "?/simple/",
+        ] {
+            assert!(!simple.covers(bad), "{bad}");
+        }
+        // A whole-host index (no path) still refuses dot segments.
+        assert!(idx("").covers("/anything/x"));
+        assert!(!idx("").covers("/a/../b"));
+        assert_eq!(simple.url(), "http://h/simple/");
     }
 }

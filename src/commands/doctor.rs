@@ -26,9 +26,37 @@ struct PolicyReport {
     error: Option<String>,
 }
 
+/// The open-file limit as this process has it, and what `serve` would make of it.
+#[derive(Debug, Serialize)]
+struct OpenFiles {
+    soft: u64,
+    hard: u64,
+    /// The server's soft limit after it raises it at start (the hard limit).
+    server_soft: u64,
+    /// The network broker's budgets that follow from it.
+    broker_per_job: usize,
+    broker_total: usize,
+}
+
+impl OpenFiles {
+    fn probe() -> OpenFiles {
+        let (soft, hard) = crate::sandbox::rlimits::open_files_limit();
+        let server_soft = hard.max(soft);
+        let budget = crate::broker::Limits::for_open_files(server_soft);
+        OpenFiles {
+            soft,
+            hard,
+            server_soft,
+            broker_per_job: budget.per_job,
+            broker_total: budget.total,
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     kernel: KernelSupport,
+    open_files: OpenFiles,
     policies: Vec<PolicyReport>,
 }
 
@@ -42,7 +70,11 @@ pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|(name, _)| policy_report(&kernel, name, &workspace))
         .collect();
-    let report = Report { kernel, policies };
+    let report = Report {
+        kernel,
+        open_files: OpenFiles::probe(),
+        policies,
+    };
     let mut out = std::io::stdout().lock();
     if args.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
@@ -174,6 +206,27 @@ fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
             cg.v2_controllers.join(" ")
         )?;
     }
+    let f = &r.open_files;
+    writeln!(out, "\nServer")?;
+    if f.server_soft > f.soft {
+        writeln!(
+            out,
+            "  open files    soft {}, hard {}: `serve` raises its soft limit to {} at start; \
+             jobs whose policy sets no limits.open_files keep {}",
+            f.soft, f.hard, f.server_soft, f.soft
+        )?;
+    } else {
+        writeln!(
+            out,
+            "  open files    soft {}, hard {}: already at the hard limit",
+            f.soft, f.hard
+        )?;
+    }
+    writeln!(
+        out,
+        "  broker        at most {} connections per job, {} for all jobs together",
+        f.broker_per_job, f.broker_total
+    )?;
     writeln!(out, "\nPolicies (what is enforced on this machine)")?;
     for p in &r.policies {
         writeln!(out, "  {}: {}", p.name, p.description)?;

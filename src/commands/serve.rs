@@ -29,6 +29,11 @@ pub enum StartError {
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = config(args)?;
     check_paths(&config)?;
+    // The soft open-file limit up to the hard one, before the spawn helper forks (jobs
+    // get the old soft limit back unless their policy sets one). Raising a soft limit
+    // up to the hard one needs no privilege; should it fail, the broker's budgets are
+    // computed from the limit there is (logged at start).
+    let _ = crate::sandbox::rlimits::raise_open_files_limit();
     // Still single-threaded here: the spawn helper is a fork, not an exec.
     crate::sandbox::zygote::start_early();
     let served = server::serve(config);

@@ -97,16 +97,19 @@ pub async fn install(
     std::fs::create_dir_all(&cache)
         .map_err(|e| EnvError::io(format!("creating {}", cache.display()), e))?;
     let read = cfg.sources.local_dirs();
+    let uv_bin = uv.sealed(cfg);
     let grants = Grants {
         write: vec![venv.root().to_path_buf(), cache],
         read,
-        execute: vec![uv.path.clone(), cfg.python.clone()],
+        execute: vec![uv_bin.clone(), cfg.python.clone()],
         network: cfg.sources.needs_network(),
         confine_writes: true,
     };
     let policy = Arc::new(policy::extend(session_policy, &grants));
 
-    let mut cmd = SandboxCommand::new(policy.clone(), &uv.path);
+    let mut cmd = SandboxCommand::new(policy.clone(), &uv_bin);
+    // uv itself (not the build hooks it runs) may borrow the index credentials.
+    cmd.proxy_trusts_target(true);
     cmd.args(["pip", "install", "--python"]).arg(venv.python());
     if req.upgrade {
         cmd.arg("--upgrade");

@@ -371,18 +371,19 @@ async fn build_env(
     }
     let mut read = vec![script.to_path_buf()];
     read.extend(cfg.sources.local_dirs());
+    let uv_bin = uv.sealed(cfg);
     let policy = Arc::new(policy::extend(
         session_policy,
         &Grants {
             write,
             read,
-            execute: vec![uv.path.clone(), cfg.python.clone()],
+            execute: vec![uv_bin.clone(), cfg.python.clone()],
             network: cfg.sources.needs_network(),
             confine_writes: true,
         },
     ));
     let python = dir.join("bin").join("python");
-    let mut venv = SandboxCommand::new(policy.clone(), &uv.path);
+    let mut venv = SandboxCommand::new(policy.clone(), &uv_bin);
     venv.args(["venv", "--quiet", "--python"]);
     match &req.python_version {
         Some(v) => venv.arg(v),
@@ -392,8 +393,9 @@ async fn build_env(
     uv.apply_env(&mut venv, cfg, &policy);
     let mut steps = vec![venv];
     if !req.dependencies.is_empty() || pep723 {
-        let mut install = SandboxCommand::new(policy.clone(), &uv.path);
+        let mut install = SandboxCommand::new(policy.clone(), &uv_bin);
         install
+            .proxy_trusts_target(true)
             .args(["pip", "install", "--quiet", "--python"])
             .arg(&python)
             .args(cfg.sources.args());

@@ -127,6 +127,28 @@ impl Uv {
         env
     }
 
+    /// The uv binary installs run: a copy of [`Uv::path`] in `<state_dir>/uv-bin` with
+    /// mode `0111` (execute, no read), made once per uv binary. A process that execs a
+    /// file it may not read is not dumpable (the kernel's `would_dump`; the job holds no
+    /// capability that would let it read it), so the build hooks uv starts — same uid,
+    /// same sandbox — can neither see uv in their `/proc` (mounted `hidepid=ptraceable`)
+    /// nor read or write its memory through `/proc/<pid>/mem`: uv's own connections,
+    /// the only ones the broker lends index credentials to, stay uv's. If the copy cannot
+    /// be made, uv itself runs (logged).
+    pub fn sealed(&self, cfg: &EnvConfig) -> PathBuf {
+        match seal(&self.path, &cfg.state_dir.join("uv-bin")) {
+            Ok(path) => path,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot make the execute-only copy of {} for installs ({e}); build hooks \
+                     may read and write the uv process's memory",
+                    self.path.display()
+                );
+                self.path.clone()
+            }
+        }
+    }
+
     /// Set [`Uv::env`] on a command, and a `PATH` with only the directories `policy`
     /// lets it execute from (see [`super::policy::sandbox_path`]).
     pub fn apply_env(&self, cmd: &mut SandboxCommand, cfg: &EnvConfig, policy: &ResolvedPolicy) {
@@ -139,6 +161,47 @@ impl Uv {
             super::policy::sandbox_path(policy, &cfg.python, path.as_deref()),
         );
     }
+}
+
+/// The execute-only copy of `src` in `dir` (see [`Uv::sealed`]), named after the
+/// source's identity so a changed uv gets a new one; copies of other uv binaries there
+/// are removed.
+fn seal(src: &Path, dir: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let meta = std::fs::metadata(src)?;
+    let name = format!(
+        "uv-{}-{}-{}-{}.{}",
+        meta.dev(),
+        meta.ino(),
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec()
+    );
+    let dest = dir.join(&name);
+    if let Ok(m) = std::fs::symlink_metadata(&dest)
+        && m.is_file()
+        && m.len() == meta.len()
+        && m.mode() & 0o7777 == 0o111
+    {
+        return Ok(dest);
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let mut tmp = tempfile::Builder::new().prefix(".uv-").tempfile_in(dir)?;
+    std::io::copy(&mut std::fs::File::open(src)?, tmp.as_file_mut())?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o111))?;
+    // Closed before anything execs it (a file open for writing cannot be executed).
+    drop(tmp.persist(&dest).map_err(|e| e.error)?);
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let other = entry.file_name();
+        if other != name.as_str() && other.to_string_lossy().starts_with("uv-") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    Ok(dest)
 }
 
 /// Variables [`Uv::env`] sets itself (a user's value for these is not forwarded).
@@ -327,6 +390,27 @@ mod tests {
         let uv = Uv::locate(None).expect("uv is installed on this machine");
         assert!(!is_script(&uv.path), "{} is a script", uv.path.display());
         assert!(uv.version.starts_with("uv "), "{}", uv.version);
+    }
+
+    #[test]
+    fn the_sealed_copy_is_execute_only_and_made_once_per_binary() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::test_support::scratch_dir("uv-seal");
+        let src = dir.path().join("uv");
+        std::fs::write(&src, b"#!/bin/sh\necho uv 0.0.0\n").unwrap();
+        std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = dir.path().join("bin");
+        let first = seal(&src, &bin).unwrap();
+        let meta = std::fs::metadata(&first).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o111);
+        assert_eq!(seal(&src, &bin).unwrap(), first);
+        // Another uv binary: a new copy, the old one removed.
+        std::fs::write(&src, b"#!/bin/sh\necho uv 0.0.1 (longer)\n").unwrap();
+        let second = seal(&src, &bin).unwrap();
+        assert_ne!(second, first);
+        assert!(!first.exists());
+        let left: Vec<_> = std::fs::read_dir(&bin).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "{left:?}");
     }
 
     #[test]

@@ -489,6 +489,8 @@ async fn supervise(
     handle: JobHandle,
     private_tmp: Option<PathBuf>,
 ) {
+    // What the job's network broker refused (proxy mode), read after the end.
+    let denials = child.network_denials();
     // `wait` kills whatever is left of the group and cgroup (background processes,
     // children that ignored SIGTERM): nothing the job started outlives it.
     let report = child.wait().await;
@@ -506,7 +508,16 @@ async fn supervise(
     // Wake the waiting call first (it answers from memory, and it sits in this worker's
     // next slot), then write the job's files: `result.json` and the index line are off
     // the answer's path, as for Python cells.
-    if handle.finish_unpersisted(outcome(&report)) {
+    let mut outcome = outcome(&report);
+    let denied = denials
+        .map(|d| d.lock().map(|d| d.clone()).unwrap_or_default())
+        .unwrap_or_default();
+    if !denied.is_empty()
+        && let Some(serde_json::Value::Object(result)) = outcome.result.as_mut()
+    {
+        result.insert("denied".into(), serde_json::json!(denied));
+    }
+    if handle.finish_unpersisted(outcome) {
         tokio::task::yield_now().await;
         handle.persist();
     }

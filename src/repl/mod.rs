@@ -163,6 +163,10 @@ pub struct CellOutcome {
     /// Why this cell ran in a fresh worker, in words (only for that case; a cell whose own
     /// worker died says so in `worker_exit`).
     pub state_note: Option<String>,
+    /// What the network broker refused (proxy mode) since the session's previous cell,
+    /// in words.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub denied: Vec<String>,
     #[serde(rename = "elapsed_ms", serialize_with = "as_millis")]
     pub elapsed: Duration,
 }

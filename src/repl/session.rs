@@ -441,6 +441,7 @@ impl Session {
                     format!("this branch shares with the parent cell's other branches: {s}")
                 })
             }),
+            denied: worker.take_denials(),
             elapsed,
         };
         match reply {

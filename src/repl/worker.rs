@@ -20,6 +20,7 @@ use super::pump::{Pending, Shared, kill_group, lock, pump, write_requests};
 use super::snapshot::{self, Forked, Snapshot};
 use super::{CellSink, OutStream, ReplError};
 use crate::sandbox::pidns::host_pid;
+use crate::sandbox::proxy::Denials;
 use crate::sandbox::{Pidfd, ResolvedPolicy, SandboxCommand, SandboxedChild};
 
 /// The worker driver, embedded so the binary is self-contained.
@@ -137,7 +138,8 @@ impl Worker {
             stderr,
             control,
         };
-        let worker = Self::attach(pid, Some(child), None, fds, spec.policy.clone())?;
+        let denials = child.network_denials();
+        let worker = Self::attach(pid, Some(child), None, fds, spec.policy.clone(), denials)?;
         // First on the pipe, ahead of any request (the channel keeps the order).
         let _ = worker.requests.send(driver.to_vec());
         Ok(worker)
@@ -148,10 +150,12 @@ impl Worker {
     /// process tree is killed through the root it descends from).
     /// `reference` is a process (host pid) of the same process tree: the snapshot reports
     /// the pid it forked as its PID namespace numbers it.
+    /// `denials`: those of the tree's network broker (its root's), shared.
     pub fn adopt(
         mut forked: Forked,
         reference: Option<u32>,
         policy: Arc<ResolvedPolicy>,
+        denials: Option<Denials>,
     ) -> Result<Worker, ReplError> {
         if let Some(reference) = reference {
             forked.pid = host_pid(reference, forked.pid).ok_or_else(|| ReplError::Io {
@@ -172,7 +176,7 @@ impl Worker {
             stderr: forked.stderr,
             control: Some(forked.control),
         };
-        Self::attach(forked.pid, None, Some(sigfd), fds, policy)
+        Self::attach(forked.pid, None, Some(sigfd), fds, policy, denials)
     }
 
     fn attach(
@@ -181,6 +185,7 @@ impl Worker {
         sigfd: Option<Pidfd>,
         fds: Fds,
         policy: Arc<ResolvedPolicy>,
+        denials: Option<Denials>,
     ) -> Result<Worker, ReplError> {
         let exit_fd = match (&child, &sigfd) {
             (Some(child), _) => child.exit_fd(),
@@ -197,6 +202,7 @@ impl Worker {
             ready,
             pid,
             sigfd,
+            denials,
             retired: AtomicBool::new(false),
             control: fds.control,
             on_snapshot: Mutex::new(None),
@@ -233,6 +239,21 @@ impl Worker {
         tokio::spawn(write_requests(rx, req_tx));
         tokio::spawn(pump(shared, ev_rx, out_rx, err_rx, pidfd));
         Ok(worker)
+    }
+
+    /// What the network broker of this worker's tree refused since the last call
+    /// (proxy mode), taken: each line is reported once.
+    pub fn take_denials(&self) -> Vec<String> {
+        self.shared
+            .denials
+            .as_ref()
+            .map(|d| std::mem::take(&mut *d.lock().unwrap_or_else(|p| p.into_inner())))
+            .unwrap_or_default()
+    }
+
+    /// The broker denials of this worker's tree (shared with the workers forked from it).
+    pub fn network_denials(&self) -> Option<Denials> {
+        self.shared.denials.clone()
     }
 
     /// Where this worker's snapshots go: `hook(worker pid, cell, snapshot or why none)`.

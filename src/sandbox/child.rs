@@ -123,6 +123,26 @@ impl SandboxedChild {
         if self.pgid == self.pid {
             return self.pid;
         }
+        // The init's children: the target (pid 2 of the namespace) and orphans it adopted.
+        let init = self.pgid;
+        if let Ok(children) = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
+        {
+            let target = children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok())
+                .find(|c| {
+                    std::fs::read_to_string(format!("/proc/{c}/status"))
+                        .ok()
+                        .and_then(|status| {
+                            let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+                            Some(line.split_whitespace().last()? == "2")
+                        })
+                        .unwrap_or(false)
+                });
+            if let Some(target) = target {
+                return target;
+            }
+        }
         let Ok(entries) = std::fs::read_dir("/proc") else {
             return self.pid;
         };

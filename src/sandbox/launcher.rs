@@ -77,6 +77,10 @@ pub struct LaunchSpec {
     pub view_mounts_proc: bool,
     /// The spawning process: the launcher dies with it (`pidns`).
     pub parent_pid: u32,
+    /// The soft open-file limit the server had before raising its own: the job's, when
+    /// its policy sets none (`rlimits::rlimit_plan`).
+    #[serde(default)]
+    pub inherited_open_files: Option<u64>,
 }
 
 /// Launcher mode: apply the sandbox, exec the target. Never returns.
@@ -236,7 +240,12 @@ fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), Setup
     }
     // SAFETY: getuid cannot fail.
     let root = unsafe { libc::getuid() } == 0;
-    apply_rlimits(&rlimit_plan(&policy.limits, spec.memory_cgroup, root))?;
+    apply_rlimits(&rlimit_plan(
+        &policy.limits,
+        spec.memory_cgroup,
+        root,
+        spec.inherited_open_files,
+    ))?;
     if policy.drop_capabilities {
         drop_all_capabilities()?;
     }

@@ -7,7 +7,6 @@
 //!
 //! Without a registered provider a proxy-mode spawn fails closed.
 
-use std::any::Any;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -25,7 +24,29 @@ pub struct ProxyNetwork {
     /// Where the broker writes what it refused.
     pub denials: Denials,
     /// Dropped when the job's child handle is: stops the broker and frees the namespace.
-    pub guard: Box<dyn Any + Send + Sync>,
+    pub job: Box<dyn ProxyJob>,
+}
+
+/// What a job asks of its broker.
+#[derive(Debug, Clone, Copy)]
+pub struct ProxyRequest<'a> {
+    /// The policy's name, for the broker's words.
+    pub policy: &'a str,
+    /// Hosts the broker may connect to (entries of `sandbox::allow`).
+    pub allow: &'a [String],
+    /// Whether the process the launcher execs (that process alone, not its children) is
+    /// the server's own trusted client, to which the broker may lend the server's
+    /// credentials (it decides which requests qualify). The broker is told its pid once
+    /// it runs ([`ProxyJob::target_started`]).
+    pub trust_target: bool,
+}
+
+/// One job's broker, as the sandbox holds it: dropped with the job's child handle,
+/// which stops the broker.
+pub trait ProxyJob: Send + Sync {
+    /// The launcher exec'd the job's target: `pid` is that process as the server sees
+    /// it. Called only when the request asked for `trust_target`.
+    fn target_started(&self, pid: u32);
 }
 
 /// Why a provider could not set up a job's network.
@@ -44,8 +65,8 @@ pub enum ProxyError {
 
 /// Starts one broker per job. Implemented by `crate::broker`, registered at start.
 pub trait ProxyProvider: Send + Sync {
-    /// A fresh namespace and broker for a job of `policy` allowed to reach `allow`.
-    fn start(&self, policy: &str, allow: &[String]) -> Result<ProxyNetwork, ProxyError>;
+    /// A fresh namespace and broker for one job.
+    fn start(&self, request: &ProxyRequest<'_>) -> Result<ProxyNetwork, ProxyError>;
 }
 
 static PROVIDER: OnceLock<Box<dyn ProxyProvider>> = OnceLock::new();
@@ -56,11 +77,11 @@ pub fn set_proxy_provider(provider: Box<dyn ProxyProvider>) {
 }
 
 /// Start a proxy network for one job, or say why not.
-pub(crate) fn start_proxy(policy: &str, allow: &[String]) -> Result<ProxyNetwork, ProxyError> {
+pub(crate) fn start_proxy(request: &ProxyRequest<'_>) -> Result<ProxyNetwork, ProxyError> {
     match PROVIDER.get() {
-        Some(p) => p.start(policy, allow),
+        Some(p) => p.start(request),
         None => Err(ProxyError::NoBroker {
-            policy: policy.to_string(),
+            policy: request.policy.to_string(),
         }),
     }
 }
@@ -68,14 +89,11 @@ pub(crate) fn start_proxy(policy: &str, allow: &[String]) -> Result<ProxyNetwork
 /// Held by a [`SandboxedChild`](super::SandboxedChild): the broker lives while it does.
 pub struct ProxyGuard {
     pub denials: Denials,
-    _guard: Box<dyn Any + Send + Sync>,
+    _job: Box<dyn ProxyJob>,
 }
 
 impl ProxyGuard {
-    pub(crate) fn new(denials: Denials, guard: Box<dyn Any + Send + Sync>) -> Self {
-        ProxyGuard {
-            denials,
-            _guard: guard,
-        }
+    pub(crate) fn new(denials: Denials, job: Box<dyn ProxyJob>) -> Self {
+        ProxyGuard { denials, _job: job }
     }
 }

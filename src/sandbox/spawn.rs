@@ -22,7 +22,7 @@ use super::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes, run_spec};
 use super::mounts::{MountView, PreparedView, prepare_view};
 use super::policy::KernelSupportMode;
 use super::pool::Pool;
-use super::proxy::{ProxyGuard, start_proxy};
+use super::proxy::{ProxyGuard, ProxyRequest, start_proxy};
 use super::resolve::{NetworkPolicy, ResolvedPolicy};
 
 /// Builder for one sandboxed process, like `std::process::Command`.
@@ -38,6 +38,7 @@ pub struct SandboxCommand {
     stderr: Option<Io>,
     enforce_wall_time: bool,
     view_made_ahead: bool,
+    proxy_trusts_target: bool,
 }
 
 impl SandboxCommand {
@@ -54,6 +55,7 @@ impl SandboxCommand {
             stderr: None,
             enforce_wall_time: true,
             view_made_ahead: false,
+            proxy_trusts_target: false,
         }
     }
     pub fn arg(&mut self, arg: impl Into<OsString>) -> &mut Self {
@@ -106,6 +108,16 @@ impl SandboxCommand {
         self
     }
 
+    /// Whether the network broker (proxy mode) may treat the program this command execs
+    /// — that process alone, never its children or anything it later runs — as the
+    /// server's own trusted client, and lend it the server's credentials where the
+    /// broker's rules allow (the installer: `uv` itself, not its build hooks). Off by
+    /// default; without proxy mode it changes nothing.
+    pub fn proxy_trusts_target(&mut self, on: bool) -> &mut Self {
+        self.proxy_trusts_target = on;
+        self
+    }
+
     /// Start the process. Returns once the target has been exec'd (or the launcher
     /// reported why it could not be). Blocks for the launcher's setup (about a
     /// millisecond); async callers may prefer `spawn_blocking`.
@@ -152,7 +164,11 @@ impl SandboxCommand {
         // Proxy mode: the broker's namespace and listener, made before anything else
         // that would need undoing.
         let proxy = match &policy.network {
-            NetworkPolicy::Proxy { allow } => Some(start_proxy(&policy.name, allow)?),
+            NetworkPolicy::Proxy { allow } => Some(start_proxy(&ProxyRequest {
+                policy: &policy.name,
+                allow,
+                trust_target: self.proxy_trusts_target,
+            })?),
             _ => None,
         };
         let pooled_netns = super::launcher::private_network(policy)
@@ -204,6 +220,7 @@ impl SandboxCommand {
             view_fd: prepared_view.as_ref().map(|_| view_target),
             view_mounts_proc: prepared_view.as_ref().is_some_and(|v| v.mounts_proc()),
             parent_pid: std::process::id(),
+            inherited_open_files: super::rlimits::open_files_at_start(),
         };
         let [stdin, stdout, stderr] = [
             (self.stdin, Direction::ToChild),
@@ -296,7 +313,12 @@ impl SandboxCommand {
         )
         .map_err(spawn_err)?;
         if let Some(proxy) = proxy {
-            child.set_proxy(ProxyGuard::new(proxy.denials, proxy.guard));
+            if self.proxy_trusts_target {
+                // The target has been exec'd (the status pipe reached EOF): in a PID
+                // namespace it is the init's only child so far.
+                proxy.job.target_started(child.main_pid());
+            }
+            child.set_proxy(ProxyGuard::new(proxy.denials, proxy.job));
         }
         Ok(child)
     }

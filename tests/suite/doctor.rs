@@ -125,3 +125,37 @@ fn policies_are_reported_enforced_here() {
     assert!(text.contains("workspace-write"), "{text}");
     assert!(!text.contains("NOT ENFORCED"), "{text}");
 }
+
+/// The open-file limit doctor reports is the one it runs with, and it says what the
+/// server makes of it: under `prlimit --nofile=1024:4096`, soft 1024 and hard 4096, the
+/// server's soft limit raised to 4096, jobs without a policy limit keeping 1024.
+#[test]
+fn open_files_are_reported_with_the_servers_raise() {
+    let out = Command::new("prlimit")
+        .args(["--nofile=1024:4096", "--"])
+        .arg(bin())
+        .arg("doctor")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("open files    soft 1024, hard 4096: `serve` raises its soft limit to 4096 at start; jobs whose policy sets no limits.open_files keep 1024"),
+        "{text}"
+    );
+    let out = Command::new("prlimit")
+        .args(["--nofile=1024:4096", "--"])
+        .arg(bin())
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let f = &v["open_files"];
+    assert_eq!(
+        (f["soft"].as_u64(), f["hard"].as_u64()),
+        (Some(1024), Some(4096)),
+        "{f}"
+    );
+    assert_eq!(f["server_soft"].as_u64(), Some(4096), "{f}");
+    assert_eq!(f["broker_per_job"].as_u64(), Some(128), "{f}");
+}

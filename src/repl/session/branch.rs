@@ -146,16 +146,17 @@ impl Session {
 
     /// A live process (host pid) of process tree `tree`: its root's Python process.
     fn tree_reference(inner: &Inner, tree: u32) -> Option<u32> {
-        inner
-            .roots
-            .get(&tree)
-            .or_else(|| {
-                inner
-                    .worker
-                    .as_ref()
-                    .filter(|w| w.is_root() && w.pid == tree)
-            })
-            .map(|root| root.python_pid())
+        Self::tree_root(inner, tree).map(|root| root.python_pid())
+    }
+
+    /// The spawned worker at the root of process tree `tree`, if it is still known.
+    fn tree_root(inner: &Inner, tree: u32) -> Option<&Arc<Worker>> {
+        inner.roots.get(&tree).or_else(|| {
+            inner
+                .worker
+                .as_ref()
+                .filter(|w| w.is_root() && w.pid == tree)
+        })
     }
 
     /// The head died: its process tree goes with it (snapshots included).
@@ -381,11 +382,18 @@ impl Session {
             }
         };
         // A process of the snapshot's tree, to translate the pid the snapshot reports.
-        let reference = Self::tree_reference(&self.inner(), tree);
+        let (reference, denials) = {
+            let inner = self.inner();
+            (
+                Self::tree_reference(&inner, tree),
+                Self::tree_root(&inner, tree).and_then(|root| root.network_denials()),
+            )
+        };
         let w = Arc::new(Worker::adopt(
             forked,
             reference,
             self.env.spec.policy.clone(),
+            denials,
         )?);
         w.on_snapshot(self.snapshot_hook());
         if let Err(e) = w.wait_ready(self.env.start_timeout).await {
