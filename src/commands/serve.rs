@@ -408,7 +408,10 @@ mod tests {
         assert_eq!(budgets.sessions.handshake, Duration::from_secs(2));
         assert_eq!(budgets.sessions.idle, Duration::from_secs(7));
         assert_eq!(budgets.max_connections, None);
-        assert_eq!(budgets.header_timeout, HttpBudgets::default().header_timeout);
+        assert_eq!(
+            budgets.header_timeout,
+            HttpBudgets::default().header_timeout
+        );
     }
 
     #[test]
@@ -486,9 +489,14 @@ mod tests {
         ]);
         assert_eq!(c.app.policy, "workspace-write");
         match c.transport {
-            server::Transport::Http { listen, auth } => {
+            server::Transport::Http {
+                listen,
+                auth,
+                budgets,
+            } => {
                 assert_eq!(listen.port(), 9);
                 assert_eq!(auth, HttpAuth::Token("t".into()));
+                assert_eq!(budgets, HttpBudgets::default());
             }
             other => panic!("{other:?}"),
         }

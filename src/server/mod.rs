@@ -100,9 +100,7 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
             listen,
             auth,
             budgets,
-        } => {
-            transport::serve_http(app.clone(), listen, auth, budgets, shutdown.clone()).await
-        }
+        } => transport::serve_http(app.clone(), listen, auth, budgets, shutdown.clone()).await,
     };
     shutdown.cancel();
     app.shutdown().await;

@@ -178,7 +178,7 @@ fn plain(status: StatusCode, text: &str) -> Response<HttpBody> {
     resp
 }
 
-/// The HTTP transport's budgets (see `docs/http.md`... the README's HTTP section).
+/// The HTTP transport's budgets (the `--http-*` flags; the README's HTTP section).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpBudgets {
     /// Connections open at once; `None`: [`conns::cap_for`] picks one from the open-file limit.
@@ -289,7 +289,9 @@ pub async fn serve_http(
     );
     match (&token, &token_file) {
         (Some(_), None) => {
-            tracing::info!("MCP over streamable HTTP at {url} (bearer token from --token; {limits})")
+            tracing::info!(
+                "MCP over streamable HTTP at {url} (bearer token from --token; {limits})"
+            )
         }
         (Some(_), Some(path)) => tracing::info!(
             "MCP over streamable HTTP at {url}; send `Authorization: Bearer <token>` with the token in {} (generated for this run; pass --token to choose one; {limits})",
@@ -303,7 +305,7 @@ pub async fn serve_http(
         && n as u64 >= limit / 2
     {
         tracing::warn!(
-            "--http-max-connections {n} is near this process's open-file limit ({limit}): idle connections could leave sessions and jobs without descriptors; accepts pause and the longest-idle connection is closed when the limit is reached"
+            "--http-max-connections {n} is more than half this process's open-file limit ({limit}): idle connections could leave sessions and jobs without descriptors; accepts pause and the longest-idle connection is closed when the limit is reached"
         );
     }
     let router = Router {
@@ -493,7 +495,11 @@ async fn route(router: Router, req: Request<Incoming>) -> Response<HttpBody> {
         }
     }
     // Every client that passes the check is one principal for now.
-    let principal = Principal::new(if router.token.is_some() { "bearer" } else { "anonymous" });
+    let principal = Principal::new(if router.token.is_some() {
+        "bearer"
+    } else {
+        "anonymous"
+    });
     // rmcp checks Host and Origin (403 for a cross-origin browser request) before MCP.
     // Only a POST without a session id can start a session (an `initialize`): its body is
     // read here to see, and a new session admitted before rmcp creates it.
@@ -568,6 +574,26 @@ mod tests {
             tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
         client.unwrap();
         accepted.unwrap();
+    }
+
+    /// Only an `initialize` request (the message that opens a session) is admitted against
+    /// the session cap; notifications, other requests, batches and garbage are not.
+    #[test]
+    fn only_an_initialize_request_starts_a_session() {
+        assert!(is_initialize(
+            br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#
+        ));
+        assert!(!is_initialize(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#
+        ));
+        assert!(!is_initialize(
+            br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#
+        ));
+        assert!(!is_initialize(
+            br#"[{"jsonrpc":"2.0","id":1,"method":"initialize"}]"#
+        ));
+        assert!(!is_initialize(b"initialize"));
+        assert!(!is_initialize(b""));
     }
 
     #[test]
