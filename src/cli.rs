@@ -28,7 +28,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the MCP server (the default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run one command under a policy and report how it ended (the CI runner).
     Run(RunArgs),
     /// Report what this kernel supports and what each shipped policy enforces here.
@@ -254,7 +254,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         None => commands::serve::serve(cli.serve),
-        Some(Command::Serve(args)) => commands::serve::serve(args),
+        Some(Command::Serve(args)) => commands::serve::serve(*args),
         Some(Command::Run(args)) => commands::run::run(args),
         Some(Command::Doctor(args)) => commands::doctor::doctor(args),
         Some(Command::Policy(cmd)) => commands::policy::policy(cmd),

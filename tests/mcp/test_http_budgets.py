@@ -257,7 +257,7 @@ ABANDONED = int(os.environ.get("MCP_TEST_ABANDONED_SESSIONS", "2000"))
 
 def test_abandoned_sessions_are_closed_and_their_memory_returned(server):
     """2,000 `initialize` POSTs whose client closes the socket and never sends
-    `initialized` (10,000 in tests/bench/http.py): each leaves an MCP session (≈50 KB);
+    `initialized` (10,000 in tests/bench/http_budgets.py): each leaves an MCP session (≈50 KB);
     after the handshake timeout all are closed and the server's RSS is back within 20 MB of
     what it was before the flood."""
     proc, url, port, log = start_http(
