@@ -69,6 +69,9 @@ impl Drop for ConnectionEnd {
     fn drop(&mut self) {
         self.closing.cancel();
         self.tasks.shutdown();
+        tracing::debug!(
+            "MCP connection ended: its waits, subscriptions and task followers stopped"
+        );
     }
 }
 

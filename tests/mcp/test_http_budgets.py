@@ -189,6 +189,8 @@ def test_idle_connections_make_room_at_the_cap(server):
         while (n := count_closed(idle)) < IDLE - 64:
             assert time.monotonic() < deadline, f"only {n} idle connections were closed"
             time.sleep(0.2)
+        for s in idle:
+            s.close()
     finally:
         stop(proc)
     assert log.stat().st_size < 1_000_000
@@ -210,8 +212,9 @@ def test_a_slow_request_head_is_closed(server):
             except (BrokenPipeError, ConnectionResetError):
                 closed = True
                 break
-            r, _, _ = select.select([s], [], [], 0.05)
-            if r:
+            poller = select.poll()
+            poller.register(s, select.POLLIN)
+            if poller.poll(50):
                 try:
                     data = s.recv(4096)
                 except ConnectionResetError:
@@ -332,3 +335,58 @@ def test_a_session_over_the_cap_is_refused_in_words_and_uninitialized_ones_are_d
     finally:
         stop(proc)
     assert "refused a new MCP session" in log.read_text()
+
+
+def sse_result(body: str) -> dict:
+    """The JSON-RPC answer in an SSE response body."""
+    for line in body.splitlines():
+        if line.startswith("data:") and line[5:].strip():
+            msg = json.loads(line[5:])
+            if "result" in msg or "error" in msg:
+                return msg
+    raise AssertionError(f"no answer in {body!r}")
+
+
+def test_a_closed_session_ends_what_its_connection_started(server):
+    """When an MCP session ends — the client's DELETE, or the handshake timeout — the
+    server drops that connection's handler, and with it what the connection started: here a
+    resource subscription watching a running job. Shown by the handler's own debug line,
+    once per ended session."""
+    import urllib.request
+
+    server.env["RUST_LOG"] = "warn,mcp_sandbox_repl::server::handler=debug"
+    proc, url, port, log = start_http(server, "--http-handshake-timeout", "2", token=None)
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+    def send(body, sid=None, method="POST"):
+        h = {**headers, **({"Mcp-Session-Id": sid, "Mcp-Protocol-Version": "2025-06-18"} if sid else {})}
+        data = json.dumps(body).encode() if body is not None else None
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=h, method=method), timeout=GUARD) as r:
+            return r.headers.get("Mcp-Session-Id"), r.read().decode()
+
+    def ended() -> int:
+        return log.read_text().count("MCP connection ended")
+
+    def wait_ended(n):
+        deadline = time.monotonic() + GUARD
+        while ended() < n:
+            assert time.monotonic() < deadline, f"{ended()} sessions ended, expected {n}: {log.read_text()[-2000:]}"
+            time.sleep(0.2)
+
+    try:
+        sid, _ = send(INIT)
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)
+        _, body = send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "shell_run", "arguments": {"command": "sleep 60", "wait_seconds": 0}}}, sid)
+        job = sse_result(body)["result"]["structuredContent"]["job_id"]
+        _, body = send({"jsonrpc": "2.0", "id": 3, "method": "resources/subscribe",
+                        "params": {"uri": f"job://{job}/stdout"}}, sid)
+        assert "error" not in sse_result(body), body
+        assert ended() == 0
+        send(None, sid, method="DELETE")
+        wait_ended(1)
+        # A session that never sends `initialized` ends at its timeout.
+        send(INIT)
+        wait_ended(2)
+    finally:
+        stop(proc)
