@@ -126,6 +126,18 @@ def _high_dup(fd):
 _STD_COPIES = []
 
 
+def _fd_writable(fd):
+    """Whether `fd` is open for writing, from /proc/self/fdinfo (no `fcntl` import)."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            for line in f:
+                if line.startswith("flags:"):
+                    return int(line.split()[1], 8) & os.O_ACCMODE != os.O_RDONLY
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 def _restore_std():
     """Point fds 1/2 back at the output pipes: a cell that closed (or redirected) them
     must not silence every later cell. Also reopens a closed sys.stdout/sys.stderr."""
@@ -1098,6 +1110,74 @@ class _Snapshots:
         return None
 
     @classmethod
+    def shared_by_fork(cls, worker):
+        """What a fork of this state shares with its other forks instead of copying, in
+        words (None if nothing): descriptors open for writing on files (one file offset
+        for all branches) and pipes, and child processes of user code (one process, which
+        no branch owns). Python-level write buffers of open files are flushed first, so no
+        branch writes another's buffered bytes again. Costs a /proc/self/fd listing; the
+        object scan runs only when such a file is open."""
+        own = {0, 1, 2}
+        if cls.ctl is not None:
+            own.add(cls.ctl.fileno())
+        own.update(_STD_COPIES)
+        own.update(fd for fd in (getattr(worker.chan, "_rfd", -1), getattr(worker.chan, "_wfd", -1)))
+        for loop in [worker.loop, *cls.old_loops]:
+            for attr in ("_ssock", "_csock"):
+                sock = getattr(loop, attr, None)
+                if sock is not None:
+                    own.add(sock.fileno())
+        files, pipes = [], 0
+        try:
+            names = os.listdir("/proc/self/fd")
+        except OSError:
+            names = []
+        for name in names:
+            fd = int(name)
+            if fd in own:
+                continue
+            try:
+                kind = os.fstat(fd).st_mode & 0o170000
+            except OSError:
+                continue
+            if kind == 0o010000:  # S_ISFIFO
+                pipes += 1
+            elif kind == 0o100000 and _fd_writable(fd):  # S_ISREG
+                try:
+                    files.append(os.readlink(f"/proc/self/fd/{fd}"))
+                except OSError:
+                    files.append(f"fd {fd}")
+        if files:
+            import gc
+            import io
+
+            for obj in gc.get_objects():
+                if isinstance(obj, io.IOBase) and obj not in (sys.stdout, sys.stderr):
+                    try:
+                        if not obj.closed and obj.writable():
+                            obj.flush()
+                    except Exception:
+                        pass
+        children = []
+        with cls.reap_lock:
+            snaps = set(cls.children)
+        try:
+            for task in os.listdir("/proc/self/task"):
+                with open(f"/proc/self/task/{task}/children") as f:
+                    children += [int(p) for p in f.read().split() if int(p) not in snaps]
+        except (OSError, ValueError):
+            pass
+        parts = []
+        if files:
+            shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+            parts.append(f"{len(files)} file(s) open for writing ({shown}: one offset for every branch; their buffers were flushed first)")
+        if pipes:
+            parts.append(f"{pipes} pipe(s) (every branch reads and writes the same pipe)")
+        if children:
+            parts.append(f"{len(children)} child process(es) (pid {', '.join(map(str, children[:5]))}: not copied; every branch sees the same ones)")
+        return "; ".join(parts) or None
+
+    @classmethod
     def after_cell(cls, worker, cell):
         """Take the snapshot of `cell` (the state right after it ended) and announce it.
         Returns at once in the live worker (False); in the snapshot it returns only in a
@@ -1116,6 +1196,7 @@ class _Snapshots:
             worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": f"socketpair failed: {e}"})
             return False
         _flush_std()
+        shared = cls.shared_by_fork(worker)
         try:
             pid = os.fork()
         except OSError as e:
@@ -1139,7 +1220,7 @@ class _Snapshots:
         cls.start_reaper()
         try:
             # The descriptor first: the server takes it when it reads the event.
-            _send_msg(cls.ctl, {"cell": cell, "pid": pid}, [theirs.fileno()])
+            _send_msg(cls.ctl, {"cell": cell, "pid": pid, "shared": shared}, [theirs.fileno()])
         except OSError as e:
             theirs.close()
             worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": f"could not hand over: {e}"})

@@ -38,6 +38,15 @@ pub enum AppError {
         path: PathBuf,
         error: std::io::Error,
     },
+    #[error(
+        "cannot record this server as an owner in {}: {error}; check that the state \
+         directory is writable (or pass another with --state-dir)",
+        path.display()
+    )]
+    Owner {
+        path: PathBuf,
+        error: std::io::Error,
+    },
     #[error("cannot create {}: {error}", path.display())]
     CreateDir {
         path: PathBuf,

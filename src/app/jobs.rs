@@ -61,7 +61,9 @@ pub struct Chunk {
     pub total: u64,
     /// True when `end == total` and nothing more will be written.
     pub eof: bool,
+    /// The bytes as UTF-8, or (`base64`) their base64 when they are not text.
     pub text: String,
+    pub base64: bool,
 }
 
 /// Most search hits one call returns.
@@ -197,6 +199,7 @@ impl App {
             total: c.total,
             eof: c.eof,
             text: c.text,
+            base64: c.base64,
         })
     }
 
@@ -241,6 +244,7 @@ impl App {
             total,
             eof: end == total,
             text,
+            base64: false,
         })
     }
 

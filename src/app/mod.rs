@@ -21,6 +21,7 @@ mod config;
 mod envs;
 mod error;
 mod jobs;
+mod owners;
 mod python;
 pub mod result;
 pub mod scripts;
@@ -95,6 +96,8 @@ pub struct App {
     stopping: AtomicBool,
     /// Turns `true` once what earlier servers left has been swept.
     settled: watch::Receiver<bool>,
+    /// This server's ownership record in the state dir, locked while it lives.
+    _owner: owners::Registration,
 }
 
 /// Sweep what earlier servers left ([`sweep_leftovers`]) on a thread of its own, off the
@@ -117,12 +120,19 @@ fn sweep_in_background(state_dir: &std::path::Path) -> watch::Receiver<bool> {
     settled
 }
 
-/// What servers killed before their jobs ended left behind: their job cgroups (any
-/// process still in one is killed first) and their temp files in `state_dir`. Said at
-/// info level, since it means an earlier server did not end cleanly.
+/// What servers of this state dir that ended without cleaning up (killed) left behind:
+/// their job cgroups (any process still in one is killed first) and their temp files in
+/// `state_dir`; only servers whose ownership record is free (`owners`) are taken for
+/// ended. Said at info level, since it means an earlier server did not end cleanly.
 fn sweep_leftovers(state_dir: &std::path::Path) {
-    let cgroups = crate::sandbox::isolation::sweep_orphaned_cgroups();
-    let files = tmp::sweep_state_dir(state_dir);
+    let ended = owners::ended(state_dir, crate::sandbox::instance::is_id);
+    let ids: Vec<String> = ended.iter().map(|e| e.id.clone()).collect();
+    let cgroups = crate::sandbox::isolation::sweep_cgroups_of(&ids);
+    let mut files = tmp::sweep_closed_sessions(state_dir);
+    for e in ended {
+        files.extend(tmp::sweep_owner(state_dir, &e.id));
+        e.forget();
+    }
     if !cgroups.is_empty() || !files.is_empty() {
         let show = |v: &[PathBuf]| {
             v.iter()
@@ -182,6 +192,9 @@ impl App {
             home.as_deref(),
             cfg.allow_broad_workspace,
         )?;
+        // Recorded before the sweep starts and before any job: no server, in any PID
+        // namespace, takes this one for ended while it lives.
+        let owner = owners::register(&state_dir, crate::sandbox::instance::id())?;
         let settled = sweep_in_background(&state_dir);
         let store = JobStore::open(StoreConfig {
             state_dir: state_dir.clone(),
@@ -214,6 +227,7 @@ impl App {
             running: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
             settled,
+            _owner: owner,
             envs: OnceCell::new(),
             uv: cfg.uv.clone(),
         })
@@ -365,7 +379,9 @@ impl App {
         let in_view = !policy.filesystem_unrestricted() && policy.limits.tmp_size_bytes.is_some();
         let shared = match in_view {
             true => {
-                let name = ph.tmp.join(format!("{}-job", std::process::id()));
+                let name = ph
+                    .tmp
+                    .join(format!("{}-job", crate::sandbox::instance::id()));
                 let ph = Placeholders {
                     tmp: name,
                     ..ph.clone()

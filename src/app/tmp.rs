@@ -10,13 +10,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::error::AppError;
 
-/// Create a fresh private dir under `base`, named after this server's pid (so a sweep by
-/// another server sharing the state dir leaves it alone while we run).
+/// Create a fresh private dir under `base`, named after this server's instance id (so a
+/// sweep by another server sharing the state dir leaves it alone while we run: `owners`).
 pub fn create_job_tmp(base: &Path) -> Result<PathBuf, AppError> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let tmp = base.join(format!(
         "{}-{}",
-        std::process::id(),
+        crate::sandbox::instance::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
     create_dir(&tmp)?;
@@ -45,48 +45,40 @@ pub fn create_dir(dir: &Path) -> Result<(), AppError> {
     })
 }
 
-/// Remove job temp dirs (`<pid>-<n>`) left by servers that are no longer running (killed
-/// before their jobs ended); those of a live server sharing the state dir stay.
-/// Returns what was removed.
-pub fn sweep_dead_job_tmps(dir: &Path) -> Vec<PathBuf> {
-    sweep_dead(dir, |n| n.split('-').next())
-}
-
-/// Server start: remove what servers that are no longer running left in `state_dir`:
-/// the private temp dirs of shell jobs, scripts and installs (`shell-tmp/<pid>-<n>`,
-/// `env-tmp/<pid>-<n>`), inline scripts
-/// (`scripts/script-<pid>-<n>.py`) and session directories set aside for removal
-/// (`repl/.closed-*`, of any server: they are renamed away before removal). Returns them.
-pub fn sweep_state_dir(state_dir: &Path) -> Vec<PathBuf> {
-    let mut swept = sweep_dead_job_tmps(&state_dir.join("shell-tmp"));
-    swept.extend(sweep_dead_job_tmps(&state_dir.join("env-tmp")));
-    swept.extend(sweep_dead(&state_dir.join("scripts"), |n| {
-        n.strip_prefix("script-")?.split('-').next()
-    }));
-    if let Ok(entries) = std::fs::read_dir(state_dir.join("repl")) {
-        for entry in entries.flatten() {
-            if entry.file_name().to_string_lossy().starts_with(".closed-")
-                && std::fs::remove_dir_all(entry.path()).is_ok()
-            {
-                swept.push(entry.path());
-            }
-        }
+/// Server start: remove what the ended server `owner` (an instance id, see `owners`)
+/// left in `state_dir`: the private temp dirs of its shell jobs, scripts and installs
+/// (`shell-tmp/<owner>-<n>`, `env-tmp/<owner>-<n>`), its inline scripts
+/// (`scripts/script-<owner>-<n>.py`) and transient script environments
+/// (`script-envs/env-<owner>-<n>`). Returns them.
+pub fn sweep_owner(state_dir: &Path, owner: &str) -> Vec<PathBuf> {
+    let mut swept = Vec::new();
+    for (dir, prefix) in [
+        ("shell-tmp", format!("{owner}-")),
+        ("env-tmp", format!("{owner}-")),
+        ("scripts", format!("script-{owner}-")),
+        ("script-envs", format!("env-{owner}-")),
+    ] {
+        swept.extend(remove_entries(&state_dir.join(dir), |name| {
+            name.starts_with(&prefix)
+        }));
     }
     swept
 }
 
-/// Remove each entry of `dir` whose owner pid (`owner` of its name) is not running.
-fn sweep_dead(dir: &Path, owner: impl Fn(&str) -> Option<&str>) -> Vec<PathBuf> {
+/// Server start: session directories set aside for removal (`repl/.closed-*`, of any
+/// server: they are renamed away before removal, so no live session uses one).
+pub fn sweep_closed_sessions(state_dir: &Path) -> Vec<PathBuf> {
+    remove_entries(&state_dir.join("repl"), |name| name.starts_with(".closed-"))
+}
+
+/// Remove each entry of `dir` whose name `matches`; returns what was removed.
+fn remove_entries(dir: &Path, matches: impl Fn(&str) -> bool) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut swept = Vec::new();
     for entry in entries.flatten() {
-        let name = entry.file_name();
-        let pid = name.to_str().and_then(&owner);
-        let mine = pid.is_some_and(|p| p == std::process::id().to_string());
-        let alive = pid.is_some_and(|p| Path::new("/proc").join(p).exists());
-        if mine || alive {
+        if !entry.file_name().to_str().is_some_and(&matches) {
             continue;
         }
         let path = entry.path();
@@ -106,19 +98,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sweep_keeps_live_servers_dirs_only() {
-        let (_scratch, base) = crate::test_support::scratch_path("app-tmp", "base");
-        let mine = create_job_tmp(&base).unwrap();
-        let second = create_job_tmp(&base).unwrap();
+    fn only_the_ended_owners_paths_are_swept() {
+        let (_scratch, state) = crate::test_support::scratch_path("app-tmp", "state");
+        let mine = create_job_tmp(&state.join("shell-tmp")).unwrap();
+        let second = create_job_tmp(&state.join("shell-tmp")).unwrap();
         assert_ne!(mine, second);
-        // No process has pid u32::MAX; a non-numeric name is no server's either.
-        let dead = base.join(format!("{}-0", u32::MAX));
-        let junk = base.join("junk");
-        std::fs::create_dir_all(&dead).unwrap();
-        std::fs::create_dir_all(&junk).unwrap();
-        let swept = sweep_dead_job_tmps(&base);
-        assert_eq!(swept.len(), 2, "{swept:?}");
-        assert!(mine.is_dir() && second.is_dir());
-        assert!(!dead.exists() && !junk.exists());
+        let dead = "7x0000dead";
+        let theirs = [
+            state.join(format!("shell-tmp/{dead}-0")),
+            state.join(format!("env-tmp/{dead}-3")),
+            state.join(format!("script-envs/env-{dead}-1")),
+        ];
+        let other = state.join("shell-tmp/8x0000beef-0");
+        for d in theirs.iter().chain([&other]) {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::create_dir_all(state.join("scripts")).unwrap();
+        let script = state.join(format!("scripts/script-{dead}-2.py"));
+        std::fs::write(&script, "").unwrap();
+        let swept = sweep_owner(&state, dead);
+        assert_eq!(swept.len(), 4, "{swept:?}");
+        assert!(theirs.iter().all(|d| !d.exists()) && !script.exists());
+        assert!(mine.is_dir() && second.is_dir() && other.is_dir());
     }
 }

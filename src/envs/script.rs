@@ -299,7 +299,7 @@ fn transient_env_dir(cfg: &EnvConfig) -> Result<PathBuf, EnvError> {
     let dir = cfg
         .state_dir
         .join("script-envs")
-        .join(format!("env-{}-{n}", std::process::id()));
+        .join(format!("env-{}-{n}", crate::sandbox::instance::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)
         .map_err(|e| EnvError::io(format!("creating {}", dir.display()), e))?;
@@ -460,7 +460,7 @@ fn write_inline(cfg: &EnvConfig, code: &str) -> Result<PathBuf, EnvError> {
     std::fs::create_dir_all(&dir)
         .map_err(|e| EnvError::io(format!("creating {}", dir.display()), e))?;
     let n = SCRIPT_SEQ.fetch_add(1, Ordering::Relaxed);
-    let path = dir.join(format!("script-{}-{n}.py", std::process::id()));
+    let path = dir.join(format!("script-{}-{n}.py", crate::sandbox::instance::id()));
     std::fs::write(&path, code)
         .map_err(|e| EnvError::io(format!("writing {}", path.display()), e))?;
     Ok(path)

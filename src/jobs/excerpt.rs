@@ -115,8 +115,16 @@ pub fn make_excerpt(path: &Path, offset: u64, end: u64, budget: usize) -> io::Re
 
 /// Bytes `[offset, offset + len)` of a spool holding `total` bytes, for a read: the
 /// end is moved back so it does not split a character (unless that leaves nothing).
-/// Returns the text and the end offset actually covered.
-pub fn read_text(path: &Path, offset: u64, len: u64, total: u64) -> io::Result<(String, u64)> {
+/// Returns the text and the end offset actually covered, and whether the text is the
+/// base64 of the bytes: bytes that are not UTF-8 (binary output) are returned exactly,
+/// `len * 3 / 4` of them so that the encoding fits the same budget.
+pub fn read_text(
+    path: &Path,
+    offset: u64,
+    len: u64,
+    total: u64,
+) -> io::Result<(String, u64, bool)> {
+    let budget = len;
     let len = len.min(total.saturating_sub(offset));
     let mut bytes = read_range(path, offset, len)?;
     let mut end = offset + bytes.len() as u64;
@@ -127,7 +135,19 @@ pub fn read_text(path: &Path, offset: u64, len: u64, total: u64) -> io::Result<(
             end -= back as u64;
         }
     }
-    Ok((lossy(bytes), end))
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok((text, end, false)),
+        Err(e) => {
+            let mut bytes = e.into_bytes();
+            bytes.truncate((budget as usize * 3 / 4).max(1));
+            let end = offset + bytes.len() as u64;
+            Ok((
+                base64::engine::Engine::encode(&base64::engine::general_purpose::STANDARD, &bytes),
+                end,
+                true,
+            ))
+        }
+    }
 }
 
 /// UTF-8 with invalid bytes replaced by U+FFFD, reusing the buffer when it is valid.
@@ -224,9 +244,27 @@ mod tests {
     #[test]
     fn read_text_does_not_split_characters() {
         let (_dir, p) = scratch_file("jobs-excerpt-read", "a€b".as_bytes());
-        assert_eq!(read_text(&p, 0, 2, 5).unwrap(), ("a".to_string(), 1));
-        assert_eq!(read_text(&p, 1, 3, 5).unwrap(), ("€".to_string(), 4));
-        assert_eq!(read_text(&p, 0, 100, 5).unwrap(), ("a€b".to_string(), 5));
-        assert_eq!(read_text(&p, 5, 10, 5).unwrap(), (String::new(), 5));
+        assert_eq!(read_text(&p, 0, 2, 5).unwrap(), ("a".to_string(), 1, false));
+        assert_eq!(read_text(&p, 1, 3, 5).unwrap(), ("€".to_string(), 4, false));
+        assert_eq!(
+            read_text(&p, 0, 100, 5).unwrap(),
+            ("a€b".to_string(), 5, false)
+        );
+        assert_eq!(read_text(&p, 5, 10, 5).unwrap(), (String::new(), 5, false));
+    }
+
+    #[test]
+    fn bytes_that_are_not_text_are_read_exactly_in_base64() {
+        let (_dir, p) = scratch_file("jobs-excerpt-bin", &[0x61, 0xff, 0x00, 0x80, 0x62, 0x63]);
+        // 8 bytes of budget: 6 raw bytes fit (8 * 3 / 4), all of them here.
+        assert_eq!(
+            read_text(&p, 0, 8, 6).unwrap(),
+            ("Yf8AgGJj".to_string(), 6, true)
+        );
+        // 4 bytes of budget: 3 raw bytes, exactly, even if they split nothing.
+        assert_eq!(
+            read_text(&p, 1, 4, 6).unwrap(),
+            ("/wCA".to_string(), 4, true)
+        );
     }
 }

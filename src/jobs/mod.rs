@@ -315,8 +315,12 @@ pub struct OutputChunk {
     pub total: u64,
     /// True when `end == total` and the job has finished: nothing more will come.
     pub eof: bool,
-    /// The bytes `[offset, end)` as UTF-8 (invalid bytes replaced).
+    /// The bytes `[offset, end)`: as UTF-8 when they are text, else (`base64`) their
+    /// exact base64 encoding — binary output is never turned into U+FFFD.
     pub text: String,
+    /// `text` is the base64 of the bytes (they are not UTF-8).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub base64: bool,
 }
 
 /// One match of [`JobStore::search`].

@@ -168,6 +168,13 @@ impl Journal {
         self.file.write_all(&bytes)
     }
 
+    /// Keep at least `bytes` allocated past the journal's end (`fallocate` with
+    /// `KEEP_SIZE`: the size stays, the blocks are ours), so that appends up to that much
+    /// never need new space. Fails with `ENOSPC` when the disk has no room for it.
+    pub(crate) fn keep_room(&mut self, bytes: u64) -> io::Result<()> {
+        keep_room(&self.file, bytes)
+    }
+
     /// Count `n` more lines (those the index held when it was read).
     pub(crate) fn add_lines(&mut self, n: u64) {
         self.lines += n;
@@ -181,7 +188,13 @@ impl Journal {
     /// Replace the log with `recs` (atomically) and keep appending to the new file. The
     /// records are streamed to the file one at a time: a rewrite of a long table does not
     /// hold the whole index in memory (which the allocator would keep as RSS).
-    pub(crate) fn rewrite(&mut self, recs: impl IntoIterator<Item = JobRecord>) -> io::Result<()> {
+    /// `room`: bytes kept allocated past the new file's end ([`keep_room`](Self::keep_room));
+    /// without them the rewrite fails and the old log stays.
+    pub(crate) fn rewrite(
+        &mut self,
+        recs: impl IntoIterator<Item = JobRecord>,
+        room: u64,
+    ) -> io::Result<()> {
         let mut lines = 0;
         write_atomic_with(&self.path, |out| {
             for rec in recs {
@@ -189,7 +202,8 @@ impl Journal {
                 out.write_all(b"\n")?;
                 lines += 1;
             }
-            Ok(())
+            out.flush()?;
+            keep_room(out.get_ref(), room)
         })?;
         self.file = OpenOptions::new().append(true).open(&self.path)?;
         self.lines = lines;
@@ -362,6 +376,33 @@ pub(crate) fn load(store_dir: &Path) -> (Vec<JobRecord>, u64) {
     }
     records.sort_by_key(|r| parse_id(&r.id));
     (records, next_id)
+}
+
+/// Room kept past the journal's end for each unfinished job's records (its end line, and
+/// a few changes on the way: a line is a few hundred bytes).
+pub(crate) const RECORD_ROOM: u64 = 4096;
+
+/// Below this much free space in the state dir new jobs are refused: the disk is full.
+pub(crate) const MIN_FREE_BYTES: u64 = 1 << 20;
+
+/// Bytes free for us in the file system of `dir` (`None` if it cannot be asked).
+pub(crate) fn free_bytes(dir: &Path) -> Option<u64> {
+    let st = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some(st.blocks_available() as u64 * st.fragment_size() as u64)
+}
+
+fn keep_room(file: &File, bytes: u64) -> io::Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let end = file.metadata()?.len();
+    nix::fcntl::fallocate(
+        file,
+        nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+        end as i64,
+        bytes as i64,
+    )
+    .map_err(io::Error::from)
 }
 
 /// Space set aside in each store directory (`.reserve`) so that the records of jobs can
@@ -589,7 +630,7 @@ mod tests {
         assert_eq!(loaded.records, vec![record("j1"), record("j2")]);
         assert_eq!((loaded.next_id, loaded.lines), (4, 6));
         // Rewriting keeps only what it is given.
-        index.rewrite([record("j2")]).unwrap();
+        index.rewrite([record("j2")], 4096).unwrap();
         let loaded = load_store(&dir.path, has_index(&dir.path));
         assert_eq!((loaded.records, loaded.lines), (vec![record("j2")], 1));
         assert!(index.needs_compaction(0) == (JOURNAL_COMPACT_LINES <= 1));

@@ -43,7 +43,7 @@ impl JobStore {
             });
         }
         let len = len.min(self.cfg.response_bytes as u64);
-        let (text, end) = read_text(&path, offset, len, total)
+        let (text, end, base64) = read_text(&path, offset, len, total)
             .map_err(|e| JobError::io(format!("could not read {stream} of job {}", job.id), e))?;
         Ok(OutputChunk {
             id: job.id.clone(),
@@ -53,6 +53,7 @@ impl JobStore {
             total,
             eof: finished && end == total,
             text,
+            base64,
         })
     }
 

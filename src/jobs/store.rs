@@ -69,6 +69,9 @@ pub struct JobStore {
     journal: Mutex<persist::Journal>,
     /// Bytes of spooled output on disk, for the disk cap.
     disk_used: AtomicU64,
+    /// Jobs started and not yet persisted as finished: each has room for its records
+    /// kept at the end of the journal (`Journal::keep_room`).
+    unfinished: AtomicU64,
 }
 
 impl std::fmt::Debug for JobStore {
@@ -105,6 +108,7 @@ impl JobStore {
             prefetching: AtomicBool::new(false),
             journal: Mutex::new(journal),
             disk_used: AtomicU64::new(0),
+            unfinished: AtomicU64::new(0),
         });
         store.retake_reserve();
         if !had_index {
@@ -315,6 +319,26 @@ impl JobStore {
             // One appended line, so a crash brings the job back as lost. Held across
             // the insert so a compaction cannot miss the new job.
             let mut journal = lock(&self.journal);
+            // Refused before it runs while the disk is full: a job started then could
+            // keep neither its output nor, at its end, its record.
+            if persist::free_bytes(&self.cfg.state_dir).is_some_and(|f| f < persist::MIN_FREE_BYTES)
+            {
+                return Err(JobError::StateDirFull {
+                    path: self.cfg.state_dir.clone(),
+                });
+            }
+            // Room for the records of every unfinished job, this one included, kept
+            // allocated past the journal's end: a job that ends while the disk is full
+            // still writes its end record (else a restart would call it lost).
+            let unfinished = self.unfinished.load(Ordering::SeqCst) + 1;
+            if let Err(e) = journal.keep_room(unfinished * persist::RECORD_ROOM) {
+                if super::spool::is_disk_full(&e) {
+                    return Err(JobError::StateDirFull {
+                        path: self.cfg.state_dir.clone(),
+                    });
+                }
+                tracing::debug!(error = %e, "could not keep room for job records in the journal");
+            }
             if let Err(e) = journal.append(&job.record()) {
                 if super::spool::is_disk_full(&e) {
                     // Without its line in the log the job could vanish at a restart:
@@ -327,6 +351,7 @@ impl JobStore {
             }
             let mut jobs = self.jobs();
             jobs.map.insert(seq, job.clone());
+            self.unfinished.fetch_add(1, Ordering::SeqCst);
             journal.needs_compaction(jobs.map.len())
         };
         if compact {
@@ -355,6 +380,9 @@ impl JobStore {
         let job = self.get(id)?;
         let deadline = tokio::time::Instant::now() + timeout;
         let mut rx = job.version.subscribe();
+        // This waiter's own cursors: output that arrives while several wait on the job
+        // goes to every one of them, not only to whichever is woken first.
+        let from = lock(&job.state).delivered;
         loop {
             rx.borrow_and_update();
             let (settled, has_output) = self.readiness(&job);
@@ -381,7 +409,7 @@ impl JobStore {
                 break;
             }
         }
-        self.snapshot(&job, true)
+        self.snapshot(&job, true, Some(from))
     }
 
     /// Wait until the job changes (output, status) or `timeout` passes, consuming
@@ -398,7 +426,7 @@ impl JobStore {
     /// advancing the delivered cursors.
     pub fn peek(&self, id: &str) -> Result<JobSnapshot, JobError> {
         let job = self.get(id)?;
-        self.snapshot(&job, false)
+        self.snapshot(&job, false, None)
     }
 
     /// (finished or awaiting input, has undelivered output)
@@ -412,7 +440,14 @@ impl JobStore {
         (settled, has_output)
     }
 
-    fn snapshot(&self, job: &Job, advance: bool) -> Result<JobSnapshot, JobError> {
+    /// `from`: where the output handed out starts, if not at the delivered cursors (a
+    /// waiter's cursors from when it began to wait; never past the delivered ones).
+    fn snapshot(
+        &self,
+        job: &Job,
+        advance: bool,
+        from: Option<[u64; 2]>,
+    ) -> Result<JobSnapshot, JobError> {
         let mut ranges = [(0u64, 0u64); 2];
         let mut paths = Vec::with_capacity(2);
         let st = {
@@ -426,7 +461,9 @@ impl JobStore {
                 } else {
                     spool.len() - spool.incomplete_tail()
                 };
-                let start = st.delivered[i].min(end);
+                let start = from
+                    .map_or(st.delivered[i], |f| f[i].min(st.delivered[i]))
+                    .min(end);
                 *range = (start, end);
                 if advance && end > st.delivered[i] {
                     st.delivered[i] = end;
@@ -770,6 +807,9 @@ impl JobStore {
             }
         }
         self.save_job(job);
+        let _ = self
+            .unfinished
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
         if job.removed.load(Ordering::SeqCst) {
             // Pruned or evicted while we wrote: do not leave files behind.
             persist::remove_job_files(&job.dir);
@@ -822,7 +862,8 @@ impl JobStore {
         self.write_next_id();
         let mut journal = lock(&self.journal);
         let live: Vec<Arc<Job>> = self.jobs().map.values().cloned().collect();
-        match journal.rewrite(live.iter().map(|j| j.record())) {
+        let room = self.unfinished.load(Ordering::SeqCst) * persist::RECORD_ROOM;
+        match journal.rewrite(live.iter().map(|j| j.record()), room) {
             Ok(()) => {
                 for job in &live {
                     job.record_saved.store(true, Ordering::SeqCst);

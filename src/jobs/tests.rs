@@ -781,3 +781,38 @@ async fn a_store_with_no_history_writes_nothing_when_its_table_is_read() {
     let index = scratch.path().join("state/jobs/index.log");
     assert_eq!(std::fs::metadata(index).unwrap().len(), 0);
 }
+
+/// Output that arrives while several callers wait on one job goes to every one of them
+/// (each waiter has its own cursors from when it began), not only to the first woken.
+#[tokio::test]
+async fn every_concurrent_waiter_gets_the_output_that_arrived_while_it_waited() {
+    let (_dir, store) = open("waiters", 20_000, 1 << 30);
+    let h = store.create(JobKind::Shell, None, "x").unwrap();
+    let job = store.get(h.id()).unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..50 {
+        let (store, id) = (store.clone(), h.id().to_string());
+        waiters.push(tokio::spawn(async move {
+            store
+                .wait_for(&id, Duration::from_secs(60), WaitFor::Settled)
+                .await
+                .unwrap()
+        }));
+    }
+    // Every waiter has subscribed (so has taken its cursors) before anything arrives.
+    while job.version.receiver_count() < 50 {
+        tokio::task::yield_now().await;
+    }
+    h.append(Stream::Stdout, b"hello\n");
+    h.finish(done());
+    for w in waiters {
+        let s = w.await.unwrap();
+        assert_eq!(
+            (s.status, s.stdout.head.as_str()),
+            (JobStatus::Completed, "hello\n")
+        );
+    }
+    // A later wait starts after what was delivered: nothing is handed out twice to it.
+    let later = store.wait(h.id(), Duration::from_secs(1)).await.unwrap();
+    assert_eq!(later.stdout.head, "");
+}

@@ -499,6 +499,12 @@ impl Graph {
         })
     }
 
+    /// What the held snapshot of `cell` shares with every process forked from it (and
+    /// with the worker that ran on from it), in words; `None` if nothing or not held.
+    pub fn shared(&self, cell: u64) -> Option<String> {
+        self.held.get(&cell).and_then(|h| h.snap.shared.clone())
+    }
+
     pub fn is_held(&self, cell: u64) -> bool {
         self.held.contains_key(&cell)
     }

@@ -189,9 +189,15 @@ pub struct SessionInfo {
     pub state: SessionState,
     pub policy: String,
     pub python: String,
+    /// The Python interpreter's pid, as the server's PID namespace numbers it (not the
+    /// supervisor the launcher leaves outside the job's namespace).
     pub worker_pid: Option<u32>,
     /// Resident memory of the worker process (VmRSS), bytes.
     pub memory_bytes: Option<u64>,
+    /// Memory charged to the session's process trees — the worker and every snapshot it
+    /// holds for branching — read from their job cgroups, bytes; none without a memory
+    /// cgroup. Snapshots share pages copy-on-write until they differ.
+    pub held_memory_bytes: Option<u64>,
     pub idle_seconds: u64,
     pub cells: u64,
     /// Snapshots held for branching (forked processes sharing memory copy-on-write).

@@ -374,13 +374,13 @@ impl Session {
         let got = match parent {
             None => self
                 .live_worker(true)
-                .map(|(w, lost)| (w, lost, Vec::new())),
+                .map(|(w, lost)| (w, lost, Vec::new(), None)),
             Some(p) => self
                 .branch_to(&p)
                 .await
-                .map(|(w, replayed)| (w, None, replayed)),
+                .map(|(w, replayed, shared)| (w, None, replayed, shared)),
         };
-        let (worker, earlier_loss, replayed) = match got {
+        let (worker, earlier_loss, replayed, shared) = match got {
             Ok(w) => w,
             Err(e) => {
                 let mut inner = self.inner();
@@ -436,7 +436,11 @@ impl Session {
             signal: None,
             exit_code: None,
             state_lost: earlier_loss.is_some(),
-            state_note: earlier_loss,
+            state_note: earlier_loss.or_else(|| {
+                shared.map(|s| {
+                    format!("this branch shares with the parent cell's other branches: {s}")
+                })
+            }),
             elapsed,
         };
         match reply {
@@ -734,7 +738,7 @@ impl Session {
         let inner = self.inner();
         let live = inner.worker.as_ref().filter(|w| w.death().is_none());
         let state = Self::state_of(&inner, busy);
-        let pid = live.map(|w| w.pid);
+        let pid = live.map(|w| w.python_pid());
         SessionInfo {
             name: self.name.clone(),
             state,
@@ -745,7 +749,8 @@ impl Session {
                 self.env.python.version
             ),
             worker_pid: pid,
-            memory_bytes: live.map(|w| w.python_pid()).and_then(rss_bytes),
+            memory_bytes: pid.and_then(rss_bytes),
+            held_memory_bytes: Self::trees_memory(&inner),
             idle_seconds: if busy {
                 0
             } else {

@@ -50,13 +50,21 @@ pub(crate) fn control_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
 pub(crate) struct Snapshot {
     pub cell: u64,
     pub pid: u32,
+    /// What a fork of it shares with the other forks instead of copying (open files'
+    /// offsets, pipes, child processes), in the worker's words; `None` if nothing.
+    pub shared: Option<String>,
     sock: OwnedFd,
 }
 
 #[cfg(test)]
 impl Snapshot {
     pub(crate) fn for_test(cell: u64, sock: OwnedFd) -> Snapshot {
-        Snapshot { cell, pid: 0, sock }
+        Snapshot {
+            cell,
+            pid: 0,
+            shared: None,
+            sock,
+        }
     }
 }
 
@@ -145,6 +153,10 @@ pub(crate) fn take_snapshot(control: &OwnedFd, cell: u64) -> Result<Snapshot, Sn
         (Some(c), Some(pid)) if c == cell => Ok(Snapshot {
             cell,
             pid: pid as u32,
+            shared: msg
+                .get("shared")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned),
             sock,
         }),
         _ => Err(SnapshotError::Refused(format!(
@@ -234,6 +246,7 @@ mod tests {
         let s = Snapshot {
             cell: 1,
             pid: 1,
+            shared: None,
             sock: server,
         };
         let t = std::thread::spawn(move || {

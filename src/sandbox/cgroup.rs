@@ -378,70 +378,42 @@ impl Drop for JobCgroup {
     }
 }
 
-/// Job cgroups left by servers that were killed (their `Drop` never ran): empty, and
-/// older than this, so never one a live server has just created and not yet joined.
-const STALE_AFTER: Duration = Duration::from_secs(600);
-
-/// Remove the empty job cgroups older than `age` under this process's parent dirs
-/// (best effort; at server start, from [`sweep_orphaned`]).
-pub(crate) fn sweep_stale(layout: &Layout, age: Duration) {
-    let parents = [&layout.v1_pids, &layout.v1_memory, &layout.v2_own];
-    for parent in parents.into_iter().flatten().map(|p| p.join(PARENT_DIR)) {
-        let Ok(entries) = std::fs::read_dir(&parent) else {
-            continue;
-        };
-        for dir in entries
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| p.is_dir())
-        {
-            // A live server's cgroups may wait unused for long (made ahead of need).
-            let owner = dir.file_name().and_then(|n| n.to_str()).and_then(owner_pid);
-            if owner.is_some_and(|pid| Path::new("/proc").join(pid.to_string()).exists()) {
-                continue;
-            }
-            let empty = std::fs::read_to_string(dir.join("cgroup.procs"))
-                .is_ok_and(|l| l.trim().is_empty());
-            let old = std::fs::metadata(&dir)
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| t.elapsed().is_ok_and(|e| e >= age));
-            if empty && old && std::fs::remove_dir(&dir).is_ok() {
-                tracing::debug!(dir = %dir.display(), "removed a stale job cgroup");
-            }
-        }
-    }
-}
-
-/// The server pid in a job cgroup's name (`msr-<pid>-<n>`, see `spawn`), if it has one.
-pub fn owner_pid(name: &str) -> Option<u32> {
+/// The owner (`sandbox::instance::id` of the server that made it) in a job cgroup's name
+/// (`msr-<owner>-<n>`, see `spawn`), if it has one.
+pub fn owner_of(name: &str) -> Option<&str> {
     let rest = name.strip_prefix(JOB_PREFIX)?;
-    let (pid, n) = rest.split_once('-')?;
+    let (owner, n) = rest.rsplit_once('-')?;
     n.parse::<u64>().ok()?;
-    pid.parse().ok()
+    super::instance::is_id(owner).then_some(owner)
 }
 
-/// Prefix of the job cgroups the server names (`msr-<server pid>-<n>`).
+/// Prefix of the job cgroups the server names (`msr-<instance id>-<n>`).
 pub const JOB_PREFIX: &str = "msr-";
 
-/// Job cgroups whose server is no longer running (killed before its jobs ended): kill
-/// whatever is still in them, then remove them. Those of live servers sharing the parent
-/// stay. Returns the directories removed (best effort; called once at server start).
-pub fn sweep_orphaned(layout: &Layout) -> Vec<PathBuf> {
+/// Job cgroups of the servers `owners` — servers known to have ended (the caller holds
+/// their ownership locks, `app::owners`): kill whatever is still in them, then remove
+/// them. Every other cgroup stays, whoever made it and whatever `/proc` shows: a server
+/// in another PID namespace, or of another state dir, is never disturbed. Returns the
+/// directories removed (best effort; at server start).
+pub fn sweep_owned_by(layout: &Layout, owners: &[String]) -> Vec<PathBuf> {
     let parents = [&layout.v1_pids, &layout.v1_memory, &layout.v2_own];
     let mut swept = Vec::new();
+    if owners.is_empty() {
+        return swept;
+    }
     for parent in parents.into_iter().flatten().map(|p| p.join(PARENT_DIR)) {
         let Ok(entries) = std::fs::read_dir(&parent) else {
             continue;
         };
         for entry in entries.filter_map(Result::ok) {
             let name = entry.file_name();
-            let Some(owner) = name.to_str().and_then(owner_pid) else {
+            let Some(owner) = name.to_str().and_then(owner_of) else {
                 continue;
             };
-            let dir = entry.path();
-            if owner == std::process::id() || Path::new("/proc").join(owner.to_string()).exists() {
+            if owner == super::instance::id() || !owners.iter().any(|o| o == owner) {
                 continue;
             }
+            let dir = entry.path();
             if std::fs::write(dir.join("cgroup.kill"), "1").is_err() {
                 let _ = std::fs::write(dir.join("pids.max"), "0");
                 kill_members(&dir);
@@ -452,7 +424,6 @@ pub fn sweep_orphaned(layout: &Layout) -> Vec<PathBuf> {
             }
         }
     }
-    sweep_stale(layout, STALE_AFTER);
     swept
 }
 

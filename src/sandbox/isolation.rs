@@ -57,10 +57,10 @@ impl JobCgroupHandle {
     }
 }
 
-/// Server start: kill and remove the job cgroups of servers that are no longer running;
-/// returns what was removed.
-pub fn sweep_orphaned_cgroups() -> Vec<PathBuf> {
-    cgroup::sweep_orphaned(cgroup::layout())
+/// Server start: kill and remove the job cgroups of `owners`, servers known to have ended
+/// (see `cgroup::sweep_owned_by`); returns what was removed.
+pub fn sweep_cgroups_of(owners: &[String]) -> Vec<PathBuf> {
+    cgroup::sweep_owned_by(cgroup::layout(), owners)
 }
 
 fn outcome<E: std::fmt::Display + Into<SetupError>>(

@@ -15,6 +15,7 @@ pub mod cgroup;
 pub mod child;
 pub mod error;
 pub mod explain;
+pub mod instance;
 pub mod isolation;
 pub mod landlock;
 pub mod launcher;

@@ -427,7 +427,7 @@ fn build(plan: &Plan, tmpfs: Option<(&Path, u64)>, proc: ProcFs) -> Result<(), M
         }
     }
     if plan.own_dev {
-        build_dev(plan.private_shm)?;
+        build_dev(plan.private_shm, tmpfs.map(|(_, size)| size))?;
     }
     match (plan.own_proc, proc) {
         (true, ProcFs::Mount) => mount_proc()?,
@@ -523,8 +523,12 @@ fn set_attrs(dst: &Path, bind: &Bind) -> Result<(), MountError> {
     mount(NO_SRC, dst, None, flags, None).map_err(step("remount", &bind.dst))
 }
 
-/// /dev with the usual character devices (mknod; bind from the host where mknod is refused).
-fn build_dev(private_shm: bool) -> Result<(), MountError> {
+/// Size of a private `/dev/shm` when the policy sets no `tmp_size` to bound it by.
+const SHM_SIZE: u64 = 256 << 20;
+
+/// /dev with the usual character devices (mknod; bind from the host where mknod is refused);
+/// a private `/dev/shm` of at most `shm_size` (else [`SHM_SIZE`]) bytes if the policy lists it.
+fn build_dev(private_shm: bool, shm_size: Option<u64>) -> Result<(), MountError> {
     let dev = Path::new(NEW).join("dev");
     mkdir(&dev)?;
     if private_shm {
@@ -533,8 +537,15 @@ fn build_dev(private_shm: bool) -> Result<(), MountError> {
         let shm = dev.join("shm");
         mkdir(&shm)?;
         let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-        mount(Some("tmpfs"), &shm, Some("tmpfs"), flags, Some("mode=1777"))
-            .map_err(step("mount a private tmpfs on", "/dev/shm"))?;
+        let options = format!("mode=1777,size={}", shm_size.unwrap_or(SHM_SIZE));
+        mount(
+            Some("tmpfs"),
+            &shm,
+            Some("tmpfs"),
+            flags,
+            Some(options.as_str()),
+        )
+        .map_err(step("mount a private tmpfs on", "/dev/shm"))?;
     }
     for (name, major, minor) in OWN_DEVICES {
         let path = dev.join(name);

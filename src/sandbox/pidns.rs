@@ -93,15 +93,24 @@ pub fn split(status_fd: RawFd) -> Result<Option<String>, SetupError> {
         )));
     }
     let (from_init, to_supervisor) = pipe().map_err(SetupError::PidNamespace)?;
+    // Every signal is blocked *before* the fork, in both halves: a blocked SIGCHLD is
+    // queued, an unblocked one (default action: ignore) is discarded. Blocking after the
+    // fork lost the init's SIGCHLD whenever the init ended first (a target that exits at
+    // once or fails to start), and the supervisor then waited forever beside a zombie.
+    let original = block_all_signals();
     // SAFETY: fork in a single-threaded process (the launcher); the child only makes
     // syscalls and, as the target, goes on single-threaded as the launcher would.
     match unsafe { libc::fork() } {
-        -1 => Err(SetupError::PidNamespace(io::Error::last_os_error())),
+        -1 => {
+            let e = io::Error::last_os_error();
+            set_signal_mask(&original);
+            Err(SetupError::PidNamespace(e))
+        }
         0 => {
             drop(from_init);
             // SAFETY: setpgid on ourselves (the supervisor does it too: no race either way).
             unsafe { libc::setpgid(0, 0) };
-            init(to_supervisor)
+            init(to_supervisor, &original)
         }
         init_pid => {
             drop(to_supervisor);
@@ -119,7 +128,7 @@ pub fn split(status_fd: RawFd) -> Result<Option<String>, SetupError> {
 }
 
 /// pid 1 of the new namespace. Returns (`Ok(None)`) only in its child, the target.
-fn init(to_supervisor: OwnedFd) -> Result<Option<String>, SetupError> {
+fn init(to_supervisor: OwnedFd, original: &libc::sigset_t) -> Result<Option<String>, SetupError> {
     // SAFETY: prctl with integer arguments, affecting only this process.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } != 0 {
         return Err(SetupError::ParentDeath(io::Error::last_os_error()));
@@ -130,17 +139,15 @@ fn init(to_supervisor: OwnedFd) -> Result<Option<String>, SetupError> {
         // SAFETY: _exit in a forked child.
         unsafe { libc::_exit(super::launcher::SETUP_FAILED_EXIT) }
     }
+    // Every signal is still blocked (since before our own fork): blocked signals are
+    // queued even for an init, which would otherwise drop those it has no handler for,
+    // and the target's SIGCHLD cannot be lost however soon it ends.
     let all = full_sigset();
-    let mut original = empty_sigset();
-    // SAFETY: sigprocmask with valid sets in a single-threaded process. Blocked signals
-    // are queued even for an init, which would otherwise drop those it has no handler for.
-    unsafe { libc::sigprocmask(libc::SIG_BLOCK, &all, &mut original) };
     // SAFETY: as for the launcher's fork above.
     let target = unsafe { libc::fork() };
     if target == 0 {
         drop(to_supervisor);
-        // SAFETY: restoring the mask the launcher had, with a valid set.
-        unsafe { libc::sigprocmask(libc::SIG_SETMASK, &original, std::ptr::null_mut()) };
+        set_signal_mask(original);
         return Ok(None);
     }
     if target < 0 {
@@ -149,7 +156,8 @@ fn init(to_supervisor: OwnedFd) -> Result<Option<String>, SetupError> {
     close_all_but(to_supervisor.as_raw_fd());
     loop {
         let (sig, code) = wait_signal(&all);
-        if sig == libc::SIGCHLD {
+        // A timeout (sig 0) reaps too: the watchdog against any wakeup that never comes.
+        if sig == libc::SIGCHLD || sig == 0 {
             // Reap every child: the target and any orphan the namespace handed to us.
             loop {
                 let mut status = 0;
@@ -174,29 +182,29 @@ fn init(to_supervisor: OwnedFd) -> Result<Option<String>, SetupError> {
 }
 
 /// The launcher outside the namespace: forward, wait, and end as the target ended.
+/// Every signal is already blocked (by `split`, before the fork), so the init's SIGCHLD is
+/// queued however soon it ended; the first look is a `waitpid` anyway, and every wait is
+/// bounded (`WATCHDOG`), so even a lost wakeup only delays the end, never hangs it.
 fn supervise(init: libc::pid_t, from_init: OwnedFd) -> ! {
     close_all_but(from_init.as_raw_fd());
     let all = full_sigset();
-    // SAFETY: sigprocmask with a valid set in a single-threaded process.
-    unsafe { libc::sigprocmask(libc::SIG_BLOCK, &all, std::ptr::null_mut()) };
     loop {
+        let mut status = 0;
+        // SAFETY: waitpid of our own child with a valid out-pointer.
+        if unsafe { libc::waitpid(init, &mut status, libc::WNOHANG) } == init {
+            let mut bytes = [0u8; 4];
+            // SAFETY: read into a 4-byte buffer we own.
+            let n = unsafe { libc::read(from_init.as_raw_fd(), bytes.as_mut_ptr().cast(), 4) };
+            // Without a word from the init (it was killed), end as the init did.
+            let target = if n == 4 {
+                i32::from_ne_bytes(bytes)
+            } else {
+                status
+            };
+            end_like(target);
+        }
         let (sig, code) = wait_signal(&all);
-        if sig == libc::SIGCHLD {
-            let mut status = 0;
-            // SAFETY: waitpid of our own child with a valid out-pointer.
-            if unsafe { libc::waitpid(init, &mut status, libc::WNOHANG) } == init {
-                let mut bytes = [0u8; 4];
-                // SAFETY: read into a 4-byte buffer we own.
-                let n = unsafe { libc::read(from_init.as_raw_fd(), bytes.as_mut_ptr().cast(), 4) };
-                // Without a word from the init (it was killed), end as the init did.
-                let target = if n == 4 {
-                    i32::from_ne_bytes(bytes)
-                } else {
-                    status
-                };
-                end_like(target);
-            }
-        } else if code == libc::SI_TKILL {
+        if sig != libc::SIGCHLD && sig != 0 && code == libc::SI_TKILL {
             // SAFETY: tgkill of our own unreaped child (the init), which passes it on.
             unsafe { libc::syscall(libc::SYS_tgkill, init, init, sig) };
         }
@@ -232,28 +240,54 @@ fn end_like(status: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// Wait for any signal (all are blocked); returns its number and `si_code`. The raw
-/// syscall: glibc's `sigwaitinfo` reports `SI_TKILL` as `SI_USER`, which is the very
-/// difference between a forwarded signal and a group one.
+/// How long a supervisor or init waits for a signal before it looks for its child's end
+/// itself: a watchdog, so that no lost wakeup can leave a job `running` forever. Ending
+/// is signalled (SIGCHLD, queued while blocked), so this only bounds the rare lost one.
+const WATCHDOG: libc::timespec = libc::timespec {
+    tv_sec: 1,
+    tv_nsec: 0,
+};
+
+/// Wait for any signal (all are blocked), at most [`WATCHDOG`]; returns its number and
+/// `si_code`, or `(0, 0)` on timeout. The raw syscall: glibc's `sigwaitinfo` reports
+/// `SI_TKILL` as `SI_USER`, which is the very difference between a forwarded signal and
+/// a group one.
 fn wait_signal(set: &libc::sigset_t) -> (i32, i32) {
     loop {
         // SAFETY: siginfo_t is plain data; zeroed is valid.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: rt_sigtimedwait with a valid set, out-pointer, no timeout and the
-        // kernel's sigset size (64 signals).
+        // SAFETY: rt_sigtimedwait with a valid set, out-pointer, timeout and the kernel's
+        // sigset size (64 signals).
         let sig = unsafe {
             libc::syscall(
                 libc::SYS_rt_sigtimedwait,
                 set as *const libc::sigset_t,
                 &mut info as *mut libc::siginfo_t,
-                std::ptr::null::<libc::timespec>(),
+                &WATCHDOG as *const libc::timespec,
                 8usize,
             )
         };
         if sig > 0 {
             return (sig as i32, info.si_code);
         }
+        if io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN) {
+            return (0, 0);
+        }
     }
+}
+
+/// Block every signal; returns the mask before.
+fn block_all_signals() -> libc::sigset_t {
+    let all = full_sigset();
+    let mut original = empty_sigset();
+    // SAFETY: sigprocmask with valid sets in a single-threaded process.
+    unsafe { libc::sigprocmask(libc::SIG_BLOCK, &all, &mut original) };
+    original
+}
+
+fn set_signal_mask(mask: &libc::sigset_t) {
+    // SAFETY: sigprocmask with a valid set in a single-threaded process.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
 }
 
 fn full_sigset() -> libc::sigset_t {
@@ -308,7 +342,7 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 
 #[cfg(test)]
 mod tests {
-    use super::host_pid;
+    use super::*;
 
     #[test]
     fn without_a_namespace_the_host_pid_is_the_same_number() {
@@ -316,5 +350,84 @@ mod tests {
         assert_eq!(host_pid(me, me), Some(me));
         // A pid that no process in our namespace has.
         assert_eq!(host_pid(me, u32::MAX - 1), None);
+    }
+
+    /// Runs a supervisor in a forked child whose "init" has already ended (a zombie,
+    /// not yet reaped) before `supervise` starts: `block_first` says whether signals are
+    /// blocked before the init's fork (as `split` does) or only after (the old order,
+    /// in which the init's SIGCHLD is discarded). Returns the supervisor's wait status.
+    fn supervisor_after_an_early_exit(block_first: bool) -> i32 {
+        let (from_init, to_supervisor) = pipe().unwrap();
+        // SAFETY: fork from the test process; the child makes only syscalls (and ends
+        // in `supervise`, which never returns).
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork: {}", io::Error::last_os_error());
+        if child == 0 {
+            if block_first {
+                block_all_signals();
+            }
+            // SAFETY: fork in the now single-threaded child.
+            let init = unsafe { libc::fork() };
+            if init == 0 {
+                // The init ends at once, with a word for the supervisor: status 7 << 8.
+                let status: i32 = 7 << 8;
+                let bytes = status.to_ne_bytes();
+                // SAFETY: write of a buffer we own, then _exit in a forked child.
+                unsafe {
+                    libc::write(to_supervisor.as_raw_fd(), bytes.as_ptr().cast(), 4);
+                    libc::_exit(0)
+                }
+            }
+            drop(to_supervisor);
+            // Wait until the init has ended, leaving it unreaped (WNOWAIT): its SIGCHLD
+            // has been sent (and, unblocked, discarded) before the supervisor waits.
+            // SAFETY: siginfo_t is plain data; zeroed is valid.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: waitid of our own child with a valid out-pointer.
+            unsafe {
+                libc::waitid(
+                    libc::P_PID,
+                    init as libc::id_t,
+                    &mut info,
+                    libc::WEXITED | libc::WNOWAIT,
+                )
+            };
+            if !block_first {
+                block_all_signals();
+            }
+            supervise(init, from_init)
+        }
+        drop((from_init, to_supervisor));
+        // Hang guard (not a timing claim): a supervisor that never ends is the bug.
+        for _ in 0..6000 {
+            let mut status = 0;
+            // SAFETY: waitpid of our own child with a valid out-pointer.
+            if unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) } == child {
+                return status;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // SAFETY: kill and reap our own child.
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
+        panic!("the supervisor never saw its init end (60 s)");
+    }
+
+    #[test]
+    fn a_supervisor_whose_init_ended_before_it_waited_ends_like_the_target() {
+        let status = supervisor_after_an_early_exit(true);
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 7);
+    }
+
+    #[test]
+    fn a_lost_sigchld_does_not_leave_the_supervisor_waiting() {
+        // The init's SIGCHLD was discarded (signals were not yet blocked when it ended):
+        // the supervisor's first look (waitpid) and its watchdog still find the end.
+        let status = supervisor_after_an_early_exit(false);
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 7);
     }
 }

@@ -557,7 +557,7 @@ fn job_name() -> String {
     format!(
         "{}{}-{}",
         super::cgroup::JOB_PREFIX,
-        std::process::id(),
+        super::instance::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
 }

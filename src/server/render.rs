@@ -217,10 +217,11 @@ fn excerpt(code: &str) -> String {
 pub fn sessions(sessions: Vec<SessionInfo>) -> CallToolResult {
     let mut text = format!("{} session(s)\n", sessions.len());
     for s in &sessions {
-        let mem = s
-            .memory_bytes
-            .map(|b| format!("{:.1} MB", b as f64 / 1e6))
-            .unwrap_or_else(|| "-".into());
+        let mb = |b: u64| format!("{:.1} MB", b as f64 / 1e6);
+        let mut mem = s.memory_bytes.map(mb).unwrap_or_else(|| "-".into());
+        if let Some(held) = s.held_memory_bytes.filter(|_| s.snapshots > 0) {
+            let _ = write!(mem, " ({} with {} snapshot(s))", mb(held), s.snapshots);
+        }
         let _ = writeln!(
             text,
             "{}: {} · policy {} · pid {} · {mem} · idle {} s · {} cells",
@@ -406,8 +407,13 @@ pub fn chunk(chunk: Chunk) -> CallToolResult {
     } else {
         "; the job is still writing".to_string()
     };
+    let encoding = if chunk.base64 {
+        " (not text: the bytes in base64)"
+    } else {
+        ""
+    };
     let text = format!(
-        "{} of job {} bytes [{}..{}) of {}{more}\n{}",
+        "{} of job {} bytes [{}..{}) of {}{more}{encoding}\n{}",
         chunk.stream.as_str(),
         chunk.job_id,
         chunk.offset,
@@ -423,6 +429,7 @@ pub fn chunk(chunk: Chunk) -> CallToolResult {
         total: Some(chunk.total),
         eof: Some(chunk.eof),
         text: Some(chunk.text),
+        encoding: chunk.base64.then(|| "base64".into()),
         ..Default::default()
     };
     listing(text, &value)

@@ -170,6 +170,19 @@ impl From<Excerpt> for OutputPart {
 }
 
 impl JobReport {
+    /// For a finished job whose answer carries no new output but which printed some
+    /// before (handed to an earlier answer, perhaps another caller's): where it is.
+    fn delivered_before(&self) -> Option<String> {
+        let nothing_new = self.stdout.text.is_empty() && self.stderr.text.is_empty();
+        let earlier = self.stdout.offset + self.stderr.offset;
+        (self.status.is_finished() && nothing_new && earlier > 0).then(|| {
+            format!(
+                "output: {} bytes of stdout and {} of stderr were in earlier answers; read them with job_output job_id=\"{}\"\n",
+                self.stdout.offset, self.stderr.offset, self.job_id
+            )
+        })
+    }
+
     /// The report of a job; images of a Python cell go to the returned list. Every field
     /// of the snapshot is named here (no `..`), so a new one cannot be forgotten.
     pub fn new(view: JobView) -> (JobReport, Vec<Image>) {
@@ -280,6 +293,9 @@ impl JobReport {
                         .to_string(),
                 );
             }
+        } else if let Some(note) = result.get("state_note").and_then(Value::as_str) {
+            // State kept, with something said of it (a branch that shares descriptors).
+            self.state_note = Some(note.to_string());
         }
         if let Some(cell) = result.get("cell").and_then(Value::as_u64) {
             self.cell = Some(cell_name(cell));
@@ -495,6 +511,9 @@ impl JobReport {
         }
         push_part(&mut out, "stdout", &self.stdout);
         push_part(&mut out, "stderr", &self.stderr);
+        if let Some(note) = self.delivered_before() {
+            out.push_str(&note);
+        }
         if let Some(v) = &self.value {
             out.push_str(&format!("value: {v}\n"));
         }

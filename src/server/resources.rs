@@ -289,15 +289,18 @@ pub async fn read(app: &App, uri: &str) -> Result<ReadResourceResult, ErrorData>
             };
             let next = (!chunk.eof && chunk.end < chunk.total)
                 .then(|| format!("job://{job}/{name}?offset={}", chunk.end));
-            Ok(text(
-                uri,
-                "text/plain",
-                chunk.text,
-                Some(json!({
-                    "offset": chunk.offset, "end": chunk.end, "total": chunk.total,
-                    "eof": chunk.eof, "next": next,
-                })),
-            ))
+            let m = json!({
+                "offset": chunk.offset, "end": chunk.end, "total": chunk.total,
+                "eof": chunk.eof, "next": next,
+            });
+            if chunk.base64 {
+                // Bytes that are not text: a blob, exactly as written.
+                let c = ResourceContents::blob(chunk.text, uri)
+                    .with_mime_type("application/octet-stream")
+                    .with_meta(meta(m));
+                return Ok(ReadResourceResult::new(vec![c]));
+            }
+            Ok(text(uri, "text/plain", chunk.text, Some(m)))
         }
         Target::History { session } => {
             let history = app

@@ -97,6 +97,9 @@ pub struct Output {
     pub eof: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// Read: `base64` when `text` is the base64 of bytes that are not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<String>,
     /// Search: the pattern.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pattern: Option<String>,

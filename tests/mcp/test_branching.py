@@ -479,3 +479,31 @@ def test_the_cell_cap_drops_the_oldest_cells_and_says_so(server: Harness):
 
     server.run(first)
     server.run(second)
+
+
+def test_a_branch_tells_what_it_shares_and_buffers_are_not_written_twice(server):
+    """A fork copies memory but shares descriptors and child processes. Open files'
+    Python buffers are flushed before the snapshot (no branch writes another's buffered
+    bytes again: `A`*10 once, then each branch's own byte), and each branch's answer says
+    what it shares. Before: `AAAAAAAAAABAAAAAAAAAAC` and not a word."""
+
+    async def scenario(c):
+        c1 = await c.py("f = open('x', 'a')\nf.write('A' * 10)\nimport subprocess\np = subprocess.Popen(['sleep', '300'])")
+        assert c1["status"] == "completed", c1
+        answers = []
+        for byte in "BC":
+            r = await c.call("python_exec", code=f"f.write('{byte}')\nf.close()", parent=c1["cell"])
+            assert r.structured_content["status"] == "completed", r.structured_content
+            answers.append(" ".join(getattr(x, "text", "") for x in r.content))
+        assert (server.workspace / "x").read_text() == "A" * 10 + "BC"
+        for text in answers:
+            assert "shares with the parent cell's other branches" in text, text
+            assert "file(s) open for writing" in text and "/x" in text, text
+            assert "child process(es)" in text, text
+        # A cell with nothing shared says nothing of it.
+        plain = await c.py("y = 1")
+        r = await c.call("python_exec", code="y", parent=plain["cell"])
+        assert "shares with" not in " ".join(getattr(x, "text", "") for x in r.content)
+        await c.py("p.kill()", parent=c1["cell"])
+
+    server.run(scenario)

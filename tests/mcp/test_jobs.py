@@ -134,3 +134,42 @@ def test_cancelling_a_request_cancels_its_job(server):
         assert (await c.ok("python_exec", code="2 + 2"))["value"] == "4"
 
     server.run(scenario)
+
+
+def test_concurrent_waiters_each_get_the_output_or_a_pointer_to_it(server):
+    """50 `job_wait` calls on one job at once: each answer carries the job's output, or
+    (a caller whose wait began after the output was handed out) says where it is."""
+
+    async def scenario(c):
+        job = await c.ok("shell_run", command="while [ ! -e go ]; do sleep 0.02; done; echo hello", wait_seconds=0)
+        answers = []
+
+        async def wait_one():
+            res = await c.call("job_wait", job_id=job["job_id"], timeout_seconds=60)
+            answers.append((res.structured_content, " ".join(getattr(x, "text", "") for x in res.content)))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(50):
+                tg.start_soon(wait_one)
+            # Give the calls a moment to reach the server (not a claim: a late one is
+            # told where the output went, which the test accepts too).
+            await anyio.sleep(1.0)
+            (server.workspace / "go").write_text("")
+        assert len(answers) == 50
+        with_output = 0
+        for sc, text in answers:
+            assert sc["status"] == "completed", sc
+            if sc["stdout"]["text"] == "hello\n":
+                with_output += 1
+            else:
+                assert sc["stdout"]["text"] == "" and "earlier answers; read them with job_output" in text, text
+        assert with_output >= 1, answers
+        # A wait after everything was handed out points at job_output too, and it has it.
+        late = await c.call("job_wait", job_id=job["job_id"], timeout_seconds=1)
+        assert "read them with job_output" in " ".join(getattr(x, "text", "") for x in late.content)
+        out = await c.ok("job_output", job_id=job["job_id"])
+        assert "hello" in str(out), out
+        return with_output
+
+    got = server.run(scenario)
+    print(f"{got}/50 waiters got the output itself")

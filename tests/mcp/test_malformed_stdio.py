@@ -27,6 +27,8 @@ CASES = [
     (b'{"jsonrpc":"2.0","id":"s-18","method":7}', -32600, "s-18"),
     (b'{"jsonrpc":"1.0","id":19,"method":"ping"}', -32600, 19),
     (b'{"jsonrpc":"2.0","id":[20],"method":"ping"}', -32600, None),
+    # An integer id beyond i64 (up to u64) is echoed, not turned into null.
+    (b'{"jsonrpc":"2.0","id":18446744073709551615,"method":"ping"}', -32600, 18446744073709551615),
     (b"[]", -32600, None),
     (b'"just a string"', -32600, None),
     (b'{"jsonrpc":"2.0"}', -32600, None),
@@ -107,6 +109,19 @@ def test_each_malformed_line_gets_exactly_one_reply_and_the_server_keeps_answeri
                            "params": {"name": "python_exec", "arguments": {"code": "6 * 7"}}}).encode())
         done = s.until_id(5000)[-1]
         assert done["result"]["structuredContent"]["value"] == "42", done
+        # Notifications are never answered, however malformed (JSON-RPC): nothing comes
+        # before the ping's answer.
+        for n, line in enumerate([
+            b'{"jsonrpc":"2.0","method":"notifications/initialized","params":[1]}',
+            b'{"jsonrpc":"1.0","method":"notifications/cancelled"}',
+            b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":{}}}',
+            b'{"jsonrpc":"2.0","method":"notifications/no-such","params":{}}',
+            b'{"jsonrpc":"2.0","method":"tools/call","params":{"name":5}}',
+        ]):
+            s.send(line)
+            s.send(json.dumps({"jsonrpc": "2.0", "id": 6000 + n, "method": "ping"}).encode())
+            got = s.until_id(6000 + n)
+            assert len(got) == 1, f"notification {line!r} was answered: {got[:-1]}"
         # Unknown methods stay "method not found"; a blank line is not a message.
         s.send(b"")
         s.send(b'{"jsonrpc":"2.0","id":5001,"method":"no/such"}')

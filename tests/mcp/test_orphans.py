@@ -14,7 +14,9 @@ from pathlib import Path
 
 import anyio
 import pytest
-from conftest import descendants, pids_with_env_marker
+from conftest import Client, binary, descendants, pids_with_env_marker
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (PID namespaces, cgroups)")
 
@@ -42,11 +44,12 @@ def survivors(procs: dict[int, str]) -> list[int]:
 
 
 def job_cgroups(server_pid: int) -> list[str]:
-    """Job cgroup directories named after `server_pid` (`msr-<pid>-<n>`), v1 or v2."""
+    """Job cgroup directories of the server `server_pid` (`msr-<pid>x<random>-<n>`: named
+    after its instance id, which starts with its pid), v1 or v2."""
     found = []
     for root, dirs, _ in os.walk("/sys/fs/cgroup"):
         for d in dirs:
-            if d.startswith(f"msr-{server_pid}-"):
+            if d.startswith(f"msr-{server_pid}x"):
                 found.append(os.path.join(root, d))
     return found
 
@@ -149,9 +152,8 @@ def test_sigkill_of_the_server_leaves_no_process_and_no_cgroup(server):
         assert {status.get(j) for j in seen["jobs"]} == {"lost"}, listed
         assert job_cgroups(seen["server"]) == [], "the dead server's job cgroups were swept"
 
-    # Job cgroups are machine-wide: any server that starts on this machine meanwhile (a
-    # concurrent test run) sweeps a dead server's too. Its temp paths are in this test's
-    # state dir, which only the next server here sweeps.
+    # Only a server of the same state dir sweeps a dead server's cgroups and temp paths
+    # (its ownership record is there): the next server here.
     left_before = job_cgroups(seen["server"])
     server.env["RUST_LOG"] = "info"
     server.run(second)
@@ -159,6 +161,53 @@ def test_sigkill_of_the_server_leaves_no_process_and_no_cgroup(server):
     assert "swept what an earlier server left" in log, log[-2000:]
     # The script's and the install's temp dirs (the shell job's `{tmp}` was a tmpfs in its
     # own view: nothing of it was on the host).
-    assert f"env-tmp/{seen['server']}-" in log, log[-2000:]
-    assert not list((server.state_dir / "shell-tmp").glob(f"{seen['server']}-*"))
-    assert f"msr-{seen['server']}-" in log or not left_before, (left_before, log[-2000:])
+    assert f"env-tmp/{seen['server']}x" in log, log[-2000:]
+    assert not list((server.state_dir / "shell-tmp").glob(f"{seen['server']}x*"))
+    assert f"msr-{seen['server']}x" in log or not left_before, (left_before, log[-2000:])
+    assert not list((server.state_dir / "owners").glob(f"{seen['server']}x*")), "its record is gone"
+
+
+def test_two_servers_in_different_pid_namespaces_never_disturb_each_other(server, tmp_path):
+    """A second server started inside `unshare --pid --fork --mount-proc` (its /proc
+    shows none of the first one's processes) sweeps nothing of the first's at its start,
+    and the first's start-up sweep nothing of the second's: both keep running jobs (shell
+    and Python) through the other's start-up. Before ownership was recorded in the state
+    dir, the second server judged the first dead by its own /proc, set pids.max = 0 on its
+    made-ahead job cgroups and removed them: the first one's next job was refused."""
+    other = tmp_path / "other"
+    (other / "ws").mkdir(parents=True)
+    (other / "state").mkdir()
+
+    def params_in_pidns() -> StdioServerParameters:
+        env = server.server_env()
+        env.update(MCP_SANDBOX_WORKSPACE=str(other / "ws"), MCP_SANDBOX_STATE_DIR=str(other / "state"))
+        return StdioServerParameters(
+            command="unshare", args=["--pid", "--fork", "--mount-proc", binary()], env=env, cwd=str(other / "ws")
+        )
+
+    async def jobs_work(c, label: str) -> None:
+        for _ in range(3):
+            shell = await c.ok("shell_run", command=f"echo {label}", wait_seconds=30)
+            assert shell["status"] == "completed" and shell["stdout"]["text"].strip() == label, shell
+        cell = await c.py("6 * 7")
+        assert cell["status"] == "completed" and cell["value"] == "42", cell
+
+    async def scenario(a):
+        await jobs_work(a, "first")
+        assert job_cgroups(a.server_pid), "the first server has job cgroups (made ahead or in use)"
+        errlog = open(tmp_path / "other-stderr.log", "a")
+        async with stdio_client(params_in_pidns(), errlog=errlog) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                b = Client(s, server, None)
+                # Its first tool call waits for its start-up sweep: done by now.
+                await jobs_work(b, "second")
+                await jobs_work(a, "first-again")
+                # Now a third server on the first one's state dir, in this namespace: its
+                # sweep must not take the second (in another namespace) for ended either.
+                async with server.connect() as c3:
+                    await jobs_work(c3, "third")
+                await jobs_work(b, "second-again")
+                await jobs_work(a, "first-last")
+
+    server.run(scenario, timeout=240)

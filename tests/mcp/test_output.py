@@ -87,3 +87,35 @@ def test_200mb_job_keeps_server_memory_bounded(server):
         assert hwm_kb < 100 * 1024, f"server peak RSS {hwm_kb} kB"
 
     server.run(scenario, timeout=170)
+
+
+def test_binary_output_is_kept_as_bytes_and_returned_in_base64(server):
+    """Bytes that are not UTF-8 come back exactly (base64, said so), through job_output
+    pages and resources/read, instead of U+FFFD for every byte >= 0x80."""
+    import base64
+
+    want = bytes(range(256)) * 400
+
+    async def scenario(c):
+        job = await c.ok("python_exec", code="import sys\nsys.stdout.buffer.write(bytes(range(256)) * 400)\nsys.stdout.flush()")
+        job = await c.finish(job)
+        got, offset = b"", 0
+        while True:
+            page = await c.ok("job_output", job_id=job["job_id"], offset=offset)
+            assert page["encoding"] == "base64", {k: v for k, v in page.items() if k != "text"}
+            got += base64.b64decode(page["text"])
+            assert page["offset"] == offset and page["end"] == offset + len(base64.b64decode(page["text"]))
+            offset = page["end"]
+            if page["eof"]:
+                break
+        assert got == want
+        res = (await c.session.read_resource(f"job://{job['job_id']}/stdout?offset=1000")).contents[0]
+        assert res.mime_type == "application/octet-stream"
+        blob = base64.b64decode(res.blob)
+        assert blob and blob == want[1000 : 1000 + len(blob)]
+        # Text stays text.
+        txt = await c.ok("shell_run", command="printf 'caf\\303\\251\\n'")
+        page = await c.ok("job_output", job_id=txt["job_id"])
+        assert page["text"] == "café\n" and "encoding" not in page, page
+
+    server.run(scenario)

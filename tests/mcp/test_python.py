@@ -1,5 +1,6 @@
 """Python REPL through MCP: the mcp-async-repl scenario, interrupt, variables, files, input()."""
 
+import os
 import time
 
 import pytest
@@ -172,3 +173,31 @@ def test_a_cell_that_forks_twice_completes(server):
         assert (r["status"], r.get("value")) == ("completed", "0"), r
 
     server.run(scenario)
+
+
+@pytest.mark.parametrize("policy", ["workspace-write", "read-only", "ci"])
+def test_multiprocessing_works_under_every_sandboxing_policy_with_a_private_dev_shm(server, policy):
+    """multiprocessing.Pool and ProcessPoolExecutor need POSIX semaphores in /dev/shm: each
+    job gets a private, size-bounded tmpfs there (not the host's), under every policy."""
+    marker = f"shm-marker-{os.getpid()}-{policy}"
+
+    async def scenario(c):
+        code = (
+            "import multiprocessing, concurrent.futures, os\n"
+            "with multiprocessing.Pool(2) as p:\n"
+            "    a = p.map(abs, [-1, -2, -3])\n"
+            "with concurrent.futures.ProcessPoolExecutor(2) as ex:\n"
+            "    b = list(ex.map(abs, [-4, -5]))\n"
+            f"open('/dev/shm/{marker}', 'w').write('x')\n"
+            "st = os.statvfs('/dev/shm')\n"
+            "(a, b, st.f_blocks * st.f_frsize <= (1 << 30))"
+        )
+        cell = await c.py(code)
+        assert cell["status"] == "completed", cell
+        assert cell["value"] == "([1, 2, 3], [4, 5], True)", cell
+        # Private: not on the host, not in another job.
+        assert not os.path.exists(f"/dev/shm/{marker}")
+        other = await c.ok("shell_run", command=f"ls /dev/shm/{marker} 2>&1 || echo absent", wait_seconds=30)
+        assert "absent" in other["stdout"]["text"], other
+
+    server.run(scenario, "--sandbox-state" if policy != "ci" else "--policy", policy)

@@ -1,5 +1,6 @@
 """Sessions: isolation, parallel execution, crash isolation, the sandbox on the worker."""
 
+import os
 import time
 
 import anyio
@@ -153,5 +154,33 @@ def test_sandbox_applies_to_the_worker(server):
         assert (server.workspace / "inside.txt").read_text() == "ok"
         res = await c.call("python_exec", code="import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)")
         assert res.is_error, res.structured_content
+
+    server.run(scenario)
+
+
+def test_session_list_names_the_interpreter_and_the_memory_its_snapshots_hold(server):
+    """`worker_pid` is the Python interpreter (as this PID namespace numbers it), not the
+    launcher's supervisor; `held_memory_bytes` counts the snapshots' memory too."""
+    from pathlib import Path
+
+    async def scenario(c):
+        inner = await c.py("import os\nblob = bytearray(128 << 20)\nos.getpid()")
+        # The head lets go of c1's 128 MiB and takes 128 MiB of its own: c1's snapshot
+        # still holds the first block, which the worker's RSS no longer shows.
+        await c.py("del blob\nblob2 = bytearray(128 << 20)")
+        await c.py("3")
+        listed = await c.ok("session_list")
+        s = next(s for s in listed["sessions"] if s["name"] == "default")
+        pid = s["worker_pid"]
+        exe = os.readlink(f"/proc/{pid}/exe")
+        assert "python" in os.path.basename(exe), exe
+        nspid = next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("NSpid:"))
+        assert nspid.split()[-1] == inner["value"], (nspid, inner)
+        assert s["snapshots"] >= 2, s
+        if s.get("held_memory_bytes") is not None:  # a memory cgroup is there
+            assert s["memory_bytes"] >= 128 << 20, s
+            assert s["held_memory_bytes"] >= s["memory_bytes"] + (96 << 20), s
+            text = " ".join(getattr(x, "text", "") for x in (await c.call("session_list")).content)
+            assert "snapshot(s))" in text, text
 
     server.run(scenario)

@@ -15,9 +15,10 @@ fn probe_writes(paths: &[String]) -> String {
         .collect()
 }
 
-/// workspace-write: the workspace and the private temp dir are writable; /etc, $HOME,
-/// /dev/shm and other directories are not, and nothing lands in them or in the host's
-/// /tmp (inside the sandbox /tmp is the job's private temp dir).
+/// workspace-write: the workspace and the private temp dir are writable; /etc, $HOME and
+/// other directories are not, and nothing lands in them or in the host's /tmp or
+/// /dev/shm (inside the sandbox /tmp is the job's private temp dir, /dev/shm a private
+/// tmpfs).
 #[test]
 fn workspace_write_confines_writes() {
     let ws = TempDir::new("ww");
@@ -42,12 +43,16 @@ fn workspace_write_confines_writes() {
         "{text}"
     );
     assert!(text.contains("WROTE tmpdir"), "{text}");
-    let host_tmp = format!("/tmp/{tag}");
-    assert!(
-        !std::path::Path::new(&host_tmp).exists(),
-        "{host_tmp} was created on the host"
-    );
-    for p in denied.iter().filter(|p| **p != host_tmp) {
+    // /tmp and /dev/shm are the job's own (its temp dir, a private tmpfs): written there,
+    // nothing reaches the host's.
+    let private = [format!("/tmp/{tag}"), format!("/dev/shm/{tag}")];
+    for p in &private {
+        assert!(
+            !std::path::Path::new(p).exists(),
+            "{p} was created on the host"
+        );
+    }
+    for p in denied.iter().filter(|p| !private.contains(p)) {
         assert!(
             text.contains(&format!("DENIED {p}")),
             "{p} not denied:\n{text}"

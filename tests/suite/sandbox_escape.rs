@@ -124,7 +124,8 @@ def remove_after(p, f):
     return g
 check("write_etc", remove_after("/etc/" + tag, lambda: write("/etc/" + tag)))
 check("write_home", remove_after(home + "/" + tag, lambda: write(home + "/" + tag)))
-check("write_dev_shm", remove_after("/dev/shm/" + tag, lambda: write("/dev/shm/" + tag)))
+# /dev/shm is the job's own tmpfs (or absent): the host must not see this file.
+check("write_host_dev_shm", lambda: write("/dev/shm/" + tag))
 check("write_outside_dir", lambda: write(out + "/new.txt"))
 check("read_outside_file", lambda: open(sec).read())
 def secret_content(p):
@@ -156,7 +157,6 @@ check("write_host_tmp", lambda: write("/tmp/" + tag))
 const FS_CHECKS: &[&str] = &[
     "write_etc",
     "write_home",
-    "write_dev_shm",
     "write_outside_dir",
     "read_outside_file",
     "read_etc_shadow",
@@ -173,9 +173,9 @@ const FS_CHECKS: &[&str] = &[
     "chown_outside",
 ];
 
-/// Writes to /etc, $HOME, /dev/shm and other directories, reads of an unlisted
-/// directory, symlink/hardlink/rename tricks through the workspace and chmod/chown outside
-/// are all refused; the job's /tmp is private (nothing reaches the host's /tmp). Run with
+/// Writes to /etc, $HOME and other directories, reads of an unlisted directory,
+/// symlink/hardlink/rename tricks through the workspace and chmod/chown outside are all
+/// refused; the job's /tmp and /dev/shm are private (nothing reaches the host's). Run with
 /// the workspace inside the host's /tmp and outside it (/var/tmp), the two view layouts.
 #[test]
 fn filesystem_escapes() {
@@ -196,6 +196,13 @@ fn filesystem_escapes() {
                 "{policy}, workspace in {base}: /tmp/{tag} on the host"
             );
             let _ = std::fs::remove_file(host_tmp);
+            let host_shm = Path::new("/dev/shm").join(&tag);
+            assert_eq!(
+                host_shm.exists(),
+                policy == CONTROL,
+                "{policy}, workspace in {base}: /dev/shm/{tag} on the host"
+            );
+            let _ = std::fs::remove_file(host_shm);
             assert_eq!(std::fs::read_to_string(&o.secret).unwrap(), "top secret");
         }
     }

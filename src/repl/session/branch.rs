@@ -97,7 +97,7 @@ impl Session {
     /// Memory the session's process trees hold now (the head's and those of earlier
     /// heads that still hold snapshots), from their job cgroups; `None` without a memory
     /// cgroup. The spare worker is not counted: it holds no snapshot.
-    fn trees_memory(inner: &Inner) -> Option<u64> {
+    pub(super) fn trees_memory(inner: &Inner) -> Option<u64> {
         let head_root = inner.worker.as_ref().filter(|w| w.is_root());
         head_root
             .into_iter()
@@ -293,7 +293,12 @@ impl Session {
 
     /// Put the head at the state right after `p.cell`; returns the head and the cells
     /// replayed to get there. Called with the operation lock held.
-    pub(super) async fn branch_to(&self, p: &Parent) -> Result<(Arc<Worker>, Vec<u64>), ReplError> {
+    /// Returns the new head, the cells replayed on it and, for a fork from a snapshot,
+    /// what that snapshot shares with its other branches (in words).
+    pub(super) async fn branch_to(
+        &self,
+        p: &Parent,
+    ) -> Result<(Arc<Worker>, Vec<u64>, Option<String>), ReplError> {
         {
             let inner = self.inner();
             if inner.closed {
@@ -305,29 +310,31 @@ impl Session {
         let head = self.settle().await;
         let plan = self.plan_for(p, head.is_some())?;
         match plan {
+            // The head runs on from the parent's state; its snapshot, which later
+            // branches fork from, shares with it what it shares with them.
             Plan::Head => match head {
-                Some(h) => Ok((h, Vec::new())),
+                Some(h) => Ok((h, Vec::new(), self.inner().graph.shared(p.cell))),
                 None => Err(ReplError::Branch {
                     detail: "the head's worker is gone".into(),
                 }),
             },
             Plan::Fork { from, replay } => {
-                let w = match self.fork_from(from).await {
-                    Ok(w) => w,
+                let (w, shared) = match self.fork_from(from).await {
+                    Ok(forked) => forked,
                     // A snapshot that died (e.g. killed at the memory limit) is forgotten
                     // by `fork_from`: plan again, from an older snapshot or by replay.
                     Err(first) => match self.plan_for(p, head.is_some())? {
                         Plan::Fork { from: again, .. } if again == from => return Err(first),
                         Plan::Fork { from, replay } => {
-                            let w = self.fork_from(from).await?;
+                            let (w, shared) = self.fork_from(from).await?;
                             self.replay(&w, &replay).await?;
-                            return Ok((w, replay));
+                            return Ok((w, replay, shared));
                         }
                         _ => return Err(first),
                     },
                 };
                 self.replay(&w, &replay).await?;
-                Ok((w, replay))
+                Ok((w, replay, shared))
             }
             Plan::Scratch { replay } => {
                 let w = {
@@ -338,18 +345,20 @@ impl Session {
                 w.wait_ready(self.env.start_timeout).await?;
                 self.switch_head(w.clone(), w.pid, None);
                 self.replay(&w, &replay).await?;
-                Ok((w, replay))
+                Ok((w, replay, None))
             }
         }
     }
 
-    /// A new live worker forked from the snapshot of `from`, made the head.
-    async fn fork_from(&self, from: u64) -> Result<Arc<Worker>, ReplError> {
+    /// A new live worker forked from the snapshot of `from`, made the head; and what the
+    /// snapshot shares with its other branches, if anything (in words).
+    async fn fork_from(&self, from: u64) -> Result<(Arc<Worker>, Option<String>), ReplError> {
         let Some((snap, tree)) = self.inner().graph.use_snapshot(from) else {
             return Err(ReplError::Branch {
                 detail: format!("the snapshot of {} is gone", cell_name(from)),
             });
         };
+        let shared = snap.shared.clone();
         let timeout = self.env.start_timeout;
         let forked = tokio::task::spawn_blocking(move || snap.fork_live(timeout))
             .await
@@ -389,7 +398,7 @@ impl Session {
             });
         }
         self.switch_head(w.clone(), tree, Some(from));
-        Ok(w)
+        Ok((w, shared))
     }
 
     /// Run `cells` again on `w` (the head), in order; stop at the first that ends

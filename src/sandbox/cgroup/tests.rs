@@ -170,36 +170,41 @@ fn v2_job_cgroup_join_kill_remove() {
     std::fs::remove_dir(&own).unwrap();
 }
 
-/// Empty job cgroups left by a killed server are swept; busy and young ones are kept.
+/// Only the job cgroups of the owners named are swept (killed, removed), busy or not;
+/// those of any other owner — a live server in this or another PID namespace, another
+/// state dir's — and names that are not ours stay.
 #[test]
-fn stale_empty_cgroups_are_swept() {
-    let stale = JobCgroup::create(&unique("sweep-stale"), None, Some(8)).expect("create");
-    let busy = JobCgroup::create(&unique("sweep-busy"), None, Some(8)).expect("create");
-    // Named after this live process, as a server's cgroups made ahead of need are.
-    let waiting = JobCgroup::create(
-        &format!("{JOB_PREFIX}{}-990099", std::process::id()),
-        None,
-        Some(8),
-    )
-    .expect("create");
-    run_in(&busy, "sleep 30 & exit 0");
+fn only_the_named_owners_cgroups_are_swept() {
+    let dead = "1x0badf00d".to_string();
+    let other = "2x0000beef";
+    let name = |owner: &str, n: u32| format!("{JOB_PREFIX}{owner}-{}{n}", std::process::id());
+    let busy = JobCgroup::create(&name(&dead, 1), None, Some(8)).expect("create");
+    let idle = JobCgroup::create(&name(&dead, 2), None, Some(8)).expect("create");
+    let others = JobCgroup::create(&name(other, 3), None, Some(8)).expect("create");
+    let legacy =
+        JobCgroup::create(&format!("{JOB_PREFIX}999999-4"), None, Some(8)).expect("create");
+    run_in(&busy, "sleep 3600 & exit 0");
     let dir = |cg: &JobCgroup| cg.procs_files()[0].parent().unwrap().to_path_buf();
-    let (stale_dir, busy_dir, waiting_dir) = (dir(&stale), dir(&busy), dir(&waiting));
-    std::mem::forget(stale); // as if the server had been SIGKILLed
-    sweep_stale(&Layout::detect(), STALE_AFTER);
-    assert!(stale_dir.exists(), "too young to sweep");
-    let long_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
-    for d in [&stale_dir, &busy_dir, &waiting_dir] {
-        std::fs::File::open(d)
-            .unwrap()
-            .set_modified(long_ago)
-            .unwrap();
-    }
-    sweep_stale(&Layout::detect(), STALE_AFTER);
-    assert!(!stale_dir.exists(), "empty stale cgroup swept");
-    assert!(busy_dir.exists(), "a cgroup with processes is kept");
-    assert!(waiting_dir.exists(), "a live server's idle cgroup is kept");
-    drop((busy, waiting));
+    let (busy_dir, idle_dir, others_dir, legacy_dir) =
+        (dir(&busy), dir(&idle), dir(&others), dir(&legacy));
+    let members = std::fs::read_to_string(&busy.procs_files()[0]).unwrap();
+    std::mem::forget(busy); // as if its server had been SIGKILLed
+    std::mem::forget(idle);
+    let swept = sweep_owned_by(&Layout::detect(), std::slice::from_ref(&dead));
+    assert!(!busy_dir.exists() && !idle_dir.exists(), "{swept:?}");
+    assert!(
+        swept.contains(&busy_dir) && swept.contains(&idle_dir),
+        "{swept:?}"
+    );
+    assert_all_gone(&members);
+    assert!(others_dir.exists(), "another owner's cgroup is kept");
+    assert!(
+        legacy_dir.exists(),
+        "a name that is not an instance id is kept"
+    );
+    assert_eq!(owner_of(&name(&dead, 1)), Some(dead.as_str()));
+    assert_eq!(owner_of(&format!("{JOB_PREFIX}999999-4")), None);
+    drop((others, legacy));
 }
 
 /// Current memory use is read from `memory.usage_in_bytes` (v1) or `memory.current` (v2)

@@ -27,8 +27,9 @@ use tokio_util::sync::CancellationToken;
 /// Longest request line accepted (bytes, without the newline): 16 MiB. Longer lines are
 /// answered with -32600 and skipped.
 pub const MAX_LINE: usize = 16 << 20;
-/// JSON nesting deeper than this is a parse error (serde_json's recursion limit).
-pub const MAX_DEPTH: usize = 128;
+/// JSON nesting deeper than this (the whole message counted: 127 levels of objects and
+/// arrays) is a parse error: serde_json's recursion limit.
+pub const MAX_DEPTH: usize = 127;
 
 const PARSE_ERROR: i32 = -32700;
 const INVALID_REQUEST: i32 = -32600;
@@ -61,6 +62,9 @@ pub enum Verdict {
     Reply(Value),
     /// Nothing to do (a blank line).
     Ignore,
+    /// A malformed notification: dropped unanswered (JSON-RPC: a server never replies
+    /// to a notification), with this reason logged.
+    Drop(String),
 }
 
 fn error_reply(id: Value, code: i32, message: impl Into<String>) -> Verdict {
@@ -109,12 +113,43 @@ pub fn validate_line(line: &[u8]) -> Verdict {
         Some(v @ Value::String(_)) => Some(v.clone()),
         Some(Value::Number(n)) if n.is_i64() => Some(Value::Number(n.clone())),
         Some(other) => {
+            // An integer beyond i64 (up to u64) is echoed as given; anything else
+            // (fractions, objects, integers beyond u64, read as floats) cannot be.
+            let echo = match other {
+                Value::Number(n) if n.is_u64() => other.clone(),
+                _ => Value::Null,
+            };
             return error_reply(
-                Value::Null,
+                echo,
                 INVALID_REQUEST,
-                format!("invalid request: `id` must be a string or an integer, got {other}"),
+                format!(
+                    "invalid request: `id` must be a string or an integer from -2^63 to \
+                     2^63-1, got {other}"
+                ),
             );
         }
+    };
+    let notification = id.is_none() && matches!(map.get("method"), Some(Value::String(_)));
+    match validate_message(value, id) {
+        // Whatever is wrong with a notification, it is never answered.
+        Verdict::Reply(v) if notification => Verdict::Drop(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or("malformed notification")
+                .to_string(),
+        ),
+        other => other,
+    }
+}
+
+/// The checks of a message (a JSON object) whose `id`, if any, is valid.
+fn validate_message(value: Value, id: Option<Value>) -> Verdict {
+    let Value::Object(map) = &value else {
+        return error_reply(
+            Value::Null,
+            INVALID_REQUEST,
+            "invalid request: not an object",
+        );
     };
     let reply_id = id.clone().unwrap_or(Value::Null);
     if map.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
@@ -264,10 +299,12 @@ fn id_value(line: &[u8], at: usize) -> Value {
             if matches!(line.get(end), Some(b'.' | b'e' | b'E')) {
                 return Value::Null;
             }
-            std::str::from_utf8(&line[at..end])
-                .ok()
+            let digits = std::str::from_utf8(&line[at..end]).ok();
+            digits
                 .and_then(|s| s.parse::<i64>().ok())
-                .map_or(Value::Null, Value::from)
+                .map(Value::from)
+                .or_else(|| digits.and_then(|s| s.parse::<u64>().ok()).map(Value::from))
+                .unwrap_or(Value::Null)
         }
         _ => Value::Null,
     }
@@ -400,6 +437,7 @@ async fn read_lines<R: AsyncBufRead + Unpin>(
     replies: &mpsc::UnboundedSender<Outgoing>,
 ) -> io::Result<()> {
     let mut line = Vec::new();
+    let mut warned = LogBudget::default();
     loop {
         line.clear();
         let n = (&mut *reader)
@@ -412,10 +450,12 @@ async fn read_lines<R: AsyncBufRead + Unpin>(
         let verdict = if line.len() > MAX_LINE && !line.ends_with(b"\n") {
             let id = recover_id(&line);
             let skipped = line.len() as u64 + skip_line(reader).await?;
-            tracing::warn!(
-                bytes = skipped,
-                "skipped a request line over the size limit"
-            );
+            if warned.allow() {
+                tracing::warn!(
+                    bytes = skipped,
+                    "skipped a request line over the size limit"
+                );
+            }
             error_reply(
                 id,
                 INVALID_REQUEST,
@@ -434,14 +474,64 @@ async fn read_lines<R: AsyncBufRead + Unpin>(
                 }
             }
             Verdict::Reply(reply) => {
-                tracing::warn!(reply = %reply, "answered a malformed request line");
+                if warned.allow() {
+                    tracing::warn!(reply = %reply, "answered a malformed request line");
+                }
                 let mut bytes = serde_json::to_vec(&reply).map_err(io::Error::other)?;
                 bytes.push(b'\n');
                 if replies.send((bytes, None)).is_err() {
                     return Ok(());
                 }
             }
+            Verdict::Drop(why) => {
+                if warned.allow() {
+                    tracing::warn!("dropped a malformed notification (not answered): {why}");
+                }
+            }
             Verdict::Ignore => {}
+        }
+    }
+}
+
+/// At most [`LogBudget::BURST`] warnings per [`LogBudget::WINDOW`] about malformed input,
+/// then one line saying how many were left out: a client (or an attacker on the pipe)
+/// sending garbage for a minute must not write hundreds of MB of stderr.
+#[derive(Default)]
+struct LogBudget {
+    window: Option<std::time::Instant>,
+    logged: u32,
+    silenced: u64,
+}
+
+impl LogBudget {
+    const BURST: u32 = 10;
+    const WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+    /// Whether to log this one (a summary of those left out is logged first when a new
+    /// window starts).
+    fn allow(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        if self
+            .window
+            .is_none_or(|start| now.duration_since(start) >= Self::WINDOW)
+        {
+            if self.silenced > 0 {
+                tracing::warn!(
+                    "{} more malformed input line(s) were answered without a log line",
+                    self.silenced
+                );
+            }
+            *self = LogBudget {
+                window: Some(now),
+                ..LogBudget::default()
+            };
+        }
+        if self.logged < Self::BURST {
+            self.logged += 1;
+            true
+        } else {
+            self.silenced += 1;
+            false
         }
     }
 }
@@ -540,6 +630,50 @@ mod tests {
         fn is_parse_error_with_null_id(&self) -> bool {
             matches!(self, Verdict::Reply(v) if v["error"]["code"] == -32700 && v["id"].is_null())
         }
+    }
+
+    #[test]
+    fn malformed_notifications_are_never_answered() {
+        for line in [
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized","params":[1]}"#,
+            r#"{"jsonrpc":"1.0","method":"notifications/cancelled"}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/x","params":"text"}"#,
+        ] {
+            assert!(
+                matches!(validate_line(line.as_bytes()), Verdict::Drop(_)),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn integer_ids_beyond_i64_are_echoed_in_the_error() {
+        let big = r#"{"jsonrpc":"2.0","id":18446744073709551615,"method":"ping"}"#;
+        assert_eq!(reply(big), (-32600, json!(18446744073709551615u64)));
+        assert_eq!(
+            recover_id(br#"{"id":18446744073709551615,"x":"#),
+            json!(18446744073709551615u64)
+        );
+        // Beyond u64 a number is a float to us: the id cannot be told, so it is null.
+        let huge = r#"{"jsonrpc":"2.0","id":1e30,"method":"ping"}"#;
+        assert_eq!(reply(huge), (-32600, Value::Null));
+    }
+
+    #[test]
+    fn nesting_depth_limit_is_exactly_max_depth() {
+        // The whole message counts: the top-level object, `params`, then `x`'s arrays.
+        let at = |levels: usize| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":7,"method":"ping","params":{{"x":{}1{}}}}}"#,
+                "[".repeat(levels - 2),
+                "]".repeat(levels - 2)
+            )
+        };
+        assert!(matches!(
+            validate_line(at(MAX_DEPTH).as_bytes()),
+            Verdict::Pass(_)
+        ));
+        assert_eq!(reply(&at(MAX_DEPTH + 1)), (-32700, json!(7)));
     }
 
     #[test]

@@ -515,10 +515,10 @@ async fn a_sigint_between_cells_is_discarded() {
         // SAFETY: signalling our own child process.
         unsafe { libc::kill(pid as i32, libc::SIGINT) };
     }
-    // Until the worker has taken the signal (no fixed delay: a loaded machine may not run
-    // it for a while, and a SIGINT still pending when the next cell arrives is one that
-    // arrives during that cell, not between cells).
-    wait_for(|| !sigint_pending(pid)).await;
+    // `worker_pid` is the interpreter itself: between cells it blocks SIGINT, so the
+    // signal waits, pending, until the next cell starts, which discards it. Wait until it
+    // is there (no fixed delay), so the next cell really starts with one pending.
+    wait_for(|| sigint_pending(pid)).await;
     let (o, _) = run(&f.manager, "default", "import time; time.sleep(0.2); x + 1").await;
     assert_eq!(
         (o.status, o.value.as_deref()),
