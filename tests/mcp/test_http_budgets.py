@@ -228,6 +228,38 @@ def test_a_slow_request_head_is_closed(server):
         stop(proc)
 
 
+def test_an_idle_kept_alive_connection_is_closed(server):
+    """A connection that got its answer and stays open without sending the next request
+    (HTTP/1.1 keep-alive) is closed after the header timeout."""
+    proc, url, port, log = start_http(server, "--http-header-timeout", "2")
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=GUARD)
+        # Unauthorized: answered 401 at once, the connection kept alive.
+        s.sendall(f"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = s.recv(4096)
+            assert chunk, answer
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 401"), answer
+        assert b"connection: close" not in answer.lower(), answer
+        # Then silence: the server closes it (recv returns EOF; the hang guard is the timeout).
+        s.settimeout(GUARD)
+        rest = answer.split(b"\r\n\r\n", 1)[1]
+        while True:
+            try:
+                chunk = s.recv(4096)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            rest += chunk
+            assert len(rest) < 10_000, rest
+        s.close()
+    finally:
+        stop(proc)
+
+
 def raw_initialize(port: int, token: str | None, abandon: bool = True) -> bytes:
     """POST an `initialize`; read the first bytes of the answer and (abandon) close the
     socket, as a client that gives up does. Returns what was read."""
