@@ -422,3 +422,36 @@ def test_a_closed_session_ends_what_its_connection_started(server):
         wait_ended(2)
     finally:
         stop(proc)
+
+
+def test_an_idle_session_is_closed(server):
+    """A session that finished its handshake and then sends nothing is closed after
+    --http-session-idle (its handler's end is logged); its id then answers 404."""
+    import urllib.error
+    import urllib.request
+
+    server.env["RUST_LOG"] = "warn,mcp_sandbox_repl::server::handler=debug"
+    proc, url, port, log = start_http(server, "--http-session-idle", "2", token=None)
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, data=json.dumps(INIT).encode(), headers=headers, method="POST"),
+            timeout=GUARD,
+        ) as r:
+            r.read()
+            sid = r.headers["Mcp-Session-Id"]
+        h = {**headers, "Mcp-Session-Id": sid, "Mcp-Protocol-Version": "2025-06-18"}
+        note = json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}).encode()
+        with urllib.request.urlopen(urllib.request.Request(url, data=note, headers=h, method="POST"), timeout=GUARD) as r:
+            assert r.status == 202
+        # Waiting must not send anything to the session: watch the log, not the session.
+        deadline = time.monotonic() + GUARD
+        while "MCP connection ended" not in log.read_text():
+            assert time.monotonic() < deadline, "the idle session was never closed"
+            time.sleep(0.2)
+        ping = json.dumps({"jsonrpc": "2.0", "id": 5, "method": "ping"}).encode()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(url, data=ping, headers=h, method="POST"), timeout=GUARD)
+        assert e.value.code == 404
+    finally:
+        stop(proc)
