@@ -28,7 +28,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the MCP server (the default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run one command under a policy and report how it ended (the CI runner).
     Run(RunArgs),
     /// Report what this kernel supports and what each shipped policy enforces here.
@@ -114,6 +114,27 @@ pub struct ServeArgs {
     /// Serve HTTP without a bearer token (loopback only): any local process could run code.
     #[arg(long, env = "MCP_SANDBOX_NO_AUTH", conflicts_with = "token")]
     pub no_auth: bool,
+    /// HTTP: most TCP connections open at once (default: 256, or a quarter of the
+    /// server's open-file limit if that is lower). At the cap a new connection closes the
+    /// longest-idle one (no request in progress); if every one is busy it gets 503.
+    #[arg(long, env = "MCP_SANDBOX_HTTP_MAX_CONNECTIONS")]
+    pub http_max_connections: Option<usize>,
+    /// HTTP: seconds a connection may take to send a complete request head, the first
+    /// one or the next on a kept-alive connection; then it is closed [default: 10].
+    #[arg(long, env = "MCP_SANDBOX_HTTP_HEADER_TIMEOUT")]
+    pub http_header_timeout: Option<u64>,
+    /// HTTP: most MCP sessions open at once (one per connected client; not Python
+    /// sessions). A new client over it gets 503 in words [default: 128].
+    #[arg(long, env = "MCP_SANDBOX_HTTP_MAX_SESSIONS")]
+    pub http_max_sessions: Option<usize>,
+    /// HTTP: seconds a new MCP session has to send `notifications/initialized` after
+    /// `initialize`; then it is closed [default: 30].
+    #[arg(long, env = "MCP_SANDBOX_HTTP_HANDSHAKE_TIMEOUT")]
+    pub http_handshake_timeout: Option<u64>,
+    /// HTTP: seconds an MCP session may go without any message (a request, a notification,
+    /// an answer or progress of its own calls); then it is closed [default: 300].
+    #[arg(long, env = "MCP_SANDBOX_HTTP_SESSION_IDLE")]
+    pub http_session_idle: Option<u64>,
     /// Maximum number of live Python sessions (the prewarmed `default` counts once used).
     #[arg(long, env = "MCP_SANDBOX_MAX_SESSIONS", default_value_t = 8)]
     pub max_sessions: usize,
@@ -233,7 +254,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         None => commands::serve::serve(cli.serve),
-        Some(Command::Serve(args)) => commands::serve::serve(args),
+        Some(Command::Serve(args)) => commands::serve::serve(*args),
         Some(Command::Run(args)) => commands::run::run(args),
         Some(Command::Doctor(args)) => commands::doctor::doctor(args),
         Some(Command::Policy(cmd)) => commands::policy::policy(cmd),

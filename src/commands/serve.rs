@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::app;
 use crate::cli::{SandboxState, ServeArgs, Transport};
-use crate::server::transport::HttpAuth;
+use crate::server::transport::{HttpAuth, HttpBudgets};
 use crate::server::{self, ServerConfig, ServerError};
 
 /// A start-up value that cannot work; the text says which flag and what to pass.
@@ -89,6 +89,11 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         disk_cap,
         keep_jobs,
         keep_hours,
+        http_max_connections,
+        http_header_timeout,
+        http_max_sessions,
+        http_handshake_timeout,
+        http_session_idle,
     } = args;
     in_range(
         "max-sessions",
@@ -129,7 +134,20 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         inherit_sandbox: sandbox_state == SandboxState::Inherit && policy.is_none(),
         workspace_from_roots: workspace.is_none(),
     };
+    let http = http_budgets(
+        http_max_connections,
+        http_header_timeout,
+        http_max_sessions,
+        http_handshake_timeout,
+        http_session_idle,
+    )
+    .map_err(|e| ServerError::Config(e.to_string()))?;
     let transport = match transport {
+        Transport::Stdio if http.is_some() => {
+            return Err(ServerError::Config(
+                "the --http-* limits are for --transport http; stdio has one client and no connections to limit: drop them (or their MCP_SANDBOX_HTTP_* variables), or add --transport http".into(),
+            ));
+        }
         Transport::Stdio if token.is_some() => {
             return Err(ServerError::Config(
                 "--token (or MCP_SANDBOX_TOKEN) is for --transport http; stdio needs no token: drop it, or add --transport http".into(),
@@ -148,6 +166,7 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
                 (None, true) => HttpAuth::NoAuth,
                 (None, false) => HttpAuth::Generate,
             },
+            budgets: http.unwrap_or_default(),
         },
     };
     Ok(ServerConfig {
@@ -173,6 +192,77 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         },
         transport,
     })
+}
+
+/// Ranges of the HTTP transport's limits.
+const HTTP_MAX_CONNECTIONS: (u64, u64) = (1, 1_000_000);
+const HTTP_MAX_SESSIONS: (u64, u64) = (1, 100_000);
+const HTTP_SHORT_TIMEOUT: (u64, u64) = (1, 3600);
+const HTTP_SESSION_IDLE: (u64, u64) = (1, 30 * 24 * 3600);
+
+/// The HTTP transport's limits, if any was given (`None`: all defaults); each in range.
+fn http_budgets(
+    max_connections: Option<usize>,
+    header_timeout: Option<u64>,
+    max_sessions: Option<usize>,
+    handshake_timeout: Option<u64>,
+    session_idle: Option<u64>,
+) -> Result<Option<HttpBudgets>, StartError> {
+    if max_connections.is_none()
+        && header_timeout.is_none()
+        && max_sessions.is_none()
+        && handshake_timeout.is_none()
+        && session_idle.is_none()
+    {
+        return Ok(None);
+    }
+    let mut b = HttpBudgets::default();
+    if let Some(n) = max_connections {
+        in_range(
+            "http-max-connections",
+            n as u64,
+            HTTP_MAX_CONNECTIONS,
+            "1 to 1000000 connections",
+        )?;
+        b.max_connections = Some(n);
+    }
+    if let Some(s) = header_timeout {
+        in_range(
+            "http-header-timeout",
+            s,
+            HTTP_SHORT_TIMEOUT,
+            "1 to 3600 seconds",
+        )?;
+        b.header_timeout = Duration::from_secs(s);
+    }
+    if let Some(n) = max_sessions {
+        in_range(
+            "http-max-sessions",
+            n as u64,
+            HTTP_MAX_SESSIONS,
+            "1 to 100000 sessions",
+        )?;
+        b.sessions.max_total = n;
+    }
+    if let Some(s) = handshake_timeout {
+        in_range(
+            "http-handshake-timeout",
+            s,
+            HTTP_SHORT_TIMEOUT,
+            "1 to 3600 seconds",
+        )?;
+        b.sessions.handshake = Duration::from_secs(s);
+    }
+    if let Some(s) = session_idle {
+        in_range(
+            "http-session-idle",
+            s,
+            HTTP_SESSION_IDLE,
+            "1 second to 30 days",
+        )?;
+        b.sessions.idle = Duration::from_secs(s);
+    }
+    Ok(Some(b))
 }
 
 /// The workspace is a directory and `--python` runs (probed once: `sys.version_info`;
@@ -299,6 +389,37 @@ mod tests {
     }
 
     #[test]
+    fn http_limits_are_checked_and_for_http_only() {
+        let e = refused(&["--http-max-sessions", "5"]);
+        assert!(e.contains("--transport http"), "{e}");
+        let e = refused(&["--transport", "http", "--http-header-timeout", "0"]);
+        assert!(e.contains("--http-header-timeout 0 is out of range"), "{e}");
+        let e = refused(&["--transport", "http", "--http-max-connections", "0"]);
+        assert!(e.contains("--http-max-connections"), "{e}");
+        let c = parse(&[
+            "--transport",
+            "http",
+            "--http-max-sessions",
+            "3",
+            "--http-handshake-timeout",
+            "2",
+            "--http-session-idle",
+            "7",
+        ]);
+        let server::Transport::Http { budgets, .. } = c.transport else {
+            panic!("not http")
+        };
+        assert_eq!(budgets.sessions.max_total, 3);
+        assert_eq!(budgets.sessions.handshake, Duration::from_secs(2));
+        assert_eq!(budgets.sessions.idle, Duration::from_secs(7));
+        assert_eq!(budgets.max_connections, None);
+        assert_eq!(
+            budgets.header_timeout,
+            HttpBudgets::default().header_timeout
+        );
+    }
+
+    #[test]
     fn sources_follow_the_flags() {
         let c = parse(&["--sandbox-state", "inherit"]);
         assert!(c.app.sources.inherit_sandbox);
@@ -373,9 +494,14 @@ mod tests {
         ]);
         assert_eq!(c.app.policy, "workspace-write");
         match c.transport {
-            server::Transport::Http { listen, auth } => {
+            server::Transport::Http {
+                listen,
+                auth,
+                budgets,
+            } => {
                 assert_eq!(listen.port(), 9);
                 assert_eq!(auth, HttpAuth::Token("t".into()));
+                assert_eq!(budgets, HttpBudgets::default());
             }
             other => panic!("{other:?}"),
         }

@@ -51,16 +51,43 @@ pub struct SandboxServer {
     subscriptions: Arc<Subscriptions>,
     /// This connection's MCP tasks ([`super::tasks`]).
     tasks: JobTasks,
+    /// Shared by every clone; its drop ends what the connection started.
+    _end: Arc<ConnectionEnd>,
+}
+
+/// What a connection started that would outlive it: dropped with the last handle of its
+/// [`SandboxServer`] (rmcp drops the service when the session ends — the client's DELETE,
+/// the idle or handshake timeout, stdin closing), it cancels `closing` (tool calls still
+/// waiting return, resource subscription watchers stop) and stops the MCP task followers
+/// (their jobs go on: they are the app's).
+struct ConnectionEnd {
+    closing: CancellationToken,
+    tasks: JobTasks,
+}
+
+impl Drop for ConnectionEnd {
+    fn drop(&mut self) {
+        self.closing.cancel();
+        self.tasks.shutdown();
+        tracing::debug!(
+            "MCP connection ended: its waits, subscriptions and task followers stopped"
+        );
+    }
 }
 
 impl SandboxServer {
     pub fn new(app: Arc<App>, closing: CancellationToken) -> Self {
+        let tasks = JobTasks::default();
         SandboxServer {
             app,
+            _end: Arc::new(ConnectionEnd {
+                closing: closing.clone(),
+                tasks: tasks.clone(),
+            }),
             closing,
             link: Arc::default(),
             subscriptions: Arc::default(),
-            tasks: JobTasks::default(),
+            tasks,
         }
     }
 
@@ -365,6 +392,22 @@ impl ServerHandler for SandboxServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The connection's end is its last handle's drop: `closing` is cancelled then, not
+    /// while a clone (an in-flight call) still holds it.
+    #[test]
+    fn the_last_handle_ends_the_connection() {
+        let closing = CancellationToken::new();
+        let end = Arc::new(ConnectionEnd {
+            closing: closing.clone(),
+            tasks: JobTasks::default(),
+        });
+        let held = end.clone();
+        drop(end);
+        assert!(!closing.is_cancelled());
+        drop(held);
+        assert!(closing.is_cancelled());
+    }
 
     /// Every tool has a description file in docs/tools and every file names a tool.
     #[test]

@@ -40,6 +40,8 @@ pub enum Transport {
     Http {
         listen: SocketAddr,
         auth: transport::HttpAuth,
+        /// Connection and session limits.
+        budgets: transport::HttpBudgets,
     },
 }
 
@@ -95,9 +97,11 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
     }
     let served = match config.transport {
         Transport::Stdio => transport::serve_stdio(app.clone(), shutdown.clone()).await,
-        Transport::Http { listen, auth } => {
-            transport::serve_http(app.clone(), listen, auth, shutdown.clone()).await
-        }
+        Transport::Http {
+            listen,
+            auth,
+            budgets,
+        } => transport::serve_http(app.clone(), listen, auth, budgets, shutdown.clone()).await,
     };
     shutdown.cancel();
     app.shutdown().await;

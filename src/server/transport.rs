@@ -16,12 +16,18 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::{Request, Response, StatusCode, body::Incoming};
 use rmcp::ServiceExt;
-use rmcp::transport::streamable_http_server::{
-    StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
-};
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+mod conns;
+mod log_limit;
+pub mod sessions;
 pub mod stdio;
+
+use conns::Connections;
+use log_limit::{Throttle, left_out};
+use sessions::{BoundedSessions, Principal, SessionLimits, with_admission};
 
 use super::ServerError;
 use super::handler::SandboxServer;
@@ -160,6 +166,7 @@ pub fn allowed_origins(listen: SocketAddr) -> Vec<String> {
 type HttpBody = BoxBody<Bytes, Infallible>;
 
 fn plain(status: StatusCode, text: &str) -> Response<HttpBody> {
+    // (also the body of every refusal in words: 401, 404, 413, 503)
     let mut resp = Response::new(Full::new(Bytes::from(text.to_owned())).boxed());
     *resp.status_mut() = status;
     if status == StatusCode::UNAUTHORIZED
@@ -171,16 +178,62 @@ fn plain(status: StatusCode, text: &str) -> Response<HttpBody> {
     resp
 }
 
+/// The HTTP transport's budgets (the `--http-*` flags; the README's HTTP section).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpBudgets {
+    /// Connections open at once; `None`: [`conns::cap_for`] picks one from the open-file limit.
+    pub max_connections: Option<usize>,
+    /// Time to send a complete request head (the first, or the next on a kept-alive
+    /// connection); then the connection is closed.
+    pub header_timeout: Duration,
+    /// MCP sessions.
+    pub sessions: SessionLimits,
+}
+
+impl Default for HttpBudgets {
+    fn default() -> Self {
+        HttpBudgets {
+            max_connections: None,
+            header_timeout: Duration::from_secs(10),
+            sessions: SessionLimits::default(),
+        }
+    }
+}
+
+/// The largest request body read (rmcp's limit too, set to this).
+const MAX_BODY: usize = 4 * 1024 * 1024;
+
+/// After a failed accept for want of descriptors or memory: the pause before the next one
+/// (the short one when an idle connection was closed to make room: time for its task to
+/// close the socket).
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+const ACCEPT_PAUSE_FREED: Duration = Duration::from_millis(5);
+
+static ACCEPT_FAILED: Throttle = Throttle::new(log_limit::EVERY);
+static CONN_REFUSED: Throttle = Throttle::new(log_limit::EVERY);
+static CONN_FAILED: Throttle = Throttle::new(log_limit::EVERY);
+static SESSION_REFUSED: Throttle = Throttle::new(log_limit::EVERY);
+
+/// Everything a connection's requests need.
+#[derive(Clone)]
+struct Router {
+    service: StreamableHttpService<SandboxServer, BoundedSessions>,
+    sessions: BoundedSessions,
+    token: Option<Arc<str>>,
+}
+
 /// Serve streamable HTTP on `listen` (path `/mcp`) until `shutdown` fires.
 pub async fn serve_http(
     app: Arc<App>,
     listen: SocketAddr,
     auth: HttpAuth,
+    budgets: HttpBudgets,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
     check_bind(listen, &auth)?;
     let mut config = StreamableHttpServerConfig::default()
         .with_allowed_origins(allowed_origins(listen))
+        .with_max_request_body_bytes(MAX_BODY)
         .enforce_origin_validation();
     config.cancellation_token = shutdown.child_token();
     if !listen.ip().is_loopback() {
@@ -190,6 +243,7 @@ pub async fn serve_http(
     }
     let factory_app = app.clone();
     let factory_shutdown = shutdown.clone();
+    let sessions = BoundedSessions::new(budgets.sessions.clone());
     let service = StreamableHttpService::new(
         move || {
             Ok(SandboxServer::new(
@@ -197,7 +251,7 @@ pub async fn serve_http(
                 factory_shutdown.child_token(),
             ))
         },
-        Arc::new(LocalSessionManager::default()),
+        Arc::new(sessions.clone()),
         config,
     );
     // The port is taken first (a server that cannot have it, another listening there, fails
@@ -225,48 +279,180 @@ pub async fn serve_http(
             return Err(cannot_listen(listen, e));
         }
     };
+    let nofile = conns::nofile_limit();
+    let conns = Connections::new(conns::cap_for(budgets.max_connections, nofile));
     let url = format!("http://{listen}/mcp");
+    let limits = format!(
+        "at most {} connections and {} MCP sessions",
+        conns.cap(),
+        budgets.sessions.max_total
+    );
     match (&token, &token_file) {
         (Some(_), None) => {
-            tracing::info!("MCP over streamable HTTP at {url} (bearer token from --token)")
+            tracing::info!(
+                "MCP over streamable HTTP at {url} (bearer token from --token; {limits})"
+            )
         }
         (Some(_), Some(path)) => tracing::info!(
-            "MCP over streamable HTTP at {url}; send `Authorization: Bearer <token>` with the token in {} (generated for this run; pass --token to choose one)",
+            "MCP over streamable HTTP at {url}; send `Authorization: Bearer <token>` with the token in {} (generated for this run; pass --token to choose one; {limits})",
             path.display()
         ),
         (None, _) => tracing::warn!(
-            "MCP over streamable HTTP at {url} WITHOUT authentication (--no-auth): any local process can run code through it"
+            "MCP over streamable HTTP at {url} WITHOUT authentication (--no-auth): any local process can run code through it ({limits})"
         ),
     }
+    if let (Some(n), Some(limit)) = (budgets.max_connections, nofile)
+        && n as u64 >= limit / 2
+    {
+        tracing::warn!(
+            "--http-max-connections {n} is more than half this process's open-file limit ({limit}): idle connections could leave sessions and jobs without descriptors; accepts pause and the longest-idle connection is closed when the limit is reached"
+        );
+    }
+    let router = Router {
+        service,
+        sessions,
+        token,
+    };
     loop {
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
-                Err(e) => { tracing::warn!("accept failed: {e}"); continue; }
+                Err(e) => {
+                    accept_failed(&e, &conns, nofile, &shutdown).await;
+                    continue;
+                }
             },
         };
-        let service = service.clone();
-        let token = token.clone();
-        let conn_shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let service = service.clone();
-                let token = token.clone();
-                async move { Ok::<_, Infallible>(route(service, token, req).await) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, handler);
-            tokio::select! {
-                r = conn => if let Err(e) = r { tracing::debug!(%peer, "HTTP connection ended: {e}") },
-                _ = conn_shutdown.cancelled() => {}
-            }
-        });
+        let Some(slot) = conns.admit() else {
+            refuse_connection(stream, peer, conns.cap());
+            continue;
+        };
+        tokio::spawn(serve_connection(
+            stream,
+            peer,
+            slot,
+            router.clone(),
+            budgets.header_timeout,
+            shutdown.clone(),
+        ));
     }
     if let Some(path) = token_file {
         let _ = std::fs::remove_file(path);
     }
     Ok(())
+}
+
+/// A failed `accept`. Out of descriptors (or kernel memory) the pending connection stays
+/// queued and the listener stays ready, so trying again at once would spin: the
+/// longest-idle connection is closed to make room and accepts pause briefly. One line per
+/// [`log_limit::EVERY`], however often it happens.
+async fn accept_failed(
+    e: &std::io::Error,
+    conns: &Connections,
+    nofile: Option<u64>,
+    shutdown: &CancellationToken,
+) {
+    let out_of_room = matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    );
+    // A connection reset before it was accepted, or a signal: nothing to wait for.
+    if matches!(
+        e.raw_os_error(),
+        Some(libc::ECONNABORTED | libc::EINTR | libc::EAGAIN | libc::EPROTO)
+    ) {
+        return;
+    }
+    let freed = out_of_room && conns.evict_oldest_idle();
+    let pause = if freed {
+        ACCEPT_PAUSE_FREED
+    } else {
+        ACCEPT_PAUSE
+    };
+    if let Some(n) = ACCEPT_FAILED.ready() {
+        let limit = nofile.map_or_else(|| "none".to_string(), |n| n.to_string());
+        let what = match (out_of_room, freed) {
+            (true, true) => "closed the longest-idle HTTP connection to make room",
+            (true, false) => "no HTTP connection is idle to close",
+            (false, _) => "",
+        };
+        tracing::warn!(
+            "cannot accept an HTTP connection: {e} (open connections {}, open-file limit {limit}); {what}{}pausing accepts for {} ms{}",
+            conns.open(),
+            if what.is_empty() { "" } else { "; " },
+            pause.as_millis(),
+            left_out(n)
+        );
+    }
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = tokio::time::sleep(pause) => {}
+    }
+}
+
+/// At the cap with every connection busy: a 503 in words if the socket takes it, then close.
+fn refuse_connection(stream: tokio::net::TcpStream, peer: SocketAddr, cap: usize) {
+    let words = format!(
+        "server busy: all {cap} HTTP connections are answering requests (--http-max-connections); retry shortly\n"
+    );
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n",
+        words.len()
+    );
+    let _ = stream.try_write(format!("{head}{words}").as_bytes());
+    if let Some(n) = CONN_REFUSED.ready() {
+        tracing::warn!(
+            "refused an HTTP connection from {peer}: all {cap} connections are answering requests (--http-max-connections){}",
+            left_out(n)
+        );
+    }
+}
+
+/// Serve one connection until it ends, is evicted (closed gracefully: at once when no
+/// request is in progress) or the server shuts down.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    slot: conns::ConnSlot,
+    router: Router,
+    header_timeout: Duration,
+    shutdown: CancellationToken,
+) {
+    let busy = slot.busy.clone();
+    let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let router = router.clone();
+        let guard = conns::Busy::enter(&busy);
+        async move {
+            let response = route(router, req).await;
+            Ok::<_, Infallible>(response.map(|body| conns::Tracked::new(body, guard)))
+        }
+    });
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    let conn = builder.serve_connection(io, handler);
+    tokio::pin!(conn);
+    let mut evicted = false;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r
+                    && let Some(n) = CONN_FAILED.ready()
+                {
+                    tracing::debug!(%peer, "HTTP connection ended: {e}{}", left_out(n));
+                }
+                break;
+            }
+            _ = slot.evict.cancelled(), if !evicted => {
+                evicted = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = shutdown.cancelled() => break,
+        }
+    }
 }
 
 fn cannot_listen(listen: SocketAddr, e: std::io::Error) -> ServerError {
@@ -289,18 +475,14 @@ fn take_port(listen: SocketAddr) -> Result<tokio::net::TcpSocket, ServerError> {
     Ok(socket)
 }
 
-async fn route(
-    service: StreamableHttpService<SandboxServer, LocalSessionManager>,
-    token: Option<Arc<str>>,
-    req: Request<Incoming>,
-) -> Response<HttpBody> {
+async fn route(router: Router, req: Request<Incoming>) -> Response<HttpBody> {
     if req.uri().path() != "/mcp" {
         return plain(
             StatusCode::NOT_FOUND,
             "not found: the MCP endpoint is /mcp\n",
         );
     }
-    if let Some(token) = token.as_deref() {
+    if let Some(token) = router.token.as_deref() {
         let header = req
             .headers()
             .get(hyper::header::AUTHORIZATION)
@@ -312,8 +494,62 @@ async fn route(
             );
         }
     }
+    // Every client that passes the check is one principal for now.
+    let principal = Principal::new(if router.token.is_some() {
+        "bearer"
+    } else {
+        "anonymous"
+    });
     // rmcp checks Host and Origin (403 for a cross-origin browser request) before MCP.
-    service.handle(req).await
+    // Only a POST without a session id can start a session (an `initialize`): its body is
+    // read here to see, and a new session admitted before rmcp creates it.
+    if req.method() != hyper::Method::POST || req.headers().contains_key("mcp-session-id") {
+        return router.service.handle(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match http_body_util::Limited::new(body, MAX_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return plain(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("payload too large: a request body may have at most {MAX_BODY} bytes\n"),
+            );
+        }
+        Err(e) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                &format!("bad request: the request body could not be read: {e}\n"),
+            );
+        }
+    };
+    let starts_session = is_initialize(&bytes);
+    let req = Request::from_parts(parts, Full::new(bytes));
+    if !starts_session {
+        return router.service.handle(req).await;
+    }
+    match router.sessions.admit(principal) {
+        Ok(admission) => with_admission(admission, router.service.handle(req)).await,
+        Err(refused) => {
+            if let Some(n) = SESSION_REFUSED.ready() {
+                tracing::warn!("refused a new MCP session: {refused}{}", left_out(n));
+            }
+            let mut resp = plain(StatusCode::SERVICE_UNAVAILABLE, &format!("{refused}\n"));
+            let retry = router.sessions.limits().handshake.as_secs().to_string();
+            if let Ok(v) = hyper::header::HeaderValue::from_str(&retry) {
+                resp.headers_mut().insert(hyper::header::RETRY_AFTER, v);
+            }
+            resp
+        }
+    }
+}
+
+/// Whether a POST body is an `initialize` request (the one message that opens a session).
+fn is_initialize(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        method: Option<String>,
+    }
+    serde_json::from_slice::<Probe>(body).is_ok_and(|p| p.method.as_deref() == Some("initialize"))
 }
 
 #[cfg(test)]
@@ -338,6 +574,26 @@ mod tests {
             tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
         client.unwrap();
         accepted.unwrap();
+    }
+
+    /// Only an `initialize` request (the message that opens a session) is admitted against
+    /// the session cap; notifications, other requests, batches and garbage are not.
+    #[test]
+    fn only_an_initialize_request_starts_a_session() {
+        assert!(is_initialize(
+            br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#
+        ));
+        assert!(!is_initialize(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#
+        ));
+        assert!(!is_initialize(
+            br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#
+        ));
+        assert!(!is_initialize(
+            br#"[{"jsonrpc":"2.0","id":1,"method":"initialize"}]"#
+        ));
+        assert!(!is_initialize(b"initialize"));
+        assert!(!is_initialize(b""));
     }
 
     #[test]

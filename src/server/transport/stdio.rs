@@ -24,6 +24,8 @@ use tokio::io::{
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::log_limit::{self, Throttle};
+
 /// Longest request line accepted (bytes, without the newline): 16 MiB. Longer lines are
 /// answered with -32600 and skipped.
 pub const MAX_LINE: usize = 16 << 20;
@@ -437,7 +439,9 @@ async fn read_lines<R: AsyncBufRead + Unpin>(
     replies: &mpsc::UnboundedSender<Outgoing>,
 ) -> io::Result<()> {
     let mut line = Vec::new();
-    let mut warned = LogBudget::default();
+    // One warning per 10 s about malformed input, the next saying how many were left out:
+    // a client (or anything on the pipe) sending garbage must not fill stderr.
+    let warned = Throttle::new(log_limit::EVERY);
     loop {
         line.clear();
         let n = (&mut *reader)
@@ -450,10 +454,11 @@ async fn read_lines<R: AsyncBufRead + Unpin>(
         let verdict = if line.len() > MAX_LINE && !line.ends_with(b"\n") {
             let id = recover_id(&line);
             let skipped = line.len() as u64 + skip_line(reader).await?;
-            if warned.allow() {
+            if let Some(n) = warned.ready() {
                 tracing::warn!(
                     bytes = skipped,
-                    "skipped a request line over the size limit"
+                    "skipped a request line over the size limit{}",
+                    log_limit::left_out(n)
                 );
             }
             error_reply(
@@ -474,8 +479,8 @@ async fn read_lines<R: AsyncBufRead + Unpin>(
                 }
             }
             Verdict::Reply(reply) => {
-                if warned.allow() {
-                    tracing::warn!(reply = %reply, "answered a malformed request line");
+                if let Some(n) = warned.ready() {
+                    tracing::warn!(reply = %reply, "answered a malformed request line{}", log_limit::left_out(n));
                 }
                 let mut bytes = serde_json::to_vec(&reply).map_err(io::Error::other)?;
                 bytes.push(b'\n');
@@ -484,54 +489,14 @@ async fn read_lines<R: AsyncBufRead + Unpin>(
                 }
             }
             Verdict::Drop(why) => {
-                if warned.allow() {
-                    tracing::warn!("dropped a malformed notification (not answered): {why}");
+                if let Some(n) = warned.ready() {
+                    tracing::warn!(
+                        "dropped a malformed notification (not answered): {why}{}",
+                        log_limit::left_out(n)
+                    );
                 }
             }
             Verdict::Ignore => {}
-        }
-    }
-}
-
-/// At most [`LogBudget::BURST`] warnings per [`LogBudget::WINDOW`] about malformed input,
-/// then one line saying how many were left out: a client (or an attacker on the pipe)
-/// sending garbage for a minute must not write hundreds of MB of stderr.
-#[derive(Default)]
-struct LogBudget {
-    window: Option<std::time::Instant>,
-    logged: u32,
-    silenced: u64,
-}
-
-impl LogBudget {
-    const BURST: u32 = 10;
-    const WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
-
-    /// Whether to log this one (a summary of those left out is logged first when a new
-    /// window starts).
-    fn allow(&mut self) -> bool {
-        let now = std::time::Instant::now();
-        if self
-            .window
-            .is_none_or(|start| now.duration_since(start) >= Self::WINDOW)
-        {
-            if self.silenced > 0 {
-                tracing::warn!(
-                    "{} more malformed input line(s) were answered without a log line",
-                    self.silenced
-                );
-            }
-            *self = LogBudget {
-                window: Some(now),
-                ..LogBudget::default()
-            };
-        }
-        if self.logged < Self::BURST {
-            self.logged += 1;
-            true
-        } else {
-            self.silenced += 1;
-            false
         }
     }
 }
