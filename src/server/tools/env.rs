@@ -93,6 +93,10 @@ pub struct RunScriptArgs {
     /// Report wall, CPU and peak RSS.
     #[serde(default)]
     pub benchmark: bool,
+    /// Whose package cache to use.
+    #[serde(default)]
+    #[schemars(extend("default" = "default"))]
+    pub session: Option<String>,
     /// Then answer with a job_id (max 60).
     #[serde(default)]
     #[schemars(extend("default" = 30))]
@@ -174,8 +178,10 @@ impl SandboxServer {
                 None,
             ));
         }
+        let session = session_or_default(args.session)?;
         let call = call_of(&ctx, &self.closing);
         let script = ScriptArgs {
+            session,
             code: args.code,
             path: args.path,
             dependencies: args.dependencies,

@@ -1,0 +1,223 @@
+"""Stores that outlive a job, through a real MCP client (issue 26, Build 1).
+
+- Cache poisoning: session alice installs a package; session mallory installs a local
+  sdist whose build hook poisons whatever it can reach of the uv cache (appends code to
+  the package's files, plants a `.pth` and lists it in RECORD, replaces a cached built
+  wheel); after a server restart session bob installs the same package — with
+  `env_install` and as a `python_run_script` dependency — and imports it clean. The hook
+  did poison mallory's own store (so it ran, and found its targets there).
+- Every place an install hook, a script's build hook, a script, a session cell and a shell
+  job can write is listed from inside the job: only the workspace, the job's own temp dir
+  and its own session's venv, uv cache and transient environment.
+- Disk bounds: a hook writing 3 GiB (dense, and with fallocate) into the uv cache, the
+  venv or a script's transient environment is stopped at the session's bound (64 MiB
+  here) with words and `limit: "disk"`; a store that stays full refuses the next install
+  in words; the total bound over all sessions holds too; a second install of the same
+  package in one session still hits its cache.
+
+No package index: wheels and sdists are made here, uv runs offline with find-links.
+"""
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+from test_envs import make_wheel
+
+MiB = 1 << 20
+POISON = "import os as _o; _o.environ['POISONED'] = '1'; print('POISONED')"
+
+
+def make_sdist(dest: Path, name: str, backend: str) -> Path:
+    """A local sdist of `name` 0.1 whose in-tree build backend is `backend`."""
+    files = {
+        "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "hookbackend"\nbackend-path = ["."]\n\n'
+        f'[project]\nname = "{name}"\nversion = "0.1"\n',
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
+        "hookbackend.py": backend,
+    }
+    path = dest / f"{name}-0.1.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for n, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{name}-0.1/{n}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+# A build backend whose wheel is one module `NAME/__init__.py` with BODY; HOOK runs in
+# get_requires_for_build_wheel (the first hook uv calls).
+BACKEND = r'''
+import base64, hashlib, os, shutil, sys, zipfile
+
+def wheel_bytes(name, body):
+    files = {f"{name}/__init__.py": body.encode(),
+             f"{name}-0.1.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n".encode(),
+             f"{name}-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = []
+    def write(z):
+        for n, d in files.items():
+            z.writestr(n, d)
+            h = base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+            record.append(f"{n},sha256={h},{len(d)}")
+        z.writestr(f"{name}-0.1.dist-info/RECORD", "\n".join(record + [f"{name}-0.1.dist-info/RECORD,,"]) + "\n")
+    return write
+
+def get_requires_for_build_wheel(config_settings=None):
+HOOK
+    return []
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    name = "NAME-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
+        wheel_bytes("NAME", BODY)(z)
+    return name
+'''
+
+
+def backend(name: str, body: str, hook: str = "    pass") -> str:
+    return BACKEND.replace("HOOK", hook).replace("NAME", name).replace("BODY", repr(body))
+
+
+# Mallory's hook: every directory it can reach from $UV_CACHE_DIR up to (not including)
+# `/` is walked; MODE picks the attack.
+POISON_HOOK = r'''
+    mode, line = MODE, POISON
+    tops, p = [], os.environ.get("UV_CACHE_DIR", "")
+    while p not in ("", "/"):
+        tops.append(p)
+        p = os.path.dirname(p)
+    seen, hits, errors = set(), [], 0
+    for top in tops:
+        for d, dirs, files in os.walk(top):
+            if d in seen:
+                dirs[:] = []
+                continue
+            seen.add(d)
+            for f in files:
+                path = os.path.join(d, f)
+                try:
+                    if mode == "append" and "victimpkg" in path and f.endswith(".py"):
+                        with open(path, "a") as fh:
+                            fh.write("\n" + line + "\n")
+                        hits.append(path)
+                    elif mode == "pth" and f == "RECORD" and os.path.basename(d).startswith("victimpkg-"):
+                        root = os.path.dirname(d)
+                        with open(os.path.join(root, "zz_poison.pth"), "w") as fh:
+                            fh.write(line + "\n")
+                        with open(path, "a") as fh:
+                            fh.write("zz_poison.pth,,\n")
+                        hits.append(path)
+                    elif mode == "replace" and f.startswith("victimsd-") and f.endswith(".whl"):
+                        with zipfile.ZipFile(path + ".new", "w") as z:
+                            wheel_bytes("victimsd", line + "\nV = 'poisoned'\n")(z)
+                        os.replace(path + ".new", path)
+                        hits.append(path)
+                    elif mode == "replace" and f == "__init__.py" and os.path.basename(d) == "victimsd":
+                        # The unpacked copy uv links from: dropped, so the wheel is unpacked again.
+                        shutil.rmtree(os.path.dirname(d))
+                        hits.append(d)
+                except OSError:
+                    errors += 1
+    print(f"HOOK-REACHED {len(seen)} dirs, poisoned {len(hits)}, errors {errors}", flush=True)
+    sys.exit("hook done")  # a failed build shows the hook's output
+'''
+
+
+def poison_hook(mode: str) -> str:
+    return POISON_HOOK.replace("MODE", repr(mode)).replace("POISON", repr(POISON))
+
+
+@pytest.fixture
+def wheels(server):
+    """The server with a local find-links directory (victimpkg 0.1 as a wheel, victimsd
+    0.1 as an sdist uv builds) as its only package source."""
+    d = server.root / "wheels"
+    d.mkdir()
+    make_wheel(d, "victimpkg", "0.1")
+    make_sdist(d, "victimsd", backend("victimsd", "V = 'clean'\n"))
+    server.env.update(UV_OFFLINE="1", UV_NO_INDEX="1", UV_FIND_LINKS=str(d), UV_PYTHON_DOWNLOADS="never")
+    return server
+
+
+async def job_of(c, tool: str, **args) -> dict:
+    """Start a job-running tool and follow the job to its end, whatever its status."""
+    res = await c.call(tool, **args)
+    assert res.structured_content and "job_id" in res.structured_content, res
+    return await c.finish(res.structured_content, timeout=120)
+
+
+async def install(c, session: str, *packages: str) -> dict:
+    return await job_of(c, "env_install", packages=list(packages), session=session)
+
+
+async def script(c, session: str, code: str, deps: list[str]) -> dict:
+    return await job_of(c, "python_run_script", code=code, dependencies=deps, session=session)
+
+
+async def poisoned_import(c, session: str, module: str) -> tuple[bool, dict]:
+    """Whether importing `module` in `session` ran planted code (its stdout, or a `.pth`
+    that set POISONED when the venv was activated)."""
+    r = await c.py(f"import os, {module}\nprint('ENV', os.environ.get('POISONED'))", session=session)
+    assert r["status"] == "completed", r
+    return ("POISONED" in r["stdout"]["text"] or "ENV 1" in r["stdout"]["text"]), r
+
+
+def evil_sdist(server, mode: str) -> Path:
+    return make_sdist(server.workspace, f"evil{mode}", backend(f"evil{mode}", "", poison_hook(mode)))
+
+
+def hook_report(job: dict) -> str:
+    text = job["all_stdout"] + job["all_stderr"] + (job.get("message") or "")
+    lines = [l for l in text.splitlines() if "HOOK-REACHED" in l]
+    assert lines, f"the hook did not run: {text[-3000:]}"
+    return lines[-1]
+
+
+VICTIM = {"append": "victimpkg", "pth": "victimpkg", "replace": "victimsd"}
+
+
+@pytest.mark.parametrize("mode", ["append", "pth", "replace"])
+@pytest.mark.parametrize("via", ["install", "script"])
+def test_a_hook_cannot_poison_another_sessions_packages(wheels, mode, via):
+    """alice installs the victim; mallory installs it too, then runs a package whose build
+    hook poisons every copy it can reach (through env_install, or as a python_run_script
+    dependency); after a restart bob installs the victim and imports it, and runs a script
+    that depends on it: both clean. alice's copy stays clean; mallory's own cache is
+    poisoned (a script of mallory's with the victim shows it)."""
+    victim = VICTIM[mode]
+    sdist = evil_sdist(wheels, mode)
+
+    async def first(c):
+        for who in ("alice", "mallory"):
+            job = await install(c, who, victim)
+            assert job["status"] == "completed", job
+        if via == "install":
+            job = await install(c, "mallory", str(sdist))
+        else:
+            job = await script(c, "mallory", "print('ran')", [str(sdist)])
+        report = hook_report(job)
+        assert ", poisoned 0," not in report, report  # it found its targets (its own, at least)
+        bad, r = await poisoned_import(c, "alice", victim)
+        assert not bad, (report, r)
+
+    async def second(c):
+        job = await install(c, "bob", f"{victim}==0.1")
+        assert job["status"] == "completed", job
+        bad, r = await poisoned_import(c, "bob", victim)
+        assert not bad, r
+        check = f"import os, {victim}\nprint('ENV', os.environ.get('POISONED'))"
+        job = await script(c, "bob", check, [f"{victim}==0.1"])
+        assert job["status"] == "completed", job
+        assert "ENV None" in job["all_stdout"] and "POISONED" not in job["all_stdout"], job
+        # mallory's own cache was poisoned: a fresh environment of mallory's shows it, so
+        # the hook's reach was real.
+        job = await script(c, "mallory", check, [f"{victim}==0.1"])
+        assert "POISONED" in job["all_stdout"] or "ENV 1" in job["all_stdout"], job
+
+    wheels.run(first, timeout=400)
+    wheels.run(second, timeout=400)
