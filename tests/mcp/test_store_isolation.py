@@ -221,3 +221,104 @@ def test_a_hook_cannot_poison_another_sessions_packages(wheels, mode, via):
 
     wheels.run(first, timeout=400)
     wheels.run(second, timeout=400)
+
+
+# A probe every kind of job runs: every directory it can create a file in, the topmost of
+# each writable tree (below a writable directory everything is the same store), with the
+# file system type of the mount it is on. Only read-write mounts can hold one.
+PROBE = r'''
+import json, os
+def mounts():
+    out = []
+    for line in open("/proc/self/mountinfo"):
+        f = line.split()
+        sep = f.index("-")
+        out.append((f[4], f[5].split(","), f[sep + 1]))
+    return out
+def fstype(path, ms):
+    best = max((m for m in ms if path == m[0] or path.startswith(m[0].rstrip("/") + "/")), key=lambda m: len(m[0]))
+    return best[2]
+def can_create(d):
+    p = os.path.join(d, ".probe-%d" % os.getpid())
+    try:
+        fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(p)
+    return True
+ms = mounts()
+skip = ("/proc", "/sys", "/dev")
+tops = sorted({m[0] for m in ms if "rw" in m[1] and not m[0].startswith(skip)} | {"/"})
+found = {}
+for top in tops:
+    for d, dirs, files in os.walk(top):
+        if d.startswith(skip) and d != "/":
+            dirs[:] = []
+            continue
+        if can_create(d):
+            if not any(d == f or d.startswith(f.rstrip("/") + "/") for f in found):
+                found[d] = fstype(d, ms)
+            dirs[:] = []
+print("WRITABLE" + json.dumps(found), flush=True)
+'''
+
+
+def writable_of(text: str) -> dict:
+    for line in text.splitlines():
+        i = line.find("WRITABLE{")
+        if i >= 0:
+            return json.loads(line[i + len("WRITABLE") :])
+    raise AssertionError(f"no WRITABLE line in: {text[-3000:]}")
+
+
+def test_what_each_kind_of_job_can_write(wheels):
+    """From inside an install's build hook, a script dependency's build hook, a script, a
+    session cell and a shell job of session alice: every directory the job can create a
+    file in is the workspace (not for installers), a tmpfs of its own, or one of alice's
+    own stores (her uv cache, her venv, the script's transient environment) — never
+    another session's store, the state directory or anything else under it."""
+    state, ws = wheels.state_dir, wheels.workspace
+    sdist = make_sdist(ws, "probepkg", backend("probepkg", "", PROBE.replace("\n", "\n    ") + "\n    sys.exit('probe done')"))
+
+    # Where a job's private temp dir is: a tmpfs of its own view (the state dir may lie
+    # under /tmp, where it is bound too).
+    private = [str(state / "env-tmp"), str(state / "shell-tmp"), str(state / "repl" / "alice"), "/tmp"]
+
+    def check(found: dict, where: str, stores: list[str]):
+        for path, fs in found.items():
+            if fs == "tmpfs" and any(path == p or path.startswith(p + "/") for p in private):
+                continue  # the job's own temp dir: private, gone with the job
+            ok = [s for s in stores if path == s or path.startswith(s + "/")]
+            assert ok, f"{where}: {path} ({fs}) is writable: {found}"
+
+    async def scenario(c):
+        # bob has stores too: none of them may be writable from alice's jobs.
+        assert (await install(c, "bob", "victimpkg"))["status"] == "completed"
+        cache = str(state / "uv-cache" / "sessions" / "local" / "alice")
+        venv = str(state / "venvs" / "alice")
+        envs = str(state / "script-envs")
+        job = await install(c, "alice", str(sdist))
+        found = writable_of(job["all_stdout"] + job["all_stderr"] + (job.get("message") or ""))
+        check(found, "install hook", [cache, venv])
+        assert cache in found and venv in found, found  # the probe sees what it may write
+
+        job = await script(c, "alice", "print(1)", [str(sdist)])
+        found = writable_of(job["all_stdout"] + job["all_stderr"] + (job.get("message") or ""))
+        check(found, "script dependency hook", [cache, envs])
+        assert cache in found, found
+
+        job = await script(c, "alice", PROBE, [])
+        check(writable_of(job["all_stdout"]), "script", [str(ws)])
+        job = await script(c, "alice", PROBE, ["victimpkg"])
+        check(writable_of(job["all_stdout"]), "script with a dependency", [str(ws)])
+
+        r = await c.py(PROBE, session="alice")
+        assert r["status"] == "completed", r
+        check(writable_of(r["stdout"]["text"]), "session cell", [str(ws)])
+
+        (ws / "probe.py").write_text(PROBE)
+        r = await c.ok("shell_run", command="python3 probe.py", session="alice")
+        check(writable_of(r["stdout"]["text"]), "shell job", [str(ws)])
+
+    wheels.run(scenario, timeout=400)
