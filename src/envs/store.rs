@@ -342,6 +342,8 @@ pub struct DiskHit {
     pub bound: u64,
     /// The total bound (all sessions), not the session's.
     pub total: bool,
+    /// The total bound itself.
+    pub total_cap: u64,
     /// A directory deeper than the measure follows.
     pub too_deep: bool,
 }
@@ -351,11 +353,14 @@ impl DiskHit {
     pub fn words(&self) -> String {
         let what = if self.too_deep {
             format!(
-                "made a directory tree deeper than {MAX_REL_PATH} bytes of path, which the disk measure does not follow"
+                "made a directory tree deeper than {MAX_REL_PATH} bytes of path in {}'s package stores, which the disk measure does not follow",
+                self.owner
             )
         } else if self.total {
             format!(
-                "took the stores of all sessions past their disk bound: {} allocated with {} allowed in all (--env-disk-total)",
+                "took the package stores of all sessions past their disk bound of {} (--env-disk-total): {}'s reached {} allocated, where {} was left for them",
+                bytes_words(self.total_cap),
+                self.owner,
                 bytes_words(self.used),
                 bytes_words(self.bound)
             )
@@ -368,7 +373,7 @@ impl DiskHit {
             )
         };
         format!(
-            "killed: the job {what}. What it wrote is cleared with the session's uv cache before its next install when the bound is still passed"
+            "killed: the job {what}. The session's next install clears its uv cache while the bound is still passed"
         )
     }
 }
@@ -861,6 +866,7 @@ impl Lease {
                     used,
                     bound,
                     total,
+                    total_cap: caps.total,
                     too_deep,
                 };
             }

@@ -18,10 +18,12 @@
 No package index: wheels and sdists are made here, uv runs offline with find-links.
 """
 
+import http.server
 import io
 import json
 import os
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -322,3 +324,198 @@ def test_what_each_kind_of_job_can_write(wheels):
         check(writable_of(r["stdout"]["text"]), "shell job", [str(ws)])
 
     wheels.run(scenario, timeout=400)
+
+
+# A hook that writes 3 GiB into one of the stores it may write (TARGET: "cache" = its
+# $UV_CACHE_DIR, "venv" = the venv being installed into, "env" = a script's transient
+# environment, both found in its view), then waits to be stopped. HOW: "dense" (1 MiB
+# writes), "fallocate" (posix_fallocate of 3 GiB), "unlinked" (dense, into a file it
+# unlinked first: no name in any store), "many" (4 KiB files).
+FILL_HOOK = r'''
+    import time
+    target, how = TARGET, HOW
+    d = os.environ["UV_CACHE_DIR"]
+    if target != "cache":
+        want = "/venvs/" if target == "venv" else "/script-envs/"
+        d = [l.split()[4] for l in open("/proc/self/mountinfo") if want in l.split()[4]][0]
+    path = os.path.join(d, "filler.bin")
+    print("FILL-START", how, d, flush=True)
+    chunk = b"\x01" * (1 << 20)
+    with open(path, "wb") as f:
+        if how == "unlinked":
+            os.unlink(path)
+        if how == "fallocate":
+            os.posix_fallocate(f.fileno(), 0, 3 << 30)
+        elif how == "many":
+            for i in range(3 << 18):
+                with open(os.path.join(d, f"f{i}"), "wb") as g:
+                    g.write(chunk[:4096])
+        else:
+            for _ in range(3 << 10):
+                f.write(chunk)
+            f.flush()
+    print("FILL-DONE", flush=True)
+    time.sleep(600)
+'''
+
+# A hook that writes MB MiB into $UV_CACHE_DIR and fails the build (no bound passed).
+SOME_HOOK = r'''
+    with open(os.path.join(os.environ["UV_CACHE_DIR"], "some.bin"), "wb") as f:
+        for _ in range(MB):
+            f.write(b"\x01" * (1 << 20))
+    sys.exit("wrote MB MiB")
+'''
+
+
+def allocated(*paths: Path) -> int:
+    """Bytes allocated under `paths` (st_blocks), as the host sees them now."""
+    total = 0
+    for top in paths:
+        for d, dirs, files in os.walk(top):
+            for n in dirs + files:
+                try:
+                    total += os.lstat(os.path.join(d, n)).st_blocks * 512
+                except OSError:
+                    pass
+    return total
+
+
+def store_paths(server, session: str) -> list[Path]:
+    return [server.state_dir / "uv-cache" / "sessions" / "local" / session, server.state_dir / "venvs" / session]
+
+
+CAP = ["--env-disk-cap", "64MiB"]
+
+
+@pytest.mark.parametrize(
+    "tool,target,how",
+    [
+        ("install", "cache", "dense"),
+        ("install", "cache", "fallocate"),
+        ("install", "cache", "unlinked"),
+        ("install", "cache", "many"),
+        ("install", "venv", "dense"),
+        ("script", "env", "dense"),
+        ("script", "cache", "dense"),
+    ],
+)
+def test_a_hook_writing_3_gib_is_stopped_at_the_sessions_bound(wheels, tool, target, how):
+    """With --env-disk-cap 64MiB, a build hook writing 3 GiB into a store (dense, by
+    fallocate, into an unlinked file, as many small files) is killed at the bound: the job
+    fails with `limit: "disk"` and words naming the bound, far below 3 GiB. Afterwards an
+    install in the session either clears its cache and works (the filler was in the
+    cache), or is refused in words (the filler is in its venv); another session is
+    untouched and installs."""
+    hook = FILL_HOOK.replace("TARGET", repr(target)).replace("HOW", repr(how))
+    sdist = make_sdist(wheels.workspace, "fillpkg", backend("fillpkg", "", hook))
+
+    async def scenario(c):
+        assert (await install(c, "s", "victimpkg"))["status"] == "completed"
+        if tool == "install":
+            job = await install(c, "s", str(sdist))
+        else:
+            job = await script(c, "s", "print('never')", [str(sdist)])
+            assert job["result"]["failure"] == "disk_limit", job
+        text = job["all_stdout"] + job["all_stderr"]
+        assert job["status"] == "failed", job
+        assert job["result"]["limit"] == "disk", job["result"]
+        assert "FILL-DONE" not in text, text[-2000:]
+        assert "disk bound" in job["message"] and "64.0 MiB allowed" in job["message"], job["message"]
+        assert "--env-disk-cap" in job["message"], job["message"]
+        used = allocated(*store_paths(wheels, "s"), wheels.state_dir / "script-envs")
+        assert used < 1 << 30, f"{used} bytes left in the stores: the hook was not stopped at the bound"
+
+        res = await c.call("env_install", packages=["victimpkg"], session="s")
+        if target == "venv":
+            assert res.is_error, res.structured_content
+            words = res.content[0].text
+            assert "package stores of session \"s\" are full" in words and "--env-disk-cap" in words, words
+            assert "Remove the venv directory" in words, words
+        else:
+            job = await c.finish(res.structured_content, timeout=120)
+            assert job["status"] == "completed", job
+        assert (await install(c, "other", "victimpkg"))["status"] == "completed"
+
+    wheels.run(scenario, *CAP, timeout=400)
+
+
+def test_the_total_bound_over_all_sessions(wheels):
+    """--env-disk-cap 64MiB, --env-disk-total 96MiB: session a's hook leaves 50 MiB in its
+    cache (within both bounds); session b's hook writing 3 GiB is killed at what is left
+    of the total, in words naming --env-disk-total; session c's install then clears the
+    least recently used idle cache (a's) to make room, says so, and works."""
+    fill = make_sdist(wheels.workspace, "fillpkg", backend("fillpkg", "", FILL_HOOK.replace("TARGET", "'cache'").replace("HOW", "'dense'")))
+    (wheels.workspace / "some").mkdir()
+    some = make_sdist(wheels.workspace / "some", "somepkg", backend("somepkg", "", SOME_HOOK.replace("MB", "50")))
+
+    async def scenario(c):
+        job = await install(c, "a", str(some))
+        assert job["status"] == "failed" and "wrote 50 MiB" in job["all_stderr"] + job["message"], job
+        assert job["result"].get("limit") is None, job["result"]
+        job = await install(c, "b", str(fill))
+        assert job["status"] == "failed" and job["result"]["limit"] == "disk", job
+        assert "--env-disk-total" in job["message"], job["message"]
+        assert allocated(*store_paths(wheels, "b")) < 1 << 30
+        job = await install(c, "c", "victimpkg")
+        assert job["status"] == "completed", job
+        assert "of idle sessions' uv caches were cleared" in job["all_stderr"], job["all_stderr"]
+        assert not (wheels.state_dir / "uv-cache" / "sessions" / "local" / "a" / "some.bin").exists()
+
+    wheels.run(scenario, *CAP, "--env-disk-total", "96MiB", timeout=400)
+
+
+class Counting:
+    """A directory served over HTTP on the host's 127.0.0.1: the paths answered 200."""
+
+    def __init__(self, directory: Path):
+        self.full = []
+        web = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *a, **k):
+                super().__init__(*a, directory=str(directory), **k)
+
+            def log_request(self, code="-", size="-"):
+                if str(int(code)) == "200":
+                    web.full.append(self.path)
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def fetched(self, name: str) -> int:
+        return sum(1 for p in self.full if p.endswith(name))
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_sessions_cache_still_serves_its_second_install(server):
+    """Wheels from a find-links server on the host (through the broker): session s
+    downloads tinypkg — its script with the same dependency, in a fresh environment,
+    is served from s's cache; session t downloads it again, into its own cache. With
+    --env-disk-cap the cache keeps working within the bound."""
+    d = server.root / "wheels"
+    d.mkdir()
+    wheel = make_wheel(d, "tinypkg", "0.1").name
+    web = Counting(d)
+    server.env.update(UV_NO_INDEX="1", UV_FIND_LINKS=f"http://127.0.0.1:{web.port}/", UV_PYTHON_DOWNLOADS="never")
+
+    async def scenario(c):
+        assert (await install(c, "s", "tinypkg"))["status"] == "completed"
+        first = web.fetched(wheel)  # uv may ask more than once (metadata, then the file)
+        assert first >= 1, web.full
+        job = await script(c, "s", "import tinypkg; print(tinypkg.__version__)", ["tinypkg"])
+        assert job["status"] == "completed" and job["all_stdout"] == "0.1\n", job
+        assert web.fetched(wheel) == first, web.full  # from s's cache
+        assert (await install(c, "t", "tinypkg"))["status"] == "completed"
+        assert web.fetched(wheel) > first, web.full  # t has a cache of its own
+
+    try:
+        server.run(scenario, *CAP, timeout=300)
+    finally:
+        web.close()
