@@ -912,3 +912,231 @@ impl Drop for Lease {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::fs::symlink;
+
+    fn write_dense(path: &Path, bytes: usize) {
+        let mut f = std::fs::File::create(path).unwrap();
+        f.write_all(&vec![1u8; bytes]).unwrap();
+        f.sync_all().unwrap();
+    }
+
+    fn cfg(state: &Path, caps: DiskCaps) -> crate::envs::EnvConfig {
+        crate::envs::EnvConfig {
+            state_dir: state.to_path_buf(),
+            workspace: state.join("ws"),
+            python: "/usr/bin/python3".into(),
+            uv: None,
+            uv_cache: None,
+            disk: caps,
+            python_downloads: false,
+            sources: Default::default(),
+        }
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn owners_key_caches_by_principal_and_session() {
+        let a = Owner::local("bob").unwrap();
+        let b = Owner::new(Some("tenant/1"), "bob").unwrap();
+        assert_eq!(a.rel_dir(), PathBuf::from("local/bob"));
+        assert_eq!(b.rel_dir(), PathBuf::from("p-74656e616e742f31/bob"));
+        assert_ne!(a, b);
+        for bad in ["", "..", "a/b", "../x"] {
+            assert!(Owner::local(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(a.to_string(), "session \"bob\"");
+    }
+
+    /// Allocated blocks count, not sizes: a sparse file costs what it allocated, a
+    /// dense one all it wrote; a file linked twice counts once; a symlink is not
+    /// followed; every inode costs at least MIN_CHARGE.
+    #[test]
+    fn measure_counts_allocated_blocks_once() {
+        let d = crate::test_support::scratch_dir("store-measure");
+        let root = d.path().join("store");
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        write_dense(&root.join("a/dense"), 3 << 20);
+        let sparse = std::fs::File::create(root.join("sparse")).unwrap();
+        sparse.set_len(1 << 30).unwrap();
+        std::fs::hard_link(root.join("a/dense"), root.join("a/b/link")).unwrap();
+        let outside = d.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        write_dense(&outside.join("big"), 8 << 20);
+        symlink(&outside, root.join("escape")).unwrap();
+        let m = measure(std::slice::from_ref(&root), u64::MAX);
+        assert!(!m.too_deep);
+        // 3 MiB once, plus 4 KiB for each of: store, a, a/b, sparse, escape (a link).
+        assert!(m.bytes >= 3 * MIB + 5 * MIN_CHARGE, "{m:?}");
+        assert!(m.bytes < 4 * MIB, "{m:?}");
+        // A missing root is nothing; a file root is measured.
+        assert_eq!(measure(&[d.path().join("none")], u64::MAX).bytes, 0);
+        assert!(measure(&[outside.join("big")], u64::MAX).bytes >= 8 * MIB);
+        // Counting stops once past the bound.
+        let m = measure(std::slice::from_ref(&root), MIB);
+        assert!(m.bytes > MIB, "{m:?}");
+    }
+
+    #[test]
+    fn a_tree_deeper_than_the_measure_follows_is_flagged() {
+        let d = crate::test_support::scratch_dir("store-deep");
+        let root = d.path().join("store");
+        // Made with relative steps: the absolute path would be too long for the kernel.
+        std::fs::create_dir_all(&root).unwrap();
+        let mut fd =
+            nix::fcntl::open(&root, OFlag::O_RDONLY | OFlag::O_DIRECTORY, Mode::empty()).unwrap();
+        let name = "d".repeat(99);
+        for _ in 0..(MAX_REL_PATH / 100 + 2) {
+            nix::sys::stat::mkdirat(fd.as_fd(), name.as_str(), Mode::S_IRWXU).unwrap();
+            fd = nix::fcntl::openat(
+                fd.as_fd(),
+                name.as_str(),
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+                Mode::empty(),
+            )
+            .unwrap();
+        }
+        drop(fd);
+        let m = measure(std::slice::from_ref(&root), u64::MAX);
+        assert!(m.too_deep, "{m:?}");
+        // Removed the same way (remove_dir_all copes with long paths through descriptors).
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// Files held open after unlinking take disk without a name: counted for the job's
+    /// processes (here: this test process).
+    #[test]
+    fn open_unlinked_files_of_a_job_count() {
+        let d = crate::test_support::scratch_dir("store-unlinked");
+        let root = d.path().join("store");
+        std::fs::create_dir_all(&root).unwrap();
+        let path = root.join("gone");
+        let mut f = std::fs::File::create(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f.write_all(&vec![1u8; 2 << 20]).unwrap();
+        f.sync_all().unwrap();
+        assert!(open_unlinked_bytes(&[root], std::process::id()) >= 2 * MIB);
+        drop(f);
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// An owner over its bound loses its cache at admission (and is told); when its venv
+    /// alone is over, it is refused in words naming the venv and the flag.
+    #[test]
+    fn admission_clears_the_owners_cache_then_refuses() {
+        let d = crate::test_support::scratch_dir("store-admit");
+        let caps = DiskCaps {
+            session: 4 * MIB,
+            total: 100 * MIB,
+        };
+        let stores = Stores::new(&cfg(d.path(), caps));
+        let bob = Owner::local("bob").unwrap();
+        let cache = stores.cache_dir(&bob);
+        std::fs::create_dir_all(&cache).unwrap();
+        write_dense(&cache.join("junk"), 5 << 20);
+        rt().block_on(async {
+            let lease = stores.admit(&bob, vec![]).await.unwrap();
+            assert!(
+                lease.note.as_deref().unwrap_or("").contains("was cleared"),
+                "{:?}",
+                lease.note
+            );
+            assert!(!cache.exists());
+            drop(lease);
+            let venv = d.path().join("venvs/bob");
+            std::fs::create_dir_all(&venv).unwrap();
+            write_dense(&venv.join("junk"), 5 << 20);
+            stores.set_venv(&bob, &venv);
+            let err = stores.admit(&bob, vec![]).await.unwrap_err().to_string();
+            assert!(
+                err.contains("package stores of session \"bob\" are full"),
+                "{err}"
+            );
+            assert!(
+                err.contains("--env-disk-cap") && err.contains("venvs/bob"),
+                "{err}"
+            );
+            // Another owner is not affected.
+            let alice = Owner::local("alice").unwrap();
+            assert!(stores.admit(&alice, vec![]).await.is_ok());
+        });
+    }
+
+    /// Over the total, idle owners' caches go, least recently used first; one with a
+    /// running job keeps its cache.
+    #[test]
+    fn the_total_evicts_idle_caches_least_recently_used_first() {
+        let d = crate::test_support::scratch_dir("store-total");
+        let caps = DiskCaps {
+            session: 50 * MIB,
+            total: 10 * MIB,
+        };
+        let stores = Stores::new(&cfg(d.path(), caps));
+        let [old, newer, busy, me] =
+            ["old", "newer", "busy", "me"].map(|s| Owner::local(s).unwrap());
+        rt().block_on(async {
+            for o in [&old, &newer, &busy] {
+                let lease = stores.admit(o, vec![]).await.unwrap();
+                write_dense(&lease.cache_dir().unwrap().join("junk"), 3 << 20);
+                lease.release().await;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let running = stores.admit(&busy, vec![]).await.unwrap();
+            // 9 MiB + small: within 10 MiB; a fourth owner's 3 MiB passes it.
+            let lease = stores.admit(&me, vec![]).await.unwrap();
+            write_dense(&lease.cache_dir().unwrap().join("junk"), 3 << 20);
+            lease.release().await;
+            let lease = stores.admit(&me, vec![]).await.unwrap();
+            assert!(
+                lease
+                    .note
+                    .as_deref()
+                    .unwrap_or("")
+                    .contains("idle sessions' uv caches were cleared"),
+                "{:?}",
+                lease.note
+            );
+            assert!(!stores.cache_dir(&old).exists());
+            assert!(stores.cache_dir(&newer).exists() && stores.cache_dir(&busy).exists());
+            drop(running);
+        });
+    }
+
+    /// A step that writes past the bound is seen by `exceeded`, with the bound in words.
+    #[test]
+    fn a_step_past_its_bound_is_stopped_with_words() {
+        let d = crate::test_support::scratch_dir("store-exceeded");
+        let caps = DiskCaps {
+            session: 2 * MIB,
+            total: 100 * MIB,
+        };
+        let stores = Stores::new(&cfg(d.path(), caps));
+        let bob = Owner::local("bob").unwrap();
+        rt().block_on(async {
+            let lease = stores.admit(&bob, vec![]).await.unwrap();
+            let cache = lease.cache_dir().unwrap();
+            write_dense(&cache.join("junk"), 3 << 20);
+            let hit = lease.exceeded(&[cache], None).await;
+            assert!(
+                !hit.total && hit.used > 2 * MIB && hit.bound == 2 * MIB,
+                "{hit:?}"
+            );
+            let words = hit.words();
+            assert!(
+                words.contains("2.0 MiB allowed (--env-disk-cap)"),
+                "{words}"
+            );
+        });
+    }
+}
