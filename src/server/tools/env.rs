@@ -69,10 +69,10 @@ pub struct RunScriptArgs {
     /// Script source (or `path`).
     #[serde(default)]
     pub code: Option<String>,
-    /// Script file in the workspace (or `code`).
+    /// Workspace file (or `code`).
     #[serde(default)]
     pub path: Option<String>,
-    /// Requirements to install.
+    /// Requirements.
     #[serde(default)]
     pub dependencies: Vec<String>,
     /// E.g. "3.11".
@@ -93,7 +93,6 @@ pub struct RunScriptArgs {
     /// Report wall, CPU and peak RSS.
     #[serde(default)]
     pub benchmark: bool,
-    /// Whose package cache to use.
     #[serde(default)]
     #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
