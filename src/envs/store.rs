@@ -23,7 +23,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -582,7 +582,9 @@ impl Stores {
         .await;
     }
 
-    /// Set `owner`'s cache aside if no job of it but `except` runs; returns what it took.
+    /// Set `owner`'s cache aside if no job of it but `except` runs here and no uv
+    /// process uses it (of another server sharing the state dir too: uv holds a shared
+    /// `flock` on the cache's `.lock` while it works); returns what it took.
     fn take_cache_if_idle(&self, owner: &Owner, except: Option<u64>) -> Option<u64> {
         static TRASH: AtomicU64 = AtomicU64::new(0);
         let mut inner = self.lock();
@@ -591,6 +593,17 @@ impl Stores {
             return None;
         }
         let cache = self.cache_dir(owner);
+        let _unused = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(cache.join(".lock"))
+        {
+            Ok(file) => Some(
+                nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).ok()?,
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(_) => return None,
+        };
         let trash = self.cache_root.join(format!(
             ".trash-{}-{}",
             std::process::id(),
@@ -1070,6 +1083,32 @@ mod tests {
             // Another owner is not affected.
             let alice = Owner::local("alice").unwrap();
             assert!(stores.admit(&alice, vec![]).await.is_ok());
+        });
+    }
+
+    /// A cache a uv process uses (its shared lock on `.lock`, maybe from another server
+    /// sharing the state dir) is never cleared: the job is refused instead.
+    #[test]
+    fn a_cache_in_use_by_uv_is_not_cleared() {
+        let d = crate::test_support::scratch_dir("store-inuse");
+        let caps = DiskCaps {
+            session: 4 * MIB,
+            total: 100 * MIB,
+        };
+        let stores = Stores::new(&cfg(d.path(), caps));
+        let bob = Owner::local("bob").unwrap();
+        let cache = stores.cache_dir(&bob);
+        std::fs::create_dir_all(&cache).unwrap();
+        write_dense(&cache.join("junk"), 5 << 20);
+        let lock = std::fs::File::create(cache.join(".lock")).unwrap();
+        let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockSharedNonblock).unwrap();
+        rt().block_on(async {
+            let err = stores.admit(&bob, vec![]).await.unwrap_err().to_string();
+            assert!(err.contains("are full"), "{err}");
+            assert!(cache.join("junk").exists());
+            drop(held);
+            let lease = stores.admit(&bob, vec![]).await.unwrap();
+            assert!(lease.note.is_some() && !cache.exists());
         });
     }
 
