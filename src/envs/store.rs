@@ -840,18 +840,12 @@ impl Lease {
                     too_deep |= m.too_deep;
                     parts.push((Part::Tree(r.clone()), m.bytes));
                 }
-                (parts, too_deep)
+                let open = pid.map_or(0, |pid| open_unlinked_bytes(&roots, pid));
+                (parts, open, too_deep)
             })
             .await;
-            let Ok((parts, too_deep)) = measured else {
+            let Ok((parts, open, too_deep)) = measured else {
                 continue;
-            };
-            let roots = writable.to_vec();
-            let open = match pid {
-                Some(pid) => tokio::task::spawn_blocking(move || open_unlinked_bytes(&roots, pid))
-                    .await
-                    .unwrap_or(0),
-                None => 0,
             };
             let (used, others) = {
                 let mut inner = self.stores.lock();
