@@ -161,6 +161,15 @@ pub struct ServeArgs {
     /// Cap, in bytes, on disk used by spooled job output (oldest finished jobs are evicted).
     #[arg(long, env = "MCP_SANDBOX_DISK_CAP", default_value_t = 2 * 1024 * 1024 * 1024)]
     pub disk_cap: u64,
+    /// Disk one session's package stores may take — its uv cache, its venv and what its
+    /// running installs and scripts write ("16GiB", "512M", bytes). A job that passes it is
+    /// killed; past it the session's uv cache is cleared before the next install.
+    #[arg(long, env = "MCP_SANDBOX_ENV_DISK_CAP", default_value = "16GiB", value_parser = parse_byte_size)]
+    pub env_disk_cap: u64,
+    /// Disk the package stores of all sessions may take together (the least recently
+    /// used idle sessions' uv caches are cleared first).
+    #[arg(long, env = "MCP_SANDBOX_ENV_DISK_TOTAL", default_value = "64GiB", value_parser = parse_byte_size)]
+    pub env_disk_total: u64,
     /// Most jobs kept (the oldest finished ones are removed first, printed output or not).
     #[arg(long, env = "MCP_SANDBOX_KEEP_JOBS", default_value_t = 10_000)]
     pub keep_jobs: usize,

@@ -30,6 +30,8 @@ pub struct Config {
     pub response_bytes: usize,
     /// Cap, in bytes, on disk used by spooled job output.
     pub disk_cap: u64,
+    /// Disk bounds of the package stores (uv caches, venvs), per session and in total.
+    pub env_disk: crate::envs::DiskCaps,
     /// What the client may change while the server runs (sandbox state, roots).
     pub sources: super::settings::Sources,
     /// Accept a workspace that is `/`, the user's home or a parent of the state dir.

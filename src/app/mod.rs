@@ -92,6 +92,8 @@ pub struct App {
     envs: OnceCell<Arc<crate::envs::EnvManager>>,
     /// The uv executable, if configured.
     uv: Option<PathBuf>,
+    /// Disk bounds of the package stores.
+    env_disk: crate::envs::DiskCaps,
     /// Set when shutdown begins, so a background prewarm does not leave a worker behind.
     stopping: AtomicBool,
     /// Turns `true` once what earlier servers left has been swept.
@@ -230,6 +232,7 @@ impl App {
             _owner: owner,
             envs: OnceCell::new(),
             uv: cfg.uv.clone(),
+            env_disk: cfg.env_disk,
         })
     }
 

@@ -58,6 +58,9 @@ pub fn arguments_of(args: &ScriptArgs) -> Record {
     if args.benchmark {
         m.insert("benchmark".into(), Value::Bool(true));
     }
+    if !args.session.is_empty() {
+        m.insert("session".into(), json!(args.session));
+    }
     (m, args.env.keys().cloned().collect())
 }
 
@@ -169,6 +172,7 @@ mod tests {
 
     fn args() -> ScriptArgs {
         ScriptArgs {
+            session: "default".into(),
             code: Some("print(1)".into()),
             path: None,
             dependencies: vec!["rich".into()],

@@ -87,6 +87,8 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         max_cells,
         response_bytes,
         disk_cap,
+        env_disk_cap,
+        env_disk_total,
         keep_jobs,
         keep_hours,
         http_max_connections,
@@ -130,6 +132,18 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         "at least 1048576 bytes (1 MiB)",
     )
     .map_err(|e| ServerError::Config(e.to_string()))?;
+    for (flag, value) in [
+        ("env-disk-cap", env_disk_cap),
+        ("env-disk-total", env_disk_total),
+    ] {
+        in_range(
+            flag,
+            value,
+            (MIN_DISK_CAP, u64::MAX),
+            "at least 1048576 bytes (1 MiB)",
+        )
+        .map_err(|e| ServerError::Config(e.to_string()))?;
+    }
     let sources = app::Sources {
         inherit_sandbox: sandbox_state == SandboxState::Inherit && policy.is_none(),
         workspace_from_roots: workspace.is_none(),
@@ -183,6 +197,10 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
             max_cells,
             response_bytes,
             disk_cap,
+            env_disk: crate::envs::DiskCaps {
+                session: env_disk_cap,
+                total: env_disk_total,
+            },
             allow_broad_workspace,
             sources,
             retention: crate::jobs::Retention {

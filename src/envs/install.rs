@@ -1,6 +1,7 @@
 //! Installing packages into a venv: `uv pip install --python <venv python> ...` run
-//! through the launcher (network on, writes only to the venv and the uv cache), its
-//! stderr parsed into progress steps, a failure reported in uv's own words.
+//! through the launcher (network on, writes only to the venv and the session's uv
+//! cache, within their disk bound), its stderr parsed into progress steps, a failure
+//! reported in uv's own words.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,7 +9,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::policy::{self, Grants};
-use super::{Canceller, EnvConfig, EnvError, EnvSink, Progress, Uv, Venv, process};
+use super::process::DiskWatch;
+use super::{Canceller, EnvConfig, EnvError, EnvSink, Lease, Progress, Uv, Venv, process};
 use crate::sandbox::{ResolvedPolicy, SandboxCommand};
 
 /// uv's words, then what the broker refused (uv only sees "403 Forbidden").
@@ -51,6 +53,10 @@ pub struct InstallReport {
     /// Connections the installer's network broker refused, in words.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub denied: Vec<String>,
+    /// The limit that stopped the install: `"disk"` (the session's stores at their
+    /// bound), `"memory"`, `"cpu"`, `"wall_time"`, `"file_size"`, `"processes"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
 }
 
 /// Check a request before anything runs.
@@ -80,26 +86,30 @@ pub fn validate(req: &InstallRequest) -> Result<(), EnvError> {
     Ok(())
 }
 
-/// Install `req` into `venv`. Output goes to `sink` as it comes (so the caller can
-/// spool it into a job), progress steps to `sink.progress`. Errors are only for
-/// failures to run uv at all; a failed resolution is `Ok` with `ok: false`.
+/// Install `req` into `venv`, with the uv cache of `lease`'s owner (whose stores are
+/// measured while uv runs and its processes killed at their bound). Output goes to `sink`
+/// as it comes (so the caller can spool it into a job), progress steps to
+/// `sink.progress`. Errors are only for failures to run uv at all; a failed resolution is
+/// `Ok` with `ok: false`.
+#[allow(clippy::too_many_arguments)]
 pub async fn install(
     cfg: &EnvConfig,
     uv: &Uv,
     venv: &Venv,
     req: &InstallRequest,
     session_policy: &ResolvedPolicy,
+    lease: &Lease,
     sink: Arc<dyn EnvSink>,
     cancel: &Canceller,
 ) -> Result<InstallReport, EnvError> {
     validate(req)?;
-    let cache = cfg.uv_cache_dir();
-    std::fs::create_dir_all(&cache)
-        .map_err(|e| EnvError::io(format!("creating {}", cache.display()), e))?;
+    let cache = lease.cache_dir()?;
+    lease.set_venv(venv.root());
     let read = cfg.sources.local_dirs();
     let uv_bin = uv.sealed(cfg);
+    let stores = vec![venv.root().to_path_buf(), cache.clone()];
     let grants = Grants {
-        write: vec![venv.root().to_path_buf(), cache],
+        write: stores.clone(),
         read,
         execute: vec![uv_bin.clone(), cfg.python.clone()],
         network: cfg.sources.needs_network(),
@@ -119,7 +129,7 @@ pub async fn install(
         cmd.arg("--no-build");
     }
     cmd.args(&req.packages);
-    uv.apply_env(&mut cmd, cfg, &policy);
+    uv.apply_env(&mut cmd, cfg, &policy, &cache);
 
     sink.progress(&Progress {
         progress: 0.0,
@@ -135,10 +145,16 @@ pub async fn install(
             hook_sink.progress(&step);
         }
     });
-    let outcome = process::run(cmd, sink, Some(hook), cancel, None).await?;
+    let watch = DiskWatch::new(lease, stores, &policy);
+    let outcome = process::run(cmd, sink, Some(hook), cancel, None, Some(watch)).await?;
     let parsed = parser.lock().map(|p| p.clone()).unwrap_or_default();
     let message = if outcome.cancelled {
         Some("cancelled; the environment may hold some of the packages".into())
+    } else if let Some(words) = outcome.limit_words(&policy) {
+        Some(with_denials(
+            format!("{words}; the environment may hold some of the packages"),
+            &outcome.denied,
+        ))
     } else if !outcome.success() {
         Some(with_denials(
             uv_explanation(&outcome.stderr_tail),
@@ -157,6 +173,7 @@ pub async fn install(
         summary: parsed.summary,
         elapsed_ms: duration_ms(outcome.report.wall),
         site_packages: venv.site_packages().to_string_lossy().into_owned(),
+        limit: outcome.limit().map(str::to_string),
         denied: outcome.denied,
     })
 }

@@ -10,7 +10,9 @@
 //! - [`process`]: running one uv process through the sandbox launcher, pumping its
 //!   output into an [`EnvSink`], with cancellation and a timeout.
 //! - [`policy`]: the policies uv processes run under (session policy + network + writes
-//!   to the venv and the uv cache only).
+//!   to the venv and the session's uv cache only).
+//! - [`store`]: the stores that outlive a job (each session's uv cache and venv), private
+//!   to one session, and their disk bounds, enforced while uv runs.
 //!
 //! Nothing here knows MCP or the job store: the caller hands in an [`EnvSink`] (the
 //! server adapts a `jobs::JobHandle` and MCP progress notifications to it) and a
@@ -21,6 +23,7 @@ pub mod manager;
 pub mod policy;
 pub mod process;
 pub mod script;
+pub mod store;
 pub mod uv;
 pub mod venv;
 
@@ -34,6 +37,7 @@ pub use install::{InstallReport, InstallRequest, ProgressParser};
 pub use manager::EnvManager;
 pub use process::RunOutcome;
 pub use script::{Benchmark, ScriptReport, ScriptRequest, ScriptSource};
+pub use store::{DiskCaps, DiskHit, Lease, Owner, Stores};
 pub use uv::Uv;
 pub use venv::{Venv, VenvLocation, allow_session_venvs};
 
@@ -41,7 +45,7 @@ pub use venv::{Venv, VenvLocation, allow_session_venvs};
 #[derive(Debug, Clone)]
 pub struct EnvConfig {
     /// The server's state directory; venvs live in `<state_dir>/venvs/<session>`,
-    /// inline scripts in `<state_dir>/scripts`, and by default uv's cache in
+    /// inline scripts in `<state_dir>/scripts`, and by default the uv caches in
     /// `<state_dir>/uv-cache`.
     pub state_dir: PathBuf,
     /// The agent's workspace (`{workspace}`; `VenvLocation::Workspace` uses its `.venv`).
@@ -50,13 +54,16 @@ pub struct EnvConfig {
     pub python: PathBuf,
     /// A configured `uv` executable (`--uv`); `None` searches PATH.
     pub uv: Option<PathBuf>,
-    /// uv's cache; `None` means `$MCP_SANDBOX_UV_CACHE` if set, else `<state_dir>/uv-cache`.
-    /// The server's own `UV_CACHE_DIR` is never used: sandboxed installs would write the
-    /// user's real cache.
-    /// Set explicitly so the installer's sandbox can allow writes to exactly this path.
+    /// The root of the uv caches, one per session below it (`sessions/<principal>/
+    /// <session>`, [`store::Stores::cache_dir`]); `None` means `$MCP_SANDBOX_UV_CACHE` if
+    /// set, else `<state_dir>/uv-cache`. The server's own `UV_CACHE_DIR` is never used:
+    /// sandboxed installs would write the user's real cache.
     pub uv_cache: Option<PathBuf>,
-    /// Let uv download Python builds (into `<state_dir>/uv-python`) when a requested
-    /// version is not installed. Off by default: a missing version is a clear error.
+    /// The disk bounds of the stores (per session and in total).
+    pub disk: DiskCaps,
+    /// Let uv download Python builds (into the session's own uv cache, `python/`) when a
+    /// requested version is not installed. Off by default: a missing version is a clear
+    /// error.
     pub python_downloads: bool,
     /// Package sources beyond uv's defaults. The server's own `UV_*` variables
     /// (`UV_INDEX_URL`, `UV_FIND_LINKS`, `UV_OFFLINE`, ...) are forwarded too.
@@ -107,8 +114,8 @@ impl PackageSources {
 }
 
 impl EnvConfig {
-    /// The uv cache directory in effect (see [`EnvConfig::uv_cache`]).
-    pub fn uv_cache_dir(&self) -> PathBuf {
+    /// The root of the per-session uv caches in effect (see [`EnvConfig::uv_cache`]).
+    pub fn uv_cache_root(&self) -> PathBuf {
         if let Some(dir) = &self.uv_cache {
             return dir.clone();
         }
@@ -117,13 +124,10 @@ impl EnvConfig {
             _ => self.state_dir.join("uv-cache"),
         }
     }
-    /// Where uv-downloaded Pythons go when [`EnvConfig::python_downloads`] is on.
-    pub fn python_install_dir(&self) -> PathBuf {
-        self.state_dir.join("uv-python")
-    }
 }
 
-/// The variable that configures the uv cache of sandboxed installs and scripts.
+/// The variable that configures the root of the uv caches of sandboxed installs and
+/// scripts.
 pub const UV_CACHE_ENV: &str = "MCP_SANDBOX_UV_CACHE";
 
 /// Every failure of this subsystem, each saying what failed, why, and what to do.
@@ -161,6 +165,9 @@ pub enum EnvError {
         what: String,
         source: std::io::Error,
     },
+    /// A store at its disk bound; the text says which, how full, and how to free it.
+    #[error("{0}")]
+    StoreFull(String),
     #[error("could not start uv under the sandbox: {0}")]
     Launch(#[from] crate::sandbox::LaunchError),
 }

@@ -49,6 +49,9 @@ pub fn extend(base: &ResolvedPolicy, grants: &Grants) -> ResolvedPolicy {
     for w in &grants.write {
         p = p.with_write(w);
     }
+    // What it writes is measured against a disk bound (envs::store): no instant
+    // allocation of disk the measure could not follow.
+    p.no_preallocation |= !grants.write.is_empty();
     for r in &grants.read {
         p = p.with_read(r);
     }

@@ -2,7 +2,8 @@
 //! transient environment built from declared dependencies (`--with`, PEP 508) and/or
 //! the script's own PEP 723 `# /// script` block, with a chosen Python version, args,
 //! env vars and a timeout. The environment is built by uv under the installer's rules
-//! (network through the broker, writes to the transient venv and the uv cache only);
+//! (network through the broker, writes to the transient venv and the session's uv cache
+//! only, within their disk bound);
 //! the script then runs under the session policy alone. Reports a benchmark of both
 //! steps from the launcher's [`ExitReport`]s.
 
@@ -15,7 +16,8 @@ use serde::Serialize;
 
 use super::install::{duration_ms, uv_explanation, with_denials};
 use super::policy::{self, Grants};
-use super::{Canceller, EnvConfig, EnvError, EnvSink, Uv, process};
+use super::process::{DiskWatch, RunOutcome};
+use super::{Canceller, EnvConfig, EnvError, EnvSink, Lease, Uv, process};
 use crate::sandbox::{ExitReport, ResolvedPolicy, SandboxCommand};
 
 /// The script to run.
@@ -77,6 +79,8 @@ pub enum ScriptFailure {
     Environment,
     TimedOut,
     Cancelled,
+    /// The session's stores (uv cache, transient environment) reached their disk bound.
+    DiskLimit,
 }
 
 /// How a script run ended (the job's `result`).
@@ -93,6 +97,10 @@ pub struct ScriptReport {
     /// own under a proxy-mode policy), in words.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub denied: Vec<String>,
+    /// The limit that stopped it: `"disk"` (the session's stores at their bound),
+    /// `"memory"`, `"cpu"`, `"wall_time"`, `"file_size"`, `"processes"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
 }
 
 /// Check a request before anything runs; returns the script file to run.
@@ -145,7 +153,8 @@ fn cwd(cfg: &EnvConfig, req: &ScriptRequest) -> PathBuf {
 /// 1. When the script needs an environment (dependencies, a PEP 723 block, another
 ///    Python), uv builds a transient venv under the installer's rules: the installer's
 ///    network (by default the broker's proxy to the package indexes), writes only to
-///    that venv, the uv cache and its temp dir; build hooks run under the same rules.
+///    that venv, the uv cache of `lease`'s owner and its temp dir; build hooks run under
+///    the same rules. Both are measured while uv runs, which is killed at their bound.
 /// 2. The script runs with that venv's interpreter (or the REPL's) under the session
 ///    policy, which keeps its own network setting (none by default).
 pub async fn run_script(
@@ -153,6 +162,7 @@ pub async fn run_script(
     uv: &Uv,
     req: &ScriptRequest,
     session_policy: &ResolvedPolicy,
+    lease: &Lease,
     sink: Arc<dyn EnvSink>,
     cancel: &Canceller,
 ) -> Result<ScriptReport, EnvError> {
@@ -175,6 +185,7 @@ pub async fn run_script(
         let python = if needs_env {
             let dir = transient_env_dir(cfg)?;
             env_dir = Some(dir.clone());
+            lease.add_tree(&dir);
             match build_env(
                 cfg,
                 uv,
@@ -183,6 +194,7 @@ pub async fn run_script(
                 &script,
                 pep723,
                 &dir,
+                lease,
                 &sink,
                 cancel,
             )
@@ -213,29 +225,40 @@ pub async fn run_script(
             policy = policy.with_execute(prefix);
         }
         let policy = Arc::new(policy);
-        let mut cmd = SandboxCommand::new(policy, &python);
+        let mut cmd = SandboxCommand::new(policy.clone(), &python);
         cmd.arg(&script).args(&req.args);
         cmd.current_dir(&workdir);
         for (k, v) in &req.env {
             cmd.env(k, v);
         }
         let left = req.timeout.map(|t| t.saturating_sub(started.elapsed()));
-        let outcome = process::run(cmd, sink.clone(), None, cancel, left).await?;
+        // The script writes no store (the workspace is not one), only its temp dir,
+        // which is measured when it is a host directory.
+        let watch = DiskWatch::new(lease, Vec::new(), &policy);
+        let outcome = process::run(cmd, sink.clone(), None, cancel, left, Some(watch)).await?;
         add(&mut benchmark, &Benchmark::from_report(&outcome.report));
         let failure = if outcome.cancelled {
             Some(ScriptFailure::Cancelled)
         } else if outcome.timed_out {
             Some(ScriptFailure::TimedOut)
+        } else if outcome.disk.is_some() {
+            Some(ScriptFailure::DiskLimit)
         } else {
             None
+        };
+        let message = match (outcome.limit_words(&policy), failure) {
+            (Some(words), _) => Some(words),
+            (None, Some(f)) => Some(failure_words(f, req, "")),
+            (None, None) => None,
         };
         Ok(ScriptReport {
             ok: outcome.success(),
             exit_code: outcome.exit_code(),
             signal: outcome.signal(),
             failure,
-            message: failure.map(|f| failure_words(f, req, "")),
+            message,
             benchmark: benchmark.clone(),
+            limit: outcome.limit().map(str::to_string),
             denied: outcome.denied,
         })
     }
@@ -265,6 +288,9 @@ fn failure_words(f: ScriptFailure, req: &ScriptRequest, stderr: &str) -> String 
             "the script's environment could not be built: {}",
             uv_explanation(stderr)
         ),
+        ScriptFailure::DiskLimit => {
+            "killed: the session's package stores reached their disk bound".to_string()
+        }
     }
 }
 
@@ -356,26 +382,19 @@ async fn build_env(
     script: &std::path::Path,
     pep723: bool,
     dir: &std::path::Path,
+    lease: &Lease,
     sink: &Arc<dyn EnvSink>,
     cancel: &Canceller,
 ) -> Result<Result<(Benchmark, Vec<PathBuf>), ScriptReport>, EnvError> {
-    let cache = cfg.uv_cache_dir();
-    std::fs::create_dir_all(&cache)
-        .map_err(|e| EnvError::io(format!("creating {}", cache.display()), e))?;
-    let mut write = vec![dir.to_path_buf(), cache];
-    if cfg.python_downloads {
-        let d = cfg.python_install_dir();
-        std::fs::create_dir_all(&d)
-            .map_err(|e| EnvError::io(format!("creating {}", d.display()), e))?;
-        write.push(d);
-    }
+    let cache = lease.cache_dir()?;
+    let write = vec![dir.to_path_buf(), cache.clone()];
     let mut read = vec![script.to_path_buf()];
     read.extend(cfg.sources.local_dirs());
     let uv_bin = uv.sealed(cfg);
     let policy = Arc::new(policy::extend(
         session_policy,
         &Grants {
-            write,
+            write: write.clone(),
             read,
             execute: vec![uv_bin.clone(), cfg.python.clone()],
             network: cfg.sources.needs_network(),
@@ -390,7 +409,7 @@ async fn build_env(
         None => venv.arg(&cfg.python),
     };
     venv.arg(dir);
-    uv.apply_env(&mut venv, cfg, &policy);
+    uv.apply_env(&mut venv, cfg, &policy, &cache);
     let mut steps = vec![venv];
     if !req.dependencies.is_empty() || pep723 {
         let mut install = SandboxCommand::new(policy.clone(), &uv_bin);
@@ -406,13 +425,15 @@ async fn build_env(
             install.arg("-r").arg(script);
         }
         install.args(&req.dependencies);
-        uv.apply_env(&mut install, cfg, &policy);
+        uv.apply_env(&mut install, cfg, &policy, &cache);
         steps.push(install);
     }
     let mut benchmark = Benchmark::default();
     let mut prefixes = None;
     for cmd in steps {
-        let outcome = process::run(cmd, sink.clone(), None, cancel, req.timeout).await?;
+        let watch = DiskWatch::new(lease, write.clone(), &policy);
+        let outcome =
+            process::run(cmd, sink.clone(), None, cancel, req.timeout, Some(watch)).await?;
         add(&mut benchmark, &Benchmark::from_report(&outcome.report));
         if outcome.success() {
             // The venv as uv made it: the install's build hooks may write the venv, and
@@ -420,14 +441,10 @@ async fn build_env(
             prefixes.get_or_insert_with(|| base_prefixes(dir));
             continue;
         }
-        let failure = if outcome.cancelled {
-            ScriptFailure::Cancelled
-        } else if outcome.timed_out {
-            ScriptFailure::TimedOut
-        } else {
-            classify_uv_failure(&outcome.stderr_tail).unwrap_or(ScriptFailure::Environment)
-        };
-        let words = failure_words(failure, req, &outcome.stderr_tail);
+        let failure = failure_of(&outcome);
+        let words = outcome
+            .limit_words(&policy)
+            .unwrap_or_else(|| failure_words(failure, req, &outcome.stderr_tail));
         return Ok(Err(ScriptReport {
             ok: false,
             exit_code: outcome.exit_code(),
@@ -435,10 +452,24 @@ async fn build_env(
             failure: Some(failure),
             message: Some(with_denials(words, &outcome.denied)),
             benchmark,
+            limit: outcome.limit().map(str::to_string),
             denied: outcome.denied,
         }));
     }
     Ok(Ok((benchmark, prefixes.unwrap_or_default())))
+}
+
+/// Why an environment step failed.
+fn failure_of(outcome: &RunOutcome) -> ScriptFailure {
+    if outcome.cancelled {
+        ScriptFailure::Cancelled
+    } else if outcome.timed_out {
+        ScriptFailure::TimedOut
+    } else if outcome.disk.is_some() {
+        ScriptFailure::DiskLimit
+    } else {
+        classify_uv_failure(&outcome.stderr_tail).unwrap_or(ScriptFailure::Environment)
+    }
 }
 
 /// With `--quiet`, uv itself prints nothing unless it fails, and its failures start

@@ -76,11 +76,11 @@ impl Uv {
         Ok(Uv { path, version })
     }
 
-    /// Environment for every uv process: our cache, no progress bars or colours,
-    /// Python downloads as configured, plus the user's own `UV_*` settings (index
-    /// URLs, find-links, offline mode) which the sandbox's environment allow-list
-    /// would otherwise drop.
-    pub fn env(&self, cfg: &EnvConfig) -> Vec<(OsString, OsString)> {
+    /// Environment for every uv process: `cache` (the session's own uv cache), files
+    /// copied from it rather than linked, no progress bars or colours, Python downloads
+    /// as configured, plus the user's own `UV_*` settings (index URLs, find-links,
+    /// offline mode) which the sandbox's environment allow-list would otherwise drop.
+    pub fn env(&self, cfg: &EnvConfig, cache: &Path) -> Vec<(OsString, OsString)> {
         let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
             .filter(|(k, _)| {
                 k.to_str().is_some_and(|k| {
@@ -104,11 +104,10 @@ impl Uv {
         let set = |env: &mut Vec<(OsString, OsString)>, k: &str, v: OsString| {
             env.push((k.into(), v));
         };
-        set(
-            &mut env,
-            "UV_CACHE_DIR",
-            cfg.uv_cache_dir().into_os_string(),
-        );
+        set(&mut env, "UV_CACHE_DIR", cache.as_os_str().to_owned());
+        // Copies: a venv's file is never also a cache file (the two are bound apart in
+        // the job's view, where uv's hard links fail and it copies anyway, warning).
+        set(&mut env, "UV_LINK_MODE", "copy".into());
         set(&mut env, "UV_NO_PROGRESS", "1".into());
         set(&mut env, "NO_COLOR", "1".into());
         // uv.toml files in the workspace are not read: code the agent wrote there could
@@ -119,7 +118,7 @@ impl Uv {
             set(
                 &mut env,
                 "UV_PYTHON_INSTALL_DIR",
-                cfg.python_install_dir().into_os_string(),
+                cache.join("python").into_os_string(),
             );
         } else {
             set(&mut env, "UV_PYTHON_DOWNLOADS", "never".into());
@@ -151,8 +150,14 @@ impl Uv {
 
     /// Set [`Uv::env`] on a command, and a `PATH` with only the directories `policy`
     /// lets it execute from (see [`super::policy::sandbox_path`]).
-    pub fn apply_env(&self, cmd: &mut SandboxCommand, cfg: &EnvConfig, policy: &ResolvedPolicy) {
-        for (k, v) in self.env(cfg) {
+    pub fn apply_env(
+        &self,
+        cmd: &mut SandboxCommand,
+        cfg: &EnvConfig,
+        policy: &ResolvedPolicy,
+        cache: &Path,
+    ) {
+        for (k, v) in self.env(cfg, cache) {
             cmd.env(k, v);
         }
         let path = std::env::var_os("PATH");
@@ -207,6 +212,7 @@ fn seal(src: &Path, dir: &Path) -> std::io::Result<PathBuf> {
 /// Variables [`Uv::env`] sets itself (a user's value for these is not forwarded).
 const OWN_VARS: &[&str] = &[
     "UV_CACHE_DIR",
+    "UV_LINK_MODE",
     "UV_NO_PROGRESS",
     "UV_NO_CONFIG",
     "UV_PYTHON_DOWNLOADS",

@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::policy::{self, Grants};
-use super::{Canceller, EnvConfig, EnvError, NullSink, Uv, process};
+use super::process::DiskWatch;
+use super::{Canceller, EnvConfig, EnvError, Lease, NullSink, Uv, process};
 use crate::sandbox::{Policy, ResolvedPolicy, SandboxCommand};
 
 /// Where a session's venv is.
@@ -147,16 +148,20 @@ pub fn location_path(cfg: &EnvConfig, location: &VenvLocation) -> Result<PathBuf
 }
 
 /// The venv at `location`, created with `uv venv` (through the sandbox, writes allowed
-/// only to the venv and the uv cache) if it does not exist yet.
+/// only to the venv and the uv cache of `lease`'s owner, within their disk bound) if it
+/// does not exist yet.
 pub async fn ensure(
     cfg: &EnvConfig,
     uv: &Uv,
     location: &VenvLocation,
     session_policy: &ResolvedPolicy,
+    lease: &Lease,
 ) -> Result<Venv, EnvError> {
     let root = location_path(cfg, location)?;
     if matches!(location, VenvLocation::Workspace) || root.join("pyvenv.cfg").exists() {
-        return Venv::open(&root);
+        let venv = Venv::open(&root)?;
+        lease.set_venv(venv.root());
+        return Ok(venv);
     }
     if root.exists()
         && std::fs::read_dir(&root)
@@ -168,11 +173,11 @@ pub async fn ensure(
             why: "the directory exists, is not empty and is not a virtual environment".into(),
         });
     }
-    let cache = cfg.uv_cache_dir();
+    let cache = lease.cache_dir()?;
     // A `Path` location lies in the workspace, where sandboxed code can swap a directory
     // for a symlink: its caller created it through descriptors (app::workspace), and
     // creating it again by path here could follow such a link out.
-    let mut dirs = vec![&cache];
+    let mut dirs = vec![];
     if !matches!(location, VenvLocation::Path(_)) {
         dirs.push(&root);
     } else if !root.is_dir() {
@@ -185,8 +190,10 @@ pub async fn ensure(
         std::fs::create_dir_all(dir)
             .map_err(|e| EnvError::io(format!("creating {}", dir.display()), e))?;
     }
+    lease.set_venv(&root);
+    let stores = vec![root.clone(), cache.clone()];
     let grants = Grants {
-        write: vec![root.clone(), cache],
+        write: stores.clone(),
         read: vec![],
         execute: vec![uv.path.clone(), cfg.python.clone()],
         network: false,
@@ -197,12 +204,23 @@ pub async fn ensure(
     cmd.args(["venv", "--quiet", "--python"])
         .arg(&cfg.python)
         .arg(&root);
-    uv.apply_env(&mut cmd, cfg, &policy);
-    let outcome = process::run(cmd, Arc::new(NullSink), None, &Canceller::new(), None).await?;
+    uv.apply_env(&mut cmd, cfg, &policy, &cache);
+    let watch = DiskWatch::new(lease, stores, &policy);
+    let outcome = process::run(
+        cmd,
+        Arc::new(NullSink),
+        None,
+        &Canceller::new(),
+        None,
+        Some(watch),
+    )
+    .await?;
     if !outcome.success() {
         return Err(EnvError::VenvCreate {
             path: root,
-            message: super::install::uv_explanation(&outcome.stderr_tail),
+            message: outcome
+                .limit_words(&policy)
+                .unwrap_or_else(|| super::install::uv_explanation(&outcome.stderr_tail)),
         });
     }
     Venv::open(&root)
@@ -241,6 +259,7 @@ mod tests {
             python: "/usr/bin/python3".into(),
             uv: None,
             uv_cache: None,
+            disk: Default::default(),
             python_downloads: false,
             sources: Default::default(),
         }

@@ -108,6 +108,11 @@ pub struct ResolvedPolicy {
     pub installer_network: NetworkPolicy,
     /// `[installer] wheels_only`: pass `--no-build` to every install.
     pub wheels_only: bool,
+    /// Refuse `fallocate` (`EOPNOTSUPP`): disk is then taken only by writing it, at a
+    /// pace a measure of the disk can follow (glibc's `posix_fallocate` writes the blocks
+    /// itself). Set by the installer for processes that write a bounded store.
+    #[serde(default)]
+    pub no_preallocation: bool,
 }
 
 /// The [`NetworkPolicy`] a `[network]`-shaped section asks for.
@@ -189,6 +194,7 @@ impl Policy {
             syscall_filter: self.process.syscall_filter,
             installer_network: network_policy(&self.installer.network),
             wheels_only: self.installer.wheels_only,
+            no_preallocation: false,
         })
     }
 }

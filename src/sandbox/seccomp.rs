@@ -173,6 +173,14 @@ pub fn seccomp_rules(policy: &ResolvedPolicy) -> Vec<SyscallDeny> {
             errno: eperm,
         });
     }
+    if policy.no_preallocation {
+        rules.push(SyscallDeny {
+            name: "fallocate",
+            nr: libc::SYS_fallocate,
+            when: Vec::new(),
+            errno: libc::EOPNOTSUPP,
+        });
+    }
     rules
 }
 
@@ -556,6 +564,16 @@ mod tests {
         assert!(find(&rules, "socket").is_none() && find(&rules, "ptrace").is_some());
     }
 
+    #[test]
+    fn preallocation_is_refused_only_when_asked() {
+        let mut p = resolved("workspace-write");
+        assert!(find(&seccomp_rules(&p), "fallocate").is_none());
+        p.no_preallocation = true;
+        let rules = seccomp_rules(&p);
+        let rule = find(&rules, "fallocate").expect("a fallocate rule");
+        assert!(rule.when.is_empty() && rule.errno == libc::EOPNOTSUPP);
+    }
+
     /// A classic-BPF interpreter for what seccompiler and the tree emit (loads of the
     /// seccomp data, `K` jumps, `AND`, returns), over `struct seccomp_data`.
     fn run(prog: &[sock_filter], nr: u32, arch: u32, args: [u64; 6]) -> u32 {
@@ -620,6 +638,10 @@ mod tests {
                 bind: vec![],
             }),
             ww.with_network(NetworkPolicy::Proxy { allow: vec![] }),
+            ResolvedPolicy {
+                no_preallocation: true,
+                ..ww.clone()
+            },
         ]
     }
 
@@ -643,10 +665,11 @@ mod tests {
         for policy in policies() {
             let rules = seccomp_rules(&policy);
             let linear = compile_linear(&rules).unwrap();
+            let errnos: std::collections::BTreeSet<i32> = rules.iter().map(|r| r.errno).collect();
             assert_eq!(
                 linear.len(),
-                2 + usize::from(cfg!(target_arch = "x86_64")),
-                "the x32 guard, then EPERM and ENOSYS: a linear program each"
+                errnos.len() + usize::from(cfg!(target_arch = "x86_64")),
+                "the x32 guard, then EPERM, ENOSYS (and EOPNOTSUPP): a linear program each"
             );
             let tree = compile_tree(&rules)
                 .unwrap()

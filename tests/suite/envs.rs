@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use crate::common::TempDir;
 use mcp_sandbox_repl::envs::script::ScriptFailure;
 use mcp_sandbox_repl::envs::{
-    self, Canceller, EnvConfig, EnvSink, InstallRequest, OutStream, PackageSources, Progress,
-    ScriptRequest, ScriptSource, Uv, VenvLocation,
+    self, Canceller, EnvConfig, EnvSink, InstallRequest, Lease, OutStream, Owner, PackageSources,
+    Progress, ScriptRequest, ScriptSource, Stores, Uv, VenvLocation,
 };
 use mcp_sandbox_repl::sandbox::{Placeholders, Policy, ResolvedPolicy};
 
@@ -86,6 +86,7 @@ fn offline_config(scratch: &Path) -> EnvConfig {
         python: real_python(),
         uv: None,
         uv_cache: Some(scratch.join("uv-cache")),
+        disk: Default::default(),
         python_downloads: false,
         sources: PackageSources {
             find_links: vec![wheels],
@@ -105,11 +106,19 @@ fn session_policy(cfg: &EnvConfig) -> ResolvedPolicy {
         },
         python: vec![],
         venv: None,
-        uv_cache: Some(cfg.uv_cache_dir()),
+        uv_cache: Some(Stores::new(cfg).cache_dir(&Owner::local("s1").unwrap())),
     };
     Policy::load("workspace-write")
         .unwrap()
         .resolve(&placeholders)
+        .unwrap()
+}
+
+/// A lease on session `session`'s stores (its own uv cache, within the default bounds).
+async fn lease(cfg: &EnvConfig, session: &str) -> Lease {
+    Stores::new(cfg)
+        .admit(&Owner::local(session).unwrap(), vec![])
+        .await
         .unwrap()
 }
 
@@ -165,14 +174,19 @@ async fn install_into_session_venv_is_importable_without_losing_state() {
     let cfg = offline_config(&scratch.0.path);
     let uv = Uv::locate(None).unwrap();
     let policy = session_policy(&cfg);
+    let lease = lease(&cfg, "s1").await;
     let loc = VenvLocation::Managed {
         session: "s1".into(),
     };
-    let venv = envs::venv::ensure(&cfg, &uv, &loc, &policy).await.unwrap();
+    let venv = envs::venv::ensure(&cfg, &uv, &loc, &policy, &lease)
+        .await
+        .unwrap();
     assert_eq!(venv.root(), cfg.state_dir.join("venvs/s1"));
     assert!(venv.python().exists());
     assert!(venv.site_packages().is_dir());
-    let again = envs::venv::ensure(&cfg, &uv, &loc, &policy).await.unwrap();
+    let again = envs::venv::ensure(&cfg, &uv, &loc, &policy, &lease)
+        .await
+        .unwrap();
     assert_eq!(again, venv);
 
     // A running "session": an interpreter with state, started before the install (from
@@ -199,6 +213,7 @@ async fn install_into_session_venv_is_importable_without_losing_state() {
         &venv,
         &req,
         &policy,
+        &lease,
         sink.clone(),
         &Canceller::new(),
     )
@@ -244,18 +259,30 @@ async fn failed_resolution_reports_uvs_explanation() {
     let cfg = offline_config(&scratch.0.path);
     let uv = Uv::locate(None).unwrap();
     let policy = session_policy(&cfg);
+    let lease = lease(&cfg, "s1").await;
     // A `Path` location is created by the caller (app::workspace, through descriptors).
     std::fs::create_dir(scratch.0.path.join("named-venv")).unwrap();
     let loc = VenvLocation::Path(scratch.0.path.join("named-venv"));
-    let venv = envs::venv::ensure(&cfg, &uv, &loc, &policy).await.unwrap();
+    let venv = envs::venv::ensure(&cfg, &uv, &loc, &policy, &lease)
+        .await
+        .unwrap();
     let req = InstallRequest {
         packages: vec!["nosuchpkg-xyz".into()],
         upgrade: false,
     };
     let sink = Arc::new(Collect::default());
-    let report = envs::install::install(&cfg, &uv, &venv, &req, &policy, sink, &Canceller::new())
-        .await
-        .unwrap();
+    let report = envs::install::install(
+        &cfg,
+        &uv,
+        &venv,
+        &req,
+        &policy,
+        &lease,
+        sink,
+        &Canceller::new(),
+    )
+    .await
+    .unwrap();
     assert!(!report.ok);
     let message = report.message.unwrap();
     assert!(message.starts_with("error:"), "{message}");
@@ -271,6 +298,7 @@ async fn one_off_scripts_with_declared_and_inline_dependencies() {
     let cfg = offline_config(&scratch.0.path);
     let uv = Uv::locate(None).unwrap();
     let policy = session_policy(&cfg);
+    let lease = lease(&cfg, "s1").await;
 
     let mut req = script(
         "import os, sys, tinypkg\nprint(tinypkg.__version__, sys.argv[1:], os.environ['GREETING'])\n",
@@ -280,10 +308,17 @@ async fn one_off_scripts_with_declared_and_inline_dependencies() {
     req.args = vec!["a".into(), "b c".into()];
     req.env = vec![("GREETING".into(), "hi".into())];
     let sink = Arc::new(Collect::default());
-    let report =
-        envs::script::run_script(&cfg, &uv, &req, &policy, sink.clone(), &Canceller::new())
-            .await
-            .unwrap();
+    let report = envs::script::run_script(
+        &cfg,
+        &uv,
+        &req,
+        &policy,
+        &lease,
+        sink.clone(),
+        &Canceller::new(),
+    )
+    .await
+    .unwrap();
     assert!(report.ok, "{report:?} {}", sink.stderr());
     assert_eq!(sink.stdout(), "0.1 ['a', 'b c'] hi\n");
     assert!(report.benchmark.wall_ms > 0);
@@ -294,10 +329,17 @@ async fn one_off_scripts_with_declared_and_inline_dependencies() {
     let mut req = script("");
     req.source = ScriptSource::Path("pep723.py".into());
     let sink = Arc::new(Collect::default());
-    let report =
-        envs::script::run_script(&cfg, &uv, &req, &policy, sink.clone(), &Canceller::new())
-            .await
-            .unwrap();
+    let report = envs::script::run_script(
+        &cfg,
+        &uv,
+        &req,
+        &policy,
+        &lease,
+        sink.clone(),
+        &Canceller::new(),
+    )
+    .await
+    .unwrap();
     assert!(report.ok, "{report:?} {}", sink.stderr());
     assert_eq!(sink.stdout(), "other 0.2\n");
 }
@@ -310,11 +352,12 @@ async fn script_failures_are_explained() {
     let cfg = offline_config(&scratch.0.path);
     let uv = Uv::locate(None).unwrap();
     let policy = session_policy(&cfg);
+    let lease = Arc::new(lease(&cfg, "s1").await);
     let run = |req: ScriptRequest| {
-        let (cfg, uv, policy) = (cfg.clone(), uv.clone(), policy.clone());
+        let (cfg, uv, policy, lease) = (cfg.clone(), uv.clone(), policy.clone(), lease.clone());
         async move {
             let sink = Arc::new(Collect::default());
-            envs::script::run_script(&cfg, &uv, &req, &policy, sink, &Canceller::new())
+            envs::script::run_script(&cfg, &uv, &req, &policy, &lease, sink, &Canceller::new())
                 .await
                 .unwrap()
         }
@@ -366,6 +409,7 @@ async fn script_timeout_kills_the_run() {
         &uv,
         &req,
         &session_policy(&cfg),
+        &lease(&cfg, "s1").await,
         sink.clone(),
         &Canceller::new(),
     )
@@ -395,10 +439,13 @@ async fn real_index_install_opt_in() {
     cfg.sources = PackageSources::default();
     let uv = Uv::locate(None).unwrap();
     let policy = session_policy(&cfg);
+    let lease = lease(&cfg, "s1").await;
     let loc = VenvLocation::Managed {
         session: "real".into(),
     };
-    let venv = envs::venv::ensure(&cfg, &uv, &loc, &policy).await.unwrap();
+    let venv = envs::venv::ensure(&cfg, &uv, &loc, &policy, &lease)
+        .await
+        .unwrap();
     let req = InstallRequest {
         packages: vec!["six".into()],
         upgrade: false,
@@ -409,6 +456,7 @@ async fn real_index_install_opt_in() {
         &venv,
         &req,
         &policy,
+        &lease,
         Arc::new(Collect::default()),
         &Canceller::new(),
     )
@@ -430,24 +478,28 @@ async fn manager_keeps_one_venv_per_session() {
     let policy = session_policy(&cfg);
     let manager = envs::EnvManager::new(cfg.clone());
     assert!(manager.session_venv("m").await.is_none());
+    let lease = manager.admit("m", &policy).await.unwrap();
     let req = InstallRequest {
         packages: vec!["otherpkg".into()],
         upgrade: false,
     };
     let sink = Arc::new(Collect::default());
     let (venv, report) = manager
-        .install("m", None, &req, &policy, sink, &Canceller::new())
+        .install("m", None, &req, &policy, &lease, sink, &Canceller::new())
         .await
         .unwrap();
     assert!(report.ok, "{report:?}");
     assert_eq!(manager.session_venv("m").await, Some(venv.clone()));
     let other = VenvLocation::Path(scratch.0.path.join("elsewhere"));
     let err = manager
-        .ensure_session_venv("m", Some(&other), &policy)
+        .ensure_session_venv("m", Some(&other), &policy, &lease)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("already uses"), "{err}");
     let placeholders = manager.placeholders("m", Placeholders::default()).await;
     assert_eq!(placeholders.venv.as_deref(), Some(venv.root()));
-    assert_eq!(placeholders.uv_cache, Some(cfg.uv_cache_dir()));
+    assert_eq!(
+        placeholders.uv_cache,
+        Some(cfg.uv_cache_root().join("sessions/local/m"))
+    );
 }

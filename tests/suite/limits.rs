@@ -138,7 +138,7 @@ async fn cancelled_envs_process_leaves_no_setsid_daemon() {
         canceller.cancel();
         pid
     });
-    let outcome = envs::process::run(cmd, Arc::new(Discard), None, &cancel, None)
+    let outcome = envs::process::run(cmd, Arc::new(Discard), None, &cancel, None, None)
         .await
         .unwrap();
     let daemon = watcher.await.unwrap();

@@ -1,6 +1,8 @@
 //! Environment use cases: uv installs and one-off scripts run as jobs like any other,
 //! with uv's progress forwarded to the caller's progress sink; after an install the session
 //! runs the venv's activation code so it can import the packages without losing state.
+//! Each runs for one session, with that session's own uv cache, admitted by the session's
+//! stores first ([`EnvManager::admit`]): a full store refuses it in words, before any job.
 //!
 //! Progress: the install's [`EnvSink`] pushes steps into an unbounded channel (the sink
 //! is called from the output pump and must not block); a forwarder task sends each as a
@@ -64,6 +66,8 @@ pub struct InstallArgs {
 /// A one-off script in a transient environment.
 #[derive(Debug, Clone, Default)]
 pub struct ScriptArgs {
+    /// The session it runs for: its uv cache (and disk bound) is the session's.
+    pub session: String,
     /// Inline source; this or `path`.
     pub code: Option<String>,
     /// A script file inside the workspace; this or `code`.
@@ -145,6 +149,7 @@ impl App {
                     python,
                     uv: self.uv.clone(),
                     uv_cache: None,
+                    disk: self.env_disk,
                     python_downloads: false,
                     sources: PackageSources::default(),
                 }))
@@ -153,14 +158,17 @@ impl App {
             .cloned()
     }
 
-    /// The server policy resolved for uv work (the envs module adds the grants), with a
-    /// private `{tmp}` (HOME, TMPDIR) of its own: nothing one script or install leaves
-    /// there (a `.pth` in its user site) is seen by the next. Removed when the guard drops.
+    /// The server policy resolved for uv work of `session` (the envs module adds the
+    /// grants), with a private `{tmp}` (HOME, TMPDIR) of its own: nothing one script or
+    /// install leaves there (a `.pth` in its user site) is seen by the next. Removed when
+    /// the guard drops. `{uv_cache}` is the session's own cache.
     async fn env_policy(
         &self,
         envs: &EnvManager,
+        session: &str,
         venv: Option<&Venv>,
     ) -> Result<(ResolvedPolicy, super::tmp::TmpDir), AppError> {
+        let uv_cache = envs.cache_dir(session)?;
         let base = self.state_dir.join("env-tmp");
         let tmp = super::tmp::TmpDir(super::tmp::create_job_tmp(&base)?);
         let python = match self.sessions.python().await {
@@ -172,7 +180,7 @@ impl App {
             tmp: tmp.0.clone(),
             python,
             venv: venv.map(|v| v.root().to_path_buf()),
-            uv_cache: Some(envs.config().uv_cache_dir()),
+            uv_cache: Some(uv_cache),
         };
         Ok((self.settings().policy.resolve(&ph)?, tmp))
     }
@@ -240,18 +248,20 @@ impl App {
             self.venv_location(req.venv_path.as_deref(), req.use_workspace_venv, req.create)?;
         let uv = envs.uv().cloned();
         let venv = if req.create {
-            let (policy, _tmp) = self.env_policy(&envs, None).await?;
-            Some(
-                envs.ensure_session_venv(session, location.as_ref(), &policy)
-                    .await?,
-            )
+            let (policy, _tmp) = self.env_policy(&envs, session, None).await?;
+            let lease = envs.admit(session, &policy).await?;
+            let venv = envs
+                .ensure_session_venv(session, location.as_ref(), &policy, &lease)
+                .await;
+            lease.release().await;
+            Some(venv?)
         } else {
             envs.session_venv(session).await
         };
         Ok(EnvInfo {
             uv,
             venv,
-            uv_cache: envs.config().uv_cache_dir(),
+            uv_cache: envs.cache_dir(session)?,
         })
     }
 
@@ -271,9 +281,13 @@ impl App {
         envs.uv()?;
         let location =
             self.venv_location(args.venv_path.as_deref(), args.use_workspace_venv, true)?;
-        let (policy, tmp) = self.env_policy(&envs, None).await?;
+        let (policy, tmp) = self.env_policy(&envs, session, None).await?;
+        let lease = envs.admit(session, &policy).await?;
         let label = format!("install {}", req.packages.join(" "));
         let handle = self.store.create(JobKind::Install, Some(session), &label)?;
+        if let Some(note) = &lease.note {
+            handle.append(Stream::Stderr, format!("{note}\n").as_bytes());
+        }
         let cancel = Canceller::new();
         handle.set_control(Arc::new(EnvControl(cancel.clone())));
         let id = handle.id().to_string();
@@ -286,8 +300,17 @@ impl App {
         tokio::spawn(async move {
             let _tmp = tmp;
             let r = envs
-                .install(&session, location.as_ref(), &req, &policy, sink, &cancel)
+                .install(
+                    &session,
+                    location.as_ref(),
+                    &req,
+                    &policy,
+                    &lease,
+                    sink,
+                    &cancel,
+                )
                 .await;
+            lease.release().await;
             let outcome = match r {
                 Err(e) => JobOutcome {
                     status: JobStatus::Failed,
@@ -351,8 +374,13 @@ impl App {
         };
         let envs = self.envs().await?;
         envs.uv()?;
-        let (policy, tmp) = self.env_policy(&envs, None).await?;
-        let handle = self.store.create(JobKind::Script, None, &label)?;
+        let session = args.session;
+        let (policy, tmp) = self.env_policy(&envs, &session, None).await?;
+        let lease = envs.admit(&session, &policy).await?;
+        let handle = self.store.create(JobKind::Script, Some(&session), &label)?;
+        if let Some(note) = &lease.note {
+            handle.append(Stream::Stderr, format!("{note}\n").as_bytes());
+        }
         let cancel = Canceller::new();
         handle.set_control(Arc::new(EnvControl(cancel.clone())));
         let id = handle.id().to_string();
@@ -367,7 +395,9 @@ impl App {
         let benchmark = args.benchmark;
         tokio::spawn(async move {
             let _tmp = tmp;
-            let outcome = match envs.run_script(&req, &policy, sink, &cancel).await {
+            let r = envs.run_script(&req, &policy, &lease, sink, &cancel).await;
+            lease.release().await;
+            let outcome = match r {
                 Err(e) => JobOutcome {
                     status: JobStatus::Failed,
                     message: Some(e.to_string()),

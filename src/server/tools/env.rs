@@ -69,10 +69,10 @@ pub struct RunScriptArgs {
     /// Script source (or `path`).
     #[serde(default)]
     pub code: Option<String>,
-    /// Script file in the workspace (or `code`).
+    /// Workspace file (or `code`).
     #[serde(default)]
     pub path: Option<String>,
-    /// Requirements to install.
+    /// Requirements.
     #[serde(default)]
     pub dependencies: Vec<String>,
     /// E.g. "3.11".
@@ -93,6 +93,9 @@ pub struct RunScriptArgs {
     /// Report wall, CPU and peak RSS.
     #[serde(default)]
     pub benchmark: bool,
+    #[serde(default)]
+    #[schemars(extend("default" = "default"))]
+    pub session: Option<String>,
     /// Then answer with a job_id (max 60).
     #[serde(default)]
     #[schemars(extend("default" = 30))]
@@ -174,8 +177,10 @@ impl SandboxServer {
                 None,
             ));
         }
+        let session = session_or_default(args.session)?;
         let call = call_of(&ctx, &self.closing);
         let script = ScriptArgs {
+            session,
             code: args.code,
             path: args.path,
             dependencies: args.dependencies,
