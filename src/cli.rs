@@ -114,6 +114,10 @@ pub struct ServeArgs {
     /// Serve HTTP without a bearer token (loopback only): any local process could run code.
     #[arg(long, env = "MCP_SANDBOX_NO_AUTH", conflicts_with = "token")]
     pub no_auth: bool,
+    /// HTTP: a tokens file (TOML, mode 0600): one principal per token, each with its own
+    /// sessions, jobs, stores, workspace and quotas; re-read on SIGHUP (docs/security.md).
+    #[arg(long, env = "MCP_SANDBOX_TOKENS", conflicts_with_all = ["token", "no_auth"])]
+    pub tokens: Option<std::path::PathBuf>,
     /// HTTP: most TCP connections open at once (default: 256, or a quarter of the
     /// server's open-file limit if that is lower). At the cap a new connection closes the
     /// longest-idle one (no request in progress); if every one is busy it gets 503.

@@ -30,6 +30,11 @@ pub struct Config {
     pub response_bytes: usize,
     /// Cap, in bytes, on disk used by spooled job output.
     pub disk_cap: u64,
+    /// Most jobs running at once (a principal's quota); `None`: no limit.
+    pub max_running_jobs: Option<u64>,
+    /// Whose app this is: `None` for the one local principal (stdio, a single HTTP
+    /// token), else a principal of the tokens file (its stores are keyed by it).
+    pub principal: Option<String>,
     /// Disk bounds of the package stores (uv caches, venvs), per session and in total.
     pub env_disk: crate::envs::DiskCaps,
     /// What the client may change while the server runs (sandbox state, roots).

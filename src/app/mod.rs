@@ -94,6 +94,8 @@ pub struct App {
     uv: Option<PathBuf>,
     /// Disk bounds of the package stores.
     env_disk: crate::envs::DiskCaps,
+    /// Whose app this is (`Config::principal`): part of every store's key.
+    principal: Option<String>,
     /// Set when shutdown begins, so a background prewarm does not leave a worker behind.
     stopping: AtomicBool,
     /// Turns `true` once what earlier servers left has been swept.
@@ -203,6 +205,7 @@ impl App {
             disk_cap: cfg.disk_cap,
             response_bytes: cfg.response_bytes,
             retention: cfg.retention,
+            max_running: cfg.max_running_jobs,
         })?;
         let settings = State::new(
             cfg.sources.clone(),
@@ -233,6 +236,7 @@ impl App {
             envs: OnceCell::new(),
             uv: cfg.uv.clone(),
             env_disk: cfg.env_disk,
+            principal: cfg.principal.clone(),
         })
     }
 
@@ -299,6 +303,11 @@ impl App {
     }
 
     /// The server's state dir (job tables, spooled output, the generated HTTP token).
+    /// The workspace new sessions and jobs get now.
+    pub fn workspace_root(&self) -> PathBuf {
+        self.workspace().root().to_path_buf()
+    }
+
     pub fn state_dir(&self) -> &std::path::Path {
         &self.state_dir
     }

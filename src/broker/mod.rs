@@ -238,6 +238,9 @@ impl Broker {
 /// once at server start; without a runtime nothing is registered and proxy-mode jobs
 /// fail closed.
 pub fn install() {
+    if crate::sandbox::proxy::has_proxy_provider() {
+        return; // one broker per process (a principal's app made later shares it)
+    }
     match tokio::runtime::Handle::try_current() {
         Ok(rt) => {
             let upstream = Upstream::from_env(std::env::vars());

@@ -96,6 +96,7 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         http_max_sessions,
         http_handshake_timeout,
         http_session_idle,
+        tokens,
     } = args;
     in_range(
         "max-sessions",
@@ -167,6 +168,11 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
                 "--token (or MCP_SANDBOX_TOKEN) is for --transport http; stdio needs no token: drop it, or add --transport http".into(),
             ));
         }
+        Transport::Stdio if tokens.is_some() => {
+            return Err(ServerError::Config(
+                "--tokens (or MCP_SANDBOX_TOKENS) is for --transport http; stdio has one client, the local principal: drop it, or add --transport http".into(),
+            ));
+        }
         Transport::Stdio if no_auth => {
             return Err(ServerError::Config(
                 "--no-auth is for --transport http; stdio has no authentication to turn off: drop it".into(),
@@ -175,10 +181,11 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         Transport::Stdio => server::Transport::Stdio,
         Transport::Http => server::Transport::Http {
             listen,
-            auth: match (token, no_auth) {
-                (Some(t), _) => HttpAuth::Token(t),
-                (None, true) => HttpAuth::NoAuth,
-                (None, false) => HttpAuth::Generate,
+            auth: match (token, no_auth, tokens) {
+                (_, _, Some(path)) => HttpAuth::Tokens(path),
+                (Some(t), _, None) => HttpAuth::Token(t),
+                (None, true, None) => HttpAuth::NoAuth,
+                (None, false, None) => HttpAuth::Generate,
             },
             budgets: http.unwrap_or_default(),
         },
@@ -207,6 +214,8 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
                 max_jobs: keep_jobs,
                 max_age: Duration::from_secs(keep_hours.saturating_mul(3600)),
             },
+            max_running_jobs: None,
+            principal: None,
         },
         transport,
     })

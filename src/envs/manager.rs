@@ -49,14 +49,16 @@ impl EnvManager {
 
     /// Session `session`'s own uv cache.
     pub fn cache_dir(&self, session: &str) -> Result<std::path::PathBuf, EnvError> {
-        Ok(self.stores.cache_dir(&Owner::local(session)?))
+        Ok(self
+            .stores
+            .cache_dir(&Owner::new(self.cfg.principal.as_deref(), session)?))
     }
 
     /// Admit a job of `session` that writes its stores (an install, a venv creation, a
     /// script), to run under `policy` (whose temp dir counts when it is on the host):
     /// refused in words when the session's stores, or all sessions', are full.
     pub async fn admit(&self, session: &str, policy: &ResolvedPolicy) -> Result<Lease, EnvError> {
-        let owner = Owner::local(session)?;
+        let owner = Owner::new(self.cfg.principal.as_deref(), session)?;
         if let Some(v) = self.session_venv(session).await {
             self.stores.set_venv(&owner, v.root());
         }

@@ -61,6 +61,9 @@ pub struct EnvConfig {
     pub uv_cache: Option<PathBuf>,
     /// The disk bounds of the stores (per session and in total).
     pub disk: DiskCaps,
+    /// Whose sessions these are: `None` for the one local principal (stdio, a single
+    /// HTTP token), else the principal of a tokens file — part of every store's key.
+    pub principal: Option<String>,
     /// Let uv download Python builds (into the session's own uv cache, `python/`) when a
     /// requested version is not installed. Off by default: a missing version is a clear
     /// error.

@@ -942,6 +942,7 @@ mod tests {
             disk: caps,
             python_downloads: false,
             sources: Default::default(),
+            principal: None,
         }
     }
 

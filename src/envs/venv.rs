@@ -262,6 +262,7 @@ mod tests {
             disk: Default::default(),
             python_downloads: false,
             sources: Default::default(),
+            principal: None,
         }
     }
 

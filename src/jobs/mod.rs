@@ -161,6 +161,8 @@ pub struct StoreConfig {
     pub response_bytes: usize,
     /// How many finished jobs, and for how long, are kept (bytes: `disk_cap`).
     pub retention: Retention,
+    /// Most jobs running at once (a principal's quota); `None`: no limit.
+    pub max_running: Option<u64>,
 }
 
 /// Retention of finished jobs: the oldest go first once either limit is passed, whether
@@ -191,6 +193,7 @@ impl StoreConfig {
             disk_cap: 2 * 1024 * 1024 * 1024,
             response_bytes: 20_000,
             retention: Retention::default(),
+            max_running: None,
         }
     }
 }
@@ -456,6 +459,11 @@ pub enum JobError {
          old jobs with job_prune) and try again", path.display()
     )]
     StateDirFull { path: PathBuf },
+    #[error(
+        "too many jobs running: {limit} at once is this client's quota; wait for one to \
+         end (job_wait) or cancel one (job_cancel), then try again"
+    )]
+    TooManyRunning { limit: u64 },
     #[error("{what}: {source}")]
     Io {
         what: String,

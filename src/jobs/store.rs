@@ -319,6 +319,11 @@ impl JobStore {
             // One appended line, so a crash brings the job back as lost. Held across
             // the insert so a compaction cannot miss the new job.
             let mut journal = lock(&self.journal);
+            if let Some(limit) = self.cfg.max_running
+                && self.unfinished.load(Ordering::SeqCst) >= limit
+            {
+                return Err(JobError::TooManyRunning { limit });
+            }
             // Refused before it runs while the disk is full: a job started then could
             // keep neither its output nor, at its end, its record.
             if persist::free_bytes(&self.cfg.state_dir).is_some_and(|f| f < persist::MIN_FREE_BYTES)

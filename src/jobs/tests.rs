@@ -15,6 +15,7 @@ fn config(dir: std::path::PathBuf) -> StoreConfig {
         disk_cap: 1 << 30,
         response_bytes: 20_000,
         retention: Default::default(),
+        max_running: None,
     }
 }
 

@@ -72,6 +72,11 @@ pub trait ProxyProvider: Send + Sync {
 static PROVIDER: OnceLock<Box<dyn ProxyProvider>> = OnceLock::new();
 
 /// Register the broker; the first call wins.
+/// Whether a provider is registered (the first one stays).
+pub fn has_proxy_provider() -> bool {
+    PROVIDER.get().is_some()
+}
+
 pub fn set_proxy_provider(provider: Box<dyn ProxyProvider>) {
     let _ = PROVIDER.set(provider);
 }

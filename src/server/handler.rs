@@ -10,11 +10,11 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
-    CustomNotification, CustomRequest, CustomResult, ErrorCode, GetTaskParams, GetTaskResult,
-    Implementation, InitializeRequestParams, InitializeResult, ListResourceTemplatesResult,
-    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
-    ReadResourceResponse, ServerCapabilities, ServerConfig, SubscribeRequestParams, Tool,
-    UnsubscribeRequestParams, UpdateTaskParams,
+    CustomNotification, CustomRequest, CustomResult, ErrorCode, Extensions, GetTaskParams,
+    GetTaskResult, Implementation, InitializeRequestParams, InitializeResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig,
+    SubscribeRequestParams, Tool, UnsubscribeRequestParams, UpdateTaskParams,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -24,7 +24,9 @@ use tokio_util::sync::CancellationToken;
 use super::client_state::{self, ClientLink};
 use super::resources::{self, Subscriptions};
 use super::tasks::{JobTasks, TASK_TOOLS};
+use super::tenants::Tenants;
 use super::tools::all_tools;
+use super::transport::sessions::Principal;
 use crate::app::App;
 
 const INSTRUCTIONS: &str = "\
@@ -42,7 +44,14 @@ value, traceback or display item; image=N for images held back). Sessions are na
 
 #[derive(Clone)]
 pub struct SandboxServer {
+    /// The app the tools call: the server's own, or (a tokens file) the app of the
+    /// principal this request was authenticated as (see [`SandboxServer::app_for`]).
     pub(crate) app: Arc<App>,
+    /// The principals of a tokens file, if the server has one.
+    tenants: Option<Arc<Tenants>>,
+    /// The principal's app this connection's first request was bound to (an MCP session
+    /// belongs to one principal: the transport refuses it to any other).
+    bound: Arc<std::sync::OnceLock<Arc<App>>>,
     /// Cancelled when this connection goes away; long waits of its tool calls end then.
     pub(crate) closing: CancellationToken,
     /// Roots and what the agent was told of the sandbox ([`client_state`]).
@@ -80,6 +89,8 @@ impl SandboxServer {
         let tasks = JobTasks::default();
         SandboxServer {
             app,
+            tenants: None,
+            bound: Arc::default(),
             _end: Arc::new(ConnectionEnd {
                 closing: closing.clone(),
                 tasks: tasks.clone(),
@@ -88,6 +99,53 @@ impl SandboxServer {
             link: Arc::default(),
             subscriptions: Arc::default(),
             tasks,
+        }
+    }
+
+    /// Serve the principals of `tenants` (a tokens file): each request goes to its
+    /// principal's own app.
+    pub fn with_tenants(mut self, tenants: Option<Arc<Tenants>>) -> Self {
+        self.tenants = tenants;
+        self
+    }
+
+    /// The app this request goes to: the server's own, or the app of the principal the
+    /// HTTP transport authenticated it as (in the request's extensions). A request
+    /// without a principal, with a tokens file, is refused.
+    fn app_for(&self, ext: &Extensions) -> Result<Arc<App>, ErrorData> {
+        let Some(tenants) = &self.tenants else {
+            return Ok(self.app.clone());
+        };
+        let principal = ext
+            .get::<hyper::http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Principal>())
+            .ok_or_else(|| {
+                ErrorData::invalid_request(
+                    "unauthenticated: this server serves the principals of a tokens file; send a principal's bearer token",
+                    None,
+                )
+            })?;
+        let app = tenants
+            .app(principal)
+            .map_err(|e| ErrorData::internal_error(e, None))?;
+        let _ = self.bound.set(app.clone());
+        Ok(app)
+    }
+
+    /// The app of a request that carries no context (a subscription filter): the one
+    /// this connection was bound to, if any.
+    fn bound_app(&self) -> Option<Arc<App>> {
+        match &self.tenants {
+            None => Some(self.app.clone()),
+            Some(_) => self.bound.get().cloned(),
+        }
+    }
+
+    /// This handler, calling `app`.
+    fn with_app(&self, app: Arc<App>) -> SandboxServer {
+        SandboxServer {
+            app,
+            ..self.clone()
         }
     }
 
@@ -149,8 +207,8 @@ impl ServerHandler for SandboxServer {
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
-        if request.capabilities.roots.is_none() || !self.app.sources().workspace_from_roots {
-            let app = self.app.clone();
+        let app = self.app_for(&context.extensions)?;
+        if request.capabilities.roots.is_none() || !app.sources().workspace_from_roots {
             tokio::spawn(async move { app.prewarm().await });
         }
         context.peer.set_peer_info(request.clone());
@@ -161,18 +219,22 @@ impl ServerHandler for SandboxServer {
     /// the first `python_exec` does not pay for interpreter discovery and worker start.
     /// If the client has roots (and no --workspace was given), they are fetched first.
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        self.link.on_initialized(self.app.clone(), context.peer);
+        if let Ok(app) = self.app_for(&context.extensions) {
+            self.link.on_initialized(app, context.peer);
+        }
     }
 
     async fn on_roots_list_changed(&self, context: NotificationContext<RoleServer>) {
-        self.link.on_roots_changed(self.app.clone(), context.peer);
+        if let Ok(app) = self.app_for(&context.extensions) {
+            self.link.on_roots_changed(app, context.peer);
+        }
     }
 
     /// `codex/sandbox-state/update` as a request: applied, answered with `{}`.
     async fn on_custom_request(
         &self,
         request: CustomRequest,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, ErrorData> {
         if request.method != client_state::SANDBOX_STATE_METHOD {
             return Err(ErrorData::new(
@@ -181,7 +243,8 @@ impl ServerHandler for SandboxServer {
                 None,
             ));
         }
-        client_state::apply_sandbox_state(&self.app, request.params.as_ref())?;
+        let app = self.app_for(&context.extensions)?;
+        client_state::apply_sandbox_state(&app, request.params.as_ref())?;
         Ok(CustomResult::new(serde_json::json!({})))
     }
 
@@ -189,11 +252,11 @@ impl ServerHandler for SandboxServer {
     async fn on_custom_notification(
         &self,
         notification: CustomNotification,
-        _context: NotificationContext<RoleServer>,
+        context: NotificationContext<RoleServer>,
     ) {
         if notification.method == client_state::SANDBOX_STATE_METHOD
-            && let Err(e) =
-                client_state::apply_sandbox_state(&self.app, notification.params.as_ref())
+            && let Ok(app) = self.app_for(&context.extensions)
+            && let Err(e) = client_state::apply_sandbox_state(&app, notification.params.as_ref())
         {
             tracing::warn!("{} ignored: {}", notification.method, e.message);
         }
@@ -226,9 +289,10 @@ impl ServerHandler for SandboxServer {
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        Ok(resources::list(&self.app))
+        let app = self.app_for(&context.extensions)?;
+        Ok(resources::list(&app))
     }
 
     async fn list_resource_templates(
@@ -242,11 +306,10 @@ impl ServerHandler for SandboxServer {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        resources::read(&self.app, &request.uri)
-            .await
-            .map(Into::into)
+        let app = self.app_for(&context.extensions)?;
+        resources::read(&app, &request.uri).await.map(Into::into)
     }
 
     /// `subscriptions/listen` (2026-07-28): job streams can be listened to.
@@ -254,13 +317,15 @@ impl ServerHandler for SandboxServer {
         &self,
         requested: &rmcp::model::SubscriptionFilter,
     ) -> Option<rmcp::model::SubscriptionFilter> {
-        self.subscriptions.accept(&self.app, requested)
+        let app = self.bound_app()?;
+        self.subscriptions.accept(&app, requested)
     }
 
     async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), ErrorData> {
-        self.subscriptions
-            .listen(self.app.clone(), context, &self.closing)
-            .await;
+        let app = self.bound_app().ok_or_else(|| {
+            ErrorData::invalid_request("unauthenticated: no principal for this connection", None)
+        })?;
+        self.subscriptions.listen(app, context, &self.closing).await;
         Ok(())
     }
 
@@ -270,8 +335,9 @@ impl ServerHandler for SandboxServer {
         request: SubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
+        let app = self.app_for(&context.extensions)?;
         self.subscriptions
-            .subscribe(self.app.clone(), context.peer, request.uri, &self.closing)
+            .subscribe(app, context.peer, request.uri, &self.closing)
     }
 
     #[allow(deprecated)]
@@ -341,8 +407,10 @@ impl ServerHandler for SandboxServer {
                 None,
             ));
         }
-        self.link.roots_settled(&self.app, &context.peer).await;
-        self.app.settled().await;
+        let app = self.app_for(&context.extensions)?;
+        let this = self.with_app(app);
+        this.link.roots_settled(&this.app, &context.peer).await;
+        this.app.settled().await;
         // A client that declares the tasks extension gets a task for a job that
         // outlives the window; every other client gets today's `running` report.
         let may_task = TASK_TOOLS.contains(&name.as_str())
@@ -351,7 +419,7 @@ impl ServerHandler for SandboxServer {
                 .is_some_and(|caps| caps.supports_tasks());
         let args = request.arguments.clone().unwrap_or_default();
         let started = std::time::Instant::now();
-        let tcc = ToolCallContext::new(self, request, context);
+        let tcc = ToolCallContext::new(&this, request, context);
         let outcome = Self::tools().call(tcc).await;
         tracing::debug!(tool = %name, micros = started.elapsed().as_micros() as u64, "tool call handled");
         let answer = match outcome {
@@ -371,7 +439,7 @@ impl ServerHandler for SandboxServer {
                 Err(self.bad_arguments(&name, &text, &args))
             }
             Ok(CallToolResponse::Complete(r)) if may_task => {
-                match self.tasks.adopt(self.app.clone(), &r, self.closing.clone()) {
+                match self.tasks.adopt(this.app.clone(), &r, self.closing.clone()) {
                     Some(task) => return Ok(CallToolResponse::Task(task)),
                     None => Ok(CallToolResponse::Complete(r)),
                 }
@@ -379,7 +447,7 @@ impl ServerHandler for SandboxServer {
             other => other,
         };
         // What new sessions and jobs run under, once after every change.
-        match (answer, self.link.told.pending(&self.app)) {
+        match (answer, self.link.told.pending(&this.app)) {
             (Ok(CallToolResponse::Complete(mut r)), Some(notice)) => {
                 r.content.push(ContentBlock::text(notice));
                 Ok(CallToolResponse::Complete(r))

@@ -20,6 +20,7 @@ pub mod resources;
 pub mod schema;
 pub mod shapes;
 pub mod tasks;
+pub mod tenants;
 pub mod tools;
 pub mod transport;
 
@@ -101,11 +102,58 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
             listen,
             auth,
             budgets,
-        } => transport::serve_http(app.clone(), listen, auth, budgets, shutdown.clone()).await,
+        } => {
+            let tenants = match &auth {
+                transport::HttpAuth::Tokens(path) => {
+                    let t = tenants::Tenants::load(path, config.app.clone(), &app)?;
+                    Some(Arc::new(t))
+                }
+                _ => None,
+            };
+            if let Some(t) = &tenants {
+                spawn_reload_on_sighup(t.clone(), shutdown.clone());
+            }
+            let served = transport::serve_http(
+                app.clone(),
+                tenants.clone(),
+                listen,
+                auth,
+                budgets,
+                shutdown.clone(),
+            )
+            .await;
+            for principal_app in tenants.iter().flat_map(|t| t.apps()) {
+                principal_app.shutdown().await;
+            }
+            served
+        }
     };
     shutdown.cancel();
     app.shutdown().await;
     served.map_err(anyhow::Error::from)
+}
+
+/// SIGHUP re-reads the tokens file: new principals and tokens apply at once, removed ones
+/// can no longer authenticate; a file that does not read keeps the old table (logged).
+fn spawn_reload_on_sighup(tenants: Arc<tenants::Tenants>, shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    tokio::spawn(async move {
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::warn!(
+                "cannot install a SIGHUP handler: the tokens file is read at start only"
+            );
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = hup.recv() => match tenants.reload() {
+                    Ok(n) => tracing::info!("SIGHUP: tokens file re-read, {n} principal(s)"),
+                    Err(e) => tracing::warn!("SIGHUP: {e}; the previous principals stay in force"),
+                },
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    });
 }
 
 /// SIGTERM / SIGINT cancel `shutdown`; the transports return and the app is torn down.

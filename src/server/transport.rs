@@ -31,6 +31,7 @@ use sessions::{BoundedSessions, Principal, SessionLimits, with_admission};
 
 use super::ServerError;
 use super::handler::SandboxServer;
+use super::tenants::Tenants;
 use crate::app::App;
 
 /// Serve one client on stdin/stdout until it disconnects or `shutdown` fires.
@@ -64,6 +65,8 @@ pub enum HttpAuth {
     Generate,
     /// No token (`--no-auth`): loopback only, chosen explicitly.
     NoAuth,
+    /// A tokens file (`--tokens`): one principal per token, each with its own app.
+    Tokens(std::path::PathBuf),
 }
 
 /// Where a generated token is written (inside the state dir, which sandboxed code never sees).
@@ -122,23 +125,28 @@ pub fn write_token_file(path: &std::path::Path, token: &str) -> Result<(), Serve
 /// True when the `Authorization` header carries `Bearer <token>` (the scheme in any case,
 /// RFC 9110 §11.1). Compared in constant time so the token cannot be guessed byte by byte.
 pub fn authorized(header: Option<&[u8]>, token: &str) -> bool {
-    let Some(value) = header else { return false };
-    let Some((scheme, given)) = value.split_at_checked(7) else {
-        return false;
-    };
+    bearer(header).is_some_and(|given| tokens_equal(given, token))
+}
+
+/// The token of an `Authorization: Bearer <token>` header (the scheme in any case).
+pub fn bearer(header: Option<&[u8]>) -> Option<&str> {
+    let (scheme, given) = header?.split_at_checked(7)?;
     if !scheme.eq_ignore_ascii_case(b"bearer ") {
-        return false;
+        return None;
     }
-    let given = given.trim_ascii_start();
-    let expected = token.as_bytes();
-    if given.len() != expected.len() {
-        return false;
-    }
-    given
-        .iter()
-        .zip(expected)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-        == 0
+    std::str::from_utf8(given.trim_ascii_start()).ok()
+}
+
+/// Whether `given` is `expected`, compared in constant time (for equal lengths) so a
+/// token cannot be guessed byte by byte.
+pub fn tokens_equal(given: &str, expected: &str) -> bool {
+    let (given, expected) = (given.as_bytes(), expected.as_bytes());
+    given.len() == expected.len()
+        && given
+            .iter()
+            .zip(expected)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
 }
 
 /// The browser origins allowed to call us: our own address (and, on loopback, the
@@ -220,11 +228,13 @@ struct Router {
     service: StreamableHttpService<SandboxServer, BoundedSessions>,
     sessions: BoundedSessions,
     token: Option<Arc<str>>,
+    tenants: Option<Arc<Tenants>>,
 }
 
 /// Serve streamable HTTP on `listen` (path `/mcp`) until `shutdown` fires.
 pub async fn serve_http(
     app: Arc<App>,
+    tenants: Option<Arc<Tenants>>,
     listen: SocketAddr,
     auth: HttpAuth,
     budgets: HttpBudgets,
@@ -242,14 +252,15 @@ pub async fn serve_http(
         config = config.disable_allowed_hosts();
     }
     let factory_app = app.clone();
+    let factory_tenants = tenants.clone();
     let factory_shutdown = shutdown.clone();
     let sessions = BoundedSessions::new(budgets.sessions.clone());
     let service = StreamableHttpService::new(
         move || {
-            Ok(SandboxServer::new(
-                factory_app.clone(),
-                factory_shutdown.child_token(),
-            ))
+            Ok(
+                SandboxServer::new(factory_app.clone(), factory_shutdown.child_token())
+                    .with_tenants(factory_tenants.clone()),
+            )
         },
         Arc::new(sessions.clone()),
         config,
@@ -268,7 +279,7 @@ pub async fn serve_http(
             write_token_file(&path, &t)?;
             (Some(Arc::from(t)), Some(path))
         }
-        HttpAuth::NoAuth => (None, None),
+        HttpAuth::NoAuth | HttpAuth::Tokens(_) => (None, None),
     };
     let listener = match socket.listen(1024) {
         Ok(l) => l,
@@ -288,6 +299,10 @@ pub async fn serve_http(
         budgets.sessions.max_total
     );
     match (&token, &token_file) {
+        (None, _) if tenants.is_some() => tracing::info!(
+            "MCP over streamable HTTP at {url}; every client authenticates with its principal's token from the tokens file ({} principal(s); SIGHUP re-reads it; {limits})",
+            tenants.as_ref().map_or(0, |t| t.len())
+        ),
         (Some(_), None) => {
             tracing::info!(
                 "MCP over streamable HTTP at {url} (bearer token from --token; {limits})"
@@ -312,6 +327,7 @@ pub async fn serve_http(
         service,
         sessions,
         token,
+        tenants,
     };
     loop {
         let (stream, peer) = tokio::select! {
@@ -482,24 +498,47 @@ async fn route(router: Router, req: Request<Incoming>) -> Response<HttpBody> {
             "not found: the MCP endpoint is /mcp\n",
         );
     }
-    if let Some(token) = router.token.as_deref() {
-        let header = req
-            .headers()
-            .get(hyper::header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
-        if !authorized(header, token) {
+    let header = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    let principal = if let Some(tenants) = &router.tenants {
+        match bearer(header).and_then(|t| tenants.principal_of(t)) {
+            Some(p) => p,
+            None => {
+                return plain(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized: send `Authorization: Bearer <token>` with your principal's token from the server's tokens file\n",
+                );
+            }
+        }
+    } else {
+        if let Some(token) = router.token.as_deref()
+            && !authorized(header, token)
+        {
             return plain(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized: send `Authorization: Bearer <token>` with the server's token (the file named in its start-up log, or its --token)\n",
             );
         }
+        // A single token (or none): every client is the server's one local principal.
+        Principal::local()
+    };
+    // An MCP session belongs to the principal that opened it: presented by another, it
+    // is as unknown as a session that never was (rmcp's own 404 words).
+    if let Some(id) = req
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        && router
+            .sessions
+            .principal_of(id)
+            .is_some_and(|owner| owner != principal)
+    {
+        return plain(StatusCode::NOT_FOUND, "Not Found: Session not found");
     }
-    // Every client that passes the check is one principal for now.
-    let principal = Principal::new(if router.token.is_some() {
-        "bearer"
-    } else {
-        "anonymous"
-    });
+    let mut req = req;
+    req.extensions_mut().insert(principal.clone());
     // rmcp checks Host and Origin (403 for a cross-origin browser request) before MCP.
     // Only a POST without a session id can start a session (an `initialize`): its body is
     // read here to see, and a new session admitted before rmcp creates it.
@@ -527,7 +566,11 @@ async fn route(router: Router, req: Request<Incoming>) -> Response<HttpBody> {
     if !starts_session {
         return router.service.handle(req).await;
     }
-    match router.sessions.admit(principal) {
+    let quota = router
+        .tenants
+        .as_ref()
+        .map(|t| t.mcp_session_quota(&principal, router.sessions.limits().max_total));
+    match router.sessions.admit(principal, quota) {
         Ok(admission) => with_admission(admission, router.service.handle(req)).await,
         Err(refused) => {
             if let Some(n) = SESSION_REFUSED.ready() {

@@ -93,6 +93,7 @@ fn offline_config(scratch: &Path) -> EnvConfig {
             no_index: true,
             offline: true,
         },
+        principal: None,
     }
 }
 

@@ -77,6 +77,7 @@ fn fixture_with(tag: &str, response_bytes: usize) -> Fixture {
         disk_cap: 1 << 32,
         response_bytes,
         retention: Default::default(),
+        max_running: None,
     })
     .unwrap();
     Fixture {

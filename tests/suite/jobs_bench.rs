@@ -58,6 +58,7 @@ async fn bench_shell_jobs() {
         disk_cap: 1 << 32,
         response_bytes: 20_000,
         retention: Default::default(),
+        max_running: None,
     })
     .unwrap();
     let job = |cmd: &str| {

@@ -152,6 +152,7 @@ impl App {
                     disk: self.env_disk,
                     python_downloads: false,
                     sources: PackageSources::default(),
+                    principal: self.principal.clone(),
                 }))
             })
             .await

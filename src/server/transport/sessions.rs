@@ -41,6 +41,20 @@ impl Principal {
     pub fn new(name: &str) -> Self {
         Principal(Arc::from(name))
     }
+
+    /// The one principal of stdio and of a single HTTP token (or none): the server's own
+    /// app.
+    pub fn local() -> Self {
+        Principal::new("local")
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_local(&self) -> bool {
+        &*self.0 == "local"
+    }
 }
 
 /// How many sessions may be open and for how long.
@@ -67,6 +81,12 @@ impl Default for SessionLimits {
 /// Why a new session was refused; the text is the HTTP answer.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Refused {
+    #[error(
+        "too many MCP sessions for this principal: {open} of its {max} are open (max_mcp_sessions \
+         in the tokens file). End sessions you no longer use (HTTP DELETE with their \
+         Mcp-Session-Id) or retry later"
+    )]
+    Principal { open: usize, max: usize },
     #[error(
         "too many MCP sessions: {open} of {max} are open (--http-max-sessions). A session that \
          has not sent notifications/initialized is closed {handshake}s after its initialize, and \
@@ -144,7 +164,12 @@ struct Book {
 }
 
 impl Book {
-    fn reserve(&mut self, principal: &Principal, limits: &SessionLimits) -> Result<(), Refused> {
+    fn reserve(
+        &mut self,
+        principal: &Principal,
+        limits: &SessionLimits,
+        per_principal: Option<usize>,
+    ) -> Result<(), Refused> {
         if self.total >= limits.max_total {
             return Err(Refused::Total {
                 open: self.total,
@@ -153,7 +178,12 @@ impl Book {
                 idle: limits.idle.as_secs(),
             });
         }
-        // A per-principal quota is checked here, against `self.counts[principal]`.
+        let mine = self.counts.get(principal).copied().unwrap_or(0);
+        if let Some(max) = per_principal
+            && mine >= max
+        {
+            return Err(Refused::Principal { open: mine, max });
+        }
         self.total += 1;
         *self.counts.entry(principal.clone()).or_default() += 1;
         Ok(())
@@ -268,16 +298,30 @@ impl BoundedSessions {
         &self.shared.limits
     }
 
-    /// A place for a new session of `principal`, or why there is none.
-    pub fn admit(&self, principal: Principal) -> Result<Admission, Refused> {
+    /// A place for a new session of `principal` (who may hold at most `per_principal`),
+    /// or why there is none.
+    pub fn admit(
+        &self,
+        principal: Principal,
+        per_principal: Option<usize>,
+    ) -> Result<Admission, Refused> {
         self.shared
             .book()
-            .reserve(&principal, &self.shared.limits)?;
+            .reserve(&principal, &self.shared.limits, per_principal)?;
         Ok(Admission {
             book: Arc::downgrade(&self.shared),
             principal,
             used: false,
         })
+    }
+
+    /// The principal that opened session `id`, if it is open.
+    pub fn principal_of(&self, id: &str) -> Option<Principal> {
+        let book = self.shared.book();
+        book.open
+            .iter()
+            .find(|(sid, _)| sid.as_ref() == id)
+            .map(|(_, e)| e.principal.clone())
     }
 
     /// Sessions open now (and places admitted but not yet used).
@@ -339,7 +383,7 @@ impl SessionManager for BoundedSessions {
         // foresee) the limit is checked here.
         let mut admission = match take_admission() {
             Some(a) => a,
-            None => self.admit(Principal::new("unknown"))?,
+            None => self.admit(Principal::new("unknown"), None)?,
         };
         let (id, transport) = self.shared.local.create_session().await?;
         let over = CancellationToken::new();
@@ -431,9 +475,13 @@ mod tests {
     #[tokio::test]
     async fn admissions_count_and_refuse_in_words() {
         let s = BoundedSessions::new(limits(2));
-        let a = s.admit(Principal::new("a")).unwrap();
-        let b = s.admit(Principal::new("b")).unwrap();
-        let e = s.admit(Principal::new("a")).err().unwrap().to_string();
+        let a = s.admit(Principal::new("a"), None).unwrap();
+        let b = s.admit(Principal::new("b"), None).unwrap();
+        let e = s
+            .admit(Principal::new("a"), None)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("2 of 2 are open"), "{e}");
         assert!(e.contains("--http-max-sessions"), "{e}");
         assert!(e.contains("30s") && e.contains("300s"), "{e}");
@@ -451,10 +499,10 @@ mod tests {
     #[tokio::test]
     async fn a_session_holds_its_place_until_closed() {
         let s = BoundedSessions::new(limits(1));
-        let adm = s.admit(Principal::new("p")).unwrap();
+        let adm = s.admit(Principal::new("p"), None).unwrap();
         let (id, _transport) = with_admission(adm, s.create_session()).await.unwrap();
         assert_eq!(s.open(), 1);
-        assert!(s.admit(Principal::new("q")).is_err());
+        assert!(s.admit(Principal::new("q"), None).is_err());
         // Without an admission (an unforeseen path) the limit still holds.
         assert!(matches!(
             s.create_session().await,
@@ -463,7 +511,7 @@ mod tests {
         s.close_session(&id).await.unwrap();
         assert_eq!(s.open(), 0);
         assert!(!s.has_session(&id).await.unwrap());
-        s.admit(Principal::new("q")).unwrap();
+        s.admit(Principal::new("q"), None).unwrap();
     }
 
     /// A session that does not send `initialized` in time is closed; one that does stays.
