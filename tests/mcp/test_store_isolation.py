@@ -22,6 +22,7 @@ import http.server
 import io
 import json
 import os
+import re
 import tarfile
 import threading
 from pathlib import Path
@@ -519,3 +520,36 @@ def test_a_sessions_cache_still_serves_its_second_install(server):
         server.run(scenario, *CAP, timeout=300)
     finally:
         web.close()
+
+
+MEMORY_HOOK = r'''
+    blocks = []
+    for _ in range(64):
+        blocks.append(bytearray(64 << 20))  # touches every page: 4 GiB in all
+    print("MEMORY-DONE", flush=True)
+'''
+
+
+@pytest.mark.parametrize("tool", ["install", "script"])
+def test_a_hook_or_script_killed_at_the_memory_cap_says_so(wheels, tool):
+    """Under a policy with `memory = "256MiB"`, an install's build hook and a script that
+    allocate gigabytes are killed at the cap: the job fails with `limit: "memory"` and words
+    naming the limit, not only "signal SIGKILL"."""
+    src = (Path(__file__).resolve().parents[2] / "policies" / "workspace-write.toml").read_text()
+    policy = wheels.root / "small-memory.toml"
+    policy.write_text(re.sub(r'(?m)^memory = .*$', 'memory = "256MiB"', src))
+    sdist = make_sdist(wheels.workspace, "hogpkg", backend("hogpkg", "", MEMORY_HOOK))
+
+    async def scenario(c):
+        if tool == "install":
+            job = await install(c, "s", str(sdist))
+        else:
+            code = "blocks = [bytearray(64 << 20) for _ in range(64)]\nprint('MEMORY-DONE')"
+            job = await script(c, "s", code, [])
+        text = job["all_stdout"] + job["all_stderr"]
+        assert job["status"] == "failed", job
+        assert "MEMORY-DONE" not in text, text[-2000:]
+        assert job["result"]["limit"] == "memory", job["result"]
+        assert "memory" in (job.get("message") or "") and "256" in job["message"], job["message"]
+
+    wheels.run(scenario, "--policy", str(policy), timeout=400)
