@@ -18,7 +18,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import signal
 import statistics
 import subprocess
@@ -27,20 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-DOC = REPO / "docs" / "benchmarks.md"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import binary, cpu_model, write_section  # noqa: E402
+
 SECTION = "## Shutdown"
-
-
-def binary() -> str:
-    env = os.environ.get("MCP_SANDBOX_BIN")
-    if env:
-        return env
-    for profile in ("release", "debug"):
-        p = REPO / "target" / profile / "mcp-sandbox-repl"
-        if p.exists():
-            return str(p)
-    sys.exit("no server binary: run `cargo build` or set MCP_SANDBOX_BIN")
 
 
 def send(p: subprocess.Popen, msg: dict) -> None:
@@ -100,8 +89,7 @@ def main() -> int:
         ratio = statistics.median(xs) / statistics.median(res["floor"])
         return f"| {name} | {len(ms)} | {statistics.median(ms):.1f} | {q[0]:.1f} – {q[-1]:.1f} | {ratio:.0f}× |"
 
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), "")
+    cpu = cpu_model()
     lines = [
         SECTION, "",
         f"`python3 tests/bench/shutdown.py --n {a.n}{' --baseline …' if a.baseline else ''}` — "
@@ -118,10 +106,7 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if not a.no_write:
-        doc = DOC.read_text()
-        pattern = re.compile(re.escape(SECTION) + r"\n.*?(?=\n## |\Z)", re.S)
-        doc = pattern.sub(lambda _: text.rstrip("\n") + "\n", doc) if pattern.search(doc) else doc.rstrip("\n") + "\n\n" + text
-        DOC.write_text(doc)
+        write_section(SECTION, text)
     return 0
 
 

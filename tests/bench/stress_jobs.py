@@ -20,7 +20,6 @@ import argparse
 import datetime
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -28,12 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import binary, cpu_model, write_section  # noqa: E402
+
 import anyio
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-REPO = Path(__file__).resolve().parents[2]
-DOC = REPO / "docs" / "benchmarks.md"
 SECTION = "## Stress: fast-ending jobs"
 
 KINDS = [
@@ -41,17 +41,6 @@ KINDS = [
     ("exit 3", "exit 3", "failed", 3),
     ("missing program", "/nonexistent/no-such-program", "failed", 127),
 ]
-
-
-def binary() -> str:
-    env = os.environ.get("MCP_SANDBOX_BIN")
-    if env:
-        return env
-    for profile in ("release", "debug"):
-        p = REPO / "target" / profile / "mcp-sandbox-repl"
-        if p.exists():
-            return str(p)
-    sys.exit("no server binary: run `cargo build` or set MCP_SANDBOX_BIN")
 
 
 async def one_client(s: ClientSession, session: str, count: int, stats: dict) -> None:
@@ -126,8 +115,7 @@ def main() -> int:
     wall = time.time() - t0
     lat = [x * 1000 for x in stats["lat"]]
     ok = stats["hangs"] == 0 and stats["unanswered"] == 0 and stats["wrong"] == 0
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), "")
+    cpu = cpu_model()
     profile = "release" if "/release/" in bin_path else "debug" if "/debug/" in bin_path else "given"
     lines = [
         SECTION,
@@ -153,10 +141,7 @@ def main() -> int:
     if stats["hung_ids"]:
         print("hung jobs:", stats["hung_ids"])
     if not a.no_write:
-        doc = DOC.read_text()
-        pattern = re.compile(re.escape(SECTION) + r"\n.*?(?=\n## |\Z)", re.S)
-        doc = pattern.sub(lambda _: text.rstrip("\n") + "\n", doc) if pattern.search(doc) else doc.rstrip("\n") + "\n\n" + text
-        DOC.write_text(doc)
+        write_section(SECTION, text)
     return 0 if ok else 1
 
 

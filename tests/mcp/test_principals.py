@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -16,7 +15,7 @@ import urllib.request
 import anyio
 import pytest
 from conftest import binary
-from test_surface import INIT, free_port, post
+from test_surface import INIT, free_port, post, start_http
 
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef"
@@ -35,21 +34,9 @@ def tokens_file(path, principals: dict, mode=0o600):
 
 
 def start(server, tokens):
-    port = free_port()
-    log = server.root / f"http-{port}.log"
-    proc = subprocess.Popen(
-        [binary(), "--transport", "http", "--listen", f"127.0.0.1:{port}", "--tokens", str(tokens)],
-        env=server.server_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"http://127.0.0.1:{port}/mcp", log
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"the server did not start: {log.read_text()}")
+    """The server over HTTP with `tokens`; (proc, url, log path)."""
+    proc, url, port = start_http(server, "--tokens", str(tokens), log_env=server.env.get("RUST_LOG"))
+    return proc, url, server.root / f"http-{port}.log"
 
 
 class Agent:

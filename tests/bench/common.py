@@ -1,0 +1,43 @@
+"""What the benchmark scripts share: the binary they measure and how a section of
+docs/benchmarks.md is replaced by a run's figures."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DOC = REPO / "docs" / "benchmarks.md"
+
+
+def binary() -> str:
+    """$MCP_SANDBOX_BIN, else target/release, else target/debug."""
+    env = os.environ.get("MCP_SANDBOX_BIN")
+    if env:
+        return env
+    for profile in ("release", "debug"):
+        p = REPO / "target" / profile / "mcp-sandbox-repl"
+        if p.exists():
+            return str(p)
+    sys.exit("no server binary: run `cargo build` or set MCP_SANDBOX_BIN")
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def write_section(heading: str, text: str) -> None:
+    """Replace the section `heading` (up to the next `## `) of docs/benchmarks.md with
+    `text`, or append it."""
+    doc = DOC.read_text()
+    pattern = re.compile(re.escape(heading) + r"\n.*?(?=\n## |\Z)", re.S)
+    if pattern.search(doc):
+        doc = pattern.sub(lambda _: text.rstrip("\n") + "\n", doc)
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + text
+    DOC.write_text(doc)
