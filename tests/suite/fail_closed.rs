@@ -59,9 +59,9 @@ fn filter(syscall: libc::c_long, flags: Option<u64>, errno: u32) -> BpfProgram {
 /// `sh -c 'echo ran'` under `policy` in `ws`, by `run --json`, with `denial` in force.
 fn run_denied(policy: &str, ws: &Path, denial: &Denial) -> Output {
     // SAFETY: geteuid takes no arguments and cannot fail.
+    let euid = unsafe { libc::geteuid() };
     assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+        euid, 0,
         "these tests force failures of mechanisms only root has; run them as root"
     );
     let mut cmd = run_cmd(policy, ws, true, &["sh", "-c", "echo ran"]);

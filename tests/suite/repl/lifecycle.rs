@@ -2,7 +2,7 @@
 //! the policy applied to the worker, signals (timings: `bench_repl`).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mcp_sandbox_repl::repl::{CellStatus, ReplConfig, SessionManager, SessionState};
 use mcp_sandbox_repl::sandbox::Policy;
