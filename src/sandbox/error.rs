@@ -60,6 +60,14 @@ pub enum SetupError {
     ParentGone { parent: u32 },
     #[error("cannot start the job's PID namespace init: {0}")]
     PidNamespace(#[source] io::Error),
+    /// No PID namespace could be made and the policy does not allow best effort.
+    #[error(
+        "cannot create the job's PID namespace (unshare CLONE_NEWPID: {source}); policy \
+         {policy} requires it so that no process of the job outlives the server: the launcher \
+         needs CAP_SYS_ADMIN (run the server as root, or in a user namespace), or set \
+         kernel_support = \"best_effort\" to run without it"
+    )]
+    PidNamespaceMissing { policy: String, source: io::Error },
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
     #[error(transparent)]
@@ -153,7 +161,7 @@ impl SetupError {
             SetupError::RootNeedsCgroup { .. } | SetupError::Cgroup(_) => "cgroup",
             SetupError::Session(_) => "setsid",
             SetupError::ParentDeath(_) | SetupError::ParentGone { .. } => "pdeathsig",
-            SetupError::PidNamespace(_) => "pidns",
+            SetupError::PidNamespace(_) | SetupError::PidNamespaceMissing { .. } => "pidns",
             SetupError::Network(_) => "netns",
             SetupError::Mounts(_) => "mounts",
             SetupError::WorkingDir { .. } => "chdir",

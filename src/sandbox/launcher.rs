@@ -187,7 +187,10 @@ fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), Setup
     // with a mount view, whose fresh /proc then shows that namespace: a job that sees the
     // host's /proc must be able to signal the pids it shows.
     if !policy.filesystem_unrestricted() {
-        isolation_step(pidns::split(spec.status_fd), notes)?;
+        isolation_step(
+            pidns::split(spec.status_fd, &policy.name, best_effort),
+            notes,
+        )?;
     }
     isolation_step(
         isolation::join_cgroup(&spec.cgroup_procs, best_effort),

@@ -80,16 +80,28 @@ pub fn bind_to_parent(parent: u32) -> Result<(), SetupError> {
 }
 
 /// Launcher, after `setsid`: make a PID namespace and split into supervisor, init and
-/// target (see the module docs). Returns only in the target process, `Ok(None)`; or in
-/// this same process with `Ok(Some(note))` when no PID namespace can be made (then the
-/// target is bound to the server by `PR_SET_PDEATHSIG` alone, not its descendants).
-pub fn split(status_fd: RawFd) -> Result<Option<String>, SetupError> {
+/// target (see the module docs). Returns only in the target process, `Ok(None)`. When no
+/// PID namespace can be made the policy decides: `policy` (its name) requires one and
+/// this fails closed ([`SetupError::PidNamespaceMissing`]), or under best effort
+/// (`best_effort`) this same process goes on with `Ok(Some(note))` (then the target is
+/// bound to the server by `PR_SET_PDEATHSIG` alone, not its descendants).
+pub fn split(
+    status_fd: RawFd,
+    policy: &str,
+    best_effort: bool,
+) -> Result<Option<String>, SetupError> {
     // SAFETY: unshare(2) with a constant flag; it only affects children made from here on.
     if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
-        let e = io::Error::last_os_error();
+        let source = io::Error::last_os_error();
+        if !best_effort {
+            return Err(SetupError::PidNamespaceMissing {
+                policy: policy.to_string(),
+                source,
+            });
+        }
         return Ok(Some(format!(
-            "PID namespace (unshare CLONE_NEWPID: {e}; needs CAP_SYS_ADMIN): processes that \
-             leave the job's process group and cgroup may outlive the server"
+            "PID namespace (unshare CLONE_NEWPID: {source}; needs CAP_SYS_ADMIN): processes \
+             that leave the job's process group and cgroup may outlive the server"
         )));
     }
     let (from_init, to_supervisor) = pipe().map_err(SetupError::PidNamespace)?;

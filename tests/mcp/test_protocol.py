@@ -49,13 +49,15 @@ def test_malformed_arguments_name_the_field(server):
         msg = await c.invalid("python_exec")
         assert "code" in msg
         msg = await c.invalid("python_exec", code=5)
-        assert "invalid" in msg.lower()
+        # The field and what it must be (every -32602 message has the word "invalid").
+        assert "`code`" in msg and "string" in msg, msg
         msg = await c.invalid("job_wait", job_id="j1", timeout_seconds=-1)
         assert "timeout_seconds" in msg
         msg = await c.invalid("python_exec", code="1", session="../etc")
         assert "session" in msg
         msg = await c.invalid("job_output", job_id="j1", stream="stdin")
-        assert "stream" in msg or "stdin" in msg
+        # The field and the values it takes ("stdin" alone is only our own input echoed).
+        assert "`stream`" in msg and "stdout" in msg and "result" in msg, msg
         msg = await c.invalid("no_such_tool")
         assert "unknown tool" in msg and "python_exec" in msg
         # Arguments that fit the schema but not each other: a tool error, structured.

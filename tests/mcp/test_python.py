@@ -44,7 +44,10 @@ def test_value_traceback_and_separate_streams(server):
     async def scenario(c):
         r = await c.ok("python_exec", code="import sys\nprint('out'); print('err', file=sys.stderr)\n6*7")
         assert (r["stdout"]["text"], r["stderr"]["text"], r["value"]) == ("out\n", "err\n", "42")
-        assert r["elapsed_ms"] >= 0
+        # elapsed_ms is the cell's own time: at least the sleep the cell ran (a lower bound
+        # the cell sets itself, which no slow machine can miss; `>= 0` held for any u64).
+        slept = await c.ok("python_exec", code="import time; time.sleep(0.3)")
+        assert slept["elapsed_ms"] >= 300, slept
         res = await c.call("python_exec", code="def f():\n    return 1/0\nf()")
         assert res.is_error
         r = res.structured_content

@@ -3,6 +3,7 @@
 mod deps;
 mod doctor;
 mod envs;
+mod fail_closed;
 mod jobs;
 mod jobs_bench;
 mod launch_errors;

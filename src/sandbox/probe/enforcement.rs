@@ -86,6 +86,20 @@ pub fn enforcement(k: &KernelSupport, policy: &ResolvedPolicy) -> Vec<Item> {
     }
     let plan = landlock_rules(policy);
     if !policy.filesystem_unrestricted() {
+        // The launcher splits into a PID namespace only where the job has a mount view
+        // (whose fresh /proc shows that namespace).
+        items.push(check(
+            "no process of the job outlives the server (double-forked daemons included)",
+            "PID namespace per job",
+            k.namespaces.pid.ok && admin,
+            || {
+                k.namespaces
+                    .pid
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "needs root (CAP_SYS_ADMIN) in the launcher".into())
+            },
+        ));
         items.push(check(
             "paths outside the policy do not exist (pathname unix sockets, chmod/chown/utimes outside writable paths)",
             "private mount namespace, read-only binds",
@@ -365,6 +379,21 @@ mod tests {
                 .iter()
                 .any(|i| i.how.starts_with("RLIMIT_NPROC") && i.enforced)
         );
+    }
+
+    /// No PID namespace (a container that refuses `unshare(CLONE_NEWPID)`): reported
+    /// missing and required, as the launcher refuses the policy (fails closed).
+    #[test]
+    fn no_pid_namespace_is_required_and_missing() {
+        let mut k = kernel(true, true, Some(7));
+        k.namespaces.pid = Probe {
+            ok: false,
+            error: Some("EPERM".into()),
+        };
+        let items = enforcement(&k, &workspace_write());
+        assert_eq!(missing(&items), vec![("PID namespace per job", true)]);
+        let why = items.iter().find(|i| !i.enforced).unwrap().why_not.clone();
+        assert_eq!(why.as_deref(), Some("EPERM"));
     }
 
     /// An old kernel: TCP port rules and scopes are reported missing.

@@ -40,10 +40,11 @@ async fn bench_repl() {
         pass.push(t.elapsed());
     }
 
-    let mut first = Vec::new();
+    let (mut spawn, mut first) = (Vec::new(), Vec::new());
     for i in 0..5 {
         let t = Instant::now();
         let s = f.manager.get_or_start(&format!("b{i}")).await.unwrap();
+        spawn.push(t.elapsed());
         let o = s.execute("1", Arc::new(Sink::default())).await.unwrap();
         first.push(t.elapsed());
         assert_eq!(o.value.as_deref(), Some("1"));
@@ -69,6 +70,10 @@ async fn bench_repl() {
         "| `{} -c pass` (median of 10) | {} |",
         python.display(),
         ms(median(&mut pass))
+    );
+    println!(
+        "| new session → worker ready (median of 5) | {} |",
+        ms(median(&mut spawn))
     );
     println!(
         "| new session → first cell answered (median of 5) | {} |",

@@ -1,0 +1,255 @@
+//! Fail closed, forced: each isolation mechanism is made unavailable to a real `run` (the
+//! launcher path, as root) and the job is refused in words under `kernel_support =
+//! "required"`, or runs with a note under `unenforced` under `best_effort`
+//! (docs/security.md, "Which mechanisms fail closed").
+//!
+//! The mechanism is taken away inside the test's own child before it execs the binary:
+//! a seccomp filter that answers one system call (or one namespace flag of `unshare`)
+//! with an error, as a container or an old kernel would, or a private mount namespace
+//! whose `/sys/fs/cgroup` is an empty tmpfs. Nothing outside that child is touched.
+
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Output;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule,
+};
+
+use crate::common::{TempDir, report, run_cmd, stderr};
+
+/// How the test's child takes a mechanism away before it execs `run`.
+enum Denial {
+    /// `syscall` fails with `errno`: always, or only when its first argument has every
+    /// bit of `flags` (an `unshare` of one namespace type).
+    Syscall {
+        syscall: libc::c_long,
+        flags: Option<u64>,
+        errno: u32,
+    },
+    /// No cgroup file system: `/sys/fs/cgroup` covered by an empty tmpfs.
+    NoCgroups,
+}
+
+/// A filter that answers the denied call with its errno and allows everything else.
+fn filter(syscall: libc::c_long, flags: Option<u64>, errno: u32) -> BpfProgram {
+    let rules = match flags {
+        Some(f) => vec![
+            SeccompRule::new(vec![
+                SeccompCondition::new(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(f), f)
+                    .unwrap(),
+            ])
+            .unwrap(),
+        ],
+        // No rule: the call matches whatever its arguments.
+        None => Vec::new(),
+    };
+    SeccompFilter::new(
+        [(syscall, rules)].into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(errno),
+        std::env::consts::ARCH.try_into().unwrap(),
+    )
+    .unwrap()
+    .try_into()
+    .unwrap()
+}
+
+/// `sh -c 'echo ran'` under `policy` in `ws`, by `run --json`, with `denial` in force.
+fn run_denied(policy: &str, ws: &Path, denial: &Denial) -> Output {
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "these tests force failures of mechanisms only root has; run them as root"
+    );
+    let mut cmd = run_cmd(policy, ws, true, &["sh", "-c", "echo ran"]);
+    match denial {
+        Denial::Syscall {
+            syscall,
+            flags,
+            errno,
+        } => {
+            let program = filter(*syscall, *flags, *errno);
+            // SAFETY: between fork and exec the child only makes the seccomp system calls
+            // of `apply_filter` (prctl, seccomp) on a program built before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    seccompiler::apply_filter(&program).map_err(std::io::Error::other)
+                });
+            }
+        }
+        Denial::NoCgroups => {
+            let (root, cgroup, tmpfs) = (c"/", c"/sys/fs/cgroup", c"tmpfs");
+            // SAFETY: between fork and exec the child only makes system calls (unshare,
+            // mount) with static strings; they change its own mount
+            // namespace, which no other process shares.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let none = std::ptr::null();
+                    let ok = libc::unshare(libc::CLONE_NEWNS) == 0
+                        && libc::mount(
+                            none,
+                            root.as_ptr(),
+                            none,
+                            libc::MS_REC | libc::MS_PRIVATE,
+                            std::ptr::null(),
+                        ) == 0
+                        && libc::mount(
+                            tmpfs.as_ptr(),
+                            cgroup.as_ptr(),
+                            tmpfs.as_ptr(),
+                            0,
+                            std::ptr::null(),
+                        ) == 0;
+                    if ok {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
+    }
+    cmd.output().unwrap()
+}
+
+/// workspace-write with `kernel_support = "best_effort"`, written into `dir`.
+fn best_effort_policy(dir: &TempDir) -> String {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/workspace-write.toml"),
+    )
+    .unwrap();
+    let required = "kernel_support = \"required\"";
+    assert!(text.contains(required), "workspace-write changed: {text}");
+    let text = text.replace(required, "kernel_support = \"best_effort\"");
+    dir.write("best-effort.toml", &text).display().to_string()
+}
+
+/// Under `required` the job is refused before it runs, with `words` (what failed) and
+/// `hint` (what to do) on stderr; under `best_effort` it runs and its report lists a note
+/// starting with `note`.
+fn check(tag: &str, denial: Denial, words: &str, hint: &str, note: &str) {
+    let ws = TempDir::new(&format!("closed-{tag}"));
+    let pol = TempDir::new(&format!("closed-{tag}-policy"));
+    let out = run_denied("workspace-write", &ws.path, &denial);
+    let err = stderr(&out);
+    assert!(
+        !out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("ran"),
+        "{tag}: a required policy ran without it: {out:?}"
+    );
+    assert!(
+        err.contains("sandbox setup failed") && err.contains(words) && err.contains(hint),
+        "{tag}: refused without the words {words:?} / {hint:?}: {err}"
+    );
+
+    let out = run_denied(&best_effort_policy(&pol), &ws.path, &denial);
+    let r = report(&out);
+    assert_eq!(r["exit_code"], 0, "{tag}: {r}; stderr: {}", stderr(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("ran"),
+        "{tag}: {out:?}"
+    );
+    let notes = r["unenforced"].as_array().unwrap();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.as_str().is_some_and(|n| n.starts_with(note))),
+        "{tag}: no note {note:?} in {r}"
+    );
+}
+
+fn unshare_denied(flag: libc::c_int) -> Denial {
+    Denial::Syscall {
+        syscall: libc::SYS_unshare,
+        flags: Some(flag as u64),
+        errno: libc::EPERM as u32,
+    }
+}
+
+#[test]
+fn no_pid_namespace_fails_closed_unless_best_effort() {
+    check(
+        "pidns",
+        unshare_denied(libc::CLONE_NEWPID),
+        "cannot create the job's PID namespace (unshare CLONE_NEWPID: Operation not permitted",
+        "kernel_support = \"best_effort\"",
+        "PID namespace (unshare CLONE_NEWPID",
+    );
+}
+
+#[test]
+fn no_network_namespace_fails_closed_unless_best_effort() {
+    check(
+        "netns",
+        unshare_denied(libc::CLONE_NEWNET),
+        "cannot create a network namespace (unshare CLONE_NEWNET): Operation not permitted",
+        "run the server as root",
+        "private network namespace",
+    );
+}
+
+#[test]
+fn no_mount_namespace_fails_closed_unless_best_effort() {
+    check(
+        "mounts",
+        unshare_denied(libc::CLONE_NEWNS),
+        "cannot create a mount and IPC namespace",
+        "use a policy that allows best effort",
+        "private mount view",
+    );
+}
+
+#[test]
+fn no_landlock_fails_closed_unless_best_effort() {
+    check(
+        "landlock",
+        Denial::Syscall {
+            syscall: libc::SYS_landlock_create_ruleset,
+            flags: None,
+            errno: libc::ENOSYS as u32,
+        },
+        "this kernel has no Landlock; policy workspace-write requires it",
+        "requires it",
+        "file-system rules (kernel has no Landlock)",
+    );
+}
+
+/// Root with a process cap: RLIMIT_NPROC does not bind root, so only a pids cgroup
+/// enforces it (refused without one); best effort falls back to rlimits, with a note.
+#[test]
+fn no_cgroup_as_root_fails_closed_unless_best_effort() {
+    check(
+        "cgroup",
+        Denial::NoCgroups,
+        "cannot create the job's cgroup",
+        "holds only through a pids cgroup",
+        "cgroup limits, using rlimits instead",
+    );
+}
+
+/// seccomp is never best effort: a kernel that refuses the filter refuses the job, also
+/// under `best_effort` (docs/security.md says so).
+#[test]
+fn a_refused_seccomp_filter_fails_closed_even_under_best_effort() {
+    let denial = || Denial::Syscall {
+        syscall: libc::SYS_seccomp,
+        flags: None,
+        errno: libc::EINVAL as u32,
+    };
+    let ws = TempDir::new("closed-seccomp");
+    let pol = TempDir::new("closed-seccomp-policy");
+    for policy in ["workspace-write".to_string(), best_effort_policy(&pol)] {
+        let out = run_denied(&policy, &ws.path, &denial());
+        let err = stderr(&out);
+        assert!(
+            !out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("ran"),
+            "{policy}: ran without its seccomp filter: {out:?}"
+        );
+        assert!(
+            err.contains("sandbox setup failed: this kernel refused the seccomp filter"),
+            "{policy}: {err}"
+        );
+    }
+}
