@@ -248,18 +248,38 @@ impl App {
         })
     }
 
-    /// Image `index` (1-based) of a finished cell.
-    pub fn job_image(&self, id: &str, index: usize) -> Result<ResultImage, AppError> {
+    /// Image `index` (1-based) of a finished cell, within `budget` bytes of base64: one
+    /// over it is scaled down (on a blocking thread: decoding a large image takes a while),
+    /// and says how big the original is.
+    pub async fn job_image(
+        &self,
+        id: &str,
+        index: usize,
+        budget: usize,
+    ) -> Result<ResultImage, AppError> {
         let snap = self.finished_result(id)?;
-        result::image(
+        let mut img = result::image(
             snap.result.as_ref().unwrap_or(&serde_json::Value::Null),
             index,
         )
         .map_err(|of| AppError::NoImage {
-            id: snap.id,
+            id: snap.id.clone(),
             index,
             of,
-        })
+        })?;
+        let (mime, data) = (img.mime.clone(), std::mem::take(&mut img.data));
+        let fitted = tokio::task::spawn_blocking(move || super::images::fit(&mime, &data, budget))
+            .await
+            .unwrap_or_else(|e| Err(super::images::FitError::Aborted(e.to_string())))
+            .map_err(|why| AppError::ImageUnfit {
+                id: snap.id,
+                index,
+                why,
+            })?;
+        img.data = fitted.data;
+        img.size = fitted.size;
+        img.original = fitted.original;
+        Ok(img)
     }
 
     /// Bytes `[offset, end)` of an output stream in about `budget` bytes of text (head

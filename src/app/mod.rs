@@ -20,6 +20,7 @@ mod call;
 mod config;
 mod envs;
 mod error;
+pub mod images;
 mod jobs;
 mod owners;
 mod python;

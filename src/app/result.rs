@@ -31,6 +31,10 @@ pub struct ResultImage {
     pub mime: String,
     /// Base64 data.
     pub data: String,
+    /// Pixel size of `data`, when known.
+    pub size: Option<(u32, u32)>,
+    /// Set when `data` is a scaled-down copy of the cell's image (see [`super::images`]).
+    pub original: Option<super::images::Original>,
 }
 
 /// Whether a display item travels as MCP image content (SVG is text).
@@ -114,6 +118,8 @@ pub fn image(result: &Value, index: usize) -> Result<ResultImage, usize> {
             of,
             mime: mime.to_string(),
             data: data.to_string(),
+            size: None,
+            original: None,
         }),
         None => Err(of),
     }

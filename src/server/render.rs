@@ -9,7 +9,7 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use super::budget::{Whole, cut};
 use super::report::structured;
 use super::shapes::{
-    EnvReport, History, Jobs, Output, Pruned, SessionDone, Sessions, Uv, Vars, Venv,
+    EnvReport, History, Jobs, OriginalImage, Output, Pruned, SessionDone, Sessions, Uv, Vars, Venv,
 };
 use crate::app::result::ResultImage;
 use crate::app::{Chunk, EnvInfo, VarsOutcome};
@@ -374,14 +374,34 @@ pub fn hits(
     )
 }
 
-/// One image of a finished cell, as MCP image content.
+/// One image of a finished cell, as MCP image content (a scaled-down copy says so).
 pub fn image(job_id: &str, img: ResultImage) -> CallToolResult {
-    let text = format!("image {} of {} ({})", img.index, img.of, img.mime);
+    let px = |(w, h): (u32, u32)| format!("{w}×{h}");
+    let mut text = format!("image {} of {} ({}", img.index, img.of, img.mime);
+    if let Some(size) = img.size {
+        let _ = write!(text, ", {}", px(size));
+    }
+    text.push(')');
+    if let Some(o) = img.original {
+        let _ = write!(
+            text,
+            ": scaled down from {} ({:.1} MB) to fit the answer; for the full image, save it to a file with python_exec",
+            px((o.width, o.height)),
+            o.bytes as f64 / 1e6
+        );
+    }
     let value = Output {
         job_id: job_id.into(),
         image: Some(img.index),
         images: Some(img.of),
         mime: Some(img.mime.clone()),
+        width: img.size.map(|s| s.0),
+        height: img.size.map(|s| s.1),
+        original: img.original.map(|o| OriginalImage {
+            width: o.width,
+            height: o.height,
+            bytes: o.bytes,
+        }),
         ..Default::default()
     };
     structured(

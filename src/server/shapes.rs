@@ -125,6 +125,23 @@ pub struct Output {
     pub images: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mime: Option<String>,
+    /// Image: pixel size of the image returned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub width: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub height: Option<u32>,
+    /// Image: the cell's image, when the one returned is a copy scaled down to fit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub original: Option<OriginalImage>,
+}
+
+/// The size of an image that was scaled down to fit an answer.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct OriginalImage {
+    pub width: u32,
+    pub height: u32,
+    /// Bytes of the image file.
+    pub bytes: u64,
 }
 
 /// env_info's uv.

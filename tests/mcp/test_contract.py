@@ -157,7 +157,9 @@ def test_thirty_figures_return_four_images_and_the_rest_by_index(server):
             assert not got.is_error, text_of(got)
             blocks = [b for b in got.content if b.type == "image"]
             assert len(blocks) == 1 and base64.b64decode(blocks[0].data) == png(n - 1)
-            assert got.structured_content == {"job_id": r["job_id"], "image": n, "images": 30, "mime": "image/png"}
+            assert got.structured_content == {
+                "job_id": r["job_id"], "image": n, "images": 30, "mime": "image/png", "width": 1, "height": 1,
+            }
         bad = await c.err("job_output", job_id=r["job_id"], image=31)
         assert "30 image(s)" in bad
 

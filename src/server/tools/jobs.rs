@@ -309,9 +309,12 @@ impl SandboxServer {
                     "give `image` alone: it fetches one image of a finished cell",
                 ));
             }
-            return reply(self.app.job_image(&args.job_id, index), |img| {
-                render::image(&args.job_id, img)
-            });
+            return reply(
+                self.app
+                    .job_image(&args.job_id, index, crate::server::budget::IMAGE_BYTES)
+                    .await,
+                |img| render::image(&args.job_id, img),
+            );
         }
         let stream = OutputStream::from(args.stream);
         if let Some(pattern) = &args.pattern {

@@ -1,0 +1,192 @@
+"""Answers an agent can trust (issue 22), through the real MCP client: one budget for every
+answer shape (many small parts page with a cursor or collapse into one summary, an image
+fetched by number is scaled to the budget), rich output once (the best text form in the
+answer, the HTML in the `result` stream)."""
+
+import base64
+import json
+import struct
+import zlib
+
+from conftest import text_of
+from test_contract import assert_bounded, read_result
+
+
+async def all_variables(c) -> list[dict]:
+    """Every variable, following `next_cursor` page by page; each page within the budget."""
+    out, cursor, pages = [], None, 0
+    while True:
+        args = {"action": "list"}
+        if cursor is not None:
+            args["cursor"] = cursor
+        res = await c.call("python_vars", **args)
+        assert not res.is_error, text_of(res)
+        assert_bounded(res, f"python_vars list page {pages}")
+        page = res.structured_content
+        out.extend(page["variables"])
+        pages += 1
+        cursor = page.get("next_cursor")
+        if cursor is None:
+            return out
+        assert f"cursor={cursor!r}".replace("'", '"') in text_of(res), text_of(res)[-300:]
+
+
+def test_three_thousand_variables_page_with_a_cursor(server):
+    async def scenario(c):
+        await c.ok("python_exec", code='exec("\\n".join(f"v{i:04} = {i}" for i in range(3000)))')
+        first = await c.call("python_vars", action="list")
+        assert "3000 variable(s)" in text_of(first), text_of(first)[:200]
+        seen = await all_variables(c)
+        assert [v["name"] for v in seen] == [f"v{i:04}" for i in range(3000)]
+        assert seen[1234]["repr"] == "1234"
+
+    server.run(scenario)
+
+
+def test_more_variables_than_the_worker_lists_at_once_are_reachable(server):
+    async def scenario(c):
+        await c.ok("python_exec", code='exec("\\n".join(f"w{i:05} = None" for i in range(7000)))')
+        seen = await all_variables(c)
+        assert [v["name"] for v in seen] == [f"w{i:05}" for i in range(7000)]
+
+    server.run(scenario, timeout=300)
+
+
+def test_two_thousand_display_items_collapse_into_one_summary(server):
+    async def scenario(c):
+        code = "for i in range(2000):\n    display('item %04d ' % i + 'x' * 120)\n"
+        res = await c.call("python_exec", code=code)
+        assert not res.is_error, text_of(res)
+        assert_bounded(res, "2000 display items")
+        r = res.structured_content
+        shown = r["display"]
+        assert 0 < len(shown) < 2000
+        assert all("left out" not in d["data"] for d in shown), "items shown are whole, no markers"
+        held = r["display_held"]
+        assert held["items"] == 2000 - len(shown)
+        text = text_of(res)
+        assert text.count("left out") == 1, text[-600:]
+        # The rest is reachable from the offset the summary names.
+        whole = await read_result(c, r["job_id"])
+        assert whole.encode()[held["offset"]:].decode().startswith(f"--- display {len(shown) + 1} ")
+        assert "item 1999 " in whole
+
+    server.run(scenario)
+
+
+def test_three_hundred_markdown_items_fit(server):
+    async def scenario(c):
+        code = (
+            "class M:\n"
+            "    def __init__(self, i): self.i = i\n"
+            "    def _repr_markdown_(self): return f'**row {self.i}** ' + 'm' * 100\n"
+            "for i in range(300):\n    display(M(i))\n"
+        )
+        res = await c.call("python_exec", code=code)
+        assert not res.is_error, text_of(res)
+        assert_bounded(res, "300 markdown items")
+        r = res.structured_content
+        assert r["display"][0]["mime"] == "text/markdown"
+        assert r["display"][0]["data"].startswith("**row 0**")
+        assert len(r["display"]) + r["display_held"]["items"] == 300
+
+    server.run(scenario)
+
+
+def png_rgb(width: int, height: int) -> bytes:
+    """A valid RGB PNG of noise (it does not compress: the worst case of a busy figure)."""
+    import random
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rng = random.Random(7)
+    raw = b"".join(b"\x00" + rng.randbytes(width * 3) for _ in range(height))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw, 1))
+        + chunk(b"IEND", b"")
+    )
+
+
+def test_a_4500_px_image_is_scaled_to_the_budget(server, tmp_path):
+    big = png_rgb(4500, 800)
+    src = tmp_path / "ws" / "big.png"
+    src.write_bytes(big)
+    assert len(big) > 10_000_000, len(big)
+
+    async def scenario(c):
+        code = (
+            "class Fig:\n"
+            "    def _repr_png_(self): return open('big.png', 'rb').read()\n"
+            "Fig()\n"
+        )
+        res = await c.call("python_exec", code=code)
+        assert not res.is_error, text_of(res)
+        assert_bounded(res, "cell with a 4500 px image")
+        r = res.structured_content
+        got = await c.call("job_output", job_id=r["job_id"], image=1)
+        assert not got.is_error, text_of(got)
+        assert_bounded(got, "image 1")
+        blocks = [b for b in got.content if b.type == "image"]
+        assert len(blocks) == 1
+        data = base64.b64decode(blocks[0].data)
+        print(f"image: {len(big)} B original, {len(blocks[0].data)} B of base64 returned")
+        assert len(blocks[0].data) <= 1_000_000
+        width, height = struct.unpack(">II", data[16:24]) if data[:4] == b"\x89PNG" else jpeg_size(data)
+        assert width < 4500 and abs(width / height - 4500 / 800) < 0.1, (width, height)
+        s = got.structured_content
+        assert s["width"] == width and s["height"] == height
+        assert s["original"] == {"width": 4500, "height": 800, "bytes": len(big)}
+        assert "4500×800" in text_of(got) and "scaled" in text_of(got)
+
+    server.run(scenario)
+
+
+def jpeg_size(data: bytes) -> tuple[int, int]:
+    i = 2
+    while i < len(data):
+        marker, length = data[i + 1], struct.unpack(">H", data[i + 2 : i + 4])[0]
+        if marker in (0xC0, 0xC1, 0xC2):
+            h, w = struct.unpack(">HH", data[i + 5 : i + 9])
+            return w, h
+        i += 2 + length
+    raise AssertionError("no SOF marker")
+
+
+def test_a_search_over_one_3mb_line_counts_lines(server):
+    async def scenario(c):
+        job = await c.ok("shell_run", command="python3 -c \"print('ab' * 1500000)\"; echo tail-ab")
+        assert job["status"] == "completed", job
+        res = await c.call("job_output", job_id=job["job_id"], pattern="ab")
+        assert not res.is_error, text_of(res)
+        assert_bounded(res, "search over one 3 MB line")
+        r = res.structured_content
+        assert r["matches"] == 2, r["matches"]
+        assert [h["line"] for h in r["hits"]] == [1, 2]
+        assert "2 matching line(s)" in text_of(res)
+
+    server.run(scenario)
+
+
+def test_history_pages_with_a_cursor(server):
+    async def scenario(c):
+        for i in range(40):
+            await c.ok("python_exec", code=f"# cell {i}\n" + "x = 1\n" * 300 + f"'{'y' * 900}'")
+        res = await c.call("python_history")
+        assert_bounded(res, "history")
+        h = res.structured_content
+        assert h["left_out"] > 0
+        seen = list(h["cells"])
+        cursor = h.get("next_cursor")
+        assert cursor, h.keys()
+        while cursor:
+            page = await c.call("python_history", cursor=cursor)
+            assert_bounded(page, "history page")
+            p = page.structured_content
+            seen = p["cells"] + seen
+            cursor = p.get("next_cursor")
+        assert [x["cell"] for x in seen] == [f"c{i}" for i in range(1, 41)]
+
+    server.run(scenario, timeout=300)
