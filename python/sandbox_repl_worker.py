@@ -344,13 +344,128 @@ def _safe_error(e):
         return type(e).__name__
 
 
+def _has_own_repr(value):
+    """Whether the object's type defines a repr of its own (not `<X object at 0x...>`)."""
+    try:
+        return type(value).__repr__ is not object.__repr__
+    except Exception:
+        return False
+
+
+def _with_text_form(value, items, is_value):
+    """`items` with a text form the model can read, for an object that offers HTML: the
+    answer never carries HTML (it stays in the job's result stream), so the text form is
+    the object's own repr (the cell's `value` already is, for the value), or its markdown,
+    or text converted from the HTML. Added right before the HTML item."""
+    mimes = [item["mime"] for item in items]
+    if "text/html" not in mimes or "text/markdown" in mimes:
+        return items
+    if _has_own_repr(value):
+        if is_value:
+            return items
+        text = _safe_repr(value)
+    else:
+        html = items[mimes.index("text/html")]["data"]
+        try:
+            text = _html_to_text(html)
+        except Exception as e:
+            text = f"[the HTML could not be turned into text: {_safe_error(e)}]"
+    at = mimes.index("text/html")
+    return items[:at] + [{"mime": "text/plain", "data": text}] + items[at:]
+
+
+def _html_to_text(html):
+    """Readable text of an HTML fragment (standard library only): block elements start
+    lines, table rows become `| a | b |` lines (a `|---|` line after a header row),
+    list items `- `, scripts and styles dropped, whitespace collapsed outside <pre>."""
+    from html.parser import HTMLParser
+
+    blocks = {"p", "div", "br", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "table",
+              "thead", "tbody", "tfoot", "section", "article", "header", "footer", "pre",
+              "blockquote", "caption", "dl", "dt", "dd", "figure", "figcaption"}
+
+    class Parser(HTMLParser):
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.lines = []  # finished lines
+            self.line = []  # text pieces of the current line
+            self.skip = 0  # inside <script>/<style>
+            self.pre = 0
+            self.row = None  # cells of the current table row
+            self.cell = None  # text pieces of the current cell
+            self.header_row = False
+            self.rows_in_table = 0
+
+        def flush(self):
+            text = "".join(self.line)
+            if not self.pre:
+                text = " ".join(text.split())
+            if text.strip():
+                self.lines.append(text)
+            self.line = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag in ("script", "style"):
+                self.skip += 1
+            elif tag == "tr":
+                self.flush()
+                self.row, self.header_row = [], True
+            elif tag in ("td", "th") and self.row is not None:
+                self.cell = []
+                if tag == "td":
+                    self.header_row = False
+            elif tag == "li":
+                self.flush()
+                self.line.append("- ")
+            elif tag in blocks:
+                self.flush()
+                if tag == "pre":
+                    self.pre += 1
+                if tag == "table":
+                    self.rows_in_table = 0
+                if tag[0] == "h" and tag[1:].isdigit():
+                    self.line.append("#" * int(tag[1:]) + " ")
+
+        def handle_endtag(self, tag):
+            if tag in ("script", "style"):
+                self.skip = max(0, self.skip - 1)
+            elif tag in ("td", "th") and self.row is not None and self.cell is not None:
+                self.row.append(" ".join("".join(self.cell).split()))
+                self.cell = None
+            elif tag == "tr" and self.row is not None:
+                if self.row:
+                    self.lines.append("| " + " | ".join(self.row) + " |")
+                    self.rows_in_table += 1
+                    if self.header_row and self.rows_in_table == 1:
+                        self.lines.append("|" + "---|" * len(self.row))
+                self.row = self.cell = None
+            elif tag in blocks or tag == "li":
+                self.flush()
+                if tag == "pre":
+                    self.pre = max(0, self.pre - 1)
+
+        def handle_data(self, data):
+            if self.skip:
+                return
+            if self.cell is not None:
+                self.cell.append(data)
+            elif self.row is None:
+                self.line.append(data)
+
+    parser = Parser()
+    parser.feed(html)
+    parser.close()
+    parser.flush()
+    return "\n".join(parser.lines)
+
+
 def display(*objs):
     """Show rich output (images, HTML, markdown) for each object, like IPython's display."""
     for obj in objs:
         items = _rich_items(obj)
         if not items:
             items = [{"mime": "text/plain", "data": _safe_repr(obj)}]
-        _State.display.extend(items)
+        _State.display.extend(_with_text_form(obj, items, False))
 
 
 def _emit_figures():
@@ -764,7 +879,7 @@ class Worker:
             limit = req.get("repr_limit") or REPR_LIMIT_DEFAULT
             shown, cut = _truncate(text, limit)
             done["value"] = {"repr": shown, "chars": len(text), "truncated": cut}
-            _State.display.extend(_rich_items(value))
+            _State.display.extend(_with_text_form(value, _rich_items(value), True))
         if "_sandbox_repl_mpl" in sys.modules:
             _emit_figures()
         done["display"] = _State.display

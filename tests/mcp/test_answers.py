@@ -190,3 +190,89 @@ def test_history_pages_with_a_cursor(server):
         assert [x["cell"] for x in seen] == [f"c{i}" for i in range(1, 41)]
 
     server.run(scenario, timeout=300)
+
+
+FRAME = '''
+class Frame:
+    """Like a pandas DataFrame: a plain repr and an HTML table."""
+    def __init__(self, rows): self.rows = rows
+    def __repr__(self):
+        return "   a  b\\n" + "\\n".join(f"{i}  {a}  {b}" for i, (a, b) in enumerate(self.rows))
+    def _repr_html_(self):
+        body = "".join(f"<tr><th>{i}</th><td>{a}</td><td>{b}</td></tr>" for i, (a, b) in enumerate(self.rows))
+        return ("<div><style scoped>.dataframe tbody tr th {vertical-align: top;}</style>"
+                "<table border='1' class='dataframe'><thead><tr><th></th><th>a</th><th>b</th></tr></thead>"
+                f"<tbody>{body}</tbody></table></div>")
+'''
+
+
+def no_html(res) -> None:
+    blob = text_of(res) + json.dumps(res.structured_content)
+    assert "<table" not in blob and "<div" not in blob, blob[:2000]
+
+
+def test_a_dataframe_answer_carries_no_html_and_the_html_is_in_the_result_stream(server):
+    async def scenario(c):
+        await c.ok("python_exec", code=FRAME)
+        res = await c.call("python_exec", code="Frame([(1, 3), (2, 4)])")
+        assert not res.is_error, text_of(res)
+        no_html(res)
+        r = res.structured_content
+        assert r["value"] == "   a  b\n0  1  3\n1  2  4"
+        assert "display" not in r, r
+        html = r["html"]
+        assert html["items"] == 1
+        text = text_of(res)
+        assert sum("html" in line for line in text.splitlines()) == 1, text
+        assert f"offset={html['offset']}" in text
+        got = await c.ok("job_output", job_id=r["job_id"], stream="result", offset=html["offset"])
+        assert got["text"].startswith("--- display 1 text/html ---\n<div>")
+        assert "<td>2</td><td>4</td>" in got["text"]
+        # display() of it: its repr as the text form, the HTML again in the result stream.
+        res = await c.call("python_exec", code="display(Frame([(5, 6)]))")
+        no_html(res)
+        r = res.structured_content
+        assert r["display"] == [{"mime": "text/plain", "data": "   a  b\n0  5  6"}]
+        assert r["html"]["items"] == 1
+
+    server.run(scenario)
+
+
+def test_html_without_a_plain_form_is_shown_as_text(server):
+    async def scenario(c):
+        code = (
+            "class Table:\n"
+            "    def _repr_html_(self):\n"
+            "        return '<table><tr><th>k</th><th>v</th></tr><tr><td>x</td><td>1 &amp; 2</td></tr></table>'\n"
+            "display(Table())\n"
+            "Table()"
+        )
+        res = await c.call("python_exec", code=code)
+        assert not res.is_error, text_of(res)
+        no_html(res)
+        r = res.structured_content
+        table = "| k | v |\n|---|---|\n| x | 1 & 2 |"
+        assert r["display"] == [{"mime": "text/plain", "data": table}] * 2, r["display"]
+        assert r["html"]["items"] == 2
+
+    server.run(scenario)
+
+
+def test_pandas_when_installed(server):
+    import subprocess
+
+    import pytest
+
+    if subprocess.run(["python3", "-c", "import pandas"], capture_output=True).returncode != 0:
+        pytest.skip("pandas is not installed for python3")
+
+    async def scenario(c):
+        res = await c.call("python_exec", code="import pandas as pd\npd.DataFrame({'a': [1, 2]}).describe()")
+        assert not res.is_error, text_of(res)
+        no_html(res)
+        r = res.structured_content
+        assert "count" in r["value"] and r["html"]["items"] == 1
+        whole = await read_result(c, r["job_id"])
+        assert "<table" in whole
+
+    server.run(scenario)
