@@ -937,15 +937,24 @@ class Worker:
     def list_variables(self, req):
         out = []
         names = sorted(self.user_names(), key=lambda item: item[0])
-        omitted = max(0, len(names) - VARIABLES_LIMIT)
-        for name, value in names[:VARIABLES_LIMIT]:
+        total = len(names)
+        start = req.get("start")
+        if isinstance(start, str):
+            import bisect
+
+            names = names[bisect.bisect_left([n for n, _ in names], start) :]
+        limit = req.get("limit")
+        limit = VARIABLES_LIMIT if not isinstance(limit, int) or limit <= 0 else min(limit, VARIABLES_LIMIT)
+        omitted = max(0, len(names) - limit)
+        nxt = names[limit][0] if omitted else None
+        for name, value in names[:limit]:
             try:
                 size = sys.getsizeof(value)
             except Exception:
                 size = None
             short, _ = _truncate(_safe_repr(value, "short"), SHORT_REPR)
             out.append({"name": name, "type": _short_type(value), "repr": short, "size": size})
-        return {"ev": "variables", "id": req["id"], "variables": out, "omitted": omitted}
+        return {"ev": "variables", "id": req["id"], "variables": out, "omitted": omitted, "next": nxt, "total": total}
 
     def get_variable(self, req):
         name = req["name"]

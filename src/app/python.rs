@@ -11,13 +11,18 @@ use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
 use crate::repl::{
     CellOutcome, CellSink, CellStatus, History, OutStream, Parent, ReplError, Session, SessionInfo,
-    SessionState, VariableDetail, VariableInfo, parse_cell,
+    SessionState, VariableDetail, VariablePage, parse_cell,
 };
+
+/// Variables asked of the worker per `python_vars` list page (the answer shows those
+/// that fit its budget; the cursor goes on from the first one left out).
+const LIST_PAGE: usize = 1000;
 
 /// What to do with a session's variables.
 #[derive(Debug, Clone, PartialEq)]
 pub enum VarsRequest {
-    List,
+    /// One page, from the first name `>=` the cursor.
+    List(Option<String>),
     Get(String),
     Set(String, Value),
     Delete(String),
@@ -27,7 +32,7 @@ pub enum VarsRequest {
 /// The answer to a [`VarsRequest`].
 #[derive(Debug, Clone)]
 pub enum VarsOutcome {
-    List(Vec<VariableInfo>),
+    List(VariablePage),
     Get(VariableDetail),
     Set(String),
     Deleted(String),
@@ -311,7 +316,9 @@ impl App {
     ) -> Result<VarsOutcome, AppError> {
         let s = self.session(session).await?;
         Ok(match request {
-            VarsRequest::List => VarsOutcome::List(s.variables().await?),
+            VarsRequest::List(cursor) => {
+                VarsOutcome::List(s.variables_page(cursor.as_deref(), Some(LIST_PAGE)).await?)
+            }
             VarsRequest::Get(name) => VarsOutcome::Get(s.get_variable(&name).await?),
             VarsRequest::Set(name, value) => {
                 s.set_variable(&name, value).await?;
@@ -328,15 +335,28 @@ impl App {
         })
     }
 
-    /// The session's cells, the most recent `limit` if given, and what retention dropped.
+    /// The session's cells up to `before` (a cell id, itself included: a page's cursor),
+    /// the most recent `limit` of them if given, and what retention dropped.
     pub async fn python_history(
         &self,
         session: &str,
         limit: Option<usize>,
+        before: Option<&str>,
     ) -> Result<History, AppError> {
+        let upto = match before {
+            None => None,
+            Some(text) => Some(parse_cell(text).ok_or_else(|| {
+                AppError::BadParent(format!(
+                    "cursor {text:?} is not a cell id: pass the `next_cursor` of an earlier python_history answer"
+                ))
+            })?),
+        };
         let s = self.sessions.get(session)?;
         s.settle_snapshots().await;
         let mut history = s.history();
+        if let Some(upto) = upto {
+            history.cells.retain(|c| c.cell <= upto);
+        }
         if let Some(n) = limit {
             let skip = history.cells.len().saturating_sub(n);
             history.cells.drain(..skip);

@@ -32,7 +32,7 @@ use serde::Serialize;
 pub use manager::SessionManager;
 pub use protocol::{DisplayItem, PyError, VariableDetail, VariableInfo};
 pub use python::{PythonInfo, discover_python, known_python3};
-pub use session::{Parent, Session};
+pub use session::{Parent, Session, VariablePage};
 
 use crate::sandbox::{
     ExitReport, LaunchError, LimitHit, Policy, PolicyError, ResolvedPolicy, Termination,

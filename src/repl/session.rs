@@ -30,6 +30,7 @@ mod site_dirs;
 mod variables;
 
 pub use branch::Parent;
+pub use variables::VariablePage;
 
 const HISTORY_CAP: usize = 1000;
 

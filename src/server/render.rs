@@ -15,7 +15,7 @@ use crate::app::result::ResultImage;
 use crate::app::{Chunk, EnvInfo, VarsOutcome};
 use crate::jobs::search::Found;
 use crate::jobs::{JobPage, SearchHit, Stream};
-use crate::repl::{self, HistoryEntry, SessionInfo, SnapshotState, cell_name};
+use crate::repl::{self, HistoryEntry, SessionInfo, SnapshotState, VariablePage, cell_name};
 
 /// The name a value has in JSON (lowercase states), for the text to say the same.
 fn wire_name<T: serde::Serialize>(v: &T) -> String {
@@ -48,17 +48,61 @@ pub fn interrupted(session: &str, was_running: bool) -> CallToolResult {
 
 pub fn vars(session: &str, outcome: VarsOutcome, cap: usize) -> CallToolResult {
     match outcome {
-        VarsOutcome::List(vars) => {
-            let mut text = format!("{} variable(s) in session {session:?}\n", vars.len());
-            for v in &vars {
-                let size = v.size.map(|b| format!(" ({b} B)")).unwrap_or_default();
-                let _ = writeln!(text, "{}: {}{size} = {}", v.name, v.type_name, v.repr);
+        VarsOutcome::List(page) => {
+            // One page within the budget: the rows that fit, the cursor at the first one
+            // left out (or the worker's next name past its page).
+            let VariablePage {
+                mut variables,
+                next,
+                total,
+            } = page;
+            let room = (cap * 9 / 10).saturating_sub(300);
+            let (mut text_used, mut json_used) = (0, 0);
+            let mut rows = Vec::new();
+            let fits = variables
+                .iter()
+                .take_while(|v| {
+                    let size = v.size.map(|b| format!(" ({b} B)")).unwrap_or_default();
+                    let row = format!("{}: {}{size} = {}\n", v.name, v.type_name, v.repr);
+                    text_used += row.len();
+                    json_used += serde_json::to_string(v).map_or(0, |j| j.len() + 1);
+                    // At least one row, so a cursor always moves on.
+                    let ok = (text_used <= room && json_used <= room) || rows.is_empty();
+                    if ok {
+                        rows.push(row);
+                    }
+                    ok
+                })
+                .count();
+            let next_cursor = match variables.get(fits) {
+                Some(v) => Some(v.name.clone()),
+                None => next,
+            };
+            variables.truncate(fits);
+            let mut text = format!("{total} variable(s) in session {session:?}");
+            if let (Some(first), Some(last)) = (variables.first(), variables.last())
+                && (next_cursor.is_some() || variables.len() as u64 != total)
+            {
+                let _ = write!(
+                    text,
+                    "; showing {} from {} to {}",
+                    variables.len(),
+                    first.name,
+                    last.name
+                );
+            }
+            text.push('\n');
+            text.extend(rows);
+            if let Some(c) = &next_cursor {
+                let _ = writeln!(text, "more: python_vars action=list cursor={c:?}");
             }
             listing(
                 text,
                 &Vars {
                     session: session.into(),
-                    variables: Some(vars),
+                    variables: Some(variables),
+                    total: Some(total),
+                    next_cursor,
                     ..Default::default()
                 },
             )
@@ -137,6 +181,7 @@ pub fn history(session: &str, history: repl::History, cap: usize) -> CallToolRes
         c.code = cut(&c.code, cap / 8, Whole::Elsewhere("cut for this listing"));
     }
     let total = cells.len();
+    let all = &cells;
     let render = |cells: &[HistoryEntry]| {
         let mut text = format!(
             "{total} cell(s) in session {session:?}; head: {}\n",
@@ -148,9 +193,10 @@ pub fn history(session: &str, history: repl::History, cap: usize) -> CallToolRes
         if cells.len() < total {
             let _ = writeln!(
                 text,
-                "{} older cell(s) left out to fit the answer; showing the newest {}",
+                "{} older cell(s) left out to fit the answer; showing the newest {}; more: python_history cursor={:?}",
                 total - cells.len(),
-                cells.len()
+                cells.len(),
+                cell_name(all[total - cells.len() - 1].cell)
             );
         }
         for c in cells {
@@ -185,8 +231,9 @@ pub fn history(session: &str, history: repl::History, cap: usize) -> CallToolRes
     {
         from += 1 + (cells.len() - from) / 8;
     }
-    let from = from.min(cells.len());
+    let from = from.min(cells.len().saturating_sub(1));
     let text = render(&cells[from..]);
+    let next_cursor = from.checked_sub(1).map(|i| cell_name(cells[i].cell));
     let cells = cells.split_off(from);
     listing(
         text,
@@ -194,6 +241,7 @@ pub fn history(session: &str, history: repl::History, cap: usize) -> CallToolRes
             session: session.into(),
             head,
             left_out: (from > 0).then_some(from),
+            next_cursor,
             dropped,
             cells,
         },

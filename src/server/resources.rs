@@ -304,7 +304,7 @@ pub async fn read(app: &App, uri: &str) -> Result<ReadResourceResult, ErrorData>
         }
         Target::History { session } => {
             let history = app
-                .python_history(&session, None)
+                .python_history(&session, None, None)
                 .await
                 .map_err(app_error)?;
             let cells = history.cells;

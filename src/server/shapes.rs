@@ -34,6 +34,12 @@ pub struct Vars {
     pub session: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub variables: Option<Vec<VariableInfo>>,
+    /// List: how many variables the session has.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total: Option<u64>,
+    /// List: pass as `cursor` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub variable: Option<VariableDetail>,
     /// Bytes of the JSON form of the variable, when it was left out (too big).
@@ -57,6 +63,9 @@ pub struct History {
     /// Older cells left out to fit the answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub left_out: Option<usize>,
+    /// Pass as `cursor` for the older cells left out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
     /// Older cells dropped for good by the session's cap on cells kept, in words.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dropped: Option<String>,

@@ -51,7 +51,7 @@ pub struct EnvInstallArgs {
     /// Upgrade installed packages.
     #[serde(default)]
     pub upgrade: bool,
-    /// Then answer with a job_id (max 60).
+    /// Max 60.
     #[serde(default)]
     #[schemars(extend("default" = 30))]
     pub wait_seconds: Option<f64>,
@@ -93,7 +93,7 @@ pub struct RunScriptArgs {
     /// Report wall, CPU and peak RSS.
     #[serde(default)]
     pub benchmark: bool,
-    /// Then answer with a job_id (max 60).
+    /// Max 60.
     #[serde(default)]
     #[schemars(extend("default" = 30))]
     pub wait_seconds: Option<f64>,

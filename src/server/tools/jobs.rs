@@ -41,7 +41,7 @@ pub struct InputArgs {
     /// Close the input after the text.
     #[serde(default)]
     pub eof: bool,
-    /// Then answer with a job_id (max 60).
+    /// Max 60.
     #[serde(default)]
     #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
@@ -50,7 +50,6 @@ pub struct InputArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelArgs {
-    /// The job id.
     pub job_id: String,
     /// Seconds before the soft stop becomes a kill (default 2, max 60).
     #[serde(default)]

@@ -23,7 +23,7 @@ pub struct ExecArgs {
     #[serde(default)]
     #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
-    /// Then answer with a job_id (max 60).
+    /// Max 60.
     #[serde(default)]
     #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
@@ -46,7 +46,7 @@ pub struct RunFileArgs {
     #[serde(default)]
     #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
-    /// Then answer with a job_id (max 60).
+    /// Max 60.
     #[serde(default)]
     #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
@@ -63,8 +63,8 @@ pub struct SessionArg {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InterruptArgs {
-    /// Session name (default "default").
     #[serde(default)]
+    #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
     /// Seconds before the worker is restarted instead (default 2, max 60).
     #[serde(default)]
@@ -94,6 +94,8 @@ pub struct VarsArgs {
     #[serde(default)]
     #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
+    #[serde(default)]
+    pub cursor: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -105,6 +107,8 @@ pub struct HistoryArgs {
     /// Only the newest N cells.
     #[serde(default)]
     pub limit: Option<usize>,
+    #[serde(default)]
+    pub cursor: Option<String>,
 }
 
 #[tool_router(router = python_tools, vis = "pub(crate)")]
@@ -190,7 +194,7 @@ impl SandboxServer {
                     "`value` (any JSON value) is required for set",
                 ));
             }
-            (VarAction::List, _, _) => VarsRequest::List,
+            (VarAction::List, _, _) => VarsRequest::List(args.cursor),
             (VarAction::Clear, _, _) => VarsRequest::Clear,
             (VarAction::Get, Some(name), _) => VarsRequest::Get(name),
             (VarAction::Delete, Some(name), _) => VarsRequest::Delete(name),
@@ -211,7 +215,9 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_or_default(args.session)?;
         reply(
-            self.app.python_history(&session, args.limit).await,
+            self.app
+                .python_history(&session, args.limit, args.cursor.as_deref())
+                .await,
             |cells| render::history(&session, cells, self.app.response_bytes()),
         )
     }

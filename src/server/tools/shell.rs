@@ -42,7 +42,7 @@ pub struct ShellArgs {
     /// Session label for job_list.
     #[serde(default)]
     pub session: Option<String>,
-    /// Then answer with a job_id (max 60).
+    /// Max 60.
     #[serde(default)]
     #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
