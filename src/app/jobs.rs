@@ -8,7 +8,7 @@ use super::{App, AppError, Call, JobView};
 use crate::jobs::search::{Found, Limits};
 use crate::jobs::store::WaitFor;
 use crate::jobs::{
-    Excerpt, JobFilter, JobSnapshot, JobSummary, ShellRequest, Stream, start_shell_job,
+    Excerpt, JobFilter, JobKind, JobSnapshot, JobSummary, ShellRequest, Stream, start_shell_job,
 };
 
 /// A shell job as the caller asks for it (paths relative to the workspace).
@@ -103,8 +103,14 @@ impl App {
         wait: Duration,
         call: &Call,
     ) -> Result<JobView, AppError> {
+        // A Python cell says when it asks again (awaiting_input); a process reading its
+        // stdin does not, so its answer comes with the output the input produced.
+        let until = match self.store.summary(id)?.kind {
+            JobKind::Python => WaitFor::Settled,
+            _ => WaitFor::Output,
+        };
         self.store.send_input(id, text, eof)?;
-        self.follow(id, wait, WaitFor::Settled, call, false).await
+        self.follow(id, wait, until, call, false).await
     }
 
     /// Cancel a job; a Python cell that ignores KeyboardInterrupt for `grace` loses its

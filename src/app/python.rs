@@ -295,18 +295,32 @@ impl App {
         .await
     }
 
-    /// Send KeyboardInterrupt to the session's running cell; false if it was idle.
     /// KeyboardInterrupt in the session's running cell, escalating to a worker restart
-    /// after `grace`; false when no cell was running.
+    /// after `grace`; then wait for the cell to end (like `job_cancel`) and return its
+    /// job's final view, so the next call finds the session free. None when no cell ran.
     pub async fn python_interrupt(
         &self,
         session: &str,
         grace: Option<Duration>,
-    ) -> Result<bool, AppError> {
-        Ok(self
-            .sessions
-            .get(session)?
-            .cancel_cell(grace.unwrap_or(DEFAULT_CANCEL_GRACE)))
+    ) -> Result<Option<JobView>, AppError> {
+        let s = self.sessions.get(session)?;
+        let grace = grace.unwrap_or(DEFAULT_CANCEL_GRACE);
+        // The session's latest job, before the interrupt: the one it ends.
+        let job = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session)
+            .cloned();
+        if !s.cancel_cell(grace) {
+            return Ok(None);
+        }
+        let Some(job) = job else { return Ok(None) };
+        let settle = (grace + Duration::from_secs(3)).max(Duration::from_secs(5));
+        let view = self
+            .follow(&job, settle, WaitFor::Settled, &Call::detached(), false)
+            .await?;
+        Ok(Some(view))
     }
 
     pub async fn python_vars(

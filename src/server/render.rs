@@ -12,7 +12,8 @@ use super::shapes::{
     EnvReport, History, Jobs, OriginalImage, Output, Pruned, SessionDone, Sessions, Uv, Vars, Venv,
 };
 use crate::app::result::ResultImage;
-use crate::app::{Chunk, EnvInfo, VarsOutcome};
+use crate::app::{App, Chunk, EnvInfo, JobView, VarsOutcome};
+use super::report::JobReport;
 use crate::jobs::search::Found;
 use crate::jobs::{JobPage, SearchHit, Stream};
 use crate::repl::{self, HistoryEntry, SessionInfo, SnapshotState, VariablePage, cell_name};
@@ -30,19 +31,48 @@ fn listing<T: serde::Serialize>(text: String, value: &T) -> CallToolResult {
     structured(vec![ContentBlock::text(text)], value, false)
 }
 
-pub fn interrupted(session: &str, was_running: bool) -> CallToolResult {
-    let text = if was_running {
-        format!("KeyboardInterrupt sent to session {session:?}; the running job reports it")
-    } else {
-        format!("session {session:?} was idle; nothing to interrupt")
+/// python_interrupt: the interrupted cell's job as it ended (its report, like
+/// job_cancel's, within the budget), or that the session was idle.
+pub fn interrupted(session: &str, job: Option<JobView>, app: &App) -> CallToolResult {
+    let Some(view) = job else {
+        return listing(
+            format!("session {session:?} was idle; nothing to interrupt"),
+            &SessionDone {
+                session: session.into(),
+                interrupted: Some(false),
+                ..Default::default()
+            },
+        );
     };
-    listing(
-        text,
+    // Room for the line and the wrapper around the report.
+    let (report, images) = JobReport::fitted(view, app, app.response_bytes().saturating_sub(300));
+    let outcome = if report.status.is_finished() {
+        format!("job {} ended {}", report.job_id, report.status)
+    } else {
+        format!(
+            "job {} is still {}: follow it with job_wait",
+            report.job_id, report.status
+        )
+    };
+    let text = format!(
+        "KeyboardInterrupt sent to session {session:?}; {outcome}\n{}",
+        report.to_text()
+    );
+    let mut content = vec![ContentBlock::text(text)];
+    content.extend(
+        images
+            .into_iter()
+            .map(|i| ContentBlock::image(i.data, i.mime)),
+    );
+    structured(
+        content,
         &SessionDone {
             session: session.into(),
-            interrupted: Some(was_running),
+            interrupted: Some(true),
+            job: Some(report),
             ..Default::default()
         },
+        false,
     )
 }
 

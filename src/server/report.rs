@@ -375,6 +375,13 @@ impl JobReport {
     /// ([`App::response_bytes`] of text, and the same of structured content): every part
     /// over its share is cut, saying what was left out and where to read it whole.
     pub fn answer(view: JobView, app: &App) -> CallToolResult {
+        let (report, sent) = JobReport::fitted(view, app, app.response_bytes());
+        report.into_result(sent)
+    }
+
+    /// The report of a job view within `cap` bytes of text and of JSON, and the images
+    /// it carries.
+    pub fn fitted(view: JobView, app: &App, cap: usize) -> (JobReport, Vec<Image>) {
         let layout = view
             .snapshot
             .result
@@ -383,7 +390,6 @@ impl JobReport {
         let (full, images) = JobReport::new(view);
         let full = full.with_next_step();
         let (sent, held) = pick_images(images);
-        let cap = app.response_bytes();
         let mut budget = cap;
         let mut report = full.clone();
         // Markers and JSON escaping are only known once assembled: shrink until it fits.
@@ -397,7 +403,7 @@ impl JobReport {
             }
             budget = (budget as u64 * cap as u64 / worst as u64) as usize * 9 / 10;
         }
-        report.into_result(sent)
+        (report, sent)
     }
 
     /// This report with its parts cut to share `budget` bytes.

@@ -16,6 +16,9 @@ pub struct SessionDone {
     /// python_interrupt: whether a cell was running (and got KeyboardInterrupt).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub interrupted: Option<bool>,
+    /// python_interrupt: the interrupted cell's job once it ended (or after the wait).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<crate::server::report::JobReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restarted: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]

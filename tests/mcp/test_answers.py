@@ -276,3 +276,50 @@ def test_pandas_when_installed(server):
         assert "<table" in whole
 
     server.run(scenario)
+
+
+def test_interrupt_answers_with_the_outcome_and_the_session_is_free_at_once(server):
+    """50 x (a cell, python_interrupt, at once python_exec): never "busy"; the interrupt's
+    answer carries the cell's outcome, as job_cancel's does."""
+
+    async def scenario(c):
+        await c.ok("python_exec", code="keep = 41")
+        busy = 0
+        for i in range(50):
+            run = await c.py("import time\nwhile True: time.sleep(0.01)", wait_seconds=0 if i % 2 else 0.3)
+            assert run["status"] == "running", run
+            res = await c.call("python_interrupt")
+            assert not res.is_error, text_of(res)
+            got = res.structured_content
+            assert got["interrupted"] is True, got
+            job = got["job"]
+            assert job["job_id"] == run["job_id"] and job["status"] == "failed", job
+            assert job["exception"]["ename"] == "KeyboardInterrupt", job
+            assert f"job {run['job_id']} ended failed" in text_of(res)
+            nxt = await c.call("python_exec", code="keep + 1")
+            if nxt.is_error and "busy" in text_of(nxt):
+                busy += 1
+                continue
+            assert nxt.structured_content["value"] == "42", text_of(nxt)
+        assert busy == 0, f"{busy} of 50 calls right after an interrupt were told busy"
+        idle = await c.ok("python_interrupt")
+        assert idle["interrupted"] is False and "job" not in idle
+
+    server.run(scenario, timeout=300)
+
+
+def test_an_interactive_shell_dialog_answers_each_line_as_it_is_printed(server):
+    """job_input to a shell job returns with the output the input produced; the window is
+    wide (60 s), so a call that waited for it would time the test out."""
+
+    async def scenario(c):
+        job = await c.ok("shell_run", command="while read l; do echo got:$l; done", wait_seconds=0)
+        assert job["status"] == "running", job
+        for i in range(10):
+            r = await c.ok("job_input", job_id=job["job_id"], text=f"{i}\n", wait_seconds=60, timeout=30)
+            assert r["status"] == "running", r
+            assert r["stdout"]["text"] == f"got:{i}\n", r
+        end = await c.ok("job_input", job_id=job["job_id"], text="", eof=True, wait_seconds=60, timeout=30)
+        assert end["status"] == "completed", end
+
+    server.run(scenario, timeout=150)

@@ -168,10 +168,9 @@ impl SandboxServer {
             .grace_seconds
             .map(|g| super::seconds(Some(g), 2.0, 60.0, "grace_seconds"))
             .transpose()?;
-        reply(
-            self.app.python_interrupt(&session, grace).await,
-            |was_running| render::interrupted(&session, was_running),
-        )
+        reply(self.app.python_interrupt(&session, grace).await, |job| {
+            render::interrupted(&session, job, &self.app)
+        })
     }
 
     #[tool(
