@@ -4,9 +4,12 @@ fetched by number is scaled to the budget), rich output once (the best text form
 answer, the HTML in the `result` stream)."""
 
 import base64
+import os
 import json
 import struct
 import zlib
+
+import pytest
 
 from conftest import text_of
 from test_contract import assert_bounded, read_result
@@ -323,3 +326,77 @@ def test_an_interactive_shell_dialog_answers_each_line_as_it_is_printed(server):
         assert end["status"] == "completed", end
 
     server.run(scenario, timeout=150)
+
+
+def python_of(version: str) -> str | None:
+    """A Python `version` interpreter on this machine (PATH, pyenv's, uv's), if any."""
+    import glob
+    import shutil
+    import subprocess
+
+    candidates = [shutil.which(f"python{version}")]
+    for pattern in ("~/.pyenv/versions/{v}*/bin/python3", "~/.local/share/uv/python/cpython-{v}*/bin/python3"):
+        candidates += sorted(glob.glob(os.path.expanduser(pattern.format(v=version))))
+    for path in filter(None, candidates):
+        out = subprocess.run([path, "-S", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout.strip() == version:
+            return path
+    return None
+
+
+def test_the_snapshot_fork_happens_with_one_thread(server):
+    """What Python 3.12+ warns about (a fork while other threads run) never happens: a fork
+    hook in user code counts the process's threads at every snapshot fork."""
+
+    async def scenario(c):
+        await c.ok("python_exec", code="import os\ncounts = []\nos.register_at_fork(before=lambda: counts.append(len(os.listdir('/proc/self/task'))))")
+        for i in range(5):
+            await c.ok("python_exec", code=f"x = {i}")
+        r = await c.ok("python_exec", code="counts")
+        counts = eval(r["value"])
+        assert len(counts) >= 5 and set(counts) == {1}, counts
+        # Output still streams while a cell runs (the flusher is back after each fork).
+        r = await c.ok("python_exec", code="import time\nprint('a')\ntime.sleep(0.5)\nprint('b')")
+        assert r["stdout"]["text"] == "a\nb\n"
+
+    server.run(scenario)
+
+
+@pytest.mark.parametrize("version", ["3.12", "3.13"])
+def test_no_fork_warning_on_newer_pythons_and_branches_keep_random(server, version):
+    """On Python 3.12 and 3.13 no cell's output carries the multi-threaded fork warning, and
+    three branches from a seeded cell draw what the straight line drew."""
+    python = python_of(version)
+    if python is None:
+        pytest.skip(f"no Python {version} here; test_the_snapshot_fork_happens_with_one_thread covers the mechanism")
+
+    async def scenario(c):
+        outputs = []
+        straight = None
+        for code in ("import warnings\nwarnings.simplefilter('always')\nimport sys\nsys.version_info[:2]",
+                     "1", "2", "import random\nrandom.seed(1)", "random.random()", "3"):
+            r = await c.ok("python_exec", code=code)
+            outputs.append(r["stderr"]["text"] + r["stdout"]["text"])
+            if code == "random.random()":
+                straight = r["value"]
+        assert outputs[0] == "", outputs
+        draws = [(await c.ok("python_exec", code="random.random()", parent="c4"))["value"] for _ in range(3)]
+        r = await c.ok("python_exec", code="'end'")
+        outputs.append(r["stderr"]["text"])
+        print(python, draws, straight)
+        assert not any("DeprecationWarning" in o or "fork()" in o for o in outputs), outputs
+        assert draws == [straight] * 3, (draws, straight)
+
+    server.run(scenario, "--python", python)
+
+
+def test_branches_from_a_seeded_cell_draw_the_same_numbers(server):
+    async def scenario(c):
+        await c.ok("python_exec", code="import random\nrandom.seed(1)")
+        straight = (await c.ok("python_exec", code="[random.random() for _ in range(3)]"))["value"]
+        for _ in range(3):
+            r = await c.ok("python_exec", code="[random.random() for _ in range(3)]", parent="c1")
+            assert r["value"] == straight, (r["value"], straight)
+
+    server.run(scenario)
