@@ -323,13 +323,16 @@ impl App {
         Ok(Some(view))
     }
 
+    /// A variable operation, and why the session's state is fresh if it is (an expiry or
+    /// a crash the next cell will also be told of).
     pub async fn python_vars(
         &self,
         session: &str,
         request: VarsRequest,
-    ) -> Result<VarsOutcome, AppError> {
+    ) -> Result<(VarsOutcome, Option<String>), AppError> {
         let s = self.session(session).await?;
-        Ok(match request {
+        let note = s.pending_loss();
+        let outcome = match request {
             VarsRequest::List(cursor) => {
                 VarsOutcome::List(s.variables_page(cursor.as_deref(), Some(LIST_PAGE)).await?)
             }
@@ -346,7 +349,8 @@ impl App {
                 s.clear_variables().await?;
                 VarsOutcome::Cleared
             }
-        })
+        };
+        Ok((outcome, note))
     }
 
     /// The session's cells up to `before` (a cell id, itself included: a page's cursor),
@@ -356,7 +360,7 @@ impl App {
         session: &str,
         limit: Option<usize>,
         before: Option<&str>,
-    ) -> Result<History, AppError> {
+    ) -> Result<(History, Option<String>), AppError> {
         let upto = match before {
             None => None,
             Some(text) => Some(parse_cell(text).ok_or_else(|| {
@@ -365,8 +369,14 @@ impl App {
                 ))
             })?),
         };
-        let s = self.sessions.get(session)?;
+        let s = match self.sessions.get(session) {
+            Ok(s) => s,
+            // Kept by an earlier server: starting the session loads its history.
+            Err(_) if self.sessions.has_kept_history(session) => self.session(session).await?,
+            Err(e) => return Err(e.into()),
+        };
         s.settle_snapshots().await;
+        let note = s.pending_loss();
         let mut history = s.history();
         if let Some(upto) = upto {
             history.cells.retain(|c| c.cell <= upto);
@@ -375,7 +385,7 @@ impl App {
             let skip = history.cells.len().saturating_sub(n);
             history.cells.drain(..skip);
         }
-        Ok(history)
+        Ok((history, note))
     }
 
     pub fn session_list(&self) -> Vec<SessionInfo> {

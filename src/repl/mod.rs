@@ -305,6 +305,11 @@ pub enum ReplError {
     Closed { session: String },
     #[error("no session named {name:?}; open sessions: {open}")]
     NoSuchSession { name: String, open: String },
+    #[error(
+        "session {name:?} expired after {idle_secs} s idle and was closed: its variables and \
+         history are gone; python_exec starts it again, fresh"
+    )]
+    Expired { name: String, idle_secs: u64 },
     #[error("no Python interpreter found: {detail}; pass --python PATH")]
     PythonNotFound { detail: String },
     #[error(

@@ -76,7 +76,27 @@ pub fn interrupted(session: &str, job: Option<JobView>, app: &App) -> CallToolRe
     )
 }
 
-pub fn vars(session: &str, outcome: VarsOutcome, cap: usize) -> CallToolResult {
+pub fn vars(
+    session: &str,
+    outcome: VarsOutcome,
+    note: Option<String>,
+    cap: usize,
+) -> CallToolResult {
+    let mut answer = vars_of(session, outcome, cap);
+    if let Some(note) = note {
+        // Said first in the text, and beside the answer's own fields.
+        if let Some(first) = answer.content.first_mut() {
+            let text = first.as_text().map(|t| t.text.clone()).unwrap_or_default();
+            *first = ContentBlock::text(format!("note: {note}\n{text}"));
+        }
+        if let Some(serde_json::Value::Object(map)) = answer.structured_content.as_mut() {
+            map.insert("state_note".into(), serde_json::Value::String(note));
+        }
+    }
+    answer
+}
+
+fn vars_of(session: &str, outcome: VarsOutcome, cap: usize) -> CallToolResult {
     match outcome {
         VarsOutcome::List(page) => {
             // One page within the budget: the rows that fit, the cursor at the first one
@@ -203,7 +223,12 @@ pub fn vars(session: &str, outcome: VarsOutcome, cap: usize) -> CallToolResult {
     }
 }
 
-pub fn history(session: &str, history: repl::History, cap: usize) -> CallToolResult {
+pub fn history(
+    session: &str,
+    history: repl::History,
+    note: Option<String>,
+    cap: usize,
+) -> CallToolResult {
     let repl::History { mut cells, dropped } = history;
     let head = cells.iter().find(|c| c.head).map(|c| cell_name(c.cell));
     // Within the answer budget: long cells cut, then the oldest left out.
@@ -217,6 +242,9 @@ pub fn history(session: &str, history: repl::History, cap: usize) -> CallToolRes
             "{total} cell(s) in session {session:?}; head: {}\n",
             head.as_deref().unwrap_or("none (empty state)")
         );
+        if let Some(note) = &note {
+            let _ = writeln!(text, "note: {note}");
+        }
         if let Some(dropped) = &dropped {
             let _ = writeln!(text, "{dropped}");
         }
@@ -273,6 +301,7 @@ pub fn history(session: &str, history: repl::History, cap: usize) -> CallToolRes
             left_out: (from > 0).then_some(from),
             next_cursor,
             dropped,
+            state_note: note,
             cells,
         },
     )

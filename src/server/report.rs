@@ -838,7 +838,9 @@ mod tests {
         assert_eq!(r.value.as_deref(), Some("3"));
         assert_eq!(r.error.as_ref().map(|e| e.ename.as_str()), Some("E"));
         assert_eq!(images.len(), 1);
-        assert_eq!(r.display.len(), 1);
+        // HTML is held out of the answer (its text form would be a display item).
+        assert_eq!(r.display.len(), 0);
+        assert_eq!(r.html.map(|h| h.items), Some(1));
         assert_eq!(r.denied, vec!["blocked".to_string()]);
         let mut s = snapshot(JobKind::Script, JobStatus::Completed);
         s.result = Some(serde_json::json!({"ok": true}));

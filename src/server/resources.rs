@@ -303,7 +303,7 @@ pub async fn read(app: &App, uri: &str) -> Result<ReadResourceResult, ErrorData>
             Ok(text(uri, "text/plain", chunk.text, Some(m)))
         }
         Target::History { session } => {
-            let history = app
+            let (history, _) = app
                 .python_history(&session, None, None)
                 .await
                 .map_err(app_error)?;

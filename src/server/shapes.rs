@@ -54,6 +54,9 @@ pub struct Vars {
     pub deleted: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cleared: Option<bool>,
+    /// Why the session's state is fresh (it expired, its worker died), in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_note: Option<String>,
 }
 
 /// python_history.
@@ -72,6 +75,9 @@ pub struct History {
     /// Older cells dropped for good by the session's cap on cells kept, in words.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dropped: Option<String>,
+    /// Why the session's state is fresh (it expired, its worker died), in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_note: Option<String>,
 }
 
 /// job_list.

@@ -400,3 +400,88 @@ def test_branches_from_a_seeded_cell_draw_the_same_numbers(server):
             assert r["value"] == straight, (r["value"], straight)
 
     server.run(scenario)
+
+
+from test_envs import offline  # noqa: E402,F401  (the fixture: a local wheel index)
+
+
+def test_an_install_leaves_no_cell_in_the_history(offline):
+    async def scenario(c):
+        r = await c.ok("python_exec", code="x = 1")
+        assert r["cell"] == "c1"
+        job = await c.finish(await c.ok("env_install", packages=["tinypkg"]))
+        assert job["status"] == "completed" and job["result"]["activated"] is True, job
+        h = await c.ok("python_history")
+        assert [x["cell"] for x in h["cells"]] == ["c1"], h
+        assert "site" not in json.dumps(h), h
+        r = await c.ok("python_exec", code="import tinypkg\n(x, tinypkg.__version__)")
+        assert r["cell"] == "c2" and r["parent"] == "c1" and r["value"] == "(1, '0.1')", r
+
+    offline.run(scenario)
+
+
+def test_a_branch_says_the_head_moved_and_how_to_return(server):
+    async def scenario(c):
+        await c.ok("python_exec", code="x = 1")  # c1
+        await c.ok("python_exec", code="x = 2")  # c2
+        res = await c.call("python_exec", code="y = x", parent="c1")  # c3 on c1
+        r = res.structured_content
+        assert "head moved from c2" in r["state_note"] and 'parent="c2"' in r["state_note"], r
+        assert "head moved from c2" in text_of(res)
+        assert "state_lost" not in r
+        # Following cells run on the branch and say nothing more.
+        r = await c.ok("python_exec", code="x")
+        assert r["value"] == "1" and "state_note" not in r, r
+        # The way back it named works.
+        r = await c.ok("python_exec", code="x", parent="c2")
+        assert r["value"] == "2" and "head moved from c4" in r["state_note"], r
+        # A branch from the head itself moves nothing.
+        r = await c.ok("python_exec", code="x", parent=r["cell"])
+        assert "state_note" not in r, r
+
+    server.run(scenario)
+
+
+def test_an_expired_session_says_so_on_every_tool(server):
+    async def scenario(c):
+        import time
+
+        import anyio
+
+        await c.ok("python_exec", code="x = 1", session="ttl")
+        deadline = time.monotonic() + 60
+        while any(s["name"] == "ttl" for s in (await c.ok("session_list"))["sessions"]):
+            assert time.monotonic() < deadline, "the idle session was not closed"
+            await anyio.sleep(0.1)
+        for tool, args in (("python_history", {}), ("python_interrupt", {})):
+            err = await c.err(tool, session="ttl", **args)
+            assert "expired after" in err and "python_exec starts it again" in err, (tool, err)
+        res = await c.call("python_vars", action="list", session="ttl")
+        assert not res.is_error, text_of(res)
+        assert "expired after" in res.structured_content["state_note"], res.structured_content
+        assert text_of(res).startswith("note: session \"ttl\" expired after")
+        h = await c.ok("python_history", session="ttl")
+        assert "expired after" in h["state_note"] and h["cells"] == [], h
+        r = await c.py("x", session="ttl")
+        assert r["exception"]["ename"] == "NameError" and "expired after" in r["state_note"], r
+        v = await c.ok("python_vars", action="list", session="ttl")
+        assert "state_note" not in v, v
+
+    server.run(scenario, "--session-ttl", "1")
+
+
+def test_history_works_after_a_server_restart(server):
+    # Not the default session: that one is started ahead of the first call (prewarm).
+    async def first(c):
+        for i in range(3):
+            await c.ok("python_exec", code=f"v = {i}", session="s1")
+
+    async def second(c):
+        h = await c.ok("python_history", session="s1")
+        assert [x["cell"] for x in h["cells"]] == ["c1", "c2", "c3"], h
+        assert "server restarted" in h["cells"][0]["note"], h
+        err = await c.err("python_history", session="never-used")
+        assert "no session named" in err
+
+    server.run(first)
+    server.run(second)

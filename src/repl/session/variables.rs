@@ -19,7 +19,10 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 impl Session {
-    async fn call(&self, request: impl FnOnce(u64) -> Request) -> Result<Event, ReplError> {
+    pub(super) async fn call(
+        &self,
+        request: impl FnOnce(u64) -> Request,
+    ) -> Result<Event, ReplError> {
         let guard = self.op_guard().await?;
         let (worker, _) = self.live_worker(false)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -122,7 +125,7 @@ fn expect_ok(ev: Event) -> Result<(), ReplError> {
     }
 }
 
-fn unexpected(wanted: &str, got: &Event) -> ReplError {
+pub(super) fn unexpected(wanted: &str, got: &Event) -> ReplError {
     ReplError::Protocol {
         detail: format!("expected `{wanted}`, got {got:?}"),
     }

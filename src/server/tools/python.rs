@@ -199,8 +199,8 @@ impl SandboxServer {
             (VarAction::Delete, Some(name), _) => VarsRequest::Delete(name),
             (VarAction::Set, Some(name), Some(value)) => VarsRequest::Set(name, value),
         };
-        reply(self.app.python_vars(&session, request).await, |outcome| {
-            render::vars(&session, outcome, self.app.response_bytes())
+        reply(self.app.python_vars(&session, request).await, |(outcome, note)| {
+            render::vars(&session, outcome, note, self.app.response_bytes())
         })
     }
 
@@ -217,7 +217,7 @@ impl SandboxServer {
             self.app
                 .python_history(&session, args.limit, args.cursor.as_deref())
                 .await,
-            |cells| render::history(&session, cells, self.app.response_bytes()),
+            |(cells, note)| render::history(&session, cells, note, self.app.response_bytes()),
         )
     }
 }
