@@ -1057,7 +1057,12 @@ class Worker:
         while tb is not None and tb.tb_frame.f_code.co_filename == WORKER_FILENAME:
             tb = tb.tb_next
         try:
-            text = "".join(traceback.format_exception(type(exc), exc, tb))
+            te = traceback.TracebackException(type(exc), exc, tb)
+            # ... and the last ones: a KeyboardInterrupt raised by the worker's own signal
+            # handler would end the traceback with it.
+            while te.stack and te.stack[-1].filename == WORKER_FILENAME:
+                te.stack.pop()
+            text = "".join(te.format())
             evalue = str(exc)
         except Exception as e:  # a broken __str__ must not break the worker
             text = evalue = f"<could not format the exception: {type(e).__name__}: {e}>"

@@ -27,6 +27,8 @@ pub struct ShellArgs {
     pub stdin_eof: bool,
     /// A session label for list filters.
     pub session: Option<String>,
+    /// End the job (TERM, then KILL) after this long, in words.
+    pub timeout: Option<Duration>,
 }
 
 /// Which stream of a job to read: its two output streams or its result (see
@@ -355,11 +357,28 @@ impl App {
             }
         };
         let id = handle.id().to_string();
+        self.arm_timeout(&id, args.timeout);
         if args.stdin.is_some() || args.stdin_eof {
             self.store
                 .send_input(&id, args.stdin.as_deref().unwrap_or(""), args.stdin_eof)?;
         }
         self.follow(&id, wait, WaitFor::Settled, call, true).await
+    }
+}
+
+impl App {
+    /// The caller's time limit on a job: once `timeout` passes, a job still running is
+    /// ended as by job_cancel and fails with "timed out after N s" leading its message.
+    pub(super) fn arm_timeout(&self, id: &str, timeout: Option<Duration>) {
+        let Some(after) = timeout else { return };
+        let store = self.store.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            if let Err(e) = store.time_out(&id, after) {
+                tracing::debug!(job = %id, error = %e, "the time limit found no job to end");
+            }
+        });
     }
 }
 

@@ -164,6 +164,7 @@ impl App {
         session_name: &str,
         label: String,
         wait: Duration,
+        timeout: Option<Duration>,
         call: &Call,
         run: impl FnOnce(Arc<Session>, Arc<dyn CellSink>) -> futures_cell::CellFuture + Send + 'static,
     ) -> Result<JobView, AppError> {
@@ -196,6 +197,7 @@ impl App {
             .create(JobKind::Python, Some(session_name), &label)?;
         handle.set_control(Arc::new(PyControl(Arc::downgrade(&session))));
         let id = handle.id().to_string();
+        self.arm_timeout(&id, timeout);
         self.running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -220,7 +222,8 @@ impl App {
 
     /// Run `code` in `session`, on the head or, with `parent` (a cell id such as "c3"),
     /// on the state right after that cell (`replay`: rebuild it by re-running cells when
-    /// no snapshot is left).
+    /// no snapshot is left); `timeout` interrupts it (then restarts the worker if it
+    /// ignores that) and fails the job in words.
     #[allow(clippy::too_many_arguments)]
     pub async fn python_exec(
         &self,
@@ -229,6 +232,7 @@ impl App {
         parent: Option<String>,
         replay: bool,
         wait: Duration,
+        timeout: Option<Duration>,
         call: &Call,
     ) -> Result<JobView, AppError> {
         let parent = match parent {
@@ -236,7 +240,7 @@ impl App {
             Some(text) => Some(self.check_parent(session, text, replay).await?),
         };
         let label = first_line(&code);
-        self.start_cell(session, label, wait, call, move |s, sink| {
+        self.start_cell(session, label, wait, timeout, call, move |s, sink| {
             Box::pin(async move { s.execute_on(&code, parent, sink).await })
         })
         .await
@@ -289,7 +293,7 @@ impl App {
             .join(" ");
         let label = format!("run_file {quoted}");
         let path = full.to_string_lossy().into_owned();
-        self.start_cell(session, label, wait, call, move |s, sink| {
+        self.start_cell(session, label, wait, None, call, move |s, sink| {
             Box::pin(async move { s.run_file(&path, args, sink).await })
         })
         .await

@@ -203,6 +203,7 @@ impl JobStore {
                 elapsed_ms: Some(rec.elapsed_ms),
                 delivered: rec.delivered,
                 cancel_requested: false,
+                timed_out: None,
                 shutting_down: false,
                 has_result: rec.has_result,
             };
@@ -303,6 +304,7 @@ impl JobStore {
             elapsed_ms: None,
             delivered: [0, 0],
             cancel_requested: false,
+            timed_out: None,
             shutting_down: false,
             has_result: false,
         };
@@ -552,6 +554,27 @@ impl JobStore {
             c.cancel_within(grace);
         }
         Ok(())
+    }
+
+    /// End a running job that passed the caller's time limit `after`: cancelled as by
+    /// [`cancel_within`](Self::cancel_within), but it ends `failed` with `timed out after
+    /// N s (timeout_seconds)` leading its message. Nothing if it already finished.
+    pub fn time_out(&self, id: &str, after: std::time::Duration) -> Result<(), JobError> {
+        {
+            let job = self.get(id)?;
+            let mut st = lock(&job.state);
+            if st.status.is_finished() {
+                return Ok(());
+            }
+            st.timed_out = Some(format!(
+                "timed out after {} s (timeout_seconds)",
+                seconds_text(after)
+            ));
+        }
+        match self.cancel_within(id, None) {
+            Err(JobError::Finished { .. }) => Ok(()),
+            other => other,
+        }
     }
 
     /// Send `text` (and then EOF if `eof`) to a running job's input.
@@ -884,4 +907,14 @@ fn shorten_label(label: &str) -> String {
     let mut s: String = label.chars().take(MAX_LABEL - 1).collect();
     s.push('…');
     s
+}
+
+/// Seconds as a short number: "5", "0.5".
+fn seconds_text(d: std::time::Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0}")
+    } else {
+        format!("{s}")
+    }
 }

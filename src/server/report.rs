@@ -611,8 +611,14 @@ impl JobReport {
             };
             out.push_str(&format!("prompt: {p:?}{secret}\n"));
         }
-        // A failed cell's message repeats the traceback's last line.
-        if let Some(m) = self.message.as_ref().filter(|_| self.error.is_none()) {
+        // A failed cell's message repeats the traceback's last line; one that says more
+        // (a time limit) is shown.
+        let repeats = |m: &str| {
+            self.error
+                .as_ref()
+                .is_some_and(|e| m.starts_with(&format!("{}:", e.ename)))
+        };
+        if let Some(m) = self.message.as_ref().filter(|m| !repeats(m)) {
             out.push_str(&format!("{m}\n"));
         }
         if self.images_held > 0 {

@@ -485,3 +485,36 @@ def test_history_works_after_a_server_restart(server):
 
     server.run(first)
     server.run(second)
+
+
+def test_timeout_seconds_ends_a_cell_and_a_shell_job_in_words(server):
+    async def scenario(c):
+        await c.ok("python_exec", code="keep = 41")
+        res = await c.call("python_exec", code="import time\ntime.sleep(120)", timeout_seconds=1, wait_seconds=60)
+        r = res.structured_content
+        assert res.is_error and r["status"] == "failed", r
+        assert r["message"].startswith("timed out after 1 s (timeout_seconds): KeyboardInterrupt"), r
+        assert "timed out after 1 s" in text_of(res)
+        # The traceback ends in the user's code, not in the worker's signal handler.
+        assert "_on_sigint" not in r["exception"]["traceback"], r["exception"]
+        assert r["exception"]["traceback"].rstrip().endswith("KeyboardInterrupt")
+        assert (await c.ok("python_exec", code="keep + 1"))["value"] == "42"
+        # A cell that ignores KeyboardInterrupt: the worker is restarted, in words.
+        code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nimport time\ntime.sleep(120)"
+        r = await c.py(code, timeout_seconds=0.5, wait_seconds=60)
+        assert r["status"] == "failed" and r["message"].startswith("timed out after 0.5 s"), r
+        assert "restarted" in r["message"] and r["state_lost"] is True, r
+        # Quick work is not affected.
+        r = await c.ok("python_exec", code="1 + 1", timeout_seconds=30)
+        assert r["status"] == "completed" and r["value"] == "2"
+        res = await c.call("shell_run", command="echo start; sleep 120", timeout_seconds=1, wait_seconds=60)
+        r = res.structured_content
+        assert res.is_error and r["status"] == "failed", r
+        assert r["message"].startswith("timed out after 1 s (timeout_seconds)"), r
+        assert r["stdout"]["text"] == "start\n"
+        r = await c.ok("shell_run", command="echo ok", timeout_seconds=30)
+        assert r["status"] == "completed"
+        await c.invalid("shell_run", command="true", timeout_seconds=0)
+        await c.invalid("python_exec", code="1", timeout_seconds=-1)
+
+    server.run(scenario)

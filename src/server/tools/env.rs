@@ -69,7 +69,7 @@ pub struct RunScriptArgs {
     /// Script source (or `path`).
     #[serde(default)]
     pub code: Option<String>,
-    /// Script file in the workspace (or `code`).
+    /// Workspace file (or `code`).
     #[serde(default)]
     pub path: Option<String>,
     /// Requirements to install.
@@ -90,7 +90,6 @@ pub struct RunScriptArgs {
     /// Kill the process tree after this.
     #[serde(default)]
     pub timeout_seconds: Option<f64>,
-    /// Report wall, CPU and peak RSS.
     #[serde(default)]
     pub benchmark: bool,
     /// Max 60.

@@ -27,7 +27,6 @@ pub struct WaitArgs {
     #[serde(default)]
     #[schemars(extend("default" = 30))]
     pub timeout_seconds: Option<f64>,
-    /// Wait for the end or an input request, not the first new output.
     #[serde(default)]
     pub until_done: bool,
 }
@@ -184,7 +183,7 @@ pub struct OutputArgs {
     #[serde(default)]
     #[schemars(extend("default" = 2))]
     pub context_lines: Option<usize>,
-    /// Fetch image N (from 1) of a finished cell.
+    /// From 1.
     #[serde(default)]
     pub image: Option<usize>,
 }

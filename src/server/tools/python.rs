@@ -33,6 +33,9 @@ pub struct ExecArgs {
     /// With `parent`: allow re-running cells when no snapshot is left.
     #[serde(default)]
     pub replay: bool,
+    /// Interrupt the cell after this.
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -125,10 +128,19 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_or_default(args.session)?;
         let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
+        let timeout = super::time_limit(args.timeout_seconds)?;
         let call = call_of(&ctx, &self.closing);
         reply(
             self.app
-                .python_exec(&session, args.code, args.parent, args.replay, wait, &call)
+                .python_exec(
+                    &session,
+                    args.code,
+                    args.parent,
+                    args.replay,
+                    wait,
+                    timeout,
+                    &call,
+                )
                 .await,
             |v| JobReport::answer(v, &self.app),
         )
