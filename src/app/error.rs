@@ -97,7 +97,9 @@ pub enum AppError {
     NoResult { id: String, why: &'static str },
     #[error("job {id} has no image {index}: it produced {of} image(s), numbered from 1")]
     NoImage { id: String, index: usize, of: usize },
-    #[error("image {index} of job {id} cannot be returned: {why}; save it to a file in the workspace with python_exec and read it there")]
+    #[error(
+        "image {index} of job {id} cannot be returned: {why}; save it to a file in the workspace with python_exec and read it there"
+    )]
     ImageUnfit {
         id: String,
         index: usize,

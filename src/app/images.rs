@@ -37,7 +37,9 @@ pub struct Fitted {
 pub enum FitError {
     #[error("its data is not valid base64: {0}")]
     Base64(#[from] base64::DecodeError),
-    #[error("{mime} of {bytes} bytes is over the answer's {budget} bytes and cannot be scaled here (only PNG and JPEG are)")]
+    #[error(
+        "{mime} of {bytes} bytes is over the answer's {budget} bytes and cannot be scaled here (only PNG and JPEG are)"
+    )]
     Unscalable {
         mime: String,
         bytes: usize,
@@ -163,7 +165,10 @@ mod tests {
         let f = fit("image/png", &data, 60_000).unwrap();
         assert!(f.data.len() <= 60_000, "{}", f.data.len());
         let (w, h) = f.size.unwrap();
-        assert!(w < 900 && (w as f64 / h as f64 - 3.0).abs() < 0.1, "{w}x{h}");
+        assert!(
+            w < 900 && (w as f64 / h as f64 - 3.0).abs() < 0.1,
+            "{w}x{h}"
+        );
         let o = f.original.unwrap();
         assert_eq!((o.width, o.height), (900, 300));
         // The copy is a real PNG of that size.

@@ -108,11 +108,7 @@ pub fn scan(path: &Path, len: u64, re: &Regex, limits: &Limits) -> io::Result<Fo
                 hit.after.len() < context
             });
         }
-        let m = if line_matched {
-            None
-        } else {
-            re.find(content)
-        };
+        let m = if line_matched { None } else { re.find(content) };
         if let Some(m) = m {
             line_matched = true;
             found.matches += 1;
@@ -331,7 +327,10 @@ mod tests {
         };
         let f = scan(&p, data.len() as u64, &compile("ab").unwrap(), &limits).unwrap();
         assert_eq!(f.matches, 2);
-        assert_eq!(f.hits.iter().map(|h| h.line).collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(
+            f.hits.iter().map(|h| h.line).collect::<Vec<_>>(),
+            vec![2, 3]
+        );
         assert_eq!(f.hits[0].before, vec!["before".to_string()]);
         assert_eq!(f.hits[0].after, vec!["after ab".to_string()]);
         assert!(f.hits[1].before[0].starts_with("abab") && f.hits[1].before[0].ends_with('…'));

@@ -375,9 +375,7 @@ impl Session {
         // A branch moves the head: the answer says from where, and how to go back.
         let moved_from = {
             let head = self.inner().graph.head;
-            parent
-                .as_ref()
-                .and_then(|p| head.filter(|&h| h != p.cell))
+            parent.as_ref().and_then(|p| head.filter(|&h| h != p.cell))
         };
         let got = match parent {
             None => self

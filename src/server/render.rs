@@ -7,13 +7,13 @@ use std::fmt::Write as _;
 use rmcp::model::{CallToolResult, ContentBlock};
 
 use super::budget::{Whole, cut};
+use super::report::JobReport;
 use super::report::structured;
 use super::shapes::{
     EnvReport, History, Jobs, OriginalImage, Output, Pruned, SessionDone, Sessions, Uv, Vars, Venv,
 };
 use crate::app::result::ResultImage;
 use crate::app::{App, Chunk, EnvInfo, JobView, VarsOutcome};
-use super::report::JobReport;
 use crate::jobs::search::Found;
 use crate::jobs::{JobPage, SearchHit, Stream};
 use crate::repl::{self, HistoryEntry, SessionInfo, SnapshotState, VariablePage, cell_name};

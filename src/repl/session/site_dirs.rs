@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use super::Session;
-use crate::repl::protocol::{Event, Request};
 use crate::repl::ReplError;
+use crate::repl::protocol::{Event, Request};
 use crate::repl::worker::{Reply, Worker};
 
 impl Session {
@@ -39,10 +39,7 @@ impl Session {
             .iter()
             .map(|d| d.to_string_lossy().into_owned())
             .collect();
-        match self
-            .call(|id| Request::AddSiteDirs { id, dirs })
-            .await?
-        {
+        match self.call(|id| Request::AddSiteDirs { id, dirs }).await? {
             Event::Ok { .. } => Ok(()),
             other => Err(super::variables::unexpected("ok", &other)),
         }

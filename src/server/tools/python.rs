@@ -211,9 +211,10 @@ impl SandboxServer {
             (VarAction::Delete, Some(name), _) => VarsRequest::Delete(name),
             (VarAction::Set, Some(name), Some(value)) => VarsRequest::Set(name, value),
         };
-        reply(self.app.python_vars(&session, request).await, |(outcome, note)| {
-            render::vars(&session, outcome, note, self.app.response_bytes())
-        })
+        reply(
+            self.app.python_vars(&session, request).await,
+            |(outcome, note)| render::vars(&session, outcome, note, self.app.response_bytes()),
+        )
     }
 
     #[tool(
