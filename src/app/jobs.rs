@@ -122,7 +122,7 @@ impl App {
         self.follow(
             id,
             CANCEL_SETTLE.max(grace.unwrap_or_default() + Duration::from_secs(3)),
-            WaitFor::Settled,
+            WaitFor::Finished,
             &Call::detached(),
             false,
         )

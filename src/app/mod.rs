@@ -447,6 +447,7 @@ impl App {
         let awaited = match until {
             WaitFor::Output => "new output or its end",
             WaitFor::Settled => "its end or an input request",
+            WaitFor::Finished => "its end",
         };
         let snap = loop {
             tokio::select! {

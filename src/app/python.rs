@@ -322,7 +322,7 @@ impl App {
         let Some(job) = job else { return Ok(None) };
         let settle = (grace + Duration::from_secs(3)).max(Duration::from_secs(5));
         let view = self
-            .follow(&job, settle, WaitFor::Settled, &Call::detached(), false)
+            .follow(&job, settle, WaitFor::Finished, &Call::detached(), false)
             .await?;
         Ok(Some(view))
     }

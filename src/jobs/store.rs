@@ -30,6 +30,9 @@ pub enum WaitFor {
     /// Only an input request or the end of the job (the first window of a call that
     /// should answer inline when the job is quick).
     Settled,
+    /// Only the end of the job (a cancel or an interrupt: a job that was awaiting input
+    /// when it was stopped still is until it has ended).
+    Finished,
 }
 
 pub(super) struct Jobs {
@@ -388,7 +391,7 @@ impl JobStore {
         loop {
             rx.borrow_and_update();
             let (settled, has_output) = self.readiness(&job);
-            if settled {
+            if settled && (until != WaitFor::Finished || job.is_finished()) {
                 break;
             }
             if has_output && until == WaitFor::Output {

@@ -305,6 +305,14 @@ def test_interrupt_answers_with_the_outcome_and_the_session_is_free_at_once(serv
                 continue
             assert nxt.structured_content["value"] == "42", text_of(nxt)
         assert busy == 0, f"{busy} of 50 calls right after an interrupt were told busy"
+        # A cell waiting for input: the answer is its end, not the prompt it was at.
+        for tool in ("python_interrupt", "job_cancel"):
+            run = await c.py("name = input('who? ')")
+            assert run["status"] == "awaiting_input", run
+            got = await c.ok(tool, **({"job_id": run["job_id"]} if tool == "job_cancel" else {}))
+            job = got["job"] if tool == "python_interrupt" else got
+            assert job["status"] in ("failed", "cancelled") and job["exception"]["ename"] == "KeyboardInterrupt", job
+            assert (await c.ok("python_exec", code="keep"))["value"] == "41"
         idle = await c.ok("python_interrupt")
         assert idle["interrupted"] is False and "job" not in idle
 
