@@ -190,6 +190,7 @@ class _Channel:
         self._rfd = rfd
         self._wfd = wfd
         self._lock = _thread.allocate_lock()
+        self._parts = []  # a partial request line, in pieces
 
     def send(self, msg):
         if os.getpid() != _WORKER_PID:
@@ -213,20 +214,89 @@ class _Channel:
             if masked:
                 _signal.pthread_sigmask(_signal.SIG_UNBLOCK, (_signal.SIGINT,))
 
-    def lines(self):
-        buf = b""
+    def read_available(self):
+        """The requests complete after one read of the request pipe (None at end of file).
+        A partial line is kept for the next read, as pieces: a 16 MiB line costs one pass,
+        not a rescan of everything read so far at every read."""
+        chunk = os.read(self._rfd, 1 << 20)
+        if not chunk:
+            return None
+        out = []
+        start = 0
         while True:
-            chunk = os.read(self._rfd, 1 << 16)
-            if not chunk:
-                return
-            buf += chunk
-            while True:
-                nl = buf.find(b"\n")
-                if nl < 0:
-                    break
-                line, buf = buf[:nl], buf[nl + 1 :]
-                if line.strip():
-                    yield _loads(line.decode("utf-8", "replace"))
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                break
+            self._parts.append(chunk[start:nl])
+            line = b"".join(self._parts)
+            self._parts = []
+            if line.strip():
+                out.append(_loads(line.decode("utf-8", "replace")))
+            start = nl + 1
+        if start < len(chunk):
+            self._parts.append(chunk[start:])
+        return out
+
+
+class _Threads:
+    """The worker's own threads — the request reader and the flusher — stop before every
+    snapshot fork and start again after it, so the fork happens while the process runs one
+    thread: no lock can be held by a thread the child lacks, and Python 3.12+ has no
+    reason to warn that a multi-threaded process forks (the warning is avoided, not
+    filtered). The reader waits on the request pipe and a wake pipe of this process
+    (`poll`), the flusher on a lock with a timeout, so both stop at once when asked; the
+    fork then waits until the kernel no longer lists them (/proc/self/task). Snapshots are
+    reaped by the main thread between requests (no reaper thread)."""
+
+    wake_r = wake_w = -1  # this process's wake pipe (a live worker forked from a snapshot makes its own)
+    stopping = False
+    reader_alive = None  # a lock the reader holds while it runs
+    tids = set()  # kernel thread ids of the running worker threads
+
+    @classmethod
+    def make_wake_pipe(cls):
+        """A fresh wake pipe, out of user code's reach. Only while one thread runs."""
+        for fd in (cls.wake_r, cls.wake_w):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        r, w = os.pipe()
+        cls.wake_r, cls.wake_w = _move_fd_out_of_reach(r), _move_fd_out_of_reach(w)
+
+    @classmethod
+    def start(cls, worker):
+        cls.stopping = False
+        cls.reader_alive = _thread.allocate_lock()
+        cls.reader_alive.acquire()
+        _thread.start_new_thread(worker.read_requests, (cls.reader_alive,))
+        _Flusher.spawn()
+
+    @classmethod
+    def stop(cls):
+        """Stop both threads and wait until they are gone (a bounded wait for the kernel
+        to reap them; the flusher first stops flushing, the reader keeps a partial line)."""
+        cls.stopping = True
+        os.write(cls.wake_w, b"x")
+        cls.reader_alive.acquire()
+        _Flusher.halt()
+        import time
+
+        deadline = time.monotonic() + 1.0
+        while cls.tids and time.monotonic() < deadline:
+            try:
+                alive = {int(t) for t in os.listdir("/proc/self/task")}
+            except OSError:
+                break
+            cls.tids &= alive
+            if cls.tids:
+                time.sleep(0.0001)
+        cls.tids = set()
+
+    @classmethod
+    def own_fds(cls):
+        return {cls.wake_r, cls.wake_w}
 
 
 class _State:
@@ -344,13 +414,128 @@ def _safe_error(e):
         return type(e).__name__
 
 
+def _has_own_repr(value):
+    """Whether the object's type defines a repr of its own (not `<X object at 0x...>`)."""
+    try:
+        return type(value).__repr__ is not object.__repr__
+    except Exception:
+        return False
+
+
+def _with_text_form(value, items, is_value):
+    """`items` with a text form the model can read, for an object that offers HTML: the
+    answer never carries HTML (it stays in the job's result stream), so the text form is
+    the object's own repr (the cell's `value` already is, for the value), or its markdown,
+    or text converted from the HTML. Added right before the HTML item."""
+    mimes = [item["mime"] for item in items]
+    if "text/html" not in mimes or "text/markdown" in mimes:
+        return items
+    if _has_own_repr(value):
+        if is_value:
+            return items
+        text = _safe_repr(value)
+    else:
+        html = items[mimes.index("text/html")]["data"]
+        try:
+            text = _html_to_text(html)
+        except Exception as e:
+            text = f"[the HTML could not be turned into text: {_safe_error(e)}]"
+    at = mimes.index("text/html")
+    return items[:at] + [{"mime": "text/plain", "data": text}] + items[at:]
+
+
+def _html_to_text(html):
+    """Readable text of an HTML fragment (standard library only): block elements start
+    lines, table rows become `| a | b |` lines (a `|---|` line after a header row),
+    list items `- `, scripts and styles dropped, whitespace collapsed outside <pre>."""
+    from html.parser import HTMLParser
+
+    blocks = {"p", "div", "br", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "table",
+              "thead", "tbody", "tfoot", "section", "article", "header", "footer", "pre",
+              "blockquote", "caption", "dl", "dt", "dd", "figure", "figcaption"}
+
+    class Parser(HTMLParser):
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.lines = []  # finished lines
+            self.line = []  # text pieces of the current line
+            self.skip = 0  # inside <script>/<style>
+            self.pre = 0
+            self.row = None  # cells of the current table row
+            self.cell = None  # text pieces of the current cell
+            self.header_row = False
+            self.rows_in_table = 0
+
+        def flush(self):
+            text = "".join(self.line)
+            if not self.pre:
+                text = " ".join(text.split())
+            if text.strip():
+                self.lines.append(text)
+            self.line = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag in ("script", "style"):
+                self.skip += 1
+            elif tag == "tr":
+                self.flush()
+                self.row, self.header_row = [], True
+            elif tag in ("td", "th") and self.row is not None:
+                self.cell = []
+                if tag == "td":
+                    self.header_row = False
+            elif tag == "li":
+                self.flush()
+                self.line.append("- ")
+            elif tag in blocks:
+                self.flush()
+                if tag == "pre":
+                    self.pre += 1
+                if tag == "table":
+                    self.rows_in_table = 0
+                if tag[0] == "h" and tag[1:].isdigit():
+                    self.line.append("#" * int(tag[1:]) + " ")
+
+        def handle_endtag(self, tag):
+            if tag in ("script", "style"):
+                self.skip = max(0, self.skip - 1)
+            elif tag in ("td", "th") and self.row is not None and self.cell is not None:
+                self.row.append(" ".join("".join(self.cell).split()))
+                self.cell = None
+            elif tag == "tr" and self.row is not None:
+                if self.row:
+                    self.lines.append("| " + " | ".join(self.row) + " |")
+                    self.rows_in_table += 1
+                    if self.header_row and self.rows_in_table == 1:
+                        self.lines.append("|" + "---|" * len(self.row))
+                self.row = self.cell = None
+            elif tag in blocks or tag == "li":
+                self.flush()
+                if tag == "pre":
+                    self.pre = max(0, self.pre - 1)
+
+        def handle_data(self, data):
+            if self.skip:
+                return
+            if self.cell is not None:
+                self.cell.append(data)
+            elif self.row is None:
+                self.line.append(data)
+
+    parser = Parser()
+    parser.feed(html)
+    parser.close()
+    parser.flush()
+    return "\n".join(parser.lines)
+
+
 def display(*objs):
     """Show rich output (images, HTML, markdown) for each object, like IPython's display."""
     for obj in objs:
         items = _rich_items(obj)
         if not items:
             items = [{"mime": "text/plain", "data": _safe_repr(obj)}]
-        _State.display.extend(items)
+        _State.display.extend(_with_text_form(obj, items, False))
 
 
 def _emit_figures():
@@ -525,7 +710,8 @@ class _Flusher:
     """Flushes stdout every 50 ms while a cell runs, so output streams live without
     line buffering (a write per line halves the speed of print-heavy loops and floods
     the server with tiny chunks). Each tick also repeats an interrupt whose SIGINT was lost
-    (`_resend_lost_interrupt`). Between cells the thread blocks on `gate`.
+    (`_resend_lost_interrupt`). Between cells the thread blocks on `gate`; before a
+    snapshot fork it ends (`halt`, see `_Threads`) and starts again after it (`spawn`).
 
     Fork safety: user code may fork. The flusher holds `busy` while it flushes and a fork
     waits for it (register_at_fork), so a child never inherits stdout's buffer lock held
@@ -534,11 +720,15 @@ class _Flusher:
     INTERVAL = 0.05
     gate = _thread.allocate_lock()  # held by the main thread while no cell runs
     busy = _thread.allocate_lock()  # held while flushing
+    nap = _thread.allocate_lock()  # held by the main thread: the flusher's tick waits on it
     open = False  # changed by the main thread only
+    stop = False
+    alive = None  # held by the thread while it runs
 
     @classmethod
     def start(cls):
         cls.gate.acquire()
+        cls.nap.acquire()
         # The hooks look `busy` up at fork time: a child replaces it with a fresh lock, and
         # a hook bound to the old (copied while held) lock would deadlock its next fork.
         os.register_at_fork(
@@ -546,7 +736,23 @@ class _Flusher:
             after_in_parent=lambda: cls.busy.release(),
             after_in_child=cls.after_fork_in_child,
         )
-        _thread.start_new_thread(cls.run, ())
+
+    @classmethod
+    def spawn(cls):
+        cls.stop = False
+        cls.alive = _thread.allocate_lock()
+        cls.alive.acquire()
+        _thread.start_new_thread(cls.run, (cls.alive,))
+
+    @classmethod
+    def halt(cls):
+        """End the thread (main thread, between cells: the gate is held)."""
+        cls.stop = True
+        cls.gate.release()
+        cls.nap.release()
+        cls.alive.acquire()
+        cls.nap.acquire()
+        cls.gate.acquire()
 
     @classmethod
     def after_fork_in_child(cls):
@@ -554,32 +760,41 @@ class _Flusher:
         # (cell_ended, flush) can never wait for a thread that was not copied.
         cls.gate = _thread.allocate_lock()
         cls.busy = _thread.allocate_lock()
+        cls.nap = _thread.allocate_lock()
         cls.open = True
 
     @classmethod
     def restart(cls):
-        """In a live worker forked from a snapshot (which has no flusher thread): a new
-        thread, with the state `start` leaves (the fork hooks are inherited, not added)."""
+        """In a live worker forked from a snapshot (which has no flusher thread): the state
+        `start` leaves (the fork hooks are inherited, not added); `_Threads.start` spawns
+        the thread."""
         cls.gate = _thread.allocate_lock()
         cls.busy = _thread.allocate_lock()
+        cls.nap = _thread.allocate_lock()
         cls.open = False
         cls.gate.acquire()
-        _thread.start_new_thread(cls.run, ())
+        cls.nap.acquire()
 
     @classmethod
-    def run(cls):
-        import time
-
-        while True:
-            cls.gate.acquire()  # waits here between cells
-            cls.gate.release()
-            time.sleep(cls.INTERVAL)
-            _resend_lost_interrupt()
-            with cls.busy:
-                try:
-                    sys.stdout.flush()
-                except Exception:
-                    pass
+    def run(cls, alive):
+        _Threads.tids.add(_thread.get_native_id())
+        try:
+            while True:
+                cls.gate.acquire()  # waits here between cells
+                cls.gate.release()
+                if cls.stop:
+                    return
+                if cls.nap.acquire(timeout=cls.INTERVAL):
+                    cls.nap.release()
+                    return  # woken: halt
+                _resend_lost_interrupt()
+                with cls.busy:
+                    try:
+                        sys.stdout.flush()
+                    except Exception:
+                        pass
+        finally:
+            alive.release()
 
     @classmethod
     def cell_started(cls):
@@ -672,25 +887,59 @@ class Worker:
         return self.input(prompt, secret=True)
 
     # ---- reader thread ------------------------------------------------------------
-    def read_requests(self):
+    def read_requests(self, alive):
+        """The reader thread: requests as they come (`poll` on the request pipe and this
+        process's wake pipe, which stops it before a snapshot fork)."""
+        import select
+
+        _Threads.tids.add(_thread.get_native_id())
+        rfd = self.chan._rfd
+        poller = select.poll()
+        poller.register(rfd, select.POLLIN)
+        poller.register(_Threads.wake_r, select.POLLIN)
         try:
-            for msg in self.chan.lines():
-                op = msg.get("op")
-                if op == "input_reply":
-                    self.inputs.put((msg.get("id"), msg.get("text")))
-                elif op == "interrupt":
-                    # Set first, then look: the main thread sets running_user_code before
-                    # it checks interrupt_id, so one of the two always sees the other.
-                    _State.interrupt_seq += 1
-                    _State.interrupt_id = msg.get("id")
-                    if _State.running_user_code and _State.current_id == msg.get("id"):
-                        _signal.pthread_kill(_MAIN_THREAD, _signal.SIGINT)
-                else:
-                    self.requests.put(msg)
-        except Exception as e:
-            sys.stderr.write(f"[sandbox-repl] protocol read failed: {e}\n")
-        # The server went away: nothing more can be reported, so end the worker.
-        os._exit(0)
+            while True:
+                try:
+                    ready = {fd for fd, _ev in poller.poll()}
+                except Exception as e:
+                    sys.stderr.write(f"[sandbox-repl] protocol read failed: {e}\n")
+                    os._exit(0)
+                if _Threads.wake_r in ready:
+                    os.read(_Threads.wake_r, 64)
+                    if _Threads.stopping:
+                        return
+                if rfd not in ready:
+                    continue
+                try:
+                    msgs = self.chan.read_available()
+                except Exception as e:
+                    sys.stderr.write(f"[sandbox-repl] protocol read failed: {e}\n")
+                    msgs = None
+                if msgs is None:
+                    # The server went away: nothing more can be reported, so end the worker.
+                    os._exit(0)
+                try:
+                    for msg in msgs:
+                        self.dispatch(msg)
+                except Exception as e:
+                    sys.stderr.write(f"[sandbox-repl] protocol read failed: {e}\n")
+                    os._exit(0)
+        finally:
+            alive.release()
+
+    def dispatch(self, msg):
+        op = msg.get("op")
+        if op == "input_reply":
+            self.inputs.put((msg.get("id"), msg.get("text")))
+        elif op == "interrupt":
+            # Set first, then look: the main thread sets running_user_code before
+            # it checks interrupt_id, so one of the two always sees the other.
+            _State.interrupt_seq += 1
+            _State.interrupt_id = msg.get("id")
+            if _State.running_user_code and _State.current_id == msg.get("id"):
+                _signal.pthread_kill(_MAIN_THREAD, _signal.SIGINT)
+        else:
+            self.requests.put(msg)
 
     # ---- cells -----------------------------------------------------------------------
     def run_cell(self, req, source, filename, argv=None):
@@ -764,7 +1013,7 @@ class Worker:
             limit = req.get("repr_limit") or REPR_LIMIT_DEFAULT
             shown, cut = _truncate(text, limit)
             done["value"] = {"repr": shown, "chars": len(text), "truncated": cut}
-            _State.display.extend(_rich_items(value))
+            _State.display.extend(_with_text_form(value, _rich_items(value), True))
         if "_sandbox_repl_mpl" in sys.modules:
             _emit_figures()
         done["display"] = _State.display
@@ -808,7 +1057,12 @@ class Worker:
         while tb is not None and tb.tb_frame.f_code.co_filename == WORKER_FILENAME:
             tb = tb.tb_next
         try:
-            text = "".join(traceback.format_exception(type(exc), exc, tb))
+            te = traceback.TracebackException(type(exc), exc, tb)
+            # ... and the last ones: a KeyboardInterrupt raised by the worker's own signal
+            # handler would end the traceback with it.
+            while te.stack and te.stack[-1].filename == WORKER_FILENAME:
+                te.stack.pop()
+            text = "".join(te.format())
             evalue = str(exc)
         except Exception as e:  # a broken __str__ must not break the worker
             text = evalue = f"<could not format the exception: {type(e).__name__}: {e}>"
@@ -822,15 +1076,24 @@ class Worker:
     def list_variables(self, req):
         out = []
         names = sorted(self.user_names(), key=lambda item: item[0])
-        omitted = max(0, len(names) - VARIABLES_LIMIT)
-        for name, value in names[:VARIABLES_LIMIT]:
+        total = len(names)
+        start = req.get("start")
+        if isinstance(start, str):
+            import bisect
+
+            names = names[bisect.bisect_left([n for n, _ in names], start) :]
+        limit = req.get("limit")
+        limit = VARIABLES_LIMIT if not isinstance(limit, int) or limit <= 0 else min(limit, VARIABLES_LIMIT)
+        omitted = max(0, len(names) - limit)
+        nxt = names[limit][0] if omitted else None
+        for name, value in names[:limit]:
             try:
                 size = sys.getsizeof(value)
             except Exception:
                 size = None
             short, _ = _truncate(_safe_repr(value, "short"), SHORT_REPR)
             out.append({"name": name, "type": _short_type(value), "repr": short, "size": size})
-        return {"ev": "variables", "id": req["id"], "variables": out, "omitted": omitted}
+        return {"ev": "variables", "id": req["id"], "variables": out, "omitted": omitted, "next": nxt, "total": total}
 
     def get_variable(self, req):
         name = req["name"]
@@ -967,13 +1230,25 @@ class Worker:
             }
         )
 
+    def next_request(self):
+        """The next request; while snapshots this process forked may end, they are reaped
+        every few seconds meanwhile (a snapshot the server dropped would otherwise stay a
+        zombie, counted against the session's process cap)."""
+        while True:
+            if not _Snapshots.children:
+                return self.requests.get()
+            try:
+                return self.requests.get(timeout=_Snapshots.REAP_AFTER)
+            except _queue.Empty:
+                _Snapshots.reap()
+
     def serve(self):
         self.send_ready()
         pending = None  # the cell whose snapshot is still to be taken
         while True:
             try:
                 if pending is None:
-                    req = self.requests.get()
+                    req = self.next_request()
                 else:
                     # The snapshot's fork waits until the answer is on its way (it would
                     # share the CPUs with the server passing it on), or until the next
@@ -1006,6 +1281,26 @@ class Worker:
                     pending = req.get("cell")
             except KeyboardInterrupt:
                 continue  # an interrupt between cells breaks nothing
+
+
+def _random_state():
+    """The `random` module's generator state, if user code imported it: CPython reseeds
+    that generator in every forked child (os.register_at_fork), so a branch would not draw
+    what the straight line draws. Saved before a fork, put back in the child."""
+    module = sys.modules.get("random")
+    try:
+        return module, module.getstate()
+    except Exception:
+        return None, None
+
+
+def _restore_random(saved):
+    module, state = saved
+    if module is not None and state is not None:
+        try:
+            module.setstate(state)
+        except Exception:
+            pass
 
 
 def _send_msg(sock, obj, fds=()):
@@ -1048,8 +1343,7 @@ class _Snapshots:
     children = []  # pids of the processes this one forked (snapshots or live workers)
     REAP_AFTER = 5.0  # seconds between reaps of those that ended
     DEFER = 0.02  # seconds the fork waits after a cell's answer (see Worker.serve)
-    reap_lock = _thread.allocate_lock()  # `children` is shared with the reaper thread
-    reaper = False  # whether this process runs a reaper thread
+    reap_lock = _thread.allocate_lock()  # guards `children`
     # asyncio loops inherited from a snapshot: kept, never closed (closing one would
     # unregister descriptors from an epoll instance the snapshot shares).
     old_loops = []
@@ -1085,31 +1379,10 @@ class _Snapshots:
                     cls.children.remove(pid)
 
     @classmethod
-    def start_reaper(cls):
-        """In a live worker: reap its ended snapshots every few seconds, also while it
-        sits idle (a snapshot the server dropped would otherwise stay a zombie until the
-        next cell, counted against the session's process cap). Started with the first
-        snapshot; a thread of our own (`_thread`), so `unforkable` does not count it."""
-        if cls.reaper:
-            return
-        cls.reaper = True
-
-        def loop():
-            import time
-
-            while True:
-                time.sleep(cls.REAP_AFTER)
-                cls.reap()
-
-        _thread.start_new_thread(loop, ())
-
-    @classmethod
     def forked(cls):
-        """In a new process forked from this one: fresh bookkeeping (a lock copied while
-        the reaper thread held it would stay held for ever), and no reaper thread."""
+        """In a new process forked from this one: fresh bookkeeping."""
         cls.children = []
         cls.reap_lock = _thread.allocate_lock()
-        cls.reaper = False
 
     @classmethod
     def unforkable(cls, worker):
@@ -1125,6 +1398,7 @@ class _Snapshots:
         if extra > 0:
             return f"{extra} thread(s) started by user code are running; a fork copies only the main thread"
         own = {cls.ctl.fileno() if cls.ctl is not None else -1}
+        own.update(_Threads.own_fds())
         for loop in [worker.loop, *cls.old_loops]:  # the worker's asyncio loops' self-pipes
             for attr in ("_ssock", "_csock"):
                 sock = getattr(loop, attr, None)
@@ -1164,6 +1438,7 @@ class _Snapshots:
         if cls.ctl is not None:
             own.add(cls.ctl.fileno())
         own.update(_STD_COPIES)
+        own.update(_Threads.own_fds())
         own.update(fd for fd in (getattr(worker.chan, "_rfd", -1), getattr(worker.chan, "_wfd", -1)))
         for loop in [worker.loop, *cls.old_loops]:
             for attr in ("_ssock", "_csock"):
@@ -1240,14 +1515,18 @@ class _Snapshots:
             return False
         _flush_std()
         shared = cls.shared_by_fork(worker)
+        rand = _random_state()
+        _Threads.stop()
         try:
             pid = os.fork()
         except OSError as e:
+            _Threads.start(worker)
             mine.close()
             theirs.close()
             worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": f"fork failed: {e}"})
             return False
         if pid == 0:
+            _restore_random(rand)
             theirs.close()
             cls.forked()
             try:
@@ -1257,10 +1536,10 @@ class _Snapshots:
                 # for ever, reaping nothing. Its children go to the namespace's init.
                 os._exit(1)
             return True
+        _Threads.start(worker)
         mine.close()
         with cls.reap_lock:
             cls.children.append(pid)
-        cls.start_reaper()
         try:
             # The descriptor first: the server takes it when it reads the event.
             _send_msg(cls.ctl, {"cell": cell, "pid": pid, "shared": shared}, [theirs.fileno()])
@@ -1279,12 +1558,13 @@ class _Snapshots:
     def serve_snapshot(cls, worker, sock):
         """The snapshot: hold the state, fork a live worker on each `fork`, exit at end of
         file (the server dropped it: evicted, session closed or restarted, server gone)."""
-        # Nothing of the live worker's channel stays open here.
-        for fd in (worker.chan._rfd, worker.chan._wfd):
+        # Nothing of the live worker's channel (or its wake pipe) stays open here.
+        for fd in (worker.chan._rfd, worker.chan._wfd, _Threads.wake_r, _Threads.wake_w):
             try:
                 os.close(fd)
             except OSError:
                 pass
+        _Threads.wake_r = _Threads.wake_w = -1
         if cls.ctl is not None:
             cls.ctl.close()
             cls.ctl = None
@@ -1317,6 +1597,7 @@ class _Snapshots:
                 _send_msg(sock, {"error": "expected `fork` with 5 descriptors"})
                 continue
             _flush_std()
+            rand = _random_state()
             try:
                 pid = os.fork()
             except OSError as e:
@@ -1325,6 +1606,7 @@ class _Snapshots:
                 _send_msg(sock, {"error": f"fork failed: {e}"})
                 continue
             if pid == 0:
+                _restore_random(rand)
                 sock.close()
                 cls.forked()
                 cls.become_live(worker, fds)
@@ -1365,8 +1647,10 @@ class _Snapshots:
         if worker.loop is not None:
             cls.old_loops.append(worker.loop)
         worker.loop = None
-        _thread.start_new_thread(worker.read_requests, ())
+        # The wake pipe is the snapshot's, shared with every branch: a new one of its own.
+        _Threads.make_wake_pipe()
         _Flusher.restart()
+        _Threads.start(worker)
         worker.send_ready()
 
 
@@ -1434,8 +1718,9 @@ def main():
     sys.meta_path.insert(0, _GetpassFinder)
     builtins.display = display
     _Snapshots.setup()
-    _thread.start_new_thread(worker.read_requests, ())
+    _Threads.make_wake_pipe()
     _Flusher.start()
+    _Threads.start(worker)
     worker.serve()
 
 

@@ -97,6 +97,14 @@ pub enum AppError {
     NoResult { id: String, why: &'static str },
     #[error("job {id} has no image {index}: it produced {of} image(s), numbered from 1")]
     NoImage { id: String, index: usize, of: usize },
+    #[error(
+        "image {index} of job {id} cannot be returned: {why}; save it to a file in the workspace with python_exec and read it there"
+    )]
+    ImageUnfit {
+        id: String,
+        index: usize,
+        why: super::images::FitError,
+    },
     #[error("offset {offset} is past the end of the result of job {id}, which has {total} bytes")]
     ResultPastEnd { id: String, offset: u64, total: u64 },
     #[error("the server is shutting down; job {id} is being stopped")]

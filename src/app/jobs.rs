@@ -8,7 +8,7 @@ use super::{App, AppError, Call, JobView};
 use crate::jobs::search::{Found, Limits};
 use crate::jobs::store::WaitFor;
 use crate::jobs::{
-    Excerpt, JobFilter, JobSnapshot, JobSummary, ShellRequest, Stream, start_shell_job,
+    Excerpt, JobFilter, JobKind, JobSnapshot, JobSummary, ShellRequest, Stream, start_shell_job,
 };
 
 /// A shell job as the caller asks for it (paths relative to the workspace).
@@ -27,6 +27,8 @@ pub struct ShellArgs {
     pub stdin_eof: bool,
     /// A session label for list filters.
     pub session: Option<String>,
+    /// End the job (TERM, then KILL) after this long, in words.
+    pub timeout: Option<Duration>,
 }
 
 /// Which stream of a job to read: its two output streams or its result (see
@@ -103,8 +105,14 @@ impl App {
         wait: Duration,
         call: &Call,
     ) -> Result<JobView, AppError> {
+        // A Python cell says when it asks again (awaiting_input); a process reading its
+        // stdin does not, so its answer comes with the output the input produced.
+        let until = match self.store.summary(id)?.kind {
+            JobKind::Python => WaitFor::Settled,
+            _ => WaitFor::Output,
+        };
         self.store.send_input(id, text, eof)?;
-        self.follow(id, wait, WaitFor::Settled, call, false).await
+        self.follow(id, wait, until, call, false).await
     }
 
     /// Cancel a job; a Python cell that ignores KeyboardInterrupt for `grace` loses its
@@ -114,7 +122,7 @@ impl App {
         self.follow(
             id,
             CANCEL_SETTLE.max(grace.unwrap_or_default() + Duration::from_secs(3)),
-            WaitFor::Settled,
+            WaitFor::Finished,
             &Call::detached(),
             false,
         )
@@ -248,18 +256,38 @@ impl App {
         })
     }
 
-    /// Image `index` (1-based) of a finished cell.
-    pub fn job_image(&self, id: &str, index: usize) -> Result<ResultImage, AppError> {
+    /// Image `index` (1-based) of a finished cell, within `budget` bytes of base64: one
+    /// over it is scaled down (on a blocking thread: decoding a large image takes a while),
+    /// and says how big the original is.
+    pub async fn job_image(
+        &self,
+        id: &str,
+        index: usize,
+        budget: usize,
+    ) -> Result<ResultImage, AppError> {
         let snap = self.finished_result(id)?;
-        result::image(
+        let mut img = result::image(
             snap.result.as_ref().unwrap_or(&serde_json::Value::Null),
             index,
         )
         .map_err(|of| AppError::NoImage {
-            id: snap.id,
+            id: snap.id.clone(),
             index,
             of,
-        })
+        })?;
+        let (mime, data) = (img.mime.clone(), std::mem::take(&mut img.data));
+        let fitted = tokio::task::spawn_blocking(move || super::images::fit(&mime, &data, budget))
+            .await
+            .unwrap_or_else(|e| Err(super::images::FitError::Aborted(e.to_string())))
+            .map_err(|why| AppError::ImageUnfit {
+                id: snap.id,
+                index,
+                why,
+            })?;
+        img.data = fitted.data;
+        img.size = fitted.size;
+        img.original = fitted.original;
+        Ok(img)
     }
 
     /// Bytes `[offset, end)` of an output stream in about `budget` bytes of text (head
@@ -329,11 +357,28 @@ impl App {
             }
         };
         let id = handle.id().to_string();
+        self.arm_timeout(&id, args.timeout);
         if args.stdin.is_some() || args.stdin_eof {
             self.store
                 .send_input(&id, args.stdin.as_deref().unwrap_or(""), args.stdin_eof)?;
         }
         self.follow(&id, wait, WaitFor::Settled, call, true).await
+    }
+}
+
+impl App {
+    /// The caller's time limit on a job: once `timeout` passes, a job still running is
+    /// ended as by job_cancel and fails with "timed out after N s" leading its message.
+    pub(super) fn arm_timeout(&self, id: &str, timeout: Option<Duration>) {
+        let Some(after) = timeout else { return };
+        let store = self.store.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            if let Err(e) = store.time_out(&id, after) {
+                tracing::debug!(job = %id, error = %e, "the time limit found no job to end");
+            }
+        });
     }
 }
 

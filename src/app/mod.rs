@@ -20,6 +20,7 @@ mod call;
 mod config;
 mod envs;
 mod error;
+pub mod images;
 mod jobs;
 mod owners;
 mod python;
@@ -458,6 +459,7 @@ impl App {
         let awaited = match until {
             WaitFor::Output => "new output or its end",
             WaitFor::Settled => "its end or an input request",
+            WaitFor::Finished => "its end",
         };
         let snap = loop {
             tokio::select! {

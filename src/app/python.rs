@@ -11,13 +11,18 @@ use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
 use crate::repl::{
     CellOutcome, CellSink, CellStatus, History, OutStream, Parent, ReplError, Session, SessionInfo,
-    SessionState, VariableDetail, VariableInfo, parse_cell,
+    SessionState, VariableDetail, VariablePage, parse_cell,
 };
+
+/// Variables asked of the worker per `python_vars` list page (the answer shows those
+/// that fit its budget; the cursor goes on from the first one left out).
+const LIST_PAGE: usize = 1000;
 
 /// What to do with a session's variables.
 #[derive(Debug, Clone, PartialEq)]
 pub enum VarsRequest {
-    List,
+    /// One page, from the first name `>=` the cursor.
+    List(Option<String>),
     Get(String),
     Set(String, Value),
     Delete(String),
@@ -27,7 +32,7 @@ pub enum VarsRequest {
 /// The answer to a [`VarsRequest`].
 #[derive(Debug, Clone)]
 pub enum VarsOutcome {
-    List(Vec<VariableInfo>),
+    List(VariablePage),
     Get(VariableDetail),
     Set(String),
     Deleted(String),
@@ -159,6 +164,7 @@ impl App {
         session_name: &str,
         label: String,
         wait: Duration,
+        timeout: Option<Duration>,
         call: &Call,
         run: impl FnOnce(Arc<Session>, Arc<dyn CellSink>) -> futures_cell::CellFuture + Send + 'static,
     ) -> Result<JobView, AppError> {
@@ -191,6 +197,7 @@ impl App {
             .create(JobKind::Python, Some(session_name), &label)?;
         handle.set_control(Arc::new(PyControl(Arc::downgrade(&session))));
         let id = handle.id().to_string();
+        self.arm_timeout(&id, timeout);
         self.running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -215,7 +222,8 @@ impl App {
 
     /// Run `code` in `session`, on the head or, with `parent` (a cell id such as "c3"),
     /// on the state right after that cell (`replay`: rebuild it by re-running cells when
-    /// no snapshot is left).
+    /// no snapshot is left); `timeout` interrupts it (then restarts the worker if it
+    /// ignores that) and fails the job in words.
     #[allow(clippy::too_many_arguments)]
     pub async fn python_exec(
         &self,
@@ -224,6 +232,7 @@ impl App {
         parent: Option<String>,
         replay: bool,
         wait: Duration,
+        timeout: Option<Duration>,
         call: &Call,
     ) -> Result<JobView, AppError> {
         let parent = match parent {
@@ -231,7 +240,7 @@ impl App {
             Some(text) => Some(self.check_parent(session, text, replay).await?),
         };
         let label = first_line(&code);
-        self.start_cell(session, label, wait, call, move |s, sink| {
+        self.start_cell(session, label, wait, timeout, call, move |s, sink| {
             Box::pin(async move { s.execute_on(&code, parent, sink).await })
         })
         .await
@@ -284,34 +293,53 @@ impl App {
             .join(" ");
         let label = format!("run_file {quoted}");
         let path = full.to_string_lossy().into_owned();
-        self.start_cell(session, label, wait, call, move |s, sink| {
+        self.start_cell(session, label, wait, None, call, move |s, sink| {
             Box::pin(async move { s.run_file(&path, args, sink).await })
         })
         .await
     }
 
-    /// Send KeyboardInterrupt to the session's running cell; false if it was idle.
     /// KeyboardInterrupt in the session's running cell, escalating to a worker restart
-    /// after `grace`; false when no cell was running.
+    /// after `grace`; then wait for the cell to end (like `job_cancel`) and return its
+    /// job's final view, so the next call finds the session free. None when no cell ran.
     pub async fn python_interrupt(
         &self,
         session: &str,
         grace: Option<Duration>,
-    ) -> Result<bool, AppError> {
-        Ok(self
-            .sessions
-            .get(session)?
-            .cancel_cell(grace.unwrap_or(DEFAULT_CANCEL_GRACE)))
+    ) -> Result<Option<JobView>, AppError> {
+        let s = self.sessions.get(session)?;
+        let grace = grace.unwrap_or(DEFAULT_CANCEL_GRACE);
+        // The session's latest job, before the interrupt: the one it ends.
+        let job = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session)
+            .cloned();
+        if !s.cancel_cell(grace) {
+            return Ok(None);
+        }
+        let Some(job) = job else { return Ok(None) };
+        let settle = (grace + Duration::from_secs(3)).max(Duration::from_secs(5));
+        let view = self
+            .follow(&job, settle, WaitFor::Finished, &Call::detached(), false)
+            .await?;
+        Ok(Some(view))
     }
 
+    /// A variable operation, and why the session's state is fresh if it is (an expiry or
+    /// a crash the next cell will also be told of).
     pub async fn python_vars(
         &self,
         session: &str,
         request: VarsRequest,
-    ) -> Result<VarsOutcome, AppError> {
+    ) -> Result<(VarsOutcome, Option<String>), AppError> {
         let s = self.session(session).await?;
-        Ok(match request {
-            VarsRequest::List => VarsOutcome::List(s.variables().await?),
+        let note = s.pending_loss();
+        let outcome = match request {
+            VarsRequest::List(cursor) => {
+                VarsOutcome::List(s.variables_page(cursor.as_deref(), Some(LIST_PAGE)).await?)
+            }
             VarsRequest::Get(name) => VarsOutcome::Get(s.get_variable(&name).await?),
             VarsRequest::Set(name, value) => {
                 s.set_variable(&name, value).await?;
@@ -325,23 +353,43 @@ impl App {
                 s.clear_variables().await?;
                 VarsOutcome::Cleared
             }
-        })
+        };
+        Ok((outcome, note))
     }
 
-    /// The session's cells, the most recent `limit` if given, and what retention dropped.
+    /// The session's cells up to `before` (a cell id, itself included: a page's cursor),
+    /// the most recent `limit` of them if given, and what retention dropped.
     pub async fn python_history(
         &self,
         session: &str,
         limit: Option<usize>,
-    ) -> Result<History, AppError> {
-        let s = self.sessions.get(session)?;
+        before: Option<&str>,
+    ) -> Result<(History, Option<String>), AppError> {
+        let upto = match before {
+            None => None,
+            Some(text) => Some(parse_cell(text).ok_or_else(|| {
+                AppError::BadParent(format!(
+                    "cursor {text:?} is not a cell id: pass the `next_cursor` of an earlier python_history answer"
+                ))
+            })?),
+        };
+        let s = match self.sessions.get(session) {
+            Ok(s) => s,
+            // Kept by an earlier server: starting the session loads its history.
+            Err(_) if self.sessions.has_kept_history(session) => self.session(session).await?,
+            Err(e) => return Err(e.into()),
+        };
         s.settle_snapshots().await;
+        let note = s.pending_loss();
         let mut history = s.history();
+        if let Some(upto) = upto {
+            history.cells.retain(|c| c.cell <= upto);
+        }
         if let Some(n) = limit {
             let skip = history.cells.len().saturating_sub(n);
             history.cells.drain(..skip);
         }
-        Ok(history)
+        Ok((history, note))
     }
 
     pub fn session_list(&self) -> Vec<SessionInfo> {

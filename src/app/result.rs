@@ -20,6 +20,8 @@ pub struct ResultLayout {
     /// Byte offset of the data of each display item, in display order (images
     /// included: their line names the index to fetch them by).
     pub display: Vec<u64>,
+    /// Byte offset of each display item's section (its `--- display N mime ---` line).
+    pub display_start: Vec<u64>,
 }
 
 /// An image of a cell's result, by its 1-based index among the cell's images.
@@ -31,6 +33,10 @@ pub struct ResultImage {
     pub mime: String,
     /// Base64 data.
     pub data: String,
+    /// Pixel size of `data`, when known.
+    pub size: Option<(u32, u32)>,
+    /// Set when `data` is a scaled-down copy of the cell's image (see [`super::images`]).
+    pub original: Option<super::images::Original>,
 }
 
 /// Whether a display item travels as MCP image content (SVG is text).
@@ -86,6 +92,7 @@ pub fn layout(kind: JobKind, result: &Value) -> ResultLayout {
         .map(|(m, d)| (m.to_string(), d.to_string()))
         .collect();
     for (n, (mime, data)) in items.iter().enumerate() {
+        out.display_start.push(out.text.len() as u64);
         let at = if is_image(mime) {
             image += 1;
             section(
@@ -114,6 +121,8 @@ pub fn image(result: &Value, index: usize) -> Result<ResultImage, usize> {
             of,
             mime: mime.to_string(),
             data: data.to_string(),
+            size: None,
+            original: None,
         }),
         None => Err(of),
     }
@@ -163,6 +172,7 @@ mod tests {
         assert!(at(l.value).starts_with("42\n--- traceback"));
         assert!(at(l.traceback).starts_with("Traceback\nE: v\n"));
         assert!(at(Some(l.display[0])).starts_with("<b>x</b>\n"));
+        assert!(at(Some(l.display_start[1])).starts_with("--- display 2 image/png: image 1"));
         assert!(l.text.contains("image 2, fetch it with job_output image=2"));
         assert!(!l.text.contains("BBBB"), "image data is not text");
         assert_eq!(image(&r, 2).unwrap().data, "BBBB");

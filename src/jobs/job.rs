@@ -96,6 +96,8 @@ pub(crate) struct JobState {
     /// How far `wait` has delivered each stream.
     pub delivered: [u64; 2],
     pub cancel_requested: bool,
+    /// The caller's time limit ended the job (the cancel it caused), in words.
+    pub timed_out: Option<String>,
     pub shutting_down: bool,
     pub has_result: bool,
 }
@@ -237,6 +239,20 @@ impl Job {
         }
         if st.cancel_requested && status == JobStatus::Failed {
             status = JobStatus::Cancelled;
+        }
+        if let Some(words) = st.timed_out.clone()
+            && status != JobStatus::Completed
+        {
+            // Not a cancel the caller asked for: the job failed its time limit.
+            status = JobStatus::Failed;
+            let rest = message
+                .as_deref()
+                .map(|m| m.strip_prefix("cancelled: ").unwrap_or(m))
+                .filter(|m| !m.is_empty());
+            message = Some(match rest {
+                Some(r) => format!("{words}: {r}"),
+                None => words,
+            });
         }
         if st.shutting_down {
             message = Some(join_sentences(

@@ -11,7 +11,8 @@ use regex::bytes::Regex;
 use super::SearchHit;
 use super::excerpt::lossy;
 
-/// Lines longer than this are searched in pieces of this size (same line number).
+/// Lines longer than this are searched in pieces of this size (one line all the same:
+/// counted, shown and used as context once; a match across two pieces is not found).
 pub const MAX_LINE: usize = 64 * 1024;
 /// Displayed lines are shortened to about this many bytes around the match.
 pub const SHOWN_LINE: usize = 400;
@@ -80,6 +81,11 @@ pub fn scan(path: &Path, len: u64, re: &Regex, limits: &Limits) -> io::Result<Fo
     let mut line = Vec::with_capacity(1024);
     let mut offset: u64 = start;
     let mut used = 0usize;
+    // A line longer than MAX_LINE is read in pieces: it is counted, shown and used as
+    // context once (its first piece stands for it), and searched piece by piece.
+    let mut first_piece = true;
+    let mut line_matched = false;
+    let mut line_shown = String::new();
     loop {
         line.clear();
         let ended_line = read_piece(&mut reader, &mut line)?;
@@ -89,23 +95,36 @@ pub fn scan(path: &Path, len: u64, re: &Regex, limits: &Limits) -> io::Result<Fo
         let piece_offset = offset;
         offset += line.len() as u64;
         let content = trim_newline(&line);
-        let hits = &mut found.hits;
-        open.retain(|&i| {
-            let shown = shorten(content, None);
-            used += shown.len();
-            let hit = &mut hits[i];
-            hit.after.push(shown);
-            hit.after.len() < context
-        });
-        if let Some(m) = re.find(content) {
+        if first_piece {
+            line_shown = shorten(content, None);
+            if !ended_line && !line_shown.ends_with('…') {
+                line_shown.push('…');
+            }
+            let hits = &mut found.hits;
+            open.retain(|&i| {
+                used += line_shown.len();
+                let hit = &mut hits[i];
+                hit.after.push(line_shown.clone());
+                hit.after.len() < context
+            });
+        }
+        let m = if line_matched { None } else { re.find(content) };
+        if let Some(m) = m {
+            line_matched = true;
             found.matches += 1;
             let collecting = found.next_offset.is_none() && found.hits.len() < max_hits;
-            let hit = collecting.then(|| SearchHit {
-                line: line_no,
-                offset: piece_offset,
-                text: shorten(content, Some(m.start())),
-                before: before.iter().cloned().collect(),
-                after: Vec::new(),
+            let hit = collecting.then(|| {
+                let mut text = shorten(content, Some(m.start()));
+                if !first_piece && !text.starts_with('…') {
+                    text.insert(0, '…');
+                }
+                SearchHit {
+                    line: line_no,
+                    offset: piece_offset,
+                    text,
+                    before: before.iter().cloned().collect(),
+                    after: Vec::new(),
+                }
             });
             let size = hit.as_ref().map_or(0, |h| {
                 h.text.len() + h.before.iter().map(String::len).sum::<usize>()
@@ -130,14 +149,17 @@ pub fn scan(path: &Path, len: u64, re: &Regex, limits: &Limits) -> io::Result<Fo
             found.at_least = offset < len;
             break;
         }
-        if context > 0 {
-            if before.len() == context {
-                before.pop_front();
-            }
-            before.push_back(shorten(content, None));
-        }
+        first_piece = false;
         if ended_line {
+            if context > 0 {
+                if before.len() == context {
+                    before.pop_front();
+                }
+                before.push_back(std::mem::take(&mut line_shown));
+            }
             line_no += 1;
+            first_piece = true;
+            line_matched = false;
         }
     }
     Ok(found)
@@ -288,6 +310,38 @@ mod tests {
         assert_eq!(hits[0].line, 1);
         assert_eq!(hits[0].offset, MAX_LINE as u64);
         assert!(hits[0].text.starts_with('…') && hits[0].text.ends_with("needle"));
+    }
+
+    #[test]
+    fn a_line_of_many_pieces_is_one_line() {
+        let mut data = b"before\n".to_vec();
+        data.extend(b"ab".repeat(3 * MAX_LINE));
+        data.extend_from_slice(b"\nafter ab\n");
+        let (_dir, p) = scratch_file("jobs-search-one-long", &data);
+        let limits = Limits {
+            start: 0,
+            context: 1,
+            max_hits: 100,
+            text_budget: 20_000,
+            count_cap: 1_000_000,
+        };
+        let f = scan(&p, data.len() as u64, &compile("ab").unwrap(), &limits).unwrap();
+        assert_eq!(f.matches, 2);
+        assert_eq!(
+            f.hits.iter().map(|h| h.line).collect::<Vec<_>>(),
+            vec![2, 3]
+        );
+        assert_eq!(f.hits[0].before, vec!["before".to_string()]);
+        assert_eq!(f.hits[0].after, vec!["after ab".to_string()]);
+        assert!(f.hits[1].before[0].starts_with("abab") && f.hits[1].before[0].ends_with('…'));
+        assert!(f.hits[0].text.len() < SHOWN_LINE + 10);
+        // A match only in a later piece of the line.
+        let mut data = vec![b'x'; 2 * MAX_LINE + 5];
+        data.extend_from_slice(b"needle\n");
+        let (_dir, p) = scratch_file("jobs-search-late", &data);
+        let f = scan(&p, data.len() as u64, &compile("needle").unwrap(), &limits).unwrap();
+        assert_eq!((f.matches, f.hits[0].line), (1, 1));
+        assert!(f.hits[0].text.starts_with('…'));
     }
 
     #[test]

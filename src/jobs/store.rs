@@ -30,6 +30,9 @@ pub enum WaitFor {
     /// Only an input request or the end of the job (the first window of a call that
     /// should answer inline when the job is quick).
     Settled,
+    /// Only the end of the job (a cancel or an interrupt: a job that was awaiting input
+    /// when it was stopped still is until it has ended).
+    Finished,
 }
 
 pub(super) struct Jobs {
@@ -203,6 +206,7 @@ impl JobStore {
                 elapsed_ms: Some(rec.elapsed_ms),
                 delivered: rec.delivered,
                 cancel_requested: false,
+                timed_out: None,
                 shutting_down: false,
                 has_result: rec.has_result,
             };
@@ -303,6 +307,7 @@ impl JobStore {
             elapsed_ms: None,
             delivered: [0, 0],
             cancel_requested: false,
+            timed_out: None,
             shutting_down: false,
             has_result: false,
         };
@@ -391,7 +396,7 @@ impl JobStore {
         loop {
             rx.borrow_and_update();
             let (settled, has_output) = self.readiness(&job);
-            if settled {
+            if settled && (until != WaitFor::Finished || job.is_finished()) {
                 break;
             }
             if has_output && until == WaitFor::Output {
@@ -557,6 +562,27 @@ impl JobStore {
             c.cancel_within(grace);
         }
         Ok(())
+    }
+
+    /// End a running job that passed the caller's time limit `after`: cancelled as by
+    /// [`cancel_within`](Self::cancel_within), but it ends `failed` with `timed out after
+    /// N s (timeout_seconds)` leading its message. Nothing if it already finished.
+    pub fn time_out(&self, id: &str, after: std::time::Duration) -> Result<(), JobError> {
+        {
+            let job = self.get(id)?;
+            let mut st = lock(&job.state);
+            if st.status.is_finished() {
+                return Ok(());
+            }
+            st.timed_out = Some(format!(
+                "timed out after {} s (timeout_seconds)",
+                seconds_text(after)
+            ));
+        }
+        match self.cancel_within(id, None) {
+            Err(JobError::Finished { .. }) => Ok(()),
+            other => other,
+        }
     }
 
     /// Send `text` (and then EOF if `eof`) to a running job's input.
@@ -889,4 +915,14 @@ fn shorten_label(label: &str) -> String {
     let mut s: String = label.chars().take(MAX_LABEL - 1).collect();
     s.push('…');
     s
+}
+
+/// Seconds as a short number: "5", "0.5".
+fn seconds_text(d: std::time::Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0}")
+    } else {
+        format!("{s}")
+    }
 }

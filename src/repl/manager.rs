@@ -147,12 +147,19 @@ impl SessionManager {
     pub fn get(&self, name: &str) -> Result<Arc<Session>, ReplError> {
         let found = {
             let map = self.sessions();
-            map.get(name)
-                .cloned()
-                .ok_or_else(|| ReplError::NoSuchSession {
-                    name: name.to_string(),
-                    open: Self::open_names(&map),
-                })
+            map.get(name).cloned().ok_or_else(|| {
+                match self.expired_for(name) {
+                    // Closed by the idle TTL: say so, not "no session".
+                    Some(idle) => ReplError::Expired {
+                        name: name.to_string(),
+                        idle_secs: idle.as_secs(),
+                    },
+                    None => ReplError::NoSuchSession {
+                        name: name.to_string(),
+                        open: Self::open_names(&map),
+                    },
+                }
+            })
         };
         if found.is_ok() {
             self.used(name);
@@ -457,6 +464,22 @@ impl SessionManager {
     }
 
     /// The directory that holds the temp dirs of every instance of session `name`.
+    /// How long the session `name` had been idle when the TTL closed it, if it was (and
+    /// has not been started again since).
+    pub fn expired_for(&self, name: &str) -> Option<Duration> {
+        self.expired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .copied()
+    }
+
+    /// Whether a session `name` that is not open has a cell graph kept on disk (an
+    /// earlier server's): starting it loads that history.
+    pub fn has_kept_history(&self, name: &str) -> bool {
+        std::fs::metadata(self.session_dir(name).join("graph.jsonl")).is_ok_and(|m| m.len() > 0)
+    }
+
     fn session_dir(&self, name: &str) -> PathBuf {
         self.cfg.state_dir.join("repl").join(name)
     }

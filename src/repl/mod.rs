@@ -32,7 +32,7 @@ use serde::Serialize;
 pub use manager::SessionManager;
 pub use protocol::{DisplayItem, PyError, VariableDetail, VariableInfo};
 pub use python::{PythonInfo, discover_python, known_python3};
-pub use session::{Parent, Session};
+pub use session::{Parent, Session, VariablePage};
 
 use crate::sandbox::{
     ExitReport, LaunchError, LimitHit, Policy, PolicyError, ResolvedPolicy, Termination,
@@ -309,6 +309,11 @@ pub enum ReplError {
     Closed { session: String },
     #[error("no session named {name:?}; open sessions: {open}")]
     NoSuchSession { name: String, open: String },
+    #[error(
+        "session {name:?} expired after {idle_secs} s idle and was closed: its variables and \
+         history are gone; python_exec starts it again, fresh"
+    )]
+    Expired { name: String, idle_secs: u64 },
     #[error("no Python interpreter found: {detail}; pass --python PATH")]
     PythonNotFound { detail: String },
     #[error(

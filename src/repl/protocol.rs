@@ -29,8 +29,15 @@ pub enum Request {
     /// KeyboardInterrupt in cell `id`: raised at once if it runs, or as soon as it
     /// starts if it is still queued (no answer; the cell's `done` says `interrupted`).
     Interrupt { id: u64 },
-    /// Answered by `variables`.
-    ListVariables { id: u64 },
+    /// Answered by `variables`: by name, from the first name `>= start` (all when
+    /// absent), at most `limit` (the worker's own cap, 5000, when absent or larger).
+    ListVariables {
+        id: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        start: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<usize>,
+    },
     /// Answered by `variable` or `failed`.
     GetVariable {
         id: u64,
@@ -91,12 +98,17 @@ pub enum Event {
         #[serde(default)]
         new_variables: Vec<String>,
     },
-    /// The variables by name; at most 5000, `omitted` counts the rest.
+    /// The variables by name; at most 5000 (or the request's `limit`), `omitted` counts
+    /// the rest after them, `next` names the first of those, `total` counts all.
     Variables {
         id: u64,
         variables: Vec<VariableInfo>,
         #[serde(default)]
         omitted: u64,
+        #[serde(default)]
+        next: Option<String>,
+        #[serde(default)]
+        total: u64,
     },
     Variable {
         id: u64,
@@ -323,7 +335,11 @@ mod tests {
             }),
             encode(&Request::InputReply { id: 1, text: None }),
             encode(&Request::Interrupt { id: 1 }),
-            encode(&Request::ListVariables { id: 1 }),
+            encode(&Request::ListVariables {
+                id: 1,
+                start: None,
+                limit: None,
+            }),
             encode(&Request::GetVariable {
                 id: 1,
                 name: String::new(),

@@ -30,6 +30,7 @@ mod site_dirs;
 mod variables;
 
 pub use branch::Parent;
+pub use variables::VariablePage;
 
 const HISTORY_CAP: usize = 1000;
 
@@ -371,6 +372,11 @@ impl Session {
             inner.interrupt_pending &= expected;
             inner.cells
         };
+        // A branch moves the head: the answer says from where, and how to go back.
+        let moved_from = {
+            let head = self.inner().graph.head;
+            parent.as_ref().and_then(|p| head.filter(|&h| h != p.cell))
+        };
         let got = match parent {
             None => self
                 .live_worker(true)
@@ -437,9 +443,18 @@ impl Session {
             exit_code: None,
             state_lost: earlier_loss.is_some(),
             state_note: earlier_loss.or_else(|| {
-                shared.map(|s| {
+                let moved = moved_from.map(|h| {
+                    format!(
+                        "the head moved from c{h} to this branch: cells without `parent` now run here; parent=\"c{h}\" goes back to c{h}'s state"
+                    )
+                });
+                let shared = shared.map(|s| {
                     format!("this branch shares with the parent cell's other branches: {s}")
-                })
+                });
+                match (moved, shared) {
+                    (Some(m), Some(s)) => Some(format!("{m}; {s}")),
+                    (m, s) => m.or(s),
+                }
             }),
             denied: worker.take_denials(),
             elapsed,
@@ -631,6 +646,12 @@ impl Session {
 
     /// The state of this session was lost before it started (the session of this name
     /// expired): the first cell says so in `note`.
+    /// Why the next cell will run on a fresh state (expiry, crash, restart), if it will:
+    /// said by the answers of tools that do not run a cell, without consuming it.
+    pub fn pending_loss(&self) -> Option<String> {
+        self.inner().lost.clone()
+    }
+
     pub(crate) fn mark_state_lost(&self, note: String) {
         self.inner().lost = Some(note);
     }

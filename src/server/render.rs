@@ -7,15 +7,16 @@ use std::fmt::Write as _;
 use rmcp::model::{CallToolResult, ContentBlock};
 
 use super::budget::{Whole, cut};
+use super::report::JobReport;
 use super::report::structured;
 use super::shapes::{
-    EnvReport, History, Jobs, Output, Pruned, SessionDone, Sessions, Uv, Vars, Venv,
+    EnvReport, History, Jobs, OriginalImage, Output, Pruned, SessionDone, Sessions, Uv, Vars, Venv,
 };
 use crate::app::result::ResultImage;
-use crate::app::{Chunk, EnvInfo, VarsOutcome};
+use crate::app::{App, Chunk, EnvInfo, JobView, VarsOutcome};
 use crate::jobs::search::Found;
 use crate::jobs::{JobPage, SearchHit, Stream};
-use crate::repl::{self, HistoryEntry, SessionInfo, SnapshotState, cell_name};
+use crate::repl::{self, HistoryEntry, SessionInfo, SnapshotState, VariablePage, cell_name};
 
 /// The name a value has in JSON (lowercase states), for the text to say the same.
 fn wire_name<T: serde::Serialize>(v: &T) -> String {
@@ -30,35 +31,128 @@ fn listing<T: serde::Serialize>(text: String, value: &T) -> CallToolResult {
     structured(vec![ContentBlock::text(text)], value, false)
 }
 
-pub fn interrupted(session: &str, was_running: bool) -> CallToolResult {
-    let text = if was_running {
-        format!("KeyboardInterrupt sent to session {session:?}; the running job reports it")
-    } else {
-        format!("session {session:?} was idle; nothing to interrupt")
+/// python_interrupt: the interrupted cell's job as it ended (its report, like
+/// job_cancel's, within the budget), or that the session was idle.
+pub fn interrupted(session: &str, job: Option<JobView>, app: &App) -> CallToolResult {
+    let Some(view) = job else {
+        return listing(
+            format!("session {session:?} was idle; nothing to interrupt"),
+            &SessionDone {
+                session: session.into(),
+                interrupted: Some(false),
+                ..Default::default()
+            },
+        );
     };
-    listing(
-        text,
+    // Room for the line and the wrapper around the report.
+    let (report, images) = JobReport::fitted(view, app, app.response_bytes().saturating_sub(300));
+    let outcome = if report.status.is_finished() {
+        format!("job {} ended {}", report.job_id, report.status)
+    } else {
+        format!(
+            "job {} is still {}: follow it with job_wait",
+            report.job_id, report.status
+        )
+    };
+    let text = format!(
+        "KeyboardInterrupt sent to session {session:?}; {outcome}\n{}",
+        report.to_text()
+    );
+    let mut content = vec![ContentBlock::text(text)];
+    content.extend(
+        images
+            .into_iter()
+            .map(|i| ContentBlock::image(i.data, i.mime)),
+    );
+    structured(
+        content,
         &SessionDone {
             session: session.into(),
-            interrupted: Some(was_running),
+            interrupted: Some(true),
+            job: Some(report),
             ..Default::default()
         },
+        false,
     )
 }
 
-pub fn vars(session: &str, outcome: VarsOutcome, cap: usize) -> CallToolResult {
+pub fn vars(
+    session: &str,
+    outcome: VarsOutcome,
+    note: Option<String>,
+    cap: usize,
+) -> CallToolResult {
+    let mut answer = vars_of(session, outcome, cap);
+    if let Some(note) = note {
+        // Said first in the text, and beside the answer's own fields.
+        if let Some(first) = answer.content.first_mut() {
+            let text = first.as_text().map(|t| t.text.clone()).unwrap_or_default();
+            *first = ContentBlock::text(format!("note: {note}\n{text}"));
+        }
+        if let Some(serde_json::Value::Object(map)) = answer.structured_content.as_mut() {
+            map.insert("state_note".into(), serde_json::Value::String(note));
+        }
+    }
+    answer
+}
+
+fn vars_of(session: &str, outcome: VarsOutcome, cap: usize) -> CallToolResult {
     match outcome {
-        VarsOutcome::List(vars) => {
-            let mut text = format!("{} variable(s) in session {session:?}\n", vars.len());
-            for v in &vars {
-                let size = v.size.map(|b| format!(" ({b} B)")).unwrap_or_default();
-                let _ = writeln!(text, "{}: {}{size} = {}", v.name, v.type_name, v.repr);
+        VarsOutcome::List(page) => {
+            // One page within the budget: the rows that fit, the cursor at the first one
+            // left out (or the worker's next name past its page).
+            let VariablePage {
+                mut variables,
+                next,
+                total,
+            } = page;
+            let room = (cap * 9 / 10).saturating_sub(300);
+            let (mut text_used, mut json_used) = (0, 0);
+            let mut rows = Vec::new();
+            let fits = variables
+                .iter()
+                .take_while(|v| {
+                    let size = v.size.map(|b| format!(" ({b} B)")).unwrap_or_default();
+                    let row = format!("{}: {}{size} = {}\n", v.name, v.type_name, v.repr);
+                    text_used += row.len();
+                    json_used += serde_json::to_string(v).map_or(0, |j| j.len() + 1);
+                    // At least one row, so a cursor always moves on.
+                    let ok = (text_used <= room && json_used <= room) || rows.is_empty();
+                    if ok {
+                        rows.push(row);
+                    }
+                    ok
+                })
+                .count();
+            let next_cursor = match variables.get(fits) {
+                Some(v) => Some(v.name.clone()),
+                None => next,
+            };
+            variables.truncate(fits);
+            let mut text = format!("{total} variable(s) in session {session:?}");
+            if let (Some(first), Some(last)) = (variables.first(), variables.last())
+                && (next_cursor.is_some() || variables.len() as u64 != total)
+            {
+                let _ = write!(
+                    text,
+                    "; showing {} from {} to {}",
+                    variables.len(),
+                    first.name,
+                    last.name
+                );
+            }
+            text.push('\n');
+            text.extend(rows);
+            if let Some(c) = &next_cursor {
+                let _ = writeln!(text, "more: python_vars action=list cursor={c:?}");
             }
             listing(
                 text,
                 &Vars {
                     session: session.into(),
-                    variables: Some(vars),
+                    variables: Some(variables),
+                    total: Some(total),
+                    next_cursor,
                     ..Default::default()
                 },
             )
@@ -129,7 +223,12 @@ pub fn vars(session: &str, outcome: VarsOutcome, cap: usize) -> CallToolResult {
     }
 }
 
-pub fn history(session: &str, history: repl::History, cap: usize) -> CallToolResult {
+pub fn history(
+    session: &str,
+    history: repl::History,
+    note: Option<String>,
+    cap: usize,
+) -> CallToolResult {
     let repl::History { mut cells, dropped } = history;
     let head = cells.iter().find(|c| c.head).map(|c| cell_name(c.cell));
     // Within the answer budget: long cells cut, then the oldest left out.
@@ -137,20 +236,25 @@ pub fn history(session: &str, history: repl::History, cap: usize) -> CallToolRes
         c.code = cut(&c.code, cap / 8, Whole::Elsewhere("cut for this listing"));
     }
     let total = cells.len();
+    let all = &cells;
     let render = |cells: &[HistoryEntry]| {
         let mut text = format!(
             "{total} cell(s) in session {session:?}; head: {}\n",
             head.as_deref().unwrap_or("none (empty state)")
         );
+        if let Some(note) = &note {
+            let _ = writeln!(text, "note: {note}");
+        }
         if let Some(dropped) = &dropped {
             let _ = writeln!(text, "{dropped}");
         }
         if cells.len() < total {
             let _ = writeln!(
                 text,
-                "{} older cell(s) left out to fit the answer; showing the newest {}",
+                "{} older cell(s) left out to fit the answer; showing the newest {}; more: python_history cursor={:?}",
                 total - cells.len(),
-                cells.len()
+                cells.len(),
+                cell_name(all[total - cells.len() - 1].cell)
             );
         }
         for c in cells {
@@ -185,8 +289,9 @@ pub fn history(session: &str, history: repl::History, cap: usize) -> CallToolRes
     {
         from += 1 + (cells.len() - from) / 8;
     }
-    let from = from.min(cells.len());
+    let from = from.min(cells.len().saturating_sub(1));
     let text = render(&cells[from..]);
+    let next_cursor = from.checked_sub(1).map(|i| cell_name(cells[i].cell));
     let cells = cells.split_off(from);
     listing(
         text,
@@ -194,7 +299,9 @@ pub fn history(session: &str, history: repl::History, cap: usize) -> CallToolRes
             session: session.into(),
             head,
             left_out: (from > 0).then_some(from),
+            next_cursor,
             dropped,
+            state_note: note,
             cells,
         },
     )
@@ -374,14 +481,34 @@ pub fn hits(
     )
 }
 
-/// One image of a finished cell, as MCP image content.
+/// One image of a finished cell, as MCP image content (a scaled-down copy says so).
 pub fn image(job_id: &str, img: ResultImage) -> CallToolResult {
-    let text = format!("image {} of {} ({})", img.index, img.of, img.mime);
+    let px = |(w, h): (u32, u32)| format!("{w}×{h}");
+    let mut text = format!("image {} of {} ({}", img.index, img.of, img.mime);
+    if let Some(size) = img.size {
+        let _ = write!(text, ", {}", px(size));
+    }
+    text.push(')');
+    if let Some(o) = img.original {
+        let _ = write!(
+            text,
+            ": scaled down from {} ({:.1} MB) to fit the answer; for the full image, save it to a file with python_exec",
+            px((o.width, o.height)),
+            o.bytes as f64 / 1e6
+        );
+    }
     let value = Output {
         job_id: job_id.into(),
         image: Some(img.index),
         images: Some(img.of),
         mime: Some(img.mime.clone()),
+        width: img.size.map(|s| s.0),
+        height: img.size.map(|s| s.1),
+        original: img.original.map(|o| OriginalImage {
+            width: o.width,
+            height: o.height,
+            bytes: o.bytes,
+        }),
         ..Default::default()
     };
     structured(

@@ -124,9 +124,23 @@ pub struct JobReport {
     /// Cells re-run to rebuild the parent's state (its snapshot was gone).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub replayed: Vec<String>,
-    /// Rich non-image display output (HTML, markdown).
+    /// Rich non-image display output in text form (markdown, plain text, SVG).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub display: Vec<DisplayReport>,
+    /// Display items past the answer budget, collapsed into one summary.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub display_held: Option<HeldItems>,
+    /// HTML forms of rich output: never in the answer (`value` or `display` has the text
+    /// form); read them in the `result` stream.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub html: Option<HeldItems>,
+    /// Index in the cell's display list of each `display` item, and of each HTML item.
+    #[serde(skip)]
+    #[schemars(skip)]
+    display_index: Vec<usize>,
+    #[serde(skip)]
+    #[schemars(skip)]
+    html_index: Vec<usize>,
     /// Number of images returned as image content.
     #[serde(skip_serializing_if = "is_zero")]
     pub images: usize,
@@ -144,6 +158,15 @@ pub struct JobReport {
     /// What to do next, when the job is not finished.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
+}
+
+/// Items of a cell's result not in the answer: read them with job_output
+/// `stream="result"` from `offset` (where the first one's section starts).
+#[derive(Debug, Clone, Copy, Default, Serialize, JsonSchema, PartialEq)]
+pub struct HeldItems {
+    pub items: usize,
+    pub bytes: u64,
+    pub offset: u64,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -229,6 +252,10 @@ impl JobReport {
             parent: None,
             replayed: Vec::new(),
             display: Vec::new(),
+            display_held: None,
+            html: None,
+            display_index: Vec::new(),
+            html_index: Vec::new(),
             images: 0,
             images_held: 0,
             result: None,
@@ -309,12 +336,13 @@ impl JobReport {
             .filter_map(Value::as_u64)
             .map(cell_name)
             .collect();
-        for item in result
+        let items = result
             .get("display")
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
-        {
+            .enumerate();
+        for (n, item) in items {
             let (Some(mime), Some(data)) = (
                 item.get("mime").and_then(Value::as_str),
                 item.get("data").and_then(Value::as_str),
@@ -326,11 +354,19 @@ impl JobReport {
                     mime: mime.to_string(),
                     data: data.to_string(),
                 });
+            } else if mime == "text/html" {
+                // Rich output once: the answer carries the text form, the HTML stays in
+                // the result stream.
+                let held = self.html.get_or_insert_with(HeldItems::default);
+                held.items += 1;
+                held.bytes += data.len() as u64;
+                self.html_index.push(n);
             } else {
                 self.display.push(DisplayReport {
                     mime: mime.to_string(),
                     data: data.to_string(),
                 });
+                self.display_index.push(n);
             }
         }
     }
@@ -339,6 +375,13 @@ impl JobReport {
     /// ([`App::response_bytes`] of text, and the same of structured content): every part
     /// over its share is cut, saying what was left out and where to read it whole.
     pub fn answer(view: JobView, app: &App) -> CallToolResult {
+        let (report, sent) = JobReport::fitted(view, app, app.response_bytes());
+        report.into_result(sent)
+    }
+
+    /// The report of a job view within `cap` bytes of text and of JSON, and the images
+    /// it carries.
+    pub fn fitted(view: JobView, app: &App, cap: usize) -> (JobReport, Vec<Image>) {
         let layout = view
             .snapshot
             .result
@@ -347,7 +390,6 @@ impl JobReport {
         let (full, images) = JobReport::new(view);
         let full = full.with_next_step();
         let (sent, held) = pick_images(images);
-        let cap = app.response_bytes();
         let mut budget = cap;
         let mut report = full.clone();
         // Markers and JSON escaping are only known once assembled: shrink until it fits.
@@ -361,7 +403,7 @@ impl JobReport {
             }
             budget = (budget as u64 * cap as u64 / worst as u64) as usize * 9 / 10;
         }
-        report.into_result(sent)
+        (report, sent)
     }
 
     /// This report with its parts cut to share `budget` bytes.
@@ -380,22 +422,27 @@ impl JobReport {
             e.traceback.clear();
             e.evalue.clear();
         }
-        bare.display.iter_mut().for_each(|d| d.data.clear());
+        bare.display.clear();
         bare.result = bare.result.map(|_| Value::Null);
         let overhead = bare.to_text().len().max(json_len(&bare));
         let avail = budget.saturating_sub(overhead);
 
         let shown = |p: &OutputPart| p.text.len() + p.tail.as_ref().map_or(0, String::len);
         let result_json = r.result.as_ref().map(json_len);
-        let mut needs = vec![
+        let display_needs: Vec<usize> = r
+            .display
+            .iter()
+            .map(|d| d.data.len() + item_overhead(&d.mime))
+            .collect();
+        let needs = vec![
             shown(&r.stdout) + shown(&r.stderr),
             r.value.as_ref().map_or(0, String::len),
             r.error
                 .as_ref()
                 .map_or(0, |e| e.traceback.len() + e.evalue.len().min(300)),
             result_json.unwrap_or(0),
+            display_needs.iter().sum(),
         ];
-        needs.extend(r.display.iter().map(|d| d.data.len()));
         let grant = share(avail, &needs);
 
         if grant[0] < needs[0] {
@@ -427,17 +474,15 @@ impl JobReport {
                 Whole::ResultAt,
             )
         };
-        let (offsets, text_display) = match layout {
-            Some((l, raw)) => {
-                let text: Vec<u64> = result_stream::display_items(raw)
-                    .zip(&l.display)
-                    .filter(|((mime, _), _)| !is_image(mime))
-                    .map(|(_, at)| *at)
-                    .collect();
-                (Some(l), text)
-            }
-            None => (None, Vec::new()),
+        let offsets = layout.map(|(l, _)| l);
+        let section = |n: usize| {
+            offsets
+                .and_then(|l| l.display_start.get(n).copied())
+                .unwrap_or(0)
         };
+        if let Some(h) = &mut r.html {
+            h.offset = r.html_index.first().map_or(0, |&n| section(n));
+        }
         if let Some(v) = &r.value {
             r.value = Some(cut(v, grant[1], at(offsets.and_then(|l| l.value))));
         }
@@ -456,8 +501,22 @@ impl JobReport {
             let pretty = serde_json::to_string_pretty(v).unwrap_or_default();
             r.result = Some(Value::String(cut(&pretty, grant[3], Whole::ResultAt(0))));
         }
+        // Display items: as many as fit whole or cut to a useful size (at most
+        // MAX_CUT of them cut), the rest collapsed into one summary.
+        let (shares, kept) = display_plan(grant[4], &display_needs);
+        if kept < r.display.len() {
+            let rest = &r.display[kept..];
+            r.display_held = Some(HeldItems {
+                items: rest.len(),
+                bytes: rest.iter().map(|d| d.data.len() as u64).sum(),
+                offset: section(r.display_index[kept]),
+            });
+            r.display.truncate(kept);
+        }
         for (i, d) in r.display.iter_mut().enumerate() {
-            d.data = cut(&d.data, grant[4 + i], at(text_display.get(i).copied()));
+            let data_at = offsets.and_then(|l| l.display.get(r.display_index[i]).copied());
+            let room = shares[i].saturating_sub(item_overhead(&d.mime));
+            d.data = cut(&d.data, room, at(data_at));
         }
         r
     }
@@ -532,6 +591,18 @@ impl JobReport {
         for d in &self.display {
             out.push_str(&format!("--- {} ---\n{}\n", d.mime, d.data));
         }
+        if let Some(h) = &self.display_held {
+            out.push_str(&format!(
+                "… {} more display item(s) ({} bytes) left out: read them with job_output job_id=\"{}\" stream=\"result\" offset={}\n",
+                h.items, h.bytes, self.job_id, h.offset
+            ));
+        }
+        if let Some(h) = &self.html {
+            out.push_str(&format!(
+                "html: {} item(s), {} bytes, not shown (the text form is): job_output job_id=\"{}\" stream=\"result\" offset={}\n",
+                h.items, h.bytes, self.job_id, h.offset
+            ));
+        }
         if let Some(p) = &self.prompt {
             let secret = if self.secret == Some(true) {
                 " (secret: the answer is not echoed)"
@@ -540,8 +611,14 @@ impl JobReport {
             };
             out.push_str(&format!("prompt: {p:?}{secret}\n"));
         }
-        // A failed cell's message repeats the traceback's last line.
-        if let Some(m) = self.message.as_ref().filter(|_| self.error.is_none()) {
+        // A failed cell's message repeats the traceback's last line; one that says more
+        // (a time limit) is shown.
+        let repeats = |m: &str| {
+            self.error
+                .as_ref()
+                .is_some_and(|e| m.starts_with(&format!("{}:", e.ename)))
+        };
+        if let Some(m) = self.message.as_ref().filter(|m| !repeats(m)) {
             out.push_str(&format!("{m}\n"));
         }
         if self.images_held > 0 {
@@ -576,6 +653,51 @@ impl JobReport {
         );
         structured(content, &report, failed)
     }
+}
+
+/// Most display items one answer shows cut; past them, items are held back whole.
+const MAX_CUT: usize = 4;
+/// The least a cut display item keeps (smaller, it would be mostly its marker).
+const MIN_ITEM: usize = 600;
+
+/// What one display item costs an answer beyond its data (its header line in the text,
+/// its JSON object in the structured content).
+fn item_overhead(mime: &str) -> usize {
+    mime.len() + 24
+}
+
+/// How `avail` bytes go to display items that want `needs` (overhead included): the
+/// grant of each of the first `kept` items; the rest are held back. The most items
+/// that fit with at most [`MAX_CUT`] of them cut, none below [`MIN_ITEM`].
+fn display_plan(avail: usize, needs: &[usize]) -> (Vec<usize>, usize) {
+    // Room for the summary line of the held-back items.
+    const SUMMARY: usize = 200;
+    let plan = |k: usize| {
+        let room = if k < needs.len() {
+            avail.saturating_sub(SUMMARY)
+        } else {
+            avail
+        };
+        let g = share(room, &needs[..k]);
+        let cut: Vec<usize> = (0..k).filter(|&i| g[i] < needs[i]).collect();
+        let ok = cut.len() <= MAX_CUT && cut.iter().all(|&i| g[i] >= MIN_ITEM);
+        (g, ok)
+    };
+    if plan(needs.len()).1 {
+        return (plan(needs.len()).0, needs.len());
+    }
+    // Short of all, the summary's room is taken and feasibility only gets harder with
+    // more items: the largest feasible count.
+    let (mut lo, mut hi) = (0, needs.len() - 1);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if plan(mid).1 {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    (plan(lo).0, lo)
 }
 
 /// Bytes of `v` as compact JSON.
@@ -722,7 +844,9 @@ mod tests {
         assert_eq!(r.value.as_deref(), Some("3"));
         assert_eq!(r.error.as_ref().map(|e| e.ename.as_str()), Some("E"));
         assert_eq!(images.len(), 1);
-        assert_eq!(r.display.len(), 1);
+        // HTML is held out of the answer (its text form would be a display item).
+        assert_eq!(r.display.len(), 0);
+        assert_eq!(r.html.map(|h| h.items), Some(1));
         assert_eq!(r.denied, vec!["blocked".to_string()]);
         let mut s = snapshot(JobKind::Script, JobStatus::Completed);
         s.result = Some(serde_json::json!({"ok": true}));
@@ -768,6 +892,25 @@ mod tests {
             traceback: "Traceback (most recent call last):\nValueError: boom\n".into(),
         });
         assert_eq!(r.to_text().matches("ValueError: boom").count(), 1);
+    }
+
+    #[test]
+    fn display_items_fit_whole_or_collapse() {
+        // All fit: nothing held.
+        let (g, kept) = display_plan(1000, &[100, 100]);
+        assert_eq!((g, kept), (vec![100, 100], 2));
+        // Many small ones: as many as fit whole after the summary's room, none cut.
+        let needs = vec![150; 2000];
+        let (g, kept) = display_plan(18_000, &needs);
+        assert_eq!(kept, (18_000 - 200) / 150);
+        assert!(g.iter().zip(&needs).all(|(g, n)| g == n));
+        // A few big ones: at most MAX_CUT cut, each keeping at least MIN_ITEM.
+        let (g, kept) = display_plan(18_000, &[50_000; 10]);
+        assert_eq!(kept, MAX_CUT);
+        assert!(g.iter().all(|&g| g >= MIN_ITEM));
+        // Nothing fits: all held.
+        assert_eq!(display_plan(100, &[5_000]).1, 0);
+        assert_eq!(display_plan(0, &[]).1, 0);
     }
 
     #[test]

@@ -303,8 +303,8 @@ pub async fn read(app: &App, uri: &str) -> Result<ReadResourceResult, ErrorData>
             Ok(text(uri, "text/plain", chunk.text, Some(m)))
         }
         Target::History { session } => {
-            let history = app
-                .python_history(&session, None)
+            let (history, _) = app
+                .python_history(&session, None, None)
                 .await
                 .map_err(app_error)?;
             let cells = history.cells;

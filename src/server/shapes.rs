@@ -16,6 +16,9 @@ pub struct SessionDone {
     /// python_interrupt: whether a cell was running (and got KeyboardInterrupt).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub interrupted: Option<bool>,
+    /// python_interrupt: the interrupted cell's job once it ended (or after the wait).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<crate::server::report::JobReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restarted: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -34,6 +37,12 @@ pub struct Vars {
     pub session: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub variables: Option<Vec<VariableInfo>>,
+    /// List: how many variables the session has.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total: Option<u64>,
+    /// List: pass as `cursor` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub variable: Option<VariableDetail>,
     /// Bytes of the JSON form of the variable, when it was left out (too big).
@@ -45,6 +54,9 @@ pub struct Vars {
     pub deleted: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cleared: Option<bool>,
+    /// Why the session's state is fresh (it expired, its worker died), in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_note: Option<String>,
 }
 
 /// python_history.
@@ -57,9 +69,15 @@ pub struct History {
     /// Older cells left out to fit the answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub left_out: Option<usize>,
+    /// Pass as `cursor` for the older cells left out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
     /// Older cells dropped for good by the session's cap on cells kept, in words.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dropped: Option<String>,
+    /// Why the session's state is fresh (it expired, its worker died), in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_note: Option<String>,
 }
 
 /// job_list.
@@ -125,6 +143,23 @@ pub struct Output {
     pub images: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mime: Option<String>,
+    /// Image: pixel size of the image returned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub width: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub height: Option<u32>,
+    /// Image: the cell's image, when the one returned is a copy scaled down to fit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub original: Option<OriginalImage>,
+}
+
+/// The size of an image that was scaled down to fit an answer.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct OriginalImage {
+    pub width: u32,
+    pub height: u32,
+    /// Bytes of the image file.
+    pub bytes: u64,
 }
 
 /// env_info's uv.

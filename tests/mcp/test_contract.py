@@ -88,10 +88,12 @@ def test_rich_display_and_values_share_the_budget(server):
         assert not res.is_error, text_of(res)
         assert_bounded(res, "html + stdout + value")
         r = res.structured_content
-        assert r["display"][0]["mime"] == "text/html"
-        html = r["display"][0]["data"]
-        assert html.startswith("<p>hh") and html.endswith("hh</p>")
-        assert left_out(html)
+        # The HTML is not in the answer; its text form is, cut within the budget.
+        assert r["display"][0]["mime"] == "text/plain"
+        text = r["display"][0]["data"]
+        assert text.startswith("hh") and text.endswith("hh")
+        assert left_out(text)
+        assert r["html"]["items"] == 1 and "<p>" not in text_of(res)
         assert r["stdout"]["omitted"], "stdout is cut with its exact byte range"
         assert r["value"].startswith("'xx") and left_out(r["value"])
         whole = await read_result(c, r["job_id"])
@@ -157,7 +159,9 @@ def test_thirty_figures_return_four_images_and_the_rest_by_index(server):
             assert not got.is_error, text_of(got)
             blocks = [b for b in got.content if b.type == "image"]
             assert len(blocks) == 1 and base64.b64decode(blocks[0].data) == png(n - 1)
-            assert got.structured_content == {"job_id": r["job_id"], "image": n, "images": 30, "mime": "image/png"}
+            assert got.structured_content == {
+                "job_id": r["job_id"], "image": n, "images": 30, "mime": "image/png", "width": 1, "height": 1,
+            }
         bad = await c.err("job_output", job_id=r["job_id"], image=31)
         assert "30 image(s)" in bad
 

@@ -14,6 +14,7 @@ FIND_EVENT_FD = """
 import os, fcntl, stat
 _std = {(os.fstat(f).st_dev, os.fstat(f).st_ino) for f in (1, 2)}
 _ev = None
+_fifos = []
 for _n in sorted(int(x) for x in os.listdir('/proc/self/fd')):
     if _n < 10:
         continue
@@ -22,7 +23,12 @@ for _n in sorted(int(x) for x in os.listdir('/proc/self/fd')):
         _fl = fcntl.fcntl(_n, fcntl.F_GETFL)
     except OSError:
         continue
-    if stat.S_ISFIFO(_st.st_mode) and _fl & os.O_ACCMODE == os.O_WRONLY and (_st.st_dev, _st.st_ino) not in _std:
+    if stat.S_ISFIFO(_st.st_mode):
+        _fifos.append((_n, _fl & os.O_ACCMODE, (_st.st_dev, _st.st_ino)))
+# The event pipe's read end is the server's (a pipe with both ends here is the worker's own).
+_read = {_ino for _n, _mode, _ino in _fifos if _mode == os.O_RDONLY}
+for _n, _mode, _ino in _fifos:
+    if _mode == os.O_WRONLY and _ino not in _std and _ino not in _read:
         _ev = _n
 """
 

@@ -25,7 +25,7 @@ use crate::envs::{
 };
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
-use crate::repl::{CellSink, CellStatus, OutStream, Session};
+use crate::repl::Session;
 use crate::sandbox::{Placeholders, ResolvedPolicy};
 use outcome::{install_outcome, script_outcome};
 
@@ -114,15 +114,6 @@ impl JobControl for EnvControl {
     fn send_input(&self, _text: &str, _eof: bool) -> Result<(), String> {
         Err("installs and one-off scripts do not read input".into())
     }
-}
-
-/// The activation cell's output is not shown anywhere.
-struct QuietCell;
-
-impl CellSink for QuietCell {
-    fn output(&self, _stream: OutStream, _data: &[u8]) {}
-    fn awaiting_input(&self, _prompt: &str) {}
-    fn input_received(&self) {}
 }
 
 /// A forwarder of progress steps to `call`; returns the sender for the sink.
@@ -413,8 +404,9 @@ impl App {
 }
 
 /// Make the session see the venv's packages, starting its worker if it has none yet:
-/// the running worker by the activation cell, every later one (restart, crash, the
-/// spare; the session started again after a close) by the repl's start-up hook.
+/// the running worker by an `add_site_dirs` request (no cell: an install leaves no trace
+/// in the history), every later one (restart, crash, the spare; the session started
+/// again after a close) by the repl's start-up hook.
 async fn activate(
     sessions: &crate::repl::SessionManager,
     session: &str,
@@ -426,16 +418,8 @@ async fn activate(
         Err(e) => return Some(Err(e.to_string())),
     };
     Some(
-        match s
-            .execute(&venv.activation_code(), Arc::new(QuietCell))
+        s.add_site_dirs_now(&[venv.site_packages().to_path_buf()])
             .await
-        {
-            Ok(o) if o.status == CellStatus::Ok => Ok(()),
-            Ok(o) => Err(o
-                .error
-                .map(|e| format!("{}: {}", e.ename, e.evalue))
-                .unwrap_or_else(|| format!("{:?}", o.status))),
-            Err(e) => Err(e.to_string()),
-        },
+            .map_err(|e| e.to_string()),
     )
 }

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use super::Session;
+use crate::repl::ReplError;
 use crate::repl::protocol::{Event, Request};
 use crate::repl::worker::{Reply, Worker};
 
@@ -27,6 +28,20 @@ impl Session {
         inner.site_dirs = dirs;
         if let Some(spare) = inner.spare.clone() {
             self.apply_site_dirs(&spare, &inner.site_dirs);
+        }
+    }
+
+    /// Add `dirs` to the running worker now (starting one if there is none), as the
+    /// start-up hook does for new workers: no cell, so the history, the cell count and
+    /// the namespace are left alone (an install is not something the user ran).
+    pub async fn add_site_dirs_now(&self, dirs: &[PathBuf]) -> Result<(), ReplError> {
+        let dirs: Vec<String> = dirs
+            .iter()
+            .map(|d| d.to_string_lossy().into_owned())
+            .collect();
+        match self.call(|id| Request::AddSiteDirs { id, dirs }).await? {
+            Event::Ok { .. } => Ok(()),
+            other => Err(super::variables::unexpected("ok", &other)),
         }
     }
 

@@ -5,11 +5,24 @@ use super::Session;
 use crate::repl::protocol::{Event, Request};
 use crate::repl::worker::Reply;
 use crate::repl::{ReplError, VariableDetail, VariableInfo};
+
+/// One page of a session's variables, by name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VariablePage {
+    pub variables: Vec<VariableInfo>,
+    /// The first name after this page, if any.
+    pub next: Option<String>,
+    /// How many variables the session has.
+    pub total: u64,
+}
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 impl Session {
-    async fn call(&self, request: impl FnOnce(u64) -> Request) -> Result<Event, ReplError> {
+    pub(super) async fn call(
+        &self,
+        request: impl FnOnce(u64) -> Request,
+    ) -> Result<Event, ReplError> {
         let guard = self.op_guard().await?;
         let (worker, _) = self.live_worker(false)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -27,10 +40,33 @@ impl Session {
         }
     }
 
-    /// The user's variables (names not starting with `_`, modules left out).
+    /// The user's variables (names not starting with `_`, modules left out): the first
+    /// page of [`Session::variables_page`].
     pub async fn variables(&self) -> Result<Vec<VariableInfo>, ReplError> {
-        match self.call(|id| Request::ListVariables { id }).await? {
-            Event::Variables { variables, .. } => Ok(variables),
+        Ok(self.variables_page(None, None).await?.variables)
+    }
+
+    /// The user's variables by name from the first `>= start`, at most `limit`.
+    pub async fn variables_page(
+        &self,
+        start: Option<&str>,
+        limit: Option<usize>,
+    ) -> Result<VariablePage, ReplError> {
+        let start = start.map(str::to_string);
+        match self
+            .call(|id| Request::ListVariables { id, start, limit })
+            .await?
+        {
+            Event::Variables {
+                variables,
+                next,
+                total,
+                ..
+            } => Ok(VariablePage {
+                variables,
+                next,
+                total,
+            }),
             other => Err(unexpected("variables", &other)),
         }
     }
@@ -89,7 +125,7 @@ fn expect_ok(ev: Event) -> Result<(), ReplError> {
     }
 }
 
-fn unexpected(wanted: &str, got: &Event) -> ReplError {
+pub(super) fn unexpected(wanted: &str, got: &Event) -> ReplError {
     ReplError::Protocol {
         detail: format!("expected `{wanted}`, got {got:?}"),
     }

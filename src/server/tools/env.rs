@@ -51,7 +51,7 @@ pub struct EnvInstallArgs {
     /// Upgrade installed packages.
     #[serde(default)]
     pub upgrade: bool,
-    /// Then answer with a job_id (max 60).
+    /// Max 60.
     #[serde(default)]
     #[schemars(extend("default" = 30))]
     pub wait_seconds: Option<f64>,
@@ -90,13 +90,12 @@ pub struct RunScriptArgs {
     /// Kill the process tree after this.
     #[serde(default)]
     pub timeout_seconds: Option<f64>,
-    /// Report wall, CPU and peak RSS.
     #[serde(default)]
     pub benchmark: bool,
     #[serde(default)]
     #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
-    /// Then answer with a job_id (max 60).
+    /// Max 60.
     #[serde(default)]
     #[schemars(extend("default" = 30))]
     pub wait_seconds: Option<f64>,

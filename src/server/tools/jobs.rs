@@ -27,7 +27,6 @@ pub struct WaitArgs {
     #[serde(default)]
     #[schemars(extend("default" = 30))]
     pub timeout_seconds: Option<f64>,
-    /// Wait for the end or an input request, not the first new output.
     #[serde(default)]
     pub until_done: bool,
 }
@@ -41,7 +40,7 @@ pub struct InputArgs {
     /// Close the input after the text.
     #[serde(default)]
     pub eof: bool,
-    /// Then answer with a job_id (max 60).
+    /// Max 60.
     #[serde(default)]
     #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
@@ -50,7 +49,6 @@ pub struct InputArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelArgs {
-    /// The job id.
     pub job_id: String,
     /// Seconds before the soft stop becomes a kill (default 2, max 60).
     #[serde(default)]
@@ -185,7 +183,7 @@ pub struct OutputArgs {
     #[serde(default)]
     #[schemars(extend("default" = 2))]
     pub context_lines: Option<usize>,
-    /// Fetch image N (from 1) of a finished cell.
+    /// From 1.
     #[serde(default)]
     pub image: Option<usize>,
 }
@@ -309,9 +307,12 @@ impl SandboxServer {
                     "give `image` alone: it fetches one image of a finished cell",
                 ));
             }
-            return reply(self.app.job_image(&args.job_id, index), |img| {
-                render::image(&args.job_id, img)
-            });
+            return reply(
+                self.app
+                    .job_image(&args.job_id, index, crate::server::budget::IMAGE_BYTES)
+                    .await,
+                |img| render::image(&args.job_id, img),
+            );
         }
         let stream = OutputStream::from(args.stream);
         if let Some(pattern) = &args.pattern {

@@ -118,6 +118,22 @@ pub fn seconds(
     Ok(Duration::from_secs_f64(v))
 }
 
+/// Longest `timeout_seconds` of python_exec and shell_run (a day).
+pub const MAX_TIME_LIMIT: f64 = 86_400.0;
+
+/// A job's time limit (`timeout_seconds`): none when absent, else more than 0 s and at
+/// most a day.
+pub fn time_limit(value: Option<f64>) -> Result<Option<Duration>, ErrorData> {
+    let Some(v) = value else { return Ok(None) };
+    if v == 0.0 {
+        return Err(ErrorData::invalid_params(
+            "`timeout_seconds` must be more than 0 seconds (leave it out for no limit)",
+            None,
+        ));
+    }
+    seconds(Some(v), 0.0, MAX_TIME_LIMIT, "timeout_seconds").map(Some)
+}
+
 /// The wait window of execute-style tools (`wait_seconds`).
 pub fn wait_window(value: Option<f64>, default: f64) -> Result<Duration, ErrorData> {
     seconds(value, default, MAX_WAIT_SECONDS, "wait_seconds")

@@ -23,7 +23,7 @@ pub struct ExecArgs {
     #[serde(default)]
     #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
-    /// Then answer with a job_id (max 60).
+    /// Max 60.
     #[serde(default)]
     #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
@@ -33,6 +33,9 @@ pub struct ExecArgs {
     /// With `parent`: allow re-running cells when no snapshot is left.
     #[serde(default)]
     pub replay: bool,
+    /// Interrupt the cell after this.
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -46,7 +49,7 @@ pub struct RunFileArgs {
     #[serde(default)]
     #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
-    /// Then answer with a job_id (max 60).
+    /// Max 60.
     #[serde(default)]
     #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
@@ -63,8 +66,8 @@ pub struct SessionArg {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InterruptArgs {
-    /// Session name (default "default").
     #[serde(default)]
+    #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
     /// Seconds before the worker is restarted instead (default 2, max 60).
     #[serde(default)]
@@ -94,6 +97,8 @@ pub struct VarsArgs {
     #[serde(default)]
     #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
+    #[serde(default)]
+    pub cursor: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -105,6 +110,8 @@ pub struct HistoryArgs {
     /// Only the newest N cells.
     #[serde(default)]
     pub limit: Option<usize>,
+    #[serde(default)]
+    pub cursor: Option<String>,
 }
 
 #[tool_router(router = python_tools, vis = "pub(crate)")]
@@ -121,10 +128,19 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_or_default(args.session)?;
         let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
+        let timeout = super::time_limit(args.timeout_seconds)?;
         let call = call_of(&ctx, &self.closing);
         reply(
             self.app
-                .python_exec(&session, args.code, args.parent, args.replay, wait, &call)
+                .python_exec(
+                    &session,
+                    args.code,
+                    args.parent,
+                    args.replay,
+                    wait,
+                    timeout,
+                    &call,
+                )
                 .await,
             |v| JobReport::answer(v, &self.app),
         )
@@ -164,10 +180,9 @@ impl SandboxServer {
             .grace_seconds
             .map(|g| super::seconds(Some(g), 2.0, 60.0, "grace_seconds"))
             .transpose()?;
-        reply(
-            self.app.python_interrupt(&session, grace).await,
-            |was_running| render::interrupted(&session, was_running),
-        )
+        reply(self.app.python_interrupt(&session, grace).await, |job| {
+            render::interrupted(&session, job, &self.app)
+        })
     }
 
     #[tool(
@@ -190,15 +205,16 @@ impl SandboxServer {
                     "`value` (any JSON value) is required for set",
                 ));
             }
-            (VarAction::List, _, _) => VarsRequest::List,
+            (VarAction::List, _, _) => VarsRequest::List(args.cursor),
             (VarAction::Clear, _, _) => VarsRequest::Clear,
             (VarAction::Get, Some(name), _) => VarsRequest::Get(name),
             (VarAction::Delete, Some(name), _) => VarsRequest::Delete(name),
             (VarAction::Set, Some(name), Some(value)) => VarsRequest::Set(name, value),
         };
-        reply(self.app.python_vars(&session, request).await, |outcome| {
-            render::vars(&session, outcome, self.app.response_bytes())
-        })
+        reply(
+            self.app.python_vars(&session, request).await,
+            |(outcome, note)| render::vars(&session, outcome, note, self.app.response_bytes()),
+        )
     }
 
     #[tool(
@@ -211,8 +227,10 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_or_default(args.session)?;
         reply(
-            self.app.python_history(&session, args.limit).await,
-            |cells| render::history(&session, cells, self.app.response_bytes()),
+            self.app
+                .python_history(&session, args.limit, args.cursor.as_deref())
+                .await,
+            |(cells, note)| render::history(&session, cells, note, self.app.response_bytes()),
         )
     }
 }

@@ -39,10 +39,13 @@ pub struct ShellArgs {
     /// Close stdin after `stdin`.
     #[serde(default)]
     pub stdin_eof: bool,
-    /// Session label for job_list.
+    /// Label for job_list.
     #[serde(default)]
     pub session: Option<String>,
-    /// Then answer with a job_id (max 60).
+    /// Kill the job after this.
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
+    /// Max 60.
     #[serde(default)]
     #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
@@ -75,6 +78,7 @@ impl SandboxServer {
             .map(|s| session_or_default(Some(s)))
             .transpose()?;
         let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
+        let timeout = super::time_limit(args.timeout_seconds)?;
         let call = call_of(&ctx, &self.closing);
         let ShellArgs {
             command,
@@ -85,6 +89,7 @@ impl SandboxServer {
             stdin,
             stdin_eof,
             session,
+            timeout_seconds: _,
             wait_seconds: _,
         } = args;
         let job = crate::app::ShellArgs {
@@ -96,6 +101,7 @@ impl SandboxServer {
             stdin,
             stdin_eof,
             session,
+            timeout,
         };
         reply(self.app.shell_run(job, wait, &call).await, |v| {
             JobReport::answer(v, &self.app)

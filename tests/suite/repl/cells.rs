@@ -235,6 +235,8 @@ async fn rich_values_and_display_builtin_give_display_items() {
         vec![
             ("text/plain", "'plain'"),
             ("image/png", "iVBORw=="),
+            // An object with HTML but no repr of its own gets a text form from the HTML.
+            ("text/plain", "hi"),
             ("text/html", "<b>hi</b>")
         ]
     );
