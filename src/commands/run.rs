@@ -122,6 +122,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         workspace
     };
     let (reader, writer) = std::io::pipe().context("cannot create a pipe for stderr")?;
+    let dir_for_denials = dir.clone();
     let mut cmd = SandboxCommand::new(resolved.clone(), program);
     cmd.args(rest).current_dir(dir).stderr(writer);
     let forwarding = SignalForwarding::install();
@@ -133,7 +134,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     drop(forwarding);
     let stderr = tee.finish();
     let denied = if exit_status(&report) != 0 {
-        crate::sandbox::explain_denials(&resolved, &stderr)
+        crate::sandbox::explain::explain_denials_in(&resolved, &dir_for_denials, &stderr)
     } else {
         Vec::new()
     };

@@ -24,12 +24,18 @@ const MAX_EXPLANATIONS: usize = 5;
 /// appearance). Lines that name a path the policy allows are left alone: the sandbox did
 /// not cause those.
 pub fn explain_denials(policy: &ResolvedPolicy, text: &str) -> Vec<String> {
+    explain_denials_in(policy, &policy.workspace, text)
+}
+
+/// [`explain_denials`] for a job that ran in `cwd`: relative paths in its messages
+/// (`cannot create out.txt`, `[Errno 30] …: 'out.csv'`) are resolved against it.
+pub fn explain_denials_in(policy: &ResolvedPolicy, cwd: &Path, text: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let lines: Vec<&str> = text.lines().collect();
     for (i, line) in lines.iter().enumerate() {
         // A traceback names the failing call a few lines above the error itself.
         let context = &lines[i.saturating_sub(3)..=i];
-        let Some(sentence) = explain_line(policy, line, context) else {
+        let Some(sentence) = explain_line(policy, cwd, line, context) else {
             continue;
         };
         if !out.contains(&sentence) {
@@ -42,13 +48,25 @@ pub fn explain_denials(policy: &ResolvedPolicy, text: &str) -> Vec<String> {
     out
 }
 
-fn explain_line(policy: &ResolvedPolicy, line: &str, context: &[&str]) -> Option<String> {
+fn explain_line(
+    policy: &ResolvedPolicy,
+    cwd: &Path,
+    line: &str,
+    context: &[&str],
+) -> Option<String> {
     let read_only = line.contains(READ_ONLY);
     let denied = line.contains(DENIED);
     let not_permitted = line.contains(NOT_PERMITTED);
     let prefix = format!("blocked by policy {}", policy.name);
+    if policy.network != NetworkPolicy::Full && is_resolution_failure(line) {
+        return Some(format!(
+            "{prefix}: name resolution refused (network is {}: no DNS in the sandbox; use a \
+             policy that allows the host)",
+            network_words(&policy.network)
+        ));
+    }
     if !(read_only || denied || not_permitted) {
-        let hidden = denied_path(line, NOT_FOUND).and_then(|p| hidden_by_view(policy, &p))?;
+        let hidden = denied_path(line, NOT_FOUND, cwd).and_then(|p| hidden_by_view(policy, &p))?;
         return Some(format!(
             "{prefix}: {} is not visible in the sandbox (the policy does not mount it; to use \
              it, add it to the policy's read or write paths)",
@@ -62,7 +80,7 @@ fn explain_line(policy: &ResolvedPolicy, line: &str, context: &[&str]) -> Option
     } else {
         NOT_PERMITTED
     };
-    let Some(path) = denied_path(line, phrase) else {
+    let Some(path) = denied_path(line, phrase, cwd) else {
         // No path: an operation on a socket or a process, not a file.
         if not_permitted
             && context.iter().any(|l| looks_like_network(l))
@@ -98,16 +116,81 @@ fn explain_line(policy: &ResolvedPolicy, line: &str, context: &[&str]) -> Option
     ))
 }
 
-/// The path the error is about: Python puts it after the errno text
-/// (`[Errno 30] Read-only file system: '/etc/x'`), shells and coreutils before it
-/// (`sh: 1: cannot create /etc/x: Read-only file system`, where the nearest one counts).
-fn denied_path(line: &str, phrase: &str) -> Option<PathBuf> {
+/// The path the error is about, made absolute against `cwd`: Python puts it right after
+/// the errno text (`[Errno 30] Read-only file system: 'out.csv'`), shells and coreutils
+/// right before it (`/bin/sh: 1: cannot create out.txt: Read-only file system`, `touch:
+/// cannot touch 'foo': …` — the token next to the text, not the program's own path).
+fn denied_path(line: &str, phrase: &str, cwd: &Path) -> Option<PathBuf> {
     let at = line.find(phrase)?;
     let (before, after) = line.split_at(at);
-    absolute_paths(after)
-        .next()
-        .or_else(|| absolute_paths(before).last())
-        .map(PathBuf::from)
+    let after = &after[phrase.len()..];
+    let next = after.strip_prefix(':').and_then(|rest| {
+        quoted_at_start(rest).or_else(|| tokens(rest).next().filter(|t| looks_like_path(t)))
+    });
+    let prev = before.trim_end().strip_suffix(':').and_then(|rest| {
+        quoted_at_end(rest).or_else(|| tokens(rest).last().filter(|t| looks_like_path(t)))
+    });
+    let token = next.or(prev).or_else(|| {
+        absolute_paths(after)
+            .next()
+            .or_else(|| absolute_paths(before).last())
+    })?;
+    let path = Path::new(token);
+    Some(if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        cwd.join(path)
+    })
+}
+
+const QUOTES: [char; 5] = ['\'', '"', '`', '‘', '’'];
+
+/// A quoted string at the start of `text` (after spaces): `'out.csv'`.
+fn quoted_at_start(text: &str) -> Option<&str> {
+    let rest = text.trim_start();
+    let open = rest.chars().next().filter(|c| QUOTES.contains(c))?;
+    let inner = &rest[open.len_utf8()..];
+    let end = inner.find(QUOTES)?;
+    Some(&inner[..end]).filter(|s| !s.is_empty())
+}
+
+/// A quoted string at the end of `text` (before spaces): `cannot touch 'foo'`.
+fn quoted_at_end(text: &str) -> Option<&str> {
+    let rest = text.trim_end();
+    let close = rest.chars().last().filter(|c| QUOTES.contains(c))?;
+    let inner = &rest[..rest.len() - close.len_utf8()];
+    let start = inner.rfind(QUOTES)?;
+    let q = inner[start..].chars().next()?;
+    Some(&inner[start + q.len_utf8()..]).filter(|s| !s.is_empty())
+}
+
+/// Whitespace- or quote-separated tokens, stripped of trailing punctuation.
+fn tokens(text: &str) -> impl DoubleEndedIterator<Item = &str> {
+    text.split(|c: char| c.is_whitespace() || QUOTES.contains(&c))
+        .map(|t| t.trim_end_matches([':', ',', ')', ';']))
+        .filter(|t| !t.is_empty())
+}
+
+/// A token that can be a file name (not a line number, an errno or a word of the text).
+fn looks_like_path(t: &str) -> bool {
+    !t.starts_with('[')
+        && !t.bytes().all(|b| b.is_ascii_digit())
+        && (t.contains('/') || t.contains('.') || !t.chars().all(|c| c.is_ascii_lowercase()))
+}
+
+/// The resolver's words for a name it could not look up (glibc's gai_strerror, curl,
+/// Python's socket.gaierror) — in a sandbox without network, DNS is refused.
+fn is_resolution_failure(line: &str) -> bool {
+    [
+        "Temporary failure in name resolution",
+        "Name or service not known",
+        "No address associated with hostname",
+        "Could not resolve host",
+        "nodename nor servname provided",
+        "getaddrinfo failed",
+    ]
+    .iter()
+    .any(|w| line.contains(w))
 }
 
 /// Tokens that look like absolute paths, stripped of quotes and punctuation.
@@ -227,6 +310,68 @@ mod tests {
         assert!(got[0].starts_with("blocked by policy workspace-write: write to /etc/zz ("));
         assert!(got[0].contains("writable here: /ws"), "{}", got[0]);
         assert!(got[1].contains("write to /usr/x"), "{}", got[1]);
+    }
+
+    /// The refused file is the one next to the errno text, relative ones resolved against
+    /// the job's directory — never the shell's own path; DNS failures are named.
+    #[test]
+    fn relative_files_and_name_resolution_are_named() {
+        let p = policy("read-only");
+        let cases = [
+            (
+                "/bin/sh: 1: cannot create out.txt: Read-only file system",
+                "write to /ws/out.txt (",
+            ),
+            (
+                "touch: cannot touch 'foo': Read-only file system",
+                "write to /ws/foo (",
+            ),
+            (
+                "OSError: [Errno 30] Read-only file system: 'out.csv'",
+                "write to /ws/out.csv (",
+            ),
+            (
+                "cp: cannot create regular file 'sub/a': Read-only file system",
+                "write to /ws/sub/a (",
+            ),
+        ];
+        for (line, want) in cases {
+            let got = explain_denials(&p, line);
+            assert_eq!(got.len(), 1, "{line}: {got:?}");
+            assert!(got[0].contains(want), "{line}: {}", got[0]);
+            assert!(!got[0].contains("/bin/sh"), "{line}: {}", got[0]);
+        }
+        let elsewhere = explain_denials_in(
+            &p,
+            Path::new("/ws/sub"),
+            "touch: cannot touch 'x': Read-only file system",
+        );
+        assert!(
+            elsewhere[0].contains("write to /ws/sub/x ("),
+            "{elsewhere:?}"
+        );
+        for line in [
+            "urllib.error.URLError: <urlopen error [Errno -3] Temporary failure in name resolution>",
+            "socket.gaierror: [Errno -2] Name or service not known",
+            "curl: (6) Could not resolve host: pypi.org",
+        ] {
+            let got = explain_denials(&p, line);
+            assert_eq!(got.len(), 1, "{line}: {got:?}");
+            assert!(
+                got[0].starts_with(
+                    "blocked by policy read-only: name resolution refused (network is"
+                ),
+                "{}",
+                got[0]
+            );
+        }
+        assert!(
+            explain_denials(
+                &policy("danger-full-access"),
+                "Temporary failure in name resolution"
+            )
+            .is_empty()
+        );
     }
 
     #[test]
