@@ -52,6 +52,8 @@ pub struct EnvConfig {
     pub workspace: PathBuf,
     /// The interpreter new venvs are based on (the REPL worker's interpreter).
     pub python: PathBuf,
+    /// Its version ("3.11.7"), if known: what a script without an environment runs on.
+    pub python_version: Option<String>,
     /// A configured `uv` executable (`--uv`); `None` searches PATH.
     pub uv: Option<PathBuf>,
     /// The root of the uv caches, one per session below it (`sessions/<principal>/

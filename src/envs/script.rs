@@ -101,6 +101,12 @@ pub struct ScriptReport {
     /// `"memory"`, `"cpu"`, `"wall_time"`, `"file_size"`, `"processes"`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<String>,
+    /// The Python version the script ran on ("3.11.7"), when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
+    /// What its environment resolved to, `name==version`, sorted (none without one).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resolved: Vec<String>,
 }
 
 /// Check a request before anything runs; returns the script file to run.
@@ -251,6 +257,13 @@ pub async fn run_script(
             (None, Some(f)) => Some(failure_words(f, req, "")),
             (None, None) => None,
         };
+        let (python, resolved) = match &env_dir {
+            Some(dir) => (
+                venv_version(dir).or_else(|| cfg.python_version.clone()),
+                installed(dir),
+            ),
+            None => (cfg.python_version.clone(), Vec::new()),
+        };
         Ok(ScriptReport {
             ok: outcome.success(),
             exit_code: outcome.exit_code(),
@@ -260,6 +273,8 @@ pub async fn run_script(
             benchmark: benchmark.clone(),
             limit: outcome.limit().map(str::to_string),
             denied: outcome.denied,
+            python,
+            resolved,
         })
     }
     .await;
@@ -371,6 +386,41 @@ fn interpreter_prefix(python: &std::path::Path) -> Option<PathBuf> {
 }
 
 /// Step 1: `uv venv` + `uv pip install` into `dir` under the installer's rules. `Ok(Ok)`
+/// The Python version of the environment in `dir`, from its `pyvenv.cfg` (`version_info`
+/// as uv writes it, or `version`): read, never run.
+fn venv_version(dir: &std::path::Path) -> Option<String> {
+    let cfg = std::fs::read_to_string(dir.join("pyvenv.cfg")).ok()?;
+    cfg.lines().find_map(|l| {
+        let (key, value) = l.split_once('=')?;
+        matches!(key.trim(), "version_info" | "version").then(|| value.trim().to_string())
+    })
+}
+
+/// The distributions installed in the environment in `dir` (`name==version`, sorted),
+/// from the names of its `*.dist-info` directories: read, never run.
+fn installed(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(lib) = std::fs::read_dir(dir.join("lib")) else {
+        return out;
+    };
+    for py in lib.flatten() {
+        let Ok(entries) = std::fs::read_dir(py.path().join("site-packages")) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".dist-info")) else {
+                continue;
+            };
+            if let Some((dist, version)) = stem.split_once('-') {
+                out.push(format!("{dist}=={version}"));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 /// with the benchmark when the environment is ready, `Ok(Err(report))` when it could
 /// not be built (the report says why).
 #[allow(clippy::too_many_arguments)]
@@ -454,6 +504,8 @@ async fn build_env(
             benchmark,
             limit: outcome.limit().map(str::to_string),
             denied: outcome.denied,
+            python: None,
+            resolved: Vec::new(),
         }));
     }
     Ok(Ok((benchmark, prefixes.unwrap_or_default())))

@@ -937,6 +937,7 @@ mod tests {
             state_dir: state.to_path_buf(),
             workspace: state.join("ws"),
             python: "/usr/bin/python3".into(),
+            python_version: None,
             uv: None,
             uv_cache: None,
             disk: caps,

@@ -257,6 +257,7 @@ mod tests {
             state_dir: "/state".into(),
             workspace: "/ws".into(),
             python: "/usr/bin/python3".into(),
+            python_version: None,
             uv: None,
             uv_cache: None,
             disk: Default::default(),

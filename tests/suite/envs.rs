@@ -85,6 +85,7 @@ fn offline_config(scratch: &Path) -> EnvConfig {
         state_dir: scratch.join("state"),
         workspace,
         python: real_python(),
+        python_version: None,
         uv: None,
         uv_cache: Some(scratch.join("uv-cache")),
         disk: Default::default(),

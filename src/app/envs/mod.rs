@@ -133,11 +133,12 @@ impl App {
     pub(super) async fn envs(&self) -> Result<Arc<EnvManager>, AppError> {
         self.envs
             .get_or_try_init(|| async {
-                let python = self.sessions.python().await?.executable.clone();
+                let info = self.sessions.python().await?;
                 Ok::<_, AppError>(EnvManager::new(EnvConfig {
                     state_dir: self.state_dir.clone(),
                     workspace: self.workspace().root().to_path_buf(),
-                    python,
+                    python: info.executable.clone(),
+                    python_version: Some(info.version.clone()),
                     uv: self.uv.clone(),
                     uv_cache: None,
                     disk: self.env_disk,

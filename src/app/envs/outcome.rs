@@ -73,6 +73,12 @@ pub(super) fn script_outcome(report: ScriptReport, benchmark: bool) -> JobOutcom
         _ => JobStatus::Failed,
     };
     let mut lines: Vec<String> = report.message.iter().cloned().collect();
+    if let Some(v) = &report.python {
+        lines.push(match report.resolved.as_slice() {
+            [] => format!("ran on Python {v}"),
+            deps => format!("ran on Python {v} with {}", deps.join(", ")),
+        });
+    }
     if benchmark {
         let b = &report.benchmark;
         lines.push(format!(
