@@ -43,6 +43,8 @@ pub enum Transport {
         auth: transport::HttpAuth,
         /// Connection and session limits.
         budgets: transport::HttpBudgets,
+        /// What running jobs get after a SIGTERM before they are killed (zero: no drain).
+        drain: std::time::Duration,
     },
 }
 
@@ -89,7 +91,6 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
     // The app's error is one sentence; its sources are already in it.
     let app = Arc::new(App::new(&config.app).map_err(|e| ServerError::Config(e.to_string()))?);
     let shutdown = CancellationToken::new();
-    spawn_signal_watch(shutdown.clone());
     if app.settings_are_fixed() {
         // Nothing the client says can change where the default session runs: start its
         // worker now, while the client is still starting and sending `initialize`.
@@ -97,11 +98,17 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
         tokio::spawn(async move { app.prewarm().await });
     }
     let served = match config.transport {
-        Transport::Stdio => transport::serve_stdio(app.clone(), shutdown.clone()).await,
+        Transport::Stdio => {
+            // A stdio server's one client is the process that started it: its SIGTERM
+            // means now (no drain; nothing else could follow the jobs).
+            spawn_signal_watch(shutdown.clone(), None);
+            transport::serve_stdio(app.clone(), shutdown.clone()).await
+        }
         Transport::Http {
             listen,
             auth,
             budgets,
+            drain,
         } => {
             let tenants = match &auth {
                 transport::HttpAuth::Tokens(path) => {
@@ -113,6 +120,12 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
             if let Some(t) = &tenants {
                 spawn_reload_on_sighup(t.clone(), shutdown.clone());
             }
+            let drain = Drain {
+                window: drain,
+                app: app.clone(),
+                tenants: tenants.clone(),
+            };
+            spawn_signal_watch(shutdown.clone(), Some(drain));
             let served = transport::serve_http(
                 app.clone(),
                 tenants.clone(),
@@ -156,8 +169,38 @@ fn spawn_reload_on_sighup(tenants: Arc<tenants::Tenants>, shutdown: Cancellation
     });
 }
 
-/// SIGTERM / SIGINT cancel `shutdown`; the transports return and the app is torn down.
-fn spawn_signal_watch(shutdown: CancellationToken) {
+/// What a SIGTERM drains (HTTP): every app of the server, for up to `window`.
+struct Drain {
+    window: std::time::Duration,
+    app: Arc<App>,
+    tenants: Option<Arc<tenants::Tenants>>,
+}
+
+impl Drain {
+    /// Jobs of any app of the server not finished yet.
+    fn unfinished(&self) -> usize {
+        let principals = self.tenants.iter().flat_map(|t| t.apps());
+        std::iter::once(self.app.clone())
+            .chain(principals)
+            .map(|a| a.unfinished_jobs())
+            .sum()
+    }
+
+    /// Returns once no job of any app is unfinished. Polled: a drain lasts seconds, and
+    /// the job tables of principals made during it are counted too.
+    async fn idle(&self) {
+        const POLL: std::time::Duration = std::time::Duration::from_millis(100);
+        while self.unfinished() > 0 {
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+/// SIGINT cancels `shutdown` at once; so does SIGTERM without a `drain`. With one, the
+/// first SIGTERM starts a drain: `/readyz` answers 503 and new jobs are refused in words
+/// at once, running jobs get up to its window to end; then (or at a SIGINT or a second
+/// SIGTERM) `shutdown` is cancelled, the transport returns and the app kills what is left.
+fn spawn_signal_watch(shutdown: CancellationToken, drain: Option<Drain>) {
     use tokio::signal::unix::{SignalKind, signal};
     tokio::spawn(async move {
         let (Ok(mut term), Ok(mut int)) = (
@@ -169,9 +212,36 @@ fn spawn_signal_watch(shutdown: CancellationToken) {
             );
             return;
         };
+        let drain = tokio::select! {
+            _ = term.recv() => match drain.filter(|d| !d.window.is_zero()) {
+                Some(d) => d,
+                None => {
+                    tracing::info!("SIGTERM: shutting down");
+                    shutdown.cancel();
+                    return;
+                }
+            },
+            _ = int.recv() => {
+                tracing::info!("SIGINT: shutting down");
+                shutdown.cancel();
+                return;
+            }
+            _ = shutdown.cancelled() => return,
+        };
+        drain.app.lifecycle().begin_drain();
+        let secs = drain.window.as_secs_f64();
+        tracing::info!(
+            "SIGTERM: draining: /readyz answers 503 and new jobs are refused; {} running job(s) get up to {secs} s to finish (SIGINT or another SIGTERM stops now)",
+            drain.unfinished()
+        );
         tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+            _ = drain.idle() => tracing::info!("drained: no job is running; shutting down"),
+            _ = tokio::time::sleep(drain.window) => tracing::info!(
+                "drain over after {secs} s: stopping {} job(s) still running",
+                drain.unfinished()
+            ),
+            _ = term.recv() => tracing::info!("second SIGTERM: shutting down now"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down now"),
             _ = shutdown.cancelled() => {}
         }
         shutdown.cancel();
