@@ -12,6 +12,7 @@
 mod args_check;
 pub mod budget;
 pub mod client_state;
+mod drain;
 pub mod handler;
 pub mod progress;
 pub mod render;
@@ -101,7 +102,7 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
         Transport::Stdio => {
             // A stdio server's one client is the process that started it: its SIGTERM
             // means now (no drain; nothing else could follow the jobs).
-            spawn_signal_watch(shutdown.clone(), None);
+            drain::spawn_signal_watch(shutdown.clone(), None);
             transport::serve_stdio(app.clone(), shutdown.clone()).await
         }
         Transport::Http {
@@ -120,12 +121,12 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
             if let Some(t) = &tenants {
                 spawn_reload_on_sighup(t.clone(), shutdown.clone());
             }
-            let drain = Drain {
+            let drain = drain::Drain {
                 window: drain,
                 app: app.clone(),
                 tenants: tenants.clone(),
             };
-            spawn_signal_watch(shutdown.clone(), Some(drain));
+            drain::spawn_signal_watch(shutdown.clone(), Some(drain));
             let served = transport::serve_http(
                 app.clone(),
                 tenants.clone(),
@@ -169,90 +170,12 @@ fn spawn_reload_on_sighup(tenants: Arc<tenants::Tenants>, shutdown: Cancellation
     });
 }
 
-/// What a SIGTERM drains (HTTP): every app of the server, for up to `window`.
-struct Drain {
-    window: std::time::Duration,
-    app: Arc<App>,
-    tenants: Option<Arc<tenants::Tenants>>,
-}
-
-impl Drain {
-    /// Jobs of any app of the server not finished yet.
-    fn unfinished(&self) -> usize {
-        let principals = self.tenants.iter().flat_map(|t| t.apps());
-        std::iter::once(self.app.clone())
-            .chain(principals)
-            .map(|a| a.unfinished_jobs())
-            .sum()
-    }
-
-    /// Returns once no job of any app is unfinished. Polled: a drain lasts seconds, and
-    /// the job tables of principals made during it are counted too.
-    async fn idle(&self) {
-        const POLL: std::time::Duration = std::time::Duration::from_millis(100);
-        while self.unfinished() > 0 {
-            tokio::time::sleep(POLL).await;
-        }
-    }
-}
-
-/// SIGINT cancels `shutdown` at once; so does SIGTERM without a `drain`. With one, the
-/// first SIGTERM starts a drain: `/readyz` answers 503 and new jobs are refused in words
-/// at once, running jobs get up to its window to end; then (or at a SIGINT or a second
-/// SIGTERM) `shutdown` is cancelled, the transport returns and the app kills what is left.
-fn spawn_signal_watch(shutdown: CancellationToken, drain: Option<Drain>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    tokio::spawn(async move {
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::warn!(
-                "cannot install signal handlers; SIGTERM will kill the server without cleanup"
-            );
-            return;
-        };
-        let drain = tokio::select! {
-            _ = term.recv() => match drain.filter(|d| !d.window.is_zero()) {
-                Some(d) => d,
-                None => {
-                    tracing::info!("SIGTERM: shutting down");
-                    shutdown.cancel();
-                    return;
-                }
-            },
-            _ = int.recv() => {
-                tracing::info!("SIGINT: shutting down");
-                shutdown.cancel();
-                return;
-            }
-            _ = shutdown.cancelled() => return,
-        };
-        drain.app.lifecycle().begin_drain();
-        let secs = drain.window.as_secs_f64();
-        tracing::info!(
-            "SIGTERM: draining: /readyz answers 503 and new jobs are refused; {} running job(s) get up to {secs} s to finish (SIGINT or another SIGTERM stops now)",
-            drain.unfinished()
-        );
-        tokio::select! {
-            _ = drain.idle() => tracing::info!("drained: no job is running; shutting down"),
-            _ = tokio::time::sleep(drain.window) => tracing::info!(
-                "drain over after {secs} s: stopping {} job(s) still running",
-                drain.unfinished()
-            ),
-            _ = term.recv() => tracing::info!("second SIGTERM: shutting down now"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down now"),
-            _ = shutdown.cancelled() => {}
-        }
-        shutdown.cancel();
-    });
-}
-
 /// Logs go to stderr only: stdout is the MCP stream. `RUST_LOG` picks the level (default
-/// warn, plus the transport's start-up line: where the HTTP server listens and its token).
+/// warn, plus the transport's start-up line: where the HTTP server listens and its token,
+/// and the signals and drain of `drain`).
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("warn,mcp_sandbox_repl::server::transport=info")
+        tracing_subscriber::EnvFilter::new("warn,mcp_sandbox_repl::server::transport=info,mcp_sandbox_repl::server::drain=info")
     });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
