@@ -560,12 +560,38 @@ mod tests {
                 listen,
                 auth,
                 budgets,
+                drain,
             } => {
                 assert_eq!(listen.port(), 9);
                 assert_eq!(auth, HttpAuth::Token("t".into()));
                 assert_eq!(budgets, HttpBudgets::default());
+                assert_eq!(drain, Duration::from_secs(DRAIN_SECONDS));
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn router_auth_names_its_cell_and_the_drain_is_http_only() {
+        let http = ["--transport", "http", "--router-auth", "--cell-id", "pod-1"];
+        let c = parse(&http);
+        assert!(matches!(
+            c.transport,
+            server::Transport::Http { auth: HttpAuth::Router(ref cell), .. } if cell == "pod-1"
+        ));
+        let c = parse(&["--transport", "http", "--drain-seconds", "0"]);
+        assert!(matches!(
+            c.transport,
+            server::Transport::Http { drain, .. } if drain.is_zero()
+        ));
+        const { assert!(DRAIN_SECONDS < 30, "below Kubernetes' default grace period") };
+        for bad in [
+            &["--router-auth", "--cell-id", "a"][..],
+            &["--drain-seconds", "5"],
+            &["--transport", "http", "--cell-id", "a"],
+            &["--transport", "http", "--drain-seconds", "86401"],
+        ] {
+            assert!(try_parse(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -89,4 +89,3 @@ pub(super) fn spawn_signal_watch(shutdown: CancellationToken, drain: Option<Drai
         shutdown.cancel();
     });
 }
-

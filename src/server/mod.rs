@@ -175,7 +175,9 @@ fn spawn_reload_on_sighup(tenants: Arc<tenants::Tenants>, shutdown: Cancellation
 /// and the signals and drain of `drain`).
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("warn,mcp_sandbox_repl::server::transport=info,mcp_sandbox_repl::server::drain=info")
+        tracing_subscriber::EnvFilter::new(
+            "warn,mcp_sandbox_repl::server::transport=info,mcp_sandbox_repl::server::drain=info",
+        )
     });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -112,9 +112,7 @@ fn check_cell(header: Option<&[u8]>, cell: &str) -> Result<(), (StatusCode, Stri
     let Some(given) = header else {
         return Err((
             StatusCode::FORBIDDEN,
-            format!(
-                "forbidden: this cell serves only requests through its sandbox router, which names the cell in the X-Sandbox-ID header; the request has none\n"
-            ),
+            "forbidden: this cell serves only requests through its sandbox router, which names the cell in the X-Sandbox-ID header; the request has none\n".to_string(),
         ));
     };
     if given == cell.as_bytes() {
@@ -786,6 +784,40 @@ mod tests {
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), a);
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+    }
+
+    #[test]
+    fn router_mode_wants_this_cells_id_exactly() {
+        assert!(check_cell(Some(b"cell-a"), "cell-a").is_ok());
+        let (status, words) = check_cell(None, "cell-a").unwrap_err();
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(
+            words.contains("X-Sandbox-ID") && words.contains("router"),
+            "{words}"
+        );
+        for wrong in [&b"cell-b"[..], b"CELL-A", b"cell-a2", b"", b"cell-\x1b[2Ja"] {
+            let (status, words) = check_cell(Some(wrong), "cell-a").unwrap_err();
+            assert_eq!(status, StatusCode::MISDIRECTED_REQUEST);
+            assert!(
+                words.contains("\"cell-a\"") && words.contains("wrong cell"),
+                "{words}"
+            );
+            assert!(
+                !words.contains('\x1b'),
+                "control characters are not echoed: {words}"
+            );
+        }
+        let long = vec![b'x'; 10_000];
+        let (_, words) = check_cell(Some(&long), "cell-a").unwrap_err();
+        assert!(words.len() < 400, "an echoed id is cut short");
+        let any: SocketAddr = "0.0.0.0:8765".parse().unwrap_or_else(|_| unreachable!());
+        assert!(check_bind(any, &HttpAuth::Router("pod-7f9c".into())).is_ok());
+        for bad in ["", "two words", "tab\there", "é", &"x".repeat(254)] {
+            assert!(
+                check_bind(any, &HttpAuth::Router(bad.into())).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
