@@ -85,6 +85,12 @@ impl App {
         }
     }
 
+    /// Read the job table on a thread of its own now (the prewarm does too), so that
+    /// readiness does not wait for a first call when nothing is prewarmed at start.
+    pub fn load_jobs_in_background(&self) {
+        self.store.load_in_background();
+    }
+
     pub(super) fn set_warmth(&self, w: Warmth) {
         *lock(&self.warmth) = w;
     }

@@ -302,3 +302,21 @@ def test_a_session_whose_worker_died_with_the_server_says_so_once_and_keeps_its_
         assert not fresh.get("state_lost"), fresh
 
     server.run(second)
+
+
+def test_readyz_turns_200_without_a_client_when_the_client_may_choose_the_sandbox(server):
+    """With `--sandbox-state inherit` the default worker waits for what the client says;
+    the cell is still ready once what earlier servers left is swept and the job table read."""
+    async def earlier(c):
+        await c.ok("shell_run", command="echo an earlier job")
+
+    server.run(earlier)  # the state dir now has a job index to read at start
+    proc, base, log = start_http(server, "--no-auth", "--sandbox-state", "inherit")
+    try:
+        wait_until(lambda: get(base + "/readyz") == (200, "ready\n"), "readyz never turned 200")
+        assert get(base + "/readyz", {"X-Sandbox-ID": "x"})[0] == 200
+        status, text = post(base + "/readyz", INIT)
+        assert status == 405 and "GET" in text, (status, text)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=GUARD)
