@@ -118,6 +118,20 @@ pub struct ServeArgs {
     /// sessions, jobs, stores, workspace and quotas; re-read on SIGHUP (docs/security.md).
     #[arg(long, env = "MCP_SANDBOX_TOKENS", conflicts_with_all = ["token", "no_auth"])]
     pub tokens: Option<std::path::PathBuf>,
+    /// HTTP behind a trusted front (agent-sandbox's sandbox-router): no bearer token, but
+    /// every request must carry `X-Sandbox-ID` equal to `--cell-id`; the front
+    /// authenticates callers and only it may reach this port (docs/security.md).
+    #[arg(long, env = "MCP_SANDBOX_ROUTER_AUTH", conflicts_with_all = ["token", "no_auth", "tokens"], requires = "cell_id")]
+    pub router_auth: bool,
+    /// HTTP with --router-auth: this cell's own name, as the front sends it in
+    /// `X-Sandbox-ID` (on Kubernetes, the pod's name from the Downward API).
+    #[arg(long, env = "MCP_SANDBOX_CELL_ID")]
+    pub cell_id: Option<String>,
+    /// HTTP: on SIGTERM, seconds running jobs get to finish while new ones are refused and
+    /// `/readyz` answers 503; then everything is killed. SIGINT or a second SIGTERM skips
+    /// the wait; 0: no drain [default: 20, below Kubernetes' 30 s grace period].
+    #[arg(long, env = "MCP_SANDBOX_DRAIN_SECONDS")]
+    pub drain_seconds: Option<u64>,
     /// HTTP: most TCP connections open at once (default: 256, or a quarter of the
     /// server's open-file limit if that is lower). At the cap a new connection closes the
     /// longest-idle one (no request in progress); if every one is busy it gets 503.

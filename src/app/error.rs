@@ -109,6 +109,12 @@ pub enum AppError {
     ResultPastEnd { id: String, offset: u64, total: u64 },
     #[error("the server is shutting down; job {id} is being stopped")]
     ShuttingDown { id: String },
+    /// A new job while the server drains (SIGTERM): running jobs may still end.
+    #[error(
+        "this sandbox is shutting down: no new job is started; jobs already running may \
+         still finish (follow them with job_wait). Retry on the server that replaces this one"
+    )]
+    Draining,
     #[error("request cancelled; job {id} {fate}")]
     RequestCancelled { id: String, fate: &'static str },
     #[error(transparent)]

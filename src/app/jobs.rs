@@ -323,6 +323,7 @@ impl App {
         wait: Duration,
         call: &Call,
     ) -> Result<JobView, AppError> {
+        self.admit_job()?;
         // Opened beneath the workspace (a refusal reads the same whatever lies outside);
         // the job gets the real path of what was opened.
         let cwd = self

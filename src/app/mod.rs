@@ -22,6 +22,7 @@ mod envs;
 mod error;
 pub mod images;
 mod jobs;
+mod lifecycle;
 mod owners;
 mod python;
 pub mod result;
@@ -43,6 +44,7 @@ pub use config::Config;
 pub use envs::{EnvInfo, EnvInfoRequest, InstallArgs, ScriptArgs};
 pub use error::{AppError, AppResult};
 pub use jobs::{Chunk, OutputStream, ShellArgs};
+pub use lifecycle::Lifecycle;
 pub use python::{VarsOutcome, VarsRequest};
 pub use settings::{SandboxRequest, Settings, Sources};
 
@@ -101,6 +103,10 @@ pub struct App {
     stopping: AtomicBool,
     /// Turns `true` once what earlier servers left has been swept.
     settled: watch::Receiver<bool>,
+    /// The drain flag (shared by every app of the server).
+    lifecycle: Arc<Lifecycle>,
+    /// How the default session's prewarm went (for `/readyz`).
+    warmth: Mutex<lifecycle::Warmth>,
     /// This server's ownership record in the state dir, locked while it lives.
     _owner: owners::Registration,
 }
@@ -233,6 +239,8 @@ impl App {
             running: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
             settled,
+            lifecycle: Arc::new(Lifecycle::default()),
+            warmth: Mutex::new(lifecycle::Warmth::default()),
             _owner: owner,
             envs: OnceCell::new(),
             uv: cfg.uv.clone(),
@@ -335,14 +343,20 @@ impl App {
         }
         // The job table too: read on a thread of its own, off the start-up path.
         self.store.load_in_background();
-        match self.session_for(DEFAULT_SESSION, true).await {
-            Ok(s) => {
-                if let Err(e) = s.wait_ready().await {
+        let warmth = match self.session_for(DEFAULT_SESSION, true).await {
+            Ok(s) => match s.wait_ready().await {
+                Ok(()) => lifecycle::Warmth::Warm,
+                Err(e) => {
                     tracing::debug!("prewarming the default session failed: {e}");
+                    lifecycle::Warmth::Failed(e.to_string())
                 }
+            },
+            Err(e) => {
+                tracing::debug!("prewarming the default session failed: {e}");
+                lifecycle::Warmth::Failed(e.to_string())
             }
-            Err(e) => tracing::debug!("prewarming the default session failed: {e}"),
-        }
+        };
+        self.set_warmth(warmth);
         // Shutdown may have closed every session while this one was starting.
         if self.stopping.load(Ordering::SeqCst) {
             let _ = self.sessions.close(DEFAULT_SESSION);

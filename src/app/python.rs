@@ -168,6 +168,7 @@ impl App {
         call: &Call,
         run: impl FnOnce(Arc<Session>, Arc<dyn CellSink>) -> futures_cell::CellFuture + Send + 'static,
     ) -> Result<JobView, AppError> {
+        self.admit_job()?;
         let session = self.session(session_name).await?;
         // Our own record of the session's running cell (in memory; no /proc reads on the
         // hot path). A race with another caller is still caught by the session itself.

@@ -97,6 +97,9 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         http_handshake_timeout,
         http_session_idle,
         tokens,
+        router_auth,
+        cell_id,
+        drain_seconds,
     } = args;
     in_range(
         "max-sessions",
@@ -145,6 +148,15 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         )
         .map_err(|e| ServerError::Config(e.to_string()))?;
     }
+    if let Some(s) = drain_seconds {
+        in_range(
+            "drain-seconds",
+            s,
+            (0, MAX_DRAIN_SECONDS),
+            "0 to 86400 seconds",
+        )
+        .map_err(|e| ServerError::Config(e.to_string()))?;
+    }
     let sources = app::Sources {
         inherit_sandbox: sandbox_state == SandboxState::Inherit && policy.is_none(),
         workspace_from_roots: workspace.is_none(),
@@ -178,16 +190,33 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
                 "--no-auth is for --transport http; stdio has no authentication to turn off: drop it".into(),
             ));
         }
+        Transport::Stdio if router_auth || cell_id.is_some() => {
+            return Err(ServerError::Config(
+                "--router-auth and --cell-id (or MCP_SANDBOX_ROUTER_AUTH, MCP_SANDBOX_CELL_ID) are for --transport http behind a sandbox router; stdio has one client: drop them, or add --transport http".into(),
+            ));
+        }
+        Transport::Stdio if drain_seconds.is_some() => {
+            return Err(ServerError::Config(
+                "--drain-seconds (or MCP_SANDBOX_DRAIN_SECONDS) is for --transport http: a stdio server stops when its one client sends SIGTERM or closes stdin, at once: drop it, or add --transport http".into(),
+            ));
+        }
         Transport::Stdio => server::Transport::Stdio,
+        Transport::Http if cell_id.is_some() && !router_auth => {
+            return Err(ServerError::Config(
+                "--cell-id (or MCP_SANDBOX_CELL_ID) names this cell for --router-auth, which is not on: add --router-auth (behind a trusted front), or drop the cell id".into(),
+            ));
+        }
         Transport::Http => server::Transport::Http {
             listen,
-            auth: match (token, no_auth, tokens) {
-                (_, _, Some(path)) => HttpAuth::Tokens(path),
-                (Some(t), _, None) => HttpAuth::Token(t),
-                (None, true, None) => HttpAuth::NoAuth,
-                (None, false, None) => HttpAuth::Generate,
+            auth: match (token, no_auth, tokens, cell_id) {
+                (_, _, Some(path), _) => HttpAuth::Tokens(path),
+                (_, _, None, Some(cell)) => HttpAuth::Router(cell),
+                (Some(t), _, None, None) => HttpAuth::Token(t),
+                (None, true, None, None) => HttpAuth::NoAuth,
+                (None, false, None, None) => HttpAuth::Generate,
             },
             budgets: http.unwrap_or_default(),
+            drain: Duration::from_secs(drain_seconds.unwrap_or(DRAIN_SECONDS)),
         },
     };
     Ok(ServerConfig {
@@ -220,6 +249,12 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
         transport,
     })
 }
+
+/// Seconds running jobs get after a SIGTERM (HTTP): below Kubernetes' default grace
+/// period of 30 s, so the kill that follows the drain is ours, not the kubelet's.
+const DRAIN_SECONDS: u64 = 20;
+/// The longest drain: a day.
+const MAX_DRAIN_SECONDS: u64 = 24 * 3600;
 
 /// Ranges of the HTTP transport's limits.
 const HTTP_MAX_CONNECTIONS: (u64, u64) = (1, 1_000_000);
@@ -525,12 +560,38 @@ mod tests {
                 listen,
                 auth,
                 budgets,
+                drain,
             } => {
                 assert_eq!(listen.port(), 9);
                 assert_eq!(auth, HttpAuth::Token("t".into()));
                 assert_eq!(budgets, HttpBudgets::default());
+                assert_eq!(drain, Duration::from_secs(DRAIN_SECONDS));
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn router_auth_names_its_cell_and_the_drain_is_http_only() {
+        let http = ["--transport", "http", "--router-auth", "--cell-id", "pod-1"];
+        let c = parse(&http);
+        assert!(matches!(
+            c.transport,
+            server::Transport::Http { auth: HttpAuth::Router(ref cell), .. } if cell == "pod-1"
+        ));
+        let c = parse(&["--transport", "http", "--drain-seconds", "0"]);
+        assert!(matches!(
+            c.transport,
+            server::Transport::Http { drain, .. } if drain.is_zero()
+        ));
+        const { assert!(DRAIN_SECONDS < 30, "below Kubernetes' default grace period") };
+        for bad in [
+            &["--router-auth", "--cell-id", "a"][..],
+            &["--drain-seconds", "5"],
+            &["--transport", "http", "--cell-id", "a"],
+            &["--transport", "http", "--drain-seconds", "86401"],
+        ] {
+            assert!(try_parse(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -365,6 +365,7 @@ impl SessionManager {
             snapshot_memory,
             graph_file: Some(self.session_dir(name).join("graph.jsonl")),
             max_cells: self.cfg.max_cells,
+            started: self.cfg.started,
         };
         // Start the worker without holding the map: other sessions stay reachable while
         // the launcher sets up. A concurrent start of the same name wins; ours is closed.

@@ -94,6 +94,9 @@ pub struct ReplConfig {
     /// Cells a session keeps in its graph (history, branching) at most; past it the oldest
     /// are dropped, except those whose snapshot is held and the head's line. 0: all.
     pub max_cells: usize,
+    /// When this server started: the time a session restored from an earlier server's
+    /// graph names in its `state_note`.
+    pub started: std::time::SystemTime,
 }
 
 impl ReplConfig {
@@ -112,6 +115,7 @@ impl ReplConfig {
             max_snapshots: 8,
             snapshot_memory: None,
             max_cells: 10_000,
+            started: std::time::SystemTime::now(),
         }
     }
 }

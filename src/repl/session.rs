@@ -55,6 +55,9 @@ pub(crate) struct SessionEnv {
     pub graph_file: Option<PathBuf>,
     /// Cells kept in the graph at most (0: all).
     pub max_cells: usize,
+    /// When this server started (named in the note of a session restored from an
+    /// earlier server's graph).
+    pub started: std::time::SystemTime,
 }
 
 struct Inner {
@@ -114,6 +117,9 @@ impl Session {
     ) -> Result<Arc<Session>, ReplError> {
         let worker = Arc::new(Worker::spawn(&env.spec)?);
         let graph = Graph::open(env.max_snapshots, env.max_cells, env.graph_file.clone());
+        // Cells from an earlier server's graph: the worker that held their state died
+        // with that server. The first cell says so (the graph and history stay).
+        let lost = (graph.last_cell() > 0).then(|| restart_note(env.started));
         let session = Arc::new_cyclic(|me| Session {
             name,
             env,
@@ -124,7 +130,7 @@ impl Session {
                 spare: None,
                 spare_starting: false,
                 closed: false,
-                lost: None,
+                lost,
                 cells: graph.last_cell(),
                 running_cell: 0,
                 cell_active: false,
@@ -821,6 +827,16 @@ impl std::fmt::Debug for Session {
 fn lost_note(how: &str) -> String {
     format!(
         "the previous worker ended ({how}); this ran in a fresh worker and earlier state is lost"
+    )
+}
+
+/// The note for the first cell of a session restored from an earlier server's graph.
+fn restart_note(started: std::time::SystemTime) -> String {
+    let at = chrono::DateTime::<chrono::Utc>::from(started)
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    format!(
+        "the server restarted at {at}; variables are gone; workspace files, the venv and the \
+         history remain (python_history shows the earlier cells); this ran in a fresh worker"
     )
 }
 

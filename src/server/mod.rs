@@ -12,6 +12,7 @@
 mod args_check;
 pub mod budget;
 pub mod client_state;
+mod drain;
 pub mod handler;
 pub mod progress;
 pub mod render;
@@ -43,6 +44,8 @@ pub enum Transport {
         auth: transport::HttpAuth,
         /// Connection and session limits.
         budgets: transport::HttpBudgets,
+        /// What running jobs get after a SIGTERM before they are killed (zero: no drain).
+        drain: std::time::Duration,
     },
 }
 
@@ -89,7 +92,7 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
     // The app's error is one sentence; its sources are already in it.
     let app = Arc::new(App::new(&config.app).map_err(|e| ServerError::Config(e.to_string()))?);
     let shutdown = CancellationToken::new();
-    spawn_signal_watch(shutdown.clone());
+    app.load_jobs_in_background();
     if app.settings_are_fixed() {
         // Nothing the client says can change where the default session runs: start its
         // worker now, while the client is still starting and sending `initialize`.
@@ -97,11 +100,17 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
         tokio::spawn(async move { app.prewarm().await });
     }
     let served = match config.transport {
-        Transport::Stdio => transport::serve_stdio(app.clone(), shutdown.clone()).await,
+        Transport::Stdio => {
+            // A stdio server's one client is the process that started it: its SIGTERM
+            // means now (no drain; nothing else could follow the jobs).
+            drain::spawn_signal_watch(shutdown.clone(), None);
+            transport::serve_stdio(app.clone(), shutdown.clone()).await
+        }
         Transport::Http {
             listen,
             auth,
             budgets,
+            drain,
         } => {
             let tenants = match &auth {
                 transport::HttpAuth::Tokens(path) => {
@@ -113,6 +122,12 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
             if let Some(t) = &tenants {
                 spawn_reload_on_sighup(t.clone(), shutdown.clone());
             }
+            let drain = drain::Drain {
+                window: drain,
+                app: app.clone(),
+                tenants: tenants.clone(),
+            };
+            drain::spawn_signal_watch(shutdown.clone(), Some(drain));
             let served = transport::serve_http(
                 app.clone(),
                 tenants.clone(),
@@ -156,33 +171,14 @@ fn spawn_reload_on_sighup(tenants: Arc<tenants::Tenants>, shutdown: Cancellation
     });
 }
 
-/// SIGTERM / SIGINT cancel `shutdown`; the transports return and the app is torn down.
-fn spawn_signal_watch(shutdown: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    tokio::spawn(async move {
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::warn!(
-                "cannot install signal handlers; SIGTERM will kill the server without cleanup"
-            );
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-            _ = shutdown.cancelled() => {}
-        }
-        shutdown.cancel();
-    });
-}
-
 /// Logs go to stderr only: stdout is the MCP stream. `RUST_LOG` picks the level (default
-/// warn, plus the transport's start-up line: where the HTTP server listens and its token).
+/// warn, plus the transport's start-up line: where the HTTP server listens and its token,
+/// and the signals and drain of `drain`).
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("warn,mcp_sandbox_repl::server::transport=info")
+        tracing_subscriber::EnvFilter::new(
+            "warn,mcp_sandbox_repl::server::transport=info,mcp_sandbox_repl::server::drain=info",
+        )
     });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

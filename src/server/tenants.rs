@@ -60,6 +60,8 @@ pub struct Tenants {
     state_dir: PathBuf,
     specs: RwLock<BTreeMap<String, Spec>>,
     apps: Mutex<HashMap<String, Arc<App>>>,
+    /// The server's drain flag, which every principal's app obeys.
+    lifecycle: Arc<crate::app::Lifecycle>,
 }
 
 impl std::fmt::Debug for Tenants {
@@ -80,6 +82,7 @@ impl Tenants {
             state_dir: app.state_dir().to_path_buf(),
             specs: RwLock::new(specs),
             apps: Mutex::new(HashMap::new()),
+            lifecycle: app.lifecycle(),
         })
     }
 
@@ -148,7 +151,11 @@ impl Tenants {
                 )
             })?;
         }
-        let app = Arc::new(App::new(&cfg).map_err(|e| e.to_string())?);
+        let app = Arc::new(
+            App::new(&cfg)
+                .map_err(|e| e.to_string())?
+                .sharing_lifecycle(self.lifecycle.clone()),
+        );
         tracing::info!(
             principal = name,
             "first use of a principal: its own sessions, jobs and stores"

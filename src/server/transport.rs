@@ -67,7 +67,16 @@ pub enum HttpAuth {
     NoAuth,
     /// A tokens file (`--tokens`): one principal per token, each with its own app.
     Tokens(std::path::PathBuf),
+    /// Behind a trusted front (`--router-auth`): no token; every request must name this
+    /// cell (the string) in [`SANDBOX_ID_HEADER`]. The front authenticates the caller.
+    Router(String),
 }
+
+/// The header a sandbox router routes on and forwards (agent-sandbox's `sandbox-router`).
+pub const SANDBOX_ID_HEADER: &str = "x-sandbox-id";
+
+/// The longest cell id (a Kubernetes object name is at most 253 characters).
+const MAX_CELL_ID: usize = 253;
 
 /// Where a generated token is written (inside the state dir, which sandboxed code never sees).
 pub const TOKEN_FILE: &str = "http-token";
@@ -82,8 +91,44 @@ pub fn check_bind(listen: SocketAddr, auth: &HttpAuth) -> Result<(), ServerError
             "refusing --no-auth on {listen}: anyone who can reach it could run code; \
              drop --no-auth (a token is generated), or listen on 127.0.0.1"
         ))),
+        HttpAuth::Router(cell) if !valid_cell_id(cell) => Err(ServerError::Config(format!(
+            "the cell id {:?} (--cell-id or MCP_SANDBOX_CELL_ID) cannot be matched against X-Sandbox-ID: \
+             give 1 to {MAX_CELL_ID} visible ASCII characters without spaces (on Kubernetes, the pod's name)",
+            cell.chars().take(80).collect::<String>()
+        ))),
         _ => Ok(()),
     }
+}
+
+/// A cell id an `X-Sandbox-ID` header can carry: visible ASCII, no spaces, not too long.
+fn valid_cell_id(cell: &str) -> bool {
+    !cell.is_empty() && cell.len() <= MAX_CELL_ID && cell.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Whether a request routed to this cell names it (`--router-auth`): `Err` is the refusal
+/// in words, with its status (403 without the header: the request did not come through
+/// the front; 421 naming another cell: the front misrouted it).
+fn check_cell(header: Option<&[u8]>, cell: &str) -> Result<(), (StatusCode, String)> {
+    let Some(given) = header else {
+        return Err((
+            StatusCode::FORBIDDEN,
+            "forbidden: this cell serves only requests through its sandbox router, which names the cell in the X-Sandbox-ID header; the request has none\n".to_string(),
+        ));
+    };
+    if given == cell.as_bytes() {
+        return Ok(());
+    }
+    let shown: String = String::from_utf8_lossy(given)
+        .chars()
+        .take(80)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    Err((
+        StatusCode::MISDIRECTED_REQUEST,
+        format!(
+            "misdirected request: this is cell {cell:?}, but the request's X-Sandbox-ID names {shown:?}; the router sent it to the wrong cell: retry through the router\n"
+        ),
+    ))
 }
 
 /// A fresh random token: 32 bytes from the kernel's CSPRNG, hex-encoded.
@@ -225,9 +270,13 @@ static SESSION_REFUSED: Throttle = Throttle::new(log_limit::EVERY);
 /// Everything a connection's requests need.
 #[derive(Clone)]
 struct Router {
+    /// The server's own app: its readiness is the cell's.
+    app: Arc<App>,
     service: StreamableHttpService<SandboxServer, BoundedSessions>,
     sessions: BoundedSessions,
     token: Option<Arc<str>>,
+    /// `--router-auth`: the cell id every request must name.
+    cell: Option<Arc<str>>,
     tenants: Option<Arc<Tenants>>,
 }
 
@@ -270,6 +319,10 @@ pub async fn serve_http(
     // written: a client that connects as soon as the port answers finds the token there.
     // The address is announced once it answers.
     let socket = take_port(listen)?;
+    let cell: Option<Arc<str>> = match &auth {
+        HttpAuth::Router(cell) => Some(Arc::from(cell.as_str())),
+        _ => None,
+    };
     // A generated token is good for this run only: its file goes when the server stops.
     let (token, token_file): (Option<Arc<str>>, _) = match auth {
         HttpAuth::Token(t) => (Some(Arc::from(t)), None),
@@ -279,7 +332,7 @@ pub async fn serve_http(
             write_token_file(&path, &t)?;
             (Some(Arc::from(t)), Some(path))
         }
-        HttpAuth::NoAuth | HttpAuth::Tokens(_) => (None, None),
+        HttpAuth::NoAuth | HttpAuth::Tokens(_) | HttpAuth::Router(_) => (None, None),
     };
     let listener = match socket.listen(1024) {
         Ok(l) => l,
@@ -312,6 +365,10 @@ pub async fn serve_http(
             "MCP over streamable HTTP at {url}; send `Authorization: Bearer <token>` with the token in {} (generated for this run; pass --token to choose one; {limits})",
             path.display()
         ),
+        (None, _) if cell.is_some() => tracing::info!(
+            "MCP over streamable HTTP at {url} behind a trusted router (--router-auth): no bearer token; every request must carry X-Sandbox-ID: {} ({limits})",
+            cell.as_deref().unwrap_or_default()
+        ),
         (None, _) => tracing::warn!(
             "MCP over streamable HTTP at {url} WITHOUT authentication (--no-auth): any local process can run code through it ({limits})"
         ),
@@ -324,9 +381,11 @@ pub async fn serve_http(
         );
     }
     let router = Router {
+        app: app.clone(),
         service,
         sessions,
         token,
+        cell,
         tenants,
     };
     loop {
@@ -492,11 +551,25 @@ fn take_port(listen: SocketAddr) -> Result<tokio::net::TcpSocket, ServerError> {
 }
 
 async fn route(router: Router, req: Request<Incoming>) -> Response<HttpBody> {
-    if req.uri().path() != "/mcp" {
-        return plain(
-            StatusCode::NOT_FOUND,
-            "not found: the MCP endpoint is /mcp\n",
-        );
+    // Probes first, before any authentication: an orchestrator's kubelet holds no token
+    // and sends no X-Sandbox-ID. They answer nothing but a status and a one-line reason.
+    match req.uri().path() {
+        "/mcp" => {}
+        path @ ("/healthz" | "/readyz") => return probe(&router.app, path, req.method()),
+        _ => {
+            return plain(
+                StatusCode::NOT_FOUND,
+                "not found: the MCP endpoint is /mcp (health: /healthz, readiness: /readyz)\n",
+            );
+        }
+    }
+    if let Some(cell) = router.cell.as_deref()
+        && let Err((status, words)) = check_cell(
+            req.headers().get(SANDBOX_ID_HEADER).map(|v| v.as_bytes()),
+            cell,
+        )
+    {
+        return plain(status, &words);
     }
     let header = req
         .headers()
@@ -584,6 +657,33 @@ async fn route(router: Router, req: Request<Incoming>) -> Response<HttpBody> {
             resp
         }
     }
+}
+
+/// `GET /healthz`: 200 while the process serves. `GET /readyz`: 200 when a `python_exec`
+/// is answered now, else 503 with the reason ([`App::readiness`]). HEAD too; other
+/// methods 405.
+fn probe(app: &App, path: &str, method: &hyper::Method) -> Response<HttpBody> {
+    if method != hyper::Method::GET && method != hyper::Method::HEAD {
+        let mut resp = plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &format!("method not allowed: {path} answers GET\n"),
+        );
+        resp.headers_mut().insert(
+            hyper::header::ALLOW,
+            hyper::header::HeaderValue::from_static("GET, HEAD"),
+        );
+        return resp;
+    }
+    let mut resp = match (path, app.readiness()) {
+        ("/healthz", _) => plain(StatusCode::OK, "ok\n"),
+        (_, Ok(())) => plain(StatusCode::OK, "ready\n"),
+        (_, Err(why)) => plain(StatusCode::SERVICE_UNAVAILABLE, &format!("{why}\n")),
+    };
+    resp.headers_mut().insert(
+        hyper::header::CACHE_CONTROL,
+        hyper::header::HeaderValue::from_static("no-store"),
+    );
+    resp
 }
 
 /// Whether a POST body is an `initialize` request (the one message that opens a session).
@@ -684,6 +784,40 @@ mod tests {
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), a);
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+    }
+
+    #[test]
+    fn router_mode_wants_this_cells_id_exactly() {
+        assert!(check_cell(Some(b"cell-a"), "cell-a").is_ok());
+        let (status, words) = check_cell(None, "cell-a").unwrap_err();
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(
+            words.contains("X-Sandbox-ID") && words.contains("router"),
+            "{words}"
+        );
+        for wrong in [&b"cell-b"[..], b"CELL-A", b"cell-a2", b"", b"cell-\x1b[2Ja"] {
+            let (status, words) = check_cell(Some(wrong), "cell-a").unwrap_err();
+            assert_eq!(status, StatusCode::MISDIRECTED_REQUEST);
+            assert!(
+                words.contains("\"cell-a\"") && words.contains("wrong cell"),
+                "{words}"
+            );
+            assert!(
+                !words.contains('\x1b'),
+                "control characters are not echoed: {words}"
+            );
+        }
+        let long = vec![b'x'; 10_000];
+        let (_, words) = check_cell(Some(&long), "cell-a").unwrap_err();
+        assert!(words.len() < 400, "an echoed id is cut short");
+        let any: SocketAddr = "0.0.0.0:8765".parse().unwrap_or_else(|_| unreachable!());
+        assert!(check_bind(any, &HttpAuth::Router("pod-7f9c".into())).is_ok());
+        for bad in ["", "two words", "tab\there", "é", &"x".repeat(254)] {
+            assert!(
+                check_bind(any, &HttpAuth::Router(bad.into())).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -68,7 +69,8 @@ def start_http(server, *extra, log_env=None):
 
 
 def stop(proc):
-    proc.terminate()
+    # SIGINT stops at once; an HTTP server's SIGTERM first drains running jobs (test_cell).
+    proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=10) == 0
 
 

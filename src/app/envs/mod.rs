@@ -265,6 +265,7 @@ impl App {
         wait: Duration,
         call: &Call,
     ) -> Result<JobView, AppError> {
+        self.admit_job()?;
         let req = InstallRequest {
             packages: args.packages,
             upgrade: args.upgrade,
@@ -330,6 +331,7 @@ impl App {
         wait: Duration,
         call: &Call,
     ) -> Result<JobView, AppError> {
+        self.admit_job()?;
         let record = super::scripts::arguments_of(&args);
         let source = match (args.code, args.path) {
             (Some(_), Some(_)) => {
