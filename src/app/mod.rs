@@ -46,7 +46,7 @@ pub use error::{AppError, AppResult};
 pub use jobs::{Chunk, OutputStream, ShellArgs};
 pub use lifecycle::Lifecycle;
 pub use python::{VarsOutcome, VarsRequest};
-pub use settings::{SandboxRequest, Settings, Sources};
+pub use settings::{ClientSandbox, SandboxRequest, Settings, Sources};
 
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobKind, JobSnapshot, JobStatus, JobStore, StoreConfig};
@@ -290,6 +290,31 @@ impl App {
         let next = state.apply_request(request)?;
         self.publish(&next);
         Ok(next)
+    }
+
+    /// The sandbox state the client sent with a tool call (today's Codex; honoured only
+    /// under `--sandbox-state inherit`): new sessions and jobs run under it, and so does
+    /// the session each later call uses ([`App::session`] starts it again if needed).
+    /// `None` when it repeats the last one.
+    pub fn apply_client_sandbox(
+        &self,
+        state: ClientSandbox,
+    ) -> Result<Option<Arc<Settings>>, AppError> {
+        let mut state_now = self.lock_settings();
+        if !state_now.sources.inherit_sandbox {
+            return Err(AppError::SandboxNotInherited);
+        }
+        let next = state_now.apply_client_sandbox(state)?;
+        if let Some(next) = &next {
+            self.publish(next);
+        }
+        Ok(next)
+    }
+
+    /// The client sends its sandbox state with every call: a session started under
+    /// another sandbox is started again when a call uses it.
+    fn sessions_follow_client(&self) -> bool {
+        self.lock_settings().per_call
     }
 
     /// The client's roots (file paths): the first becomes the workspace of sessions and

@@ -1,13 +1,16 @@
 //! What sessions and jobs started from now on run under — the policy and the workspace —
 //! and how the client may change it while the server runs: a sandbox request (Codex's
-//! sandbox state under `--sandbox-state inherit`) and the client's roots (when no
-//! `--workspace` was given). Running workers keep what they started with; every change
+//! sandbox state under `--sandbox-state inherit`: per tool call today, or the older
+//! update) and the client's roots (when no `--workspace` was given). Running workers keep
+//! what they started with — except that a client that sends its state with every call
+//! gets each call's session started again under it ([`State::per_call`]); every change
 //! bumps a generation so the server can tell the agent once, in its next answer.
 //!
 //! Decisions (docs/policies.md): the first root is the workspace, further roots are
-//! readable (not writable) paths; a sandbox request's writable roots are extra writable
-//! paths on top of the workspace; `/` and the home directory are never taken from a
-//! client (refused, and the agent is told why).
+//! readable (not writable) paths; a per-call state's working directory is the workspace
+//! (when the client may choose it); a sandbox request's writable roots are extra
+//! writable paths on top of the workspace; `/` and the home directory are never taken
+//! from a client (refused, and the agent is told why).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,8 +23,9 @@ use super::workspace::Workspace;
 /// A sandbox the client asks for (already parsed from its wire format by the server).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SandboxRequest {
-    /// Read the workspace and the system, write only a private temp dir.
-    ReadOnly,
+    /// Read the workspace and the system, write only a private temp dir; the host network
+    /// when `network`.
+    ReadOnly { network: bool },
     /// Write the workspace and `writable_roots`; the host network when `network`.
     WorkspaceWrite {
         writable_roots: Vec<PathBuf>,
@@ -29,16 +33,67 @@ pub enum SandboxRequest {
     },
     /// No sandbox.
     FullAccess,
+    /// The client runs this server inside a sandbox of its own (Codex's
+    /// `external-sandbox`): no file-system confinement of ours; the network only when
+    /// `network`, and the limits and job cgroups of every policy (see [`external_policy`]).
+    External { network: bool },
 }
 
 impl SandboxRequest {
-    fn base_name(&self) -> &'static str {
+    /// The name the client gives this sandbox (Codex's `sandboxPolicy.type`).
+    pub fn client_name(&self) -> &'static str {
         match self {
-            SandboxRequest::ReadOnly => "read-only",
+            SandboxRequest::ReadOnly { .. } => "read-only",
             SandboxRequest::WorkspaceWrite { .. } => "workspace-write",
             SandboxRequest::FullAccess => "danger-full-access",
+            SandboxRequest::External { .. } => "external-sandbox",
         }
     }
+
+    fn network(&self) -> bool {
+        match self {
+            SandboxRequest::ReadOnly { network }
+            | SandboxRequest::WorkspaceWrite { network, .. }
+            | SandboxRequest::External { network } => *network,
+            SandboxRequest::FullAccess => true,
+        }
+    }
+}
+
+/// The whole sandbox state a client sends (Codex's `SandboxState`, parsed): the request
+/// and its working directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientSandbox {
+    pub request: SandboxRequest,
+    /// Codex's `sandboxCwd`: the workspace when the client may choose it.
+    pub cwd: Option<PathBuf>,
+}
+
+/// What we still enforce under Codex's `external-sandbox`, in words (the agent notice and
+/// docs/policies.md say the same).
+pub const EXTERNAL_ENFORCED: &str = "the client sandboxes this server itself, so file \
+     access is not confined here (anything the outer sandbox allows); still enforced here: \
+     no network unless the client enables it (a private network namespace, capabilities \
+     dropped so it cannot be left), the process limit (4096), and each job in a cgroup of \
+     its own whose processes end with it";
+
+/// Codex's `external-sandbox`: `danger-full-access` (no Landlock, no mount view, no
+/// syscall filter: the outer sandbox confines files, and ours may not even be possible in
+/// it), but without the network unless `network`, with capabilities dropped so that the
+/// private network namespace cannot be left.
+fn external_policy(network: bool) -> Result<Policy, AppError> {
+    let mut p = Policy::load("danger-full-access")?;
+    p.description = format!("Codex's external sandbox: {EXTERNAL_ENFORCED}.");
+    if !network {
+        p.network.mode = NetworkMode::None;
+        p.network.connect.clear();
+        p.network.bind.clear();
+        p.network.allow.clear();
+        p.process.drop_capabilities = true;
+        // Installs reach the package indexes through the broker, as under workspace-write.
+        p.installer = Policy::load("workspace-write")?.installer;
+    }
+    Ok(p)
 }
 
 /// Where the settings may come from, fixed at start.
@@ -77,6 +132,14 @@ pub(super) struct State {
     /// Extra writable paths of the last request, checked (canonical).
     request_write: Vec<PathBuf>,
     roots: Option<(PathBuf, Vec<PathBuf>)>,
+    /// The client sends its sandbox state with every tool call (today's Codex): each
+    /// call's session runs under it, started again if it was started under another.
+    pub per_call: bool,
+    /// The last per-call state applied, as sent (a call that repeats it changes nothing).
+    last_call: Option<ClientSandbox>,
+    /// The per-call state's working directory, checked: the workspace (when the client
+    /// may choose it), before any root.
+    cwd_workspace: Option<PathBuf>,
     /// Client paths refused at the last change, in words.
     refused: Vec<String>,
     pub current: Arc<Settings>,
@@ -97,6 +160,9 @@ impl State {
             request: None,
             request_write: Vec::new(),
             roots: None,
+            per_call: false,
+            last_call: None,
+            cwd_workspace: None,
             refused: Vec::new(),
             current: Arc::new(Settings {
                 policy: configured,
@@ -113,15 +179,42 @@ impl State {
     /// Apply a sandbox request; refused paths are named in the notice.
     pub fn apply_request(&mut self, request: SandboxRequest) -> Result<Arc<Settings>, AppError> {
         self.refused.clear();
-        self.request_write = match &request {
+        self.request_write = self.checked_writable(&request);
+        self.request = Some(request);
+        self.rebuild()
+    }
+
+    /// Apply the sandbox state a client sends with a tool call: the request, and its
+    /// working directory as the workspace (when no `--workspace` was given; `/`, `$HOME`
+    /// and the like are refused and the workspace stays). `None` when it repeats the
+    /// last one (nothing changes, no generation is used up).
+    pub fn apply_client_sandbox(
+        &mut self,
+        state: ClientSandbox,
+    ) -> Result<Option<Arc<Settings>>, AppError> {
+        if self.per_call && self.last_call.as_ref() == Some(&state) {
+            return Ok(None);
+        }
+        self.per_call = true;
+        self.refused.clear();
+        self.cwd_workspace = match (&state.cwd, self.sources.workspace_from_roots) {
+            (Some(cwd), true) => self.check_client_path(cwd, "working directory (sandboxCwd)"),
+            _ => None,
+        };
+        self.request_write = self.checked_writable(&state.request);
+        self.request = Some(state.request.clone());
+        self.last_call = Some(state);
+        self.rebuild().map(Some)
+    }
+
+    fn checked_writable(&mut self, request: &SandboxRequest) -> Vec<PathBuf> {
+        match request {
             SandboxRequest::WorkspaceWrite { writable_roots, .. } => writable_roots
                 .iter()
                 .filter_map(|p| self.check_client_path(p, "writable root"))
                 .collect(),
             _ => Vec::new(),
-        };
-        self.request = Some(request);
-        self.rebuild()
+        }
     }
 
     /// Apply the client's roots (file paths, in its order); the first becomes the
@@ -170,23 +263,38 @@ impl State {
     }
 
     fn build(&self, generation: u64) -> Result<Settings, AppError> {
-        let (workspace, extra_read) = match &self.roots {
+        let (mut workspace, extra_read) = match &self.roots {
             Some((first, rest)) => (first.clone(), rest.clone()),
             None => (self.configured_workspace.clone(), Vec::new()),
         };
+        if let Some(cwd) = &self.cwd_workspace {
+            workspace = cwd.clone();
+        }
         let mut policy = match &self.request {
             Some(r) => {
-                let mut p = Policy::load(r.base_name())?;
-                p.name = format!("{} (from the client)", r.base_name());
-                if let SandboxRequest::WorkspaceWrite { network, .. } = r {
-                    p.filesystem
-                        .write
-                        .extend(self.request_write.iter().map(|w| w.display().to_string()));
-                    if *network {
-                        p.network.mode = NetworkMode::Full;
-                        p.network.connect.clear();
-                        p.network.bind.clear();
-                    }
+                let mut p = match r {
+                    SandboxRequest::External { network } => external_policy(*network)?,
+                    _ => Policy::load(r.client_name())?,
+                };
+                p.name = format!("{} (from the client)", r.client_name());
+                if let SandboxRequest::WorkspaceWrite { .. } = r {
+                    // The workspace is writable already ({workspace}).
+                    p.filesystem.write.extend(
+                        self.request_write
+                            .iter()
+                            .filter(|w| **w != workspace)
+                            .map(|w| w.display().to_string()),
+                    );
+                }
+                if matches!(
+                    r,
+                    SandboxRequest::ReadOnly { network: true }
+                        | SandboxRequest::WorkspaceWrite { network: true, .. }
+                ) {
+                    p.network.mode = NetworkMode::Full;
+                    p.network.connect.clear();
+                    p.network.bind.clear();
+                    p.network.allow.clear();
                 }
                 p
             }
@@ -215,44 +323,52 @@ impl State {
     }
 
     fn notice(&self, policy: &Policy, workspace: &Path, extra_read: &[PathBuf]) -> String {
+        let by = if self.per_call {
+            "Sandbox from the client (sent with each tool call)"
+        } else {
+            "Sandbox changed by the client"
+        };
         let mut s = match (&self.request, self.sources.inherit_sandbox) {
             (None, true) => format!(
                 "Sandbox: --sandbox-state inherit, but the client has not sent its sandbox \
-                 state (codex/sandbox-state/update) yet, so new sessions and jobs run under \
-                 {}. Workspace: {}.",
+                 state (codex/sandbox-state-meta or codex/sandbox-state/update) yet, so new \
+                 sessions and jobs run under {}. Workspace: {}.",
                 policy.name,
                 workspace.display()
             ),
-            (
-                Some(SandboxRequest::WorkspaceWrite {
-                    network,
-                    writable_roots: _,
-                }),
-                _,
-            ) => {
-                let extra = if self.request_write.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        ", also writable: {}",
-                        self.request_write
-                            .iter()
-                            .map(|p| p.display().to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
+            (Some(r @ SandboxRequest::WorkspaceWrite { .. }), _) => {
+                let extra: Vec<String> = self
+                    .request_write
+                    .iter()
+                    .filter(|p| *p != workspace)
+                    .map(|p| p.display().to_string())
+                    .collect();
+                let extra = match extra.is_empty() {
+                    true => String::new(),
+                    false => format!(", also writable: {}", extra.join(", ")),
                 };
                 format!(
-                    "Sandbox changed by the client: new sessions and jobs run under {} \
-                     (workspace {} writable{extra}; network {}).",
+                    "{by}: new sessions and jobs run under {} (workspace {} writable{extra}; \
+                     network {}).",
                     policy.name,
                     workspace.display(),
-                    if *network { "on" } else { "off" }
+                    on_off(r.network())
                 )
             }
-            (Some(_), _) => format!(
-                "Sandbox changed by the client: new sessions and jobs run under {}. \
-                 Workspace: {}.",
+            (Some(r @ SandboxRequest::ReadOnly { .. }), _) => format!(
+                "{by}: new sessions and jobs run under {} (workspace {} readable, not \
+                 writable; network {}).",
+                policy.name,
+                workspace.display(),
+                on_off(r.network())
+            ),
+            (Some(SandboxRequest::External { .. }), _) => format!(
+                "{by}: new sessions and jobs run under {}: {EXTERNAL_ENFORCED}. Workspace: {}.",
+                policy.name,
+                workspace.display()
+            ),
+            (Some(SandboxRequest::FullAccess), _) => format!(
+                "{by}: new sessions and jobs run under {} (no sandbox). Workspace: {}.",
                 policy.name,
                 workspace.display()
             ),
@@ -273,9 +389,15 @@ impl State {
                     .join(", ")
             ));
         }
-        if self.request.is_some() || self.roots.is_some() {
+        if self.per_call {
             s.push_str(
-                " Sessions already running keep their sandbox until python_restart or \
+                " A session started under another sandbox is started again when a call next \
+                 uses it (its variables are lost; the cell says so); session_list shows each \
+                 session's policy.",
+            );
+        } else if self.request.is_some() || self.roots.is_some() {
+            s.push_str(
+                " Sessions already running keep their sandbox until session_restart or \
                  session_close; session_list shows each session's policy.",
             );
         }
@@ -286,6 +408,10 @@ impl State {
         }
         s
     }
+}
+
+fn on_off(on: bool) -> &'static str {
+    if on { "on" } else { "off" }
 }
 
 /// A path a client hands us: absolute, an existing directory, never `/` or the home
@@ -356,7 +482,9 @@ mod tests {
     #[test]
     fn requests_map_onto_policies() {
         let (_dirs, mut s, _) = state(true, "map");
-        let ro = s.apply_request(SandboxRequest::ReadOnly).unwrap();
+        let ro = s
+            .apply_request(SandboxRequest::ReadOnly { network: false })
+            .unwrap();
         assert_eq!(ro.generation, 1);
         assert!(ro.policy.name.starts_with("read-only"));
         assert!(
@@ -387,6 +515,70 @@ mod tests {
         let full = s.apply_request(SandboxRequest::FullAccess).unwrap();
         assert!(full.policy.name.starts_with("danger-full-access"));
         assert_eq!(full.generation, 3);
+    }
+
+    #[test]
+    fn a_per_call_state_sets_the_workspace_and_a_repeat_changes_nothing() {
+        let (_dirs, mut s, ws) = state(true, "per-call");
+        let (_cwd_dir, cwd) = scratch("per-call-cwd");
+        let call = ClientSandbox {
+            request: SandboxRequest::WorkspaceWrite {
+                writable_roots: vec![cwd.clone()],
+                network: false,
+            },
+            cwd: Some(cwd.clone()),
+        };
+        let first = s.apply_client_sandbox(call.clone()).unwrap().unwrap();
+        assert_eq!(first.workspace.root(), cwd.as_path());
+        // The working directory is the workspace: not listed again as an extra root.
+        assert!(
+            !first
+                .policy
+                .filesystem
+                .write
+                .contains(&cwd.display().to_string())
+        );
+        assert!(
+            first.notice.contains("sent with each tool call"),
+            "{}",
+            first.notice
+        );
+        assert!(s.apply_client_sandbox(call).unwrap().is_none());
+        assert_eq!(s.current.generation, first.generation);
+        // `/` is never the workspace: refused in words, the workspace as started stays.
+        let slash = s
+            .apply_client_sandbox(ClientSandbox {
+                request: SandboxRequest::ReadOnly { network: false },
+                cwd: Some("/".into()),
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(slash.workspace.root(), ws.as_path());
+        assert!(
+            slash
+                .notice
+                .contains("working directory (sandboxCwd) / refused"),
+            "{}",
+            slash.notice
+        );
+    }
+
+    #[test]
+    fn external_sandbox_keeps_the_network_off_unless_enabled() {
+        let (_dirs, mut s, _) = state(true, "external");
+        let call = |network| ClientSandbox {
+            request: SandboxRequest::External { network },
+            cwd: None,
+        };
+        let off = s.apply_client_sandbox(call(false)).unwrap().unwrap();
+        assert_eq!(off.policy.name, "external-sandbox (from the client)");
+        assert!(off.policy.filesystem.write.iter().any(|w| w == "/"));
+        assert_eq!(off.policy.network.mode, NetworkMode::None);
+        // Without capabilities the private network namespace cannot be left.
+        assert!(off.policy.process.drop_capabilities);
+        assert!(off.notice.contains("still enforced"), "{}", off.notice);
+        let on = s.apply_client_sandbox(call(true)).unwrap().unwrap();
+        assert_eq!(on.policy.network.mode, NetworkMode::Full);
     }
 
     #[test]

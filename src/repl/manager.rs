@@ -38,9 +38,10 @@ pub struct SessionManager {
     /// is started again under the new sandbox at its first use. Locked alone.
     sandbox_generation: std::sync::atomic::AtomicU64,
     launched_under: Mutex<HashMap<String, u64>>,
-    /// Sessions the idle reaper closed, with how long they had been idle: the next cell
-    /// of a session started again under that name is told its state was lost and why.
-    expired: Mutex<HashMap<String, Duration>>,
+    /// Sessions closed without being asked (the idle reaper, a sandbox change the client
+    /// sends with its calls), with why in words: the next cell of a session started again
+    /// under that name is told its state was lost and why.
+    expired: Mutex<HashMap<String, String>>,
     /// A session started ahead of use ([`SessionManager::prewarm`]) and not used since:
     /// it does not count toward `max_sessions`, and yields its slot (is closed) when
     /// another session needs it. Locked alone.
@@ -90,10 +91,71 @@ impl SessionManager {
 
     /// Sessions started from now on run under `policy` in `workspace`; running ones keep
     /// theirs until they are closed or restarted.
+    /// A change that leaves the sandbox as it was (only the policy's name or description
+    /// differ) keeps the generation: sessions started before it need not start again.
     pub fn set_sandbox(&self, policy: crate::sandbox::Policy, workspace: PathBuf) {
-        *self.sandbox.lock().unwrap_or_else(|p| p.into_inner()) = (policy, workspace);
-        self.sandbox_generation
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut current = self.sandbox.lock().unwrap_or_else(|p| p.into_inner());
+        let same = current.1 == workspace && {
+            let mut was = current.0.clone();
+            was.name.clone_from(&policy.name);
+            was.description.clone_from(&policy.description);
+            was == policy
+        };
+        *current = (policy, workspace);
+        if !same {
+            self.sandbox_generation
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Close session `name` if it was started under another sandbox than the current one
+    /// and runs nothing (idle, or without a live worker), so that its next use starts it
+    /// again under the current one; that first cell is told, with `why`, that its state
+    /// is lost. Returns whether it was closed.
+    pub fn restart_outdated(&self, name: &str, why: &str) -> bool {
+        let Some(session) = self.sessions().get(name).cloned() else {
+            return false;
+        };
+        let now = self
+            .sandbox_generation
+            .load(std::sync::atomic::Ordering::SeqCst);
+        let under = self
+            .launched_under
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .copied();
+        let quiet = matches!(
+            session.state(),
+            super::SessionState::Idle | super::SessionState::Dead
+        );
+        if under == Some(now) || !quiet {
+            return false;
+        }
+        let used = session.info().cells > 0;
+        tracing::info!(session = %name, "{why}: closing the session so that it starts again under it");
+        if self.close(name).is_err() {
+            return false;
+        }
+        if used {
+            self.remember_lost(
+                name,
+                format!(
+                    "session {name:?} was started again because {why}; this ran in a fresh \
+                     worker and earlier state is lost"
+                ),
+            );
+        }
+        true
+    }
+
+    /// The next start of session `name` is told its state was lost, in these words.
+    fn remember_lost(&self, name: &str, note: String) {
+        let mut expired = self.expired.lock().unwrap_or_else(|p| p.into_inner());
+        if expired.len() >= EXPIRED_CAP {
+            expired.clear(); // bounded memory; only the notes of old names are lost
+        }
+        expired.insert(name.to_string(), note);
     }
 
     fn current_sandbox(&self) -> (crate::sandbox::Policy, PathBuf) {
@@ -407,12 +469,8 @@ impl SessionManager {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(name);
-        if let Some(idle) = expired {
-            started.mark_state_lost(format!(
-                "session {name:?} expired after {} s idle and was closed; this ran in a fresh \
-                 worker and earlier state is lost",
-                idle.as_secs()
-            ));
+        if let Some(note) = expired {
+            started.mark_state_lost(note);
         }
         // `set_site_dirs` may have run while the worker started.
         started.set_site_dirs(self.site_dirs_of(name));
@@ -569,11 +627,14 @@ impl SessionManager {
         for (name, idle) in idle {
             tracing::info!(session = %name, "closing a session idle for longer than {ttl:?}");
             if self.close(&name).is_ok() {
-                let mut expired = self.expired.lock().unwrap_or_else(|p| p.into_inner());
-                if expired.len() >= EXPIRED_CAP {
-                    expired.clear(); // bounded memory; only the notes of old names are lost
-                }
-                expired.insert(name.clone(), idle);
+                self.remember_lost(
+                    &name,
+                    format!(
+                        "session {name:?} expired after {} s idle and was closed; this ran in a \
+                         fresh worker and earlier state is lost",
+                        idle.as_secs()
+                    ),
+                );
             }
             names.push(name);
         }

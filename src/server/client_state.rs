@@ -1,8 +1,15 @@
 //! What the client tells the server about its own state, in the client's wire format:
-//! Codex's `codex/sandbox-state/update` (a request answered with `{}`, or a notification)
+//! Codex's sandbox state — today's `_meta["codex/sandbox-state-meta"]` on every
+//! `tools/call` (sent once the server declares that experimental capability), and the
+//! older `codex/sandbox-state/update` (a request answered with `{}`, or a notification) —
 //! and MCP roots (`roots/list`, `notifications/roots/list_changed`). Parsed here and
-//! handed to the app as plain [`SandboxRequest`]s and paths; per connection, the agent
+//! handed to the app as a plain [`ClientSandbox`] and paths; per connection, the agent
 //! is told once, in its next tool answer, what new sessions and jobs run under.
+//!
+//! The shapes follow openai/codex: `SandboxState` in `codex-rs/codex-mcp/src/runtime.rs`
+//! (`permissionProfile?`, `sandboxPolicy`, `codexLinuxSandboxExe`, `sandboxCwd`,
+//! `useLegacyLandlock`, camelCase) and `SandboxPolicy` in `codex-rs/protocol` (tagged by
+//! `type`, kebab-case variants, snake_case fields).
 
 // MCP roots are deprecated by SEP-2577 in rmcp, but they are what Claude Code, Cursor and
 // VS Code still offer.
@@ -16,27 +23,36 @@ use rmcp::model::{ErrorCode, Root};
 use rmcp::{ErrorData, Peer, RoleServer};
 use serde::Deserialize;
 
-use crate::app::{App, SandboxRequest};
+use crate::app::{App, ClientSandbox, SandboxRequest};
 
-/// The experimental capability Codex looks for before it sends sandbox updates.
+/// The experimental capability older Codex looks for before it sends sandbox updates.
 pub const SANDBOX_STATE_CAPABILITY: &str = "codex/sandbox-state";
-/// The method of the update (request or notification).
+/// The method of the older update (request or notification).
 pub const SANDBOX_STATE_METHOD: &str = "codex/sandbox-state/update";
+/// The experimental capability today's Codex looks for (any value: it checks the key),
+/// and the `_meta` key under which it then sends its sandbox state on every tool call.
+pub const SANDBOX_STATE_META: &str = "codex/sandbox-state-meta";
 
-/// Params of `codex/sandbox-state/update` (fields we do not use are ignored).
+/// Codex's `SandboxState` (fields we do not use are ignored).
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct SandboxStateParams {
     sandbox_policy: CodexPolicy,
-    /// Codex's working directory: writable under workspace-write, as in Codex itself.
+    /// Codex's working directory: a path (a `file://` URL is taken too). Writable under
+    /// workspace-write, as in Codex itself; the workspace when the client may choose it.
     #[serde(default)]
-    sandbox_cwd: Option<PathBuf>,
+    sandbox_cwd: Option<String>,
 }
 
+/// Codex's `SandboxPolicy`. `access`, `read_only_access`, `exclude_tmpdir_env_var` and
+/// `exclude_slash_tmp` are ignored: reads are the policy's, `{tmp}` is always private.
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
 enum CodexPolicy {
-    ReadOnly,
+    ReadOnly {
+        #[serde(default)]
+        network_access: bool,
+    },
     WorkspaceWrite {
         #[serde(default)]
         writable_roots: Vec<PathBuf>,
@@ -44,35 +60,93 @@ enum CodexPolicy {
         network_access: bool,
     },
     DangerFullAccess,
+    /// Codex runs us inside a sandbox of its own.
+    ExternalSandbox {
+        #[serde(default)]
+        network_access: CodexNetworkAccess,
+    },
 }
 
-/// Parse the update's params into a request for the app; the error names what is wrong.
-pub fn parse_sandbox_state(params: Option<&serde_json::Value>) -> Result<SandboxRequest, String> {
-    let params = params.ok_or_else(|| format!("{SANDBOX_STATE_METHOD} needs params"))?;
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum CodexNetworkAccess {
+    #[default]
+    Restricted,
+    Enabled,
+}
+
+/// Where the state came from, for the words of an error.
+#[derive(Debug, Clone, Copy)]
+pub enum StateSource {
+    /// `codex/sandbox-state/update`.
+    Update,
+    /// `_meta["codex/sandbox-state-meta"]` of a tool call.
+    CallMeta,
+}
+
+impl std::fmt::Display for StateSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StateSource::Update => write!(f, "{SANDBOX_STATE_METHOD} params"),
+            StateSource::CallMeta => write!(f, "_meta[\"{SANDBOX_STATE_META}\"]"),
+        }
+    }
+}
+
+/// Parse Codex's sandbox state into what the app takes; the error names what is wrong.
+pub fn parse_client_sandbox(
+    params: Option<&serde_json::Value>,
+    source: StateSource,
+) -> Result<ClientSandbox, String> {
+    let params = params.ok_or_else(|| format!("{source} missing"))?;
     let p: SandboxStateParams = serde_json::from_value(params.clone()).map_err(|e| {
         format!(
-            "invalid {SANDBOX_STATE_METHOD} params: {e} (expected sandboxPolicy.type \
-             read-only, workspace-write or danger-full-access)"
+            "invalid {source}: {e} (expected sandboxPolicy.type read-only, workspace-write, \
+             danger-full-access or external-sandbox)"
         )
     })?;
-    Ok(match p.sandbox_policy {
-        CodexPolicy::ReadOnly => SandboxRequest::ReadOnly,
+    let cwd = match p.sandbox_cwd.as_deref() {
+        None | Some("") => None,
+        Some(c) if c.starts_with("file:") || c.starts_with("FILE:") => Some(
+            file_uri_path(c)
+                .ok_or_else(|| format!("invalid {source}: sandboxCwd {c:?} is not a file URL"))?,
+        ),
+        Some(c) if c.starts_with('/') && !c.contains('\0') => Some(PathBuf::from(c)),
+        Some(c) => {
+            return Err(format!(
+                "invalid {source}: sandboxCwd {c:?} is not an absolute path"
+            ));
+        }
+    };
+    let request = match p.sandbox_policy {
+        CodexPolicy::ReadOnly { network_access } => SandboxRequest::ReadOnly {
+            network: network_access,
+        },
         CodexPolicy::DangerFullAccess => SandboxRequest::FullAccess,
+        CodexPolicy::ExternalSandbox { network_access } => SandboxRequest::External {
+            network: matches!(network_access, CodexNetworkAccess::Enabled),
+        },
         CodexPolicy::WorkspaceWrite {
             mut writable_roots,
             network_access,
         } => {
-            if let Some(cwd) = p.sandbox_cwd
-                && !writable_roots.contains(&cwd)
+            if let Some(cwd) = &cwd
+                && !writable_roots.contains(cwd)
             {
-                writable_roots.insert(0, cwd);
+                writable_roots.insert(0, cwd.clone());
             }
             SandboxRequest::WorkspaceWrite {
                 writable_roots,
                 network: network_access,
             }
         }
-    })
+    };
+    Ok(ClientSandbox { request, cwd })
+}
+
+/// Parse the older update's params into a request for the app.
+pub fn parse_sandbox_state(params: Option<&serde_json::Value>) -> Result<SandboxRequest, String> {
+    parse_client_sandbox(params, StateSource::Update).map(|s| s.request)
 }
 
 /// Apply an update from the client; a protocol error when it cannot be applied.
@@ -83,6 +157,33 @@ pub fn apply_sandbox_state(app: &App, params: Option<&serde_json::Value>) -> Res
         .apply_sandbox_request(request)
         .map_err(|e| ErrorData::new(ErrorCode::INVALID_REQUEST, e.to_string(), None))?;
     tracing::info!(policy = %settings.policy.name, "sandbox state from the client applied");
+    Ok(())
+}
+
+/// Today's Codex: the sandbox state in a tool call's `_meta` (`None`: the call has none).
+/// Applied before the call runs, to the settings and to the session the call uses; a
+/// state that does not parse refuses the call (-32602), since running it under another
+/// sandbox than the client's could allow what the client forbids.
+pub fn apply_call_meta(app: &App, state: Option<&serde_json::Value>) -> Result<(), ErrorData> {
+    let Some(state) = state else {
+        return Ok(());
+    };
+    if !app.sources().inherit_sandbox {
+        // The capability is declared only under inherit; a client sending it anyway is
+        // told nothing: the server's own sandbox applies, as it said at initialize.
+        tracing::debug!(
+            "{SANDBOX_STATE_META} ignored: the server was not started with --sandbox-state inherit"
+        );
+        return Ok(());
+    }
+    let parsed = parse_client_sandbox(Some(state), StateSource::CallMeta)
+        .map_err(|m| ErrorData::new(ErrorCode::INVALID_PARAMS, m, None))?;
+    let applied = app
+        .apply_client_sandbox(parsed)
+        .map_err(|e| ErrorData::new(ErrorCode::INVALID_REQUEST, e.to_string(), None))?;
+    if let Some(settings) = applied {
+        tracing::info!(policy = %settings.policy.name, "sandbox state from the client's tool call applied");
+    }
     Ok(())
 }
 
@@ -238,7 +339,7 @@ mod tests {
     #[test]
     fn codex_updates_parse() {
         let r = parse_sandbox_state(Some(&json!({"sandboxPolicy": {"type": "read-only"}})));
-        assert_eq!(r.unwrap(), SandboxRequest::ReadOnly);
+        assert_eq!(r.unwrap(), SandboxRequest::ReadOnly { network: false });
         let r = parse_sandbox_state(Some(&json!({
             "sandboxPolicy": {"type": "workspace-write", "writable_roots": ["/a"],
                 "network_access": true, "exclude_tmpdir_env_var": false, "exclude_slash_tmp": false},
@@ -266,11 +367,82 @@ mod tests {
         assert_eq!(r.unwrap(), SandboxRequest::FullAccess);
     }
 
+    /// What today's Codex sends in `_meta["codex/sandbox-state-meta"]` (codex-rs
+    /// `SandboxState` serialized: camelCase, the policy tagged by kebab-case `type` with
+    /// snake_case fields, `permissionProfile` alongside).
+    #[test]
+    fn codex_call_meta_parses() {
+        let s = parse_client_sandbox(
+            Some(&json!({
+                "permissionProfile": {"type": "managed",
+                    "file_system": {"type": "restricted", "entries": []}, "network": "restricted"},
+                "sandboxPolicy": {"type": "workspace-write", "writable_roots": ["/extra"],
+                    "network_access": false, "exclude_tmpdir_env_var": false,
+                    "exclude_slash_tmp": false},
+                "codexLinuxSandboxExe": null,
+                "sandboxCwd": "/proj",
+                "useLegacyLandlock": false
+            })),
+            StateSource::CallMeta,
+        )
+        .unwrap();
+        assert_eq!(s.cwd, Some(PathBuf::from("/proj")));
+        assert_eq!(
+            s.request,
+            SandboxRequest::WorkspaceWrite {
+                writable_roots: vec!["/proj".into(), "/extra".into()],
+                network: false
+            }
+        );
+        let s = parse_client_sandbox(
+            Some(
+                &json!({"sandboxPolicy": {"type": "read-only", "network_access": true,
+                "access": {"type": "full-access"}}, "sandboxCwd": "file:///a%20b",
+                "codexLinuxSandboxExe": "/usr/bin/codex-linux-sandbox"}),
+            ),
+            StateSource::CallMeta,
+        )
+        .unwrap();
+        assert_eq!(s.request, SandboxRequest::ReadOnly { network: true });
+        assert_eq!(s.cwd, Some(PathBuf::from("/a b")));
+        for (policy, network) in [
+            (json!({"type": "external-sandbox"}), false),
+            (
+                json!({"type": "external-sandbox", "network_access": "restricted"}),
+                false,
+            ),
+            (
+                json!({"type": "external-sandbox", "network_access": "enabled"}),
+                true,
+            ),
+        ] {
+            let s = parse_client_sandbox(
+                Some(&json!({"sandboxPolicy": policy, "sandboxCwd": "/p"})),
+                StateSource::CallMeta,
+            )
+            .unwrap();
+            assert_eq!(s.request, SandboxRequest::External { network });
+        }
+        for bad in [
+            json!({"sandboxCwd": "/p"}),
+            json!({"sandboxPolicy": {"type": "external-sandbox", "network_access": true}}),
+            json!({"sandboxPolicy": {"type": "read-only"}, "sandboxCwd": "relative"}),
+            json!({"sandboxPolicy": {"type": "read-only"}, "sandboxCwd": "file://host/x"}),
+            json!("read-only"),
+        ] {
+            let e = parse_client_sandbox(Some(&bad), StateSource::CallMeta).unwrap_err();
+            assert!(
+                e.contains("_meta[\"codex/sandbox-state-meta\"]"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
     #[test]
     fn hostile_updates_are_refused_in_words() {
         for bad in [
             json!({}),
-            json!({"sandboxPolicy": {"type": "external-sandbox"}}),
+            json!({"sandboxPolicy": {"type": "no-such-sandbox"}}),
             json!({"sandboxPolicy": "read-only"}),
             json!({"sandboxPolicy": {"type": "workspace-write", "writable_roots": "/"}}),
             json!([1, 2]),

@@ -270,12 +270,21 @@ impl ServerHandler for SandboxServer {
             .enable_tasks()
             .build();
         if self.app.sources().inherit_sandbox {
+            // Today's Codex checks for `codex/sandbox-state-meta` and then sends its state
+            // in every tool call's `_meta`; older Codex checks for `codex/sandbox-state`
+            // and sends `codex/sandbox-state/update`.
             let mut version = serde_json::Map::new();
             version.insert("version".into(), serde_json::json!("1.0.0"));
             caps.experimental = Some(
-                [(client_state::SANDBOX_STATE_CAPABILITY.to_string(), version)]
-                    .into_iter()
-                    .collect(),
+                [
+                    (client_state::SANDBOX_STATE_CAPABILITY.to_string(), version),
+                    (
+                        client_state::SANDBOX_STATE_META.to_string(),
+                        serde_json::Map::new(),
+                    ),
+                ]
+                .into_iter()
+                .collect(),
             );
         }
         ServerConfig::new(caps)
@@ -410,6 +419,17 @@ impl ServerHandler for SandboxServer {
         let app = self.app_for(&context.extensions)?;
         let this = self.with_app(app);
         this.link.roots_settled(&this.app, &context.peer).await;
+        // Today's Codex sends its sandbox state with the call: applied before it runs.
+        let codex_state = context
+            .meta
+            .get(client_state::SANDBOX_STATE_META)
+            .or_else(|| {
+                request
+                    .meta
+                    .as_ref()
+                    .and_then(|m| m.get(client_state::SANDBOX_STATE_META))
+            });
+        client_state::apply_call_meta(&this.app, codex_state)?;
         this.app.settled().await;
         // A client that declares the tasks extension gets a task for a job that
         // outlives the window; every other client gets today's `running` report.

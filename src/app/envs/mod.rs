@@ -217,6 +217,14 @@ impl App {
         name: &str,
         spare: bool,
     ) -> Result<Arc<Session>, AppError> {
+        if !spare && self.sessions_follow_client() {
+            // The client's sandbox comes with every call: a session it finds idle under
+            // another one starts again under the client's (a busy one is left alone: the
+            // call is told it is busy).
+            let policy = self.settings().policy.name.clone();
+            self.sessions
+                .restart_outdated(name, &format!("the client's sandbox changed to {policy}"));
+        }
         if !spare
             && !self.sessions.stale_spare(name)
             && let Ok(s) = self.sessions.get(name)
