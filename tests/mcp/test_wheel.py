@@ -26,7 +26,7 @@ def maturin_command() -> list[str]:
     exe = shutil.which("maturin")
     if exe:
         return [exe]
-    pytest.skip("maturin is not installed (pip install maturin; .ci/run installs it)")
+    pytest.skip("maturin is not installed (tests/run installs it into .venv-tests)")
 
 
 @pytest.fixture(scope="module")
