@@ -10,11 +10,21 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::commands;
 
+/// Who starts this server, how to connect one and how to try it: the paragraph of
+/// `--help`, and what a person who starts it at a terminal reads (one line).
+pub const ABOUT_CLIENTS: &str = "This is an MCP server: an MCP client (Codex, Claude Code, \
+Claude Desktop, Cursor, VS Code) starts it and speaks JSON-RPC with it over stdin and \
+stdout, so run by hand it only waits for that client. Connect a client with \
+`mcp-sandbox-repl install --client codex|claude|claude-desktop|cursor|vscode` (see \
+\"Connect a client\" in the README); try it with `mcp-sandbox-repl --transport http`, \
+then point an MCP client or the MCP Inspector at the URL it prints. Ctrl-C quits.";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "mcp-sandbox-repl",
     version,
     about = "MCP server: a persistent Python REPL and shell jobs, every process locked in by the kernel",
+    after_help = ABOUT_CLIENTS,
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {

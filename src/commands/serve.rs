@@ -34,6 +34,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // up to the hard one needs no privilege; should it fail, the broker's budgets are
     // computed from the limit there is (logged at start).
     let _ = crate::sandbox::rlimits::raise_open_files_limit();
+    if matches!(config.transport, server::Transport::Stdio) {
+        use std::io::IsTerminal;
+        if std::io::stdin().is_terminal() {
+            // A person, not a client, started it: say what it is, on stderr (stdout is
+            // the protocol's), and go on waiting for JSON-RPC as asked.
+            eprintln!("mcp-sandbox-repl: {}", crate::cli::ABOUT_CLIENTS);
+        }
+    }
     // Still single-threaded here: the spawn helper is a fork, not an exec.
     crate::sandbox::zygote::start_early();
     let served = server::serve(config);

@@ -42,18 +42,17 @@ impl Drain {
 /// first SIGTERM starts a drain: `/readyz` answers 503 and new jobs are refused in words
 /// at once, running jobs get up to its window to end; then (or at a SIGINT or a second
 /// SIGTERM) `shutdown` is cancelled, the transport returns and the app kills what is left.
+/// The handlers are installed before this returns.
 pub(super) fn spawn_signal_watch(shutdown: CancellationToken, drain: Option<Drain>) {
     use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot install signal handlers; SIGTERM will kill the server without cleanup");
+        return;
+    };
     tokio::spawn(async move {
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::warn!(
-                "cannot install signal handlers; SIGTERM will kill the server without cleanup"
-            );
-            return;
-        };
         let drain = tokio::select! {
             _ = term.recv() => match drain.filter(|d| !d.window.is_zero()) {
                 Some(d) => d,

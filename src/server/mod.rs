@@ -143,9 +143,19 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
             served
         }
     };
+    let stopped_by_signal = shutdown.is_cancelled();
     shutdown.cancel();
     app.shutdown().await;
-    served.map_err(anyhow::Error::from)
+    match served {
+        // Asked to stop by a signal (Ctrl-C at a terminal, SIGTERM: only the signal watch
+        // cancels `shutdown` before the transport returns) before a client finished the
+        // handshake: a clean exit, not "initialization failed: Cancelled".
+        Err(e) if stopped_by_signal => {
+            tracing::debug!("stopped by a signal: {e}");
+            Ok(())
+        }
+        served => served.map_err(anyhow::Error::from),
+    }
 }
 
 /// SIGHUP re-reads the tokens file: new principals and tokens apply at once, removed ones
