@@ -9,12 +9,13 @@ use std::sync::Arc;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
-    CustomNotification, CustomRequest, CustomResult, ErrorCode, Extensions, GetTaskParams,
-    GetTaskResult, Implementation, InitializeRequestParams, InitializeResult,
-    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig,
-    SubscribeRequestParams, Tool, UnsubscribeRequestParams, UpdateTaskParams,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
+    CompleteRequestParams, CompleteResult, ContentBlock, CustomNotification, CustomRequest,
+    CustomResult, ErrorCode, Extensions, GetTaskParams, GetTaskResult, Implementation,
+    InitializeRequestParams, InitializeResult, ListPromptsResult, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
+    ReadResourceResponse, ServerCapabilities, ServerConfig, SubscribeRequestParams, Tool,
+    UnsubscribeRequestParams, UpdateTaskParams,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -166,6 +167,15 @@ impl SandboxServer {
     }
 }
 
+/// -32601 for a method whose capability this server does not declare.
+fn not_offered(method: &str, capability: &str) -> ErrorData {
+    ErrorData::new(
+        ErrorCode::METHOD_NOT_FOUND,
+        format!("{method}: this server offers no {capability} (the capability is not declared)"),
+        None,
+    )
+}
+
 fn is_deserialize_failure(r: &CallToolResult) -> bool {
     r.is_error == Some(true)
         && r.content.len() == 1
@@ -293,6 +303,26 @@ impl ServerHandler for SandboxServer {
                 env!("CARGO_PKG_VERSION"),
             ))
             .with_instructions(INSTRUCTIONS)
+    }
+
+    /// No prompts, and the capability is not declared: `prompts/list` is "method not
+    /// found", as `prompts/get` is (rmcp would answer an empty list).
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        Err(not_offered("prompts/list", "prompts"))
+    }
+
+    /// No completions, and the capability is not declared (rmcp would answer an empty
+    /// completion).
+    async fn complete(
+        &self,
+        _request: CompleteRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        Err(not_offered("completion/complete", "completions"))
     }
 
     async fn list_resources(

@@ -60,13 +60,18 @@ pub enum Target {
     },
 }
 
+/// Resource not found (-32002), with the URI in `data.uri` as the spec's example has it.
+fn not_found(uri: &str, message: String) -> ErrorData {
+    ErrorData::resource_not_found(message, Some(json!({ "uri": uri })))
+}
+
 fn bad_uri(uri: &str, why: &str) -> ErrorData {
-    ErrorData::resource_not_found(
+    not_found(
+        uri,
         format!(
             "{why}: {uri:?}; resources are job://{{job_id}}/stdout|stderr[?offset=N&length=M], \
              session://{{name}}/history, script://{{job_id}}[/code]"
         ),
-        None,
     )
 }
 
@@ -244,8 +249,9 @@ fn text(uri: &str, mime: &str, body: String, m: Option<serde_json::Value>) -> Re
     ReadResourceResult::new(vec![c])
 }
 
-fn app_error(e: crate::app::AppError) -> ErrorData {
-    ErrorData::resource_not_found(e.to_string(), None)
+/// What the app could not find behind `uri`, as resource-not-found naming it.
+fn app_error(uri: &str) -> impl Fn(crate::app::AppError) -> ErrorData + '_ {
+    move |e| not_found(uri, e.to_string())
 }
 
 /// `[offset, offset + len)` of `s` at char boundaries, `len` capped at `cap`.
@@ -281,7 +287,7 @@ pub async fn read(app: &App, uri: &str) -> Result<ReadResourceResult, ErrorData>
                     offset,
                     length,
                 )
-                .map_err(app_error)?;
+                .map_err(app_error(uri))?;
             let name = if stream == Stream::Stdout {
                 "stdout"
             } else {
@@ -306,7 +312,7 @@ pub async fn read(app: &App, uri: &str) -> Result<ReadResourceResult, ErrorData>
             let (history, _) = app
                 .python_history(&session, None, None)
                 .await
-                .map_err(app_error)?;
+                .map_err(app_error(uri))?;
             let cells = history.cells;
             let mut shown = Vec::new();
             let mut used = 0usize;
@@ -462,7 +468,7 @@ impl Subscriptions {
             ));
         };
         // The size now, before the answer goes: output after it is news to the client.
-        let start = stream_bytes(&app.job_summary(&job).map_err(app_error)?, stream);
+        let start = stream_bytes(&app.job_summary(&job).map_err(app_error(&uri))?, stream);
         let token = closing.child_token();
         {
             let mut live = self.lock();
@@ -683,6 +689,7 @@ mod tests {
         ] {
             let e = parse(bad).unwrap_err();
             assert_eq!(e.code, ErrorCode::RESOURCE_NOT_FOUND, "{bad}");
+            assert_eq!(e.data, Some(json!({ "uri": bad })), "{bad}");
         }
     }
 

@@ -26,14 +26,14 @@ APPLICABLE = {
     "server-initialize": "the handshake",
     "ping": "ping",
     "tools-list": "tools/list with valid schemas",
-    "completion-complete": "completion/complete answers (with no suggestions)",
     "resources-list": "resources/list (our jobs, sessions and saved scripts)",
-    "prompts-list": "prompts/list (the server has none)",
     "server-sse-multiple-streams": "several concurrent SSE streams on one HTTP session",
     "dns-rebinding-protection": "Host/Origin checks of the HTTP transport",
 }
 
 NOT_APPLICABLE = {
+    "completion-complete": "the server offers no completions: completion/complete is -32601 and the capability is not declared (tests/mcp/test_hygiene.py)",
+    "prompts-list": "the server offers no prompts: prompts/list is -32601 and the capability is not declared (tests/mcp/test_hygiene.py)",
     "logging-set-level": "the server logs to stderr only and does not declare the logging capability",
     "tools-call-with-logging": "needs the reference server's logging tool and the logging capability",
     "tools-call-simple-text": "calls the reference server's test_simple_text tool, which this server lacks",
