@@ -28,6 +28,16 @@ pub enum AppError {
         path.display()
     )]
     BroadWorkspace { path: PathBuf, why: String },
+    /// Started in a broad directory (no `--workspace`), and the client has not named a
+    /// workspace (roots, Codex's sandboxCwd): nothing may run until one is known.
+    #[error(
+        "no workspace yet: the server was started in {} ({why}), which is never taken as the \
+         workspace, and the client has named none (MCP roots, or Codex's sandboxCwd); start \
+         the server with --workspace <a project directory> (or from that directory), or with \
+         --allow-broad-workspace to accept it",
+        path.display()
+    )]
+    WorkspaceUnknown { path: PathBuf, why: String },
     #[error(
         "workspace {} is not a directory; pass a directory with --workspace",
         path.display()

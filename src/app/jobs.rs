@@ -327,14 +327,14 @@ impl App {
         // Opened beneath the workspace (a refusal reads the same whatever lies outside);
         // the job gets the real path of what was opened.
         let cwd = self
-            .workspace()
+            .workspace()?
             .dir(args.cwd.as_deref().unwrap_or("."), "cwd")?;
         // Relative to the workspace; the server reads it itself, beneath the workspace
         // only (again through openat2 in jobs::dotenv::load_beneath).
         let env_file = args
             .env_file
             .as_deref()
-            .map(|f| self.workspace().file(f, "env_file"))
+            .map(|f| self.workspace()?.file(f, "env_file"))
             .transpose()?;
         let (policy, tmp) = self.job_policy().await?;
         let req = ShellRequest {

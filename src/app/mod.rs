@@ -197,12 +197,27 @@ impl App {
         let home = std::env::var_os("HOME")
             .filter(|h| !h.is_empty())
             .and_then(|h| PathBuf::from(h).canonicalize().ok());
-        workspace::check_breadth(
+        // A broad --workspace is refused at once; a broad directory the server was merely
+        // started in (clients launch servers from `/` or `~`) only once it is clear the
+        // client names no other: the first tool call that needs a workspace says so.
+        let broad_start = match workspace::check_breadth(
             &workspace,
             &state_dir,
             home.as_deref(),
             cfg.allow_broad_workspace,
-        )?;
+        ) {
+            Ok(()) => None,
+            Err(AppError::BroadWorkspace { why, .. })
+                if cfg.workspace.is_none() && cfg.sources.workspace_from_roots =>
+            {
+                tracing::info!(
+                    "started in {} ({why}): waiting for the client to name the workspace",
+                    workspace.display()
+                );
+                Some(why)
+            }
+            Err(e) => return Err(e),
+        };
         // Recorded before the sweep starts and before any job: no server, in any PID
         // namespace, takes this one for ended while it lives.
         let owner = owners::register(&state_dir, crate::sandbox::instance::id())?;
@@ -219,6 +234,7 @@ impl App {
             policy,
             workspace.clone(),
             state_dir.clone(),
+            broad_start,
         )?;
         let policy = settings.current.policy.clone();
         let mut repl = ReplConfig::new(workspace, policy, state_dir.clone());
@@ -272,9 +288,9 @@ impl App {
         self.settings.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The workspace new jobs run in.
-    fn workspace(&self) -> Workspace {
-        self.settings().workspace.clone()
+    /// The workspace new jobs run in, or why there is none yet.
+    fn workspace(&self) -> Result<Workspace, AppError> {
+        self.settings().workspace().cloned()
     }
 
     /// The client asked for a sandbox (honoured only under `--sandbox-state inherit`):
@@ -404,6 +420,7 @@ impl App {
     /// The current settings' policy resolved, cached per settings generation.
     async fn resolved_base(&self) -> Result<BasePolicy, AppError> {
         let settings = self.settings();
+        settings.workspace()?;
         {
             let cached = self.shell_policy.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((generation, base)) = &*cached

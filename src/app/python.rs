@@ -285,7 +285,7 @@ impl App {
         wait: Duration,
         call: &Call,
     ) -> Result<JobView, AppError> {
-        let full = self.workspace().file(path, "path")?;
+        let full = self.workspace()?.file(path, "path")?;
         // Quoted as a shell would, so the history shows the arguments exactly.
         let quoted = std::iter::once(path)
             .chain(args.iter().map(String::as_str))

@@ -113,10 +113,27 @@ pub struct Settings {
     pub workspace: Workspace,
     /// Further client roots, readable.
     pub extra_read: Vec<PathBuf>,
+    /// Why nothing may run yet: the server was started in a broad directory (`/`, `$HOME`)
+    /// with no `--workspace`, and the client has not named a workspace.
+    /// (the directory, why it is broad).
+    pub no_workspace: Option<(PathBuf, String)>,
     /// Bumped by every change (0 = as started).
     pub generation: u64,
     /// One paragraph for the agent: what new sessions and jobs run under, and why.
     pub notice: String,
+}
+
+impl Settings {
+    /// The workspace, or why there is none yet (see [`Settings::no_workspace`]).
+    pub fn workspace(&self) -> Result<&Workspace, AppError> {
+        match &self.no_workspace {
+            None => Ok(&self.workspace),
+            Some((path, why)) => Err(AppError::WorkspaceUnknown {
+                path: path.clone(),
+                why: why.clone(),
+            }),
+        }
+    }
 }
 
 /// The mutable state behind [`Settings`]: the start-up policy and workspace, plus what
@@ -140,17 +157,23 @@ pub(super) struct State {
     /// The per-call state's working directory, checked: the workspace (when the client
     /// may choose it), before any root.
     cwd_workspace: Option<PathBuf>,
+    /// Why the directory the server started in cannot be the workspace (it is broad):
+    /// until the client names one, nothing runs.
+    broad_start: Option<String>,
     /// Client paths refused at the last change, in words.
     refused: Vec<String>,
     pub current: Arc<Settings>,
 }
 
 impl State {
+    /// `broad_start`: why `workspace` (the directory the server started in) may not be the
+    /// workspace; the client must name one before anything runs.
     pub fn new(
         sources: Sources,
         configured: Policy,
         workspace: PathBuf,
         state_dir: PathBuf,
+        broad_start: Option<String>,
     ) -> Result<State, AppError> {
         let mut state = State {
             sources,
@@ -163,11 +186,13 @@ impl State {
             per_call: false,
             last_call: None,
             cwd_workspace: None,
+            broad_start,
             refused: Vec::new(),
             current: Arc::new(Settings {
                 policy: configured,
                 workspace: Workspace::new(workspace),
                 extra_read: Vec::new(),
+                no_workspace: None,
                 generation: 0,
                 notice: String::new(),
             }),
@@ -312,11 +337,26 @@ impl State {
             .filesystem
             .hide
             .push(self.state_dir.to_string_lossy().into_owned());
-        let notice = self.notice(&policy, &workspace, &extra_read);
+        let no_workspace = match (&self.broad_start, &self.roots, &self.cwd_workspace) {
+            (Some(why), None, None) => Some((self.configured_workspace.clone(), why.clone())),
+            _ => None,
+        };
+        let mut notice = self.notice(&policy, &workspace, &extra_read);
+        if let Some((path, why)) = &no_workspace {
+            let e = AppError::WorkspaceUnknown {
+                path: path.clone(),
+                why: why.clone(),
+            };
+            notice = format!("{e}.");
+            for r in &self.refused {
+                notice.push_str(&format!(" {r}."));
+            }
+        }
         Ok(Settings {
             policy,
             workspace: Workspace::new(workspace),
             extra_read,
+            no_workspace,
             generation,
             notice,
         })
@@ -462,6 +502,7 @@ mod tests {
             Policy::load("workspace-write").unwrap(),
             ws.clone(),
             st,
+            None,
         )
         .unwrap();
         ([ws_dir, st_dir], s, ws)

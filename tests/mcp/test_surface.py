@@ -194,13 +194,15 @@ def run_server_in(cwd: Path, env: dict, *args: str):
 
 @pytest.mark.parametrize("where", ["root", "home"])
 def test_broad_workspace_refused_with_one_line(server, where):
-    """Started in `/` or in $HOME with no --workspace, the server exits non-zero with one
-    clear line naming the way out; --allow-broad-workspace is the explicit opt-in."""
-    env = {k: v for k, v in server.server_env().items() if k != "MCP_SANDBOX_WORKSPACE"}
+    """Given `/` or $HOME as --workspace, the server exits non-zero with one clear line
+    naming the way out; --allow-broad-workspace is the explicit opt-in. (Merely started
+    there, with no --workspace, it waits for the client to name one: test_broad_start.py.)"""
+    env = server.server_env()
     home = server.root / "home"
     home.mkdir()
     env["HOME"] = str(home)
     cwd = Path("/") if where == "root" else home
+    env["MCP_SANDBOX_WORKSPACE"] = str(cwd)
     out = run_server_in(cwd, env)
     assert out.returncode != 0
     lines = [l for l in out.stderr.splitlines() if l.strip()]

@@ -136,7 +136,7 @@ impl App {
                 let info = self.sessions.python().await?;
                 Ok::<_, AppError>(EnvManager::new(EnvConfig {
                     state_dir: self.state_dir.clone(),
-                    workspace: self.workspace().root().to_path_buf(),
+                    workspace: self.workspace()?.root().to_path_buf(),
                     python: info.executable.clone(),
                     python_version: Some(info.version.clone()),
                     uv: self.uv.clone(),
@@ -169,7 +169,7 @@ impl App {
             Err(_) => Vec::new(),
         };
         let ph = Placeholders {
-            workspace: self.workspace().root().to_path_buf(),
+            workspace: self.workspace()?.root().to_path_buf(),
             tmp: tmp.0.clone(),
             python,
             venv: venv.map(|v| v.root().to_path_buf()),
@@ -192,10 +192,10 @@ impl App {
                 "give `venv_path` or `use_workspace_venv`, not both",
             )),
             (Some(p), false) if create => Ok(Some(VenvLocation::Path(
-                self.workspace().create_dir(p, "venv_path")?,
+                self.workspace()?.create_dir(p, "venv_path")?,
             ))),
             (Some(p), false) => Ok(Some(VenvLocation::Path(
-                self.workspace().dir(p, "venv_path")?,
+                self.workspace()?.dir(p, "venv_path")?,
             ))),
             (None, true) => Ok(Some(VenvLocation::Workspace)),
             (None, false) => Ok(None),
@@ -217,6 +217,8 @@ impl App {
         name: &str,
         spare: bool,
     ) -> Result<Arc<Session>, AppError> {
+        // Nothing starts before the workspace is known (started in `/` or `$HOME`).
+        self.settings().workspace()?;
         if !spare && self.sessions_follow_client() {
             // The client's sandbox comes with every call: a session it finds idle under
             // another one starts again under the client's (a busy one is left alone: the
@@ -351,7 +353,7 @@ impl App {
                 ));
             }
             (Some(code), None) => ScriptSource::Code(code),
-            (None, Some(path)) => ScriptSource::Path(self.workspace().file(&path, "path")?),
+            (None, Some(path)) => ScriptSource::Path(self.workspace()?.file(&path, "path")?),
         };
         let label = match &source {
             ScriptSource::Code(c) => format!(
@@ -372,7 +374,7 @@ impl App {
             timeout: args.timeout,
             cwd: args
                 .cwd
-                .map(|c| self.workspace().dir(&c, "cwd"))
+                .map(|c| self.workspace()?.dir(&c, "cwd"))
                 .transpose()?,
         };
         let envs = self.envs().await?;
