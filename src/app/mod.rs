@@ -352,12 +352,13 @@ impl App {
             .set_sandbox(next.policy.clone(), next.workspace.root().to_path_buf());
     }
 
-    /// The server's state dir (job tables, spooled output, the generated HTTP token).
-    /// The workspace new sessions and jobs get now.
-    pub fn workspace_root(&self) -> PathBuf {
-        self.workspace().root().to_path_buf()
+    /// The workspace new sessions and jobs get now, or why there is none yet (started in
+    /// `/` or `$HOME` with no `--workspace`, and no client has named one).
+    pub fn workspace_root(&self) -> Result<PathBuf, AppError> {
+        Ok(self.workspace()?.root().to_path_buf())
     }
 
+    /// The server's state dir (job tables, spooled output, the generated HTTP token).
     pub fn state_dir(&self) -> &std::path::Path {
         &self.state_dir
     }

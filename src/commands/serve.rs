@@ -34,14 +34,6 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // up to the hard one needs no privilege; should it fail, the broker's budgets are
     // computed from the limit there is (logged at start).
     let _ = crate::sandbox::rlimits::raise_open_files_limit();
-    if matches!(config.transport, server::Transport::Stdio) {
-        use std::io::IsTerminal;
-        if std::io::stdin().is_terminal() {
-            // A person, not a client, started it: say what it is, on stderr (stdout is
-            // the protocol's), and go on waiting for JSON-RPC as asked.
-            eprintln!("mcp-sandbox-repl: {}", crate::cli::ABOUT_CLIENTS);
-        }
-    }
     // Still single-threaded here: the spawn helper is a fork, not an exec.
     crate::sandbox::zygote::start_early();
     let served = server::serve(config);
@@ -254,8 +246,17 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
             max_running_jobs: None,
             principal: None,
         },
+        terminal_hint: terminal_hint(&transport),
         transport,
     })
+}
+
+/// Stdio with stdin a terminal: a person, not a client, started the server; the line that
+/// says what it is (on stderr: stdout is the protocol's). It then waits for JSON-RPC as asked.
+fn terminal_hint(transport: &server::Transport) -> Option<String> {
+    use std::io::IsTerminal;
+    (matches!(transport, server::Transport::Stdio) && std::io::stdin().is_terminal())
+        .then(|| format!("mcp-sandbox-repl: {}", crate::cli::ABOUT_CLIENTS))
 }
 
 /// Seconds running jobs get after a SIGTERM (HTTP): below Kubernetes' default grace

@@ -38,10 +38,13 @@ pub struct SessionManager {
     /// is started again under the new sandbox at its first use. Locked alone.
     sandbox_generation: std::sync::atomic::AtomicU64,
     launched_under: Mutex<HashMap<String, u64>>,
-    /// Sessions closed without being asked (the idle reaper, a sandbox change the client
-    /// sends with its calls), with why in words: the next cell of a session started again
-    /// under that name is told its state was lost and why.
-    expired: Mutex<HashMap<String, String>>,
+    /// Sessions the idle reaper closed, with how long they had been idle: the next cell
+    /// of a session started again under that name is told its state was lost and why.
+    expired: Mutex<HashMap<String, Duration>>,
+    /// Sessions closed because the client's sandbox changed under them
+    /// ([`SessionManager::restart_outdated`]), with why in words: the next cell of the
+    /// session started again under that name is told its state was lost and why.
+    restarted: Mutex<HashMap<String, String>>,
     /// A session started ahead of use ([`SessionManager::prewarm`]) and not used since:
     /// it does not count toward `max_sessions`, and yields its slot (is closed) when
     /// another session needs it. Locked alone.
@@ -69,6 +72,7 @@ impl SessionManager {
             sessions: Mutex::new(BTreeMap::new()),
             site_dirs: Mutex::new(HashMap::new()),
             expired: Mutex::new(HashMap::new()),
+            restarted: Mutex::new(HashMap::new()),
             spare: Mutex::new(None),
             starting: Mutex::new(HashMap::new()),
         });
@@ -138,8 +142,12 @@ impl SessionManager {
             return false;
         }
         if used {
-            self.remember_lost(
-                name,
+            let mut restarted = self.restarted.lock().unwrap_or_else(|p| p.into_inner());
+            if restarted.len() >= EXPIRED_CAP {
+                restarted.clear(); // bounded memory; only the notes of old names are lost
+            }
+            restarted.insert(
+                name.to_string(),
                 format!(
                     "session {name:?} was started again because {why}; this ran in a fresh \
                      worker and earlier state is lost"
@@ -147,15 +155,6 @@ impl SessionManager {
             );
         }
         true
-    }
-
-    /// The next start of session `name` is told its state was lost, in these words.
-    fn remember_lost(&self, name: &str, note: String) {
-        let mut expired = self.expired.lock().unwrap_or_else(|p| p.into_inner());
-        if expired.len() >= EXPIRED_CAP {
-            expired.clear(); // bounded memory; only the notes of old names are lost
-        }
-        expired.insert(name.to_string(), note);
     }
 
     fn current_sandbox(&self) -> (crate::sandbox::Policy, PathBuf) {
@@ -469,7 +468,19 @@ impl SessionManager {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(name);
-        if let Some(note) = expired {
+        if let Some(idle) = expired {
+            started.mark_state_lost(format!(
+                "session {name:?} expired after {} s idle and was closed; this ran in a fresh \
+                 worker and earlier state is lost",
+                idle.as_secs()
+            ));
+        }
+        let restarted = self
+            .restarted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+        if let Some(note) = restarted {
             started.mark_state_lost(note);
         }
         // `set_site_dirs` may have run while the worker started.
@@ -627,14 +638,11 @@ impl SessionManager {
         for (name, idle) in idle {
             tracing::info!(session = %name, "closing a session idle for longer than {ttl:?}");
             if self.close(&name).is_ok() {
-                self.remember_lost(
-                    &name,
-                    format!(
-                        "session {name:?} expired after {} s idle and was closed; this ran in a \
-                         fresh worker and earlier state is lost",
-                        idle.as_secs()
-                    ),
-                );
+                let mut expired = self.expired.lock().unwrap_or_else(|p| p.into_inner());
+                if expired.len() >= EXPIRED_CAP {
+                    expired.clear(); // bounded memory; only the notes of old names are lost
+                }
+                expired.insert(name.clone(), idle);
             }
             names.push(name);
         }

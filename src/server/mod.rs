@@ -54,6 +54,9 @@ pub enum Transport {
 pub struct ServerConfig {
     pub app: crate::app::Config,
     pub transport: Transport,
+    /// Said on stderr once Ctrl-C is handled: a person, not a client, started the server
+    /// at a terminal (stdio with stdin a TTY), so this says what it is.
+    pub terminal_hint: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +107,10 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
             // A stdio server's one client is the process that started it: its SIGTERM
             // means now (no drain; nothing else could follow the jobs).
             drain::spawn_signal_watch(shutdown.clone(), None);
+            if let Some(hint) = &config.terminal_hint {
+                // Once the handlers are in place: a Ctrl-C from now on ends it quietly.
+                eprintln!("{hint}");
+            }
             transport::serve_stdio(app.clone(), shutdown.clone()).await
         }
         Transport::Http {

@@ -78,7 +78,10 @@ impl Tenants {
         Ok(Tenants {
             path: path.to_path_buf(),
             base,
-            workspace: app.workspace_root(),
+            // A tokens file's principals cannot name a workspace: a broad start dir fails here.
+            workspace: app
+                .workspace_root()
+                .map_err(|e| ServerError::Config(e.to_string()))?,
             state_dir: app.state_dir().to_path_buf(),
             specs: RwLock::new(specs),
             apps: Mutex::new(HashMap::new()),
