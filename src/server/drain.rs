@@ -49,7 +49,9 @@ pub(super) fn spawn_signal_watch(shutdown: CancellationToken, drain: Option<Drai
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
     ) else {
-        tracing::warn!("cannot install signal handlers; SIGTERM will kill the server without cleanup");
+        tracing::warn!(
+            "cannot install signal handlers; SIGTERM will kill the server without cleanup"
+        );
         return;
     };
     tokio::spawn(async move {
