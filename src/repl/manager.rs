@@ -120,20 +120,11 @@ impl SessionManager {
         let Some(session) = self.sessions().get(name).cloned() else {
             return false;
         };
-        let now = self
-            .sandbox_generation
-            .load(std::sync::atomic::Ordering::SeqCst);
-        let under = self
-            .launched_under
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(name)
-            .copied();
         let quiet = matches!(
             session.state(),
             super::SessionState::Idle | super::SessionState::Dead
         );
-        if under == Some(now) || !quiet {
+        if self.under_current_sandbox(name) || !quiet {
             return false;
         }
         let used = session.info().cells > 0;
@@ -248,16 +239,20 @@ impl SessionManager {
         if lock_spare(&self.spare).as_deref() != Some(name) {
             return false;
         }
+        !self.under_current_sandbox(name)
+    }
+
+    /// Whether session `name` was started under the current sandbox generation.
+    fn under_current_sandbox(&self, name: &str) -> bool {
         let now = self
             .sandbox_generation
             .load(std::sync::atomic::Ordering::SeqCst);
-        let under = self
-            .launched_under
+        self.launched_under
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(name)
-            .copied();
-        under != Some(now)
+            .copied()
+            == Some(now)
     }
 
     /// Start `name` ahead of use (the server's `default` after the handshake). Until a
