@@ -218,6 +218,60 @@ pub fn allowed_origins(listen: SocketAddr) -> Vec<String> {
 
 type HttpBody = BoxBody<Bytes, Infallible>;
 
+/// JSON-RPC error codes the HTTP layer answers with itself.
+const PARSE_ERROR: i32 = -32700;
+const INVALID_REQUEST: i32 = -32600;
+
+fn too_large() -> String {
+    format!(
+        "invalid request: the request body is over the limit of {MAX_BODY} bytes (4 MiB) per \
+         message; send large data as a file in the workspace"
+    )
+}
+
+/// A JSON-RPC error (id null: the request could not be read) as the HTTP answer.
+fn json_rpc_error(status: StatusCode, code: i32, message: &str) -> Response<HttpBody> {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": { "code": code, "message": message },
+    });
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
+    *resp.status_mut() = status;
+    if let Ok(v) = hyper::header::HeaderValue::from_str("application/json") {
+        resp.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    resp
+}
+
+/// rmcp answers a body that is not JSON with 415 and a body over the limit with 413, in
+/// plain text; the spec wants a JSON-RPC parse error (-32700, HTTP 400) for the first, and
+/// both should say what to do. Other answers pass unchanged.
+async fn protocol_errors(resp: Response<HttpBody>) -> Response<HttpBody> {
+    let status = resp.status();
+    if status != StatusCode::UNSUPPORTED_MEDIA_TYPE && status != StatusCode::PAYLOAD_TOO_LARGE {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let Ok(collected) = body.collect().await;
+    let text = String::from_utf8_lossy(&collected.to_bytes()).into_owned();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        return json_rpc_error(status, INVALID_REQUEST, &too_large());
+    }
+    if text.starts_with("fail to deserialize") {
+        let why = text.trim_start_matches("fail to deserialize request body").trim();
+        return json_rpc_error(
+            StatusCode::BAD_REQUEST,
+            PARSE_ERROR,
+            &format!(
+                "parse error: the body is not one JSON-RPC message ({why}); send a JSON object \
+                 with Content-Type: application/json"
+            ),
+        );
+    }
+    Response::from_parts(parts, Full::new(Bytes::from(text)).boxed())
+}
+
 fn plain(status: StatusCode, text: &str) -> Response<HttpBody> {
     // (also the body of every refusal in words: 401, 404, 413, 503)
     let mut resp = Response::new(Full::new(Bytes::from(text.to_owned())).boxed());
@@ -299,6 +353,11 @@ pub async fn serve_http(
         // Host-header checks guard loopback servers against DNS rebinding; a server on a
         // public address is protected by its bearer token instead.
         config = config.disable_allowed_hosts();
+        tracing::warn!(
+            "listening on {listen}, not a loopback address: whoever can reach this port and \
+             holds a token can run code here (plain HTTP: tokens travel in clear text). Prefer \
+             127.0.0.1 behind a TLS-terminating proxy, or a network that lets only that in"
+        );
     }
     let factory_app = app.clone();
     let factory_tenants = tenants.clone();
@@ -616,16 +675,13 @@ async fn route(router: Router, req: Request<Incoming>) -> Response<HttpBody> {
     // Only a POST without a session id can start a session (an `initialize`): its body is
     // read here to see, and a new session admitted before rmcp creates it.
     if req.method() != hyper::Method::POST || req.headers().contains_key("mcp-session-id") {
-        return router.service.handle(req).await;
+        return protocol_errors(router.service.handle(req).await).await;
     }
     let (parts, body) = req.into_parts();
     let bytes = match http_body_util::Limited::new(body, MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return plain(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("payload too large: a request body may have at most {MAX_BODY} bytes\n"),
-            );
+            return json_rpc_error(StatusCode::PAYLOAD_TOO_LARGE, INVALID_REQUEST, &too_large());
         }
         Err(e) => {
             return plain(
@@ -637,14 +693,16 @@ async fn route(router: Router, req: Request<Incoming>) -> Response<HttpBody> {
     let starts_session = is_initialize(&bytes);
     let req = Request::from_parts(parts, Full::new(bytes));
     if !starts_session {
-        return router.service.handle(req).await;
+        return protocol_errors(router.service.handle(req).await).await;
     }
     let quota = router
         .tenants
         .as_ref()
         .map(|t| t.mcp_session_quota(&principal, router.sessions.limits().max_total));
     match router.sessions.admit(principal, quota) {
-        Ok(admission) => with_admission(admission, router.service.handle(req)).await,
+        Ok(admission) => {
+            protocol_errors(with_admission(admission, router.service.handle(req)).await).await
+        }
         Err(refused) => {
             if let Some(n) = SESSION_REFUSED.ready() {
                 tracing::warn!("refused a new MCP session: {refused}{}", left_out(n));

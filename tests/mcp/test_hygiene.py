@@ -38,3 +38,62 @@ def test_resource_not_found_names_the_uri_in_data(server):
             assert e.data == {"uri": uri}, (uri, e.data, e.message)
 
     server.run(scenario)
+
+
+def test_http_answers_a_bad_body_in_json_rpc_words_and_warns_on_a_public_listen(server):
+    """Over HTTP a body that is not JSON is HTTP 400 with a JSON-RPC parse error (-32700),
+    not 415; a body over the 4 MiB limit is 413 with a JSON-RPC -32600 saying the limit and
+    what to do, with and without a session; a non-loopback listen is warned about."""
+    import json
+    import urllib.request
+
+    from test_surface import INIT, start_http
+
+    def raw(url, body: bytes, headers):
+        req = urllib.request.Request(url, data=body, method="POST")
+        for k, v in {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+                     "Authorization": "Bearer tok-0123456789abcdef", **headers}.items():
+            req.add_header(k, v)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, r.headers, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers, e.read().decode()
+
+    proc, url, port = start_http(server, "--token", "tok-0123456789abcdef")
+    try:
+        code, headers, body = raw(url, json.dumps(INIT).encode(), {})
+        assert code == 200, (code, body)
+        sid = headers["mcp-session-id"]
+        big = json.dumps({"jsonrpc": "2.0", "id": 9, "method": "ping", "params": {"x": "a" * (5 << 20)}}).encode()
+        for extra in ({}, {"Mcp-Session-Id": sid, "Mcp-Protocol-Version": "2025-06-18"}):
+            code, _, body = raw(url, b"{not json", extra)
+            assert code == 400, (extra, code, body)
+            err = json.loads(body)["error"]
+            assert err["code"] == -32700 and "parse error" in err["message"], body
+            code, _, body = raw(url, big, extra)
+            assert code == 413, (extra, code, body[:200])
+            err = json.loads(body)["error"]
+            assert err["code"] == -32600 and "4 MiB" in err["message"] and "file in the workspace" in err["message"], body
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    import subprocess
+    import time
+
+    from conftest import binary
+    from test_surface import free_port
+
+    log = server.root / "public.log"
+    proc = subprocess.Popen(
+        [binary(), "--transport", "http", "--listen", f"0.0.0.0:{free_port()}", "--token", "tok-0123456789abcdef"],
+        env=server.server_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while "not a loopback address" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
