@@ -470,6 +470,17 @@ mod tests {
         }
     }
 
+    /// A principal at its own quota is refused in words while another still gets a place.
+    #[tokio::test]
+    async fn a_principal_at_its_quota_is_refused_and_others_are_not() {
+        let s = BoundedSessions::new(limits(10));
+        let _a = s.admit(Principal::new("a"), Some(1)).unwrap();
+        let e = s.admit(Principal::new("a"), Some(1)).err().unwrap();
+        assert!(matches!(e, Refused::Principal { open: 1, max: 1 }), "{e:?}");
+        assert!(e.to_string().contains("max_mcp_sessions"), "{e}");
+        assert!(s.admit(Principal::new("b"), Some(1)).is_ok());
+    }
+
     /// Places are counted per principal and in total; an unused admission gives its
     /// place back; the refusal says how many are open, the limit and the timeouts.
     #[tokio::test]
