@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client_state::{self, ClientLink};
 use super::resources::{self, Subscriptions};
-use super::tasks::{JobTasks, TASK_TOOLS};
+use super::tasks::{TASK_TOOLS, TaskBook};
 use super::tenants::Tenants;
 use super::tools::all_tools;
 use super::transport::sessions::Principal;
@@ -59,8 +59,9 @@ pub struct SandboxServer {
     link: Arc<ClientLink>,
     /// This connection's resource subscriptions ([`resources`]).
     subscriptions: Arc<Subscriptions>,
-    /// This connection's MCP tasks ([`super::tasks`]).
-    tasks: JobTasks,
+    /// The MCP tasks of every app ([`super::tasks`]): not this connection's, so a task
+    /// resolves from any later request.
+    tasks: Arc<TaskBook>,
     /// Shared by every clone; its drop ends what the connection started.
     _end: Arc<ConnectionEnd>,
 }
@@ -68,39 +69,42 @@ pub struct SandboxServer {
 /// What a connection started that would outlive it: dropped with the last handle of its
 /// [`SandboxServer`] (rmcp drops the service when the session ends — the client's DELETE,
 /// the idle or handshake timeout, stdin closing), it cancels `closing` (tool calls still
-/// waiting return, resource subscription watchers stop) and stops the MCP task followers
-/// (their jobs go on: they are the app's).
+/// waiting return, resource subscription watchers stop). MCP tasks are the app's and go on.
 struct ConnectionEnd {
     closing: CancellationToken,
-    tasks: JobTasks,
 }
 
 impl Drop for ConnectionEnd {
     fn drop(&mut self) {
         self.closing.cancel();
-        self.tasks.shutdown();
-        tracing::debug!(
-            "MCP connection ended: its waits, subscriptions and task followers stopped"
-        );
+        tracing::debug!("MCP connection ended: its waits and subscriptions stopped");
     }
 }
 
 impl SandboxServer {
+    /// A handler for one connection; its tasks live in a book of its own (stdio's one
+    /// connection) until [`with_task_book`](Self::with_task_book) shares the server's.
     pub fn new(app: Arc<App>, closing: CancellationToken) -> Self {
-        let tasks = JobTasks::default();
         SandboxServer {
             app,
             tenants: None,
             bound: Arc::default(),
             _end: Arc::new(ConnectionEnd {
                 closing: closing.clone(),
-                tasks: tasks.clone(),
             }),
+            // A child token: dropping this book (replaced by a shared one) stops its own
+            // followers, never the connection.
+            tasks: Arc::new(TaskBook::new(closing.child_token())),
             closing,
             link: Arc::default(),
             subscriptions: Arc::default(),
-            tasks,
         }
+    }
+
+    /// Keep tasks in `book`, shared by every connection of the server.
+    pub fn with_task_book(mut self, book: Arc<TaskBook>) -> Self {
+        self.tasks = book;
+        self
     }
 
     /// Serve the principals of `tenants` (a tokens file): each request goes to its
@@ -393,27 +397,32 @@ impl ServerHandler for SandboxServer {
     async fn get_task(
         &self,
         request: GetTaskParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
-        self.tasks.get(&request.task_id)
+        let app = self.app_for(&context.extensions)?;
+        self.tasks.of(&app).get(&request.task_id)
     }
 
     /// `tasks/update`: the answer to a job's input request.
     async fn update_task(
         &self,
         request: UpdateTaskParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.tasks.update(&request.task_id, request.input_responses)
+        let app = self.app_for(&context.extensions)?;
+        self.tasks
+            .of(&app)
+            .update(&request.task_id, request.input_responses)
     }
 
     /// `tasks/cancel`: cancels the job (as job_cancel does).
     async fn cancel_task(
         &self,
         request: CancelTaskParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.tasks.cancel(&request.task_id)
+        let app = self.app_for(&context.extensions)?;
+        self.tasks.of(&app).cancel(&request.task_id)
     }
 
     async fn list_tools(
@@ -489,7 +498,8 @@ impl ServerHandler for SandboxServer {
                 Err(self.bad_arguments(&name, &text, &args))
             }
             Ok(CallToolResponse::Complete(r)) if may_task => {
-                match self.tasks.adopt(this.app.clone(), &r, self.closing.clone()) {
+                let tasks = self.tasks.of(&this.app);
+                match tasks.adopt(this.app.clone(), &r, self.tasks.stop()) {
                     Some(task) => return Ok(CallToolResponse::Task(task)),
                     None => Ok(CallToolResponse::Complete(r)),
                 }
@@ -518,7 +528,6 @@ mod tests {
         let closing = CancellationToken::new();
         let end = Arc::new(ConnectionEnd {
             closing: closing.clone(),
-            tasks: JobTasks::default(),
         });
         let held = end.clone();
         drop(end);

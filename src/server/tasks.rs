@@ -49,10 +49,50 @@ const FOLLOW_WINDOW: Duration = Duration::from_secs(30);
 /// How often a pending input request checks whether the job was answered elsewhere.
 const INPUT_RECHECK: Duration = Duration::from_secs(1);
 
-/// The tasks of one connection.
+/// The tasks of one app (the server's own, or a principal's).
 #[derive(Clone, Default)]
 pub struct JobTasks {
     manager: TaskManager,
+}
+
+/// Every app's tasks, kept apart from any connection: a task created in one request
+/// resolves in any later one — another MCP session, or a 2026-07-28 request that is a
+/// connection of its own (SEP-2663: `tasks/get` must resolve once `CreateTaskResult` is
+/// out). Followers end with the server (`stop`), not with the request that made them.
+pub struct TaskBook {
+    by_app: std::sync::Mutex<std::collections::HashMap<usize, JobTasks>>,
+    stop: CancellationToken,
+}
+
+impl TaskBook {
+    pub fn new(stop: CancellationToken) -> Self {
+        TaskBook {
+            by_app: Default::default(),
+            stop,
+        }
+    }
+
+    /// The tasks of `app` (apps live as long as the server: their address is their key).
+    pub fn of(&self, app: &Arc<App>) -> JobTasks {
+        let key = Arc::as_ptr(app) as usize;
+        let mut map = self.by_app.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(key).or_default().clone()
+    }
+
+    /// Cancelled when the server stops: followers' waits end then.
+    pub fn stop(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+}
+
+impl Drop for TaskBook {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        let map = self.by_app.lock().unwrap_or_else(|p| p.into_inner());
+        for tasks in map.values() {
+            tasks.shutdown();
+        }
+    }
 }
 
 impl JobTasks {

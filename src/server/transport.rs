@@ -31,6 +31,7 @@ use sessions::{BoundedSessions, Principal, SessionLimits, with_admission};
 
 use super::ServerError;
 use super::handler::SandboxServer;
+use super::tasks::TaskBook;
 use super::tenants::Tenants;
 use crate::app::App;
 
@@ -259,7 +260,9 @@ async fn protocol_errors(resp: Response<HttpBody>) -> Response<HttpBody> {
         return json_rpc_error(status, INVALID_REQUEST, &too_large());
     }
     if text.starts_with("fail to deserialize") {
-        let why = text.trim_start_matches("fail to deserialize request body").trim();
+        let why = text
+            .trim_start_matches("fail to deserialize request body")
+            .trim();
         return json_rpc_error(
             StatusCode::BAD_REQUEST,
             PARSE_ERROR,
@@ -362,12 +365,14 @@ pub async fn serve_http(
     let factory_app = app.clone();
     let factory_tenants = tenants.clone();
     let factory_shutdown = shutdown.clone();
+    let task_book = Arc::new(TaskBook::new(shutdown.child_token()));
     let sessions = BoundedSessions::new(budgets.sessions.clone());
     let service = StreamableHttpService::new(
         move || {
             Ok(
                 SandboxServer::new(factory_app.clone(), factory_shutdown.child_token())
-                    .with_tenants(factory_tenants.clone()),
+                    .with_tenants(factory_tenants.clone())
+                    .with_task_book(task_book.clone()),
             )
         },
         Arc::new(sessions.clone()),

@@ -254,3 +254,63 @@ def test_hostile_task_requests_are_refused(server):
         assert got["status"] == "completed" and got["result"]["structuredContent"]["value"] == "'done'", got
 
     run_modern(server, scenario, [Tasks()])
+
+
+def test_a_task_resolves_from_another_mcp_session_over_http(server):
+    """Over HTTP the tasks are the app's, not a connection's: a task created in one MCP
+    session (a client that declares the extension) is resolved by `tasks/get` in another
+    session, as a 2026-07-28 request — a connection of its own — must (SEP-2663). It was
+    `unknown task`: tasks lived in a per-connection manager. Raw JSON-RPC over HTTP: the
+    SDK declares extensions only in its 2026 mode, which needs per-request headers its
+    custom requests do not send."""
+    import time
+    import urllib.request
+
+    from test_surface import start_http
+
+    proc, url, _ = start_http(server, "--no-auth")
+
+    def rpc(body: dict, sid: str | None = None) -> tuple[dict, str | None]:
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+        headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        if sid:
+            headers |= {"Mcp-Session-Id": sid, "Mcp-Protocol-Version": "2025-11-25"}
+        for k, v in headers.items():
+            req.add_header(k, v)
+        with urllib.request.urlopen(req, timeout=60) as r:
+            text = r.read().decode()
+            sid = r.headers.get("mcp-session-id") or sid
+        for line in text.splitlines():  # an SSE stream or a plain JSON body
+            line = line.removeprefix("data:").strip()
+            if line.startswith("{") and '"id"' in line:
+                return json.loads(line), sid
+        return {}, sid
+
+    def session() -> str:
+        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "clientInfo": {"name": "raw", "version": "1"},
+            "capabilities": {"extensions": {TASKS: {}}}}}
+        _, sid = rpc(init)
+        rpc({"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)
+        return sid
+
+    try:
+        a = session()
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "shell_run", "arguments": {"command": "sleep 1; echo done", "wait_seconds": 0.2}}}
+        created, _ = rpc(call, a)
+        assert created["result"].get("resultType") == "task", created
+        task = created["result"]["taskId"]
+        b = session()
+        deadline = time.monotonic() + 60
+        while True:
+            got, _ = rpc({"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"taskId": task}}, b)
+            assert "result" in got, got
+            if got["result"]["status"] == "completed":
+                break
+            assert time.monotonic() < deadline, got
+            time.sleep(0.2)
+        assert got["result"]["result"]["structuredContent"]["stdout"]["text"] == "done\n", got
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
