@@ -56,6 +56,8 @@ def test_at_a_terminal_one_line_says_what_this_is_and_ctrl_c_exits_quietly(serve
         assert HINT in line and "install --client" in line and "--transport http" in line, line
         proc.send_signal(signal.SIGINT)  # what Ctrl-C at the terminal sends
         code = proc.wait(timeout=60)
+        # read_until left the pipe non-blocking: read what is left, to its end.
+        os.set_blocking(proc.stderr.fileno(), True)
         rest = proc.stderr.read().decode()
         assert code == 0, (code, rest)
         assert "failed" not in rest and "Cancelled" not in rest and "error" not in rest, rest
