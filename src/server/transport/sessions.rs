@@ -317,11 +317,7 @@ impl BoundedSessions {
 
     /// The principal that opened session `id`, if it is open.
     pub fn principal_of(&self, id: &str) -> Option<Principal> {
-        let book = self.shared.book();
-        book.open
-            .iter()
-            .find(|(sid, _)| sid.as_ref() == id)
-            .map(|(_, e)| e.principal.clone())
+        self.shared.book().open.get(id).map(|e| e.principal.clone())
     }
 
     /// Sessions open now (and places admitted but not yet used).
