@@ -1,7 +1,9 @@
 //! `.env` files for shell jobs: `KEY=VALUE` lines, `#` comments, an optional
 //! `export ` prefix, single quotes (literal), double quotes (escapes `\n \t \r \" \\ \$`,
-//! may span lines). No `${VAR}` interpolation: values are taken as written. A line
-//! that does not parse is an error naming the file and the line.
+//! may span lines). `${VAR}` and `$VAR` in unquoted and double-quoted values name a key an
+//! earlier line of the same file set; the server's own environment is never read (it may
+//! hold secrets, such as the HTTP token), so any other name is an error. A line that does
+//! not parse is an error naming the file and the line.
 
 use std::path::Path;
 
@@ -139,7 +141,11 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<(String, String)>, JobError> 
                                 shorten(after)
                             )));
                         }
-                        break if q == '"' { unescape(&value) } else { value };
+                        break if q == '"' {
+                            expand(&value, &vars, true).map_err(&err)?
+                        } else {
+                            value
+                        };
                     }
                     let Some(next) = lines.get(i) else {
                         return Err(err(format!("the {q} quote opened here is never closed")));
@@ -149,7 +155,7 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<(String, String)>, JobError> 
                     i += 1;
                 }
             }
-            _ => strip_comment(rest).trim_end().to_string(),
+            _ => expand(strip_comment(rest).trim_end(), &vars, false).map_err(&err)?,
         };
         vars.push((key.to_string(), value));
     }
@@ -182,27 +188,69 @@ fn close_quote(body: &str, q: char) -> Option<(String, &str)> {
     None
 }
 
-fn unescape(raw: &str) -> String {
+/// `raw` with `${VAR}` / `$VAR` replaced by the value an earlier line gave `VAR` (the
+/// last one wins); with `escapes` (double quotes) also `\n \t \r \" \\ \$ \'`. A `$`
+/// not followed by a name is itself; an unknown name is an error in words.
+fn expand(raw: &str, vars: &[(String, String)], escapes: bool) -> Result<String, String> {
     let mut out = String::with_capacity(raw.len());
-    let mut chars = raw.chars();
+    let mut chars = raw.chars().peekable();
     while let Some(c) = chars.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('n') => out.push('\n'),
-            Some('t') => out.push('\t'),
-            Some('r') => out.push('\r'),
-            Some(c @ ('"' | '\\' | '$' | '\'')) => out.push(c),
-            Some(c) => {
-                out.push('\\');
-                out.push(c);
+        match c {
+            '\\' if escapes => unescape_one(&mut out, chars.next()),
+            '$' => {
+                let braced = chars.peek() == Some(&'{');
+                if braced {
+                    chars.next();
+                }
+                let mut name = String::new();
+                while let Some(&n) = chars.peek() {
+                    let ok = n == '_' || n.is_ascii_alphanumeric();
+                    if !ok || (name.is_empty() && n.is_ascii_digit()) {
+                        break;
+                    }
+                    name.push(n);
+                    chars.next();
+                }
+                if braced && chars.next() != Some('}') {
+                    return Err(format!(
+                        "`${{{name}` is not closed: write ${{NAME}} with a valid name"
+                    ));
+                }
+                if name.is_empty() {
+                    out.push('$');
+                    if braced {
+                        out.push_str("{}");
+                    }
+                    continue;
+                }
+                let Some((_, value)) = vars.iter().rev().find(|(k, _)| *k == name) else {
+                    return Err(format!(
+                        "${name} names no variable an earlier line of this file sets (the \
+                         server's own environment is not read: set {name} above, or write \\$ \
+                         in double quotes for a literal $)"
+                    ));
+                };
+                out.push_str(value);
             }
-            None => out.push('\\'),
+            c => out.push(c),
         }
     }
-    out
+    Ok(out)
+}
+
+/// The character after a backslash in double quotes.
+fn unescape_one(out: &mut String, next: Option<char>) {
+    match next {
+        Some('n') => out.push('\n'),
+        Some('t') => out.push('\t'),
+        Some('r') => out.push('\r'),
+        Some(c @ ('"' | '\\' | '$' | '\'')) => out.push(c),
+        Some(c) => {
+            out.push('\\');
+            out.push(c);
+        }
+        None => out.push('\\'),
+    }
 }
 
 /// An unquoted value ends at ` #` (a `#` preceded by whitespace).
@@ -246,6 +294,34 @@ mod tests {
                 ("G", "multi\nline"),
             ])
         );
+    }
+
+    /// `${VAR}` and `$VAR` name earlier keys of the file (the last one wins) in unquoted
+    /// and double-quoted values; single quotes and `\$` keep a `$`; an unknown name is an
+    /// error — the server's own environment (its secrets) is never read.
+    #[test]
+    fn variables_expand_from_earlier_lines_only() {
+        let text = "BASE=/srv\nURL=${BASE}/api\nQ=\"$BASE/x \\$HOME\"\nLIT='${BASE}'\nBASE=/opt\nLATE=$BASE-2\nCOST=5$\n";
+        assert_eq!(
+            parse(text, ".env").unwrap(),
+            kv(&[
+                ("BASE", "/srv"),
+                ("URL", "/srv/api"),
+                ("Q", "/srv/x $HOME"),
+                ("LIT", "${BASE}"),
+                ("BASE", "/opt"),
+                ("LATE", "/opt-2"),
+                ("COST", "5$"),
+            ])
+        );
+        // HOME is set in the server's environment, and still unknown here.
+        let err = parse("A=1\nB=${HOME}\n", ".env").unwrap_err().to_string();
+        assert!(
+            err.starts_with(".env:2: $HOME names no variable an earlier line"),
+            "{err}"
+        );
+        let err = parse("A=${A\n", ".env").unwrap_err().to_string();
+        assert!(err.contains("is not closed"), "{err}");
     }
 
     #[test]

@@ -130,6 +130,23 @@ def test_env_dict_env_file_and_cwd(server):
     server.run(scenario)
 
 
+def test_env_file_variables_expand_from_the_file_only(server):
+    """`${VAR}` in a .env names an earlier key of the file; a name the file does not set is
+    an error in words, never the server's own environment (the server's MCP_SANDBOX_* and
+    HOME are there, and must not reach a job through a .env)."""
+    (server.workspace / ".env").write_text('BASE=/srv\nURL=${BASE}/api\nQ="$URL?x=1"\n')
+    (server.workspace / "leak.env").write_text("STOLEN=${MCP_SANDBOX_STATE_DIR}\n")
+
+    async def scenario(c):
+        r = await c.ok("shell_run", command='echo "$URL|$Q"', env_file=".env")
+        assert r["stdout"]["text"] == "/srv/api|/srv/api?x=1\n", r
+        msg = await c.err("shell_run", command="echo $STOLEN", env_file="leak.env")
+        assert "leak.env:1" in msg and "$MCP_SANDBOX_STATE_DIR names no variable" in msg, msg
+        assert str(server.state_dir) not in msg, msg
+
+    server.run(scenario)
+
+
 def test_policy_applies_to_shell_jobs(server):
     async def scenario(c):
         res = await c.call("shell_run", command="echo x > /etc/mcp-sandbox-shell-test")
