@@ -21,6 +21,7 @@ import builtins
 import errno
 import os
 import sys
+from time import monotonic as _monotonic
 
 # Flag of a code object compiled from top-level `await` (stable across CPython versions;
 # avoids importing `inspect`).
@@ -1237,6 +1238,11 @@ class Worker:
         while True:
             if not _Snapshots.children:
                 return self.requests.get()
+            # Also when requests keep coming more often than the reap period (the server's
+            # pings): the wait below would then never time out.
+            if _monotonic() - _Snapshots.last_reap >= _Snapshots.REAP_AFTER:
+                _Snapshots.reap()
+                continue
             try:
                 return self.requests.get(timeout=_Snapshots.REAP_AFTER)
             except _queue.Empty:
@@ -1342,6 +1348,7 @@ class _Snapshots:
     ctl = None  # control socket to the server (a _socket.socket), or None: no snapshots
     children = []  # pids of the processes this one forked (snapshots or live workers)
     REAP_AFTER = 5.0  # seconds between reaps of those that ended
+    last_reap = 0.0  # when the last reap ran (time.monotonic)
     DEFER = 0.02  # seconds the fork waits after a cell's answer (see Worker.serve)
     reap_lock = _thread.allocate_lock()  # guards `children`
     # asyncio loops inherited from a snapshot: kept, never closed (closing one would
@@ -1367,6 +1374,7 @@ class _Snapshots:
 
     @classmethod
     def reap(cls, *_):
+        cls.last_reap = _monotonic()
         with cls.reap_lock:
             for pid in list(cls.children):
                 try:

@@ -276,8 +276,10 @@ impl Job {
                 ));
             } else if spool.dropped() > 0 {
                 let note = format!(
-                    "{} bytes of {stream} were not kept (the disk cap of {disk_cap} bytes for job output was reached)",
-                    spool.dropped()
+                    "{} bytes of {stream} were not kept (job output is capped: {} bytes per job, \
+                     {disk_cap} bytes for all jobs together; what was kept is readable with job_output)",
+                    spool.dropped(),
+                    job_share(disk_cap)
                 );
                 message = Some(join_sentences(message, &note));
             }
@@ -371,7 +373,11 @@ impl JobHandle {
             return;
         }
         let n = data.len() as u64;
-        let room = self.store.make_room(n);
+        // One job may hold at most its share of the cap: a flood in one session must not
+        // leave every other job's output unkept.
+        let held: u64 = self.job.lens().iter().sum();
+        let share = job_share(self.store.config().disk_cap);
+        let room = held.saturating_add(n) <= share && self.store.make_room(n);
         {
             let mut spool = lock(&self.job.spools[stream.index()]);
             if spool.is_closed() {
@@ -462,4 +468,10 @@ impl JobHandle {
     pub fn persist(&self) {
         self.store.persist_finished(&self.job);
     }
+}
+
+/// The most output one job may keep on disk: a quarter of the cap for all jobs (at least
+/// 1 MiB), so that a few floods still leave room for every other job's output.
+pub(crate) fn job_share(disk_cap: u64) -> u64 {
+    (disk_cap / 4).max((1 << 20).min(disk_cap))
 }

@@ -817,3 +817,25 @@ async fn every_concurrent_waiter_gets_the_output_that_arrived_while_it_waited() 
     let later = store.wait(h.id(), Duration::from_secs(1)).await.unwrap();
     assert_eq!(later.stdout.head, "");
 }
+
+/// One job keeps at most a quarter of the disk cap: a flood in one session stops there, and
+/// another job's output is still kept (it was dropped once the flood had taken the cap).
+#[tokio::test]
+async fn a_flooding_job_keeps_only_its_share_and_others_still_get_room() {
+    let cap = 8 << 20;
+    let (_dir, store) = open("share", 20_000, cap);
+    let flood = store.create(JobKind::Shell, None, "yes").unwrap();
+    let chunk = vec![b'y'; 64 << 10];
+    for _ in 0..256 {
+        flood.append(Stream::Stdout, &chunk); // 16 MiB offered
+    }
+    let other = store.create(JobKind::Python, Some("b"), "print(42)").unwrap();
+    other.append(Stream::Stdout, b"42\n");
+    other.finish(done());
+    flood.finish(done());
+    let f = store.summary(flood.id()).unwrap();
+    assert_eq!(f.stdout_bytes, cap / 4);
+    let msg = f.message.unwrap();
+    assert!(msg.contains("bytes per job") && msg.contains("job_output"), "{msg}");
+    assert_eq!(store.summary(other.id()).unwrap().stdout_bytes, 3);
+}
