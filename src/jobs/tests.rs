@@ -829,13 +829,18 @@ async fn a_flooding_job_keeps_only_its_share_and_others_still_get_room() {
     for _ in 0..256 {
         flood.append(Stream::Stdout, &chunk); // 16 MiB offered
     }
-    let other = store.create(JobKind::Python, Some("b"), "print(42)").unwrap();
+    let other = store
+        .create(JobKind::Python, Some("b"), "print(42)")
+        .unwrap();
     other.append(Stream::Stdout, b"42\n");
     other.finish(done());
     flood.finish(done());
     let f = store.summary(flood.id()).unwrap();
     assert_eq!(f.stdout_bytes, cap / 4);
     let msg = f.message.unwrap();
-    assert!(msg.contains("bytes per job") && msg.contains("job_output"), "{msg}");
+    assert!(
+        msg.contains("bytes per job") && msg.contains("job_output"),
+        "{msg}"
+    );
     assert_eq!(store.summary(other.id()).unwrap().stdout_bytes, 3);
 }
