@@ -1040,11 +1040,11 @@ mod tests {
             .unwrap()
     }
 
-    /// An owner over its bound loses its cache at admission (and is told); when its venv
-    /// alone is over, it is refused in words naming the venv and the flag.
-    #[test]
-    fn admission_clears_the_owners_cache_then_refuses() {
-        let d = crate::test_support::scratch_dir("store-admit");
+    /// Stores bounded at 4 MiB per session, and bob's cache holding 5 MiB.
+    fn bob_over_a_4_mib_bound(
+        tag: &str,
+    ) -> (tempfile::TempDir, Arc<Stores>, Owner, std::path::PathBuf) {
+        let d = crate::test_support::scratch_dir(tag);
         let caps = DiskCaps {
             session: 4 * MIB,
             total: 100 * MIB,
@@ -1054,6 +1054,14 @@ mod tests {
         let cache = stores.cache_dir(&bob);
         std::fs::create_dir_all(&cache).unwrap();
         write_dense(&cache.join("junk"), 5 << 20);
+        (d, stores, bob, cache)
+    }
+
+    /// An owner over its bound loses its cache at admission (and is told); when its venv
+    /// alone is over, it is refused in words naming the venv and the flag.
+    #[test]
+    fn admission_clears_the_owners_cache_then_refuses() {
+        let (d, stores, bob, cache) = bob_over_a_4_mib_bound("store-admit");
         rt().block_on(async {
             let lease = stores.admit(&bob, vec![]).await.unwrap();
             assert!(
@@ -1086,16 +1094,7 @@ mod tests {
     /// sharing the state dir) is never cleared: the job is refused instead.
     #[test]
     fn a_cache_in_use_by_uv_is_not_cleared() {
-        let d = crate::test_support::scratch_dir("store-inuse");
-        let caps = DiskCaps {
-            session: 4 * MIB,
-            total: 100 * MIB,
-        };
-        let stores = Stores::new(&cfg(d.path(), caps));
-        let bob = Owner::local("bob").unwrap();
-        let cache = stores.cache_dir(&bob);
-        std::fs::create_dir_all(&cache).unwrap();
-        write_dense(&cache.join("junk"), 5 << 20);
+        let (d, stores, bob, cache) = bob_over_a_4_mib_bound("store-inuse");
         let lock = std::fs::File::create(cache.join(".lock")).unwrap();
         let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockSharedNonblock).unwrap();
         rt().block_on(async {
