@@ -1094,7 +1094,7 @@ mod tests {
     /// sharing the state dir) is never cleared: the job is refused instead.
     #[test]
     fn a_cache_in_use_by_uv_is_not_cleared() {
-        let (d, stores, bob, cache) = bob_over_a_4_mib_bound("store-inuse");
+        let (_d, stores, bob, cache) = bob_over_a_4_mib_bound("store-inuse");
         let lock = std::fs::File::create(cache.join(".lock")).unwrap();
         let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockSharedNonblock).unwrap();
         rt().block_on(async {
