@@ -89,6 +89,14 @@ def count_closed(socks) -> int:
     return sum(1 for s in socks if closed_by_server(s))
 
 
+def wait_closed(socks, at_least: int) -> None:
+    """Wait until the server has closed `at_least` of `socks` (GUARD only guards a hang)."""
+    deadline = time.monotonic() + GUARD
+    while (n := count_closed(socks)) < at_least:
+        assert time.monotonic() < deadline, f"only {n} idle connections were closed"
+        time.sleep(0.2)
+
+
 def authorized_call(url: str, token: str) -> str:
     """A whole MCP client session over HTTP with the token: initialize, one tool call."""
     from mcp import ClientSession
@@ -125,10 +133,7 @@ def test_idle_connections_do_not_starve_an_authorized_client(server):
     try:
         idle = open_idle(port, IDLE)
         assert "session" in authorized_call(url, "s3cret").lower()
-        deadline = time.monotonic() + GUARD
-        while (n := count_closed(idle)) < IDLE:
-            assert time.monotonic() < deadline, f"only {n} of {IDLE} idle connections were closed"
-            time.sleep(0.5)
+        wait_closed(idle, IDLE)
         for s in idle:
             s.close()
         # The server still serves after the flood.
@@ -156,10 +161,7 @@ def test_out_of_descriptors_the_accept_loop_makes_room_and_logs_once(server):
         idle = open_idle(port, IDLE)
         assert "session" in authorized_call(url, "s3cret").lower()
         # The server can hold at most 1024 descriptors: the rest were closed to make room.
-        deadline = time.monotonic() + GUARD
-        while (n := count_closed(idle)) < IDLE - 1024:
-            assert time.monotonic() < deadline, f"only {n} idle connections were closed"
-            time.sleep(0.2)
+        wait_closed(idle, IDLE - 1024)
         for s in idle:
             s.close()
     finally:
@@ -185,10 +187,7 @@ def test_idle_connections_make_room_at_the_cap(server):
         idle = open_idle(port, IDLE)
         assert "session" in authorized_call(url, "s3cret").lower()
         # The authorized client's own connections made room too: at least all but 64.
-        deadline = time.monotonic() + GUARD
-        while (n := count_closed(idle)) < IDLE - 64:
-            assert time.monotonic() < deadline, f"only {n} idle connections were closed"
-            time.sleep(0.2)
+        wait_closed(idle, IDLE - 64)
         for s in idle:
             s.close()
     finally:
