@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import time
 from contextlib import asynccontextmanager
@@ -30,6 +31,31 @@ def binary() -> str:
     if not os.access(path, os.X_OK):
         pytest.fail(f"server binary not found at {path}: run `cargo build` (or tests/run) first")
     return path
+
+
+def launch_http(server: "Harness", *args: str, env: dict[str, str] | None = None, prefix=()):
+    """The server with `--transport http` on a free loopback port (under `prefix`, e.g.
+    prlimit), stderr to `<root>/http-<port>.log`, once the port answers. Returns (process,
+    port, log path). The 60 s deadline only guards a server that never listens; one that
+    exited is reported at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = server.root / f"http-{port}.log"
+    proc = subprocess.Popen(
+        [*prefix, binary(), "--transport", "http", "--listen", f"127.0.0.1:{port}", *args],
+        env=env if env is not None else server.server_env(),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, port, log
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"HTTP server did not start: {log.read_text()}")
 
 
 class ToolFailed(AssertionError):

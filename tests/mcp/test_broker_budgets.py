@@ -8,8 +8,6 @@
   while a new session, a shell job and an install in other sessions all succeed.
 """
 
-import json
-import os
 import re
 from pathlib import Path
 

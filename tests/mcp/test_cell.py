@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import urllib.error
 import urllib.request
 
 import anyio
-from conftest import binary
+from conftest import binary, launch_http
 from test_surface import INIT, free_port, post
 
 GUARD = 120
@@ -30,22 +29,10 @@ LOG_FILTER = "warn,mcp_sandbox_repl::server::transport=info,mcp_sandbox_repl::se
 
 def start_http(server, *args, env=None):
     """The server over HTTP on a free loopback port; returns (process, base URL, log)."""
-    port = free_port()
-    log = server.root / f"http-{port}.log"
-    proc = subprocess.Popen(
-        [binary(), "--transport", "http", "--listen", f"127.0.0.1:{port}", *args],
-        env={**server.server_env(), "RUST_LOG": LOG_FILTER, **(env or {})},
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
+    proc, port, log = launch_http(
+        server, *args, env={**server.server_env(), "RUST_LOG": LOG_FILTER, **(env or {})}
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"http://127.0.0.1:{port}", log
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"the server did not start: {log.read_text()}")
+    return proc, f"http://127.0.0.1:{port}", log
 
 
 def get(url, headers=None):

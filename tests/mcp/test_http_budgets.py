@@ -17,7 +17,6 @@ import resource
 import select
 import shutil
 import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -25,9 +24,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from conftest import binary
+from conftest import launch_http
 
-from test_surface import INIT, free_port, post, stop
+from test_surface import INIT, post, stop
 
 IDLE = 1100
 # Generous: a loaded 2-core machine; a pass takes seconds.
@@ -37,24 +36,9 @@ GUARD = 120
 def start_http(server, *extra, prefix=(), token="s3cret"):
     """Start the HTTP server (optionally under `prefix`, e.g. prlimit); stderr to a file.
     Returns (proc, url, port, stderr path)."""
-    port = free_port()
-    log = server.root / f"http-{port}.log"
-    err = open(log, "w")
-    args = [*prefix, binary(), "--transport", "http", "--listen", f"127.0.0.1:{port}"]
-    args += ["--token", token] if token else ["--no-auth"]
-    proc = subprocess.Popen(
-        [*args, *extra], env=server.server_env(), stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=err,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"http://127.0.0.1:{port}/mcp", port, log
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"HTTP server did not start: {log.read_text()}")
+    auth = ["--token", token] if token else ["--no-auth"]
+    proc, port, log = launch_http(server, *auth, *extra, prefix=prefix)
+    return proc, f"http://127.0.0.1:{port}/mcp", port, log
 
 
 def raise_own_fd_limit():

@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from conftest import REPO, binary
+from conftest import REPO, binary, launch_http
 
 INIT = {
     "jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -46,26 +46,11 @@ def post(url, body, headers=None):
 
 def start_http(server, *extra, log_env=None):
     """Start the HTTP server; return (proc, url, port). stderr goes to a file we can read."""
-    port = free_port()
     env = server.server_env()
     if log_env is None:
         env.pop("RUST_LOG", None)  # the default level must show the start-up line
-    err = open(server.root / f"http-{port}.log", "w")
-    proc = subprocess.Popen(
-        [binary(), "--transport", "http", "--listen", f"127.0.0.1:{port}", *extra],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-    )
-    # The deadline only guards a server that never listens (a loaded machine may be slow to
-    # start one); a server that exited is reported at once.
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"http://127.0.0.1:{port}/mcp", port
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"HTTP server did not start: {(server.root / f'http-{port}.log').read_text()}")
+    proc, port, _ = launch_http(server, *extra, env=env)
+    return proc, f"http://127.0.0.1:{port}/mcp", port
 
 
 def stop(proc):
