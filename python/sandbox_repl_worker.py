@@ -1393,10 +1393,42 @@ class _Snapshots:
         cls.reap_lock = _thread.allocate_lock()
 
     @classmethod
-    def unforkable(cls, worker):
+    def user_fds(cls, worker):
+        """(fd, file type bits) of every descriptor that is not the worker's own: one
+        /proc/self/fd listing and an fstat each (not readlink: half the cost), after every
+        cell, for both `unforkable` and `shared_by_fork`."""
+        own = {0, 1, 2}
+        if cls.ctl is not None:
+            own.add(cls.ctl.fileno())
+        own.update(_STD_COPIES)
+        own.update(_Threads.own_fds())
+        own.update(fd for fd in (getattr(worker.chan, "_rfd", -1), getattr(worker.chan, "_wfd", -1)))
+        for loop in [worker.loop, *cls.old_loops]:  # the worker's asyncio loops' self-pipes
+            for attr in ("_ssock", "_csock"):
+                sock = getattr(loop, attr, None)
+                if sock is not None:
+                    own.add(sock.fileno())
+        out = []
+        try:
+            names = os.listdir("/proc/self/fd")
+        except OSError:
+            return out
+        for name in names:
+            fd = int(name)
+            if fd in own:
+                continue
+            try:
+                out.append((fd, os.fstat(fd).st_mode & 0o170000))
+            except OSError:
+                pass
+        return out
+
+    @classmethod
+    def unforkable(cls, fds):
         """Why a fork would not hold this state, or None: live `threading` threads started
         by user code (a fork copies only the calling thread; C libraries' own pools, such
-        as OpenBLAS's, handle fork themselves), open sockets (a fork shares them), CUDA."""
+        as OpenBLAS's, handle fork themselves), open sockets among `fds` (a fork shares
+        them), CUDA."""
         threading = sys.modules.get("threading")
         extra = 0
         if threading is not None:
@@ -1405,27 +1437,8 @@ class _Snapshots:
             extra = sum(1 for t in threading.enumerate() if t is not main and not isinstance(t, dummy))
         if extra > 0:
             return f"{extra} thread(s) started by user code are running; a fork copies only the main thread"
-        own = {cls.ctl.fileno() if cls.ctl is not None else -1}
-        own.update(_Threads.own_fds())
-        for loop in [worker.loop, *cls.old_loops]:  # the worker's asyncio loops' self-pipes
-            for attr in ("_ssock", "_csock"):
-                sock = getattr(loop, attr, None)
-                if sock is not None:
-                    own.add(sock.fileno())
-        try:
-            # fstat of each descriptor, not readlink of its /proc entry: half the cost,
-            # and this runs after every cell.
-            for name in os.listdir("/proc/self/fd"):
-                fd = int(name)
-                if fd in own:
-                    continue
-                try:
-                    if os.fstat(fd).st_mode & 0o170000 == 0o140000:  # S_ISSOCK
-                        return "an open socket: a fork would share the connection, not copy it"
-                except OSError:
-                    pass
-        except OSError:
-            pass
+        if any(kind == 0o140000 for _, kind in fds):  # S_ISSOCK
+            return "an open socket: a fork would share the connection, not copy it"
         torch = sys.modules.get("torch")
         try:
             if torch is not None and torch.cuda.is_initialized():
@@ -1435,37 +1448,15 @@ class _Snapshots:
         return None
 
     @classmethod
-    def shared_by_fork(cls, worker):
+    def shared_by_fork(cls, fds):
         """What a fork of this state shares with its other forks instead of copying, in
-        words (None if nothing): descriptors open for writing on files (one file offset
-        for all branches) and pipes, and child processes of user code (one process, which
-        no branch owns). Python-level write buffers of open files are flushed first, so no
-        branch writes another's buffered bytes again. Costs a /proc/self/fd listing; the
-        object scan runs only when such a file is open."""
-        own = {0, 1, 2}
-        if cls.ctl is not None:
-            own.add(cls.ctl.fileno())
-        own.update(_STD_COPIES)
-        own.update(_Threads.own_fds())
-        own.update(fd for fd in (getattr(worker.chan, "_rfd", -1), getattr(worker.chan, "_wfd", -1)))
-        for loop in [worker.loop, *cls.old_loops]:
-            for attr in ("_ssock", "_csock"):
-                sock = getattr(loop, attr, None)
-                if sock is not None:
-                    own.add(sock.fileno())
+        words (None if nothing): among `fds`, descriptors open for writing on files (one
+        file offset for all branches) and pipes, and child processes of user code (one
+        process, which no branch owns). Python-level write buffers of open files are
+        flushed first, so no branch writes another's buffered bytes again; the object scan
+        runs only when such a file is open."""
         files, pipes = [], 0
-        try:
-            names = os.listdir("/proc/self/fd")
-        except OSError:
-            names = []
-        for name in names:
-            fd = int(name)
-            if fd in own:
-                continue
-            try:
-                kind = os.fstat(fd).st_mode & 0o170000
-            except OSError:
-                continue
+        for fd, kind in fds:
             if kind == 0o010000:  # S_ISFIFO
                 pipes += 1
             elif kind == 0o100000 and _fd_writable(fd):  # S_ISREG
@@ -1512,7 +1503,8 @@ class _Snapshots:
             return False
         import _socket
 
-        reason = cls.unforkable(worker)
+        fds = cls.user_fds(worker)
+        reason = cls.unforkable(fds)
         if reason is not None:
             worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": reason})
             return False
@@ -1522,7 +1514,7 @@ class _Snapshots:
             worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": f"socketpair failed: {e}"})
             return False
         _flush_std()
-        shared = cls.shared_by_fork(worker)
+        shared = cls.shared_by_fork(fds)
         rand = _random_state()
         _Threads.stop()
         try:
