@@ -3,6 +3,7 @@
 #
 #   deploy/build-image.sh [IMAGE] [BASE]
 #
+# Environment: EXTRA_CA_CERTS (PEM files to trust, see below), PODMAN_RUNTIME (runc).
 # IMAGE defaults to localhost/mcp-sandbox-repl:<version>; BASE to the Containerfile's
 # (localhost/debian:bookworm-slim, made by deploy/build-base.sh). The build context is a
 # temporary directory holding only the binary, so nothing else of the checkout (target/,
@@ -23,6 +24,10 @@ base=${2:-}
 ctx=$(mktemp -d "${TMPDIR:-/var/tmp}/build-image.XXXXXX")
 trap 'rm -rf "$ctx"' EXIT INT TERM
 cp "$bin" "$ctx/mcp-sandbox-repl"
+# EXTRA_CA_CERTS: space-separated PEM files the build (pip, for uv) and the image trust
+# besides Debian's, e.g. an intercepting proxy's CA.
+mkdir "$ctx/ca"
+for cert in ${EXTRA_CA_CERTS:-}; do cp "$cert" "$ctx/ca/$(basename "$cert" .crt).crt"; done
 
 set -- --file "$here/Containerfile" --tag "$image" --network host
 if [ -n "$base" ]; then set -- "$@" --build-arg "BASE=$base"; fi
