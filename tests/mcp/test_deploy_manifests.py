@@ -16,7 +16,9 @@ No server binary and no cluster: this runs in CI in well under a second per file
 from __future__ import annotations
 
 import copy
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -286,6 +288,46 @@ def test_state_and_workspace_are_on_the_volume_claim():
         assert env[key].startswith(mount["mountPath"].rstrip("/") + "/"), (key, env[key])
     assert template["volumeClaimTemplatesPolicy"] == "Disallowed"
     assert template["envVarsInjectionPolicy"] == "Disallowed"
+
+
+def gib(quantity: str) -> float:
+    if quantity.isdigit():
+        return int(quantity) / 2**30
+    units = {"Ki": 2**-20, "Mi": 2**-10, "Gi": 1, "Ti": 2**10, "KiB": 2**-20, "MiB": 2**-10, "GiB": 1, "TiB": 2**10}
+    number, unit = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]i(?:B)?)", quantity).groups()
+    return float(number) * units[unit]
+
+
+def test_the_disk_bounds_fit_the_volume_with_room_for_the_workspace():
+    env = container_env(cell_container())
+    (claim,) = one("SandboxTemplate")["spec"]["volumeClaimTemplates"]
+    volume = gib(claim["spec"]["resources"]["requests"]["storage"])
+    stores, output = gib(env["MCP_SANDBOX_ENV_DISK_TOTAL"]), gib(env["MCP_SANDBOX_DISK_CAP"])
+    assert gib(env["MCP_SANDBOX_ENV_DISK_CAP"]) <= stores
+    # What the server bounds leaves at least a quarter of the volume to the workspace.
+    assert stores + output <= 0.75 * volume, (stores, output, volume)
+
+
+def test_the_server_accepts_the_templates_environment(tmp_path):
+    """Every MCP_SANDBOX_* value the image and the template set parses (the server's own
+    checks: a value it refuses would crash-loop every cell). `policy show` parses the
+    server's flags and their environment twins, then prints and exits."""
+    from conftest import binary
+
+    env = {k: v for k, v in container_env(cell_container()).items() if isinstance(v, str)}
+    env = {**image_env(), **env, "MCP_SANDBOX_CELL_ID": "cell-a"}
+    env = {k: v for k, v in env.items() if k.startswith("MCP_SANDBOX_")}
+    env |= {"MCP_SANDBOX_STATE_DIR": str(tmp_path / "state"), "MCP_SANDBOX_WORKSPACE": str(tmp_path)}
+
+    def policy_show(extra):
+        return subprocess.run([binary(), "policy", "show", "read-only"],
+                              env={"PATH": os.environ["PATH"], **env, **extra},
+                              capture_output=True, text=True, timeout=60)
+
+    out = policy_show({})
+    assert out.returncode == 0, out.stderr
+    out = policy_show({"MCP_SANDBOX_DISK_CAP": "2GiB"})  # the check does check
+    assert out.returncode != 0 and "disk-cap" in out.stderr, out.stderr
 
 
 def test_runtime_class_and_names_refer_to_what_exists():
