@@ -51,7 +51,8 @@ PODMAN = ["podman", "--runtime", "runc"]  # crun refuses this host's hybrid cgro
 ULIMITS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096"]
 # An unprivileged cell: container root is uid 200000.. on the host; CAP_SYS_ADMIN only in
 # that user namespace (it owns the cell's mount, network and PID namespaces).
-USERNS = ["--uidmap", "0:200000:65536", "--gidmap", "0:200000:65536", "--cap-add", "SYS_ADMIN"]
+MAPPED = ["--uidmap", "0:200000:65536", "--gidmap", "0:200000:65536"]
+USERNS = [*MAPPED, "--cap-add", "SYS_ADMIN"]
 PRIVILEGED = ["--privileged"]
 
 
@@ -355,15 +356,17 @@ def settle(cell) -> tuple[int, str]:
 
 def smoke(args) -> None:
     root = Path(tempfile.mkdtemp(prefix="cells-smoke-", dir="/var/tmp"))
-    cells = {
-        "cell-priv": ContainerCell("cell-priv", args.image, root / "priv", free_port(), PRIVILEGED),
-        "cell-userns": ContainerCell("cell-userns", args.image, root / "userns", free_port(), USERNS),
-        "cell-userns-cg": ContainerCell("cell-userns-cg", args.image, root / "userns-cg", free_port(),
-                                        USERNS + delegate_cgroups("cell-userns-cg", 200000)),
+    modes = {
+        "cell-priv": PRIVILEGED,                                       # --privileged
+        "cell-default": [],                                            # podman's defaults, host root
+        "cell-mapped-cg": MAPPED + delegate_cgroups("cell-mapped-cg", 200000),  # user ns, no added cap
+        "cell-userns": USERNS,                                         # user ns + CAP_SYS_ADMIN in it
+        "cell-userns-cg": USERNS + delegate_cgroups("cell-userns-cg", 200000),  # ... + a cgroup subtree
     }
+    cells = {name: ContainerCell(name, args.image, root / name, free_port(), mode) for name, mode in modes.items()}
     for name, cell in cells.items():
         cell.data.mkdir()
-        if name != "cell-priv":
+        if "--uidmap" in cell.mode:
             os.chown(cell.data, 200000, 200000)  # the container's root owns its volume
     router = Router(root, {n: c.port for n, c in cells.items()})
     try:
@@ -404,6 +407,7 @@ def smoke(args) -> None:
             cell.kill()
         router.stop()
         remove_cgroups("cell-userns-cg")
+        remove_cgroups("cell-mapped-cg")
         shutil.rmtree(root, ignore_errors=True)
 
 
