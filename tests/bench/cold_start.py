@@ -101,6 +101,22 @@ async def first_exec(router: str, cell: str, code: str = "6 * 7") -> dict:
                 return res.structured_content
 
 
+async def exec_in_session(router: str, cell: str, session: str) -> None:
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    client = create_mcp_http_client(headers={"X-Sandbox-ID": cell})
+    with anyio.fail_after(GUARD):
+        async with client, streamable_http_client(router + "/mcp", http_client=client) as streams:
+            async with ClientSession(streams[0], streams[1]) as s:
+                await s.initialize()
+                res = await s.call_tool("python_exec", {"code": "x = list(range(1000)); len(x)", "session": session},
+                                        read_timeout_seconds=GUARD)
+                if res.is_error:
+                    raise RuntimeError(f"python_exec in session {session} failed: {res.content}")
+
+
 async def shell(router: str, cell: str, command: str) -> dict:
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
@@ -170,7 +186,6 @@ class ContainerCell:
         self.base = f"http://127.0.0.1:{port}"
 
     def start(self) -> None:
-        subprocess.run([*PODMAN, "rm", "-f", "-t", "0", self.name], capture_output=True)
         subprocess.run(
             [*PODMAN, "run", "-d", "--name", self.name, *ULIMITS, *self.mode,
              "-e", "MCP_SANDBOX_ROUTER_AUTH=true", "-e", f"MCP_SANDBOX_CELL_ID={self.name}",
@@ -186,6 +201,12 @@ class ContainerCell:
     def kill(self) -> None:
         subprocess.run([*PODMAN, "kill", "-s", "KILL", self.name], capture_output=True, timeout=GUARD)
         subprocess.run([*PODMAN, "rm", "-f", "-t", "0", self.name], capture_output=True, timeout=GUARD)
+
+    def memory(self) -> str:
+        """The container cgroup's memory use (v1: usage_in_bytes, page cache included)."""
+        out = subprocess.run([*PODMAN, "stats", "--no-stream", "--format", "{{.MemUsage}}", self.name],
+                             capture_output=True, text=True, timeout=GUARD)
+        return out.stdout.strip() or out.stderr.strip()
 
     def doctor(self) -> str:
         out = subprocess.run([*PODMAN, "exec", self.name, "mcp-sandbox-repl", "doctor"],
@@ -224,14 +245,17 @@ class BareCell:
             self.proc.wait(timeout=GUARD)
 
 
-def trial(cell, router: Router) -> tuple[float, float, dict]:
-    """(start → /readyz 200, start → first python_exec answered, its answer)."""
+def trial(cell, router: Router) -> tuple[dict[str, float], dict]:
+    """Seconds from the start to: the start command returned (`podman run -d`: the
+    container is running; the bare server: spawned), /readyz 200, the first python_exec
+    answered through the router; and that answer."""
     t0 = time.perf_counter()
     cell.start()
+    started = time.perf_counter() - t0
     wait_ready(cell.base, cell.alive)
     ready = time.perf_counter() - t0
     answer = anyio.run(first_exec, router.url, cell.name)
-    return ready, time.perf_counter() - t0, answer
+    return {"started": started, "ready": ready, "answered": time.perf_counter() - t0}, answer
 
 
 # --- the benchmark -------------------------------------------------------------------
@@ -246,6 +270,7 @@ def bench(args) -> str:
     root = Path(tempfile.mkdtemp(prefix="cold-start-", dir="/var/tmp"))
     ports = {"bench-cell": free_port(), "bench-bare": free_port()}
     router = Router(root, ports)
+    subprocess.run([*PODMAN, "rm", "-f", "-t", "0", "bench-cell"], capture_output=True)
     results: dict[tuple[str, str], dict[str, list[float]]] = {}
     loads = []
     try:
@@ -258,14 +283,14 @@ def bench(args) -> str:
                 loads.append(os.getloadavg()[0])
                 try:
                     for phase in ("cold", "restart"):
-                        ready, answered, answer = trial(cell, router)
+                        times, answer = trial(cell, router)
                         if phase == "restart" and not answer.get("state_lost"):
                             raise RuntimeError(f"{kind} restart answered without state_lost: {answer}")
                         if answer.get("value") != "42":
                             raise RuntimeError(f"{kind} {phase}: unexpected answer {answer}")
-                        r = results.setdefault((kind, phase), {"ready": [], "answered": []})
-                        r["ready"].append(ready)
-                        r["answered"].append(answered)
+                        r = results.setdefault((kind, phase), {k: [] for k in times})
+                        for k, v in times.items():
+                            r[k].append(v)
                         cell.kill()
                 finally:
                     cell.kill()
@@ -281,10 +306,13 @@ def bench(args) -> str:
 
     rows = []
     for phase in ("cold", "restart"):
-        for what, label in (("ready", "start → `/readyz` 200"), ("answered", "start → first `python_exec` answered")):
+        for what, label in (("started", "start → running (`podman run -d` returned / spawned)"),
+                            ("ready", "start → `/readyz` 200"),
+                            ("answered", "start → first `python_exec` answered")):
             c, b = med("container", phase, what), med("bare", phase, what)
+            ratio = f"{c / b:.2f}×" if b >= 0.005 else "—"
             rows.append(f"| {phase} | {label} | {spread(results[('container', phase)][what])} | "
-                        f"{spread(results[('bare', phase)][what])} | {c / b:.2f}× |")
+                        f"{spread(results[('bare', phase)][what])} | {ratio} |")
     version = subprocess.run([binary(), "--version"], capture_output=True, text=True).stdout.strip()
     return "\n".join([
         HEADING,
@@ -365,6 +393,7 @@ def smoke(args) -> None:
     }
     cells = {name: ContainerCell(name, args.image, root / name, free_port(), mode) for name, mode in modes.items()}
     for name, cell in cells.items():
+        cell.kill()  # one left by an interrupted run
         cell.data.mkdir()
         if "--uidmap" in cell.mode:
             os.chown(cell.data, 200000, 200000)  # the container's root owns its volume
@@ -399,6 +428,12 @@ def smoke(args) -> None:
                 print(f"== a request naming {other} sent to this cell: NOT refused")
             except urllib.error.HTTPError as e:
                 print(f"== a request naming {other} sent to this cell: {e.code} {e.read().decode().strip()}")
+            if name == "cell-priv":
+                print(f"== memory of the container, ready and one python_exec answered: {cell.memory()}")
+                for i in range(7):
+                    anyio.run(exec_in_session, router.url, name, f"s{i}")
+                print(f"== memory of the container, after a python_exec in each of 7 more sessions (8 in all, the default --max-sessions): {cell.memory()}")
+                print(f"== disk of /data: {subprocess.run(['du', '-sh', str(cell.data)], capture_output=True, text=True).stdout.split()[0]}")
             print(f"== doctor\n{cell.doctor()}")
         status, text = get(router.url + "/mcp")
         print(f"== router, no X-Sandbox-ID: {status} {text}")
