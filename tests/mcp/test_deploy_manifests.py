@@ -10,7 +10,8 @@
   endpoints and port, the grace period above the drain, the router in scoped-token mode,
   the network policy selecting the cells and the router, the CI Job running `run --policy ci`.
 
-No server binary and no cluster: this runs in CI in well under a second per file.
+No cluster and no network (kubernetes-validate's schemas are bundled); the server binary
+only to parse the template's environment. A few seconds in all.
 """
 
 from __future__ import annotations
