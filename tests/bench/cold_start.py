@@ -13,10 +13,12 @@ Each trial, for the container cell and for the bare server alike:
     python3 tests/bench/cold_start.py [--image IMAGE] [--n 10] [--write]
     python3 tests/bench/cold_start.py --smoke [--image IMAGE]
 
---smoke instead starts one privileged cell and one unprivileged cell (a user namespace
-mapping, CAP_SYS_ADMIN only inside it, no --privileged) behind the router, checks that a
-python_exec and a shell job answer through the router in both, that a request naming
-another cell is refused, and prints `doctor` from inside each (docs/deploy.md records it).
+--smoke instead starts cells in five settings behind the router — `--privileged`; podman's
+defaults; a user namespace (container root = host uid 200000) without and with
+CAP_SYS_ADMIN inside it, and with a delegated cgroup subtree — checks whether
+python_exec and a shell job answer through the router in each (or how they are refused),
+that a request naming another cell is refused, and prints `doctor` from inside each
+(docs/deploy.md records it); then drains the privileged cell with `podman stop` while a job runs.
 
 Needs root, podman, runc, haproxy; the image from deploy/build-image.sh; the release
 binary (target/release; MCP_SANDBOX_BIN overrides). --write replaces the section
@@ -115,6 +117,20 @@ async def exec_in_session(router: str, cell: str, session: str) -> None:
                                         read_timeout_seconds=GUARD)
                 if res.is_error:
                     raise RuntimeError(f"python_exec in session {session} failed: {res.content}")
+
+
+async def shell_nowait(router: str, cell: str, command: str) -> str:
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    client = create_mcp_http_client(headers={"X-Sandbox-ID": cell})
+    with anyio.fail_after(GUARD):
+        async with client, streamable_http_client(router + "/mcp", http_client=client) as streams:
+            async with ClientSession(streams[0], streams[1]) as s:
+                await s.initialize()
+                res = await s.call_tool("shell_run", {"command": command, "wait_seconds": 0.2}, read_timeout_seconds=GUARD)
+                return f"{res.structured_content.get('job_id')} {res.structured_content.get('status')}"
 
 
 async def shell(router: str, cell: str, command: str) -> dict:
@@ -441,6 +457,7 @@ def smoke(args) -> None:
             print(f"== doctor\n{cell.doctor()}")
         status, text = get(router.url + "/mcp")
         print(f"== router, no X-Sandbox-ID: {status} {text}")
+        drain(cells["cell-priv"], router)
     finally:
         for cell in cells.values():
             cell.kill()
@@ -448,6 +465,28 @@ def smoke(args) -> None:
         remove_cgroups("cell-userns-cg")
         remove_cgroups("cell-mapped-cg")
         shutil.rmtree(root, ignore_errors=True)
+
+
+def drain(cell: ContainerCell, router: Router) -> None:
+    """`podman stop` (SIGTERM through tini) while a 4 s job runs: /readyz turns 503, a new
+    job is refused in words, the running one finishes, the container stops after it."""
+    async def start_job():
+        return await shell_nowait(router.url, cell.name, "sleep 4; echo finished > /data/workspace/drained.txt")
+
+    print(f"== drain: a job started: {anyio.run(start_job)}")
+    t0 = time.perf_counter()
+    stop = subprocess.Popen([*PODMAN, "stop", "-t", "45", cell.name], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + GUARD
+    while (status := get(cell.base + "/readyz"))[0] == 200 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    print(f"== drain: /readyz after SIGTERM: {status[0]} {status[1].strip()}")
+    refused = anyio.run(shell, router.url, cell.name, "echo new")
+    print(f"== drain: a new job: error={refused.get('is_error')} {refused.get('error') or refused.get('text')}")
+    stop.wait(timeout=GUARD)
+    done = cell.data / "workspace" / "drained.txt"
+    print(f"== drain: the container stopped after {time.perf_counter() - t0:.1f} s; the running job "
+          f"{'finished' if done.exists() else 'did NOT finish'}")
+    print("\n".join(line for line in cell.logs().splitlines() if "drain" in line))
 
 
 def main() -> None:
