@@ -383,11 +383,11 @@ def delegate_cgroups(name: str, uid: int) -> list[str]:
 def remove_cgroups(name: str) -> None:
     for controller in ("pids", "memory"):
         path = Path("/sys/fs/cgroup") / controller / "mcp-cells" / name
-        for sub in sorted(path.glob("**/"), key=lambda p: len(p.parts), reverse=True):
+        for sub in [*sorted(path.glob("**/"), key=lambda p: len(p.parts), reverse=True), path.parent]:
             try:
                 sub.rmdir()
             except OSError:
-                pass
+                pass  # not empty (another cell's), or gone
 
 
 def settle(cell) -> tuple[int, str]:
