@@ -44,7 +44,7 @@ from pathlib import Path
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, binary, cpu_model, write_section  # noqa: E402
+from common import binary, cpu_model, write_section  # noqa: E402
 
 HEADING = "## Cold start of a cell"
 GUARD = 120  # hang guard for any one step, seconds
