@@ -322,7 +322,9 @@ def test_the_mcp_inspector_fills_an_optional_number(server):
 
 def test_the_eight_step_scenario_takes_at_most_eight_calls(server):
     """State, variables, input(), a 5 s loop collected whole, restart, a 3 s shell loop:
-    at most 8 tool calls with the documented defaults (windows widened by argument)."""
+    at most 8 tool calls with the documented defaults (windows widened by argument). Each
+    job is followed to its end (`finish`: job_wait while it runs), and every call counts,
+    so a step that needed more than its one call shows in the total."""
 
     async def scenario(c):
         calls = []
@@ -336,23 +338,23 @@ def test_the_eight_step_scenario_takes_at_most_eight_calls(server):
         # The documented default window (3 s) is named where a call relies on it: the
         # harness otherwise widens windows a test leaves unnamed.
         d = 3
-        r = await c.ok("python_exec", code="x = 41\ny = x + 1\ny", wait_seconds=d)  # 1: state
+        r = await c.finish(await c.ok("python_exec", code="x = 41\ny = x + 1\ny", wait_seconds=d))  # 1: state
         assert r["value"] == "42"
         v = await c.ok("python_vars", action="list")  # 2: variables
         assert {"x", "y"} <= {x["name"] for x in v["variables"]}
         r = await c.ok("python_exec", code="name = input('name? ')\nprint('hi', name)", wait_seconds=d)  # 3: input()
         assert r["status"] == "awaiting_input" and r["prompt"] == "name? "
-        r = await c.ok("job_input", job_id=r["job_id"], text="ada", wait_seconds=d)  # 4
-        assert r["status"] == "completed" and "hi ada" in r["stdout"]["text"]
+        r = await c.finish(await c.ok("job_input", job_id=r["job_id"], text="ada", wait_seconds=d))  # 4
+        assert r["status"] == "completed" and "hi ada" in r["all_stdout"]
         loop = "import time\nfor i in range(5):\n    print('tick', i, flush=True)\n    time.sleep(1)\n"
-        r = await c.ok("python_exec", code=loop, wait_seconds=50)  # 5: a 5 s loop, whole (ends the wait)
+        r = await c.finish(await c.ok("python_exec", code=loop, wait_seconds=50))  # 5: a 5 s loop, whole
         assert r["status"] == "completed", r
-        assert [ln for ln in r["stdout"]["text"].splitlines()] == [f"tick {i}" for i in range(5)]
+        assert r["all_stdout"].splitlines() == [f"tick {i}" for i in range(5)]
         await c.ok("session_restart")  # 6: restart
         r = await c.py("x", wait_seconds=d)  # 7: state is gone
         assert r["exception"]["ename"] == "NameError"
-        r = await c.ok("shell_run", command="for i in 1 2 3; do echo $i; sleep 1; done", wait_seconds=50)  # 8
-        assert r["status"] == "completed" and r["stdout"]["text"] == "1\n2\n3\n"
+        r = await c.finish(await c.ok("shell_run", command="for i in 1 2 3; do echo $i; sleep 1; done", wait_seconds=50))  # 8
+        assert r["status"] == "completed" and r["all_stdout"] == "1\n2\n3\n"
         print(f"{len(calls)} calls: {calls}")
         assert len(calls) <= 8, calls
 
