@@ -395,4 +395,16 @@ impl App {
     pub async fn job_changed(&self, id: &str, timeout: Duration) -> Result<(), AppError> {
         Ok(self.store.changed(id, timeout).await?)
     }
+
+    /// Name job `id` also by `handle` (an MCP task id), durably: the name outlives a
+    /// restart of the server as long as the job is kept.
+    pub fn job_add_handle(&self, id: &str, handle: &str) -> Result<(), AppError> {
+        Ok(self.store.add_handle(id, handle)?)
+    }
+
+    /// The job `handle` names (given by [`job_add_handle`](Self::job_add_handle), in this
+    /// server or an earlier one on the same state dir), if the job is still kept.
+    pub fn job_of_handle(&self, handle: &str) -> Option<crate::jobs::handles::HandleRecord> {
+        self.store.job_of_handle(handle)
+    }
 }

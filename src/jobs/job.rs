@@ -104,7 +104,7 @@ pub(crate) struct JobState {
 
 /// The fixed facts of a job, to build it.
 pub(crate) struct JobMeta {
-    pub seq: u64,
+    pub id: JobId,
     pub kind: JobKind,
     pub session: Option<String>,
     pub label: String,
@@ -145,7 +145,7 @@ impl Job {
     pub(crate) fn new(meta: JobMeta, state: JobState, spools: [Spool; 2]) -> Job {
         let [out, err] = spools;
         Job {
-            id: format!("j{}", meta.seq),
+            id: meta.id,
             kind: meta.kind,
             session: meta.session,
             label: meta.label,

@@ -21,6 +21,7 @@
 
 pub mod dotenv;
 pub mod excerpt;
+pub mod handles;
 mod job;
 pub mod persist;
 mod query;

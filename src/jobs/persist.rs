@@ -27,8 +27,8 @@
 //!   .reserve                   space set aside for records when the disk is full
 //!   next_id                    the next job number (so pruned ids are not reused)
 //!   index.log                  one JobRecord (JSON) per line, appended on every change
-//!   j12/stdout, j12/stderr     spools
-//!   j12/result.json            the job's structured result, if any
+//!   j12-k3f9q/stdout, .../stderr   spools (a job's directory is its id)
+//!   j12-k3f9q/result.json      the job's structured result, if any
 //! ```
 //! Stores written by older servers (`started.log` and a `job.json` per job) are read once
 //! and turned into an index.
@@ -251,10 +251,10 @@ fn read_journal_file(path: &Path) -> (BTreeMap<u64, JobRecord>, u64, u64) {
 }
 
 /// The job number of a record line from its first bytes (`prefix`, then the digits of
-/// the id: the fields are written in declaration order), or None if it does not start so.
+/// the id up to its random part: the fields are written in declaration order), or None if it does not start so.
 fn line_seq(line: &[u8], prefix: &[u8]) -> Option<u64> {
     let rest = line.strip_prefix(prefix)?;
-    let end = rest.iter().position(|b| *b == b'"')?;
+    let end = rest.iter().position(|b| *b == b'"' || *b == b'-')?;
     let digits = &rest[..end];
     if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
         return None;
@@ -481,14 +481,54 @@ fn write_atomic_with(
     std::fs::rename(&tmp, path)
 }
 
-/// `"j12"` (also `"J12"`, `"12"`) → 12.
+/// The job number of a job id: `"j12-k3f9q"` (also `"J12-K3F9Q"`, `"12-k3f9q"`, and
+/// `"j12"` as older servers wrote ids) → 12. Numbers order jobs; only the whole id names one
+/// (see [`same_id`]).
 pub(crate) fn parse_id(id: &str) -> Option<u64> {
     let id = id.trim();
-    let digits = id.strip_prefix(['j', 'J']).unwrap_or(id);
+    let rest = id.strip_prefix(['j', 'J']).unwrap_or(id);
+    let digits = rest.split_once('-').map_or(rest, |(digits, _)| digits);
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     digits.parse().ok()
+}
+
+/// Whether `given` (what a caller typed) names the job whose id is `id`: the whole id,
+/// random part included, case and the leading `j` aside. A job number alone (`j12`)
+/// names only a job of an older server whose id had no random part.
+pub(crate) fn same_id(given: &str, id: &str) -> bool {
+    let key = |s: &str| {
+        let s = s.trim();
+        s.strip_prefix(['j', 'J']).unwrap_or(s).to_ascii_lowercase()
+    };
+    key(given) == key(id)
+}
+
+/// Lowercase letters and digits without the look-alikes (i, l, o, u): Crockford's base32.
+const TAG_ALPHABET: &[u8; 32] = b"0123456789abcdefghjkmnpqrstvwxyz";
+/// Characters of the random part of job ids.
+pub(crate) const TAG_LEN: usize = 5;
+
+/// The random part of the ids of the jobs a store makes while it is open: drawn anew
+/// each time a server opens its state directory, so an id from another server, another
+/// state directory or an earlier run of this one never names a job made now, even if
+/// the job numbers meet (a copied volume, a lost `next_id`). 25 bits, 5 characters.
+pub(crate) fn draw_tag() -> String {
+    let mut bytes = [0u8; TAG_LEN];
+    if let Err(e) = getrandom::fill(&mut bytes) {
+        // Not expected on Linux; the clock and pid still differ between servers.
+        tracing::warn!("no random bytes for job ids ({e}); using the clock and pid");
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ (u64::from(std::process::id()) << 32);
+        bytes = std::array::from_fn(|i| (nanos >> (i * 5)) as u8);
+    }
+    bytes
+        .iter()
+        .map(|b| TAG_ALPHABET[usize::from(b % 32)] as char)
+        .collect()
 }
 
 /// Write a job's structured result next to its spools.

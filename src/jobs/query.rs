@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::excerpt::{make_excerpt, read_text};
 use super::job::{Job, lock, now_unix_ms};
-use super::persist::parse_id;
+use super::persist::{parse_id, same_id};
 use super::store::JobStore;
 use super::{
     Excerpt, JobError, JobFilter, JobId, JobPage, JobSummary, OutputChunk, SearchHit, Stream,
@@ -240,7 +240,7 @@ fn matches(filter: &JobFilter, s: &JobSummary, now_ms: u64) -> bool {
         && filter
             .ids
             .as_ref()
-            .is_none_or(|ids| ids.iter().any(|i| parse_id(i) == parse_id(&s.id)))
+            .is_none_or(|ids| ids.iter().any(|i| same_id(i, &s.id)))
         && filter
             .older_than_secs
             .is_none_or(|secs| now_ms.saturating_sub(s.created_unix_ms) >= secs * 1000)

@@ -75,6 +75,11 @@ pub struct JobStore {
     /// Jobs started and not yet persisted as finished: each has room for its records
     /// kept at the end of the journal (`Journal::keep_room`).
     unfinished: AtomicU64,
+    /// The random part of the ids of jobs made while this store is open
+    /// ([`persist::draw_tag`]): `j12-k3f9q`.
+    tag: String,
+    /// Other names of jobs ([`super::handles`]); taken before the table.
+    pub(super) handles: super::handles::Handles,
 }
 
 impl std::fmt::Debug for JobStore {
@@ -112,6 +117,8 @@ impl JobStore {
             journal: Mutex::new(journal),
             disk_used: AtomicU64::new(0),
             unfinished: AtomicU64::new(0),
+            tag: persist::draw_tag(),
+            handles: Default::default(),
         });
         store.retake_reserve();
         if !had_index {
@@ -211,7 +218,7 @@ impl JobStore {
                 has_result: rec.has_result,
             };
             let meta = JobMeta {
-                seq,
+                id: rec.id,
                 kind: rec.kind,
                 session: rec.session,
                 label: rec.label,
@@ -290,7 +297,7 @@ impl JobStore {
             jobs.next_id += 1;
             seq
         };
-        let id = format!("j{seq}");
+        let id = format!("j{seq}-{}", self.tag);
         let job_dir = persist::job_dir(&self.dir.path, &id);
         // The directory and spool files appear with the first output or at finish.
         let spools = [
@@ -312,7 +319,7 @@ impl JobStore {
             has_result: false,
         };
         let meta = JobMeta {
-            seq,
+            id,
             kind,
             session: session.map(str::to_string),
             label: shorten_label(label),
@@ -682,7 +689,10 @@ impl JobStore {
 
     pub(crate) fn get(&self, id: &str) -> Result<Arc<Job>, JobError> {
         let jobs = self.jobs();
-        if let Some(job) = parse_id(id).and_then(|seq| jobs.map.get(&seq)) {
+        if let Some(job) = parse_id(id)
+            .and_then(|seq| jobs.map.get(&seq))
+            .filter(|job| persist::same_id(id, &job.id))
+        {
             return Ok(job.clone());
         }
         let ids: Vec<&str> = jobs

@@ -39,13 +39,33 @@ fn done() -> JobOutcome {
     }
 }
 
-/// Every job the store lists (default filter), as (id, status), newest first.
+/// Every job the store lists (default filter), as (short id, status), newest first.
 fn listed(store: &JobStore) -> Vec<(String, JobStatus)> {
     store
         .list(&JobFilter::default())
         .into_iter()
-        .map(|s| (s.id, s.status))
+        .map(|s| (short(&s.id), s.status))
         .collect()
+}
+
+/// A job id without its random part: `j12-k3f9q` → `j12`.
+fn short(id: &str) -> String {
+    id.split_once('-').map_or(id, |(n, _)| n).to_string()
+}
+
+/// The whole id of the listed job whose number `short_id` gives (`j12` → `j12-k3f9q`), or
+/// `short_id` itself if none is listed.
+fn full(store: &JobStore, short_id: &str) -> String {
+    store
+        .list(&JobFilter::default())
+        .into_iter()
+        .map(|s| s.id)
+        .find(|id| short(id) == short_id)
+        .unwrap_or_else(|| short_id.to_string())
+}
+
+fn shorts(ids: Vec<String>) -> Vec<String> {
+    ids.iter().map(|id| short(id)).collect()
 }
 
 #[tokio::test]
@@ -359,7 +379,13 @@ async fn restart_keeps_finished_jobs_and_marks_running_ones_lost() {
     );
     // Ids are not reused.
     let c = store.create(JobKind::Shell, None, "new").unwrap();
-    assert_eq!(c.id(), "j3");
+    assert_eq!(short(c.id()), "j3");
+    assert_ne!(c.id(), "j3", "a new id has a random part");
+    assert_ne!(
+        c.id().split_once('-').map(|(_, t)| t),
+        done_id.split_once('-').map(|(_, t)| t),
+        "each opening of a store draws its own"
+    );
 }
 
 #[tokio::test]
@@ -374,7 +400,7 @@ async fn list_filters_and_prune_removes_files() {
         status: JobStatus::Failed,
         ..Default::default()
     });
-    let ids = |v: Vec<JobSummary>| v.into_iter().map(|s| s.id).collect::<Vec<_>>();
+    let ids = |v: Vec<JobSummary>| v.into_iter().map(|s| short(&s.id)).collect::<Vec<_>>();
     assert_eq!(
         ids(store.list(&JobFilter::default())),
         vec!["j3", "j2", "j1"]
@@ -395,18 +421,31 @@ async fn list_filters_and_prune_removes_files() {
     };
     assert_eq!(ids(store.list(&s1)), vec!["j1"]);
 
-    let a_dir = store.dir().join("j1");
+    let a_dir = store.dir().join(a.id());
     assert!(a_dir.exists());
     assert_eq!(
-        store.prune(&JobFilter::default()).unwrap(),
+        shorts(store.prune(&JobFilter::default()).unwrap()),
         vec!["j1", "j2"]
     );
     assert!(!a_dir.exists());
     assert_eq!(ids(store.list(&JobFilter::default())), vec!["j3"]);
-    let err = store.read("j1", Stream::Stdout, 0, 1).unwrap_err();
+    let err = store.read(a.id(), Stream::Stdout, 0, 1).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "no job with id \"j1\"; known jobs: j3 (pruned jobs and jobs evicted by the disk cap are gone)"
+        format!(
+            "no job with id {:?}; known jobs: {} (pruned jobs and jobs evicted by the disk cap are gone)",
+            a.id(),
+            c.id()
+        )
+    );
+    // The number alone, or with another random part, names no job.
+    for other in ["j3".to_string(), format!("j3-{}", "zzzzz")] {
+        assert!(store.read(&other, Stream::Stdout, 0, 1).is_err(), "{other}");
+    }
+    assert!(
+        store
+            .read(&c.id().to_uppercase(), Stream::Stdout, 0, 1)
+            .is_ok()
     );
     drop(c);
 }
@@ -425,7 +464,7 @@ async fn disk_cap_evicts_oldest_finished_jobs_first() {
     let ids: Vec<_> = store
         .list(&JobFilter::default())
         .into_iter()
-        .map(|s| s.id)
+        .map(|s| short(&s.id))
         .collect();
     assert_eq!(ids, vec!["j3", "j2"]);
     c.append(Stream::Stdout, &[b'c'; 500]); // evict b
@@ -498,10 +537,13 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
             assert_eq!(snap.result, Some(serde_json::json!({"value": "2"})));
             assert_eq!((snap.stdout.end, snap.stderr.end), (0, 0));
         }
-        assert_eq!(store.read("j1", Stream::Stdout, 0, 10).unwrap().text, "");
+        assert_eq!(
+            store.read(quick.id(), Stream::Stdout, 0, 10).unwrap().text,
+            ""
+        );
         assert!(
             store
-                .search("j1", Stream::Stdout, "x", 0, 5)
+                .search(quick.id(), Stream::Stdout, "x", 0, 5)
                 .unwrap()
                 .is_empty()
         );
@@ -509,10 +551,10 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
         pruned.finish(done());
         let _running = store.create(JobKind::Shell, None, "sleep 100").unwrap();
         let filter = JobFilter {
-            ids: Some(vec!["j2".into()]),
+            ids: Some(vec![pruned.id().to_string()]),
             ..Default::default()
         };
-        assert_eq!(store.prune(&filter).unwrap(), vec!["j2"]);
+        assert_eq!(shorts(store.prune(&filter).unwrap()), vec!["j2"]);
         // No shutdown: the server "died" with j3 running.
     }
     let store = JobStore::open(cfg).unwrap();
@@ -524,7 +566,8 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
             ("j1".to_string(), JobStatus::Completed)
         ]
     );
-    assert_eq!(store.read("j3", Stream::Stdout, 0, 10).unwrap().text, "");
+    let j3 = full(&store, "j3");
+    assert_eq!(store.read(&j3, Stream::Stdout, 0, 10).unwrap().text, "");
 }
 
 /// Retention keeps at most `max_jobs` jobs, counting silent ones, removes the oldest
@@ -555,7 +598,7 @@ async fn retention_keeps_the_newest_finished_jobs_silent_or_not() {
         let ids: Vec<String> = store
             .list(&JobFilter::default())
             .into_iter()
-            .map(|s| s.id)
+            .map(|s| short(&s.id))
             .collect();
         assert_eq!(
             ids,
@@ -563,7 +606,9 @@ async fn retention_keeps_the_newest_finished_jobs_silent_or_not() {
             "three jobs: the running one stays"
         );
         assert!(
-            !store.dir().join("j2").exists(),
+            !std::fs::read_dir(store.dir())
+                .unwrap()
+                .any(|e| short(&e.unwrap().file_name().to_string_lossy()) == "j2"),
             "a removed job's files go too"
         );
         store.shutdown().await;
@@ -577,12 +622,12 @@ async fn retention_keeps_the_newest_finished_jobs_silent_or_not() {
         [
             ("j11".to_string(), JobStatus::Completed),
             ("j10".to_string(), JobStatus::Completed),
-            (running_id.clone(), JobStatus::Cancelled),
+            (short(&running_id), JobStatus::Cancelled),
         ]
     );
-    assert!(store.summary("j9").is_err());
+    assert!(store.summary(&full(&store, "j9")).is_err());
     let next = store.create(JobKind::Shell, None, "true").unwrap();
-    assert_eq!(next.id(), "j12");
+    assert_eq!(short(next.id()), "j12");
     next.finish(done());
     // Now four: the oldest finished one (the cancelled j1) goes.
     assert!(store.summary(&running_id).is_err());
@@ -624,9 +669,14 @@ async fn restart_reads_the_index_only() {
     }
     let jobs = dir.join("jobs");
     assert!(jobs.join("index.log").exists());
-    std::fs::remove_dir_all(jobs.join("j1")).unwrap();
+    let id = std::fs::read_dir(&jobs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|n| short(n) == "j1")
+        .unwrap();
+    std::fs::remove_dir_all(jobs.join(&id)).unwrap();
     let store = JobStore::open(cfg).unwrap();
-    let s = store.summary("j1").unwrap();
+    let s = store.summary(&id).unwrap();
     assert_eq!(s.status, JobStatus::Completed);
     assert_eq!(s.label, "echo hi");
 }
@@ -649,15 +699,13 @@ async fn the_table_is_read_on_first_use_and_lost_jobs_are_still_marked() {
         }
         let _running = store.create(JobKind::Shell, None, "sleep 100").unwrap();
         // j5 is pruned, so only next_id / the index's removed line remember it.
-        store
-            .create(JobKind::Shell, None, "true")
-            .unwrap()
-            .finish(done());
+        let j5 = store.create(JobKind::Shell, None, "true").unwrap();
+        j5.finish(done());
         let filter = JobFilter {
-            ids: Some(vec!["j5".into()]),
+            ids: Some(vec![j5.id().to_string()]),
             ..Default::default()
         };
-        assert_eq!(store.prune(&filter).unwrap(), vec!["j5"]);
+        assert_eq!(shorts(store.prune(&filter).unwrap()), vec!["j5"]);
         // No shutdown: the server "died" with j4 running.
     }
     let index = dir.join("jobs").join("index.log");
@@ -687,11 +735,13 @@ async fn the_table_is_read_on_first_use_and_lost_jobs_are_still_marked() {
 "#,
     )
     .unwrap();
-    assert_eq!(store.summary("j4").unwrap().status, JobStatus::Lost);
+    let j4 = full(&store, "j4");
     assert!(store.is_loaded());
+    assert_eq!(store.summary(&j4).unwrap().status, JobStatus::Lost);
+    // A line of an older server (no random part) is read back under its own id.
     assert_eq!(store.summary("j2").unwrap().label, "relabelled");
     let next = store.create(JobKind::Shell, None, "true").unwrap();
-    assert_eq!(next.id(), "j6", "the pruned j5 is not reused");
+    assert_eq!(short(next.id()), "j6", "the pruned j5 is not reused");
     next.finish(done());
     drop((next, store));
     // The lost mark was written: it survives a restart with no shutdown.
@@ -699,7 +749,7 @@ async fn the_table_is_read_on_first_use_and_lost_jobs_are_still_marked() {
     assert!(
         after
             .lines()
-            .any(|l| l.contains(r#""id":"j4""#) && l.contains(r#""status":"lost""#)),
+            .any(|l| l.contains(&format!(r#""id":"{j4}""#)) && l.contains(r#""status":"lost""#)),
         "{after}"
     );
     let store = JobStore::open(cfg).unwrap();
@@ -747,7 +797,10 @@ async fn calls_racing_the_background_read_wait_for_it() {
                 })
             })
             .collect();
-        let mut ids: Vec<String> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let mut ids: Vec<String> = threads
+            .into_iter()
+            .map(|t| short(&t.join().unwrap()))
+            .collect();
         ids.sort_by_key(|id| persist::parse_id(id));
         let want: Vec<String> = (0..4)
             .map(|i| format!("j{}", 501 + round * 4 + i))
@@ -843,4 +896,42 @@ async fn a_flooding_job_keeps_only_its_share_and_others_still_get_room() {
         "{msg}"
     );
     assert_eq!(store.summary(other.id()).unwrap().stdout_bytes, 3);
+}
+
+/// A handle given to a job names it after a restart while the job is kept; a pruned job's
+/// handle names nothing, and its line is dropped from the file when next read.
+#[tokio::test]
+async fn handles_outlive_a_restart_with_their_job() {
+    let (_scratch, dir) = scratch_path("jobs-store-handles", "state");
+    let cfg = config(dir.clone());
+    let (kept, gone) = {
+        let store = JobStore::open(cfg.clone()).unwrap();
+        let kept = store.create(JobKind::Shell, None, "kept").unwrap();
+        let gone = store.create(JobKind::Shell, None, "gone").unwrap();
+        store.add_handle(kept.id(), "task-a").unwrap();
+        store.add_handle(gone.id(), "task-b").unwrap();
+        assert!(store.add_handle("j99-zzzzz", "task-c").is_err());
+        assert!(store.add_handle(kept.id(), "two\nlines").is_err());
+        assert_eq!(store.job_of_handle("task-a").unwrap().job, kept.id());
+        (kept.id().to_string(), gone.id().to_string())
+        // No shutdown: the server "died" with both running.
+    };
+    let store = JobStore::open(cfg.clone()).unwrap();
+    assert_eq!(store.job_of_handle("task-a").unwrap().job, kept);
+    assert_eq!(store.summary(&kept).unwrap().status, JobStatus::Lost);
+    let filter = JobFilter {
+        ids: Some(vec![gone.clone()]),
+        ..Default::default()
+    };
+    store.prune(&filter).unwrap();
+    assert!(store.job_of_handle("task-b").is_none());
+    assert!(store.job_of_handle("task-z").is_none());
+    drop(store);
+    let store = JobStore::open(cfg).unwrap();
+    assert!(store.job_of_handle("task-b").is_none());
+    let file = std::fs::read_to_string(store.dir().join("handles.log")).unwrap();
+    assert!(
+        file.contains("task-a") && !file.contains("task-b"),
+        "{file}"
+    );
 }

@@ -400,7 +400,7 @@ impl ServerHandler for SandboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
         let app = self.app_for(&context.extensions)?;
-        self.tasks.of(&app).get(&request.task_id)
+        self.tasks.of(&app).get(&app, &request.task_id).await
     }
 
     /// `tasks/update`: the answer to a job's input request.
@@ -412,7 +412,7 @@ impl ServerHandler for SandboxServer {
         let app = self.app_for(&context.extensions)?;
         self.tasks
             .of(&app)
-            .update(&request.task_id, request.input_responses)
+            .update(&app, &request.task_id, request.input_responses)
     }
 
     /// `tasks/cancel`: cancels the job (as job_cancel does).
@@ -422,7 +422,7 @@ impl ServerHandler for SandboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let app = self.app_for(&context.extensions)?;
-        self.tasks.of(&app).cancel(&request.task_id)
+        self.tasks.of(&app).cancel(&app, &request.task_id).await
     }
 
     async fn list_tools(

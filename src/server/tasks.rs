@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use rmcp::ErrorData;
 use rmcp::model::{
-    CallToolResult, CreateTaskResult, GetTaskResult, InputRequest, InputResponses, MetaObject,
+    CallToolResult, CreateTaskResult, DetailedTask, GetTaskResult, InputRequest, InputResponses,
+    MetaObject, Task, TaskPayload,
 };
 use rmcp::task_manager::{TaskContext, TaskExit, TaskManager, TaskOptions};
 use serde_json::{Value, json};
@@ -115,9 +116,14 @@ impl JobTasks {
             manager: self.manager.clone(),
             closing,
         };
+        let app = follower.app.clone();
         let task = self
             .manager
             .spawn(options, move |ctx| Box::pin(follower.run(ctx)));
+        // Kept with the job, so tasks/get resolves after a restart too.
+        if let Err(e) = app.job_add_handle(&job_id, &task.task_id) {
+            tracing::warn!(job = %job_id, task = %task.task_id, "the task will not outlive a restart: {e}");
+        }
         let meta = MetaObject(
             [(JOB_ID_META.to_string(), json!(job_id))]
                 .into_iter()
@@ -126,25 +132,104 @@ impl JobTasks {
         Some(CreateTaskResult::new(task).with_meta(meta))
     }
 
-    /// `tasks/get`.
-    pub fn get(&self, task_id: &str) -> Result<GetTaskResult, ErrorData> {
-        Ok(GetTaskResult::new(self.manager.get_task(task_id)?))
+    /// `tasks/get`: from the task's follower, or for a task of an earlier server on the
+    /// same state dir (or one this server no longer follows), from its job.
+    pub async fn get(&self, app: &App, task_id: &str) -> Result<GetTaskResult, ErrorData> {
+        match self.manager.get_task(task_id) {
+            Ok(task) => Ok(GetTaskResult::new(task)),
+            Err(unknown) => match restored(app, task_id).await {
+                Some(task) => Ok(GetTaskResult::new(task)),
+                None => Err(unknown),
+            },
+        }
     }
 
-    /// `tasks/update`: answers to the input requests of a task.
-    pub fn update(&self, task_id: &str, responses: InputResponses) -> Result<(), ErrorData> {
-        self.manager.update_task(task_id, responses)
+    /// `tasks/update`: answers to the input requests of a task. A task no follower holds
+    /// asks for no input: its answers are ignored (SEP-2663: unknown keys are).
+    pub fn update(
+        &self,
+        app: &App,
+        task_id: &str,
+        responses: InputResponses,
+    ) -> Result<(), ErrorData> {
+        match self.manager.update_task(task_id, responses) {
+            Err(_) if remembered(app, task_id).is_some() => Ok(()),
+            other => other,
+        }
     }
 
-    /// `tasks/cancel`: the follower cancels the job and the task settles `cancelled`.
-    pub fn cancel(&self, task_id: &str) -> Result<(), ErrorData> {
-        self.manager.cancel_task(task_id)
+    /// `tasks/cancel`: the follower cancels the job and the task settles `cancelled`. A
+    /// task no follower holds has its job cancelled directly if it still runs.
+    pub async fn cancel(&self, app: &App, task_id: &str) -> Result<(), ErrorData> {
+        match self.manager.cancel_task(task_id) {
+            Err(unknown) => {
+                let Some(job) = remembered(app, task_id) else {
+                    return Err(unknown);
+                };
+                let running = app.job_summary(&job).is_ok_and(|s| !s.status.is_finished());
+                if running && let Err(e) = app.job_cancel(&job, None).await {
+                    tracing::debug!(job = %job, "cancel for tasks/cancel: {e}");
+                }
+                Ok(())
+            }
+            ok => ok,
+        }
     }
 
     /// Stop every follower (the connection is going away); the jobs are the app's.
     pub fn shutdown(&self) {
         self.manager.shutdown();
     }
+}
+
+/// The job a task of this app's state dir follows, while the task lives (created less
+/// than two TTLs ago, as rmcp keeps a task) and the job is kept.
+fn remembered(app: &App, task_id: &str) -> Option<String> {
+    let rec = app.job_of_handle(task_id)?;
+    let age = now_unix_ms().saturating_sub(rec.created_unix_ms);
+    (age < 2 * TTL_MS).then_some(rec.job)
+}
+
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A task no follower holds (made by an earlier server on the same state dir, whose
+/// jobs were read back), told from its job: `completed` with the job's answer once it
+/// ended (`lost` if the server stopped while it ran), `cancelled`, or `working` while it
+/// runs.
+async fn restored(app: &App, task_id: &str) -> Option<DetailedTask> {
+    let rec = app.job_of_handle(task_id)?;
+    let id = remembered(app, task_id)?;
+    let summary = app.job_summary(&id).ok()?;
+    let status = summary.status;
+    let payload = match status {
+        JobStatus::Cancelled => TaskPayload::Cancelled,
+        s if s.is_finished() => {
+            let whole = app.job_whole(&id).await.ok()?;
+            let answer = JobReport::answer(whole, app);
+            match serde_json::to_value(&answer) {
+                Ok(Value::Object(result)) => TaskPayload::Completed { result },
+                _ => return None,
+            }
+        }
+        _ => TaskPayload::Working,
+    };
+    let created = chrono::DateTime::from_timestamp_millis(rec.created_unix_ms as i64)
+        .unwrap_or_default()
+        .to_rfc3339();
+    let mut task = Task::new(
+        task_id.to_string(),
+        payload.status(),
+        created,
+        rmcp::task_manager::current_timestamp(),
+    );
+    task.ttl_ms = Some(TTL_MS);
+    task.poll_interval_ms = Some(POLL_MS);
+    task.status_message = Some(format!("job {id} {status}"));
+    Some(DetailedTask::new(task, payload))
 }
 
 /// The job id and status of a job report whose job is still running or waiting for input.
