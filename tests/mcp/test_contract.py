@@ -521,7 +521,7 @@ def test_long_histories_and_job_lists_fit_the_answer(server):
         jobs = res.structured_content
         # One page within the cap; the cursor continues with the older jobs.
         assert jobs["next_cursor"] and len(jobs["jobs"]) < 110
-        assert jobs["jobs"][0]["job_id"] == "j110"
+        assert jobs["jobs"][0]["job_id"].split("-")[0] == "j110"
         few = await c.ok("job_list", status="failed")
         assert few["jobs"] == [] and few["next_cursor"] is None
 

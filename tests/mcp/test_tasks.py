@@ -314,3 +314,173 @@ def test_a_task_resolves_from_another_mcp_session_over_http(server):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# ----- 2026-07-28 requests over HTTP: each request a connection of its own -----
+
+MODERN = "2026-07-28"
+JOB_ID = r"^j\d+-[0-9a-z]{5}$"
+
+
+def modern_rpc(url: str, method: str, params: dict, headers: dict | None = None) -> dict:
+    """One raw 2026-07-28 request (no initialize, no session: SEP-2575's per-request
+    `_meta` and headers), declaring the tasks extension; returns the JSON-RPC answer, or
+    {"http": status, "body": text} when the HTTP layer refuses it."""
+    import urllib.error
+    import urllib.request
+
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientInfo": {"name": "raw-2026", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS: {}}},
+    }
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
+    name = params.get("name") or params.get("taskId")
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    for k, v in {
+        "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+        "Mcp-Protocol-Version": MODERN, "Mcp-Method": method,
+        **({"Mcp-Name": name} if name else {}), **(headers or {}),
+    }.items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            text = r.read().decode()
+    except urllib.error.HTTPError as e:
+        return {"http": e.code, "body": e.read().decode()}
+    for line in text.splitlines():  # an SSE stream or a plain JSON body
+        line = line.removeprefix("data:").strip()
+        if line.startswith("{") and '"id"' in line:
+            return json.loads(line)
+    raise AssertionError(f"no answer to {method}: {text!r}")
+
+
+def modern_task(url: str, command: str, headers: dict | None = None) -> tuple[str, str]:
+    """`shell_run` that outlives a 0.2 s window as a task: (task id, job id)."""
+    got = modern_rpc(url, "tools/call", {"name": "shell_run", "arguments": {
+        "command": command, "wait_seconds": 0.2}}, headers)
+    result = got.get("result", got)
+    assert result.get("resultType") == "task", got
+    return result["taskId"], result["_meta"][JOB_META]
+
+
+def modern_poll(url: str, task: str, headers: dict | None = None) -> dict:
+    """tasks/get, each poll a request of its own, until the task is terminal."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while True:
+        got = modern_rpc(url, "tasks/get", {"taskId": task}, headers)
+        assert "result" in got, got
+        if got["result"]["status"] in {"completed", "cancelled", "failed"}:
+            return got["result"]
+        assert time.monotonic() < deadline, f"hang guard: task {task} never ended: {got}"
+        time.sleep(0.1)
+
+
+def test_a_task_resolves_in_later_2026_requests_and_after_a_restart_lost_if_its_job_was(server):
+    """A 2026-07-28 client over HTTP, every request a connection of its own: a task made in
+    one request resolves with `tasks/get` in later ones; after the server is killed and
+    restarted on the same state dir, a task whose job had ended still resolves to the job's
+    answer, and one whose job was running then resolves `completed` with the job `lost`
+    (isError) — not `unknown task`. tasks/update and tasks/cancel on such a task are
+    accepted; an id never given stays unknown. Task ids are UUIDs; job ids carry their
+    random part."""
+    import re
+    import signal
+
+    from conftest import launch_http
+
+    gate = server.workspace / "never"
+    proc, port, log = launch_http(server, "--no-auth")
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        done_task, done_job = modern_task(url, "sleep 1; echo done")
+        assert re.match(JOB_ID, done_job), done_job
+        first = modern_poll(url, done_task)
+        assert first["status"] == "completed", first
+        assert first["result"]["structuredContent"]["stdout"]["text"] == "done\n", first
+        lost_task, lost_job = modern_task(url, f"while [ ! -e '{gate}' ]; do sleep 0.05; done")
+        running = modern_rpc(url, "tasks/get", {"taskId": lost_task})["result"]
+        assert running["status"] == "working" and lost_job in running["statusMessage"], running
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        proc, port, log = launch_http(server, "--no-auth")
+        url = f"http://127.0.0.1:{port}/mcp"
+        again = modern_rpc(url, "tasks/get", {"taskId": done_task})["result"]
+        assert again["status"] == "completed", again
+        assert again["result"]["structuredContent"]["stdout"]["text"] == "done\n", again
+        lost = modern_rpc(url, "tasks/get", {"taskId": lost_task})["result"]
+        assert lost["status"] == "completed" and lost["taskId"] == lost_task, lost
+        assert lost["result"]["isError"] is True, lost
+        report = lost["result"]["structuredContent"]
+        assert (report["status"], report["job_id"]) == ("lost", lost_job), report
+        assert "server stopped" in report["message"], report
+        assert lost_job in lost["statusMessage"] and "lost" in lost["statusMessage"], lost
+        for method, extra in [("tasks/cancel", {}), ("tasks/update", {"inputResponses": {"k": None}})]:
+            got = modern_rpc(url, method, {"taskId": lost_task, **extra})
+            assert "result" in got, (method, got)
+        for bogus in ["00000000-0000-4000-8000-000000000000", lost_job, "../" + lost_task]:
+            got = modern_rpc(url, "tasks/get", {"taskId": bogus})
+            assert "error" in got and "unknown task" in got["error"]["message"].lower(), (bogus, got)
+        # The job tools see the same job under the same id.
+        job = modern_rpc(url, "tools/call", {"name": "job_wait", "arguments": {
+            "job_id": lost_job, "timeout_seconds": 0}})["result"]["structuredContent"]
+        assert job["status"] == "lost", job
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_two_fresh_servers_never_share_a_job_or_task_id(server, tmp_path):
+    """Every fresh server's first job was `j1`: an id from a replaced cell named an
+    unrelated job. Now two fresh servers (separate state dirs) make disjoint job ids and
+    task ids, neither accepts the other's job id, and a restart on the same state dir
+    makes ids unlike any the earlier run made."""
+    import re
+    import signal
+
+    from conftest import Harness, launch_http
+
+    (tmp_path / "other").mkdir()
+    other = Harness(tmp_path / "other")
+    procs = []
+    try:
+        urls = []
+        for h in (server, other):
+            proc, port, _ = launch_http(h, "--no-auth")
+            procs.append(proc)
+            urls.append(f"http://127.0.0.1:{port}/mcp")
+        made = [[modern_task(u, "sleep 0.5") for _ in range(3)] for u in urls]
+        jobs = [{j for _, j in m} for m in made]
+        tasks = [{t for t, _ in m} for m in made]
+        assert all(re.match(JOB_ID, j) for js in jobs for j in js), jobs
+        assert len(jobs[0] | jobs[1]) == 6 and not jobs[0] & jobs[1], jobs
+        assert len(tasks[0] | tasks[1]) == 6, tasks
+        # Same job numbers, different random parts: one server's id names nothing in the other.
+        assert {j.split("-")[0] for j in jobs[0]} == {j.split("-")[0] for j in jobs[1]}, jobs
+        for job in jobs[0]:
+            got = modern_rpc(urls[1], "tools/call", {"name": "job_wait", "arguments": {"job_id": job, "timeout_seconds": 0}})
+            assert got["result"]["isError"] is True and "no job" in got["result"]["content"][0]["text"], got
+        for task in tasks[0]:
+            got = modern_rpc(urls[1], "tasks/get", {"taskId": task})
+            assert "error" in got, got
+        for u, m in zip(urls, made):
+            for t, _ in m:
+                modern_poll(u, t)
+        # A restart on the same state dir: new jobs get new ids, the old ones keep theirs.
+        procs[0].send_signal(signal.SIGTERM)
+        procs[0].wait(timeout=60)
+        proc, port, _ = launch_http(server, "--no-auth")
+        procs[0] = proc
+        url = f"http://127.0.0.1:{port}/mcp"
+        after = {modern_task(url, "sleep 0.5")[1] for _ in range(2)}
+        assert not after & jobs[0], (after, jobs[0])
+        assert {j.split("-")[1] for j in after}.isdisjoint({j.split("-")[1] for j in jobs[0]}), (after, jobs[0])
+        listed = modern_rpc(url, "tools/call", {"name": "job_list", "arguments": {}})["result"]
+        ids = {j["job_id"] for j in listed["structuredContent"]["jobs"]}
+        assert jobs[0] | after <= ids, (ids, jobs[0], after)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
