@@ -45,6 +45,35 @@ pub const STARTING_SWEEP: &str =
 pub const STARTING_JOBS: &str = "starting: reading the job table";
 pub const STARTING_WORKER: &str = "starting: the default Python worker is not up yet";
 pub const DRAINING: &str = "draining: this sandbox is shutting down";
+pub const STARTING_POLICY: &str =
+    "starting: checking that this host can enforce the policy (as `doctor` does)";
+
+/// Why `policy` cannot be enforced on this host, as `doctor` tells it (`refuses_to_start`:
+/// a required protection is not enforced and the policy does not run best effort), or
+/// `None` when it can.
+pub fn unenforceable(
+    kernel: &crate::sandbox::probe::KernelSupport,
+    policy: &crate::sandbox::ResolvedPolicy,
+) -> Option<String> {
+    if policy.kernel_support == crate::sandbox::KernelSupportMode::BestEffort {
+        return None;
+    }
+    let missing: Vec<String> = crate::sandbox::probe::enforcement(kernel, policy)
+        .into_iter()
+        .filter(|i| i.required && !i.enforced)
+        .map(|i| match i.why_not {
+            Some(why) => format!("{} [{}]: {}", i.what, i.how, one_line(&why)),
+            None => format!("{} [{}]", i.what, i.how),
+        })
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "policy {} cannot be enforced here: {}; run `mcp-sandbox-repl doctor` for what each policy gets on this host, or choose a policy it enforces",
+            policy.name,
+            missing.join("; ")
+        )
+    })
+}
 
 impl App {
     /// The drain flag this app obeys.
@@ -69,6 +98,11 @@ impl App {
         if !*self.settled.borrow() {
             return Err(STARTING_SWEEP.into());
         }
+        match &*lock(&self.enforceable) {
+            None => return Err(STARTING_POLICY.into()),
+            Some(Err(why)) => return Err(why.clone()),
+            Some(Ok(())) => {}
+        }
         if !self.store.is_loaded() {
             return Err(STARTING_JOBS.into());
         }
@@ -83,6 +117,45 @@ impl App {
                 one_line(why)
             )),
         }
+    }
+
+    /// Check, once, that this host enforces the server's policy (its probes on a blocking
+    /// thread, off the start-up path): until then, and if it does not, `/readyz` says so.
+    /// Jobs are refused by the launcher all the same; this tells an orchestrator before it
+    /// sends work to a cell that would only answer refusals.
+    pub async fn check_enforcement(&self) {
+        // Resolved as `doctor` resolves it: what is enforced does not hang on the paths.
+        let settings = self.settings();
+        let ph = crate::sandbox::Placeholders {
+            workspace: settings.workspace.root().to_path_buf(),
+            tmp: std::env::temp_dir(),
+            python: Vec::new(),
+            venv: None,
+            uv_cache: None,
+        };
+        let verdict = match settings.policy.resolve(&ph) {
+            Ok(policy) => {
+                let probed = tokio::task::spawn_blocking(move || {
+                    let kernel = crate::sandbox::probe::KernelSupport::probe();
+                    unenforceable(&kernel, &policy)
+                })
+                .await;
+                match probed {
+                    Ok(None) => Ok(()),
+                    Ok(Some(why)) => Err(why),
+                    Err(e) => Err(format!("the policy check did not finish: {e}")),
+                }
+            }
+            Err(e) => Err(format!(
+                "policy {} cannot be resolved: {}",
+                settings.policy.name,
+                one_line(&e.to_string())
+            )),
+        };
+        if let Err(why) = &verdict {
+            tracing::warn!("not ready: {why}");
+        }
+        *lock(&self.enforceable) = Some(verdict);
     }
 
     /// Read the job table on a thread of its own now (the prewarm does too), so that

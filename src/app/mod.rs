@@ -107,6 +107,8 @@ pub struct App {
     lifecycle: Arc<Lifecycle>,
     /// How the default session's prewarm went (for `/readyz`).
     warmth: Mutex<lifecycle::Warmth>,
+    /// Whether this host enforces the server's policy, once checked (for `/readyz`).
+    enforceable: Mutex<Option<Result<(), String>>>,
     /// This server's ownership record in the state dir, locked while it lives.
     _owner: owners::Registration,
 }
@@ -257,6 +259,7 @@ impl App {
             settled,
             lifecycle: Arc::new(Lifecycle::default()),
             warmth: Mutex::new(lifecycle::Warmth::default()),
+            enforceable: Mutex::new(None),
             _owner: owner,
             envs: OnceCell::new(),
             uv: cfg.uv.clone(),

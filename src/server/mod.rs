@@ -98,6 +98,10 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let app = Arc::new(App::new(&config.app).map_err(|e| ServerError::Config(e.to_string()))?);
     let shutdown = CancellationToken::new();
     app.load_jobs_in_background();
+    {
+        let app = app.clone();
+        tokio::spawn(async move { app.check_enforcement().await });
+    }
     if app.settings_are_fixed() {
         // Nothing the client says can change where the default session runs: start its
         // worker now, while the client is still starting and sending `initialize`.

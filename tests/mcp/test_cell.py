@@ -306,3 +306,55 @@ def test_readyz_turns_200_without_a_client_when_the_client_may_choose_the_sandbo
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=GUARD)
+
+
+def test_readyz_is_503_with_the_reason_when_the_policy_cannot_be_enforced_here(server, tmp_path):
+    """`/readyz` follows `doctor`: a server whose policy needs what this host does not give
+    it (here: run as uid 65534, no CAP_SYS_ADMIN for the PID and mount namespaces) is not
+    ready, and says why in one line, instead of a 200 for a cell whose every call would be
+    refused. The same server with a policy doctor finds enforced here is ready."""
+    import json
+    import tempfile
+
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to run the server as another uid"
+    nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    # The harness's directories are root's (0700 above them): give uid 65534 its own.
+    root = tempfile.mkdtemp(prefix="mcp-nobody-")
+    try:
+        os.chmod(root, 0o777)
+        for d in ("ws", "state", "home"):
+            os.mkdir(os.path.join(root, d))
+            os.chmod(os.path.join(root, d), 0o777)
+        env = {
+            **server.server_env(), "RUST_LOG": LOG_FILTER, "HOME": os.path.join(root, "home"),
+            "MCP_SANDBOX_WORKSPACE": os.path.join(root, "ws"),
+            "MCP_SANDBOX_STATE_DIR": os.path.join(root, "state"),
+        }
+        doctor = subprocess.run([*nobody, binary(), "doctor", "--json"], env=env, capture_output=True,
+                                text=True, timeout=GUARD, cwd=os.path.join(root, "ws"))
+        report = {p["name"]: p for p in json.loads(doctor.stdout)["policies"]}
+        assert report["workspace-write"]["refuses_to_start"], report["workspace-write"]
+        assert not report["danger-full-access"]["refuses_to_start"], report["danger-full-access"]
+        missing = [i["what"] for i in report["workspace-write"]["items"] if i["required"] and not i["enforced"]]
+        for policy, ready in [("workspace-write", False), ("danger-full-access", True)]:
+            proc, port, log = launch_http(server, "--no-auth", "--policy", policy, env=env, prefix=nobody)
+            base = f"http://127.0.0.1:{port}"
+            try:
+                if ready:
+                    wait_until(lambda: get(base + "/readyz") == (200, "ready\n"), f"{policy}: never ready")
+                else:
+                    status, body = wait_until(
+                        lambda: (r := get(base + "/readyz"))[0] == 503 and not r[1].startswith("starting") and r,
+                        f"{policy}: /readyz never gave its reason",
+                    )
+                    assert body.startswith("policy workspace-write cannot be enforced here: "), body
+                    assert body.count("\n") == 1 and "doctor" in body, body
+                    assert all(what in body for what in missing), (missing, body)
+                    assert get(base + "/healthz") == (200, "ok\n")
+                    assert "not ready: policy workspace-write" in log.read_text()
+            finally:
+                proc.kill()
+                proc.wait()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
