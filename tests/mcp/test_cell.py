@@ -337,8 +337,14 @@ def test_readyz_is_503_with_the_reason_when_the_policy_cannot_be_enforced_here(s
         assert report["workspace-write"]["refuses_to_start"], report["workspace-write"]
         assert not report["danger-full-access"]["refuses_to_start"], report["danger-full-access"]
         missing = [i["what"] for i in report["workspace-write"]["items"] if i["required"] and not i["enforced"]]
-        for policy, ready in [("workspace-write", False), ("danger-full-access", True)]:
-            proc, port, log = launch_http(server, "--no-auth", "--policy", policy, env=env, prefix=nobody)
+        # With `--sandbox-state inherit` nothing is prewarmed (the client may move the
+        # sandbox): only the policy check can tell; it was a 200.
+        for policy, extra, ready in [
+            ("workspace-write", [], False),
+            ("workspace-write", ["--sandbox-state", "inherit"], False),
+            ("danger-full-access", [], True),
+        ]:
+            proc, port, log = launch_http(server, "--no-auth", "--policy", policy, *extra, env=env, prefix=nobody)
             base = f"http://127.0.0.1:{port}"
             try:
                 if ready:
