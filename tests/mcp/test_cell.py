@@ -337,14 +337,16 @@ def test_readyz_is_503_with_the_reason_when_the_policy_cannot_be_enforced_here(s
         assert report["workspace-write"]["refuses_to_start"], report["workspace-write"]
         assert not report["danger-full-access"]["refuses_to_start"], report["danger-full-access"]
         missing = [i["what"] for i in report["workspace-write"]["items"] if i["required"] and not i["enforced"]]
-        # With `--sandbox-state inherit` nothing is prewarmed (the client may move the
-        # sandbox): only the policy check can tell; it was a 200.
-        for policy, extra, ready in [
-            ("workspace-write", [], False),
-            ("workspace-write", ["--sandbox-state", "inherit"], False),
-            ("danger-full-access", [], True),
+        # Without --workspace (the client's roots may name it) nothing is prewarmed: only
+        # the policy check can tell, and /readyz was a 200.
+        from_roots = {k: v for k, v in env.items() if k != "MCP_SANDBOX_WORKSPACE"}
+        in_ws = [*nobody, "env", f"--chdir={os.path.join(root, 'ws')}"]
+        for policy, run_env, prefix, ready in [
+            ("workspace-write", env, nobody, False),
+            ("workspace-write", from_roots, in_ws, False),
+            ("danger-full-access", env, nobody, True),
         ]:
-            proc, port, log = launch_http(server, "--no-auth", "--policy", policy, *extra, env=env, prefix=nobody)
+            proc, port, log = launch_http(server, "--no-auth", "--policy", policy, env=run_env, prefix=prefix)
             base = f"http://127.0.0.1:{port}"
             try:
                 if ready:
