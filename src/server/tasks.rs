@@ -185,9 +185,13 @@ impl JobTasks {
 /// The job a task of this app's state dir follows, while the task lives (created less
 /// than two TTLs ago, as rmcp keeps a task) and the job is kept.
 fn remembered(app: &App, task_id: &str) -> Option<String> {
+    remembered_record(app, task_id).map(|rec| rec.job)
+}
+
+fn remembered_record(app: &App, task_id: &str) -> Option<crate::jobs::handles::HandleRecord> {
     let rec = app.job_of_handle(task_id)?;
     let age = now_unix_ms().saturating_sub(rec.created_unix_ms);
-    (age < 2 * TTL_MS).then_some(rec.job)
+    (age < 2 * TTL_MS).then_some(rec)
 }
 
 fn now_unix_ms() -> u64 {
@@ -201,8 +205,8 @@ fn now_unix_ms() -> u64 {
 /// ended (`lost` if the server stopped while it ran), `cancelled`, or `working` while it
 /// runs.
 async fn restored(app: &App, task_id: &str) -> Option<DetailedTask> {
-    let rec = app.job_of_handle(task_id)?;
-    let id = remembered(app, task_id)?;
+    let rec = remembered_record(app, task_id)?;
+    let id = rec.job;
     let summary = app.job_summary(&id).ok()?;
     let status = summary.status;
     let payload = match status {
