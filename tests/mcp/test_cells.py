@@ -24,8 +24,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import Harness, binary
-from test_surface import INIT, free_port, post
+from conftest import INIT, Harness, binary, free_port, post
 from test_tasks import modern_rpc
 
 GUARD = 120
