@@ -121,6 +121,7 @@ impl App {
 
     /// Check, once, that this host enforces the server's policy (its probes on a blocking
     /// thread, off the start-up path): until then, and if it does not, `/readyz` says so.
+    /// The HTTP transport calls it at start; without it readiness waits for it.
     /// Jobs are refused by the launcher all the same; this tells an orchestrator before it
     /// sends work to a cell that would only answer refusals.
     pub async fn check_enforcement(&self) {

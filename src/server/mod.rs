@@ -98,7 +98,8 @@ async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let app = Arc::new(App::new(&config.app).map_err(|e| ServerError::Config(e.to_string()))?);
     let shutdown = CancellationToken::new();
     app.load_jobs_in_background();
-    {
+    if matches!(config.transport, Transport::Http { .. }) {
+        // For `/readyz` (an HTTP cell's probe): whether this host enforces the policy.
         let app = app.clone();
         tokio::spawn(async move { app.check_enforcement().await });
     }
