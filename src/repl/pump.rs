@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
-use tokio::sync::{OwnedMutexGuard, mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::protocol::{self, Event};
 use super::snapshot::take_snapshot;
@@ -27,21 +27,24 @@ const MAX_LINE: usize = 64 << 20;
 /// How much of stderr to keep for the death message of a worker that never got ready.
 const STARTUP_TAIL: usize = 2048;
 
+/// Something a call holds until the worker answers it or dies (the session's hold on
+/// the worker's main thread), dropped then — even if the caller stopped waiting: the
+/// next cell never starts while this one still runs.
+pub(crate) type Hold = Box<dyn Send>;
+
 pub(super) struct Pending {
     pub(super) tx: oneshot::Sender<Reply>,
     pub(super) sink: Option<Arc<dyn CellSink>>,
-    /// Keeps the session's operation lock until the worker answers (or dies), even if the
-    /// caller stopped waiting: the next cell never starts while this one still runs.
-    pub(super) _guard: Option<OwnedMutexGuard<()>>,
+    pub(super) hold: Option<Hold>,
 }
 
 impl Pending {
-    /// Answer the call, releasing the operation lock first: the caller the answer wakes
-    /// (on another thread) may start the next cell at once, and must not find the session
-    /// busy because this thread has not yet dropped the lock of the cell that ended.
-    fn answer(self, reply: Reply) {
-        let Pending { tx, _guard, .. } = self;
-        drop(_guard);
+    /// Answer the call, releasing its hold first: the caller the answer wakes (on another
+    /// thread) may start the next cell at once, and must not find the session busy
+    /// because this thread has not yet dropped the hold of the cell that ended.
+    pub(super) fn answer(self, reply: Reply) {
+        let Pending { tx, hold, .. } = self;
+        drop(hold);
         let _ = tx.send(reply);
     }
 }

@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::unix::pipe;
-use tokio::sync::{OwnedMutexGuard, mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::protocol::{self, Event, Request};
-use super::pump::{Pending, Shared, kill_group, lock, pump, write_requests};
+use super::pump::{Hold, Pending, Shared, kill_group, lock, pump, write_requests};
 use super::snapshot::{self, Forked, Snapshot};
 use super::{CellSink, OutStream, ReplError};
 use crate::sandbox::pidns::host_pid;
@@ -314,12 +314,13 @@ impl Worker {
         id: u64,
         req: &Request,
         sink: Option<Arc<dyn CellSink>>,
-        guard: Option<OwnedMutexGuard<()>>,
+        hold: Option<Hold>,
     ) -> oneshot::Receiver<Reply> {
         let (tx, rx) = oneshot::channel();
         let mut st = lock(&self.shared.state);
-        if let Some(death) = &st.death {
-            let _ = tx.send(Reply::Died(death.clone()));
+        if let Some(death) = st.death.clone() {
+            drop(st);
+            Pending { tx, sink, hold }.answer(Reply::Died(death));
             return rx;
         }
         if let Some(sink) = &sink {
@@ -338,14 +339,7 @@ impl Worker {
             st.orphan_bytes = 0;
             st.current = Some(id);
         }
-        st.pending.insert(
-            id,
-            Pending {
-                tx,
-                sink,
-                _guard: guard,
-            },
-        );
+        st.pending.insert(id, Pending { tx, sink, hold });
         drop(st);
         let _ = self.requests.send(protocol::encode(req));
         rx

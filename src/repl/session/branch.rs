@@ -76,7 +76,7 @@ impl Session {
     fn adopt_snapshot(&self, pid: u32, cell: u64, snap: Result<Snapshot, String>) {
         let mut inner = self.inner();
         let from_head = inner.worker.as_ref().is_some_and(|w| w.pid == pid);
-        if inner.closed || !from_head {
+        if self.phases.now().is_closed() || !from_head {
             return;
         }
         match snap {
@@ -223,7 +223,7 @@ impl Session {
     /// Wait until the snapshot of the last cell is in (or known not to be), unless a
     /// cell runs: then history shows what is known so far.
     pub async fn settle_snapshots(&self) {
-        if let Ok(_guard) = self.op_lock.clone().try_lock_owned() {
+        if let Some(_guard) = self.try_short() {
             self.settle().await;
         }
     }
@@ -231,7 +231,7 @@ impl Session {
     /// Refuse a parent that cannot be branched from, before anything runs (a busy
     /// session is not checked here: the cell itself then says it is busy).
     pub async fn check_parent(&self, p: &Parent) -> Result<(), ReplError> {
-        let Ok(_guard) = self.op_lock.clone().try_lock_owned() else {
+        let Some(_guard) = self.try_short() else {
             return Ok(());
         };
         let head = self.settle().await;
@@ -300,13 +300,8 @@ impl Session {
         &self,
         p: &Parent,
     ) -> Result<(Arc<Worker>, Vec<u64>, Option<String>), ReplError> {
-        {
-            let inner = self.inner();
-            if inner.closed {
-                return Err(ReplError::Closed {
-                    session: self.name.clone(),
-                });
-            }
+        if self.phases.now().is_closed() {
+            return Err(self.closed());
         }
         let head = self.settle().await;
         let plan = self.plan_for(p, head.is_some())?;

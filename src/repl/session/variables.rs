@@ -23,10 +23,10 @@ impl Session {
         &self,
         request: impl FnOnce(u64) -> Request,
     ) -> Result<Event, ReplError> {
-        let guard = self.op_guard().await?;
+        let guard = self.acquire_short().await?;
         let (worker, _) = self.live_worker(false)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let rx = worker.call(id, &request(id), None, Some(guard));
+        let rx = worker.call(id, &request(id), None, Some(Box::new(guard)));
         self.inner().last_active = Instant::now();
         match rx.await {
             Ok(Reply::Event(Event::Failed { message, .. })) => Err(ReplError::Python { message }),
