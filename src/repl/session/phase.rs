@@ -135,106 +135,22 @@ impl Machine {
 
     /// The state after `ev`, and what to do about it; or why `ev` changes nothing.
     pub(crate) fn transition(self, ev: Event) -> Result<(Machine, Effect), Refusal> {
-        let mut next = self;
-        let effect = match ev {
-            Event::BeginCell { cell } => {
-                self.free()?;
-                next.phase = Phase::Cell {
-                    op: self.next_op,
-                    cell,
-                    dispatched: false,
-                    // An interrupt kept for the expected cell is this cell's.
-                    interrupt_queued: self.expected == Expected::Interrupted,
-                };
-                next.expected = Expected::No;
-                next.next_op += 1;
-                Effect::Acquired { op: self.next_op }
-            }
-            Event::BeginShort => {
-                self.free()?;
-                next.phase = Phase::Short { op: self.next_op };
-                next.next_op += 1;
-                Effect::Acquired { op: self.next_op }
-            }
-            Event::Dispatched { op: of } => match self.phase {
-                Phase::Cell {
-                    op,
-                    cell,
-                    dispatched: false,
-                    interrupt_queued,
-                } if op == of => {
-                    next.phase = Phase::Cell {
-                        op,
-                        cell,
-                        dispatched: true,
-                        interrupt_queued: false,
-                    };
-                    if interrupt_queued {
-                        Effect::SendInterrupt
-                    } else {
-                        Effect::Nothing
-                    }
-                }
-                // Its worker was killed by the close: the call gets the death.
-                Phase::Closing { op, .. } if op == of => Effect::Nothing,
-                _ => return Err(Refusal::Stale),
-            },
-            Event::End { op } => match self.phase {
-                Phase::Short { op: held } | Phase::Cell { op: held, .. } if held == op => {
-                    next.phase = Phase::Idle;
-                    Effect::Nothing
-                }
-                Phase::Closing { op: held, .. } if held == op => {
-                    next.phase = Phase::Closed;
-                    Effect::Nothing
-                }
-                _ => return Err(Refusal::Stale),
-            },
-            Event::Interrupt => match self.phase {
-                Phase::Cell {
-                    dispatched: true, ..
-                } => Effect::SendInterrupt,
-                Phase::Cell {
-                    op,
-                    cell,
-                    dispatched: false,
-                    ..
-                } => {
-                    next.phase = Phase::Cell {
-                        op,
-                        cell,
-                        dispatched: false,
-                        interrupt_queued: true,
-                    };
-                    Effect::Queued
-                }
-                _ if self.expected != Expected::No => {
-                    next.expected = Expected::Interrupted;
-                    Effect::Queued
-                }
-                Phase::Closing { cell: Some(_), .. } => Effect::EndsWithClose,
-                _ => return Err(Refusal::NothingToInterrupt),
-            },
-            Event::ExpectCell => {
-                next.expected = Expected::Yes;
-                Effect::Nothing
-            }
-            Event::ExpectedEnded => {
-                next.expected = Expected::No;
-                Effect::Nothing
-            }
-            Event::Close => {
-                next.phase = match self.phase {
-                    Phase::Idle | Phase::Closed => Phase::Closed,
-                    Phase::Short { op } => Phase::Closing { op, cell: None },
-                    Phase::Cell { op, cell, .. } => Phase::Closing {
-                        op,
-                        cell: Some(cell),
-                    },
-                    closing @ Phase::Closing { .. } => closing,
-                };
-                Effect::Nothing
-            }
+        let with = |next: Machine| Ok((next, Effect::Nothing));
+        match ev {
+            Event::BeginCell { cell } => self.begin(Some(cell)),
+            Event::BeginShort => self.begin(None),
+            Event::Dispatched { op } => self.dispatched(op),
+            Event::End { op } => self.end(op),
+            Event::Interrupt => self.interrupt(),
+            Event::ExpectCell => with(Machine {
+                expected: Expected::Yes,
+                ..self
+            }),
+            Event::ExpectedEnded => with(Machine {
+                expected: Expected::No,
+                ..self
+            }),
+            Event::Close => with(self.close()),
             Event::SpareStarting => {
                 if self.is_closed() {
                     return Err(Refusal::Closed);
@@ -242,15 +158,124 @@ impl Machine {
                 if self.spare_starting {
                     return Err(Refusal::SpareStarting);
                 }
-                next.spare_starting = true;
-                Effect::Nothing
+                with(Machine {
+                    spare_starting: true,
+                    ..self
+                })
             }
-            Event::SpareDone => {
-                next.spare_starting = false;
-                Effect::Nothing
-            }
+            Event::SpareDone => with(Machine {
+                spare_starting: false,
+                ..self
+            }),
+        }
+    }
+
+    /// An op takes the thread: a cell (numbered `cell`) or a short operation.
+    fn begin(self, cell: Option<u64>) -> Result<(Machine, Effect), Refusal> {
+        self.free()?;
+        let op = self.next_op;
+        let mut next = Machine {
+            next_op: op + 1,
+            ..self
         };
-        Ok((next, effect))
+        next.phase = match cell {
+            Some(cell) => {
+                // An interrupt kept for the expected cell is this cell's.
+                next.expected = Expected::No;
+                Phase::Cell {
+                    op,
+                    cell,
+                    dispatched: false,
+                    interrupt_queued: self.expected == Expected::Interrupted,
+                }
+            }
+            None => Phase::Short { op },
+        };
+        Ok((next, Effect::Acquired { op }))
+    }
+
+    /// The request of op `of`'s cell was handed to its worker.
+    fn dispatched(self, of: u64) -> Result<(Machine, Effect), Refusal> {
+        match self.phase {
+            Phase::Cell {
+                op,
+                cell,
+                dispatched: false,
+                interrupt_queued,
+            } if op == of => {
+                let phase = Phase::Cell {
+                    op,
+                    cell,
+                    dispatched: true,
+                    interrupt_queued: false,
+                };
+                let effect = if interrupt_queued {
+                    Effect::SendInterrupt
+                } else {
+                    Effect::Nothing
+                };
+                Ok((Machine { phase, ..self }, effect))
+            }
+            // Its worker was killed by the close: the call gets the death.
+            Phase::Closing { op, .. } if op == of => Ok((self, Effect::Nothing)),
+            _ => Err(Refusal::Stale),
+        }
+    }
+
+    /// Op `of` ended (its guard was dropped).
+    fn end(self, of: u64) -> Result<(Machine, Effect), Refusal> {
+        let phase = match self.phase {
+            Phase::Short { op } | Phase::Cell { op, .. } if op == of => Phase::Idle,
+            Phase::Closing { op, .. } if op == of => Phase::Closed,
+            _ => return Err(Refusal::Stale),
+        };
+        Ok((Machine { phase, ..self }, Effect::Nothing))
+    }
+
+    /// KeyboardInterrupt asked for: sent, kept for later, or nothing to interrupt.
+    fn interrupt(self) -> Result<(Machine, Effect), Refusal> {
+        match self.phase {
+            Phase::Cell {
+                dispatched: true, ..
+            } => Ok((self, Effect::SendInterrupt)),
+            Phase::Cell {
+                op,
+                cell,
+                dispatched: false,
+                ..
+            } => {
+                let phase = Phase::Cell {
+                    op,
+                    cell,
+                    dispatched: false,
+                    interrupt_queued: true,
+                };
+                Ok((Machine { phase, ..self }, Effect::Queued))
+            }
+            _ if self.expected != Expected::No => {
+                let next = Machine {
+                    expected: Expected::Interrupted,
+                    ..self
+                };
+                Ok((next, Effect::Queued))
+            }
+            Phase::Closing { cell: Some(_), .. } => Ok((self, Effect::EndsWithClose)),
+            _ => Err(Refusal::NothingToInterrupt),
+        }
+    }
+
+    /// The session closes: at once when idle, else once the op holding the thread ends.
+    fn close(self) -> Machine {
+        let phase = match self.phase {
+            Phase::Idle | Phase::Closed => Phase::Closed,
+            Phase::Short { op } => Phase::Closing { op, cell: None },
+            Phase::Cell { op, cell, .. } => Phase::Closing {
+                op,
+                cell: Some(cell),
+            },
+            closing @ Phase::Closing { .. } => closing,
+        };
+        Machine { phase, ..self }
     }
 
     /// Whether an op may take the thread now (and if not, why).
