@@ -10,11 +10,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use super::probe_cache::ProbeCache;
-use super::python::discover_python_cached;
+use super::config::ReplConfig;
+use super::error::ReplError;
+use super::info::{SessionInfo, SessionState};
+use super::probe_cache::{ProbeCache, discover_python_cached};
+use super::python::{self, PythonInfo};
+use super::session::Session;
 use super::session::SessionEnv;
 use super::worker::SpawnSpec;
-use super::{PythonInfo, ReplConfig, ReplError, Session, SessionInfo};
 use crate::sandbox::{Placeholders, ResolvedPolicy};
 
 /// How many expired session names are remembered for their next cell's note.
@@ -97,7 +100,7 @@ impl SessionManager {
     /// theirs until they are closed or restarted.
     /// A change that leaves the sandbox as it was (only the policy's name or description
     /// differ) keeps the generation: sessions started before it need not start again.
-    pub fn set_sandbox(&self, policy: crate::sandbox::Policy, workspace: PathBuf) {
+    pub(crate) fn set_sandbox(&self, policy: crate::sandbox::Policy, workspace: PathBuf) {
         let mut current = self.sandbox.lock().unwrap_or_else(|p| p.into_inner());
         let same = current.1 == workspace && {
             let mut was = current.0.clone();
@@ -116,14 +119,11 @@ impl SessionManager {
     /// and runs nothing (idle, or without a live worker), so that its next use starts it
     /// again under the current one; that first cell is told, with `why`, that its state
     /// is lost. Returns whether it was closed.
-    pub fn restart_outdated(&self, name: &str, why: &str) -> bool {
+    pub(crate) fn restart_outdated(&self, name: &str, why: &str) -> bool {
         let Some(session) = self.sessions().get(name).cloned() else {
             return false;
         };
-        let quiet = matches!(
-            session.state(),
-            super::SessionState::Idle | super::SessionState::Dead
-        );
+        let quiet = matches!(session.state(), SessionState::Idle | SessionState::Dead);
         if self.under_current_sandbox(name) || !quiet {
             return false;
         }
@@ -235,7 +235,7 @@ impl SessionManager {
     }
 
     /// `name` is the unused prewarmed session and started before the last sandbox change.
-    pub fn stale_spare(&self, name: &str) -> bool {
+    pub(crate) fn stale_spare(&self, name: &str) -> bool {
         if lock_spare(&self.spare).as_deref() != Some(name) {
             return false;
         }
@@ -360,7 +360,7 @@ impl SessionManager {
 
     fn python_candidate(&self) -> Option<PathBuf> {
         let workspace = self.current_sandbox().1;
-        super::python::candidate(self.cfg.python.as_deref(), &workspace).ok()
+        python::candidate(self.cfg.python.as_deref(), &workspace).ok()
     }
 
     /// Close a session that was never admitted, and remove its temp directory.
@@ -531,7 +531,7 @@ impl SessionManager {
     /// The directory that holds the temp dirs of every instance of session `name`.
     /// How long the session `name` had been idle when the TTL closed it, if it was (and
     /// has not been started again since).
-    pub fn expired_for(&self, name: &str) -> Option<Duration> {
+    pub(crate) fn expired_for(&self, name: &str) -> Option<Duration> {
         self.expired
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -541,7 +541,7 @@ impl SessionManager {
 
     /// Whether a session `name` that is not open has a cell graph kept on disk (an
     /// earlier server's): starting it loads that history.
-    pub fn has_kept_history(&self, name: &str) -> bool {
+    pub(crate) fn has_kept_history(&self, name: &str) -> bool {
         std::fs::metadata(self.session_dir(name).join("graph.jsonl")).is_ok_and(|m| m.len() > 0)
     }
 
@@ -561,7 +561,7 @@ impl SessionManager {
     }
 
     /// The sessions (other than `but`) that have a cell numbered `cell`.
-    pub fn sessions_with_cell(&self, cell: u64, but: &str) -> Vec<String> {
+    pub(crate) fn sessions_with_cell(&self, cell: u64, but: &str) -> Vec<String> {
         let sessions: Vec<Arc<Session>> = self.sessions().values().cloned().collect();
         sessions
             .iter()
@@ -620,13 +620,13 @@ impl SessionManager {
     }
 
     /// Close sessions idle for longer than the TTL (busy or waiting sessions never are).
-    pub fn reap_idle(&self) -> Vec<String> {
+    pub(crate) fn reap_idle(&self) -> Vec<String> {
         let ttl = self.cfg.idle_ttl;
         let idle: Vec<(String, Duration)> = self
             .sessions()
             .iter()
             .map(|(n, s)| (n.clone(), s.idle_for(), s.state()))
-            .filter(|(_, idle, state)| *idle > ttl && *state != super::SessionState::AwaitingInput)
+            .filter(|(_, idle, state)| *idle > ttl && *state != SessionState::AwaitingInput)
             .map(|(n, idle, _)| (n, idle))
             .collect();
         let mut names = Vec::new();

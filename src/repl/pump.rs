@@ -14,10 +14,11 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::cell::{CellSink, OutStream};
+use super::error::exit_words;
 use super::protocol::{self, Event};
+use super::snapshot::Snapshot;
 use super::snapshot::take_snapshot;
-use super::worker::{Reply, SnapshotHook};
-use super::{CellSink, OutStream, exit_words};
 use crate::sandbox::{ExitReport, Pidfd, ResolvedPolicy, SandboxedChild, Termination, signal_name};
 
 /// Output that arrives while no cell runs is kept (up to this much) for the next cell.
@@ -26,6 +27,17 @@ const ORPHAN_CAP: usize = 1 << 20;
 const MAX_LINE: usize = 64 << 20;
 /// How much of stderr to keep for the death message of a worker that never got ready.
 const STARTUP_TAIL: usize = 2048;
+
+/// Receives a worker's snapshots: `(worker pid, cell, the snapshot or why there is none)`.
+pub(crate) type SnapshotHook =
+    Arc<dyn Fn(u32, u64, Result<Snapshot, String>) + Send + Sync + 'static>;
+
+/// The answer to one call: the matching event, or the words saying how the worker died.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    Event(Event),
+    Died(Arc<str>),
+}
 
 /// Something a call holds until the worker answers it or dies (the session's hold on
 /// the worker's main thread), dropped then — even if the caller stopped waiting: the

@@ -33,42 +33,51 @@ use super::protocol::{Event, Request, WireStatus};
 use super::worker::{Reply, SpawnSpec, Worker};
 use crate::sandbox::Termination;
 
-use super::{
-    CellOutcome, CellSink, CellStatus, History, PythonInfo, ReplError, SessionInfo, SessionState,
-};
+use super::cell::{CellOutcome, CellSink, CellStatus};
+use super::error::ReplError;
+use super::info::{History, SessionInfo, SessionState};
+use super::python::PythonInfo;
 
 mod branch;
 mod phase;
 mod site_dirs;
 mod variables;
 
-pub use branch::Parent;
 use phase::{Effect, OpGuard, Phases, Refusal};
-pub use variables::VariablePage;
 
 const HISTORY_CAP: usize = 1000;
 
+/// The cell to branch from, as the agent named it.
+#[derive(Debug, Clone)]
+pub struct Parent {
+    pub cell: u64,
+    /// The id as written (for messages).
+    pub text: String,
+    /// Replaying from a fresh worker is allowed (it repeats side effects).
+    pub replay: bool,
+}
+
 /// Everything a session needs to (re)start its worker.
 pub(crate) struct SessionEnv {
-    pub spec: SpawnSpec,
-    pub policy_name: String,
-    pub python: PythonInfo,
-    pub repr_limit: usize,
-    pub start_timeout: Duration,
+    pub(crate) spec: SpawnSpec,
+    pub(crate) policy_name: String,
+    pub(crate) python: PythonInfo,
+    pub(crate) repr_limit: usize,
+    pub(crate) start_timeout: Duration,
     /// Keep a started, idle worker in reserve for restarts and crash recovery.
-    pub spare: bool,
+    pub(crate) spare: bool,
     /// Snapshots kept at most (0: off).
-    pub max_snapshots: usize,
+    pub(crate) max_snapshots: usize,
     /// Memory budget for snapshots, bytes: past it (the session's job cgroups), the
     /// least recently used snapshots are evicted. `None`: count cap only.
-    pub snapshot_memory: Option<u64>,
+    pub(crate) snapshot_memory: Option<u64>,
     /// Where the cell graph is persisted (JSON lines).
-    pub graph_file: Option<PathBuf>,
+    pub(crate) graph_file: Option<PathBuf>,
     /// Cells kept in the graph at most (0: all).
-    pub max_cells: usize,
+    pub(crate) max_cells: usize,
     /// When this server started (named in the note of a session restored from an
     /// earlier server's graph).
-    pub started: std::time::SystemTime,
+    pub(crate) started: std::time::SystemTime,
 }
 
 /// A session's bookkeeping, under `Session::inner` (lock 1 of the order above).
@@ -178,12 +187,12 @@ impl Session {
     }
 
     /// The interpreter the session's workers run.
-    pub fn python(&self) -> &super::PythonInfo {
+    pub fn python(&self) -> &PythonInfo {
         &self.env.python
     }
 
     /// The session's private temp directory (`{tmp}`, also `TMPDIR` of the worker).
-    pub fn tmp_dir(&self) -> &std::path::Path {
+    pub(crate) fn tmp_dir(&self) -> &std::path::Path {
         &self.env.spec.tmp
     }
 
@@ -751,7 +760,7 @@ impl Session {
 
     /// Why the next cell will run on a fresh state (expiry, crash, restart), if it will:
     /// said by the answers of tools that do not run a cell, without consuming it.
-    pub fn pending_loss(&self) -> Option<String> {
+    pub(crate) fn pending_loss(&self) -> Option<String> {
         self.inner().lost.clone()
     }
 
@@ -808,7 +817,7 @@ impl Session {
     }
 
     /// The running cell and its parent, if a cell runs.
-    pub fn running_cell(&self) -> Option<(u64, Option<u64>)> {
+    pub(crate) fn running_cell(&self) -> Option<(u64, Option<u64>)> {
         self.phases.now().running_cell()?;
         self.inner().running
     }
@@ -837,7 +846,7 @@ impl Session {
         self.phases.now().held_op().is_some()
     }
 
-    pub fn idle_for(&self) -> Duration {
+    pub(crate) fn idle_for(&self) -> Duration {
         if self.busy() {
             return Duration::ZERO;
         }

@@ -9,12 +9,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{Inner, Session};
+use super::{Inner, Parent, Session};
+use crate::repl::cell::{CellSink, CellStatus, OutStream, cell_name};
+use crate::repl::error::ReplError;
 use crate::repl::graph::{CellCode, Plan, Unusable};
 use crate::repl::protocol::{Event, Request, WireStatus};
 use crate::repl::snapshot::Snapshot;
 use crate::repl::worker::{Reply, SnapshotHook, Worker};
-use crate::repl::{CellSink, CellStatus, OutStream, ReplError, cell_name};
 
 /// Why a snapshot was evicted by the memory budget (history's note).
 const MEMORY_EVICTED: &str = "evicted: session memory over the snapshot budget";
@@ -39,16 +40,6 @@ fn wait_exited(pid: u32, limit: Duration) {
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-}
-
-/// The cell to branch from, as the agent named it.
-#[derive(Debug, Clone)]
-pub struct Parent {
-    pub cell: u64,
-    /// The id as written (for messages).
-    pub text: String,
-    /// Replaying from a fresh worker is allowed (it repeats side effects).
-    pub replay: bool,
 }
 
 /// Output of replayed cells is not shown again.
@@ -203,7 +194,7 @@ impl Session {
 
     /// Whether this session has (or had, before the cell cap dropped it) a cell numbered
     /// `cell`.
-    pub fn has_cell(&self, cell: u64) -> bool {
+    pub(crate) fn has_cell(&self, cell: u64) -> bool {
         self.inner().graph.knows(cell)
     }
 

@@ -2,19 +2,12 @@
 //! worker's main thread between cells, so a session running a cell refuses them at once.
 
 use super::Session;
+use crate::repl::error::ReplError;
+use crate::repl::info::VariablePage;
 use crate::repl::protocol::{Event, Request};
+use crate::repl::protocol::{VariableDetail, VariableInfo};
 use crate::repl::worker::Reply;
-use crate::repl::{ReplError, VariableDetail, VariableInfo};
 
-/// One page of a session's variables, by name.
-#[derive(Debug, Clone, PartialEq)]
-pub struct VariablePage {
-    pub variables: Vec<VariableInfo>,
-    /// The first name after this page, if any.
-    pub next: Option<String>,
-    /// How many variables the session has.
-    pub total: u64,
-}
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
