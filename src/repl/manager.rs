@@ -4,6 +4,17 @@
 //! `sessions` (sync mutex) guards only the name → session map; it is never held across
 //! an await, so sessions execute concurrently. The reaper task holds a `Weak` reference
 //! and ends by itself when the manager is dropped.
+//!
+//! Locks, in the order they may be taken (a lock is only taken while holding the ones
+//! before it; none but the start gate is held across an await):
+//! 1. a name's start gate (`starting`' async mutex, held across that name's start);
+//! 2. `spare`;
+//! 3. `sessions`;
+//! 4. `site_dirs`, `expired`, `restarted` (leaves, each taken alone under `sessions` or
+//!    without it) and a session's own locks (`Session::info`, `set_site_dirs`,
+//!    `mark_state_lost` under `sessions`: see session.rs).
+//!
+//! `starting` (the map of gates), `sandbox` and `launched_under` are taken alone.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -28,34 +39,39 @@ pub struct SessionManager {
     python: tokio::sync::OnceCell<PythonInfo>,
     /// The probe's answers from earlier servers (in the state dir).
     probe_cache: ProbeCache,
+    /// Lock 3.
     sessions: Mutex<BTreeMap<String, Arc<Session>>>,
     /// Each session name's start-up site directories ([`Session::set_site_dirs`]), kept
-    /// across a close so a session started again under that name gets them too. Locked
-    /// only while `sessions` is held (one lock order).
+    /// across a close so a session started again under that name gets them too. Lock 4:
+    /// under `sessions` when written, so a start reads them in step.
     site_dirs: Mutex<HashMap<String, Vec<PathBuf>>>,
     /// The policy and workspace sessions started from now on get ([`Self::set_sandbox`]);
-    /// starts as the config's. Running sessions keep what they started with.
+    /// starts as the config's. Running sessions keep what they started with. Locked alone.
     sandbox: Mutex<(crate::sandbox::Policy, PathBuf)>,
     /// Bumped by every [`Self::set_sandbox`]; each session name's worker records the
     /// value it started under, so an unused prewarmed session started before a change
-    /// is started again under the new sandbox at its first use. Locked alone.
+    /// is started again under the new sandbox at its first use.
     sandbox_generation: std::sync::atomic::AtomicU64,
+    /// Locked alone.
     launched_under: Mutex<HashMap<String, u64>>,
     /// Sessions the idle reaper closed, with how long they had been idle: the next cell
     /// of a session started again under that name is told its state was lost and why.
+    /// Lock 4.
     expired: Mutex<HashMap<String, Duration>>,
     /// Sessions closed because the client's sandbox changed under them
     /// ([`SessionManager::restart_outdated`]), with why in words: the next cell of the
     /// session started again under that name is told its state was lost and why.
+    /// Lock 4.
     restarted: Mutex<HashMap<String, String>>,
     /// A session started ahead of use ([`SessionManager::prewarm`]) and not used since:
     /// it does not count toward `max_sessions`, and yields its slot (is closed) when
-    /// another session needs it. Locked alone.
+    /// another session needs it. Lock 2 (`yield_spare` reads `sessions` under it).
     spare: Mutex<Option<String>>,
     /// One start at a time per name: concurrent first uses (the prewarm on `initialize`,
     /// the one after `initialized`, the first call) wait for the start under way instead
     /// of each spawning a worker and all but one being killed (three interpreters
-    /// competing for the CPU delayed the first cell). Entries go when nobody waits.
+    /// competing for the CPU delayed the first cell). Entries go when nobody waits. The
+    /// map is locked alone; a gate is lock 1.
     starting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 

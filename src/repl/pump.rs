@@ -61,6 +61,8 @@ impl Pending {
     }
 }
 
+/// What the I/O task and the [`Worker`](super::worker::Worker) handle share, under
+/// `Shared::state` (lock 2 of the order on [`Shared`]).
 #[derive(Default)]
 pub(super) struct State {
     pub(super) pending: HashMap<u64, Pending>,
@@ -76,14 +78,27 @@ pub(super) struct State {
     pub(super) exit: Option<crate::sandbox::Termination>,
     pub(super) ready: bool,
     pub(super) startup_stderr: Vec<u8>,
+    /// Where the worker's snapshots go (set once, right after the start).
+    pub(super) on_snapshot: Option<SnapshotHook>,
 }
 
+/// One worker's shared half. Two locks, in this order (a lock is only taken while
+/// holding the ones before it):
+/// 1. `child`: the process handle, held while it is signalled (kill, stop, continue) or
+///    taken to be reaped; `state` may be taken under it (a kill records its reason).
+/// 2. `state`: calls, output attribution, death. A [`CellSink`] is called under it (the
+///    output printed between cells, handed to the next call), so a sink's own locks come
+///    after it; the snapshot hook and the answer to a call run after it is released.
+///
+/// The session takes both under its own `inner` (session.rs), never the other way round:
+/// nothing here calls into the session while holding either.
 pub(super) struct Shared {
+    /// Lock 2.
     pub(super) state: Mutex<State>,
     /// For the amounts of limits in death messages.
     pub(super) policy: Arc<ResolvedPolicy>,
-    /// `None` once reaped; kill only signals a child that has not been reaped, so a
-    /// recycled pid is never hit.
+    /// Lock 1. `None` once reaped; kill only signals a child that has not been reaped,
+    /// so a recycled pid is never hit.
     pub(super) child: Mutex<Option<SandboxedChild>>,
     pub(super) ready: watch::Sender<bool>,
     pub(super) pid: u32,
@@ -98,7 +113,6 @@ pub(super) struct Shared {
     pub(super) retired: AtomicBool,
     /// The snapshot control socket (snapshots on).
     pub(super) control: Option<OwnedFd>,
-    pub(super) on_snapshot: Mutex<Option<SnapshotHook>>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -168,7 +182,7 @@ impl Shared {
                     (None, true) => Err("no control socket".to_string()),
                     (_, false) => Err(note.unwrap_or_else(|| "not taken".into())),
                 };
-                let hook = lock(&self.on_snapshot).clone();
+                let hook = lock(&self.state).on_snapshot.clone();
                 match hook {
                     Some(hook) => hook(self.pid, cell, snap),
                     None => drop(snap), // nobody keeps it: it exits

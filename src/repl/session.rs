@@ -16,9 +16,10 @@
 //! 2. the phase channel (`phase::Phases`, the watch's own lock): a leaf, held for one
 //!    pure transition; taken under `inner` where a transition must be atomic with
 //!    `Inner`'s data (numbering a cell, closing, the spare).
-//! 3. a worker's locks (`pump::Shared`: `child` → `state`; `on_snapshot` alone), taken
-//!    under `inner` by calls such as `Worker::death` or `Worker::kill`; the worker never
-//!    calls back into the session while holding one (the snapshot hook runs unlocked).
+//! 3. a worker's locks (`pump::Shared`: `child` → `state`), taken under `inner` by calls
+//!    such as `Worker::death` or `Worker::kill`; the worker never calls back into the
+//!    session while holding one (the snapshot hook runs unlocked). The sandbox's broker
+//!    denials lock (`Worker::take_denials`) is taken alone.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

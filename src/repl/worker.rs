@@ -195,7 +195,6 @@ impl Worker {
             denials,
             retired: AtomicBool::new(false),
             control: fds.control,
-            on_snapshot: Mutex::new(None),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let worker = Worker {
@@ -248,7 +247,7 @@ impl Worker {
 
     /// Where this worker's snapshots go: `hook(worker pid, cell, snapshot or why none)`.
     pub(super) fn on_snapshot(&self, hook: SnapshotHook) {
-        *lock(&self.shared.on_snapshot) = Some(hook);
+        lock(&self.shared.state).on_snapshot = Some(hook);
     }
 
     /// Whether this worker was spawned (the root of its process tree), not forked from a
