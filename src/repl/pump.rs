@@ -288,17 +288,37 @@ pub(super) async fn pump(
         }
     }
     // The process is gone. What it wrote before dying is still in the pipes.
-    if ev_open {
+    let leftover = ev_open.then_some((events, line));
+    drain_after_exit(&shared, leftover, &out, &err, &mut obuf, &mut ebuf);
+    reap_and_answer(&shared).await;
+}
+
+/// Handle what a dead worker left in its pipes: the rest of the event stream (if it was
+/// still open: `events` and the line read so far), then stdout and stderr.
+fn drain_after_exit(
+    shared: &Shared,
+    leftover: Option<(BufReader<pipe::Receiver>, Vec<u8>)>,
+    out: &pipe::Receiver,
+    err: &pipe::Receiver,
+    obuf: &mut [u8],
+    ebuf: &mut [u8],
+) {
+    if let Some((events, mut line)) = leftover {
         let mut rest = Vec::new();
         let _ = drain_all(events.get_ref(), &mut rest);
         line.extend_from_slice(events.buffer());
         line.extend_from_slice(&rest);
         for l in line.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            handle_line(&shared, l, &out, &err, &mut obuf);
+            handle_line(shared, l, out, err, obuf);
         }
     }
-    drain_now(&out, OutStream::Stdout, &shared, &mut obuf);
-    drain_now(&err, OutStream::Stderr, &shared, &mut ebuf);
+    drain_now(out, OutStream::Stdout, shared, obuf);
+    drain_now(err, OutStream::Stderr, shared, ebuf);
+}
+
+/// Reap the dead worker (killing what it left in its group), say how it ended, and
+/// answer every pending call with that.
+async fn reap_and_answer(shared: &Shared) {
     let retired = shared.retired.load(Ordering::SeqCst);
     let child = if retired {
         None
