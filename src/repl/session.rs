@@ -737,7 +737,7 @@ impl Session {
             );
             tracing::info!(session = %session.name, cell, "{reason}");
             // The cell ends `worker_died` with this reason; the next call takes the spare
-            // (already started) worker. Nothing holds the session's lock meanwhile, so
+            // (already started) worker: the killed cell's op ends as its answer is in, so
             // that call is never told "busy".
             worker.kill(&reason);
         });

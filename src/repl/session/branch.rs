@@ -284,7 +284,7 @@ impl Session {
     }
 
     /// Put the head at the state right after `p.cell`; returns the head and the cells
-    /// replayed to get there. Called with the operation lock held.
+    /// replayed to get there. Called by a cell that holds the worker's main thread.
     /// Returns the new head, the cells replayed on it and, for a fork from a snapshot,
     /// what that snapshot shares with its other branches (in words).
     pub(super) async fn branch_to(
