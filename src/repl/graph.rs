@@ -14,8 +14,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::cell::CellStatus;
+use super::info::{HistoryEntry, SnapshotState};
 use super::snapshot::Snapshot;
-use super::{CellStatus, HistoryEntry, SnapshotState};
 
 /// How a cell's code is run again on replay.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,21 +29,21 @@ pub(crate) enum CellCode {
 /// One cell as persisted (one JSON line in `graph.jsonl`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Node {
-    pub cell: u64,
-    pub parent: Option<u64>,
+    pub(crate) cell: u64,
+    pub(crate) parent: Option<u64>,
     /// What history shows when it is not the code itself: `run_file <path> <args>`
     /// (empty for code: it is kept once, see [`Node::label`]).
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub label: String,
+    pub(crate) label: String,
     #[serde(flatten)]
-    pub code: CellCode,
-    pub status: CellStatus,
+    pub(crate) code: CellCode,
+    pub(crate) status: CellStatus,
     /// Unix time the cell started, milliseconds.
-    pub started_ms: u64,
-    pub elapsed_ms: f64,
+    pub(crate) started_ms: u64,
+    pub(crate) elapsed_ms: f64,
     /// Cells run again (in order) to rebuild the parent's state before this one ran.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub replayed: Vec<u64>,
+    pub(crate) replayed: Vec<u64>,
 }
 
 /// The first line of a compacted graph file: how many cells were dropped before the
@@ -66,7 +67,7 @@ const RELOADED: &str = "the server restarted; snapshots do not survive it";
 
 impl Node {
     /// What history shows: the code, or `run_file <path> <args>`.
-    pub fn label(&self) -> &str {
+    pub(super) fn label(&self) -> &str {
         match &self.code {
             CellCode::Execute { code } if self.label.is_empty() => code,
             _ => &self.label,
@@ -113,7 +114,7 @@ pub(crate) struct Graph {
     /// Why a cell's snapshot is not held (not taken, evicted), by cell.
     notes: BTreeMap<u64, String>,
     /// The cell whose state the live worker has (None: empty state).
-    pub head: Option<u64>,
+    pub(crate) head: Option<u64>,
     cap: usize,
     tick: u64,
     file: Option<PathBuf>,
@@ -142,7 +143,7 @@ impl Graph {
     /// An empty graph keeping at most `cap` snapshots and `max_cells` cells (0: all),
     /// persisted to `file` (whose cells, from an earlier server, are loaded — the newest
     /// `max_cells` of them; their snapshots are gone).
-    pub fn open(cap: usize, max_cells: usize, file: Option<PathBuf>) -> Graph {
+    pub(super) fn open(cap: usize, max_cells: usize, file: Option<PathBuf>) -> Graph {
         let mut g = Graph {
             cap,
             file,
@@ -194,16 +195,16 @@ impl Graph {
     }
 
     /// The highest cell number, to continue numbering after a server restart.
-    pub fn last_cell(&self) -> u64 {
+    pub(super) fn last_cell(&self) -> u64 {
         self.nodes.keys().next_back().copied().unwrap_or(0)
     }
 
-    pub fn get(&self, cell: u64) -> Option<&Node> {
+    pub(super) fn get(&self, cell: u64) -> Option<&Node> {
         self.nodes.get(&cell)
     }
 
     /// Record a finished cell (and append it to the graph file).
-    pub fn add(&mut self, mut node: Node) {
+    pub(super) fn add(&mut self, mut node: Node) {
         if node.started_ms == 0 {
             node.started_ms = now_ms();
         }
@@ -352,13 +353,13 @@ impl Graph {
     }
 
     /// Cells dropped by the retention cap, and the oldest kept (None: none dropped).
-    pub fn dropped(&self) -> Option<(u64, u64)> {
+    pub(super) fn dropped(&self) -> Option<(u64, u64)> {
         let oldest = self.nodes.keys().next().copied()?;
         (self.dropped > 0).then_some((self.dropped, oldest))
     }
 
     /// What history says when cells were dropped: how many, and the oldest kept.
-    pub fn dropped_note(&self) -> Option<String> {
+    pub(super) fn dropped_note(&self) -> Option<String> {
         self.dropped().map(|(n, oldest)| {
             format!(
                 "{} older cell(s) were dropped (the session keeps its last {} cells); the oldest kept is c{oldest}",
@@ -370,7 +371,7 @@ impl Graph {
 
     /// Why `asked` cannot be branched from when `gone` (itself or the cell its state is
     /// rebuilt from) was dropped, in words, with a cell to use instead.
-    pub fn dropped_words(&self, asked: u64, gone: u64) -> String {
+    pub(super) fn dropped_words(&self, asked: u64, gone: u64) -> String {
         let what = if asked == gone {
             format!("c{gone} was dropped from the history")
         } else {
@@ -390,7 +391,7 @@ impl Graph {
     }
 
     /// Forget everything (restart): cells, snapshots (they exit), the graph file.
-    pub fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         self.nodes.clear();
         self.held.clear();
         self.notes.clear();
@@ -405,7 +406,7 @@ impl Graph {
     }
 
     /// A snapshot arrived for `cell` (from tree `tree`); returns what was evicted.
-    pub fn hold(&mut self, snap: Snapshot, tree: u32) -> Vec<u64> {
+    pub(super) fn hold(&mut self, snap: Snapshot, tree: u32) -> Vec<u64> {
         let cell = snap.cell;
         self.tick += 1;
         self.notes.remove(&cell);
@@ -434,7 +435,11 @@ impl Graph {
 
     /// Evict the least recently used snapshot other than `keep`'s, noting `why`; returns
     /// its cell, the snapshot (it exits once the last reference is dropped) and its tree.
-    pub fn evict_lru_except(&mut self, keep: u64, why: &str) -> Option<(u64, Arc<Snapshot>, u32)> {
+    pub(super) fn evict_lru_except(
+        &mut self,
+        keep: u64,
+        why: &str,
+    ) -> Option<(u64, Arc<Snapshot>, u32)> {
         let (&lru, _) = self
             .held
             .iter()
@@ -446,13 +451,13 @@ impl Graph {
     }
 
     /// The snapshot of `cell` was not taken; `note` says why.
-    pub fn not_held(&mut self, cell: u64, note: String) {
+    pub(super) fn not_held(&mut self, cell: u64, note: String) {
         self.held.remove(&cell);
         self.notes.insert(cell, note);
     }
 
     /// Drop the snapshots of process tree `tree` (it was killed): `why` for each.
-    pub fn drop_tree(&mut self, tree: u32, why: &str) {
+    pub(super) fn drop_tree(&mut self, tree: u32, why: &str) {
         let gone: Vec<u64> = self
             .held
             .iter()
@@ -468,7 +473,7 @@ impl Graph {
     /// The session is closing: drop every snapshot (`why` for each), and compact the
     /// graph file if it still has dropped cells, so a later server loads exactly the
     /// cells kept now (also those kept only for their snapshot or the head's line).
-    pub fn close(&mut self, why: &str) {
+    pub(super) fn close(&mut self, why: &str) {
         self.drop_snapshots(why);
         if self.dropped > 0 && self.lines > self.nodes.len() + 1 {
             self.compact();
@@ -476,21 +481,21 @@ impl Graph {
     }
 
     /// Drop every snapshot (the session is closing): `why` for each.
-    pub fn drop_snapshots(&mut self, why: &str) {
+    pub(super) fn drop_snapshots(&mut self, why: &str) {
         for c in std::mem::take(&mut self.held).into_keys() {
             self.notes.insert(c, why.to_string());
         }
     }
 
     /// Why the state of `cell` is not held, if known.
-    pub fn note(&self, cell: u64) -> Option<&str> {
+    pub(super) fn note(&self, cell: u64) -> Option<&str> {
         self.notes.get(&cell).map(String::as_str).or_else(|| {
             (cell <= self.reloaded_upto && self.nodes.contains_key(&cell)).then_some(RELOADED)
         })
     }
 
     /// The snapshot of `cell`, marked as just used.
-    pub fn use_snapshot(&mut self, cell: u64) -> Option<(Arc<Snapshot>, u32)> {
+    pub(super) fn use_snapshot(&mut self, cell: u64) -> Option<(Arc<Snapshot>, u32)> {
         self.tick += 1;
         let tick = self.tick;
         self.held.get_mut(&cell).map(|h| {
@@ -501,16 +506,16 @@ impl Graph {
 
     /// What the held snapshot of `cell` shares with every process forked from it (and
     /// with the worker that ran on from it), in words; `None` if nothing or not held.
-    pub fn shared(&self, cell: u64) -> Option<String> {
+    pub(super) fn shared(&self, cell: u64) -> Option<String> {
         self.held.get(&cell).and_then(|h| h.snap.shared.clone())
     }
 
-    pub fn is_held(&self, cell: u64) -> bool {
+    pub(super) fn is_held(&self, cell: u64) -> bool {
         self.held.contains_key(&cell)
     }
 
     /// Number of held snapshots.
-    pub fn held_count(&self) -> usize {
+    pub(super) fn held_count(&self) -> usize {
         self.held.len()
     }
 
@@ -534,7 +539,7 @@ impl Graph {
     }
 
     /// Whether `cell` is a cell of this session, kept or dropped.
-    pub fn knows(&self, cell: u64) -> bool {
+    pub(super) fn knows(&self, cell: u64) -> bool {
         self.nodes.contains_key(&cell) || self.was_dropped(cell)
     }
 
@@ -545,7 +550,7 @@ impl Graph {
     }
 
     /// How to get the state right after `cell`, or why it cannot be had.
-    pub fn plan(&self, cell: u64, head_alive: bool) -> Result<Plan, Unusable> {
+    pub(super) fn plan(&self, cell: u64, head_alive: bool) -> Result<Plan, Unusable> {
         let Some(node) = self.nodes.get(&cell) else {
             return Err(if self.was_dropped(cell) {
                 Unusable::Dropped(cell, cell)
@@ -590,7 +595,7 @@ impl Graph {
     /// Up to `n` cells one can branch from, nearest to `cell` first, in words
     /// ("c3 (snapshot)", "c4 (replays c4 from c2)"). One pass over the cells, oldest
     /// first (a parent is always older than its child), deciding as [`Graph::plan`] does.
-    pub fn usable_near(&self, cell: u64, n: usize) -> Vec<String> {
+    pub(super) fn usable_near(&self, cell: u64, n: usize) -> Vec<String> {
         /// What a cell's path from the root holds, as seen from that cell.
         #[derive(Clone, Copy)]
         enum Line {
@@ -643,7 +648,7 @@ impl Graph {
     }
 
     /// The graph as history shows it, oldest first.
-    pub fn entries(&self) -> Vec<HistoryEntry> {
+    pub(super) fn entries(&self) -> Vec<HistoryEntry> {
         self.nodes
             .values()
             .map(|n| {

@@ -4,17 +4,31 @@
 //! `sessions` (sync mutex) guards only the name → session map; it is never held across
 //! an await, so sessions execute concurrently. The reaper task holds a `Weak` reference
 //! and ends by itself when the manager is dropped.
+//!
+//! Locks, in the order they may be taken (a lock is only taken while holding the ones
+//! before it; none but the start gate is held across an await):
+//! 1. a name's start gate (`starting`' async mutex, held across that name's start);
+//! 2. `spare`;
+//! 3. `sessions`;
+//! 4. `site_dirs`, `expired`, `restarted` (leaves, each taken alone under `sessions` or
+//!    without it) and a session's own locks (`Session::info`, `set_site_dirs`,
+//!    `mark_state_lost` under `sessions`: see session.rs).
+//!
+//! `starting` (the map of gates), `sandbox` and `launched_under` are taken alone.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use super::probe_cache::ProbeCache;
-use super::python::discover_python_cached;
+use super::config::ReplConfig;
+use super::error::ReplError;
+use super::info::{SessionInfo, SessionState};
+use super::probe_cache::{ProbeCache, discover_python_cached};
+use super::python::{self, PythonInfo};
+use super::session::Session;
 use super::session::SessionEnv;
 use super::worker::SpawnSpec;
-use super::{PythonInfo, ReplConfig, ReplError, Session, SessionInfo};
 use crate::sandbox::{Placeholders, ResolvedPolicy};
 
 /// How many expired session names are remembered for their next cell's note.
@@ -25,34 +39,39 @@ pub struct SessionManager {
     python: tokio::sync::OnceCell<PythonInfo>,
     /// The probe's answers from earlier servers (in the state dir).
     probe_cache: ProbeCache,
+    /// Lock 3.
     sessions: Mutex<BTreeMap<String, Arc<Session>>>,
     /// Each session name's start-up site directories ([`Session::set_site_dirs`]), kept
-    /// across a close so a session started again under that name gets them too. Locked
-    /// only while `sessions` is held (one lock order).
+    /// across a close so a session started again under that name gets them too. Lock 4:
+    /// under `sessions` when written, so a start reads them in step.
     site_dirs: Mutex<HashMap<String, Vec<PathBuf>>>,
     /// The policy and workspace sessions started from now on get ([`Self::set_sandbox`]);
-    /// starts as the config's. Running sessions keep what they started with.
+    /// starts as the config's. Running sessions keep what they started with. Locked alone.
     sandbox: Mutex<(crate::sandbox::Policy, PathBuf)>,
     /// Bumped by every [`Self::set_sandbox`]; each session name's worker records the
     /// value it started under, so an unused prewarmed session started before a change
-    /// is started again under the new sandbox at its first use. Locked alone.
+    /// is started again under the new sandbox at its first use.
     sandbox_generation: std::sync::atomic::AtomicU64,
+    /// Locked alone.
     launched_under: Mutex<HashMap<String, u64>>,
     /// Sessions the idle reaper closed, with how long they had been idle: the next cell
     /// of a session started again under that name is told its state was lost and why.
+    /// Lock 4.
     expired: Mutex<HashMap<String, Duration>>,
     /// Sessions closed because the client's sandbox changed under them
     /// ([`SessionManager::restart_outdated`]), with why in words: the next cell of the
     /// session started again under that name is told its state was lost and why.
+    /// Lock 4.
     restarted: Mutex<HashMap<String, String>>,
     /// A session started ahead of use ([`SessionManager::prewarm`]) and not used since:
     /// it does not count toward `max_sessions`, and yields its slot (is closed) when
-    /// another session needs it. Locked alone.
+    /// another session needs it. Lock 2 (`yield_spare` reads `sessions` under it).
     spare: Mutex<Option<String>>,
     /// One start at a time per name: concurrent first uses (the prewarm on `initialize`,
     /// the one after `initialized`, the first call) wait for the start under way instead
     /// of each spawning a worker and all but one being killed (three interpreters
-    /// competing for the CPU delayed the first cell). Entries go when nobody waits.
+    /// competing for the CPU delayed the first cell). Entries go when nobody waits. The
+    /// map is locked alone; a gate is lock 1.
     starting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -97,7 +116,7 @@ impl SessionManager {
     /// theirs until they are closed or restarted.
     /// A change that leaves the sandbox as it was (only the policy's name or description
     /// differ) keeps the generation: sessions started before it need not start again.
-    pub fn set_sandbox(&self, policy: crate::sandbox::Policy, workspace: PathBuf) {
+    pub(crate) fn set_sandbox(&self, policy: crate::sandbox::Policy, workspace: PathBuf) {
         let mut current = self.sandbox.lock().unwrap_or_else(|p| p.into_inner());
         let same = current.1 == workspace && {
             let mut was = current.0.clone();
@@ -116,14 +135,11 @@ impl SessionManager {
     /// and runs nothing (idle, or without a live worker), so that its next use starts it
     /// again under the current one; that first cell is told, with `why`, that its state
     /// is lost. Returns whether it was closed.
-    pub fn restart_outdated(&self, name: &str, why: &str) -> bool {
+    pub(crate) fn restart_outdated(&self, name: &str, why: &str) -> bool {
         let Some(session) = self.sessions().get(name).cloned() else {
             return false;
         };
-        let quiet = matches!(
-            session.state(),
-            super::SessionState::Idle | super::SessionState::Dead
-        );
+        let quiet = matches!(session.state(), SessionState::Idle | SessionState::Dead);
         if self.under_current_sandbox(name) || !quiet {
             return false;
         }
@@ -235,7 +251,7 @@ impl SessionManager {
     }
 
     /// `name` is the unused prewarmed session and started before the last sandbox change.
-    pub fn stale_spare(&self, name: &str) -> bool {
+    pub(crate) fn stale_spare(&self, name: &str) -> bool {
         if lock_spare(&self.spare).as_deref() != Some(name) {
             return false;
         }
@@ -360,7 +376,7 @@ impl SessionManager {
 
     fn python_candidate(&self) -> Option<PathBuf> {
         let workspace = self.current_sandbox().1;
-        super::python::candidate(self.cfg.python.as_deref(), &workspace).ok()
+        python::candidate(self.cfg.python.as_deref(), &workspace).ok()
     }
 
     /// Close a session that was never admitted, and remove its temp directory.
@@ -531,7 +547,7 @@ impl SessionManager {
     /// The directory that holds the temp dirs of every instance of session `name`.
     /// How long the session `name` had been idle when the TTL closed it, if it was (and
     /// has not been started again since).
-    pub fn expired_for(&self, name: &str) -> Option<Duration> {
+    pub(crate) fn expired_for(&self, name: &str) -> Option<Duration> {
         self.expired
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -541,7 +557,7 @@ impl SessionManager {
 
     /// Whether a session `name` that is not open has a cell graph kept on disk (an
     /// earlier server's): starting it loads that history.
-    pub fn has_kept_history(&self, name: &str) -> bool {
+    pub(crate) fn has_kept_history(&self, name: &str) -> bool {
         std::fs::metadata(self.session_dir(name).join("graph.jsonl")).is_ok_and(|m| m.len() > 0)
     }
 
@@ -561,7 +577,7 @@ impl SessionManager {
     }
 
     /// The sessions (other than `but`) that have a cell numbered `cell`.
-    pub fn sessions_with_cell(&self, cell: u64, but: &str) -> Vec<String> {
+    pub(crate) fn sessions_with_cell(&self, cell: u64, but: &str) -> Vec<String> {
         let sessions: Vec<Arc<Session>> = self.sessions().values().cloned().collect();
         sessions
             .iter()
@@ -620,13 +636,13 @@ impl SessionManager {
     }
 
     /// Close sessions idle for longer than the TTL (busy or waiting sessions never are).
-    pub fn reap_idle(&self) -> Vec<String> {
+    pub(crate) fn reap_idle(&self) -> Vec<String> {
         let ttl = self.cfg.idle_ttl;
         let idle: Vec<(String, Duration)> = self
             .sessions()
             .iter()
             .map(|(n, s)| (n.clone(), s.idle_for(), s.state()))
-            .filter(|(_, idle, state)| *idle > ttl && *state != super::SessionState::AwaitingInput)
+            .filter(|(_, idle, state)| *idle > ttl && *state != SessionState::AwaitingInput)
             .map(|(n, idle, _)| (n, idle))
             .collect();
         let mut names = Vec::new();

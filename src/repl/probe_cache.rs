@@ -26,7 +26,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::PythonInfo;
+use super::error::ReplError;
+use super::python::{PythonInfo, candidate, probe_candidate};
 
 /// The file, in the state dir.
 pub(crate) const FILE: &str = "python-probe.json";
@@ -108,7 +109,7 @@ fn key(candidate: &Path, executable: &Path) -> Key {
 /// differently, which is only a miss).
 fn driver_hash() -> u64 {
     let mut h = DefaultHasher::new();
-    super::worker::WORKER_SOURCE.hash(&mut h);
+    super::python::WORKER_SOURCE.hash(&mut h);
     h.finish()
 }
 
@@ -130,9 +131,9 @@ struct CacheFile {
 /// A remembered answer for a candidate.
 #[derive(Debug, Clone)]
 pub(crate) struct Hit {
-    pub info: PythonInfo,
+    pub(crate) info: PythonInfo,
     /// Usable without a probe (see the module docs); else a guess to check.
-    pub trusted: bool,
+    pub(crate) trusted: bool,
 }
 
 /// The cache in `state_dir`.
@@ -143,11 +144,11 @@ pub(crate) struct ProbeCache {
 
 impl ProbeCache {
     /// The state dir it lives in.
-    pub fn state_dir(&self) -> &Path {
+    pub(super) fn state_dir(&self) -> &Path {
         &self.state_dir
     }
 
-    pub fn new(state_dir: &Path) -> ProbeCache {
+    pub(super) fn new(state_dir: &Path) -> ProbeCache {
         ProbeCache {
             state_dir: state_dir.to_path_buf(),
         }
@@ -179,7 +180,7 @@ impl ProbeCache {
     }
 
     /// The remembered answer for `candidate`, if nothing it depends on changed.
-    pub fn lookup(&self, candidate: &Path) -> Option<Hit> {
+    pub(super) fn lookup(&self, candidate: &Path) -> Option<Hit> {
         let entry = self
             .read()
             .entries
@@ -203,7 +204,7 @@ impl ProbeCache {
 
     /// Remember `info`, the probe's answer for `candidate` (best effort: a failure is
     /// logged; the next server probes again).
-    pub fn store(&self, candidate: &Path, info: &PythonInfo) {
+    pub(super) fn store(&self, candidate: &Path, info: &PythonInfo) {
         let mut file = self.read();
         file.entries.retain(|e| e.key.candidate != candidate);
         if file.entries.len() >= MAX_ENTRIES {
@@ -246,6 +247,38 @@ fn is_the_interpreter(candidate: &Path, executable: &Path, prefixes: &[PathBuf])
                 p != Path::new("/") && (c.starts_with(&p) || executable.starts_with(&p))
             })
         })
+}
+
+/// Whether an earlier server's probe, remembered in `state_dir` and still trusted (see
+/// `probe_cache`), found `python` to be a working Python 3: then start-up need not
+/// run it again to check.
+pub(crate) fn known_python3(python: &Path, state_dir: &Path) -> bool {
+    ProbeCache::new(state_dir)
+        .lookup(python)
+        .is_some_and(|hit| hit.trusted && hit.info.version.starts_with("3."))
+}
+
+/// [`discover_python`](super::python::discover_python) through the state dir's [`ProbeCache`]: a trusted entry answers
+/// without a probe; otherwise the probe runs and its answer is remembered.
+pub(crate) async fn discover_python_cached(
+    explicit: Option<&Path>,
+    workspace: &Path,
+    cache: &ProbeCache,
+) -> Result<PythonInfo, ReplError> {
+    let candidate = candidate(explicit, workspace)?;
+    if let Some(hit) = cache.lookup(&candidate)
+        && hit.trusted
+    {
+        return Ok(hit.info);
+    }
+    let info = probe_candidate(
+        &candidate,
+        explicit.is_some(),
+        &[workspace, cache.state_dir()],
+    )
+    .await?;
+    cache.store(&candidate, &info);
+    Ok(info)
 }
 
 #[cfg(test)]

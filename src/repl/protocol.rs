@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 /// exactly one event with the same `id`, in the order the requests were sent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
-pub enum Request {
+pub(super) enum Request {
     /// Run `code` as cell number `cell`; answered by `done`.
     Execute {
         id: u64,
@@ -68,7 +68,7 @@ pub enum Request {
 /// Worker → server (fd 4).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "ev", rename_all = "snake_case")]
-pub enum Event {
+pub(super) enum Event {
     /// Sent once, before anything else, when the worker is ready for requests.
     Ready {
         protocol: u32,
@@ -138,7 +138,7 @@ pub enum Event {
 
 impl Event {
     /// The request this event answers, if any.
-    pub fn id(&self) -> Option<u64> {
+    pub(super) fn id(&self) -> Option<u64> {
         match self {
             Event::Ready { .. } | Event::Snapshot { .. } => None,
             Event::InputRequest { id, .. }
@@ -154,7 +154,7 @@ impl Event {
 /// How a cell ended, as the worker reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum WireStatus {
+pub(super) enum WireStatus {
     Ok,
     Error,
     Interrupted,
@@ -163,10 +163,10 @@ pub enum WireStatus {
 /// The repr of the last expression; `repr` is cut in the middle when longer than the
 /// request's `repr_limit`, `chars` is the full length.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WireValue {
-    pub repr: String,
-    pub chars: u64,
-    pub truncated: bool,
+pub(super) struct WireValue {
+    pub(crate) repr: String,
+    pub(crate) chars: u64,
+    pub(crate) truncated: bool,
 }
 
 /// A Python exception: `traceback` is the full formatted text, worker frames removed.
@@ -214,7 +214,7 @@ pub struct VariableDetail {
 }
 
 /// Encode a request as one protocol line (with the trailing newline).
-pub fn encode(req: &Request) -> Vec<u8> {
+pub(super) fn encode(req: &Request) -> Vec<u8> {
     // Serialising these plain types cannot fail; fall back to an empty object anyway.
     let mut line = serde_json::to_vec(req).unwrap_or_else(|_| b"{}".to_vec());
     line.push(b'\n');
@@ -222,12 +222,13 @@ pub fn encode(req: &Request) -> Vec<u8> {
 }
 
 /// Decode one protocol line from the worker.
-pub fn decode(line: &[u8]) -> Result<Event, serde_json::Error> {
+pub(super) fn decode(line: &[u8]) -> Result<Event, serde_json::Error> {
     serde_json::from_slice(line)
 }
 
 /// Every `op` and `ev` tag, for the docs-in-step test.
-pub const ALL_TAGS: &[&str] = &[
+#[cfg(test)]
+const ALL_TAGS: &[&str] = &[
     "execute",
     "run_file",
     "input_reply",

@@ -12,12 +12,13 @@ use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
-use tokio::sync::{OwnedMutexGuard, mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
+use super::cell::{CellSink, OutStream};
+use super::error::exit_words;
 use super::protocol::{self, Event};
+use super::snapshot::Snapshot;
 use super::snapshot::take_snapshot;
-use super::worker::{Reply, SnapshotHook};
-use super::{CellSink, OutStream, exit_words};
 use crate::sandbox::{ExitReport, Pidfd, ResolvedPolicy, SandboxedChild, Termination, signal_name};
 
 /// Output that arrives while no cell runs is kept (up to this much) for the next cell.
@@ -27,25 +28,41 @@ const MAX_LINE: usize = 64 << 20;
 /// How much of stderr to keep for the death message of a worker that never got ready.
 const STARTUP_TAIL: usize = 2048;
 
+/// Receives a worker's snapshots: `(worker pid, cell, the snapshot or why there is none)`.
+pub(crate) type SnapshotHook =
+    Arc<dyn Fn(u32, u64, Result<Snapshot, String>) + Send + Sync + 'static>;
+
+/// The answer to one call: the matching event, or the words saying how the worker died.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    Event(Event),
+    Died(Arc<str>),
+}
+
+/// Something a call holds until the worker answers it or dies (the session's hold on
+/// the worker's main thread), dropped then — even if the caller stopped waiting: the
+/// next cell never starts while this one still runs.
+pub(crate) type Hold = Box<dyn Send>;
+
 pub(super) struct Pending {
     pub(super) tx: oneshot::Sender<Reply>,
     pub(super) sink: Option<Arc<dyn CellSink>>,
-    /// Keeps the session's operation lock until the worker answers (or dies), even if the
-    /// caller stopped waiting: the next cell never starts while this one still runs.
-    pub(super) _guard: Option<OwnedMutexGuard<()>>,
+    pub(super) hold: Option<Hold>,
 }
 
 impl Pending {
-    /// Answer the call, releasing the operation lock first: the caller the answer wakes
-    /// (on another thread) may start the next cell at once, and must not find the session
-    /// busy because this thread has not yet dropped the lock of the cell that ended.
-    fn answer(self, reply: Reply) {
-        let Pending { tx, _guard, .. } = self;
-        drop(_guard);
+    /// Answer the call, releasing its hold first: the caller the answer wakes (on another
+    /// thread) may start the next cell at once, and must not find the session busy
+    /// because this thread has not yet dropped the hold of the cell that ended.
+    pub(super) fn answer(self, reply: Reply) {
+        let Pending { tx, hold, .. } = self;
+        drop(hold);
         let _ = tx.send(reply);
     }
 }
 
+/// What the I/O task and the [`Worker`](super::worker::Worker) handle share, under
+/// `Shared::state` (lock 2 of the order on [`Shared`]).
 #[derive(Default)]
 pub(super) struct State {
     pub(super) pending: HashMap<u64, Pending>,
@@ -61,14 +78,27 @@ pub(super) struct State {
     pub(super) exit: Option<crate::sandbox::Termination>,
     pub(super) ready: bool,
     pub(super) startup_stderr: Vec<u8>,
+    /// Where the worker's snapshots go (set once, right after the start).
+    pub(super) on_snapshot: Option<SnapshotHook>,
 }
 
+/// One worker's shared half. Two locks, in this order (a lock is only taken while
+/// holding the ones before it):
+/// 1. `child`: the process handle, held while it is signalled (kill, stop, continue) or
+///    taken to be reaped; `state` may be taken under it (a kill records its reason).
+/// 2. `state`: calls, output attribution, death. A [`CellSink`] is called under it (the
+///    output printed between cells, handed to the next call), so a sink's own locks come
+///    after it; the snapshot hook and the answer to a call run after it is released.
+///
+/// The session takes both under its own `inner` (session.rs), never the other way round:
+/// nothing here calls into the session while holding either.
 pub(super) struct Shared {
+    /// Lock 2.
     pub(super) state: Mutex<State>,
     /// For the amounts of limits in death messages.
     pub(super) policy: Arc<ResolvedPolicy>,
-    /// `None` once reaped; kill only signals a child that has not been reaped, so a
-    /// recycled pid is never hit.
+    /// Lock 1. `None` once reaped; kill only signals a child that has not been reaped,
+    /// so a recycled pid is never hit.
     pub(super) child: Mutex<Option<SandboxedChild>>,
     pub(super) ready: watch::Sender<bool>,
     pub(super) pid: u32,
@@ -83,7 +113,6 @@ pub(super) struct Shared {
     pub(super) retired: AtomicBool,
     /// The snapshot control socket (snapshots on).
     pub(super) control: Option<OwnedFd>,
-    pub(super) on_snapshot: Mutex<Option<SnapshotHook>>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -153,7 +182,7 @@ impl Shared {
                     (None, true) => Err("no control socket".to_string()),
                     (_, false) => Err(note.unwrap_or_else(|| "not taken".into())),
                 };
-                let hook = lock(&self.on_snapshot).clone();
+                let hook = lock(&self.state).on_snapshot.clone();
                 match hook {
                     Some(hook) => hook(self.pid, cell, snap),
                     None => drop(snap), // nobody keeps it: it exits
@@ -259,17 +288,37 @@ pub(super) async fn pump(
         }
     }
     // The process is gone. What it wrote before dying is still in the pipes.
-    if ev_open {
+    let leftover = ev_open.then_some((events, line));
+    drain_after_exit(&shared, leftover, &out, &err, &mut obuf, &mut ebuf);
+    reap_and_answer(&shared).await;
+}
+
+/// Handle what a dead worker left in its pipes: the rest of the event stream (if it was
+/// still open: `events` and the line read so far), then stdout and stderr.
+fn drain_after_exit(
+    shared: &Shared,
+    leftover: Option<(BufReader<pipe::Receiver>, Vec<u8>)>,
+    out: &pipe::Receiver,
+    err: &pipe::Receiver,
+    obuf: &mut [u8],
+    ebuf: &mut [u8],
+) {
+    if let Some((events, mut line)) = leftover {
         let mut rest = Vec::new();
         let _ = drain_all(events.get_ref(), &mut rest);
         line.extend_from_slice(events.buffer());
         line.extend_from_slice(&rest);
         for l in line.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            handle_line(&shared, l, &out, &err, &mut obuf);
+            handle_line(shared, l, out, err, obuf);
         }
     }
-    drain_now(&out, OutStream::Stdout, &shared, &mut obuf);
-    drain_now(&err, OutStream::Stderr, &shared, &mut ebuf);
+    drain_now(out, OutStream::Stdout, shared, obuf);
+    drain_now(err, OutStream::Stderr, shared, ebuf);
+}
+
+/// Reap the dead worker (killing what it left in its group), say how it ended, and
+/// answer every pending call with that.
+async fn reap_and_answer(shared: &Shared) {
     let retired = shared.retired.load(Ordering::SeqCst);
     let child = if retired {
         None

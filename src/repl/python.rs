@@ -12,8 +12,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::ReplError;
-use super::probe_cache::ProbeCache;
+use super::error::ReplError;
+
+/// The worker driver, embedded so the binary is self-contained (the probe compiles it
+/// with each interpreter: [`PythonInfo::driver_code`]).
+pub(crate) const WORKER_SOURCE: &str = include_str!("../../python/sandbox_repl_worker.py");
 
 /// A probed interpreter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -44,7 +47,7 @@ impl PythonInfo {
     }
 
     /// The same interpreter with the same installation (the precompiled driver aside).
-    pub fn same_interpreter(&self, other: &PythonInfo) -> bool {
+    pub(crate) fn same_interpreter(&self, other: &PythonInfo) -> bool {
         self.executable == other.executable
             && self.version == other.version
             && self.prefixes == other.prefixes
@@ -88,7 +91,7 @@ pub async fn discover_python(
 /// outside `job_writable` too; the venv's own `bin/python` only ever runs in the sandbox.
 /// A venv whose interpreter is a file in there (a `--copies` venv, or whatever a job
 /// wrote) is not used: `python3` on PATH is, and a warning says why.
-async fn probe_candidate(
+pub(super) async fn probe_candidate(
     candidate: &Path,
     explicit: bool,
     job_writable: &[&Path],
@@ -153,38 +156,6 @@ pub(crate) fn candidate(explicit: Option<&Path>, workspace: &Path) -> Result<Pat
     })
 }
 
-/// Whether an earlier server's probe, remembered in `state_dir` and still trusted (see
-/// `probe_cache`), found `python` to be a working Python 3: then start-up need not
-/// run it again to check.
-pub fn known_python3(python: &Path, state_dir: &Path) -> bool {
-    ProbeCache::new(state_dir)
-        .lookup(python)
-        .is_some_and(|hit| hit.trusted && hit.info.version.starts_with("3."))
-}
-
-/// [`discover_python`] through the state dir's [`ProbeCache`]: a trusted entry answers
-/// without a probe; otherwise the probe runs and its answer is remembered.
-pub(crate) async fn discover_python_cached(
-    explicit: Option<&Path>,
-    workspace: &Path,
-    cache: &ProbeCache,
-) -> Result<PythonInfo, ReplError> {
-    let candidate = candidate(explicit, workspace)?;
-    if let Some(hit) = cache.lookup(&candidate)
-        && hit.trusted
-    {
-        return Ok(hit.info);
-    }
-    let info = probe_candidate(
-        &candidate,
-        explicit.is_some(),
-        &[workspace, cache.state_dir()],
-    )
-    .await?;
-    cache.store(&candidate, &info);
-    Ok(info)
-}
-
 /// `<dir>/.venv/bin/python` for the nearest `dir` at or above `start` that has one.
 pub(crate) fn nearest_venv_python(start: &Path) -> Option<PathBuf> {
     start
@@ -216,9 +187,7 @@ pub(crate) async fn probe(python: &Path, venv_bin: Option<&Path>) -> Result<Pyth
     if let Some(mut stdin) = child.stdin.take() {
         use tokio::io::AsyncWriteExt;
         // A failed write shows up as a probe without compiled code; the source is the fallback.
-        let _ = stdin
-            .write_all(super::worker::WORKER_SOURCE.as_bytes())
-            .await;
+        let _ = stdin.write_all(WORKER_SOURCE.as_bytes()).await;
     }
     let out = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait_with_output())
         .await

@@ -1,14 +1,25 @@
 //! One named session: its worker (replaced after a crash or restart), cells, variables,
 //! input bridging and history.
 //!
-//! Locks: `op_lock` (async, per session) serialises the calls that need the worker's
-//! main thread — cells and variable operations. A call on a session that runs a cell
-//! fails at once with [`ReplError::Busy`] instead of queueing behind it; one that finds
-//! the lock held by a short operation (a variable read, the ping that settles snapshots,
-//! a restart) waits for it ([`Session::op_guard`]). The guard travels with the pending
-//! call into the worker, so it is released when the worker answers or dies — not when a
-//! caller gives up waiting. `inner` (sync) guards
-//! plain bookkeeping and is never held across an await. Sessions share no lock.
+//! Concurrency: the worker's main thread runs one thing at a time. Who holds it is the
+//! session's phase ([`phase::Phase`]: idle, a short operation, a cell, closing, closed),
+//! changed only by [`phase::Machine::transition`] and published on a watch channel. A
+//! call on a session that runs a cell fails at once with [`ReplError::Busy`] instead of
+//! queueing behind it; one that finds a short operation (a variable read, the ping that
+//! settles snapshots) waits for the phase to change. The hold ([`phase::OpGuard`])
+//! travels with the pending call into the worker, so it is released when the worker
+//! answers or dies — not when a caller gives up waiting.
+//!
+//! Locks, in the order they may be taken (a lock is only taken while holding the ones
+//! above it; sessions share no lock):
+//! 1. `Session::inner` (sync mutex): plain bookkeeping, never held across an await.
+//! 2. the phase channel (`phase::Phases`, the watch's own lock): a leaf, held for one
+//!    pure transition; taken under `inner` where a transition must be atomic with
+//!    `Inner`'s data (numbering a cell, closing, the spare).
+//! 3. a worker's locks (`pump::Shared`: `child` → `state`), taken under `inner` by calls
+//!    such as `Worker::death` or `Worker::kill`; the worker never calls back into the
+//!    session while holding one (the snapshot hook runs unlocked). The sandbox's broker
+//!    denials lock (`Worker::take_denials`) is taken alone.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -16,73 +27,72 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use tokio::sync::oneshot;
+
 use super::graph::{CellCode, Graph, Node};
 use super::protocol::{Event, Request, WireStatus};
 use super::worker::{Reply, SpawnSpec, Worker};
 use crate::sandbox::Termination;
 
-use super::{
-    CellOutcome, CellSink, CellStatus, History, PythonInfo, ReplError, SessionInfo, SessionState,
-};
+use super::cell::{CellOutcome, CellSink, CellStatus};
+use super::error::ReplError;
+use super::info::{History, SessionInfo, SessionState};
+use super::python::PythonInfo;
 
 mod branch;
+mod phase;
 mod site_dirs;
 mod variables;
 
-pub use branch::Parent;
-pub use variables::VariablePage;
+use phase::{Effect, OpGuard, Phases, Refusal};
 
 const HISTORY_CAP: usize = 1000;
 
-/// How often a call waiting for the operation lock looks whether a cell took it.
-const OP_RECHECK: Duration = Duration::from_millis(20);
+/// The cell to branch from, as the agent named it.
+#[derive(Debug, Clone)]
+pub struct Parent {
+    pub cell: u64,
+    /// The id as written (for messages).
+    pub text: String,
+    /// Replaying from a fresh worker is allowed (it repeats side effects).
+    pub replay: bool,
+}
 
 /// Everything a session needs to (re)start its worker.
 pub(crate) struct SessionEnv {
-    pub spec: SpawnSpec,
-    pub policy_name: String,
-    pub python: PythonInfo,
-    pub repr_limit: usize,
-    pub start_timeout: Duration,
+    pub(crate) spec: SpawnSpec,
+    pub(crate) policy_name: String,
+    pub(crate) python: PythonInfo,
+    pub(crate) repr_limit: usize,
+    pub(crate) start_timeout: Duration,
     /// Keep a started, idle worker in reserve for restarts and crash recovery.
-    pub spare: bool,
+    pub(crate) spare: bool,
     /// Snapshots kept at most (0: off).
-    pub max_snapshots: usize,
+    pub(crate) max_snapshots: usize,
     /// Memory budget for snapshots, bytes: past it (the session's job cgroups), the
     /// least recently used snapshots are evicted. `None`: count cap only.
-    pub snapshot_memory: Option<u64>,
+    pub(crate) snapshot_memory: Option<u64>,
     /// Where the cell graph is persisted (JSON lines).
-    pub graph_file: Option<PathBuf>,
+    pub(crate) graph_file: Option<PathBuf>,
     /// Cells kept in the graph at most (0: all).
-    pub max_cells: usize,
+    pub(crate) max_cells: usize,
     /// When this server started (named in the note of a session restored from an
     /// earlier server's graph).
-    pub started: std::time::SystemTime,
+    pub(crate) started: std::time::SystemTime,
 }
 
+/// A session's bookkeeping, under `Session::inner` (lock 1 of the order above).
 struct Inner {
     worker: Option<Arc<Worker>>,
     /// A started worker nobody has used yet: a restart or the cell after a crash takes
     /// it instead of waiting for a new interpreter to start.
     spare: Option<Arc<Worker>>,
-    /// A spare is being started: cells ending meanwhile start no other (each would be
-    /// killed on arrival, and every cell of a quick loop started one).
-    spare_starting: bool,
-    closed: bool,
     /// The session's state was lost since the last cell (a worker died, a cancel killed
     /// it, the session expired): the next cell is told so, in these words.
     lost: Option<String>,
     cells: u64,
-    running_cell: u64,
-    /// A cell holds the operation lock (not a variable operation).
-    cell_active: bool,
-    /// An interrupt came before the running cell was handed to its worker: it is sent
-    /// right after.
-    interrupt_pending: bool,
-    /// A cell was promised to a caller (its job exists: it may be cancelled already) and
-    /// has not started yet: an interrupt meanwhile is kept for it, not dropped.
-    cell_expected: bool,
-    /// The running cell and its parent, once numbered (for answers while it runs).
+    /// The running cell and its parent, once handed to its worker (for answers while it
+    /// runs).
     running: Option<(u64, Option<u64>)>,
     /// The cells, their parents and snapshots; `graph.head` is the head's cell.
     graph: Graph,
@@ -100,11 +110,40 @@ struct Inner {
 pub struct Session {
     name: String,
     env: SessionEnv,
-    op_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Who holds the worker's main thread (lock 2 of the order above).
+    phases: Phases,
+    /// Lock 1 of the order above.
     inner: Mutex<Inner>,
     next_id: AtomicU64,
     /// For background tasks that refill the spare worker.
     me: std::sync::Weak<Session>,
+}
+
+/// A cell that holds the worker's main thread and has a worker to run on.
+struct Acquired {
+    guard: OpGuard,
+    cell: u64,
+    worker: Arc<Worker>,
+    /// Why state was lost since the last cell (said once, by this cell).
+    earlier_loss: Option<String>,
+    replayed: Vec<u64>,
+    /// The head this branch moved the session from.
+    moved_from: Option<u64>,
+    /// What the snapshot this branch forked from shares with its other branches.
+    shared: Option<String>,
+}
+
+/// A cell handed to its worker.
+struct Running {
+    cell: u64,
+    parent: Option<u64>,
+    worker: Arc<Worker>,
+    earlier_loss: Option<String>,
+    replayed: Vec<u64>,
+    moved_from: Option<u64>,
+    shared: Option<String>,
+    started_ms: u64,
+    started: Instant,
 }
 
 impl Session {
@@ -124,18 +163,12 @@ impl Session {
             name,
             env,
             me: me.clone(),
-            op_lock: Arc::new(tokio::sync::Mutex::new(())),
+            phases: Phases::new(),
             inner: Mutex::new(Inner {
                 worker: Some(worker.clone()),
                 spare: None,
-                spare_starting: false,
-                closed: false,
                 lost,
                 cells: graph.last_cell(),
-                running_cell: 0,
-                cell_active: false,
-                interrupt_pending: false,
-                cell_expected: false,
                 running: None,
                 head_tree: worker.pid,
                 graph,
@@ -155,12 +188,12 @@ impl Session {
     }
 
     /// The interpreter the session's workers run.
-    pub fn python(&self) -> &super::PythonInfo {
+    pub fn python(&self) -> &PythonInfo {
         &self.env.python
     }
 
     /// The session's private temp directory (`{tmp}`, also `TMPDIR` of the worker).
-    pub fn tmp_dir(&self) -> &std::path::Path {
+    pub(crate) fn tmp_dir(&self) -> &std::path::Path {
         &self.env.spec.tmp
     }
 
@@ -168,10 +201,77 @@ impl Session {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn busy(&self) -> ReplError {
-        ReplError::Busy {
+    fn closed(&self) -> ReplError {
+        ReplError::Closed {
             session: self.name.clone(),
-            cell: self.inner().running_cell,
+        }
+    }
+
+    /// The error for an op the phase turned away.
+    fn refused(&self, why: Refusal) -> ReplError {
+        match why {
+            Refusal::Busy { cell } => ReplError::Busy {
+                session: self.name.clone(),
+                cell,
+            },
+            Refusal::Closed => self.closed(),
+            other => ReplError::Protocol {
+                detail: format!("the session's phase refused an operation: {other:?}"),
+            },
+        }
+    }
+
+    /// Take the worker's main thread: for a cell (`cell`: numbered here, the number is
+    /// returned) or a short operation. [`ReplError::Busy`] while a cell runs, else as
+    /// soon as the short operation holding it (if any) is done: two calls made in
+    /// parallel (a cell and a variable read) both run; only a running cell turns the
+    /// other away.
+    async fn acquire(&self, cell: bool) -> Result<(OpGuard, u64), ReplError> {
+        // Subscribed before the first try: a change after it wakes the wait below.
+        let mut changes = self.phases.subscribe();
+        loop {
+            let tried = {
+                let mut inner = self.inner();
+                let ev = if cell {
+                    phase::Event::BeginCell {
+                        cell: inner.cells + 1,
+                    }
+                } else {
+                    phase::Event::BeginShort
+                };
+                let tried = self.phases.apply(ev);
+                if cell && tried.is_ok() {
+                    inner.cells += 1;
+                }
+                tried.map(|(_, effect)| (effect, inner.cells))
+            };
+            match tried {
+                Ok((Effect::Acquired { op }, cells)) => return Ok((self.phases.guard(op), cells)),
+                Ok((other, _)) => {
+                    return Err(ReplError::Protocol {
+                        detail: format!("the session's phase answered {other:?} to an op"),
+                    });
+                }
+                Err(Refusal::Wait) => {
+                    if changes.changed().await.is_err() {
+                        return Err(self.closed());
+                    }
+                }
+                Err(why) => return Err(self.refused(why)),
+            }
+        }
+    }
+
+    /// The thread for a short operation, waited for as [`Session::acquire`] says.
+    pub(super) async fn acquire_short(&self) -> Result<OpGuard, ReplError> {
+        self.acquire(false).await.map(|(guard, _)| guard)
+    }
+
+    /// The thread for a short operation if it is free now; `None` if anything holds it.
+    fn try_short(&self) -> Option<OpGuard> {
+        match self.phases.apply(phase::Event::BeginShort) {
+            Ok((_, Effect::Acquired { op })) => Some(self.phases.guard(op)),
+            _ => None,
         }
     }
 
@@ -179,10 +279,8 @@ impl Session {
     /// why state was lost since the last cell, if it was (reported once, by a cell).
     fn live_worker(&self, report_loss: bool) -> Result<(Arc<Worker>, Option<String>), ReplError> {
         let mut inner = self.inner();
-        if inner.closed {
-            return Err(ReplError::Closed {
-                session: self.name.clone(),
-            });
+        if self.phases.now().is_closed() {
+            return Err(self.closed());
         }
         if let Some(w) = &inner.worker
             && w.death().is_none()
@@ -243,52 +341,62 @@ impl Session {
         }
     }
 
-    /// Start a spare worker in the background if the session keeps one and has none.
+    /// Start a spare worker in the background if the session keeps one and has none (and
+    /// none is starting: cells ending meanwhile start no other — each would be killed on
+    /// arrival, and every cell of a quick loop started one).
     fn refill_spare(&self) {
         if !self.env.spare {
             return;
         }
         {
-            let mut inner = self.inner();
-            if inner.closed
-                || inner.spare_starting
-                || inner.spare.as_ref().is_some_and(|w| w.death().is_none())
+            let inner = self.inner();
+            if inner.spare.as_ref().is_some_and(|w| w.death().is_none())
+                || self.phases.apply(phase::Event::SpareStarting).is_err()
             {
                 return;
             }
-            inner.spare_starting = true;
         }
         let me = self.me.clone();
         // Starting a process blocks for the launcher's setup: keep it off the async threads.
         tokio::task::spawn_blocking(move || {
-            let Some(session) = me.upgrade() else { return };
-            let worker = match Worker::spawn(&session.env.spec) {
-                Ok(w) => {
-                    w.on_snapshot(session.snapshot_hook());
-                    Arc::new(w)
-                }
-                Err(e) => {
-                    let mut inner = session.inner();
-                    inner.spare_starting = false;
-                    // A session closed meanwhile (shutdown, session_close) took its temp
-                    // dir away under the start: expected, not worth a warning.
-                    if inner.closed {
-                        tracing::debug!(session = %session.name, error = %e, "no spare worker: the session closed while it started");
-                    } else {
-                        tracing::warn!(session = %session.name, error = %e, "could not start a spare worker");
-                    }
-                    return;
-                }
-            };
-            let mut inner = session.inner();
-            inner.spare_starting = false;
-            if !inner.closed && inner.spare.as_ref().is_none_or(|w| w.death().is_some()) {
-                // Under the lock: a concurrent `set_site_dirs` cannot slip in between.
-                session.apply_site_dirs(&worker, &inner.site_dirs);
-                inner.spare = Some(worker);
+            if let Some(session) = me.upgrade() {
+                let started = Worker::spawn(&session.env.spec);
+                session.keep_spare(started);
             }
-            // Otherwise `worker` is dropped here, which kills it.
         });
+    }
+
+    /// Put a spare that was started in reserve (unless the session closed meanwhile or
+    /// has one); the start is over either way.
+    fn keep_spare(&self, started: Result<Worker, ReplError>) {
+        let worker = match started {
+            Ok(w) => {
+                w.on_snapshot(self.snapshot_hook());
+                Arc::new(w)
+            }
+            Err(e) => {
+                let _inner = self.inner();
+                let _ = self.phases.apply(phase::Event::SpareDone);
+                // A session closed meanwhile (shutdown, session_close) took its temp
+                // dir away under the start: expected, not worth a warning.
+                if self.phases.now().is_closed() {
+                    tracing::debug!(session = %self.name, error = %e, "no spare worker: the session closed while it started");
+                } else {
+                    tracing::warn!(session = %self.name, error = %e, "could not start a spare worker");
+                }
+                return;
+            }
+        };
+        let mut inner = self.inner();
+        let _ = self.phases.apply(phase::Event::SpareDone);
+        if !self.phases.now().is_closed()
+            && inner.spare.as_ref().is_none_or(|w| w.death().is_some())
+        {
+            // Under the lock: a concurrent `set_site_dirs` cannot slip in between.
+            self.apply_site_dirs(&worker, &inner.site_dirs);
+            inner.spare = Some(worker);
+        }
+        // Otherwise `worker` is dropped here, which kills it.
     }
 
     /// Run `code` as the next cell; output goes to `sink` as it is printed.
@@ -359,6 +467,8 @@ impl Session {
         .await
     }
 
+    /// One cell: acquire the thread and a worker → dispatch the request → collect the
+    /// answer → record the cell in the graph.
     async fn run_cell(
         &self,
         label: String,
@@ -367,17 +477,19 @@ impl Session {
         sink: Arc<dyn CellSink>,
         request: impl FnOnce(u64, u64) -> Request,
     ) -> Result<CellOutcome, ReplError> {
-        let guard = self.op_guard().await?;
-        let cell = {
-            let mut inner = self.inner();
-            inner.cells += 1;
-            inner.running_cell = inner.cells;
-            inner.cell_active = true;
-            // An interrupt kept while this cell was expected is its own; any other is stale.
-            let expected = std::mem::take(&mut inner.cell_expected);
-            inner.interrupt_pending &= expected;
-            inner.cells
-        };
+        let acquired = self.acquire_cell(parent).await?;
+        let (running, rx) = self.dispatch(acquired, sink, request);
+        let reply = rx
+            .await
+            .unwrap_or_else(|_| Reply::Died("the Python worker's I/O task ended".into()));
+        let out = self.collect(&running, reply)?;
+        Ok(self.record(running, label, saved, out))
+    }
+
+    /// Take the thread for the next cell (numbering it) and the worker it runs on: the
+    /// head, or for a branch the worker put at `parent`'s state.
+    async fn acquire_cell(&self, parent: Option<Parent>) -> Result<Acquired, ReplError> {
+        let (guard, cell) = self.acquire(true).await?;
         // A branch moves the head: the answer says from where, and how to go back.
         let moved_from = {
             let head = self.inner().graph.head;
@@ -392,15 +504,34 @@ impl Session {
                 .await
                 .map(|(w, replayed, shared)| (w, None, replayed, shared)),
         };
-        let (worker, earlier_loss, replayed, shared) = match got {
-            Ok(w) => w,
+        match got {
+            Ok((worker, earlier_loss, replayed, shared)) => Ok(Acquired {
+                guard,
+                cell,
+                worker,
+                earlier_loss,
+                replayed,
+                moved_from,
+                shared,
+            }),
             Err(e) => {
+                // The number is given back (the guard, dropped after, frees the thread).
                 let mut inner = self.inner();
-                inner.cells -= 1;
-                inner.cell_active = false;
-                return Err(e);
+                inner.cells = inner.cells.saturating_sub(1);
+                Err(e)
             }
-        };
+        }
+    }
+
+    /// Hand the cell's request to its worker, with the hold on the thread (released when
+    /// the worker answers or dies). An interrupt that came before is sent right after:
+    /// the phase machine decides whether this or [`Session::interrupt`] sends it.
+    fn dispatch(
+        &self,
+        a: Acquired,
+        sink: Arc<dyn CellSink>,
+        request: impl FnOnce(u64, u64) -> Request,
+    ) -> (Running, oneshot::Receiver<Reply>) {
         let started_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -408,35 +539,43 @@ impl Session {
         let parent = {
             let mut inner = self.inner();
             let parent = inner.graph.head;
-            inner.running = Some((cell, parent));
+            inner.running = Some((a.cell, parent));
             parent
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        let rx = {
-            // Under `inner`, like `interrupt`: an interrupt is either sent by it (the call
-            // is registered) or left pending for us.
-            let mut inner = self.inner();
-            let rx = worker.call(id, &request(id, cell), Some(sink), Some(guard));
-            if std::mem::take(&mut inner.interrupt_pending) {
-                worker.resume();
-                worker.interrupt();
-            }
-            rx
-        };
-        let reply = rx
-            .await
-            .unwrap_or_else(|_| Reply::Died("the Python worker's I/O task ended".into()));
-        {
-            let mut inner = self.inner();
-            inner.cell_active = false;
-            inner.interrupt_pending = false;
+        let op = a.guard.op();
+        let rx = a.worker.call(
+            id,
+            &request(id, a.cell),
+            Some(sink),
+            Some(Box::new(a.guard)),
+        );
+        if let Ok((_, Effect::SendInterrupt)) = self.phases.apply(phase::Event::Dispatched { op }) {
+            a.worker.resume();
+            a.worker.interrupt();
         }
-        let elapsed = started.elapsed();
-        let mut out = CellOutcome {
-            cell,
+        let running = Running {
+            cell: a.cell,
             parent,
-            replayed: replayed.clone(),
+            worker: a.worker,
+            earlier_loss: a.earlier_loss,
+            replayed: a.replayed,
+            moved_from: a.moved_from,
+            shared: a.shared,
+            started_ms,
+            started,
+        };
+        (running, rx)
+    }
+
+    /// The cell's outcome from the worker's answer (a death is recorded: the next cell
+    /// runs in a fresh worker and is told so).
+    fn collect(&self, r: &Running, reply: Reply) -> Result<CellOutcome, ReplError> {
+        let mut out = CellOutcome {
+            cell: r.cell,
+            parent: r.parent,
+            replayed: r.replayed.clone(),
             status: CellStatus::Ok,
             value: None,
             value_chars: None,
@@ -447,23 +586,10 @@ impl Session {
             worker_exit: None,
             signal: None,
             exit_code: None,
-            state_lost: earlier_loss.is_some(),
-            state_note: earlier_loss.or_else(|| {
-                let moved = moved_from.map(|h| {
-                    format!(
-                        "the head moved from c{h} to this branch: cells without `parent` now run here; parent=\"c{h}\" goes back to c{h}'s state"
-                    )
-                });
-                let shared = shared.map(|s| {
-                    format!("this branch shares with the parent cell's other branches: {s}")
-                });
-                match (moved, shared) {
-                    (Some(m), Some(s)) => Some(format!("{m}; {s}")),
-                    (m, s) => m.or(s),
-                }
-            }),
-            denied: worker.take_denials(),
-            elapsed,
+            state_lost: r.earlier_loss.is_some(),
+            state_note: cell_note(r),
+            denied: r.worker.take_denials(),
+            elapsed: r.started.elapsed(),
         };
         match reply {
             Reply::Event(Event::Done {
@@ -493,94 +619,95 @@ impl Session {
                     detail: format!("expected `done` for a cell, got {other:?}"),
                 });
             }
-            Reply::Died(message) => {
-                out.status = CellStatus::WorkerDied;
-                out.worker_exit = Some(message.to_string());
-                match worker.exit_status() {
-                    Some(Termination::Signaled(sig)) => out.signal = Some(sig),
-                    Some(Termination::Exited(code)) => out.exit_code = Some(code),
-                    _ => {}
-                }
-                // This cell's own answer names the death; only the next cell is told
-                // it runs in a fresh worker.
-                out.state_lost = true;
-                out.state_note = None;
-                let mut inner = self.inner();
-                if inner
-                    .worker
-                    .as_ref()
-                    .is_some_and(|w| Arc::ptr_eq(w, &worker))
-                {
-                    inner.worker = None;
-                    inner.lost = Some(lost_note(&message));
-                    Self::head_lost(&mut inner);
-                }
-            }
+            Reply::Died(message) => self.cell_died(&r.worker, &message, &mut out),
         }
+        Ok(out)
+    }
+
+    /// The worker died in the cell: its answer names the death; only the next cell is
+    /// told it runs in a fresh worker.
+    fn cell_died(&self, worker: &Arc<Worker>, message: &str, out: &mut CellOutcome) {
+        out.status = CellStatus::WorkerDied;
+        out.worker_exit = Some(message.to_string());
+        match worker.exit_status() {
+            Some(Termination::Signaled(sig)) => out.signal = Some(sig),
+            Some(Termination::Exited(code)) => out.exit_code = Some(code),
+            _ => {}
+        }
+        out.state_lost = true;
+        out.state_note = None;
+        let mut inner = self.inner();
+        if inner
+            .worker
+            .as_ref()
+            .is_some_and(|w| Arc::ptr_eq(w, worker))
+        {
+            inner.worker = None;
+            inner.lost = Some(lost_note(message));
+            Self::head_lost(&mut inner);
+        }
+    }
+
+    /// Add the cell to the graph (the head moves to it if its worker lives on).
+    fn record(&self, r: Running, label: String, saved: CellCode, out: CellOutcome) -> CellOutcome {
         let mut inner = self.inner();
         inner.last_active = Instant::now();
         inner.running = None;
         inner.graph.add(Node {
-            cell,
-            parent,
+            cell: r.cell,
+            parent: r.parent,
             label,
             code: saved,
             status: out.status,
-            started_ms,
-            elapsed_ms: (elapsed.as_secs_f64() * 1e6).round() / 1e3,
-            replayed,
+            started_ms: r.started_ms,
+            elapsed_ms: (out.elapsed.as_secs_f64() * 1e6).round() / 1e3,
+            replayed: r.replayed,
         });
         let alive = inner
             .worker
             .as_ref()
-            .is_some_and(|w| Arc::ptr_eq(w, &worker));
-        inner.graph.head = alive.then_some(cell);
+            .is_some_and(|w| Arc::ptr_eq(w, &r.worker));
+        inner.graph.head = alive.then_some(r.cell);
         drop(inner);
         self.refill_spare();
-        Ok(out)
+        out
     }
 
     /// A cell is about to run for a caller who may cancel it before it starts (its job
     /// is answered "running" at once): until it starts, or [`Self::expected_cell_ended`],
     /// an interrupt is kept for it instead of finding nothing to interrupt.
     pub fn expect_cell(&self) {
-        let mut inner = self.inner();
-        inner.cell_expected = true;
-        inner.interrupt_pending = false;
+        let _ = self.phases.apply(phase::Event::ExpectCell);
     }
 
     /// The call of an expected cell ended, having run it or not (refused before it
     /// started): an interrupt kept for it is dropped.
     pub fn expected_cell_ended(&self) {
-        let mut inner = self.inner();
-        if std::mem::take(&mut inner.cell_expected) {
-            inner.interrupt_pending = false;
-        }
+        let _ = self.phases.apply(phase::Event::ExpectedEnded);
     }
 
     /// KeyboardInterrupt in the running cell (also while it waits in `input()`), or in
     /// the expected cell as it starts. Returns false when no cell was running or
     /// expected (nothing to interrupt).
     pub fn interrupt(&self) -> bool {
-        let mut inner = self.inner();
-        if inner.cell_expected && !inner.cell_active {
-            inner.interrupt_pending = true;
-            return true;
-        }
-        if !inner.cell_active || self.op_lock.try_lock().is_ok() {
-            return false;
-        }
-        let worker = inner.worker.clone();
-        match worker {
-            Some(w) => {
+        self.interrupt_op().is_ok()
+    }
+
+    /// Interrupt (see [`Session::interrupt`]); the op of the cell that runs (handed to
+    /// its worker or about to be), `None` when it is kept for an expected cell (raised
+    /// before any of its code runs) or the closing session ends the cell.
+    fn interrupt_op(&self) -> Result<Option<u64>, Refusal> {
+        let (now, effect) = self.phases.apply(phase::Event::Interrupt)?;
+        if effect == Effect::SendInterrupt {
+            // A worker that has no call running any more (the cell just ended, or a
+            // restart replaced it) ignores it.
+            let worker = self.inner().worker.clone();
+            if let Some(w) = worker {
                 w.resume();
-                if !w.interrupt() {
-                    inner.interrupt_pending = true;
-                }
+                w.interrupt();
             }
-            None => inner.interrupt_pending = true,
         }
-        true
+        Ok(now.running_cell().and(now.held_op()))
     }
 
     /// Cancel the running cell: continue a stopped worker, KeyboardInterrupt, and if the
@@ -588,23 +715,21 @@ impl Session {
     /// with the reason in words; the next call runs in a fresh worker, the spare if one is
     /// kept). False when no cell runs.
     pub fn cancel_cell(&self, grace: Duration) -> bool {
-        if !self.interrupt() {
-            return false;
-        }
-        let cell = self.inner().running_cell;
+        let op = match self.interrupt_op() {
+            Err(_) => return false,
+            Ok(None) => return true,
+            Ok(Some(op)) => op,
+        };
         let me = self.me.clone();
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
             let Some(session) = me.upgrade() else { return };
-            let worker = {
-                let inner = session.inner();
-                let running = session.op_lock.try_lock().is_err()
-                    && inner.cell_active
-                    && inner.running_cell == cell;
-                match inner.worker.clone() {
-                    Some(w) if running => w,
-                    _ => return,
-                }
+            let now = session.phases.now();
+            let Some(cell) = now.running_cell().filter(|_| now.held_op() == Some(op)) else {
+                return;
+            };
+            let Some(worker) = session.inner().worker.clone() else {
+                return;
             };
             let reason = format!(
                 "the cell did not respond to KeyboardInterrupt within {}; the worker was restarted",
@@ -612,52 +737,36 @@ impl Session {
             );
             tracing::info!(session = %session.name, cell, "{reason}");
             // The cell ends `worker_died` with this reason; the next call takes the spare
-            // (already started) worker. Nothing holds the session's lock meanwhile, so
+            // (already started) worker: the killed cell's op ends as its answer is in, so
             // that call is never told "busy".
             worker.kill(&reason);
         });
         true
     }
 
-    /// The operation lock for a cell or a variable operation: [`ReplError::Busy`] while a
-    /// cell runs, else as soon as the short operation holding it (if any) is done. Two
-    /// calls made in parallel (a cell and a variable read, a cell and `python_history`)
-    /// both run; only a running cell turns the other away.
-    pub(crate) async fn op_guard(&self) -> Result<tokio::sync::OwnedMutexGuard<()>, ReplError> {
-        loop {
-            if let Ok(guard) = self.op_lock.clone().try_lock_owned() {
-                return Ok(guard);
-            }
-            if self.inner().cell_active {
-                return Err(self.busy());
-            }
-            // Queued for the lock, and looking again now and then: a cell that took it
-            // first means busy, not a wait as long as that cell.
-            let wait = self.op_lock.clone().lock_owned();
-            if let Ok(guard) = tokio::time::timeout(OP_RECHECK, wait).await {
-                return Ok(guard);
-            }
+    /// Wait until op `op` (one a restart killed the worker of) has ended: its cell's
+    /// answer is in (the I/O task has seen the death). Bounded, so a bug cannot hang
+    /// the caller.
+    async fn wait_op_ended(&self, op: Option<u64>) -> Result<(), ReplError> {
+        let Some(op) = op else { return Ok(()) };
+        let mut changes = self.phases.subscribe();
+        let ended = changes.wait_for(|m| m.held_op() != Some(op));
+        match tokio::time::timeout(self.env.start_timeout, ended).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(ReplError::Protocol {
+                detail: "the stopped worker's cell did not end".into(),
+            }),
         }
     }
 
-    /// The operation lock, waited for (a killed worker's cell releases it as soon as the
-    /// I/O task has seen the death). Bounded, so a bug cannot hang the caller.
-    async fn wait_op_lock(&self) -> Result<tokio::sync::OwnedMutexGuard<()>, ReplError> {
-        tokio::time::timeout(self.env.start_timeout, self.op_lock.clone().lock_owned())
-            .await
-            .map_err(|_| ReplError::Protocol {
-                detail: "the stopped worker's cell did not end".into(),
-            })
+    /// Why the next cell will run on a fresh state (expiry, crash, restart), if it will:
+    /// said by the answers of tools that do not run a cell, without consuming it.
+    pub(crate) fn pending_loss(&self) -> Option<String> {
+        self.inner().lost.clone()
     }
 
     /// The state of this session was lost before it started (the session of this name
     /// expired): the first cell says so in `note`.
-    /// Why the next cell will run on a fresh state (expiry, crash, restart), if it will:
-    /// said by the answers of tools that do not run a cell, without consuming it.
-    pub fn pending_loss(&self) -> Option<String> {
-        self.inner().lost.clone()
-    }
-
     pub(crate) fn mark_state_lost(&self, note: String) {
         self.inner().lost = Some(note);
     }
@@ -680,12 +789,11 @@ impl Session {
     /// Kill the worker's whole process group and start a fresh one; waits until it is
     /// ready. A running cell ends with `worker_died` ("stopped: the session was restarted").
     pub async fn restart(&self) -> Result<(), ReplError> {
-        let worker = {
+        let (worker, killed) = {
             let mut inner = self.inner();
-            if inner.closed {
-                return Err(ReplError::Closed {
-                    session: self.name.clone(),
-                });
+            let now = self.phases.now();
+            if now.is_closed() {
+                return Err(self.closed());
             }
             if let Some(old) = inner.worker.take() {
                 old.kill("the session was restarted");
@@ -700,22 +808,18 @@ impl Session {
             let worker = self.fresh_worker(&mut inner)?;
             inner.head_tree = worker.pid;
             inner.worker = Some(worker.clone());
-            worker
+            (worker, now.held_op())
         };
         self.refill_spare();
-        // Synchronous: the killed worker's cell must have ended (its lock released) before
+        // Synchronous: the killed worker's op must have ended (the thread released) before
         // the restart answers, or the next call would find the session busy.
-        let guard = self.wait_op_lock().await?;
-        let ready = worker.wait_ready(self.env.start_timeout).await;
-        drop(guard);
-        ready
+        self.wait_op_ended(killed).await?;
+        worker.wait_ready(self.env.start_timeout).await
     }
 
     /// The running cell and its parent, if a cell runs.
-    pub fn running_cell(&self) -> Option<(u64, Option<u64>)> {
-        if self.op_lock.try_lock().is_ok() {
-            return None;
-        }
+    pub(crate) fn running_cell(&self) -> Option<(u64, Option<u64>)> {
+        self.phases.now().running_cell()?;
         self.inner().running
     }
 
@@ -738,8 +842,13 @@ impl Session {
         }
     }
 
-    pub fn idle_for(&self) -> Duration {
-        if self.op_lock.try_lock().is_err() {
+    /// Something holds the worker's main thread (a cell or a short operation).
+    fn busy(&self) -> bool {
+        self.phases.now().held_op().is_some()
+    }
+
+    pub(crate) fn idle_for(&self) -> Duration {
+        if self.busy() {
             return Duration::ZERO;
         }
         self.inner().last_active.elapsed()
@@ -747,7 +856,7 @@ impl Session {
 
     /// What the session is doing (cheap: no /proc read, unlike [`Session::info`]).
     pub fn state(&self) -> SessionState {
-        let busy = self.op_lock.try_lock().is_err();
+        let busy = self.busy();
         let inner = self.inner();
         Self::state_of(&inner, busy)
     }
@@ -762,7 +871,7 @@ impl Session {
     }
 
     pub fn info(&self) -> SessionInfo {
-        let busy = self.op_lock.try_lock().is_err();
+        let busy = self.busy();
         let inner = self.inner();
         let live = inner.worker.as_ref().filter(|w| w.death().is_none());
         let state = Self::state_of(&inner, busy);
@@ -792,7 +901,7 @@ impl Session {
     /// Kill the worker (the session object is being dropped by its manager).
     pub(crate) fn close(&self) {
         let mut inner = self.inner();
-        inner.closed = true;
+        let _ = self.phases.apply(phase::Event::Close);
         if let Some(w) = inner.worker.take() {
             w.kill("the session was closed");
         }
@@ -803,6 +912,27 @@ impl Session {
             root.end_tree("the session was closed");
         }
         inner.graph.close("the session was closed");
+    }
+}
+
+/// What a cell's answer says about how it came to run where it did: state lost since
+/// the last cell, else the head moving to a branch and what the branch shares.
+fn cell_note(r: &Running) -> Option<String> {
+    if let Some(loss) = &r.earlier_loss {
+        return Some(loss.clone());
+    }
+    let moved = r.moved_from.map(|h| {
+        format!(
+            "the head moved from c{h} to this branch: cells without `parent` now run here; parent=\"c{h}\" goes back to c{h}'s state"
+        )
+    });
+    let shared = r
+        .shared
+        .as_ref()
+        .map(|s| format!("this branch shares with the parent cell's other branches: {s}"));
+    match (moved, shared) {
+        (Some(m), Some(s)) => Some(format!("{m}; {s}")),
+        (m, s) => m.or(s),
     }
 }
 

@@ -13,18 +13,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::unix::pipe;
-use tokio::sync::{OwnedMutexGuard, mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
-use super::protocol::{self, Event, Request};
-use super::pump::{Pending, Shared, kill_group, lock, pump, write_requests};
-use super::snapshot::{self, Forked, Snapshot};
-use super::{CellSink, OutStream, ReplError};
+use super::cell::{CellSink, OutStream};
+use super::error::ReplError;
+use super::protocol::{self, Request};
+use super::pump::{Hold, Pending, Shared, kill_group, lock, pump, write_requests};
+pub(crate) use super::pump::{Reply, SnapshotHook};
+use super::python::WORKER_SOURCE;
+use super::snapshot::{self, Forked};
 use crate::sandbox::pidns::host_pid;
 use crate::sandbox::proxy::Denials;
 use crate::sandbox::{Pidfd, ResolvedPolicy, SandboxCommand, SandboxedChild};
 
-/// The worker driver, embedded so the binary is self-contained.
-pub(crate) const WORKER_SOURCE: &str = include_str!("../../python/sandbox_repl_worker.py");
 /// Reads the driver from the request pipe (fd 3) ahead of the first request: argv[1] says
 /// what follows (`m`: the driver precompiled by this interpreter, marshal data; `s`: its
 /// source, compiled under a fixed name its tracebacks filter on), argv[2] how many bytes.
@@ -36,14 +37,14 @@ while len(b)<n:\n c=os.read(3,n-len(b))\n if not c:raise SystemExit('sandbox-rep
 exec(__import__('marshal').loads(b) if k=='m' else compile(b,'<sandbox-repl-worker>','exec'))";
 /// What a worker needs to start.
 pub(crate) struct SpawnSpec {
-    pub python: PathBuf,
-    pub workspace: PathBuf,
-    pub tmp: PathBuf,
-    pub policy: Arc<ResolvedPolicy>,
+    pub(crate) python: PathBuf,
+    pub(crate) workspace: PathBuf,
+    pub(crate) tmp: PathBuf,
+    pub(crate) policy: Arc<ResolvedPolicy>,
     /// The driver precompiled by this interpreter (marshal data), if the probe managed to.
-    pub code: Option<Arc<[u8]>>,
+    pub(crate) code: Option<Arc<[u8]>>,
     /// Pass a snapshot control socket (fd 5): the worker snapshots each cell.
-    pub snapshots: bool,
+    pub(crate) snapshots: bool,
 }
 
 /// The server's ends of a worker's descriptors.
@@ -55,20 +56,9 @@ struct Fds {
     control: Option<OwnedFd>,
 }
 
-/// Receives a worker's snapshots: `(worker pid, cell, the snapshot or why there is none)`.
-pub(crate) type SnapshotHook =
-    Arc<dyn Fn(u32, u64, Result<Snapshot, String>) + Send + Sync + 'static>;
-
-/// The answer to one call: the matching event, or the words saying how the worker died.
-#[derive(Debug)]
-pub(crate) enum Reply {
-    Event(Event),
-    Died(Arc<str>),
-}
-
 /// A running worker process.
 pub(crate) struct Worker {
-    pub pid: u32,
+    pub(crate) pid: u32,
     requests: mpsc::UnboundedSender<Vec<u8>>,
     shared: Arc<Shared>,
     ready_rx: watch::Receiver<bool>,
@@ -77,7 +67,7 @@ pub(crate) struct Worker {
 impl Worker {
     /// Start the worker; returns as soon as the process exists (it reports `ready` later;
     /// requests sent before then are queued in the pipe).
-    pub fn spawn(spec: &SpawnSpec) -> Result<Worker, ReplError> {
+    pub(super) fn spawn(spec: &SpawnSpec) -> Result<Worker, ReplError> {
         let io_err = |what: &'static str| {
             move |source| ReplError::Io {
                 what: what.into(),
@@ -151,7 +141,7 @@ impl Worker {
     /// `reference` is a process (host pid) of the same process tree: the snapshot reports
     /// the pid it forked as its PID namespace numbers it.
     /// `denials`: those of the tree's network broker (its root's), shared.
-    pub fn adopt(
+    pub(super) fn adopt(
         mut forked: Forked,
         reference: Option<u32>,
         policy: Arc<ResolvedPolicy>,
@@ -205,7 +195,6 @@ impl Worker {
             denials,
             retired: AtomicBool::new(false),
             control: fds.control,
-            on_snapshot: Mutex::new(None),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let worker = Worker {
@@ -243,7 +232,7 @@ impl Worker {
 
     /// What the network broker of this worker's tree refused since the last call
     /// (proxy mode), taken: each line is reported once.
-    pub fn take_denials(&self) -> Vec<String> {
+    pub(super) fn take_denials(&self) -> Vec<String> {
         self.shared
             .denials
             .as_ref()
@@ -252,18 +241,18 @@ impl Worker {
     }
 
     /// The broker denials of this worker's tree (shared with the workers forked from it).
-    pub fn network_denials(&self) -> Option<Denials> {
+    pub(super) fn network_denials(&self) -> Option<Denials> {
         self.shared.denials.clone()
     }
 
     /// Where this worker's snapshots go: `hook(worker pid, cell, snapshot or why none)`.
-    pub fn on_snapshot(&self, hook: SnapshotHook) {
-        *lock(&self.shared.on_snapshot) = Some(hook);
+    pub(super) fn on_snapshot(&self, hook: SnapshotHook) {
+        lock(&self.shared.state).on_snapshot = Some(hook);
     }
 
     /// Whether this worker was spawned (the root of its process tree), not forked from a
     /// snapshot.
-    pub fn is_root(&self) -> bool {
+    pub(super) fn is_root(&self) -> bool {
         self.shared.sigfd.is_none()
     }
 
@@ -271,7 +260,7 @@ impl Worker {
     /// workers forked from them), from its job cgroup; `None` for a worker forked from a
     /// snapshot (its tree's root holds the cgroup), after the tree ended, or without a
     /// memory cgroup.
-    pub fn tree_memory_bytes(&self) -> Option<u64> {
+    pub(super) fn tree_memory_bytes(&self) -> Option<u64> {
         lock(&self.shared.child).as_ref()?.cgroup_memory_bytes()
     }
 
@@ -280,7 +269,7 @@ impl Worker {
     /// in its PID namespace the root's death would end the namespace and every snapshot
     /// in it; stopped, it holds its (copy-on-write) memory like one more snapshot until
     /// [`Worker::end_tree`] kills the whole tree.
-    pub fn kill_alone(&self, reason: &'static str) {
+    pub(super) fn kill_alone(&self, reason: &'static str) {
         if self.is_root() {
             self.shared.retired.store(true, Ordering::SeqCst);
             let child = lock(&self.shared.child);
@@ -298,7 +287,7 @@ impl Worker {
     }
 
     /// Kill everything in this root's process tree (its group and cgroup) and reap it.
-    pub fn end_tree(&self, reason: &'static str) {
+    pub(super) fn end_tree(&self, reason: &'static str) {
         kill_group(&self.shared, reason);
         if self.shared.retired.load(Ordering::SeqCst)
             && let Some(child) = lock(&self.shared.child).take()
@@ -309,17 +298,18 @@ impl Worker {
 
     /// Send `req`; the returned receiver gets the matching event or the death message.
     /// `sink` receives the output of the cell this request starts.
-    pub fn call(
+    pub(super) fn call(
         &self,
         id: u64,
         req: &Request,
         sink: Option<Arc<dyn CellSink>>,
-        guard: Option<OwnedMutexGuard<()>>,
+        hold: Option<Hold>,
     ) -> oneshot::Receiver<Reply> {
         let (tx, rx) = oneshot::channel();
         let mut st = lock(&self.shared.state);
-        if let Some(death) = &st.death {
-            let _ = tx.send(Reply::Died(death.clone()));
+        if let Some(death) = st.death.clone() {
+            drop(st);
+            Pending { tx, sink, hold }.answer(Reply::Died(death));
             return rx;
         }
         if let Some(sink) = &sink {
@@ -338,26 +328,19 @@ impl Worker {
             st.orphan_bytes = 0;
             st.current = Some(id);
         }
-        st.pending.insert(
-            id,
-            Pending {
-                tx,
-                sink,
-                _guard: guard,
-            },
-        );
+        st.pending.insert(id, Pending { tx, sink, hold });
         drop(st);
         let _ = self.requests.send(protocol::encode(req));
         rx
     }
 
     /// Send a request that has no answer (`input_reply`, `shutdown`).
-    pub fn send(&self, req: &Request) {
+    pub(super) fn send(&self, req: &Request) {
         let _ = self.requests.send(protocol::encode(req));
     }
 
     /// Wait until the worker reported `ready` (or died, or `timeout` passed).
-    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), ReplError> {
+    pub(super) async fn wait_ready(&self, timeout: Duration) -> Result<(), ReplError> {
         let mut rx = self.ready_rx.clone();
         let died = |s: &Shared| lock(&s.state).death.clone();
         let waited = tokio::time::timeout(timeout, async {
@@ -387,17 +370,17 @@ impl Worker {
         })
     }
 
-    pub fn death(&self) -> Option<Arc<str>> {
+    pub(super) fn death(&self) -> Option<Arc<str>> {
         lock(&self.shared.state).death.clone()
     }
 
     /// `(call id, prompt)` of the `input()` the running cell waits in, if any.
-    pub fn awaiting_input(&self) -> Option<(u64, String)> {
+    pub(super) fn awaiting_input(&self) -> Option<(u64, String)> {
         lock(&self.shared.state).awaiting_input.clone()
     }
 
     /// Answer the pending `input()` (`None` = end of input). False if none is pending.
-    pub fn reply_input(&self, text: Option<String>) -> bool {
+    pub(super) fn reply_input(&self, text: Option<String>) -> bool {
         let mut st = lock(&self.shared.state);
         let Some((id, _)) = st.awaiting_input.take() else {
             return false;
@@ -413,7 +396,7 @@ impl Worker {
 
     /// The pid of the Python process itself (in a PID namespace the server's child is the
     /// launcher supervising it), for its memory use.
-    pub fn python_pid(&self) -> u32 {
+    pub(super) fn python_pid(&self) -> u32 {
         lock(&self.shared.child)
             .as_ref()
             .map_or(self.pid, |c| c.main_pid())
@@ -421,7 +404,7 @@ impl Worker {
 
     /// SIGCONT to the worker (its process group, or a forked worker alone): a stopped
     /// worker (SIGSTOP) would keep a SIGINT pending and the cancel would be lost.
-    pub fn resume(&self) {
+    pub(super) fn resume(&self) {
         let result = match (lock(&self.shared.child).as_ref(), &self.shared.sigfd) {
             (Some(child), _) => child.signal_group(libc::SIGCONT),
             (None, Some(pidfd)) => pidfd.signal(libc::SIGCONT),
@@ -436,7 +419,7 @@ impl Worker {
     /// thread raises it in the main thread (`pthread_kill`), or at the start of the cell
     /// if it has not started yet, so an interrupt sent just after the cell is never lost
     /// and one sent between cells interrupts nothing. False when no cell runs.
-    pub fn interrupt(&self) -> bool {
+    pub(super) fn interrupt(&self) -> bool {
         let Some(id) = lock(&self.shared.state).current else {
             return false;
         };
@@ -445,12 +428,12 @@ impl Worker {
     }
 
     /// Kill the whole process group; pending calls get a death message naming `reason`.
-    pub fn kill(&self, reason: &str) {
+    pub(super) fn kill(&self, reason: &str) {
         kill_group(&self.shared, reason);
     }
 
     /// How the process ended (signal or exit code), once it is dead and reaped.
-    pub fn exit_status(&self) -> Option<crate::sandbox::Termination> {
+    pub(super) fn exit_status(&self) -> Option<crate::sandbox::Termination> {
         lock(&self.shared.state).exit.clone()
     }
 }
@@ -505,7 +488,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_bootstrap_runs_the_driver_sent_down_the_pipe() {
-        let info = super::super::discover_python(None, std::path::Path::new("/"))
+        let info = super::super::python::discover_python(None, std::path::Path::new("/"))
             .await
             .unwrap();
         let code = info.driver_code().expect("the probe compiled the driver");

@@ -9,12 +9,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{Inner, Session};
+use super::{Inner, Parent, Session};
+use crate::repl::cell::{CellSink, CellStatus, OutStream, cell_name};
+use crate::repl::error::ReplError;
 use crate::repl::graph::{CellCode, Plan, Unusable};
 use crate::repl::protocol::{Event, Request, WireStatus};
 use crate::repl::snapshot::Snapshot;
 use crate::repl::worker::{Reply, SnapshotHook, Worker};
-use crate::repl::{CellSink, CellStatus, OutStream, ReplError, cell_name};
 
 /// Why a snapshot was evicted by the memory budget (history's note).
 const MEMORY_EVICTED: &str = "evicted: session memory over the snapshot budget";
@@ -39,16 +40,6 @@ fn wait_exited(pid: u32, limit: Duration) {
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-}
-
-/// The cell to branch from, as the agent named it.
-#[derive(Debug, Clone)]
-pub struct Parent {
-    pub cell: u64,
-    /// The id as written (for messages).
-    pub text: String,
-    /// Replaying from a fresh worker is allowed (it repeats side effects).
-    pub replay: bool,
 }
 
 /// Output of replayed cells is not shown again.
@@ -76,7 +67,7 @@ impl Session {
     fn adopt_snapshot(&self, pid: u32, cell: u64, snap: Result<Snapshot, String>) {
         let mut inner = self.inner();
         let from_head = inner.worker.as_ref().is_some_and(|w| w.pid == pid);
-        if inner.closed || !from_head {
+        if self.phases.now().is_closed() || !from_head {
             return;
         }
         match snap {
@@ -203,7 +194,7 @@ impl Session {
 
     /// Whether this session has (or had, before the cell cap dropped it) a cell numbered
     /// `cell`.
-    pub fn has_cell(&self, cell: u64) -> bool {
+    pub(crate) fn has_cell(&self, cell: u64) -> bool {
         self.inner().graph.knows(cell)
     }
 
@@ -223,7 +214,7 @@ impl Session {
     /// Wait until the snapshot of the last cell is in (or known not to be), unless a
     /// cell runs: then history shows what is known so far.
     pub async fn settle_snapshots(&self) {
-        if let Ok(_guard) = self.op_lock.clone().try_lock_owned() {
+        if let Some(_guard) = self.try_short() {
             self.settle().await;
         }
     }
@@ -231,7 +222,7 @@ impl Session {
     /// Refuse a parent that cannot be branched from, before anything runs (a busy
     /// session is not checked here: the cell itself then says it is busy).
     pub async fn check_parent(&self, p: &Parent) -> Result<(), ReplError> {
-        let Ok(_guard) = self.op_lock.clone().try_lock_owned() else {
+        let Some(_guard) = self.try_short() else {
             return Ok(());
         };
         let head = self.settle().await;
@@ -293,20 +284,15 @@ impl Session {
     }
 
     /// Put the head at the state right after `p.cell`; returns the head and the cells
-    /// replayed to get there. Called with the operation lock held.
+    /// replayed to get there. Called by a cell that holds the worker's main thread.
     /// Returns the new head, the cells replayed on it and, for a fork from a snapshot,
     /// what that snapshot shares with its other branches (in words).
     pub(super) async fn branch_to(
         &self,
         p: &Parent,
     ) -> Result<(Arc<Worker>, Vec<u64>, Option<String>), ReplError> {
-        {
-            let inner = self.inner();
-            if inner.closed {
-                return Err(ReplError::Closed {
-                    session: self.name.clone(),
-                });
-            }
+        if self.phases.now().is_closed() {
+            return Err(self.closed());
         }
         let head = self.settle().await;
         let plan = self.plan_for(p, head.is_some())?;

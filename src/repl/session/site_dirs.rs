@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use super::Session;
-use crate::repl::ReplError;
+use crate::repl::error::ReplError;
 use crate::repl::protocol::{Event, Request};
 use crate::repl::worker::{Reply, Worker};
 

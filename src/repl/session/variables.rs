@@ -2,19 +2,12 @@
 //! worker's main thread between cells, so a session running a cell refuses them at once.
 
 use super::Session;
+use crate::repl::error::ReplError;
+use crate::repl::info::VariablePage;
 use crate::repl::protocol::{Event, Request};
+use crate::repl::protocol::{VariableDetail, VariableInfo};
 use crate::repl::worker::Reply;
-use crate::repl::{ReplError, VariableDetail, VariableInfo};
 
-/// One page of a session's variables, by name.
-#[derive(Debug, Clone, PartialEq)]
-pub struct VariablePage {
-    pub variables: Vec<VariableInfo>,
-    /// The first name after this page, if any.
-    pub next: Option<String>,
-    /// How many variables the session has.
-    pub total: u64,
-}
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -23,10 +16,10 @@ impl Session {
         &self,
         request: impl FnOnce(u64) -> Request,
     ) -> Result<Event, ReplError> {
-        let guard = self.op_guard().await?;
+        let guard = self.acquire_short().await?;
         let (worker, _) = self.live_worker(false)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let rx = worker.call(id, &request(id), None, Some(guard));
+        let rx = worker.call(id, &request(id), None, Some(Box::new(guard)));
         self.inner().last_active = Instant::now();
         match rx.await {
             Ok(Reply::Event(Event::Failed { message, .. })) => Err(ReplError::Python { message }),

@@ -1,10 +1,12 @@
 //! The Python REPL through its Rust API: shared fixture here, cells and I/O in `cells`,
-//! sessions, crashes, signals and limits in `lifecycle`. The MCP-level tests live with
+//! sessions, crashes, signals and limits in `lifecycle`, what the session's phases key
+//! on in `phases`. The MCP-level tests live with
 //! the server (tests/mcp).
 
 mod bench;
 mod cells;
 mod lifecycle;
+mod phases;
 mod probe_cache;
 mod site_dirs;
 
