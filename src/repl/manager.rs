@@ -573,7 +573,7 @@ impl SessionManager {
 
     /// Kill the session's worker and forget it (its directory, graph included, is removed).
     pub fn close(&self, name: &str) -> Result<(), ReplError> {
-        self.close_session(name, true)
+        self.close_session(name, Closing::OnPurpose)
     }
 
     /// The sessions (other than `but`) that have a cell numbered `cell`.
@@ -586,22 +586,33 @@ impl SessionManager {
             .collect()
     }
 
-    /// Close a session; `forget` removes its directory, else only its temp directory
-    /// goes and its cell graph stays for a later server (shutdown).
-    fn close_session(&self, name: &str, forget: bool) -> Result<(), ReplError> {
-        if forget {
-            // Closed on purpose: a later session of this name is not "expired".
-            self.expired
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(name);
-        }
+    /// Close a session; unless the server is shutting down its directory goes too,
+    /// else only its temp directory goes and its cell graph stays for a later server.
+    fn close_session(&self, name: &str, how: Closing) -> Result<(), ReplError> {
+        let forget = how != Closing::Shutdown;
         let session = {
             let mut map = self.sessions();
-            map.remove(name).ok_or_else(|| ReplError::NoSuchSession {
+            let session = map.remove(name).ok_or_else(|| ReplError::NoSuchSession {
                 name: name.to_string(),
                 open: Self::open_names(&map),
-            })?
+            })?;
+            // Recorded while the name is still held (lock order: sessions -> expired), so
+            // no call can find the name gone and not yet marked expired.
+            let mut expired = self.expired.lock().unwrap_or_else(|p| p.into_inner());
+            match how {
+                Closing::Expired(idle) => {
+                    if expired.len() >= EXPIRED_CAP {
+                        expired.clear(); // bounded memory; only the notes of old names are lost
+                    }
+                    expired.insert(name.to_string(), idle);
+                }
+                // Closed on purpose: a later session of this name is not "expired".
+                Closing::OnPurpose => {
+                    expired.remove(name);
+                }
+                Closing::Shutdown => {}
+            }
+            session
         };
         session.close();
         // Removing a big temp tree can take a while; never on the caller's time. Moved
@@ -631,7 +642,7 @@ impl SessionManager {
     pub fn shutdown(&self) {
         let names: Vec<String> = self.sessions().keys().cloned().collect();
         for name in names {
-            let _ = self.close_session(&name, false);
+            let _ = self.close_session(&name, Closing::Shutdown);
         }
     }
 
@@ -648,17 +659,22 @@ impl SessionManager {
         let mut names = Vec::new();
         for (name, idle) in idle {
             tracing::info!(session = %name, "closing a session idle for longer than {ttl:?}");
-            if self.close(&name).is_ok() {
-                let mut expired = self.expired.lock().unwrap_or_else(|p| p.into_inner());
-                if expired.len() >= EXPIRED_CAP {
-                    expired.clear(); // bounded memory; only the notes of old names are lost
-                }
-                expired.insert(name.clone(), idle);
-            }
+            let _ = self.close_session(&name, Closing::Expired(idle));
             names.push(name);
         }
         names
     }
+}
+
+/// Why a session is closed: what its name means to a later call.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Closing {
+    /// Asked for (session_close): a later session of this name starts fresh, silently.
+    OnPurpose,
+    /// Idle past the TTL: a later call of this name is told so.
+    Expired(Duration),
+    /// The server is stopping: the session's graph stays for the next server.
+    Shutdown,
 }
 
 async fn reap_idle(manager: Weak<SessionManager>, ttl: Duration) {
