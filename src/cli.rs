@@ -100,6 +100,9 @@ pub struct ServeArgs {
     /// Python interpreter for workers (default: nearest `.venv` upward from the workspace, else `python3` on PATH).
     #[arg(long, env = "MCP_SANDBOX_PYTHON")]
     pub python: Option<PathBuf>,
+    /// Language of a session whose first call names none: python or r (R sessions need `Rscript` and jsonlite).
+    #[arg(long, env = "MCP_SANDBOX_INTERPRETER", default_value = "python")]
+    pub interpreter: crate::repl::Language,
     /// Where job tables, spooled output and session venvs live (default: $XDG_STATE_HOME/mcp-sandbox-repl).
     #[arg(long, env = "MCP_SANDBOX_STATE_DIR")]
     pub state_dir: Option<PathBuf>,

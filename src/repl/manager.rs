@@ -14,7 +14,7 @@ use super::probe_cache::ProbeCache;
 use super::python::discover_python_cached;
 use super::session::SessionEnv;
 use super::worker::SpawnSpec;
-use super::{PythonInfo, ReplConfig, ReplError, Session, SessionInfo};
+use super::{Language, PythonInfo, ReplConfig, ReplError, Session, SessionInfo};
 use crate::sandbox::{Placeholders, ResolvedPolicy};
 
 /// How many expired session names are remembered for their next cell's note.
@@ -23,6 +23,12 @@ const EXPIRED_CAP: usize = 4096;
 pub struct SessionManager {
     cfg: ReplConfig,
     python: tokio::sync::OnceCell<PythonInfo>,
+    /// R, found and probed on the first R session's start (`repl::r`).
+    r: tokio::sync::OnceCell<PythonInfo>,
+    /// The language each session name was asked for ([`Self::choose_language`]); a name
+    /// not in it starts in the configured default. Kept across an idle expiry, dropped
+    /// by a close. Locked alone.
+    languages: Mutex<HashMap<String, Language>>,
     /// The probe's answers from earlier servers (in the state dir).
     probe_cache: ProbeCache,
     sessions: Mutex<BTreeMap<String, Arc<Session>>>,
@@ -68,6 +74,8 @@ impl SessionManager {
             sandbox_generation: std::sync::atomic::AtomicU64::new(0),
             launched_under: Mutex::new(HashMap::new()),
             python: tokio::sync::OnceCell::new(),
+            r: tokio::sync::OnceCell::new(),
+            languages: Mutex::new(HashMap::new()),
             probe_cache,
             sessions: Mutex::new(BTreeMap::new()),
             site_dirs: Mutex::new(HashMap::new()),
@@ -185,6 +193,54 @@ impl SessionManager {
                     .await
             })
             .await
+    }
+
+    /// R (found on PATH and probed once per server).
+    pub async fn r(&self) -> Result<&PythonInfo, ReplError> {
+        self.r.get_or_try_init(super::r::discover_r).await
+    }
+
+    /// The language session `name` runs, or will run when it starts.
+    pub fn language_of(&self, name: &str) -> Language {
+        if let Some(s) = self.sessions().get(name) {
+            return s.language();
+        }
+        self.languages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .copied()
+            .unwrap_or(self.cfg.interpreter)
+    }
+
+    /// Session `name` is to run `language`: recorded for its start, or checked against
+    /// the open session (an unused prewarmed one of the other language is closed, so it
+    /// starts again in this one). A used session keeps its language: an error says so.
+    pub fn choose_language(&self, name: &str, language: Language) -> Result<(), ReplError> {
+        let open = self.sessions().get(name).cloned();
+        if let Some(s) = open {
+            let has = s.language();
+            if has == language {
+                return Ok(());
+            }
+            let unused = lock_spare(&self.spare).as_deref() == Some(name) || s.info().cells == 0;
+            if !unused || !matches!(s.state(), super::SessionState::Idle | super::SessionState::Dead)
+            {
+                return Err(ReplError::LanguageMismatch {
+                    session: name.to_string(),
+                    has,
+                    asked: language,
+                });
+            }
+            tracing::debug!(session = %name, %language, "closing the unused session to start it in another language");
+            let _ = self.close_session(name, true);
+            self.used(name);
+        }
+        self.languages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), language);
+        Ok(())
     }
 
     fn open_names(map: &BTreeMap<String, Arc<Session>>) -> String {
@@ -326,6 +382,11 @@ impl SessionManager {
     /// the worker while the probe checks it; the session is admitted only if the probe
     /// agrees, so no cell ever runs on a guess.
     async fn start(&self, name: &str) -> Result<Arc<Session>, ReplError> {
+        if self.language_of(name) == Language::R {
+            let r = self.r().await?.clone();
+            let started = self.launch(name, r, Language::R).await?;
+            return self.admit(name, started);
+        }
         let guess = match self.python.get() {
             Some(_) => None,
             None => self
@@ -336,7 +397,7 @@ impl SessionManager {
         let python = match guess {
             None => self.python().await?.clone(),
             Some(hit) => {
-                let (verified, launched) = tokio::join!(self.python(), self.launch(name, hit.info));
+                let (verified, launched) = tokio::join!(self.python(), self.launch(name, hit.info, Language::Python));
                 let verified = verified?.clone();
                 match launched {
                     Ok(s) if s.python().same_interpreter(&verified) => return self.admit(name, s),
@@ -354,7 +415,7 @@ impl SessionManager {
                 verified
             }
         };
-        let started = self.launch(name, python).await?;
+        let started = self.launch(name, python, Language::Python).await?;
         self.admit(name, started)
     }
 
@@ -373,7 +434,13 @@ impl SessionManager {
     }
 
     /// Spawn session `name`'s first worker on `python` (not yet in the map).
-    async fn launch(&self, name: &str, python: PythonInfo) -> Result<Arc<Session>, ReplError> {
+    /// For R, `python` is R's installation ([`Self::r`]).
+    async fn launch(
+        &self,
+        name: &str,
+        python: PythonInfo,
+        language: Language,
+    ) -> Result<Arc<Session>, ReplError> {
         self.yield_spare(name);
         self.check_room(name, &self.sessions())?;
         // One directory per session *instance*: a session closed (or expired) a moment ago
@@ -381,8 +448,12 @@ impl SessionManager {
         let tmp = self
             .session_dir(name)
             .join(format!("tmp-{}", unique_suffix()));
-        std::fs::create_dir_all(&tmp).map_err(|source| ReplError::Io {
-            what: format!("create the session directory {}", tmp.display()),
+        let dir = match language {
+            Language::Python => tmp.clone(),
+            Language::R => super::r::session_library(&tmp),
+        };
+        std::fs::create_dir_all(&dir).map_err(|source| ReplError::Io {
+            what: format!("create the session directory {}", dir.display()),
             source,
         })?;
         let generation = self
@@ -410,7 +481,8 @@ impl SessionManager {
                 tmp,
                 policy,
                 code: python.driver_code(),
-                snapshots: self.cfg.max_snapshots > 0,
+                snapshots: self.cfg.max_snapshots > 0 && language.snapshots(),
+                language,
             },
             policy_name,
             python,
@@ -557,6 +629,10 @@ impl SessionManager {
 
     /// Kill the session's worker and forget it (its directory, graph included, is removed).
     pub fn close(&self, name: &str) -> Result<(), ReplError> {
+        self.languages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
         self.close_session(name, true)
     }
 

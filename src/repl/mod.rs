@@ -10,16 +10,20 @@
 //! - `snapshot`: snapshots by fork — the control sockets, forking a live worker.
 //! - `manager`: the named sessions — limits, idle TTL reaper, shutdown.
 //! - `python`: which interpreter to use and its installation prefixes.
+//! - `interpreter`: a session's language (Python or R), the seam between the two.
+//! - `r`: finding R and starting an R worker (`R/sandbox_repl_worker.R`).
 //!
 //! Nothing here knows MCP: the server passes a [`CellSink`] that receives a cell's
 //! output as it is printed, and gets a [`CellOutcome`] when the cell ends.
 
 mod graph;
+mod interpreter;
 mod manager;
 mod probe_cache;
 pub mod protocol;
 mod pump;
 mod python;
+mod r;
 mod session;
 mod snapshot;
 mod worker;
@@ -29,6 +33,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+pub use interpreter::Language;
 pub use manager::SessionManager;
 pub use protocol::{DisplayItem, PyError, VariableDetail, VariableInfo};
 pub use python::{PythonInfo, discover_python, known_python3};
@@ -67,6 +72,8 @@ pub struct ReplConfig {
     /// Interpreter to run; `None` = nearest `.venv` upward from the workspace, else
     /// `python3` on PATH.
     pub python: Option<PathBuf>,
+    /// The language of a session whose first call names none (`--interpreter`).
+    pub interpreter: Language,
     /// Working directory of every worker (`{workspace}` in the policy).
     pub workspace: PathBuf,
     /// The policy, unresolved: each session resolves it with its own `{tmp}`.
@@ -104,6 +111,7 @@ impl ReplConfig {
     pub fn new(workspace: PathBuf, policy: Policy, state_dir: PathBuf) -> ReplConfig {
         ReplConfig {
             python: None,
+            interpreter: Language::Python,
             workspace,
             policy,
             state_dir,
@@ -324,6 +332,18 @@ pub enum ReplError {
         "the Python interpreter {python:?} does not work: {detail}; pass a working one with --python PATH"
     )]
     PythonProbe { python: PathBuf, detail: String },
+    #[error(
+        "R is not available: {detail}; R sessions need R with jsonlite (Debian: apt-get install r-base-core r-cran-jsonlite); Python sessions are unaffected"
+    )]
+    RNotFound { detail: String },
+    #[error(
+        "session {session:?} is a {has} session, not {asked}; use another session name for {asked}, or session_close {session:?} first"
+    )]
+    LanguageMismatch {
+        session: String,
+        has: Language,
+        asked: Language,
+    },
     #[error("cannot apply the sandbox policy: {0}")]
     Policy(#[from] PolicyError),
     #[error("cannot start the Python worker: {0}")]

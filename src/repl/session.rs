@@ -159,6 +159,11 @@ impl Session {
         &self.env.python
     }
 
+    /// The interpreter language of the session's workers.
+    pub fn language(&self) -> super::Language {
+        self.env.spec.language
+    }
+
     /// The session's private temp directory (`{tmp}`, also `TMPDIR` of the worker).
     pub fn tmp_dir(&self) -> &std::path::Path {
         &self.env.spec.tmp

@@ -36,6 +36,9 @@ pub struct ExecArgs {
     /// Interrupt the cell after this.
     #[serde(default)]
     pub timeout_seconds: Option<f64>,
+    /// A new session's language.
+    #[serde(default)]
+    pub language: Option<crate::repl::Language>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -130,6 +133,11 @@ impl SandboxServer {
         let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
         let timeout = super::time_limit(args.timeout_seconds)?;
         let call = call_of(&ctx, &self.closing);
+        if let Some(language) = args.language
+            && let Err(e) = self.app.choose_language(&session, language)
+        {
+            return Ok(crate::server::report::failure(e.to_string()));
+        }
         reply(
             self.app
                 .python_exec(
