@@ -10,7 +10,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A session's interpreter.
+// A session's interpreter (no doc comment: it would be schema text in tools/list, whose
+// size is bounded; python_exec's description names it).
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
 )]

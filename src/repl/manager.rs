@@ -223,9 +223,8 @@ impl SessionManager {
             if has == language {
                 return Ok(());
             }
-            let unused = lock_spare(&self.spare).as_deref() == Some(name) || s.info().cells == 0;
-            if !unused || !matches!(s.state(), super::SessionState::Idle | super::SessionState::Dead)
-            {
+            let unused = lock_spare(&self.spare).as_deref() == Some(name);
+            if !unused {
                 return Err(ReplError::LanguageMismatch {
                     session: name.to_string(),
                     has,

@@ -18,7 +18,7 @@ use crate::server::report::JobReport;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecArgs {
-    /// Python source.
+    /// Python or R source.
     pub code: String,
     #[serde(default)]
     #[schemars(extend("default" = "default"))]
@@ -27,7 +27,7 @@ pub struct ExecArgs {
     #[serde(default)]
     #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
-    /// Run on the state right after this cell (e.g. "c3") instead of the head.
+    /// Run on the state after this cell (e.g. "c3"), not the head.
     #[serde(default)]
     pub parent: Option<String>,
     /// With `parent`: allow re-running cells when no snapshot is left.
@@ -36,7 +36,6 @@ pub struct ExecArgs {
     /// Interrupt the cell after this.
     #[serde(default)]
     pub timeout_seconds: Option<f64>,
-    /// A new session's language.
     #[serde(default)]
     pub language: Option<crate::repl::Language>,
 }
