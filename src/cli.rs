@@ -273,9 +273,13 @@ pub struct InstallArgs {
     /// Show the change as a unified diff instead of writing it.
     #[arg(long)]
     pub print: bool,
-    /// Name of the server entry in the client configuration.
-    #[arg(long, default_value = "sandbox-repl")]
-    pub name: String,
+    /// Name of the server entry in the client configuration (default: `sandbox-repl`, or
+    /// `sandbox-repl-r` with `--interpreter r`).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Language of the entry's sessions: python or r (an entry per interpreter, side by side).
+    #[arg(long)]
+    pub interpreter: Option<crate::repl::Language>,
     /// Sandbox state passed to the server (default: `inherit` for codex, which tells the
     /// server its sandbox; `workspace-write` for the others).
     #[arg(long, value_enum)]

@@ -56,7 +56,7 @@ impl Language {
 
 impl std::fmt::Display for Language {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             Language::Python => "python",
             Language::R => "r",
         })

@@ -74,6 +74,26 @@ pub async fn discover_r() -> Result<PythonInfo, ReplError> {
     parse_probe(&rscript, &String::from_utf8_lossy(&out.stdout)).map_err(fail)
 }
 
+/// [`discover_r`] for a caller without a runtime (`doctor`).
+pub fn discover_r_blocking() -> Result<PythonInfo, ReplError> {
+    let rscript = which::which("Rscript").map_err(|e| ReplError::RNotFound {
+        detail: format!("no Rscript on PATH ({e})"),
+    })?;
+    let fail = |detail: String| ReplError::RNotFound {
+        detail: format!("{} does not work: {detail}", rscript.display()),
+    };
+    let out = std::process::Command::new(&rscript)
+        .args(["--vanilla", "-e", PROBE])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| fail(e.to_string()))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(fail(format!("{} ({})", out.status, err.trim())));
+    }
+    parse_probe(&rscript, &String::from_utf8_lossy(&out.stdout)).map_err(fail)
+}
+
 fn parse_probe(rscript: &Path, text: &str) -> Result<PythonInfo, String> {
     let mut lines = text.lines();
     let (Some(home), Some(version), Some(jsonlite)) = (lines.next(), lines.next(), lines.next())

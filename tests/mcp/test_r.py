@@ -314,3 +314,26 @@ def test_without_r_an_r_session_fails_in_one_line_and_python_works(server, tmp_p
         assert r["value"] == "42", r
 
     server.run(scenario, "--python", python_real())
+
+
+def test_doctor_and_install_know_r(tmp_path):
+    """`doctor` reports each interpreter (R found, with its paths, or why not);
+    `install --client claude --interpreter r` writes an R entry beside the Python one."""
+    from conftest import binary
+    import json
+    out = subprocess.run([binary(), "doctor", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    langs = {i["language"]: i for i in json.loads(out.stdout)["interpreters"]}
+    assert set(langs) == {"python", "r"}, langs
+    assert langs["r"]["ok"] is r_has("jsonlite"), langs["r"]
+    if langs["r"]["ok"]:
+        assert langs["r"]["program"].endswith("Rscript") and "/usr/lib/R" in langs["r"]["detail"], langs["r"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_SANDBOX_")}
+    env["HOME"] = str(tmp_path)
+    for extra in ([], ["--interpreter", "r"]):
+        done = subprocess.run([binary(), "install", "--client", "claude", "--no-env", *extra], env=env,
+                              capture_output=True, text=True, timeout=30, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    servers = json.loads((tmp_path / ".claude.json").read_text())["mcpServers"]
+    assert servers["sandbox-repl-r"]["args"][-2:] == ["--interpreter", "r"], servers
+    assert "--interpreter" not in servers["sandbox-repl"]["args"], servers
