@@ -139,6 +139,15 @@ function(.in) {
   environment(my_readline) <- environment(my_readLines) <- environment(my_menu) <- environment()
   replace_in(baseenv(), "readline", my_readline)
   replace_in(baseenv(), "readLines", my_readLines)
+  # Packages are installed by a job of the server's (env_install), which alone reaches
+  # the CRAN mirror, through the network broker, and writes the session library.
+  my_install <- function(pkgs, ...) {
+    stop("install.packages() runs as a job in this sandbox: call the env_install tool with ",
+         "packages = [", paste0('"', pkgs, '"', collapse = ", "), "] for this session; ",
+         "library() then loads them here, without a restart", call. = FALSE)
+  }
+  replace_in(asNamespace("utils"), "install.packages", my_install)
+  if ("package:utils" %in% search()) replace_in(as.environment("package:utils"), "install.packages", my_install)
   replace_in(asNamespace("utils"), "menu", my_menu)
   if ("package:utils" %in% search()) replace_in(as.environment("package:utils"), "menu", my_menu)
 

@@ -447,14 +447,16 @@ impl SessionManager {
         let tmp = self
             .session_dir(name)
             .join(format!("tmp-{}", unique_suffix()));
-        let dir = match language {
-            Language::Python => tmp.clone(),
-            Language::R => super::r::session_library(&tmp),
-        };
-        std::fs::create_dir_all(&dir).map_err(|source| ReplError::Io {
-            what: format!("create the session directory {}", dir.display()),
-            source,
-        })?;
+        let mut dirs = vec![tmp.clone()];
+        if language == Language::R {
+            dirs.push(super::r::session_library(&tmp));
+        }
+        for dir in dirs {
+            std::fs::create_dir_all(&dir).map_err(|source| ReplError::Io {
+                what: format!("create the session directory {}", dir.display()),
+                source,
+            })?;
+        }
         let generation = self
             .sandbox_generation
             .load(std::sync::atomic::Ordering::SeqCst);
@@ -467,7 +469,10 @@ impl SessionManager {
             workspace: workspace.clone(),
             tmp: tmp.clone(),
             python: python.prefixes.clone(),
-            venv: python.venv.clone(),
+            venv: match language {
+                Language::Python => python.venv.clone(),
+                Language::R => Some(super::r::session_library(&tmp)),
+            },
             uv_cache: None,
         };
         let policy_name = policy.name.clone();

@@ -24,9 +24,14 @@ if (!length(l)) { cat('sandbox-repl: the R worker did not arrive\\n', file = std
 if (l == '#<end of the sandbox-repl R worker>') break; src[length(src) + 1L] <- l }; \
 f <- eval(parse(text = src, keep.source = FALSE), baseenv()); suspendInterrupts(f(con))})";
 
-/// The session library (`R_LIBS_USER`) inside a session's private directory.
-pub(crate) fn session_library(tmp: &Path) -> PathBuf {
-    tmp.join("R-library")
+/// The session library (`R_LIBS_USER`) of the R session whose private temp directory is
+/// `tmp` (`<state>/repl/<session>/tmp-<id>`): `<state>/repl/<session>/R-library`, beside
+/// it — not in it, since a session's `{tmp}` may be a tmpfs of its own view that an
+/// install job cannot write. It is the session policy's `{venv}` (read, as a Python
+/// session's venv), written only by the install job (`envs::r_install`), and outlives
+/// restarts of the session.
+pub fn session_library(tmp: &Path) -> PathBuf {
+    tmp.parent().unwrap_or(tmp).join("R-library")
 }
 
 /// Set up `cmd` (whose program is `Rscript`) to run the R worker; returns the bytes to

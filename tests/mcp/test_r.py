@@ -337,3 +337,63 @@ def test_doctor_and_install_know_r(tmp_path):
     servers = json.loads((tmp_path / ".claude.json").read_text())["mcpServers"]
     assert servers["sandbox-repl-r"]["args"][-2:] == ["--interpreter", "r"], servers
     assert "--interpreter" not in servers["sandbox-repl"]["args"], servers
+
+
+@needs_r
+def test_install_packages_from_a_loopback_repository_through_the_broker(server, tmp_path):
+    """env_install in an R session runs install.packages() as a job with progress: from a
+    CRAN-like repository the test builds (R CMD build, tools::write_PACKAGES) and serves on
+    loopback, reached through the network broker (the session itself has no network), into
+    the session library; library(tinypkg) works at once, the session's variables kept.
+    In a cell, install.packages() says to use env_install."""
+    import http.server
+    import functools
+    pkg = tmp_path / "src" / "tinypkg"
+    (pkg / "R").mkdir(parents=True)
+    (pkg / "DESCRIPTION").write_text("Package: tinypkg\nVersion: 0.1\nTitle: Tiny\nDescription: A tiny package.\n"
+                                     "License: MIT\nAuthor: t\nMaintainer: t <t@example.com>\n")
+    (pkg / "NAMESPACE").write_text("export(hello)\n")
+    (pkg / "R" / "hello.R").write_text('hello <- function() "hello from tinypkg"\n')
+    contrib = tmp_path / "repo" / "src" / "contrib"
+    contrib.mkdir(parents=True)
+    subprocess.run(["R", "CMD", "build", "--no-build-vignettes", str(pkg)], cwd=contrib, check=True, capture_output=True)
+    subprocess.run([RSCRIPT, "-e", f"tools::write_PACKAGES('{contrib}', type = 'source')"], check=True, capture_output=True)
+    requests = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, fmt, *args):
+            requests.append(self.path)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(tmp_path / "repo")))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    repo = f"http://127.0.0.1:{httpd.server_address[1]}"
+    server.env["MCP_SANDBOX_CRAN"] = repo
+
+    async def scenario(c):
+        await c.ok("python_exec", code="x <- 42", language="r")
+        res = await c.call("python_exec", code='install.packages("tinypkg")')
+        assert res.is_error and "call the env_install tool" in text_of(res), text_of(res)
+        res = await c.call("python_exec", code=f"readLines(url('{repo}/src/contrib/PACKAGES'))")
+        assert res.is_error and "cannot open" in text_of(res), text_of(res)
+        assert not requests, requests  # the session reached nothing
+        seen = []
+
+        async def progress(value, total, message):
+            seen.append((value, message))
+
+        res = await c.call("env_install", packages=["tinypkg"], progress=progress)
+        job = await c.finish(res.structured_content)
+        assert job["status"] == "completed", job
+        assert "installed: tinypkg 0.1" in job["all_stderr"], job
+        assert any("/src/contrib/tinypkg_0.1.tar.gz" in p for p in requests), requests
+        values = [v for v, _ in seen]
+        assert values == sorted(values) and len(set(values)) == len(values), seen
+        assert any("installed: tinypkg" in m for _, m in seen), seen
+        r = await c.ok("python_exec", code="library(tinypkg); paste(hello(), x)")
+        assert r["value"] == '[1] "hello from tinypkg 42"', r
+        assert r.get("state_lost") is not True, r
+
+    try:
+        server.run(scenario, timeout=300)
+    finally:
+        httpd.shutdown()
