@@ -165,11 +165,14 @@ pub fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
     let mut entry = entry_for(&exe, state, args.workspace.as_deref(), passed.vars.clone())?;
     let r = args.interpreter == Some(crate::repl::Language::R);
     if let Some(language) = args.interpreter {
-        entry.args.extend(["--interpreter".to_string(), language.to_string()]);
+        entry
+            .args
+            .extend(["--interpreter".to_string(), language.to_string()]);
     }
-    let name = args.name.clone().unwrap_or_else(|| {
-        if r { "sandbox-repl-r" } else { "sandbox-repl" }.to_string()
-    });
+    let name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| if r { "sandbox-repl-r" } else { "sandbox-repl" }.to_string());
     let loc = Locations::from_process(args.workspace.as_deref())?;
     let target = target(args.client, &loc)?;
     let real = file::resolve_links(&target.path)?;

@@ -58,9 +58,7 @@ pub struct RInstallReport {
 /// empty allow list (the default) allows the CRAN mirror only.
 pub fn r_network(base: &ResolvedPolicy, repo: &str) -> NetworkPolicy {
     match policy::installer_network(base) {
-        NetworkPolicy::Proxy { .. }
-            if matches!(&base.installer_network, NetworkPolicy::Proxy { allow } if allow.is_empty()) =>
-        {
+        NetworkPolicy::Proxy { .. } if matches!(&base.installer_network, NetworkPolicy::Proxy { allow } if allow.is_empty()) => {
             NetworkPolicy::Proxy {
                 allow: UrlParts::parse(repo)
                     .map(|u| vec![u.allow_entry()])
@@ -74,7 +72,9 @@ pub fn r_network(base: &ResolvedPolicy, repo: &str) -> NetworkPolicy {
 /// Valid R package names only (letters, digits, dots; starting with a letter).
 pub fn validate(packages: &[String]) -> Result<(), EnvError> {
     if packages.is_empty() {
-        return Err(EnvError::BadRequest("`packages` is empty: name at least one R package".into()));
+        return Err(EnvError::BadRequest(
+            "`packages` is empty: name at least one R package".into(),
+        ));
     }
     for p in packages {
         let ok = p.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
@@ -106,7 +106,8 @@ pub async fn install(
         confine_writes: true,
         ..Grants::default()
     };
-    let policy = policy::extend(session_policy, &grants).with_network(r_network(session_policy, repo));
+    let policy =
+        policy::extend(session_policy, &grants).with_network(r_network(session_policy, repo));
     let policy = Arc::new(policy);
     let mut cmd = SandboxCommand::new(policy.clone(), rscript);
     cmd.args(["--vanilla", "-e", SCRIPT])
@@ -129,7 +130,10 @@ pub async fn install(
         }
     });
     let outcome = process::run(cmd, sink, Some(hook), cancel, None, None).await?;
-    let installed = steps.lock().map(|s| s.installed.clone()).unwrap_or_default();
+    let installed = steps
+        .lock()
+        .map(|s| s.installed.clone())
+        .unwrap_or_default();
     let message = if outcome.cancelled {
         Some("cancelled; the session library may hold some of the packages".into())
     } else if let Some(words) = outcome.limit_words(&policy) {
@@ -201,9 +205,13 @@ mod tests {
     #[test]
     fn progress_steps_increase_and_collect_packages() {
         let mut s = Steps::default();
-        let a = s.line("trying URL 'http://x/src/contrib/tinypkg_0.1.tar.gz'").unwrap();
+        let a = s
+            .line("trying URL 'http://x/src/contrib/tinypkg_0.1.tar.gz'")
+            .unwrap();
         let b = s.line("downloaded 1234 bytes").unwrap();
-        let c = s.line("* installing *source* package 'tinypkg' ...").unwrap();
+        let c = s
+            .line("* installing *source* package 'tinypkg' ...")
+            .unwrap();
         let d = s.line("installed: tinypkg 0.1").unwrap();
         assert!(a.progress < b.progress && b.progress < c.progress && c.progress < d.progress);
         assert_eq!(s.installed, vec!["tinypkg 0.1"]);

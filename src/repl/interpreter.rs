@@ -82,12 +82,20 @@ mod tests {
     fn names_parse_and_print() {
         assert_eq!("R".parse::<Language>(), Ok(Language::R));
         assert_eq!("python".parse::<Language>(), Ok(Language::Python));
-        assert!("julia".parse::<Language>().unwrap_err().contains("python or r"));
+        assert!(
+            "julia"
+                .parse::<Language>()
+                .unwrap_err()
+                .contains("python or r")
+        );
         assert_eq!(Language::R.to_string(), "r");
         assert_eq!(
             Language::R.reword("the Python worker was killed by SIGSEGV"),
             "the R worker was killed by SIGSEGV"
         );
-        assert_eq!(Language::Python.reword("the Python worker"), "the Python worker");
+        assert_eq!(
+            Language::Python.reword("the Python worker"),
+            "the Python worker"
+        );
     }
 }

@@ -396,7 +396,8 @@ impl SessionManager {
         let python = match guess {
             None => self.python().await?.clone(),
             Some(hit) => {
-                let (verified, launched) = tokio::join!(self.python(), self.launch(name, hit.info, Language::Python));
+                let (verified, launched) =
+                    tokio::join!(self.python(), self.launch(name, hit.info, Language::Python));
                 let verified = verified?.clone();
                 match launched {
                     Ok(s) if s.python().same_interpreter(&verified) => return self.admit(name, s),

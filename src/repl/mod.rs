@@ -34,10 +34,10 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use interpreter::Language;
-pub use r::{discover_r_blocking, session_library as r_session_library};
 pub use manager::SessionManager;
 pub use protocol::{DisplayItem, PyError, VariableDetail, VariableInfo};
 pub use python::{PythonInfo, discover_python, known_python3};
+pub use r::{discover_r_blocking, session_library as r_session_library};
 pub use session::{Parent, Session, VariablePage};
 
 use crate::sandbox::{

@@ -135,11 +135,15 @@ mod tests {
 
     #[test]
     fn the_probe_answer_is_read() {
-        let info = parse_probe(Path::new("/usr/bin/Rscript"), "/usr\n4.2.2\nTRUE\n/nonexistent-lib\n/usr\n")
-            .unwrap();
+        let info = parse_probe(
+            Path::new("/usr/bin/Rscript"),
+            "/usr\n4.2.2\nTRUE\n/nonexistent-lib\n/usr\n",
+        )
+        .unwrap();
         assert_eq!(info.version, "R 4.2.2");
         assert_eq!(info.prefixes, vec![PathBuf::from("/usr")]);
-        let no_json = parse_probe(Path::new("/usr/bin/Rscript"), "/usr\n4.2.2\nFALSE\n").unwrap_err();
+        let no_json =
+            parse_probe(Path::new("/usr/bin/Rscript"), "/usr\n4.2.2\nFALSE\n").unwrap_err();
         assert!(no_json.contains("r-cran-jsonlite"), "{no_json}");
         assert!(parse_probe(Path::new("x"), "").is_err());
     }

@@ -50,8 +50,9 @@ impl App {
         let session = session.to_string();
         tokio::spawn(async move {
             let _tmp = tmp;
-            let r = r_install::install(&rscript, &library, &packages, &repo, &policy, sink, &cancel)
-                .await;
+            let r =
+                r_install::install(&rscript, &library, &packages, &repo, &policy, sink, &cancel)
+                    .await;
             let outcome = match r {
                 Err(e) => JobOutcome {
                     status: JobStatus::Failed,
