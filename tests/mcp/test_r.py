@@ -153,8 +153,9 @@ def test_values_errors_warnings_and_variables(server):
 
 @needs_r
 def test_plots_are_png_images_and_help_is_text(server):
-    """A ggplot (auto-printed and print()ed) and a base plot() each answer one PNG image;
-    `?mean` answers its help text."""
+    """A ggplot (auto-printed and print()ed), a base plot() and a grid drawing each answer
+    one PNG image; `?mean` and `help("lm")` answer their help text, `vignette()` its list,
+    in the answer (no pager, no browser)."""
     if not r_has("ggplot2"):
         pytest.skip("ggplot2 is not installed (Debian: r-cran-ggplot2)")
 
@@ -162,7 +163,8 @@ def test_plots_are_png_images_and_help_is_text(server):
         await c.ok("python_exec", code="library(ggplot2); d <- data.frame(a = 1:5, b = (1:5)^2)", language="r")
         for code in ["ggplot(d, aes(a, b)) + geom_point()",
                      "p <- ggplot(d, aes(a, b)) + geom_line(); print(p)",
-                     "plot(d$a, d$b, main = 'base')"]:
+                     "plot(d$a, d$b, main = 'base')",
+                     "grid::grid.newpage(); grid::grid.rect()"]:
             res = await c.call("python_exec", code=code)
             images = [x for x in res.content if x.type == "image"]
             assert not res.is_error and len(images) == 1, (code, text_of(res))
@@ -175,6 +177,11 @@ def test_plots_are_png_images_and_help_is_text(server):
         text = text_of(res)
         assert "Arithmetic Mean" in text and "mean(x, trim = 0, na.rm = FALSE, ...)" in text, text
         assert "\b" not in text
+        text = text_of(await c.call("python_exec", code='help("lm")'))
+        assert "Fitting Linear Models" in text, text
+        # The listing is text in the answer (which packages have vignettes varies by machine).
+        text = text_of(await c.call("python_exec", code="vignette()"))
+        assert "value: Vignettes in package" in text or "value: no vignettes found" in text, text
 
     server.run(scenario)
 
