@@ -166,7 +166,12 @@ function(.in) {
       grDevices::png(file.path(w$plotdir, sprintf("cell%s-%%03d.png", w$cell)),
                      width = 7, height = 5, units = "in", res = 96, type = "cairo")
     },
-    warn = 0
+    warn = 0,
+    # askpass::askpass() (and what calls it: git2r, httr, ...) asks through this hook.
+    askpass = function(prompt = "Password: ", ...) {
+      text <- ask(prompt, secret = TRUE)
+      if (is.null(text)) NULL else text
+    }
   )
   collect_plots <- function() {
     if (grDevices::dev.cur() > 1L) try(grDevices::graphics.off(), silent = TRUE)

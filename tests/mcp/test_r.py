@@ -225,6 +225,11 @@ def test_interrupt_keeps_state_and_input_is_bridged(server):
         assert "1: apple" in r["stdout"]["text"], r
         r = await c.ok("job_input", job_id=r["job_id"], text="2")
         assert (await c.ok("python_exec", code="pick"))["value"] == "[1] 2"
+        # askpass-style: the askpass hook asks a secret (not echoed).
+        r = await c.ok("python_exec", code='pw <- getOption("askpass")("Token: "); nchar(pw)')
+        assert r["status"] == "awaiting_input" and r["prompt"] == "Token: ", r
+        r = await c.ok("job_input", job_id=r["job_id"], text="s3cret")
+        assert r["value"] == "[1] 6" and "s3cret" not in r["stdout"]["text"], r
 
     server.run(scenario)
 
