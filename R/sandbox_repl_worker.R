@@ -187,6 +187,8 @@ function(.in) {
 
   # --- running a cell ------------------------------------------------------------------
   user_names <- function() ls(globalenv())
+  # A variable's value; an active binding that fails is NULL, not the worker's end.
+  value_of <- function(nm) tryCatch(get(nm, envir = globalenv()), error = function(e) NULL)
   # The call of a condition raised by the cell's top level is the worker's eval: none.
   call_of <- function(cond) {
     call <- conditionCall(cond)
@@ -249,7 +251,7 @@ function(.in) {
     w$cur <- req$id
     w$cell <- req$cell
     w$warnings <- list()
-    before <- mget(user_names(), envir = globalenv())
+    before <- sapply(user_names(), value_of, simplify = FALSE)
     status <- "ok"
     error <- NULL
     value <- NULL
@@ -282,7 +284,7 @@ function(.in) {
     flush_std()
     after <- user_names()
     changed <- Filter(function(nm) {
-      !(nm %in% names(before)) || !identical(before[[nm]], get(nm, envir = globalenv()))
+      !(nm %in% names(before)) || !identical(before[[nm]], value_of(nm))
     }, after)
     done <- list(ev = "done", id = req$id, status = status, display = display)
     if (length(changed)) done$new_variables <- I(utils::head(changed, 100L))
@@ -321,7 +323,7 @@ function(.in) {
     rest <- if (length(names) > limit) names[-seq_len(limit)] else character()
     names <- utils::head(names, limit)
     vars <- lapply(names, function(nm) {
-      x <- get(nm, envir = globalenv())
+      x <- value_of(nm)
       list(name = nm, type = type_of(x), repr = short(x), size = size_of(x))
     })
     send(list(ev = "variables", id = req$id, variables = I(vars), omitted = length(rest),
@@ -368,8 +370,9 @@ function(.in) {
   send(list(ev = "ready", protocol = 1L, pid = Sys.getpid(),
             version = paste(R.version$major, R.version$minor, sep = "."),
             executable = file.path(R.home("bin"), "R")))
-  repeat {
-    req <- read_request()
+  # One request; a failure of the worker's own code answers it in words instead of
+  # ending the worker (a cell's `done`, or `failed`).
+  handle <- function(req) {
     op <- req$op
     if (identical(op, "execute")) {
       code <- req$code
@@ -404,6 +407,17 @@ function(.in) {
     } else if (!is.null(req$id) && !identical(op, "input_reply")) {
       send(list(ev = "failed", id = req$id, message = paste("unknown request", op)))
     }
+  }
+  repeat {
+    req <- read_request()
+    tryCatch(handle(req), error = function(e) {
+      w$cur <- NULL
+      msg <- paste("the R worker failed:", conditionMessage(e))
+      if (isTRUE(req$op %in% c("execute", "run_file"))) {
+        send(list(ev = "done", id = req$id, status = "error", display = list(),
+                  error = list(ename = "worker error", evalue = msg, traceback = msg)))
+      } else if (!is.null(req$id)) send(list(ev = "failed", id = req$id, message = msg))
+    })
   }
 }
 #<end of the sandbox-repl R worker>
