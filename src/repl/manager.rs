@@ -281,20 +281,34 @@ impl SessionManager {
         if r.is_ok() && self.stale_spare(name) {
             // Started ahead of use under a sandbox the client has since changed: no call
             // has used it, so it starts again under the current one.
-            tracing::debug!(session = %name, "the prewarmed session predates the client's sandbox; starting it again");
-            let _ = self.close(name);
+            tracing::debug!(session = %name, "the prewarmed session predates the client's sandbox or language; starting it again");
+            // Not `close`: that forgets the language a call asked for.
+            let _ = self.close_session(name, true);
             r = self.open(name).await;
         }
         self.used(name);
         r
     }
 
-    /// `name` is the unused prewarmed session and started before the last sandbox change.
+    /// `name` is the unused prewarmed session and started before the last sandbox change,
+    /// or in another language than a call has since asked for (a prewarm that was under
+    /// way when [`Self::choose_language`] ran).
     pub fn stale_spare(&self, name: &str) -> bool {
         if lock_spare(&self.spare).as_deref() != Some(name) {
             return false;
         }
-        !self.under_current_sandbox(name)
+        !self.under_current_sandbox(name) || self.spare_in_other_language(name)
+    }
+
+    fn spare_in_other_language(&self, name: &str) -> bool {
+        let wanted = self
+            .languages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .copied();
+        let has = self.sessions().get(name).map(|s| s.language());
+        matches!((wanted, has), (Some(w), Some(h)) if w != h)
     }
 
     /// Whether session `name` was started under the current sandbox generation.

@@ -409,3 +409,18 @@ def test_install_packages_from_a_loopback_repository_through_the_broker(server, 
         server.run(scenario, timeout=300)
     finally:
         httpd.shutdown()
+
+
+@needs_r
+def test_a_first_call_in_r_gets_r_while_the_python_prewarm_is_under_way(server):
+    """The server prewarms `default` in Python; a first call naming R, made at once (the
+    prewarm may still be starting), runs in R. Three servers, to meet the race."""
+
+    async def scenario(c):
+        r = await c.ok("python_exec", code="R.version$language", language="r")
+        assert r["value"] == '[1] "R"', r
+        sessions = (await c.ok("session_list"))["sessions"]
+        assert len(sessions) == 1 and "Rscript" in sessions[0]["python"], sessions
+
+    for _ in range(3):
+        server.run(scenario)
