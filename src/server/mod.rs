@@ -22,6 +22,8 @@ pub mod schema;
 pub mod shapes;
 pub mod tasks;
 pub mod tenants;
+#[doc(hidden)]
+pub mod testing;
 pub mod tools;
 pub mod transport;
 

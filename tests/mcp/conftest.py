@@ -8,11 +8,18 @@ restart) are just several `run` calls on the same harness: they share the state 
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
+import zipfile
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -33,17 +40,31 @@ def binary() -> str:
     return path
 
 
-def launch_http(server: "Harness", *args: str, env: dict[str, str] | None = None, prefix=()):
-    """The server with `--transport http` on a free loopback port (under `prefix`, e.g.
-    prlimit), stderr to `<root>/http-<port>.log`, once the port answers. Returns (process,
-    port, log path). The 60 s deadline only guards a server that never listens; one that
-    exited is reported at once."""
+# The one HTTP harness: every test that starts the server over HTTP goes through
+# `launch_http` (or `start_http` over it) and talks to it with `post`.
+
+INIT = {
+    "jsonrpc": "2.0", "id": 1, "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+}
+
+
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def launch_http(server: "Harness", *args: str, env: dict[str, str] | None = None, prefix=(), host="127.0.0.1"):
+    """The server with `--transport http` on a free port of `host` (loopback unless a test
+    is about another address; under `prefix`, e.g. prlimit), stderr to
+    `<root>/http-<port>.log`, once the port answers on loopback. Returns (process,
+    port, log path). The 60 s deadline only guards a server that never listens; one that
+    exited is reported at once."""
+    port = free_port()
     log = server.root / f"http-{port}.log"
     proc = subprocess.Popen(
-        [*prefix, binary(), "--transport", "http", "--listen", f"127.0.0.1:{port}", *args],
+        [*prefix, binary(), "--transport", "http", "--listen", f"{host}:{port}", *args],
         env=env if env is not None else server.server_env(),
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
     )
@@ -56,6 +77,36 @@ def launch_http(server: "Harness", *args: str, env: dict[str, str] | None = None
             time.sleep(0.05)
     proc.kill()
     raise AssertionError(f"HTTP server did not start: {log.read_text()}")
+
+
+def start_http(server: "Harness", *extra: str, log_env=None):
+    """`launch_http` at the server's default log level (unless `log_env`: the harness's
+    RUST_LOG), so the start-up line shows; returns (process, MCP URL, port)."""
+    env = server.server_env()
+    if log_env is None:
+        env.pop("RUST_LOG", None)  # the default level must show the start-up line
+    proc, port, _ = launch_http(server, *extra, env=env)
+    return proc, f"http://127.0.0.1:{port}/mcp", port
+
+
+def post(url, body, headers=None):
+    """POST `body` as JSON-RPC; returns (HTTP status, body text), errors included."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    req.add_header("Accept", "application/json, text/event-stream")
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def stop(proc):
+    """SIGINT stops at once (an HTTP server's SIGTERM first drains running jobs: test_cell)."""
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=10) == 0
 
 
 class ToolFailed(AssertionError):
@@ -262,3 +313,49 @@ def server(tmp_path) -> Harness:
 def python_real() -> str:
     out = subprocess.run(["python3", "-c", "import sys; print(sys.executable)"], capture_output=True, text=True)
     return out.stdout.strip() or shutil.which("python3") or "python3"
+
+
+# The one offline-uv setup: uv never reaches an index or downloads a Python; packages come
+# only from `find_links` (a directory or a URL), if given.
+
+def make_wheel(out: Path, name: str, version: str) -> Path:
+    """A minimal pure-Python wheel `name-version` in `out`."""
+    files = {
+        f"{name}/__init__.py": f"__version__ = {version!r}\n",
+        f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    path = out / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for p, text in files.items():
+            data = text.encode()
+            z.writestr(p, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{p},sha256={digest},{len(data)}")
+        record.append(f"{name}-{version}.dist-info/RECORD,,")
+        z.writestr(f"{name}-{version}.dist-info/RECORD", "\n".join(record) + "\n")
+    return path
+
+
+def uv_offline(server: Harness, find_links=None) -> Harness:
+    """The server's uv offline, with a cache of the test's own and no Python downloads;
+    `find_links` (a directory or URL) its only package source."""
+    server.env.update(
+        UV_OFFLINE="1", UV_NO_INDEX="1", UV_CACHE_DIR=str(server.root / "uv-cache"),
+        UV_PYTHON_DOWNLOADS="never",
+    )
+    if find_links is not None:
+        server.env["UV_FIND_LINKS"] = str(find_links)
+    return server
+
+
+@pytest.fixture
+def offline(server):
+    """The server with a local wheel directory (tinypkg 0.1, otherpkg 0.2) as its only
+    package source."""
+    wheels = server.root / "wheels"
+    wheels.mkdir()
+    make_wheel(wheels, "tinypkg", "0.1")
+    make_wheel(wheels, "otherpkg", "0.2")
+    return uv_offline(server, wheels)

@@ -410,7 +410,6 @@ def test_branches_from_a_seeded_cell_draw_the_same_numbers(server):
     server.run(scenario)
 
 
-from test_envs import offline  # noqa: E402,F401  (the fixture: a local wheel index)
 
 
 def test_an_install_leaves_no_cell_in_the_history(offline):

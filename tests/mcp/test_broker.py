@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_envs import make_wheel
+from conftest import make_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_POLICY = (REPO / "policies" / "workspace-write.toml").read_text()

@@ -18,8 +18,7 @@ import urllib.error
 import urllib.request
 
 import anyio
-from conftest import binary, launch_http
-from test_surface import INIT, free_port, post
+from conftest import INIT, binary, free_port, launch_http, post
 
 GUARD = 120
 SHUTTING_DOWN = "this sandbox is shutting down"

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import binary
+from conftest import launch_http
 
 APPLICABLE = {
     "server-initialize": "the handshake",
@@ -32,8 +30,8 @@ APPLICABLE = {
 }
 
 NOT_APPLICABLE = {
-    "completion-complete": "the server offers no completions: completion/complete is -32601 and the capability is not declared (tests/mcp/test_hygiene.py)",
-    "prompts-list": "the server offers no prompts: prompts/list is -32601 and the capability is not declared (tests/mcp/test_hygiene.py)",
+    "completion-complete": "the server offers no completions: completion/complete is -32601 and the capability is not declared (tests/suite/mcp/surface.rs)",
+    "prompts-list": "the server offers no prompts: prompts/list is -32601 and the capability is not declared (tests/suite/mcp/surface.rs)",
     "logging-set-level": "the server logs to stderr only and does not declare the logging capability",
     "tools-call-with-logging": "needs the reference server's logging tool and the logging capability",
     "tools-call-simple-text": "calls the reference server's test_simple_text tool, which this server lacks",
@@ -90,40 +88,16 @@ def test_every_server_scenario_is_sorted():
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def http_server(server):
-    port = free_port()
-    env = server.server_env()
-    log = open(server.root / "server-stderr.log", "a")
-    proc = subprocess.Popen(
-        # The suite sends no Authorization header: loopback without a token (--no-auth);
-        # the bearer-token check itself is tested with the HTTP transport's own tests.
-        [binary(), "--transport", "http", "--listen", f"127.0.0.1:{port}", "--no-auth"],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-    )
+    # The suite sends no Authorization header: loopback without a token (--no-auth); the
+    # bearer-token check itself is tested with the HTTP transport's own tests.
+    proc, port, _ = launch_http(server, "--no-auth")
     try:
-        # Until the port answers; the deadline only guards a server that never listens (a
-        # loaded machine may be slow to start one).
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None, server.stderr_log()
-                assert time.monotonic() < deadline, f"the HTTP server did not listen: {server.stderr_log()}"
-                time.sleep(0.05)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-        log.close()
 
 
 def test_applicable_scenarios_pass(http_server, tmp_path):

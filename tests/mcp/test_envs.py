@@ -9,53 +9,13 @@ No package index is used: wheels are built here and uv runs with
 Set MCP_SANDBOX_TEST_REAL_INDEX=1 to also run the test that installs from the real index.
 """
 
-import base64
-import hashlib
 import os
 import time
-import zipfile
 from pathlib import Path
 
 import anyio
 import pytest
 from conftest import descendants
-
-
-def make_wheel(out: Path, name: str, version: str) -> Path:
-    """A minimal pure-Python wheel: the package, METADATA, WHEEL and RECORD."""
-    files = {
-        f"{name}/__init__.py": f"__version__ = {version!r}\n",
-        f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    path = out / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as z:
-        for p, text in files.items():
-            data = text.encode()
-            z.writestr(p, data)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            record.append(f"{p},sha256={digest},{len(data)}")
-        record.append(f"{name}-{version}.dist-info/RECORD,,")
-        z.writestr(f"{name}-{version}.dist-info/RECORD", "\n".join(record) + "\n")
-    return path
-
-
-@pytest.fixture
-def offline(server):
-    """The server with a local wheel directory as its only package source."""
-    wheels = server.root / "wheels"
-    wheels.mkdir()
-    make_wheel(wheels, "tinypkg", "0.1")
-    make_wheel(wheels, "otherpkg", "0.2")
-    server.env.update(
-        UV_OFFLINE="1",
-        UV_NO_INDEX="1",
-        UV_FIND_LINKS=str(wheels),
-        UV_CACHE_DIR=str(server.root / "uv-cache"),
-        UV_PYTHON_DOWNLOADS="never",
-    )
-    return server
 
 
 def test_install_into_session_is_a_job_with_progress_and_keeps_state(offline):

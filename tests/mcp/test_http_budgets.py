@@ -24,9 +24,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from conftest import launch_http
-
-from test_surface import INIT, post, stop
+from conftest import INIT, launch_http, post, stop
 
 IDLE = 1100
 # Generous: a loaded 2-core machine; a pass takes seconds.

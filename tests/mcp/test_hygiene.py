@@ -1,43 +1,8 @@
-"""Capabilities match what is answered (over stdio, through the official SDK): no prompts
-and no completions are declared, so `prompts/list`, `prompts/get` and
-`completion/complete` are -32601; a resource that is not found is -32002 with the URI in
-`data.uri`, whether the URI is malformed or names a job that does not exist."""
+"""Over HTTP, through the real binary: a body that is not JSON or over the limit is
+answered in JSON-RPC words; a public listen is warned about. (Capabilities, prompts,
+completions and resource-not-found answers are tested in process: tests/suite/mcp/surface.rs.)"""
 
 from __future__ import annotations
-
-from mcp import MCPError, types
-
-
-async def expect_error(call, code: int) -> MCPError:
-    try:
-        await call
-    except MCPError as e:
-        assert e.code == code, (e.code, e.message)
-        return e
-    raise AssertionError(f"answered instead of error {code}")
-
-
-def test_prompts_and_completions_are_neither_declared_nor_answered(server):
-    async def scenario(c):
-        caps = c.session.server_capabilities
-        assert caps.prompts is None and caps.completions is None, caps
-        e = await expect_error(c.session.list_prompts(), -32601)
-        assert "prompts" in e.message, e.message
-        await expect_error(c.session.get_prompt("anything"), -32601)
-        ref = types.ResourceTemplateReference(type="ref/resource", uri="job://{job_id}/stdout")
-        e = await expect_error(c.session.complete(ref, {"name": "job_id", "value": "j"}), -32601)
-        assert "completion" in e.message, e.message
-
-    server.run(scenario)
-
-
-def test_resource_not_found_names_the_uri_in_data(server):
-    async def scenario(c):
-        for uri in ("job://no-such-job/stdout", "job://j1/stdin", "session://nobody/history", "script://j404"):
-            e = await expect_error(c.session.read_resource(uri), -32002)
-            assert e.data == {"uri": uri}, (uri, e.data, e.message)
-
-    server.run(scenario)
 
 
 def test_http_answers_a_bad_body_in_json_rpc_words_and_warns_on_a_public_listen(server):
@@ -47,7 +12,7 @@ def test_http_answers_a_bad_body_in_json_rpc_words_and_warns_on_a_public_listen(
     import json
     import urllib.request
 
-    from test_surface import INIT, start_http
+    from conftest import INIT, launch_http, start_http
 
     def raw(url, body: bytes, headers):
         req = urllib.request.Request(url, data=body, method="POST")
@@ -78,17 +43,10 @@ def test_http_answers_a_bad_body_in_json_rpc_words_and_warns_on_a_public_listen(
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    import subprocess
     import time
 
-    from conftest import binary
-    from test_surface import free_port
-
-    log = server.root / "public.log"
-    proc = subprocess.Popen(
-        [binary(), "--transport", "http", "--listen", f"0.0.0.0:{free_port()}", "--token", "tok-0123456789abcdef"],
-        env=server.server_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
-    )
+    # The same server on every address: warned about at start (with a token, it serves).
+    proc, _, log = launch_http(server, "--token", "tok-0123456789abcdef", env=server.server_env(), host="0.0.0.0")
     try:
         deadline = time.monotonic() + 60
         while "not a loopback address" not in log.read_text():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from conftest import Client, binary, descendants, pids_with_env_marker
+from conftest import Client, binary, descendants, pids_with_env_marker, uv_offline
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
@@ -92,13 +92,7 @@ def test_sigkill_of_the_server_leaves_no_process_and_no_cgroup(server):
     wheels = server.root / "wheels"
     wheels.mkdir()
     slow_sdist(wheels)
-    server.env.update(
-        UV_OFFLINE="1",
-        UV_NO_INDEX="1",
-        UV_FIND_LINKS=str(wheels),
-        UV_CACHE_DIR=str(server.root / "uv-cache"),
-        UV_PYTHON_DOWNLOADS="never",
-    )
+    uv_offline(server, wheels)
     marker = f"orphan-{os.getpid()}-{time.monotonic_ns()}"
     seen: dict = {}
 

@@ -14,8 +14,7 @@ import urllib.request
 
 import anyio
 import pytest
-from conftest import binary
-from test_surface import INIT, free_port, post, start_http
+from conftest import INIT, binary, free_port, post, start_http
 
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef"

@@ -14,7 +14,6 @@ from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 
 from conftest import Client, binary, first_leaf
-from test_envs import offline  # noqa: F401  (the fixture: uv with local wheels only)
 
 
 @asynccontextmanager
@@ -139,7 +138,7 @@ def test_session_history_and_hostile_uris(server):
     run(server, scenario)
 
 
-def test_a_script_run_earlier_is_listed_and_rerun_from_its_saved_arguments(offline):  # noqa: F811
+def test_a_script_run_earlier_is_listed_and_rerun_from_its_saved_arguments(offline):
     async def scenario(c, updates):
         job = await c.finish(
             await c.ok(

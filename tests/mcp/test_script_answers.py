@@ -1,14 +1,14 @@
 """A `python_run_script` answer names the Python it ran on and what its environment
 resolved to, in words and in its structured result."""
 
-from test_envs import make_wheel
+from conftest import make_wheel, uv_offline
 
 
 def test_a_script_answer_names_its_python_and_resolved_dependencies(server):
     wheels = server.root / "wheels"
     wheels.mkdir()
     make_wheel(wheels, "sixish", "1.2.3")
-    server.env.update(UV_OFFLINE="1", UV_NO_INDEX="1", UV_FIND_LINKS=str(wheels), UV_PYTHON_DOWNLOADS="never")
+    uv_offline(server, wheels)
 
     async def scenario(c):
         res = await c.call("python_run_script", code="import sixish\nprint('ok')", dependencies=["sixish"], wait_seconds=60)

@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_envs import make_wheel
+from conftest import make_wheel, uv_offline
 
 MiB = 1 << 20
 POISON = "import os as _o; _o.environ['POISONED'] = '1'; print('POISONED')"
@@ -143,8 +143,7 @@ def wheels(server):
     d.mkdir()
     make_wheel(d, "victimpkg", "0.1")
     make_sdist(d, "victimsd", backend("victimsd", "V = 'clean'\n"))
-    server.env.update(UV_OFFLINE="1", UV_NO_INDEX="1", UV_FIND_LINKS=str(d), UV_PYTHON_DOWNLOADS="never")
-    return server
+    return uv_offline(server, d)
 
 
 async def job_of(c, tool: str, **args) -> dict:

@@ -266,7 +266,7 @@ def test_a_task_resolves_from_another_mcp_session_over_http(server):
     import time
     import urllib.request
 
-    from test_surface import start_http
+    from conftest import start_http
 
     proc, url, _ = start_http(server, "--no-auth")
 

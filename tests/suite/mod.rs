@@ -8,6 +8,7 @@ mod jobs;
 mod jobs_bench;
 mod launch_errors;
 mod limits;
+mod mcp;
 mod policy_cli;
 mod repl;
 mod run_cli;
