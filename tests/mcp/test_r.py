@@ -249,6 +249,16 @@ def test_a_segfault_is_reported_in_words_and_the_next_call_is_fresh(server):
         r = await c.ok("python_exec", code="exists('x')")
         assert r["value"] == "[1] FALSE" and r["state_lost"] is True, r
         assert "R worker" in r["state_note"], r
+        # A cell that does not take the interrupt (it suspends interrupts) is ended by a
+        # restart after the grace; the next call runs in a fresh R.
+        await c.ok("python_exec", code="y <- 1")
+        r = await c.ok("python_exec", code="suspendInterrupts(repeat {})", wait_seconds=1)
+        assert r["status"] == "running", r
+        await c.ok("python_interrupt", grace_seconds=1)
+        rep = (await c.call("job_wait", job_id=r["job_id"], until_done=True, timeout_seconds=30)).structured_content
+        assert rep["status"] == "failed" and "did not respond to R's interrupt" in rep["message"], rep
+        r = await c.ok("python_exec", code="exists('y')")
+        assert r["value"] == "[1] FALSE" and r["state_lost"] is True, r
 
     server.run(scenario)
 
