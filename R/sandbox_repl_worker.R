@@ -180,7 +180,7 @@ function(.in) {
       size <- file.info(f)$size
       data <- if (is.na(size) || size == 0) NULL else readBin(f, "raw", size)
       unlink(f)
-      if (is.null(data)) NULL else list(mime = "image/png", data = jsonlite::base64_enc(data))
+      if (is.null(data)) NULL else list(mime = "image/png", data = gsub("\n", "", jsonlite::base64_enc(data), fixed = TRUE))
     })
     Filter(Negate(is.null), items)
   }

@@ -170,7 +170,7 @@ def test_plots_are_png_images_and_help_is_text(server):
             assert not res.is_error and len(images) == 1, (code, text_of(res))
             assert getattr(images[0], "mime_type", None) or getattr(images[0], "mimeType") == "image/png"
             import base64
-            assert base64.b64decode(images[0].data)[:8] == b"\x89PNG\r\n\x1a\n"
+            assert base64.b64decode(images[0].data, validate=True)[:8] == b"\x89PNG\r\n\x1a\n"
         r = await c.ok("python_exec", code="x <- 1")
         assert not r.get("images"), r  # the device is per cell: nothing carried over
         res = await c.call("python_exec", code="?mean")
