@@ -43,7 +43,7 @@ pub struct ExecArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunFileArgs {
-    /// `.py` file in the workspace.
+    /// `.py` or `.R` file in the workspace.
     pub path: String,
     /// sys.argv[1:].
     #[serde(default)]
