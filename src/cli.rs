@@ -100,6 +100,9 @@ pub struct ServeArgs {
     /// Python interpreter for workers (default: nearest `.venv` upward from the workspace, else `python3` on PATH).
     #[arg(long, env = "MCP_SANDBOX_PYTHON")]
     pub python: Option<PathBuf>,
+    /// Language of a session whose first call names none: python or r (R sessions need `Rscript` and jsonlite).
+    #[arg(long, env = "MCP_SANDBOX_INTERPRETER", default_value = "python")]
+    pub interpreter: crate::repl::Language,
     /// Where job tables, spooled output and session venvs live (default: $XDG_STATE_HOME/mcp-sandbox-repl).
     #[arg(long, env = "MCP_SANDBOX_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
@@ -270,9 +273,13 @@ pub struct InstallArgs {
     /// Show the change as a unified diff instead of writing it.
     #[arg(long)]
     pub print: bool,
-    /// Name of the server entry in the client configuration.
-    #[arg(long, default_value = "sandbox-repl")]
-    pub name: String,
+    /// Name of the server entry in the client configuration (default: `sandbox-repl`, or
+    /// `sandbox-repl-r` with `--interpreter r`).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Language of the entry's sessions: python or r (an entry per interpreter, side by side).
+    #[arg(long)]
+    pub interpreter: Option<crate::repl::Language>,
     /// Sandbox state passed to the server (default: `inherit` for codex, which tells the
     /// server its sandbox; `workspace-write` for the others).
     #[arg(long, value_enum)]

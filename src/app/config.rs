@@ -12,6 +12,8 @@ pub struct Config {
     pub policy: String,
     /// Python interpreter for workers (default: discovered from the workspace).
     pub python: Option<PathBuf>,
+    /// The language of a session whose first call names none (`--interpreter`).
+    pub interpreter: crate::repl::Language,
     /// Job tables, spooled output, session venvs (default: `jobs::default_state_dir`).
     pub state_dir: Option<PathBuf>,
     /// The uv executable (default: `uv` on PATH).

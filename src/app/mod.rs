@@ -241,6 +241,7 @@ impl App {
         let policy = settings.current.policy.clone();
         let mut repl = ReplConfig::new(workspace, policy, state_dir.clone());
         repl.python = cfg.python.clone();
+        repl.interpreter = cfg.interpreter;
         repl.max_sessions = cfg.max_sessions;
         repl.idle_ttl = cfg.session_ttl;
         repl.max_snapshots = cfg.max_snapshots;

@@ -247,6 +247,16 @@ impl App {
         .await
     }
 
+    /// Session `session` is to run `language` (`python_exec`'s `language`): recorded for
+    /// its start, or checked against the open session's.
+    pub fn choose_language(
+        &self,
+        session: &str,
+        language: crate::repl::Language,
+    ) -> Result<(), AppError> {
+        Ok(self.sessions.choose_language(session, language)?)
+    }
+
     /// A bad parent is refused before a job exists: nothing changes.
     async fn check_parent(
         &self,

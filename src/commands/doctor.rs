@@ -53,10 +53,65 @@ impl OpenFiles {
     }
 }
 
+/// An interpreter sessions can run (`--interpreter`, `python_exec`'s `language`).
+#[derive(Debug, Serialize)]
+struct InterpreterReport {
+    language: crate::repl::Language,
+    /// The program workers start, when found.
+    program: Option<PathBuf>,
+    /// Its version and paths, or why sessions of this language cannot start.
+    detail: String,
+    ok: bool,
+}
+
+impl InterpreterReport {
+    fn probe() -> Vec<InterpreterReport> {
+        use crate::repl::Language;
+        let python = match which::which("python3") {
+            Ok(p) => InterpreterReport {
+                language: Language::Python,
+                program: Some(p),
+                detail: "python3 on PATH (a workspace .venv or --python is used first)".into(),
+                ok: true,
+            },
+            Err(e) => InterpreterReport {
+                language: Language::Python,
+                program: None,
+                detail: format!("no python3 on PATH ({e}); pass --python PATH"),
+                ok: false,
+            },
+        };
+        let r = match crate::repl::discover_r_blocking() {
+            Ok(info) => InterpreterReport {
+                language: Language::R,
+                detail: format!(
+                    "{}, jsonlite found; R's paths in the policy's {{python}}: {}",
+                    info.version,
+                    info.prefixes
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                program: Some(info.executable),
+                ok: true,
+            },
+            Err(e) => InterpreterReport {
+                language: Language::R,
+                program: None,
+                detail: e.to_string(),
+                ok: false,
+            },
+        };
+        vec![python, r]
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     kernel: KernelSupport,
     open_files: OpenFiles,
+    interpreters: Vec<InterpreterReport>,
     policies: Vec<PolicyReport>,
 }
 
@@ -73,6 +128,7 @@ pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let report = Report {
         kernel,
         open_files: OpenFiles::probe(),
+        interpreters: InterpreterReport::probe(),
         policies,
     };
     let mut out = std::io::stdout().lock();
@@ -144,6 +200,17 @@ fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
         "mcp-sandbox-repl doctor: Linux {}, running as {who}\n",
         k.kernel
     )?;
+    writeln!(out, "Interpreters")?;
+    for i in &r.interpreters {
+        let program = i
+            .program
+            .as_ref()
+            .map(|p| format!("{} ", p.display()))
+            .unwrap_or_default();
+        let mark = if i.ok { "" } else { "NO: " };
+        writeln!(out, "  {:<13} {mark}{program}{}", i.language, i.detail)?;
+    }
+    writeln!(out)?;
     writeln!(out, "Kernel")?;
     match k.landlock_abi {
         Some(abi) => writeln!(

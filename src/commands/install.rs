@@ -162,7 +162,17 @@ pub fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
     } else {
         env::pass_through(|name| std::env::var(name).ok())
     };
-    let entry = entry_for(&exe, state, args.workspace.as_deref(), passed.vars.clone())?;
+    let mut entry = entry_for(&exe, state, args.workspace.as_deref(), passed.vars.clone())?;
+    let r = args.interpreter == Some(crate::repl::Language::R);
+    if let Some(language) = args.interpreter {
+        entry
+            .args
+            .extend(["--interpreter".to_string(), language.to_string()]);
+    }
+    let name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| if r { "sandbox-repl-r" } else { "sandbox-repl" }.to_string());
     let loc = Locations::from_process(args.workspace.as_deref())?;
     let target = target(args.client, &loc)?;
     let real = file::resolve_links(&target.path)?;
@@ -170,7 +180,7 @@ pub fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
     let after = merge(
         target.format,
         before.as_deref().unwrap_or(""),
-        &args.name,
+        &name,
         &entry,
     )
     .with_context(|| format!("cannot update {}", real.display()))?;
@@ -204,7 +214,7 @@ pub fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
     let env_names: Vec<&str> = entry.env.iter().map(|(k, _)| k.as_str()).collect();
     eprintln!(
         "mcp-sandbox-repl: wrote server {:?} to {shown}: {} {}{}",
-        args.name,
+        name,
         entry.command,
         entry.args.join(" "),
         if env_names.is_empty() {

@@ -22,6 +22,7 @@ pub mod install;
 pub mod manager;
 pub mod policy;
 pub mod process;
+pub mod r_install;
 pub mod script;
 pub mod store;
 pub mod uv;

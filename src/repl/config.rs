@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::interpreter::Language;
 use crate::sandbox::Policy;
 
 /// Configuration shared by all sessions.
@@ -11,6 +12,8 @@ pub struct ReplConfig {
     /// Interpreter to run; `None` = nearest `.venv` upward from the workspace, else
     /// `python3` on PATH.
     pub python: Option<PathBuf>,
+    /// The language of a session whose first call names none (`--interpreter`).
+    pub interpreter: Language,
     /// Working directory of every worker (`{workspace}` in the policy).
     pub workspace: PathBuf,
     /// The policy, unresolved: each session resolves it with its own `{tmp}`.
@@ -48,6 +51,7 @@ impl ReplConfig {
     pub fn new(workspace: PathBuf, policy: Policy, state_dir: PathBuf) -> ReplConfig {
         ReplConfig {
             python: None,
+            interpreter: Language::Python,
             workspace,
             policy,
             state_dir,

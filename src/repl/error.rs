@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use super::interpreter::Language;
 use crate::sandbox::{ExitReport, LaunchError, LimitHit, PolicyError, ResolvedPolicy, Termination};
 
 /// Errors of the REPL subsystem; every message says what failed, why, and what to do.
@@ -40,6 +41,18 @@ pub enum ReplError {
         "the Python interpreter {python:?} does not work: {detail}; pass a working one with --python PATH"
     )]
     PythonProbe { python: PathBuf, detail: String },
+    #[error(
+        "R is not available: {detail}; R sessions need R with jsonlite (Debian: apt-get install r-base-core r-cran-jsonlite); Python sessions are unaffected"
+    )]
+    RNotFound { detail: String },
+    #[error(
+        "session {session:?} is a {has} session, not {asked}; use another session name for {asked}, or session_close {session:?} first"
+    )]
+    LanguageMismatch {
+        session: String,
+        has: Language,
+        asked: Language,
+    },
     #[error("cannot apply the sandbox policy: {0}")]
     Policy(#[from] PolicyError),
     #[error("cannot start the Python worker: {0}")]

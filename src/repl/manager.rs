@@ -29,6 +29,7 @@ use super::python::{self, PythonInfo};
 use super::session::Session;
 use super::session::SessionEnv;
 use super::worker::SpawnSpec;
+use super::interpreter::Language;
 use crate::sandbox::{Placeholders, ResolvedPolicy};
 
 /// How many expired session names are remembered for their next cell's note.
@@ -37,6 +38,12 @@ const EXPIRED_CAP: usize = 4096;
 pub struct SessionManager {
     cfg: ReplConfig,
     python: tokio::sync::OnceCell<PythonInfo>,
+    /// R, found and probed on the first R session's start (`repl::r`).
+    r: tokio::sync::OnceCell<PythonInfo>,
+    /// The language each session name was asked for ([`Self::choose_language`]); a name
+    /// not in it starts in the configured default. Kept across an idle expiry, dropped
+    /// by a close. Locked alone.
+    languages: Mutex<HashMap<String, Language>>,
     /// The probe's answers from earlier servers (in the state dir).
     probe_cache: ProbeCache,
     /// Lock 3.
@@ -87,6 +94,8 @@ impl SessionManager {
             sandbox_generation: std::sync::atomic::AtomicU64::new(0),
             launched_under: Mutex::new(HashMap::new()),
             python: tokio::sync::OnceCell::new(),
+            r: tokio::sync::OnceCell::new(),
+            languages: Mutex::new(HashMap::new()),
             probe_cache,
             sessions: Mutex::new(BTreeMap::new()),
             site_dirs: Mutex::new(HashMap::new()),
@@ -203,6 +212,53 @@ impl SessionManager {
             .await
     }
 
+    /// R (found on PATH and probed once per server).
+    pub async fn r(&self) -> Result<&PythonInfo, ReplError> {
+        self.r.get_or_try_init(super::r::discover_r).await
+    }
+
+    /// The language session `name` runs, or will run when it starts.
+    pub fn language_of(&self, name: &str) -> Language {
+        if let Some(s) = self.sessions().get(name) {
+            return s.language();
+        }
+        self.languages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .copied()
+            .unwrap_or(self.cfg.interpreter)
+    }
+
+    /// Session `name` is to run `language`: recorded for its start, or checked against
+    /// the open session (an unused prewarmed one of the other language is closed, so it
+    /// starts again in this one). A used session keeps its language: an error says so.
+    pub fn choose_language(&self, name: &str, language: Language) -> Result<(), ReplError> {
+        let open = self.sessions().get(name).cloned();
+        if let Some(s) = open {
+            let has = s.language();
+            if has == language {
+                return Ok(());
+            }
+            let unused = lock_spare(&self.spare).as_deref() == Some(name);
+            if !unused {
+                return Err(ReplError::LanguageMismatch {
+                    session: name.to_string(),
+                    has,
+                    asked: language,
+                });
+            }
+            tracing::debug!(session = %name, %language, "closing the unused session to start it in another language");
+            let _ = self.close_session(name, Closing::OnPurpose);
+            self.used(name);
+        }
+        self.languages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), language);
+        Ok(())
+    }
+
     fn open_names(map: &BTreeMap<String, Arc<Session>>) -> String {
         if map.is_empty() {
             "none".to_string()
@@ -242,20 +298,34 @@ impl SessionManager {
         if r.is_ok() && self.stale_spare(name) {
             // Started ahead of use under a sandbox the client has since changed: no call
             // has used it, so it starts again under the current one.
-            tracing::debug!(session = %name, "the prewarmed session predates the client's sandbox; starting it again");
-            let _ = self.close(name);
+            tracing::debug!(session = %name, "the prewarmed session predates the client's sandbox or language; starting it again");
+            // Not `close`: that forgets the language a call asked for.
+            let _ = self.close_session(name, Closing::OnPurpose);
             r = self.open(name).await;
         }
         self.used(name);
         r
     }
 
-    /// `name` is the unused prewarmed session and started before the last sandbox change.
+    /// `name` is the unused prewarmed session and started before the last sandbox change,
+    /// or in another language than a call has since asked for (a prewarm that was under
+    /// way when [`Self::choose_language`] ran).
     pub(crate) fn stale_spare(&self, name: &str) -> bool {
         if lock_spare(&self.spare).as_deref() != Some(name) {
             return false;
         }
-        !self.under_current_sandbox(name)
+        !self.under_current_sandbox(name) || self.spare_in_other_language(name)
+    }
+
+    fn spare_in_other_language(&self, name: &str) -> bool {
+        let wanted = self
+            .languages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .copied();
+        let has = self.sessions().get(name).map(|s| s.language());
+        matches!((wanted, has), (Some(w), Some(h)) if w != h)
     }
 
     /// Whether session `name` was started under the current sandbox generation.
@@ -342,6 +412,11 @@ impl SessionManager {
     /// the worker while the probe checks it; the session is admitted only if the probe
     /// agrees, so no cell ever runs on a guess.
     async fn start(&self, name: &str) -> Result<Arc<Session>, ReplError> {
+        if self.language_of(name) == Language::R {
+            let r = self.r().await?.clone();
+            let started = self.launch(name, r, Language::R).await?;
+            return self.admit(name, started);
+        }
         let guess = match self.python.get() {
             Some(_) => None,
             None => self
@@ -352,7 +427,8 @@ impl SessionManager {
         let python = match guess {
             None => self.python().await?.clone(),
             Some(hit) => {
-                let (verified, launched) = tokio::join!(self.python(), self.launch(name, hit.info));
+                let (verified, launched) =
+                    tokio::join!(self.python(), self.launch(name, hit.info, Language::Python));
                 let verified = verified?.clone();
                 match launched {
                     Ok(s) if s.python().same_interpreter(&verified) => return self.admit(name, s),
@@ -370,7 +446,7 @@ impl SessionManager {
                 verified
             }
         };
-        let started = self.launch(name, python).await?;
+        let started = self.launch(name, python, Language::Python).await?;
         self.admit(name, started)
     }
 
@@ -389,7 +465,13 @@ impl SessionManager {
     }
 
     /// Spawn session `name`'s first worker on `python` (not yet in the map).
-    async fn launch(&self, name: &str, python: PythonInfo) -> Result<Arc<Session>, ReplError> {
+    /// For R, `python` is R's installation ([`Self::r`]).
+    async fn launch(
+        &self,
+        name: &str,
+        python: PythonInfo,
+        language: Language,
+    ) -> Result<Arc<Session>, ReplError> {
         self.yield_spare(name);
         self.check_room(name, &self.sessions())?;
         // One directory per session *instance*: a session closed (or expired) a moment ago
@@ -397,10 +479,16 @@ impl SessionManager {
         let tmp = self
             .session_dir(name)
             .join(format!("tmp-{}", unique_suffix()));
-        std::fs::create_dir_all(&tmp).map_err(|source| ReplError::Io {
-            what: format!("create the session directory {}", tmp.display()),
-            source,
-        })?;
+        let mut dirs = vec![tmp.clone()];
+        if language == Language::R {
+            dirs.push(super::r::session_library(&tmp));
+        }
+        for dir in dirs {
+            std::fs::create_dir_all(&dir).map_err(|source| ReplError::Io {
+                what: format!("create the session directory {}", dir.display()),
+                source,
+            })?;
+        }
         let generation = self
             .sandbox_generation
             .load(std::sync::atomic::Ordering::SeqCst);
@@ -413,7 +501,10 @@ impl SessionManager {
             workspace: workspace.clone(),
             tmp: tmp.clone(),
             python: python.prefixes.clone(),
-            venv: python.venv.clone(),
+            venv: match language {
+                Language::Python => python.venv.clone(),
+                Language::R => Some(super::r::session_library(&tmp)),
+            },
             uv_cache: None,
         };
         let policy_name = policy.name.clone();
@@ -426,7 +517,8 @@ impl SessionManager {
                 tmp,
                 policy,
                 code: python.driver_code(),
-                snapshots: self.cfg.max_snapshots > 0,
+                snapshots: self.cfg.max_snapshots > 0 && language.snapshots(),
+                language,
             },
             policy_name,
             python,
@@ -573,7 +665,16 @@ impl SessionManager {
 
     /// Kill the session's worker and forget it (its directory, graph included, is removed).
     pub fn close(&self, name: &str) -> Result<(), ReplError> {
+        self.forget_language(name);
         self.close_session(name, Closing::OnPurpose)
+    }
+
+    /// A later session of this name starts in the language its first call asks for.
+    fn forget_language(&self, name: &str) {
+        self.languages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
     }
 
     /// The sessions (other than `but`) that have a cell numbered `cell`.
@@ -659,6 +760,7 @@ impl SessionManager {
         let mut names = Vec::new();
         for (name, idle) in idle {
             tracing::info!(session = %name, "closing a session idle for longer than {ttl:?}");
+            self.forget_language(&name);
             let _ = self.close_session(&name, Closing::Expired(idle));
             names.push(name);
         }

@@ -14,6 +14,8 @@
 //! - `manager`: the named sessions — limits, idle TTL reaper, shutdown.
 //! - `python`: which interpreter to use and its installation prefixes; `probe_cache`:
 //!   its probe's answers remembered across servers.
+//! - `interpreter`: a session's language (Python or R), the seam between the two.
+//! - `r`: finding R and starting an R worker (`R/sandbox_repl_worker.R`).
 //!
 //! Nothing here knows MCP: the server passes a [`CellSink`] that receives a cell's
 //! output as it is printed, and gets a [`CellOutcome`] when the cell ends.
@@ -23,11 +25,13 @@ mod config;
 mod error;
 mod graph;
 mod info;
+mod interpreter;
 mod manager;
 mod probe_cache;
 mod protocol;
 mod pump;
 mod python;
+mod r;
 mod session;
 mod snapshot;
 mod worker;
@@ -37,8 +41,10 @@ pub(crate) use cell::{cell_name, parse_cell};
 pub use config::ReplConfig;
 pub use error::ReplError;
 pub use info::{History, HistoryEntry, SessionInfo, SessionState, SnapshotState, VariablePage};
+pub use interpreter::Language;
 pub use manager::SessionManager;
 pub(crate) use probe_cache::known_python3;
 pub use protocol::{DisplayItem, PyError, VariableDetail, VariableInfo};
 pub use python::{PythonInfo, discover_python};
+pub use r::{discover_r_blocking, session_library as r_session_library};
 pub use session::{Parent, Session};

@@ -68,6 +68,8 @@ pub(super) struct State {
     pub(super) pending: HashMap<u64, Pending>,
     /// The call whose cell is running (receives stdout/stderr).
     pub(super) current: Option<u64>,
+    /// The worker's interpreter (how messages name it, how it is interrupted).
+    pub(super) language: super::Language,
     pub(super) awaiting_input: Option<(u64, String)>,
     pub(super) orphan: VecDeque<(OutStream, Vec<u8>)>,
     pub(super) orphan_bytes: usize,
@@ -341,6 +343,7 @@ async fn reap_and_answer(shared: &Shared) {
         (None, Some(report)) => exit_words(report, &shared.policy),
         (None, None) => forked_exit_words(shared.pid, &shared.policy),
     };
+    message = st.language.reword(&message);
     if !st.ready && !st.startup_stderr.is_empty() {
         message.push_str(&format!(
             " before it was ready; its last output: {}",

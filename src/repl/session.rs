@@ -192,6 +192,11 @@ impl Session {
         &self.env.python
     }
 
+    /// The interpreter language of the session's workers.
+    pub fn language(&self) -> super::Language {
+        self.env.spec.language
+    }
+
     /// The session's private temp directory (`{tmp}`, also `TMPDIR` of the worker).
     pub(crate) fn tmp_dir(&self) -> &std::path::Path {
         &self.env.spec.tmp

@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::cell::{CellSink, OutStream};
 use super::error::ReplError;
+use super::interpreter::Language;
 use super::protocol::{self, Request};
 use super::pump::{Hold, Pending, Shared, kill_group, lock, pump, write_requests};
 pub(crate) use super::pump::{Reply, SnapshotHook};
@@ -45,6 +46,8 @@ pub(crate) struct SpawnSpec {
     pub(crate) code: Option<Arc<[u8]>>,
     /// Pass a snapshot control socket (fd 5): the worker snapshots each cell.
     pub(crate) snapshots: bool,
+    /// Which worker runs (`python` is then the interpreter to start: Python or Rscript).
+    pub(crate) language: Language,
 }
 
 /// The server's ends of a worker's descriptors.
@@ -85,16 +88,22 @@ impl Worker {
             None
         };
         let mut cmd = SandboxCommand::new(spec.policy.clone(), &spec.python);
-        let (kind, driver): (&str, &[u8]) = match &spec.code {
-            Some(code) => ("m", code),
-            None => ("s", WORKER_SOURCE.as_bytes()),
+        let driver: Vec<u8> = match spec.language {
+            Language::Python => {
+                let (kind, driver): (&str, &[u8]) = match &spec.code {
+                    Some(code) => ("m", code),
+                    None => ("s", WORKER_SOURCE.as_bytes()),
+                };
+                cmd.arg("-c")
+                    .arg(BOOTSTRAP)
+                    .arg(kind)
+                    .arg(driver.len().to_string())
+                    .env("PYTHONIOENCODING", "utf-8");
+                driver.to_vec()
+            }
+            Language::R => super::r::prepare(&mut cmd, &spec.tmp),
         };
-        cmd.arg("-c")
-            .arg(BOOTSTRAP)
-            .arg(kind)
-            .arg(driver.len().to_string());
         cmd.current_dir(&spec.workspace)
-            .env("PYTHONIOENCODING", "utf-8")
             .env("TMPDIR", &spec.tmp)
             .stdin(Io::Null)
             .stdout(Io::Piped)
@@ -130,8 +139,9 @@ impl Worker {
         };
         let denials = child.network_denials();
         let worker = Self::attach(pid, Some(child), None, fds, spec.policy.clone(), denials)?;
+        lock(&worker.shared.state).language = spec.language;
         // First on the pipe, ahead of any request (the channel keeps the order).
-        let _ = worker.requests.send(driver.to_vec());
+        let _ = worker.requests.send(driver);
         Ok(worker)
     }
 
@@ -364,8 +374,9 @@ impl Worker {
         })
         .await;
         waited.unwrap_or_else(|_| {
+            let worker = lock(&self.shared.state).language.worker_words();
             Err(ReplError::WorkerDied {
-                message: format!("the Python worker did not start within {timeout:?}"),
+                message: format!("{worker} did not start within {timeout:?}"),
             })
         })
     }
@@ -419,10 +430,23 @@ impl Worker {
     /// thread raises it in the main thread (`pthread_kill`), or at the start of the cell
     /// if it has not started yet, so an interrupt sent just after the cell is never lost
     /// and one sent between cells interrupts nothing. False when no cell runs.
+    /// An R worker reads no request while its cell runs: it gets SIGINT first (R raises
+    /// its interrupt condition in the cell), then the request, which ends a wait for
+    /// input and tells a worker whose cell already ended to drop the signal.
     pub(super) fn interrupt(&self) -> bool {
-        let Some(id) = lock(&self.shared.state).current else {
+        let (id, language) = {
+            let st = lock(&self.shared.state);
+            (st.current, st.language)
+        };
+        let Some(id) = id else {
             return false;
         };
+        if language.interrupt_by_signal()
+            && let Some(child) = lock(&self.shared.child).as_ref()
+            && let Err(e) = child.signal_target(libc::SIGINT)
+        {
+            tracing::warn!(error = %e, "could not interrupt the R worker");
+        }
         self.send(&Request::Interrupt { id });
         true
     }

@@ -30,6 +30,7 @@ use crate::sandbox::{Placeholders, ResolvedPolicy};
 use outcome::{install_outcome, script_outcome};
 
 mod outcome;
+mod r;
 
 /// Which venv a session's env call is about.
 #[derive(Debug, Clone, Default)]
@@ -275,6 +276,9 @@ impl App {
         wait: Duration,
         call: &Call,
     ) -> Result<JobView, AppError> {
+        if self.sessions.language_of(session) == crate::repl::Language::R {
+            return self.r_install(session, args.packages, wait, call).await;
+        }
         self.admit_job()?;
         let req = InstallRequest {
             packages: args.packages,

@@ -18,7 +18,7 @@ use crate::server::report::JobReport;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecArgs {
-    /// Python source.
+    /// Python or R source.
     pub code: String,
     #[serde(default)]
     #[schemars(extend("default" = "default"))]
@@ -27,7 +27,7 @@ pub struct ExecArgs {
     #[serde(default)]
     #[schemars(extend("default" = 3))]
     pub wait_seconds: Option<f64>,
-    /// Run on the state right after this cell (e.g. "c3") instead of the head.
+    /// Run on the state after this cell (e.g. "c3"), not the head.
     #[serde(default)]
     pub parent: Option<String>,
     /// With `parent`: allow re-running cells when no snapshot is left.
@@ -36,12 +36,14 @@ pub struct ExecArgs {
     /// Interrupt the cell after this.
     #[serde(default)]
     pub timeout_seconds: Option<f64>,
+    #[serde(default)]
+    pub language: Option<crate::repl::Language>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunFileArgs {
-    /// `.py` file in the workspace.
+    /// `.py` or `.R` file in the workspace.
     pub path: String,
     /// sys.argv[1:].
     #[serde(default)]
@@ -130,6 +132,11 @@ impl SandboxServer {
         let wait = wait_window(args.wait_seconds, DEFAULT_WAIT_SECONDS)?;
         let timeout = super::time_limit(args.timeout_seconds)?;
         let call = call_of(&ctx, &self.closing);
+        if let Some(language) = args.language
+            && let Err(e) = self.app.choose_language(&session, language)
+        {
+            return Ok(crate::server::report::failure(e.to_string()));
+        }
         reply(
             self.app
                 .python_exec(
