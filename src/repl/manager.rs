@@ -411,6 +411,7 @@ impl SessionManager {
                 policy,
                 code: python.driver_code(),
                 snapshots: self.cfg.max_snapshots > 0,
+                snapshot_idle: self.cfg.snapshot_idle,
             },
             policy_name,
             python,

@@ -44,6 +44,8 @@ pub(crate) struct SpawnSpec {
     pub code: Option<Arc<[u8]>>,
     /// Pass a snapshot control socket (fd 5): the worker snapshots each cell.
     pub snapshots: bool,
+    /// Idle time after a cell before its snapshot is taken (told to the worker).
+    pub snapshot_idle: std::time::Duration,
 }
 
 /// The server's ends of a worker's descriptors.
@@ -114,6 +116,10 @@ impl Worker {
             .enforce_wall_time(false);
         let control = match control {
             Some((ours, theirs)) => {
+                cmd.env(
+                    "SANDBOX_REPL_SNAPSHOT_IDLE_MS",
+                    spec.snapshot_idle.as_millis().to_string(),
+                );
                 cmd.pass_fd(theirs, 5);
                 Some(ours)
             }
