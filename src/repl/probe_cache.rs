@@ -150,7 +150,14 @@ fn pyenv_inputs(candidate: &Path) -> Option<PyenvInputs> {
     for d in dir.ancestors() {
         stamps.push(stamp(&d.join(".python-version"), true));
     }
-    for f in ["version", "versions", "libexec", "libexec/pyenv", "plugins", "pyenv.d"] {
+    for f in [
+        "version",
+        "versions",
+        "libexec",
+        "libexec/pyenv",
+        "plugins",
+        "pyenv.d",
+    ] {
         stamps.push(stamp(&root.join(f), true));
     }
     Some(PyenvInputs {
@@ -337,9 +344,8 @@ fn under_own_prefix(executable: &Path, prefixes: &[PathBuf]) -> bool {
         return false;
     };
     prefixes.iter().any(|p| {
-        p.canonicalize().is_ok_and(|p| {
-            p != Path::new("/") && (e.starts_with(&p) || executable.starts_with(&p))
-        })
+        p.canonicalize()
+            .is_ok_and(|p| p != Path::new("/") && (e.starts_with(&p) || executable.starts_with(&p)))
     })
 }
 
@@ -441,7 +447,10 @@ mod tests {
         let cache = ProbeCache::new(root);
         let prefix = root.join("versions/3.0");
         cache.store(&shim, &info(&exe, &[&prefix]));
-        assert!(cache.lookup(&shim).unwrap().trusted, "an unchanged pyenv shim was not trusted");
+        assert!(
+            cache.lookup(&shim).unwrap().trusted,
+            "an unchanged pyenv shim was not trusted"
+        );
         // The global version file changes: the shim may choose another interpreter.
         std::fs::write(root.join("version"), "3.1\n").unwrap();
         assert!(cache.lookup(&shim).is_none());
