@@ -1369,7 +1369,7 @@ class _Snapshots:
     last_reap = 0.0  # when the last reap ran (time.monotonic)
     # Seconds the session must be idle after a cell's answer before its snapshot is taken
     # (the server's --snapshot-idle-ms); a request sooner skips it (see Worker.serve).
-    IDLE = 0.02
+    IDLE = 0.2
     # The CPU a snapshot may take, as a share of the idle time before it: the idle wait is
     # at least BUDGET times the last fork's duration (a fork copies the page tables, so
     # its cost grows with the session's memory: ~0.2 s per GiB on a loaded VM).

@@ -183,7 +183,7 @@ pub struct ServeArgs {
     /// sooner skips that cell's snapshot (it stays branchable by replay), so a snapshot
     /// never delays a call. 0: snapshot every cell right after its answer (the next call
     /// may wait for the fork).
-    #[arg(long, env = "MCP_SANDBOX_SNAPSHOT_IDLE_MS", default_value_t = 20)]
+    #[arg(long, env = "MCP_SANDBOX_SNAPSHOT_IDLE_MS", default_value_t = 200)]
     pub snapshot_idle_ms: u64,
     /// Cells a session keeps in its history and graph file; past it the oldest are
     /// dropped (except those whose snapshot is held and the head's line).

@@ -117,7 +117,7 @@ impl ReplConfig {
             spare_worker: true,
             max_snapshots: 8,
             snapshot_memory: None,
-            snapshot_idle: Duration::from_millis(20),
+            snapshot_idle: Duration::from_millis(200),
             max_cells: 10_000,
             started: std::time::SystemTime::now(),
         }

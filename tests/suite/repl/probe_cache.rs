@@ -158,5 +158,9 @@ async fn a_pyenv_shims_remembered_answer_is_used_without_running_it_while_unchan
     let third = manager(&d, &shim);
     assert_eq!(version_seen(&third).await, real);
     third.shutdown();
-    assert_eq!(count(), 2, "a changed pyenv version file did not make the shim run");
+    assert_eq!(
+        count(),
+        2,
+        "a changed pyenv version file did not make the shim run"
+    );
 }
