@@ -195,7 +195,7 @@ pub async fn run_script(
     let mut reused = None;
     let mut built = false;
     let result = async {
-        let python = if let Some(hit) = key.and_then(|k| reuse(k)) {
+        let python = if let Some(hit) = key.and_then(reuse) {
             // The same dependencies and Python as an earlier run: its environment as uv
             // built it (no job can write it since), no uv step.
             prefixes = hit.prefixes.clone();
