@@ -22,7 +22,7 @@ Not part of the test run. Measures, in turns so load bursts land on every column
   --with`; separate but equally prepared warm uv caches, offline (find-links);
 - 8 sessions executing at once (200 trivial calls each): aggregate calls/s, snapshots on
   (default) against off, alternating servers.
-Writes the section "## Speed (issue 28)" of docs/benchmarks.md unless --no-write.
+Writes the section "## Speed (issue 28), <date>" of docs/benchmarks.md unless --no-write.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ async def _no_client_validation(self, name, result):
 ClientSession.validate_tool_result = _no_client_validation
 
 REPO = Path(__file__).resolve().parents[2]
-SECTION = "## Speed (issue 28)"
+# Dated: each day's run gets its own section (a rerun the same day replaces it).
+SECTION = f"## Speed (issue 28), {datetime.date.today().isoformat()}"
 
 
 def loadavg() -> str:
@@ -168,10 +169,22 @@ async def first_exec(params: StdioServerParameters, tool: str, a: dict) -> float
             return took
 
 
+def user_path() -> str:
+    """PATH as the user's shell has it: run through pyenv (`pyenv exec` puts the chosen
+    version's bin first), this script would hand the server the real interpreter as
+    `python3`; the user's PATH finds pyenv's shim first."""
+    parts = [p for p in os.environ.get("PATH", "").split(":") if "/.pyenv/versions/" not in p]
+    shims = Path(os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))) / "shims"
+    if shims.is_dir() and str(shims) not in parts:
+        parts.insert(0, str(shims))
+    return ":".join(parts)
+
+
 def firsts(args, root: Path) -> dict:
-    shim = shutil.which("python3") or "python3"
+    path = user_path()
+    shim = shutil.which("python3", path=path) or "python3"
     variants = [
-        (f"ours, default `python3` ({shim})", params_of(args.bin, server_env(root / "f-shim")), "python_exec", {"code": "1"}),
+        (f"ours, default `python3` ({shim})", params_of(args.bin, server_env(root / "f-shim", PATH=path)), "python_exec", {"code": "1"}),
         ("ours, `--python /usr/bin/python3`", params_of(args.bin, server_env(root / "f-usr", MCP_SANDBOX_PYTHON="/usr/bin/python3")),
          "python_exec", {"code": "1"}),
     ]
@@ -182,13 +195,24 @@ def firsts(args, root: Path) -> dict:
     if (bin_dir / "mcp-python").exists():
         variants.append(("mcp-python", params_of(str(bin_dir / "mcp-python"), server_env(root / "f-p2")),
                          "execute_python", {"code": "1"}))
+    # Same-run baselines: the interpreters' own start (`-c pass`), bare.
+    real = subprocess.run([shim, "-c", "import sys; print(sys.executable)"], capture_output=True, text=True,
+                          env=dict(os.environ, PATH=path)).stdout.strip()
+    bare = [(f"bare `{shim} -c pass` (the shim)", [shim, "-c", "pass"]),
+            (f"bare `{real} -c pass` (what it runs)", [real, "-c", "pass"]),
+            ("bare `/usr/bin/python3 -c pass`", ["/usr/bin/python3", "-c", "pass"])]
     res = {name: [] for name, *_ in variants}
+    res.update({name: [] for name, _ in bare})
     for name, p, tool, a in variants:  # one start each first: the state dir as a configured server has it
         anyio.run(first_exec, p, tool, a)
     for _ in range(args.first):
         for name, p, tool, a in variants:
             res[name].append(anyio.run(first_exec, p, tool, a))
             time.sleep(0.2)  # the previous server's processes are gone
+        for name, argv in bare:
+            t = time.perf_counter()
+            subprocess.run(argv, env=dict(os.environ, PATH=path), check=True)
+            res[name].append(time.perf_counter() - t)
     return res
 
 
@@ -333,7 +357,7 @@ def report(args, L0: str, L1: str, H: dict, F: dict, La: dict, E: dict, P: dict,
             f"ours − echo: **{(med(ours) - med(echo)) * 1000:.2f} ms** (target ≤ 0.5 ms).",
             "",
         ]
-    lines += ["| first call from `initialize` (request sent → answer) | median (p95, n) |", "|---|---|"]
+    lines += ["| first call from `initialize` (request sent → answer), and the interpreters' bare start | median (p95, n) |", "|---|---|"]
     for n, xs in F.items():
         lines.append(f"| {n} | {fmt(xs)} |")
     lines += ["", "| launcher (`/bin/true`) | median (p95, n) | ratio to bubblewrap |", "|---|---|---|"]
