@@ -404,6 +404,8 @@ def test_no_fork_warning_on_newer_pythons_and_branches_keep_random(server, versi
 
 
 def test_branches_from_a_seeded_cell_draw_the_same_numbers(server):
+    server.env["MCP_SANDBOX_SNAPSHOT_IDLE_MS"] = "0"  # cells back to back, each with its snapshot
+
     async def scenario(c):
         await c.ok("python_exec", code="import random\nrandom.seed(1)")
         straight = (await c.ok("python_exec", code="[random.random() for _ in range(3)]"))["value"]
@@ -433,6 +435,8 @@ def test_an_install_leaves_no_cell_in_the_history(offline):
 
 
 def test_a_branch_says_the_head_moved_and_how_to_return(server):
+    server.env["MCP_SANDBOX_SNAPSHOT_IDLE_MS"] = "0"  # cells back to back, each with its snapshot
+
     async def scenario(c):
         await c.ok("python_exec", code="x = 1")  # c1
         await c.ok("python_exec", code="x = 2")  # c2
