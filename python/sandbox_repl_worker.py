@@ -1251,24 +1251,41 @@ class Worker:
     def serve(self):
         self.send_ready()
         pending = None  # the cell whose snapshot is still to be taken
+        due = 0.0  # when (monotonic) the pending snapshot may be taken: the session idle till then
         while True:
             try:
                 if pending is None:
                     req = self.next_request()
                 else:
-                    # The snapshot's fork waits until the answer is on its way (it would
-                    # share the CPUs with the server passing it on), or until the next
-                    # request, which then sees the state right after the cell.
-                    try:
-                        req = self.requests.get(timeout=_Snapshots.DEFER)
-                    except _queue.Empty:
-                        req = None
-                    if req is None or req.get("op") != "shutdown":
-                        cell, pending = pending, None
+                    # The snapshot is taken only in idle time: not before the answer is on
+                    # its way and the session has been idle a while. A request sooner
+                    # skips it (the cell stays branchable by replay): a snapshot never
+                    # delays an answer or the next call.
+                    # (Zero idle, --snapshot-idle-ms 0: every snapshot right after its
+                    # answer, before the next request is looked at.)
+                    req = None
+                    if _Snapshots.IDLE > 0:
+                        wait = due - _monotonic()
+                        try:
+                            if wait > 0:
+                                req = self.requests.get(timeout=wait)
+                            else:
+                                req = self.requests.get_nowait()
+                        except _queue.Empty:
+                            req = None
+                    if req is not None and req.get("op") == "ping":
+                        # The server's own bookkeeping (history, a branch's check), not a
+                        # call: say the snapshot is still to come, and go on waiting.
+                        _Snapshots.pending_note(self, pending)
+                        self.chan.send({"ev": "ok", "id": req.get("id")})
+                        continue
+                    cell, pending = pending, None
+                    if req is None:
                         if _Snapshots.after_cell(self, cell):
                             continue  # a new live worker, branched from that snapshot
-                    if req is None:
                         continue
+                    if req.get("op") != "shutdown":
+                        _Snapshots.skipped(self, cell)
                 if req.get("op") == "shutdown":
                     _flush_std()
                     os._exit(0)
@@ -1283,8 +1300,9 @@ class Worker:
                 _flush_std()
                 _State.current_id = None
                 self.chan.send(reply)
-                if req.get("op") in ("execute", "run_file"):
+                if req.get("op") in ("execute", "run_file") and _Snapshots.ctl is not None:
                     pending = req.get("cell")
+                    due = _monotonic() + _Snapshots.idle_needed()
             except KeyboardInterrupt:
                 continue  # an interrupt between cells breaks nothing
 
@@ -1349,15 +1367,57 @@ class _Snapshots:
     children = []  # pids of the processes this one forked (snapshots or live workers)
     REAP_AFTER = 5.0  # seconds between reaps of those that ended
     last_reap = 0.0  # when the last reap ran (time.monotonic)
-    DEFER = 0.02  # seconds the fork waits after a cell's answer (see Worker.serve)
+    # Seconds the session must be idle after a cell's answer before its snapshot is taken
+    # (the server's --snapshot-idle-ms); a request sooner skips it (see Worker.serve).
+    IDLE = 0.2
+    # The CPU a snapshot may take, as a share of the idle time before it: the idle wait is
+    # at least BUDGET times the last fork's duration (a fork copies the page tables, so
+    # its cost grows with the session's memory: ~0.2 s per GiB on a loaded VM).
+    BUDGET = 10
+    last_fork = 0.0  # seconds the last snapshot fork took
     reap_lock = _thread.allocate_lock()  # guards `children`
     # asyncio loops inherited from a snapshot: kept, never closed (closing one would
     # unregister descriptors from an epoll instance the snapshot shares).
     old_loops = []
 
     @classmethod
+    def idle_needed(cls):
+        return max(cls.IDLE, cls.BUDGET * cls.last_fork) if cls.IDLE > 0 else 0.0
+
+    @classmethod
+    def idle_words(cls):
+        return f"{cls.idle_needed() * 1000:.0f} ms"
+
+    @classmethod
+    def skipped(cls, worker, cell):
+        """The next request came before the session was idle: no snapshot of `cell`."""
+        if isinstance(cell, int):
+            note = (
+                f"not taken: the next call came within {cls.idle_words()} of this cell's answer "
+                "(snapshots are taken only in idle time, so they never delay a call); "
+                "branching from it replays"
+            )
+            worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": note})
+
+    @classmethod
+    def pending_note(cls, worker, cell):
+        if isinstance(cell, int):
+            note = (
+                f"not taken yet: taken once the session has been idle {cls.idle_words()} "
+                "after this cell (a call sooner skips it; branching from it then replays)"
+            )
+            worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": note})
+
+    @classmethod
     def setup(cls):
         import stat
+
+        idle = os.environ.pop("SANDBOX_REPL_SNAPSHOT_IDLE_MS", None)
+        if idle is not None:
+            try:
+                cls.IDLE = max(0.0, int(idle) / 1000.0)
+            except ValueError:
+                pass
 
         try:
             if not stat.S_ISSOCK(os.fstat(5).st_mode):
@@ -1517,6 +1577,7 @@ class _Snapshots:
         shared = cls.shared_by_fork(fds)
         rand = _random_state()
         _Threads.stop()
+        started = _monotonic()
         try:
             pid = os.fork()
         except OSError as e:
@@ -1525,6 +1586,8 @@ class _Snapshots:
             theirs.close()
             worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": f"fork failed: {e}"})
             return False
+        if pid != 0:
+            cls.last_fork = _monotonic() - started
         if pid == 0:
             _restore_random(rand)
             theirs.close()

@@ -182,6 +182,12 @@ pub struct ServeArgs {
     /// evicted. Default: half the policy's memory limit (none without one).
     #[arg(long, env = "MCP_SANDBOX_SNAPSHOT_MEMORY", value_parser = parse_byte_size)]
     pub snapshot_memory: Option<u64>,
+    /// Idle milliseconds after a cell before its snapshot is taken. A call that arrives
+    /// sooner skips that cell's snapshot (it stays branchable by replay), so a snapshot
+    /// never delays a call. 0: snapshot every cell right after its answer (the next call
+    /// may wait for the fork).
+    #[arg(long, env = "MCP_SANDBOX_SNAPSHOT_IDLE_MS", default_value_t = 200)]
+    pub snapshot_idle_ms: u64,
     /// Cells a session keeps in its history and graph file; past it the oldest are
     /// dropped (except those whose snapshot is held and the head's line).
     #[arg(long, env = "MCP_SANDBOX_MAX_CELLS", default_value_t = 10_000)]

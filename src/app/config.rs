@@ -26,6 +26,8 @@ pub struct Config {
     pub max_snapshots: usize,
     /// Memory budget for a session's snapshots, bytes (default: half the policy's memory limit).
     pub snapshot_memory: Option<u64>,
+    /// Idle time after a cell before its snapshot is taken (a call sooner skips it).
+    pub snapshot_idle: std::time::Duration,
     /// Cells a session keeps in its graph (the oldest are dropped past it; at least 1).
     pub max_cells: usize,
     /// Approximate cap, in bytes, on the text of one response.

@@ -246,6 +246,7 @@ impl App {
         repl.idle_ttl = cfg.session_ttl;
         repl.max_snapshots = cfg.max_snapshots;
         repl.snapshot_memory = cfg.snapshot_memory;
+        repl.snapshot_idle = cfg.snapshot_idle;
         repl.max_cells = cfg.max_cells;
         repl.repr_limit = cfg.response_bytes.min(20_000);
         Ok(App {

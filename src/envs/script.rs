@@ -107,6 +107,10 @@ pub struct ScriptReport {
     /// What its environment resolved to, `name==version`, sorted (none without one).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub resolved: Vec<String>,
+    /// The environment an earlier run with the same dependencies and Python built was
+    /// used again (no uv step ran).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub reused_environment: bool,
 }
 
 /// Check a request before anything runs; returns the script file to run.
@@ -187,8 +191,19 @@ pub async fn run_script(
     let mut benchmark = Benchmark::default();
     let mut env_dir = None;
     let mut prefixes = Vec::new();
+    let key = needs_env.then(|| env_key(cfg, uv, req, lease, &script, pep723, session_policy));
+    let mut reused = None;
+    let mut built = false;
     let result = async {
-        let python = if needs_env {
+        let python = if let Some(hit) = key.and_then(reuse) {
+            // The same dependencies and Python as an earlier run: its environment as uv
+            // built it (no job can write it since), no uv step.
+            prefixes = hit.prefixes.clone();
+            env_dir = Some(hit.dir.clone());
+            let python = hit.dir.join("bin").join("python");
+            reused = Some(hit);
+            python
+        } else if needs_env {
             let dir = transient_env_dir(cfg)?;
             env_dir = Some(dir.clone());
             lease.add_tree(&dir);
@@ -209,6 +224,7 @@ pub async fn run_script(
                 Ok((b, base)) => {
                     add(&mut benchmark, &b);
                     prefixes = base;
+                    built = true;
                     dir.join("bin").join("python")
                 }
                 Err(mut report) => {
@@ -223,7 +239,7 @@ pub async fn run_script(
         let mut policy = session_policy.with_read(script.clone());
         if let Some(dir) = &env_dir {
             policy = policy.with_execute(dir.clone());
-            for prefix in prefixes {
+            for prefix in &prefixes {
                 policy = policy.with_execute(prefix);
             }
         } else if let Some(prefix) = interpreter_prefix(&python) {
@@ -275,16 +291,194 @@ pub async fn run_script(
             denied: outcome.denied,
             python,
             resolved,
+            reused_environment: reused.is_some(),
         })
     }
     .await;
     if let Some(path) = temp {
         let _ = std::fs::remove_file(path);
     }
-    if let Some(dir) = env_dir {
-        let _ = std::fs::remove_dir_all(dir);
+    match (reused, env_dir) {
+        (Some(hit), _) => release(&hit),
+        (None, Some(dir)) => {
+            // Kept for the next run with the same key if it was built whole and the
+            // script did not fail in a way that says the environment is at fault.
+            let kept = match (&key, &result) {
+                (Some(k), Ok(_)) if built => keep(*k, &dir, &prefixes),
+                _ => false,
+            };
+            if !kept {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+        (None, None) => {}
     }
     result
+}
+
+/// Script environments kept for reuse (at most [`KEPT_ENVS`] per server, each at most
+/// [`KEPT_FOR`] old), by [`env_key`]. They live in `<state>/script-envs/env-<server>-<n>`,
+/// which no job can write once uv has built them (the state dir is hidden from every
+/// job; the build step could write only that directory), and which the next server's
+/// start-up sweep removes. The prefixes are those read right after `uv venv`.
+struct KeptEnv {
+    dir: PathBuf,
+    prefixes: Vec<PathBuf>,
+    built: std::time::Instant,
+    used: std::time::Instant,
+    busy: usize,
+}
+
+/// Most script environments kept at once (the least recently used one goes).
+const KEPT_ENVS: usize = 8;
+/// Oldest kept environment reused: an unpinned dependency is resolved again after this.
+const KEPT_FOR: Duration = Duration::from_secs(3600);
+
+static KEPT: std::sync::Mutex<Option<std::collections::HashMap<u64, KeptEnv>>> =
+    std::sync::Mutex::new(None);
+
+fn kept() -> std::sync::MutexGuard<'static, Option<std::collections::HashMap<u64, KeptEnv>>> {
+    KEPT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What a script environment depends on, hashed: whose it is (the lease's owner: never
+/// another session's), the dependency strings (as a set), the Python asked for (or the
+/// REPL's interpreter and its identity), the PEP 723 block, the package sources, the
+/// wheels-only rule and the installer's network, and the uv binary.
+fn env_key(
+    cfg: &EnvConfig,
+    uv: &Uv,
+    req: &ScriptRequest,
+    lease: &Lease,
+    script: &std::path::Path,
+    pep723: bool,
+    policy: &ResolvedPolicy,
+) -> u64 {
+    use std::hash::{Hash, Hasher};
+    use std::os::unix::fs::MetadataExt;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    lease.owner().hash(&mut h);
+    let mut deps = req.dependencies.clone();
+    deps.sort();
+    deps.dedup();
+    deps.hash(&mut h);
+    req.python_version.hash(&mut h);
+    cfg.python.hash(&mut h);
+    for p in [&cfg.python, &uv.sealed(cfg)] {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+            .hash(&mut h);
+    }
+    if pep723 {
+        script_block(script).hash(&mut h);
+    }
+    cfg.sources.args().hash(&mut h);
+    policy.wheels_only.hash(&mut h);
+    format!("{:?}", policy::installer_network(policy)).hash(&mut h);
+    h.finish()
+}
+
+/// A kept environment for `key`, marked in use; `None` if there is none (or it is too old).
+fn reuse(key: u64) -> Option<KeptEnvRef> {
+    let mut map = kept();
+    let envs = map.get_or_insert_with(Default::default);
+    let env = envs.get_mut(&key)?;
+    if env.built.elapsed() > KEPT_FOR || !env.dir.join("bin").join("python").exists() {
+        if env.busy == 0 {
+            let gone = envs.remove(&key)?;
+            remove_later(gone.dir);
+        }
+        return None;
+    }
+    env.busy += 1;
+    env.used = std::time::Instant::now();
+    Some(KeptEnvRef {
+        key,
+        dir: env.dir.clone(),
+        prefixes: env.prefixes.clone(),
+    })
+}
+
+/// A kept environment in use by one run.
+struct KeptEnvRef {
+    key: u64,
+    dir: PathBuf,
+    prefixes: Vec<PathBuf>,
+}
+
+fn release(hit: &KeptEnvRef) {
+    if let Some(env) = kept()
+        .get_or_insert_with(Default::default)
+        .get_mut(&hit.key)
+    {
+        env.busy = env.busy.saturating_sub(1);
+    }
+}
+
+/// Keep `dir` (just built for `key`) for later runs; false if another run kept one for
+/// the same key first (then `dir` is removed by the caller).
+fn keep(key: u64, dir: &std::path::Path, prefixes: &[PathBuf]) -> bool {
+    let mut map = kept();
+    let envs = map.get_or_insert_with(Default::default);
+    if envs.contains_key(&key) {
+        return false;
+    }
+    while envs.len() >= KEPT_ENVS {
+        let Some(lru) = envs
+            .iter()
+            .filter(|(_, e)| e.busy == 0)
+            .min_by_key(|(_, e)| e.used)
+            .map(|(k, _)| *k)
+        else {
+            return false;
+        };
+        if let Some(gone) = envs.remove(&lru) {
+            remove_later(gone.dir);
+        }
+    }
+    let now = std::time::Instant::now();
+    envs.insert(
+        key,
+        KeptEnv {
+            dir: dir.to_path_buf(),
+            prefixes: prefixes.to_vec(),
+            built: now,
+            used: now,
+            busy: 0,
+        },
+    );
+    true
+}
+
+fn remove_later(dir: PathBuf) {
+    std::thread::spawn(move || {
+        let _ = std::fs::remove_dir_all(dir);
+    });
+}
+
+/// The PEP 723 block's lines (what uv reads of the script), from a bounded read.
+fn script_block(script: &std::path::Path) -> Vec<Vec<u8>> {
+    use std::io::BufRead;
+    let Some(file) = super::open_job_file(script, SCRIPT_BLOCK_SCAN) else {
+        return Vec::new();
+    };
+    let mut inside = false;
+    let mut lines = Vec::new();
+    for l in std::io::BufReader::new(file)
+        .split(b'\n')
+        .map_while(Result::ok)
+    {
+        let t = l.trim_ascii_end();
+        if t == b"# /// script" {
+            inside = true;
+        } else if inside && t == b"# ///" {
+            break;
+        } else if inside {
+            lines.push(t.to_vec());
+        }
+    }
+    lines
 }
 
 fn failure_words(f: ScriptFailure, req: &ScriptRequest, stderr: &str) -> String {
@@ -506,6 +700,7 @@ async fn build_env(
             denied: outcome.denied,
             python: None,
             resolved: Vec::new(),
+            reused_environment: false,
         }));
     }
     Ok(Ok((benchmark, prefixes.unwrap_or_default())))

@@ -38,6 +38,9 @@ pub struct ReplConfig {
     /// it the least recently used are evicted. `None`: half the policy's memory limit
     /// (no budget without one: there is no memory cgroup to read).
     pub snapshot_memory: Option<u64>,
+    /// Idle time after a cell before the worker takes its snapshot; a request that
+    /// arrives sooner skips it (the cell is then branched by replay). Zero: at once.
+    pub snapshot_idle: Duration,
     /// Cells a session keeps in its graph (history, branching) at most; past it the oldest
     /// are dropped, except those whose snapshot is held and the head's line. 0: all.
     pub max_cells: usize,
@@ -62,6 +65,7 @@ impl ReplConfig {
             spare_worker: true,
             max_snapshots: 8,
             snapshot_memory: None,
+            snapshot_idle: Duration::from_millis(200),
             max_cells: 10_000,
             started: std::time::SystemTime::now(),
         }

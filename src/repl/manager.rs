@@ -518,6 +518,7 @@ impl SessionManager {
                 policy,
                 code: python.driver_code(),
                 snapshots: self.cfg.max_snapshots > 0 && language.snapshots(),
+                snapshot_idle: self.cfg.snapshot_idle,
                 language,
             },
             policy_name,

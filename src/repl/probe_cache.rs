@@ -9,10 +9,12 @@
 //! of the `pyvenv.cfg` files that would make it a virtual environment. Any change there
 //! is a miss, and the probe runs again.
 //!
-//! An entry is *trusted* (used without a probe) only when the candidate is the
-//! interpreter itself (it resolves to the same file as `sys.executable`) and that file
-//! lies under one of the prefixes it reported. A candidate that is some other program —
-//! a shim script choosing an interpreter by environment or by a version file somewhere —
+//! An entry is *trusted* (used without a probe) only when the interpreter it names lies
+//! under one of the prefixes it reported and either the candidate is that interpreter
+//! itself (it resolves to the same file as `sys.executable`), or the candidate is a pyenv
+//! shim and everything pyenv chooses by is as it was (its variables, version files and
+//! directories: [`PyenvInputs`]). Any other program — a shim script choosing an
+//! interpreter by environment or by a version file somewhere —
 //! may answer differently with nothing above changed: its entry is only a guess the
 //! session manager may start a worker from while the probe checks it, and no cell runs
 //! before the probe agrees. The file must belong to the owner of the state dir and be
@@ -75,6 +77,95 @@ struct Key {
     candidate: PathBuf,
     env: Vec<(String, Option<String>)>,
     stamps: Vec<Stamp>,
+    /// For a pyenv shim: everything it chooses the interpreter by (see [`pyenv_inputs`]);
+    /// `None` for any other candidate.
+    #[serde(default)]
+    pyenv: Option<PyenvInputs>,
+}
+
+/// What a pyenv shim (`$PYENV_ROOT/shims/python3`: `exec "$PYENV_ROOT/libexec/pyenv" exec
+/// python3 "$@"`) decides by when the probe runs it (from `/`, in the server's
+/// environment): the variables pyenv reads (`PYENV_VERSION` first of all, `PATH` for the
+/// `system` version), the version files it looks for (`.python-version` in `$PYENV_DIR`
+/// or the working directory `/` and upward, then `$PYENV_ROOT/version`), and the
+/// identity of pyenv itself and what it chooses among (the `versions`, `libexec`,
+/// `plugins`, `pyenv.d` directories: an installed, removed or upgraded version or hook
+/// changes them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct PyenvInputs {
+    root: PathBuf,
+    env: Vec<(String, Option<String>)>,
+    stamps: Vec<Stamp>,
+}
+
+/// Variables a pyenv shim's choice depends on.
+const PYENV_ENV: [&str; 6] = [
+    "PYENV_VERSION",
+    "PYENV_DIR",
+    "PYENV_ROOT",
+    "PYENV_HOOK_PATH",
+    "PYENV_DEBUG",
+    "PATH",
+];
+
+/// The shim's `PYENV_ROOT`, if `candidate` is a pyenv shim (a short script that sets it
+/// and execs `$PYENV_ROOT/libexec/pyenv exec`).
+fn pyenv_root(candidate: &Path) -> Option<PathBuf> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(1024);
+    std::fs::File::open(candidate)
+        .ok()?
+        .take(4096)
+        .read_to_end(&mut head)
+        .ok()?;
+    let text = std::str::from_utf8(&head).ok()?;
+    if !text.starts_with("#!") {
+        return None;
+    }
+    let root = text.lines().find_map(|l| {
+        l.trim()
+            .strip_prefix("export PYENV_ROOT=")
+            .map(|v| v.trim_matches('"'))
+    })?;
+    let exec = format!("exec \"{root}/libexec/pyenv\" exec ");
+    (!root.is_empty() && Path::new(root).is_absolute() && text.contains(&exec))
+        .then(|| PathBuf::from(root))
+}
+
+fn env_of(names: &[&str]) -> Vec<(String, Option<String>)> {
+    names
+        .iter()
+        .map(|v| {
+            let value = std::env::var_os(v).map(|s| s.to_string_lossy().into_owned());
+            (v.to_string(), value)
+        })
+        .collect()
+}
+
+/// What a pyenv shim at `candidate` decides by, now (`None`: not a pyenv shim).
+fn pyenv_inputs(candidate: &Path) -> Option<PyenvInputs> {
+    let root = pyenv_root(candidate)?;
+    let mut stamps = Vec::new();
+    // The probe runs from `/`: pyenv looks in $PYENV_DIR (default: there) and upward.
+    let dir = std::env::var_os("PYENV_DIR").map_or_else(|| PathBuf::from("/"), PathBuf::from);
+    for d in dir.ancestors() {
+        stamps.push(stamp(&d.join(".python-version"), true));
+    }
+    for f in [
+        "version",
+        "versions",
+        "libexec",
+        "libexec/pyenv",
+        "plugins",
+        "pyenv.d",
+    ] {
+        stamps.push(stamp(&root.join(f), true));
+    }
+    Some(PyenvInputs {
+        root,
+        env: env_of(&PYENV_ENV),
+        stamps,
+    })
 }
 
 fn key(candidate: &Path, executable: &Path) -> Key {
@@ -94,14 +185,9 @@ fn key(candidate: &Path, executable: &Path) -> Key {
         server: env!("CARGO_PKG_VERSION").to_string(),
         driver: driver_hash(),
         candidate: candidate.to_path_buf(),
-        env: PREFIX_ENV
-            .iter()
-            .map(|v| {
-                let value = std::env::var_os(v).map(|s| s.to_string_lossy().into_owned());
-                (v.to_string(), value)
-            })
-            .collect(),
+        env: env_of(&PREFIX_ENV),
         stamps,
+        pyenv: pyenv_inputs(candidate),
     }
 }
 
@@ -186,10 +272,18 @@ impl ProbeCache {
             .entries
             .into_iter()
             .find(|e| e.key.candidate == candidate)?;
-        if key(candidate, &entry.executable) != entry.key {
+        let now = key(candidate, &entry.executable);
+        if now != entry.key {
             return None;
         }
-        let trusted = is_the_interpreter(candidate, &entry.executable, &entry.prefixes);
+        // A pyenv shim whose inputs are all as they were chooses the same interpreter:
+        // its answer is used without running it again (it costs a bash and several
+        // forks, ~100-200 ms), provided the interpreter lies under its own prefixes.
+        let trusted = if now.pyenv.is_some() {
+            under_own_prefix(&entry.executable, &entry.prefixes)
+        } else {
+            is_the_interpreter(candidate, &entry.executable, &entry.prefixes)
+        };
         Some(Hit {
             info: PythonInfo {
                 executable: entry.executable,
@@ -241,12 +335,19 @@ fn is_the_interpreter(candidate: &Path, executable: &Path, prefixes: &[PathBuf])
     let (Ok(c), Ok(e)) = (candidate.canonicalize(), executable.canonicalize()) else {
         return false;
     };
-    c == e
-        && prefixes.iter().any(|p| {
-            p.canonicalize().is_ok_and(|p| {
-                p != Path::new("/") && (c.starts_with(&p) || executable.starts_with(&p))
-            })
-        })
+    c == e && under_own_prefix(executable, prefixes)
+}
+
+/// The interpreter (as named, or resolved) lies under one of the prefixes it reported,
+/// none of them `/`.
+fn under_own_prefix(executable: &Path, prefixes: &[PathBuf]) -> bool {
+    let Ok(e) = executable.canonicalize() else {
+        return false;
+    };
+    prefixes.iter().any(|p| {
+        p.canonicalize()
+            .is_ok_and(|p| p != Path::new("/") && (e.starts_with(&p) || executable.starts_with(&p)))
+    })
 }
 
 /// Whether an earlier server's probe, remembered in `state_dir` and still trusted (see
@@ -345,6 +446,59 @@ mod tests {
         assert!(!cache.lookup(&exe).unwrap().trusted);
         cache.store(&exe, &info(&exe, &[Path::new("/")]));
         assert!(!cache.lookup(&exe).unwrap().trusted);
+    }
+
+    /// A pyenv root: `shims/python3` (pyenv's shim text), `libexec/pyenv`, `version`,
+    /// `versions/`, with the interpreter `versions/3.0/bin/python3`.
+    fn pyenv(tag: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let dir = tempfile::Builder::new().prefix(tag).tempdir().unwrap();
+        let root = dir.path();
+        for d in ["shims", "libexec", "versions/3.0/bin"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        let shim = root.join("shims/python3");
+        std::fs::write(
+            &shim,
+            format!(
+                "#!/usr/bin/env bash\nset -e\nprogram=\"${{0##*/}}\"\nexport PYENV_ROOT=\"{r}\"\nexec \"{r}/libexec/pyenv\" exec \"$program\" \"$@\"\n",
+                r = root.display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(root.join("libexec/pyenv"), "#!/bin/sh\n").unwrap();
+        std::fs::write(root.join("version"), "3.0\n").unwrap();
+        let exe = root.join("versions/3.0/bin/python3");
+        std::fs::write(&exe, "not really").unwrap();
+        (dir, shim, exe)
+    }
+
+    #[test]
+    fn a_pyenv_shim_is_trusted_while_what_it_decides_by_is_unchanged() {
+        let (dir, shim, exe) = pyenv("probe-cache-pyenv");
+        let root = dir.path();
+        assert_eq!(pyenv_root(&shim).as_deref(), Some(root));
+        let cache = ProbeCache::new(root);
+        let prefix = root.join("versions/3.0");
+        cache.store(&shim, &info(&exe, &[&prefix]));
+        assert!(
+            cache.lookup(&shim).unwrap().trusted,
+            "an unchanged pyenv shim was not trusted"
+        );
+        // The global version file changes: the shim may choose another interpreter.
+        std::fs::write(root.join("version"), "3.1\n").unwrap();
+        assert!(cache.lookup(&shim).is_none());
+        cache.store(&shim, &info(&exe, &[&prefix]));
+        assert!(cache.lookup(&shim).unwrap().trusted);
+        // A version installed (or removed) changes what it chooses among.
+        std::fs::create_dir_all(root.join("versions/3.1")).unwrap();
+        assert!(cache.lookup(&shim).is_none());
+        // An interpreter outside its reported prefixes is never trusted.
+        let elsewhere = tempfile::tempdir().unwrap();
+        cache.store(&shim, &info(&exe, &[elsewhere.path()]));
+        assert!(!cache.lookup(&shim).unwrap().trusted);
+        // Any other script is only a guess (the shim of `install` is not pyenv's).
+        let (_d, _exe, other) = install("probe-cache-other");
+        assert_eq!(pyenv_root(&other), None);
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub(crate) struct SpawnSpec {
     pub(crate) code: Option<Arc<[u8]>>,
     /// Pass a snapshot control socket (fd 5): the worker snapshots each cell.
     pub(crate) snapshots: bool,
+    /// Idle time after a cell before its snapshot is taken (told to the worker).
+    pub(crate) snapshot_idle: std::time::Duration,
     /// Which worker runs (`python` is then the interpreter to start: Python or Rscript).
     pub(crate) language: Language,
 }
@@ -113,6 +115,10 @@ impl Worker {
             .enforce_wall_time(false);
         let control = match control {
             Some((ours, theirs)) => {
+                cmd.env(
+                    "SANDBOX_REPL_SNAPSHOT_IDLE_MS",
+                    spec.snapshot_idle.as_millis().to_string(),
+                );
                 cmd.pass_fd(theirs, 5);
                 Some(ours)
             }

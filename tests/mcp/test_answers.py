@@ -355,7 +355,9 @@ def python_of(version: str) -> str | None:
 
 def test_the_snapshot_fork_happens_with_one_thread(server):
     """What Python 3.12+ warns about (a fork while other threads run) never happens: a fork
-    hook in user code counts the process's threads at every snapshot fork."""
+    hook in user code counts the process's threads at every snapshot fork (every cell is
+    snapshotted right after its answer here: `--snapshot-idle-ms 0`)."""
+    server.env["MCP_SANDBOX_SNAPSHOT_IDLE_MS"] = "0"
 
     async def scenario(c):
         await c.ok("python_exec", code="import os\ncounts = []\nos.register_at_fork(before=lambda: counts.append(len(os.listdir('/proc/self/task'))))")
@@ -374,7 +376,9 @@ def test_the_snapshot_fork_happens_with_one_thread(server):
 @pytest.mark.parametrize("version", ["3.12", "3.13"])
 def test_no_fork_warning_on_newer_pythons_and_branches_keep_random(server, version):
     """On Python 3.12 and 3.13 no cell's output carries the multi-threaded fork warning, and
-    three branches from a seeded cell draw what the straight line drew."""
+    three branches from a seeded cell draw what the straight line drew (every cell is
+    snapshotted right after its answer here: `--snapshot-idle-ms 0`)."""
+    server.env["MCP_SANDBOX_SNAPSHOT_IDLE_MS"] = "0"
     python = python_of(version)
     if python is None:
         pytest.skip(f"no Python {version} here; test_the_snapshot_fork_happens_with_one_thread covers the mechanism")
@@ -400,6 +404,8 @@ def test_no_fork_warning_on_newer_pythons_and_branches_keep_random(server, versi
 
 
 def test_branches_from_a_seeded_cell_draw_the_same_numbers(server):
+    server.env["MCP_SANDBOX_SNAPSHOT_IDLE_MS"] = "0"  # cells back to back, each with its snapshot
+
     async def scenario(c):
         await c.ok("python_exec", code="import random\nrandom.seed(1)")
         straight = (await c.ok("python_exec", code="[random.random() for _ in range(3)]"))["value"]
@@ -428,6 +434,8 @@ def test_an_install_leaves_no_cell_in_the_history(offline):
 
 
 def test_a_branch_says_the_head_moved_and_how_to_return(server):
+    server.env["MCP_SANDBOX_SNAPSHOT_IDLE_MS"] = "0"  # cells back to back, each with its snapshot
+
     async def scenario(c):
         await c.ok("python_exec", code="x = 1")  # c1
         await c.ok("python_exec", code="x = 2")  # c2

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import anyio
+import pytest
 
 from conftest import Harness, ToolFailed
 
@@ -41,6 +42,70 @@ async def gone(name: str, timeout: float = 60) -> list[int]:
 
 def by_cell(history: dict) -> dict:
     return {c["cell"]: c for c in history["cells"]}
+
+
+@pytest.fixture(autouse=True)
+def snapshot_every_cell(server: Harness):
+    """These tests are about what a snapshot holds and how branches, caps and lifetimes
+    treat it, with cells run back to back: they take every snapshot right after its answer
+    (`--snapshot-idle-ms 0`). The default, snapshots only in idle time, is tested by
+    the two `..._default_settings` tests below, which drop this."""
+    server.env["MCP_SANDBOX_SNAPSHOT_IDLE_MS"] = "0"
+
+
+async def until_held(c, cell: str, timeout: float = 60) -> dict:
+    """python_history until `cell` is held (its snapshot was taken in idle time). A
+    history call does not count as a call that skips the snapshot."""
+    deadline = time.monotonic() + timeout
+    while True:
+        cells = by_cell(await c.ok("python_history"))
+        if cells[cell]["snapshot"] == "held" or time.monotonic() > deadline:
+            return cells
+        await anyio.sleep(0.05)
+
+
+def test_a_cell_that_had_idle_time_is_branched_by_fork_default_settings(server: Harness):
+    """Default settings: the snapshot is taken once the session is idle after the answer;
+    branching back to that cell forks it (the same random number, nothing replayed)."""
+    del server.env["MCP_SANDBOX_SNAPSHOT_IDLE_MS"]
+
+    async def scenario(c):
+        a = await c.ok("python_exec", code="import random; r = random.random(); r")
+        cells = await until_held(c, a["cell"])
+        assert cells[a["cell"]]["snapshot"] == "held", cells
+        await c.ok("python_exec", code="r = None")
+        back = await c.ok("python_exec", code="r", parent=a["cell"])
+        assert back["value"] == a["value"] and not back.get("replayed"), back
+
+    server.run(scenario)
+
+
+def test_a_back_to_back_cell_is_branchable_by_replay_said_in_words_default_settings(server: Harness):
+    """A call that arrives before the session was idle long enough skips the previous
+    cell's snapshot (it never waits for a fork); history says so in words, and branching
+    to that cell replays. Back to back made certain: the idle time needed is 10 minutes."""
+    server.env["MCP_SANDBOX_SNAPSHOT_IDLE_MS"] = "600000"
+
+    async def scenario(c):
+        a = await c.ok("python_exec", code="x = 1")
+        await c.ok("python_exec", code="x = 2")
+        cells = by_cell(await c.ok("python_history"))
+        assert cells["c1"]["snapshot"] == "replay", cells
+        assert "not taken: the next call came within 600000 ms" in cells["c1"]["note"], cells
+        assert "branching from it replays" in cells["c1"]["note"], cells
+        # The last cell's snapshot is still to come (history is no call that skips it).
+        assert cells["c2"]["snapshot"] == "replay" and "not taken yet" in cells["c2"]["note"], cells
+        text = (await c.call("python_history")).content[0].text
+        assert "not taken: the next call came within" in text, text
+        # No held ancestor: the replay needs consent, then rebuilds c1 and says so.
+        msg = await c.err("python_exec", code="x", parent=a["cell"])
+        assert "replay=true" in msg, msg
+        res = await c.call("python_exec", code="x", parent=a["cell"], replay=True)
+        r = res.structured_content
+        assert (r["value"], r["replayed"]) == ("1", ["c1"]), r
+        assert "note: replayed c1" in res.content[0].text
+
+    server.run(scenario)
 
 
 def test_branch_from_an_earlier_cell_and_the_graph(server: Harness):

@@ -160,6 +160,36 @@ def test_one_off_scripts_with_dependencies(offline):
     offline.run(scenario)
 
 
+def test_a_script_environment_is_reused_for_the_same_dependencies_and_python(offline):
+    """A second run with the same dependencies (in any order) and Python runs in the
+    environment the first one built, and says so; other dependencies get another one.
+    The environment is not writable by the script."""
+
+    code = (
+        "import sys, tinypkg\nprint(sys.prefix)\n"
+        "try:\n    open(sys.prefix + '/x', 'w')\n    print('written')\nexcept OSError as e:\n    print('refused', e.errno)"
+    )
+
+    async def scenario(c):
+        async def run(deps):
+            job = await c.finish(await c.ok("python_run_script", code=code, dependencies=deps))
+            lines = job["all_stdout"].splitlines()
+            assert job["status"] == "completed" and lines[1].startswith("refused"), job
+            return job, lines[0]
+
+        first, prefix = await run(["tinypkg"])
+        assert not first["result"].get("reused_environment"), first
+        again, prefix2 = await run(["tinypkg"])
+        assert prefix2 == prefix and again["result"]["reused_environment"] is True, again
+        assert "reused the environment" in again["message"], again
+        other, prefix3 = await run(["otherpkg", "tinypkg"])
+        assert prefix3 != prefix and not other["result"].get("reused_environment"), other
+        same, prefix4 = await run(["tinypkg", "otherpkg"])
+        assert prefix4 == prefix3 and same["result"]["reused_environment"] is True, same
+
+    offline.run(scenario)
+
+
 def test_script_errors_are_clear(offline):
     async def scenario(c):
         res = await c.call("python_run_script", code="print(1)", python_version="3.99")

@@ -160,8 +160,11 @@ def test_sandbox_applies_to_the_worker(server):
 
 def test_session_list_names_the_interpreter_and_the_memory_its_snapshots_hold(server):
     """`worker_pid` is the Python interpreter (as this PID namespace numbers it), not the
-    launcher's supervisor; `held_memory_bytes` counts the snapshots' memory too."""
+    launcher's supervisor; `held_memory_bytes` counts the snapshots' memory too (every
+    cell is snapshotted right after its answer here: `--snapshot-idle-ms 0`)."""
     from pathlib import Path
+
+    server.env["MCP_SANDBOX_SNAPSHOT_IDLE_MS"] = "0"
 
     async def scenario(c):
         inner = await c.py("import os\nblob = bytearray(128 << 20)\nos.getpid()")

@@ -78,6 +78,11 @@ pub(super) fn script_outcome(report: ScriptReport, benchmark: bool) -> JobOutcom
             [] => format!("ran on Python {v}"),
             deps => format!("ran on Python {v} with {}", deps.join(", ")),
         });
+        if report.reused_environment {
+            lines.push(
+                "reused the environment an earlier run with the same dependencies and Python built (no install step ran)".into(),
+            );
+        }
     }
     if benchmark {
         let b = &report.benchmark;

@@ -101,3 +101,66 @@ async fn a_shims_remembered_answer_is_checked_before_a_cell_runs() {
     assert_eq!(seen, real, "a cell ran on an unchecked guess");
     assert!(!seen.contains("9.9.9"), "{seen}");
 }
+
+/// A pyenv shim (`$PYENV_ROOT/shims/python3` exec'ing `$PYENV_ROOT/libexec/pyenv exec`)
+/// whose version files, directories and variables are unchanged is not run again by a
+/// later server: its remembered answer is used as is (issue 28: ~180 ms on the way to the
+/// first cell). A changed version file makes it run again.
+#[tokio::test]
+async fn a_pyenv_shims_remembered_answer_is_used_without_running_it_while_unchanged() {
+    let d = dirs("pyenv");
+    let python = real_python().await;
+    let root = d.join("pyenv");
+    for sub in ["shims", "libexec", "versions"] {
+        std::fs::create_dir_all(root.join(sub)).unwrap();
+    }
+    let runs = d.join("runs");
+    let shim = root.join("shims/python3");
+    std::fs::write(
+        &shim,
+        format!(
+            "#!/usr/bin/env bash\nset -e\nprogram=\"${{0##*/}}\"\nexport PYENV_ROOT=\"{r}\"\nexec \"{r}/libexec/pyenv\" exec \"$program\" \"$@\"\n",
+            r = root.display()
+        ),
+    )
+    .unwrap();
+    // pyenv itself: counts its runs, then execs the real interpreter.
+    std::fs::write(
+        root.join("libexec/pyenv"),
+        format!(
+            "#!/bin/sh\necho run >> {}\nshift 2\nexec {} \"$@\"\n",
+            runs.display(),
+            python.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(root.join("version"), "3\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for f in [&shim, &root.join("libexec/pyenv")] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let count = || {
+        std::fs::read_to_string(&runs)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let first = manager(&d, &shim);
+    let real = version_seen(&first).await;
+    first.shutdown();
+    assert_eq!(count(), 1, "the first server probes through the shim once");
+    let second = manager(&d, &shim);
+    assert_eq!(version_seen(&second).await, real);
+    second.shutdown();
+    assert_eq!(count(), 1, "the unchanged shim was run again");
+    // Another global version: the shim may choose another interpreter, so it runs.
+    std::fs::write(root.join("version"), "3.0\n").unwrap();
+    let third = manager(&d, &shim);
+    assert_eq!(version_seen(&third).await, real);
+    third.shutdown();
+    assert_eq!(
+        count(),
+        2,
+        "a changed pyenv version file did not make the shim run"
+    );
+}
