@@ -23,6 +23,8 @@
 //!   rlimits → capability drop → no_new_privs → Landlock → seccomp, then execs.
 //!   The only module that knows landlock and seccompiler.
 //! - [`names`]: the session-name rule (a leaf).
+//! - `libc_compat`: `close_range` and `memfd_create` as system calls, so the binary links
+//!   against glibc 2.17 (the manylinux2014 wheels); a leaf nothing imports.
 
 pub mod app;
 pub mod broker;
@@ -30,6 +32,7 @@ pub mod cli;
 pub mod commands;
 pub mod envs;
 pub mod jobs;
+mod libc_compat;
 pub mod names;
 pub mod repl;
 pub mod sandbox;

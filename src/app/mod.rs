@@ -350,6 +350,11 @@ impl App {
         Ok(next)
     }
 
+    /// Whether the client has answered for its roots (see [`App::apply_roots`]).
+    pub fn roots_answered(&self) -> bool {
+        self.lock_settings().roots_answered
+    }
+
     /// Hand new settings to the session manager (called with the settings lock held, so
     /// two changes cannot publish out of order).
     fn publish(&self, next: &Settings) {

@@ -149,6 +149,8 @@ pub(super) struct State {
     /// Extra writable paths of the last request, checked (canonical).
     request_write: Vec<PathBuf>,
     roots: Option<(PathBuf, Vec<PathBuf>)>,
+    /// The client has answered for its roots (maybe with none that can be used).
+    pub roots_answered: bool,
     /// The client sends its sandbox state with every tool call (today's Codex): each
     /// call's session runs under it, started again if it was started under another.
     pub per_call: bool,
@@ -183,6 +185,7 @@ impl State {
             request: None,
             request_write: Vec::new(),
             roots: None,
+            roots_answered: false,
             per_call: false,
             last_call: None,
             cwd_workspace: None,
@@ -245,6 +248,7 @@ impl State {
     /// Apply the client's roots (file paths, in its order); the first becomes the
     /// workspace. A refused first root leaves the workspace as it was.
     pub fn apply_roots(&mut self, roots: Vec<PathBuf>) -> Result<Arc<Settings>, AppError> {
+        self.roots_answered = true;
         self.refused.clear();
         let mut ok: Vec<PathBuf> = roots
             .iter()
@@ -412,9 +416,16 @@ impl State {
                 policy.name,
                 workspace.display()
             ),
-            (None, false) => format!(
+            (None, false) if self.roots.is_some() => format!(
                 "Workspace: {} (from the client's roots); new sessions and jobs run there \
                  under {}.",
+                workspace.display(),
+                policy.name
+            ),
+            (None, false) => format!(
+                "Workspace: {}, the directory the server was started in: the client named \
+                 no workspace (no MCP roots) and the server was given no --workspace; new \
+                 sessions and jobs run there under {}.",
                 workspace.display(),
                 policy.name
             ),

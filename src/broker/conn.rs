@@ -129,7 +129,7 @@ async fn handle(client: &mut TcpStream, peer: SocketAddr, rules: &Rules) -> Resu
         return Err(refuse(403, "Forbidden", rules.deny(&host, port, None)));
     };
     let local_ok = entry.names_local_explicitly();
-    let upstream = rules.upstream.proxy_for(&host, tunnel).cloned();
+    let upstream = rules.upstream.proxy_for(&host, tunnel);
     let mut server = match &upstream {
         Some(p) => connect_to(&p.host, p.port).await?,
         None => connect_checked(rules, &host, port, local_ok).await?,

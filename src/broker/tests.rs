@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::upstream::{ProxyTarget, Upstream};
+use super::upstream::Upstream;
 use super::{Budget, Limits, Rules, Trusted, accept_loop};
 use crate::sandbox::allow::AllowEntry;
 
@@ -191,14 +191,7 @@ async fn plain_http_is_forwarded_with_index_credentials_and_without_proxy_header
 async fn connect_tunnels_through_the_upstream_proxy_with_its_credentials() {
     // The "upstream proxy" accepts the CONNECT, then echoes the tunnel's bytes.
     let (up, head) = origin("HTTP/1.1 200 Connection established\r\n\r\n", true).await;
-    let upstream = Upstream {
-        https: Some(ProxyTarget {
-            host: "127.0.0.1".into(),
-            port: up,
-            authorization: Some("Basic c2VjcmV0".into()),
-        }),
-        ..Upstream::default()
-    };
+    let upstream = proxy_env("HTTPS_PROXY", &format!("http://s%40cret:pw@127.0.0.1:{up}"));
     let (port, _) = broker(&["pypi.org:443"], upstream).await;
     let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     c.write_all(b"CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n")
@@ -217,7 +210,7 @@ async fn connect_tunnels_through_the_upstream_proxy_with_its_credentials() {
         "{head}"
     );
     assert!(
-        head.contains("Proxy-Authorization: Basic c2VjcmV0\r\n"),
+        head.contains("Proxy-Authorization: Basic c0BjcmV0OnB3\r\n"), // base64("s@cret:pw")
         "{head}"
     );
 }
@@ -269,6 +262,11 @@ async fn recorder() -> (u16, Arc<Mutex<Vec<String>>>) {
         }
     });
     (port, heads)
+}
+
+/// The server's environment naming one upstream proxy.
+fn proxy_env(var: &str, url: &str) -> Upstream {
+    Upstream::from_env([(var.to_string(), url.to_string())].into_iter())
 }
 
 fn index_upstream(port: u16) -> Upstream {
@@ -424,14 +422,7 @@ async fn a_head_of_16_kib_is_accepted_and_one_byte_more_refused_in_words() {
 #[tokio::test]
 async fn plain_http_to_an_upstream_proxy_carries_the_checked_uri() {
     let (up, head) = origin("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false).await;
-    let upstream = Upstream {
-        http: Some(ProxyTarget {
-            host: "127.0.0.1".into(),
-            port: up,
-            authorization: None,
-        }),
-        ..Upstream::default()
-    };
+    let upstream = proxy_env("http_proxy", &format!("127.0.0.1:{up}"));
     let (port, _) = broker(&["example.org", "[2001:db8::1]:8080"], upstream).await;
     let answer = exchange(
         port,
@@ -453,14 +444,7 @@ async fn plain_http_to_an_upstream_proxy_carries_the_checked_uri() {
 #[tokio::test]
 async fn an_ipv6_target_goes_upstream_bracketed_with_its_port() {
     let (up, head) = origin("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false).await;
-    let upstream = Upstream {
-        http: Some(ProxyTarget {
-            host: "127.0.0.1".into(),
-            port: up,
-            authorization: None,
-        }),
-        ..Upstream::default()
-    };
+    let upstream = proxy_env("http_proxy", &format!("127.0.0.1:{up}"));
     let (port, _) = broker(&["[2001:db8::1]:8080"], upstream).await;
     let answer = exchange(port, b"GET http://[2001:DB8::1]:8080 HTTP/1.1\r\n\r\n").await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");

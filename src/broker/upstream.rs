@@ -5,9 +5,12 @@
 //! header to the installer's own plain-HTTP reads of that index (see `conn`); jobs never
 //! see either.
 
-use base64::Engine;
+use std::sync::Arc;
 
-use crate::sandbox::allow::UrlParts;
+use base64::Engine;
+use hyper_util::client::proxy::matcher::{Intercept, Matcher};
+
+use crate::sandbox::allow::normalize;
 
 /// An upstream proxy: where to connect and the `Proxy-Authorization` value, if any.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,14 +21,13 @@ pub struct ProxyTarget {
 }
 
 /// The server's upstream settings, read once at start.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct Upstream {
-    /// For plain HTTP (`HTTP_PROXY`, else `ALL_PROXY`).
-    pub http: Option<ProxyTarget>,
-    /// For CONNECT tunnels (`HTTPS_PROXY`, else `ALL_PROXY`).
-    pub https: Option<ProxyTarget>,
-    /// `NO_PROXY` entries (lowercase, leading dot removed; `*` = everything).
-    pub no_proxy: Vec<String>,
+    /// Which connections go through which proxy: hyper-util's matcher, built from
+    /// `HTTP_PROXY` (plain HTTP), `HTTPS_PROXY` (CONNECT tunnels), `ALL_PROXY` (either,
+    /// when the specific one is unset) and `NO_PROXY` (curl's rules: domains and their
+    /// subdomains, IP addresses, CIDR ranges, `*`). `None`: no proxy is set.
+    proxies: Option<Arc<Matcher>>,
     /// Package indexes with credentials.
     pub index_auth: Vec<IndexAuth>,
 }
@@ -97,28 +99,57 @@ fn basic(user: &str, password: &str) -> String {
     )
 }
 
-fn proxy_target(url: &str) -> Option<ProxyTarget> {
-    // A proxy URL may omit the scheme ("proxy:3128").
-    let with_scheme = if url.contains("://") {
-        url.to_string()
-    } else {
-        format!("http://{url}")
-    };
-    let u = UrlParts::parse(&with_scheme)?;
-    if u.scheme != "http" {
-        tracing::warn!(
-            "upstream proxy {} ignored: only http:// proxies are supported",
-            u.allow_entry()
-        );
+/// The proxy a matcher chose, if we can speak to it: only plain-HTTP proxies (the broker
+/// sends CONNECT or an absolute-form request in the clear; no TLS or SOCKS to the proxy).
+fn proxy_target(i: &Intercept) -> Option<ProxyTarget> {
+    let uri = i.uri();
+    if uri.scheme_str() != Some("http") {
         return None;
     }
     Some(ProxyTarget {
-        host: u.host.clone(),
-        port: u.port.unwrap_or(3128),
-        authorization: u
-            .user
-            .as_deref()
-            .map(|user| basic(user, u.password.as_deref().unwrap_or(""))),
+        host: normalize(uri.host()?.trim_start_matches('[').trim_end_matches(']')),
+        // curl's default is 1080; a proxy URL without a port is rare and 3128 (squid's)
+        // is what the earlier versions of this server assumed.
+        port: uri.port_u16().unwrap_or(3128),
+        authorization: i
+            .basic_auth()
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+    })
+}
+
+/// One index URL (`http(s)://[user[:password]@]host[:port]/path`), parsed by the `url`
+/// crate: host (normalized, IPv6 without brackets), port in effect, path, and the
+/// percent-decoded user and password if present.
+struct IndexUrl {
+    host: String,
+    port: u16,
+    path: String,
+    user: Option<(String, String)>,
+}
+
+fn index_url(raw: &str) -> Option<IndexUrl> {
+    let u = url::Url::parse(raw.trim()).ok()?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return None;
+    }
+    let host = match u.host()? {
+        url::Host::Domain(d) => normalize(d),
+        url::Host::Ipv4(a) => a.to_string(),
+        url::Host::Ipv6(a) => a.to_string(),
+    };
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let user = (!u.username().is_empty())
+        .then(|| (decode(u.username()), decode(u.password().unwrap_or(""))));
+    Some(IndexUrl {
+        host,
+        port: u.port_or_known_default()?,
+        path: u.path().trim_end_matches('/').to_string(),
+        user,
     })
 }
 
@@ -146,16 +177,37 @@ impl Upstream {
                     .map(|(_, v)| v.clone())
             })
         };
-        let http = get(&["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"])
-            .and_then(|u| proxy_target(&u));
-        let https = get(&["HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"])
-            .and_then(|u| proxy_target(&u));
-        let no_proxy = get(&["NO_PROXY", "no_proxy"])
-            .unwrap_or_default()
-            .split(',')
-            .map(|s| s.trim().trim_start_matches('.').to_ascii_lowercase())
-            .filter(|s| !s.is_empty())
-            .collect();
+        let (http, https, all) = (
+            get(&["HTTP_PROXY", "http_proxy"]).unwrap_or_default(),
+            get(&["HTTPS_PROXY", "https_proxy"]).unwrap_or_default(),
+            get(&["ALL_PROXY", "all_proxy"]).unwrap_or_default(),
+        );
+        let proxies = [&http, &https, &all]
+            .iter()
+            .any(|v| !v.is_empty())
+            .then(|| {
+                let builder = || {
+                    Matcher::builder()
+                        .http(&http)
+                        .https(&https)
+                        .all(&all)
+                };
+                // What each kind of connection would use, NO_PROXY aside: said once if
+                // the broker cannot speak to it (an https:// or socks proxy).
+                let probe = builder().build();
+                for dst in ["http://probe.invalid/", "https://probe.invalid/"] {
+                    if let Some(i) = probe.intercept(&hyper::Uri::from_static(dst))
+                        && proxy_target(&i).is_none()
+                    {
+                        tracing::warn!(
+                            "upstream proxy {} for {dst} ignored: only http:// proxies are supported",
+                            i.uri()
+                        );
+                    }
+                }
+                let no = get(&["NO_PROXY", "no_proxy"]).unwrap_or_default();
+                Arc::new(builder().no(no).build())
+            });
         let mut index_auth = Vec::new();
         for var in INDEX_VARS {
             let Some(value) = vars.iter().find(|(k, _)| k == var).map(|(_, v)| v) else {
@@ -166,7 +218,7 @@ impl Upstream {
                     Some((n, u)) if !n.contains("://") => (Some(n), u),
                     _ => (None, token),
                 };
-                let Some(u) = UrlParts::parse(url) else {
+                let Some(u) = index_url(url) else {
                     continue;
                 };
                 let named = name.and_then(|n| {
@@ -181,47 +233,35 @@ impl Upstream {
                         .unwrap_or("");
                     Some(basic(&user.1, pass))
                 });
-                let inline = u
-                    .user
-                    .as_deref()
-                    .map(|user| basic(user, u.password.as_deref().unwrap_or("")));
+                let inline = u.user.as_ref().map(|(user, pass)| basic(user, pass));
                 if let Some(authorization) = named.or(inline) {
-                    let path = u.rest.split(['?', '#']).next().unwrap_or_default();
                     index_auth.push(IndexAuth {
-                        host: u.host.clone(),
-                        port: u.port_or_default(),
-                        path: path.trim_end_matches('/').to_string(),
+                        host: u.host,
+                        port: u.port,
+                        path: u.path,
                         authorization,
                     });
                 }
             }
         }
         Upstream {
-            http,
-            https,
-            no_proxy,
+            proxies,
             index_auth,
         }
     }
 
-    /// The upstream proxy for a connection to `host` (a tunnel when `tunnel`), unless
-    /// `NO_PROXY` exempts the host.
-    pub fn proxy_for(&self, host: &str, tunnel: bool) -> Option<&ProxyTarget> {
-        let exempt = self.no_proxy.iter().any(|n| {
-            n == "*"
-                || host == n
-                || host
-                    .strip_suffix(n.as_str())
-                    .is_some_and(|h| h.ends_with('.'))
-        });
-        if exempt {
-            return None;
-        }
-        if tunnel {
-            self.https.as_ref()
+    /// The upstream proxy for a connection to `host` (normalized; IPv6 without brackets)
+    /// — a CONNECT tunnel when `tunnel` — unless `NO_PROXY` exempts the host.
+    pub fn proxy_for(&self, host: &str, tunnel: bool) -> Option<ProxyTarget> {
+        let matcher = self.proxies.as_ref()?;
+        let scheme = if tunnel { "https" } else { "http" };
+        let authority = if host.contains(':') {
+            format!("[{host}]")
         } else {
-            self.http.as_ref()
-        }
+            host.to_string()
+        };
+        let dst: hyper::Uri = format!("{scheme}://{authority}/").parse().ok()?;
+        proxy_target(&matcher.intercept(&dst)?)
     }
 
     /// The package indexes with credentials at `host:port`.
@@ -261,6 +301,58 @@ mod tests {
         assert!(up(&[]).proxy_for("pypi.org", true).is_none());
     }
 
+    /// What the matcher brings (curl's NO_PROXY rules): CIDR ranges, IP addresses (IPv6
+    /// too), `*`, case-insensitive domains; ALL_PROXY as the fallback; an https:// or
+    /// socks proxy is not used (the broker speaks plain HTTP to its proxy).
+    #[test]
+    fn no_proxy_and_fallbacks_follow_curl() {
+        let u = up(&[
+            ("ALL_PROXY", "http://all.corp:9000"),
+            ("HTTP_PROXY", "  "),
+            ("http_proxy", "http://plain.corp:8000"),
+            ("no_proxy", "10.0.0.0/8, ::1, Corp.Example ,192.168.1.7"),
+        ]);
+        assert_eq!(u.proxy_for("pypi.org", false).unwrap().host, "plain.corp");
+        let all = u.proxy_for("pypi.org", true).unwrap();
+        assert_eq!(
+            (all.host.as_str(), all.port, all.authorization),
+            ("all.corp", 9000, None)
+        );
+        for exempt in [
+            "10.1.2.3",
+            "::1",
+            "corp.example",
+            "a.b.CORP.example",
+            "192.168.1.7",
+        ] {
+            assert!(u.proxy_for(exempt, true).is_none(), "{exempt}");
+        }
+        for through in ["11.0.0.1", "::2", "notcorp.example", "192.168.1.8"] {
+            assert!(u.proxy_for(through, true).is_some(), "{through}");
+        }
+        assert!(
+            up(&[("ALL_PROXY", "http://p:1"), ("NO_PROXY", "*")])
+                .proxy_for("pypi.org", true)
+                .is_none()
+        );
+        // A proxy named by its IPv6 address.
+        let v6 = up(&[("HTTPS_PROXY", "http://[fd00::5]:3129")]);
+        assert_eq!(v6.proxy_for("pypi.org", true).unwrap().host, "fd00::5");
+        assert!(v6.proxy_for("pypi.org", false).is_none());
+        for unusable in [
+            "https://tls.corp:443",
+            "socks5h://s.corp:1080",
+            "ftp://f.corp",
+        ] {
+            assert!(
+                up(&[("ALL_PROXY", unusable)])
+                    .proxy_for("pypi.org", true)
+                    .is_none(),
+                "{unusable}"
+            );
+        }
+    }
+
     #[test]
     fn index_credentials_inline_and_named() {
         let u = up(&[
@@ -286,6 +378,36 @@ mod tests {
             [("/simple".to_string(), "Basic c3ZjOnRvaw==".to_string())]
         );
         assert!(at("x.org", 443).is_empty());
+        // What the url crate brings: IPv6 hosts, percent-decoded credentials, case and
+        // dot segments normalized, default ports.
+        let u = up(&[(
+            "PIP_EXTRA_INDEX_URL",
+            "http://a%3Ab:p%40ss@[FD00::1]/x/../simple/ HTTPS://u:@Pkgs.Example.:8443/s",
+        )]);
+        let at = |h: &str, p: u16| {
+            u.indexes_at(h, p)
+                .map(|i| (i.path.clone(), i.authorization.clone()))
+                .collect::<Vec<_>>()
+        };
+        // base64("a:b:p@ss")
+        assert_eq!(
+            at("fd00::1", 80),
+            [("/simple".to_string(), "Basic YTpiOnBAc3M=".to_string())]
+        );
+        assert_eq!(
+            at("pkgs.example", 8443),
+            [("/s".to_string(), "Basic dTo=".to_string())]
+        );
+        assert!(
+            up(&[("UV_INDEX_URL", "file:///wheels")])
+                .index_auth
+                .is_empty()
+        );
+        assert!(
+            up(&[("UV_INDEX_URL", "http://u:p@/nohost")])
+                .index_auth
+                .is_empty()
+        );
     }
 
     #[test]

@@ -192,35 +192,30 @@ pub fn root_paths(roots: &[Root]) -> Vec<PathBuf> {
     roots.iter().filter_map(|r| file_uri_path(&r.uri)).collect()
 }
 
-/// `file:///a%20b` (or `file://localhost/a%20b`) → `/a b`; `None` for anything else
-/// (another scheme or host, a query or fragment, bad escapes). The `url` crate is not
-/// among our dependencies and this is the whole of what roots need.
+/// `file:///a%20b` (or `file://localhost/a%20b`) → `/a b`, parsed by the `url` crate
+/// (dot segments resolved, the scheme and `localhost` in any case); `None` for anything
+/// else: another scheme or host, a query or fragment, an escape that is not `%` and two
+/// hex digits, an escaped `/`, a NUL byte.
 fn file_uri_path(uri: &str) -> Option<PathBuf> {
-    use std::os::unix::ffi::OsStringExt;
-    let rest = uri
-        .strip_prefix("file://")
-        .or_else(|| uri.strip_prefix("FILE://"))?;
-    let path = rest.strip_prefix("localhost").unwrap_or(rest);
-    if !path.starts_with('/') || path.contains(['?', '#']) {
+    use std::os::unix::ffi::OsStrExt;
+    let u = url::Url::parse(uri).ok()?;
+    if u.scheme() != "file" || u.query().is_some() || u.fragment().is_some() {
         return None;
     }
-    let bytes = path.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    if out.contains(&0) {
+    // The url crate keeps a malformed escape as it is, and decodes `%2F` into a `/` that
+    // no file name can hold: a client that sends either meant something else.
+    let raw = u.path().as_bytes();
+    let malformed = raw.iter().enumerate().any(|(i, &b)| {
+        b == b'%'
+            && !raw.get(i + 1..i + 3).is_some_and(|h| {
+                h.iter().all(u8::is_ascii_hexdigit) && !h.eq_ignore_ascii_case(b"2f")
+            })
+    });
+    let path = u.to_file_path().ok()?;
+    if malformed || path.as_os_str().as_bytes().contains(&0) {
         return None;
     }
-    Some(PathBuf::from(std::ffi::OsString::from_vec(out)))
+    Some(path)
 }
 
 /// Ask the client for its roots and hand them to the app.
@@ -243,6 +238,59 @@ pub async fn refresh_roots(app: &App, peer: &Peer<RoleServer>) {
         }
         Err(e) => tracing::warn!("roots/list failed: {e}; the workspace stays"),
     }
+}
+
+/// The key of our `roots/list` in an `InputRequiredResult` (2026-07-28).
+pub const ROOTS_INPUT: &str = "roots";
+
+/// Roots from a client on protocol 2026-07-28, where the server may no longer send
+/// `roots/list` itself: it answers the client's first tool call with an
+/// `InputRequiredResult` asking for `roots/list` (the multi round-trip pattern, SEP-2322),
+/// and the client's retry carries the list in `inputResponses`. Asked once per app, of
+/// a client that declares the roots capability in its request `_meta`, when no
+/// `--workspace` was given. Returns the result to answer with, or `None`: go on with the
+/// call (the roots, if this is the retry, applied).
+pub fn modern_roots(
+    app: &App,
+    meta: &rmcp::model::RequestMetaObject,
+    legacy_peer: bool,
+    responses: Option<&rmcp::model::InputResponses>,
+) -> Option<rmcp::model::InputRequiredResult> {
+    use rmcp::model::{InputRequest, InputRequiredResult, ListRootsRequest, ListRootsResult};
+    if legacy_peer || !app.sources().workspace_from_roots {
+        return None; // a client that did `initialize` is asked with roots/list as before
+    }
+    if let Some(answer) = responses.and_then(|r| r.get(ROOTS_INPUT)) {
+        let paths = match serde_json::from_value::<ListRootsResult>(answer.clone()) {
+            Ok(list) => root_paths(&list.roots),
+            Err(e) => {
+                tracing::warn!("the client's roots/list answer does not parse: {e}");
+                Vec::new()
+            }
+        };
+        // Applied even when empty: the first answer then says the workspace is not the
+        // client's, and the client is not asked again.
+        match app.apply_roots(paths) {
+            Ok(s) => {
+                tracing::info!(workspace = %s.workspace.root().display(), "workspace from the client's roots (2026-07-28)")
+            }
+            Err(e) => tracing::warn!("cannot apply the client's roots: {e}"),
+        }
+        return None;
+    }
+    let declares = meta
+        .client_capabilities()
+        .is_some_and(|c| c.roots.is_some());
+    if !declares || app.roots_answered() {
+        return None;
+    }
+    let ask = [(
+        ROOTS_INPUT.to_string(),
+        InputRequest::ListRoots(ListRootsRequest::default()),
+    )];
+    Some(InputRequiredResult::from_input_requests(
+        ask.into_iter().collect(),
+    ))
 }
 
 /// Per connection: what the agent was told, and the first fetch of the client's roots
@@ -315,8 +363,9 @@ impl Default for Told {
 
 impl Told {
     /// The notice to add to this answer, if the agent has not been told the current
-    /// settings yet: after every change, and in the first answer under `inherit` or when
-    /// the settings already differ from the start-up ones.
+    /// settings yet: after every change, and in the first answer under `inherit`, when
+    /// the settings already differ from the start-up ones, or when the workspace is the
+    /// directory the server started in although the client could have named one.
     pub fn pending(&self, app: &Arc<App>) -> Option<String> {
         let settings = app.settings();
         let before = self.generation.swap(settings.generation, Ordering::SeqCst);
@@ -324,7 +373,16 @@ impl Told {
             return None;
         }
         let first = before == NOTHING_TOLD;
-        if first && settings.generation == 0 && !app.sources().inherit_sandbox {
+        let sources = app.sources();
+        // Nothing to tell at first when the settings are the server's own — unless the
+        // client could have named the workspace and did not: the agent learns the
+        // workspace is the directory the server started in. (Started in a broad one, the
+        // call itself says there is no workspace yet.)
+        if first
+            && settings.generation == 0
+            && !sources.inherit_sandbox
+            && (!sources.workspace_from_roots || settings.no_workspace.is_some())
+        {
             return None;
         }
         Some(settings.notice.clone())
@@ -468,13 +526,26 @@ mod tests {
             Root::new("file:///x%00y"),
             Root::new("file:///x?q=1"),
             Root::new("file://localhost/srv/d"),
+            // What the url crate handles beyond that: one slash, any case of the scheme
+            // and of localhost, dot segments, UTF-8 escapes; an escaped slash (no file
+            // name holds one) is refused, never taken as a separator.
+            Root::new("file:/srv/e"),
+            Root::new("FILE://LocalHost/srv/f"),
+            Root::new("file:///srv/x/../g/./"),
+            Root::new("file:///srv/caf%C3%A9"),
+            Root::new("file:///srv/a%2Fb"),
+            Root::new("file:///srv/h#frag"),
         ];
         assert_eq!(
             root_paths(&roots),
             vec![
                 PathBuf::from("/home/u/proj a"),
                 PathBuf::from("/srv/b"),
-                PathBuf::from("/srv/d")
+                PathBuf::from("/srv/d"),
+                PathBuf::from("/srv/e"),
+                PathBuf::from("/srv/f"),
+                PathBuf::from("/srv/g/"),
+                PathBuf::from("/srv/café"),
             ]
         );
     }

@@ -457,6 +457,15 @@ impl ServerHandler for SandboxServer {
         }
         let app = self.app_for(&context.extensions)?;
         let this = self.with_app(app);
+        // 2026-07-28: the client's roots come with a retry of this call (MRTR).
+        if let Some(ask) = client_state::modern_roots(
+            &this.app,
+            &context.meta,
+            context.peer.peer_info().is_some(),
+            request.input_responses.as_ref(),
+        ) {
+            return Ok(CallToolResponse::InputRequired(ask));
+        }
         this.link.roots_settled(&this.app, &context.peer).await;
         // Today's Codex sends its sandbox state with the call: applied before it runs.
         let codex_state = context

@@ -3,7 +3,9 @@ installed `mcp-sandbox-repl` answers `--version` and an MCP `python_exec` call f
 directory outside the repository. No Rust toolchain is on PATH after the wheel is built.
 
 The wheel is built with the dev profile so it reuses `target/debug` (which `tests/run`
-has just built): packaging costs seconds, not a second full release build.
+has just built): packaging costs seconds, not a second full release build. With
+MCP_SANDBOX_WHEEL set, that wheel is checked instead: `tests/wheels` checks its
+manylinux2014 and static musl wheels this way.
 """
 
 import importlib.util
@@ -31,6 +33,10 @@ def maturin_command() -> list[str]:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    # A wheel built already (tests/wheels passes its manylinux2014 and musl wheels here).
+    given = os.environ.get("MCP_SANDBOX_WHEEL")
+    if given:
+        return Path(given)
     out = tmp_path_factory.mktemp("wheels")
     # maturin's own cargo build may put its build of the binary in target/debug (its
     # flags differ) and then stages it out of there: keep the one every other test runs

@@ -20,6 +20,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("broker", 2),
     ("sandbox", 1),
     ("names", 0),
+    // close_range / memfd_create for glibc 2.17: a leaf nothing imports.
+    ("libc_compat", 0),
     // Unit-test helpers (`#[cfg(test)]` only): a leaf any layer's tests may use.
     ("test_support", 0),
 ];
