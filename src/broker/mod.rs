@@ -237,8 +237,8 @@ impl Broker {
 /// its open-file limit) with the sandbox, serving from the current tokio runtime. Call
 /// once at server start; without a runtime nothing is registered and proxy-mode jobs
 /// fail closed.
-pub fn install() {
-    if crate::sandbox::proxy::has_proxy_provider() {
+pub fn install(sandbox: &crate::sandbox::Runtime) {
+    if sandbox.has_proxy_provider() {
         return; // one broker per process (a principal's app made later shares it)
     }
     match tokio::runtime::Handle::try_current() {
@@ -251,7 +251,7 @@ pub fn install() {
                 limits.per_job,
                 limits.total
             );
-            crate::sandbox::proxy::set_proxy_provider(Box::new(Broker::new(rt, upstream, limits)));
+            sandbox.provide_proxy(Box::new(Broker::new(rt, upstream, limits)));
         }
         Err(_) => tracing::warn!("no tokio runtime: the network broker is not available"),
     }

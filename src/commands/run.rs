@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::cli::RunArgs;
 use crate::sandbox::{
-    ExitReport, LimitHit, Placeholders, Policy, SandboxCommand, Termination,
+    ExitReport, LimitHit, Placeholders, Policy, Termination,
     child::{SignalForwarding, signal_number},
 };
 
@@ -123,7 +123,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let (reader, writer) = std::io::pipe().context("cannot create a pipe for stderr")?;
     let dir_for_denials = dir.clone();
-    let mut cmd = SandboxCommand::new(resolved.clone(), program);
+    // `run` is single-threaded: its one job is a plain fork (the hidden `--spawn-route`
+    // takes the server's paths instead, for benchmarks and tests).
+    let sandbox = crate::sandbox::Runtime::new(crate::sandbox::RuntimeConfig {
+        route: args.spawn_route.into(),
+        ..crate::sandbox::RuntimeConfig::single_job()
+    });
+    let mut cmd = sandbox.command(resolved.clone(), program);
     cmd.args(rest).current_dir(dir).stderr(writer);
     let forwarding = SignalForwarding::install();
     let child = cmd.spawn()?;

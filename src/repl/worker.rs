@@ -21,7 +21,7 @@ use super::snapshot::{self, Forked, Snapshot};
 use super::{CellSink, OutStream, ReplError};
 use crate::sandbox::pidns::host_pid;
 use crate::sandbox::proxy::Denials;
-use crate::sandbox::{Pidfd, ResolvedPolicy, SandboxCommand, SandboxedChild};
+use crate::sandbox::{Pidfd, ResolvedPolicy, SandboxedChild};
 
 /// The worker driver, embedded so the binary is self-contained.
 pub(crate) const WORKER_SOURCE: &str = include_str!("../../python/sandbox_repl_worker.py");
@@ -36,6 +36,7 @@ while len(b)<n:\n c=os.read(3,n-len(b))\n if not c:raise SystemExit('sandbox-rep
 exec(__import__('marshal').loads(b) if k=='m' else compile(b,'<sandbox-repl-worker>','exec'))";
 /// What a worker needs to start.
 pub(crate) struct SpawnSpec {
+    pub sandbox: crate::sandbox::Runtime,
     pub python: PathBuf,
     pub workspace: PathBuf,
     pub tmp: PathBuf,
@@ -94,7 +95,7 @@ impl Worker {
         } else {
             None
         };
-        let mut cmd = SandboxCommand::new(spec.policy.clone(), &spec.python);
+        let mut cmd = spec.sandbox.command(spec.policy.clone(), &spec.python);
         let (kind, driver): (&str, &[u8]) = match &spec.code {
             Some(code) => ("m", code),
             None => ("s", WORKER_SOURCE.as_bytes()),

@@ -378,7 +378,7 @@ impl Drop for JobCgroup {
     }
 }
 
-/// The owner (`sandbox::instance::id` of the server that made it) in a job cgroup's name
+/// The owner (the instance id of the server that made it) in a job cgroup's name
 /// (`msr-<owner>-<n>`, see `spawn`), if it has one.
 pub fn owner_of(name: &str) -> Option<&str> {
     let rest = name.strip_prefix(JOB_PREFIX)?;
@@ -395,7 +395,7 @@ pub const JOB_PREFIX: &str = "msr-";
 /// them. Every other cgroup stays, whoever made it and whatever `/proc` shows: a server
 /// in another PID namespace, or of another state dir, is never disturbed. Returns the
 /// directories removed (best effort; at server start).
-pub fn sweep_owned_by(layout: &Layout, owners: &[String]) -> Vec<PathBuf> {
+pub fn sweep_owned_by(layout: &Layout, own: &str, owners: &[String]) -> Vec<PathBuf> {
     let parents = [&layout.v1_pids, &layout.v1_memory, &layout.v2_own];
     let mut swept = Vec::new();
     if owners.is_empty() {
@@ -410,7 +410,7 @@ pub fn sweep_owned_by(layout: &Layout, owners: &[String]) -> Vec<PathBuf> {
             let Some(owner) = name.to_str().and_then(owner_of) else {
                 continue;
             };
-            if owner == super::instance::id() || !owners.iter().any(|o| o == owner) {
+            if owner == own || !owners.iter().any(|o| o == owner) {
                 continue;
             }
             let dir = entry.path();

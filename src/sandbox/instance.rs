@@ -4,23 +4,19 @@
 //! a different number (or none) for the same process, and pids are reused. Who is alive
 //! is told by a lock the owner holds (`app::owners`), never by `/proc`.
 
-use std::sync::OnceLock;
-
-/// `<pid>x<8 hex digits>`: the pid for people reading `ps` and cgroup trees, the random
-/// part so that no other server, in any namespace, ever has the same id.
-pub fn id() -> &'static str {
-    static ID: OnceLock<String> = OnceLock::new();
-    ID.get_or_init(|| {
-        let mut bytes = [0u8; 4];
-        // Without randomness (never seen) the time still tells two servers apart.
-        if getrandom::fill(&mut bytes).is_err() {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos());
-            bytes = nanos.to_ne_bytes();
-        }
-        format!("{}x{:08x}", std::process::id(), u32::from_ne_bytes(bytes))
-    })
+/// A new id, `<pid>x<8 hex digits>`: the pid for people reading `ps` and cgroup trees,
+/// the random part so that no other server, in any namespace, ever has the same id.
+/// Made once per [`Runtime`](super::runtime::Runtime), which holds it.
+pub(super) fn new_id() -> String {
+    let mut bytes = [0u8; 4];
+    // Without randomness (never seen) the time still tells two servers apart.
+    if getrandom::fill(&mut bytes).is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        bytes = nanos.to_ne_bytes();
+    }
+    format!("{}x{:08x}", std::process::id(), u32::from_ne_bytes(bytes))
 }
 
 /// Whether `s` has the shape of an instance id (so a name that merely starts like one,
@@ -39,10 +35,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_id_is_stable_unique_in_shape_and_starts_with_the_pid() {
-        assert_eq!(id(), id());
-        assert!(is_id(id()), "{}", id());
-        assert!(id().starts_with(&format!("{}x", std::process::id())));
+    fn the_id_is_unique_in_shape_and_starts_with_the_pid() {
+        let id = new_id();
+        assert_ne!(id, new_id());
+        assert!(is_id(&id), "{id}");
+        assert!(id.starts_with(&format!("{}x", std::process::id())));
         for bad in [
             "123",
             "123x",

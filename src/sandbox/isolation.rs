@@ -58,9 +58,10 @@ impl JobCgroupHandle {
 }
 
 /// Server start: kill and remove the job cgroups of `owners`, servers known to have ended
-/// (see `cgroup::sweep_owned_by`); returns what was removed.
-pub fn sweep_cgroups_of(owners: &[String]) -> Vec<PathBuf> {
-    cgroup::sweep_owned_by(cgroup::layout(), owners)
+/// (see `cgroup::sweep_owned_by`), never those of `own` (this server's instance id);
+/// returns what was removed.
+pub fn sweep_cgroups_of(own: &str, owners: &[String]) -> Vec<PathBuf> {
+    cgroup::sweep_owned_by(cgroup::layout(), own, owners)
 }
 
 fn outcome<E: std::fmt::Display + Into<SetupError>>(

@@ -27,12 +27,9 @@ use super::policy::KernelSupportMode;
 use super::privileges::{drop_all_capabilities, set_no_new_privs};
 use super::resolve::{NetworkPolicy, ResolvedPolicy};
 use super::rlimits::{apply_rlimits, rlimit_plan};
-use super::seccomp::{install_seccomp_filter_on_current_thread, seccomp_rules};
+use super::seccomp::{CompiledFilter, install_seccomp_filter_on_current_thread, seccomp_rules};
 
 // Where the interface stub had them, for callers that name these paths.
-pub use super::child::{ExitReport, LimitHit, SandboxedChild, Termination};
-pub use super::error::LaunchError;
-pub use super::spawn::SandboxCommand;
 
 /// argv[1] that selects launcher mode.
 pub const LAUNCHER_ARG: &str = "__sandbox-launch";
@@ -104,18 +101,19 @@ pub fn launcher_main() -> ! {
         }
     };
     drop(file);
-    run_spec(&spec)
+    run_spec(&spec, None)
 }
 
 /// Apply `spec` to this process and exec its target; on failure report on the status
 /// fd and exit. Must run in a single-threaded process: the re-executed launcher, or
 /// the forked child of a single-threaded parent (see `spawn`).
-pub(crate) fn run_spec(spec: &LaunchSpec) -> ! {
+/// `filter` is the policy's seccomp filter when the caller compiled it (the zygote).
+pub(crate) fn run_spec(spec: &LaunchSpec, filter: Option<&CompiledFilter>) -> ! {
     // SAFETY: the status fd was handed to us by the parent; we own it.
     let mut status = unsafe { std::fs::File::from_raw_fd(spec.status_fd) };
     set_cloexec(spec.status_fd);
     let mut notes = Vec::new();
-    let err = apply_and_exec(spec, &mut notes, &mut status);
+    let err = apply_and_exec(spec, filter, &mut notes, &mut status);
     let _ = writeln!(status, "error: {}", err.to_string().replace('\n', " "));
     // SAFETY: _exit skips atexit handlers and stdio flushing, which belong to the parent
     // when this is a forked child.
@@ -145,10 +143,11 @@ fn isolation_step(
 /// Apply the sandbox and exec; returns only with the reason it could not.
 fn apply_and_exec(
     spec: &LaunchSpec,
+    filter: Option<&CompiledFilter>,
     notes: &mut Vec<String>,
     status: &mut std::fs::File,
 ) -> SetupError {
-    match apply_sandbox(spec, notes) {
+    match apply_sandbox(spec, filter, notes) {
         Ok(()) => {}
         Err(e) => return e,
     }
@@ -174,7 +173,11 @@ fn default_signal_dispositions() {
     }
 }
 
-fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), SetupError> {
+fn apply_sandbox(
+    spec: &LaunchSpec,
+    filter: Option<&CompiledFilter>,
+    notes: &mut Vec<String>,
+) -> Result<(), SetupError> {
     let policy = &spec.policy;
     let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
     pidns::bind_to_parent(spec.parent_pid)?;
@@ -265,7 +268,7 @@ fn apply_sandbox(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), Setup
         &policy.name,
         best_effort,
     )?);
-    install_seccomp_filter_on_current_thread(&seccomp)?;
+    install_seccomp_filter_on_current_thread(&seccomp, filter)?;
     close_inherited_fds(&spec.keep_fds, spec.status_fd)?;
     Ok(())
 }

@@ -5,13 +5,12 @@
 //! makes the namespace ([`namespace_with_listener`]: a short-lived thread unshares, brings
 //! `lo` up and binds the broker's listener there) and the launcher joins it
 //! ([`join_namespace`]). The server's jobs with `none` or `loopback` join namespaces
-//! made ahead of need ([`take_pooled`]), each used by one job only.
+//! made ahead of need (by the runtime's pool, with [`make_namespace`]), each
+//! used by one job only.
 
 use std::io;
 use std::net::TcpListener;
 use std::os::fd::{AsRawFd, OwnedFd};
-
-use super::pool::Pool;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
@@ -106,25 +105,9 @@ pub fn isolate_network(loopback_up: bool) -> Result<(), NetnsError> {
     Ok(())
 }
 
-/// Network namespaces made ahead of need for the server's jobs (see `pool`): a job joins
-/// one (`setns`, cheap) instead of making it in the launcher (`unshare`: the kernel's
-/// per-namespace set-up of sysctl tables and the loopback device). The pool's thread
-/// makes them in itself (an `unshare` moves only that thread; the descriptor keeps each
-/// namespace alive); the server closes its descriptor after the spawn, so a namespace
-/// ends with the job's last process.
-static POOL: Pool<bool, OwnedFd> = Pool::new("netns-pool", |&loopback| {
-    make_namespace(loopback).map_err(|e| e.to_string())
-});
-
-/// A fresh namespace (`lo` up if `loopback`), or `None` when none is ready yet (the
-/// launcher then makes one, as without a pool).
-pub fn take_pooled(loopback: bool) -> Option<OwnedFd> {
-    POOL.take(&loopback)
-}
-
 /// Move the calling thread (one of our own: the pool's, the broker's short-lived one)
 /// into a new network namespace, `lo` up if asked; its descriptor keeps it alive.
-fn make_namespace(loopback: bool) -> Result<OwnedFd, NetnsError> {
+pub(super) fn make_namespace(loopback: bool) -> Result<OwnedFd, NetnsError> {
     // SAFETY: unshare(2) with a constant flag; it moves only this thread.
     if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
         return Err(NetnsError::Unshare(io::Error::last_os_error()));

@@ -12,7 +12,7 @@
 //! namespace lock, the network namespace list), so making its replacement at once
 //! slowed the very job the pool was there to speed up.
 
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Resources kept ready of each kind.
@@ -27,9 +27,18 @@ const MAX_KINDS: usize = 8;
 /// maker to one resource per `SETTLE`, never stops it.
 pub const SETTLE: Duration = Duration::from_millis(10);
 
+/// A pool of resources of kinds `K`; its maker thread holds the shared part and ends
+/// once the pool is dropped (or drained).
 pub struct Pool<K, T> {
+    shared: Arc<Shared<K, T>>,
+}
+
+/// Makes one resource of a kind, or says why not.
+type Maker<K, T> = Box<dyn Fn(&K) -> Result<T, String> + Send + Sync>;
+
+struct Shared<K, T> {
     name: &'static str,
-    make: fn(&K) -> Result<T, String>,
+    make: Maker<K, T>,
     state: Mutex<State<K, T>>,
     wake: Condvar,
 }
@@ -50,32 +59,39 @@ where
     T: Send + 'static,
 {
     /// A pool whose maker thread is called `name` and runs `make` for a kind.
-    pub const fn new(name: &'static str, make: fn(&K) -> Result<T, String>) -> Self {
+    pub fn new(
+        name: &'static str,
+        make: impl Fn(&K) -> Result<T, String> + Send + Sync + 'static,
+    ) -> Self {
         Pool {
-            name,
-            make,
-            state: Mutex::new(State {
-                kinds: Vec::new(),
-                started: false,
-                last_take: None,
-                failed: false,
+            shared: Arc::new(Shared {
+                name,
+                make: Box::new(make),
+                state: Mutex::new(State {
+                    kinds: Vec::new(),
+                    started: false,
+                    last_take: None,
+                    failed: false,
+                }),
+                wake: Condvar::new(),
             }),
-            wake: Condvar::new(),
         }
     }
 
     /// A fresh resource of `kind`, or `None` when none is ready (the first call for a
     /// kind always; it starts making them).
-    pub fn take(&'static self, kind: &K) -> Option<T> {
-        let mut state = self.state.lock().ok()?;
+    pub fn take(&self, kind: &K) -> Option<T> {
+        let shared = &self.shared;
+        let mut state = shared.state.lock().ok()?;
         if state.failed {
             return None;
         }
         if !state.started {
             state.started = true;
+            let maker = Arc::clone(shared);
             let spawned = std::thread::Builder::new()
-                .name(self.name.into())
-                .spawn(move || self.make_forever());
+                .name(shared.name.into())
+                .spawn(move || maker.make_forever());
             if spawned.is_err() {
                 state.failed = true;
                 return None;
@@ -99,26 +115,42 @@ where
                 None
             }
         };
-        self.wake.notify_one();
+        shared.wake.notify_one();
         drop(state);
         // Released outside the lock (a cgroup is a directory to remove).
         drop(released);
         taken
     }
+}
 
+impl<K, T> Pool<K, T> {
     /// Stop making and release what is ready (at exit: a cgroup made ahead is a
-    /// directory to remove).
-    pub fn drain(&'static self) {
-        let ready: Vec<T> = match self.state.lock() {
+    /// directory to remove). Dropping the pool does the same.
+    pub fn drain(&self) {
+        let ready: Vec<T> = match self.shared.state.lock() {
             Ok(mut state) => {
                 state.failed = true;
                 state.kinds.drain(..).flat_map(|(_, ready)| ready).collect()
             }
             Err(_) => Vec::new(),
         };
+        // A maker waiting for work wakes, sees the pool drained and ends.
+        self.shared.wake.notify_all();
         drop(ready);
     }
+}
 
+impl<K, T> Drop for Pool<K, T> {
+    fn drop(&mut self) {
+        self.drain();
+    }
+}
+
+impl<K, T> Shared<K, T>
+where
+    K: Clone + PartialEq + Send + 'static,
+    T: Send + 'static,
+{
     /// The maker thread: top up whichever kind is short, sleep while none is. Before
     /// each resource it waits until [`SETTLE`] after the latest take, once (so takes
     /// that keep coming slow it down but never stop it).
@@ -129,6 +161,9 @@ where
                     return;
                 };
                 loop {
+                    if state.failed {
+                        return;
+                    }
                     let quiet = state.last_take.map(|t| t + SETTLE);
                     if let Some(wait) = quiet.and_then(|q| q.checked_duration_since(Instant::now()))
                     {
@@ -187,10 +222,13 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     static MADE: AtomicU32 = AtomicU32::new(0);
-    static COUNTING: Pool<u8, u32> = Pool::new("test-pool", |kind| {
-        Ok(u32::from(*kind) * 1000 + MADE.fetch_add(1, Ordering::SeqCst))
+    static COUNTING: std::sync::LazyLock<Pool<u8, u32>> = std::sync::LazyLock::new(|| {
+        Pool::new("test-pool", |kind| {
+            Ok(u32::from(*kind) * 1000 + MADE.fetch_add(1, Ordering::SeqCst))
+        })
     });
-    static FAILING: Pool<u8, u32> = Pool::new("test-pool-fail", |_| Err("no".into()));
+    static FAILING: std::sync::LazyLock<Pool<u8, u32>> =
+        std::sync::LazyLock::new(|| Pool::new("test-pool-fail", |_| Err("no".into())));
 
     /// Every item is handed out once, of the kind asked for; the first ask of a kind
     /// finds nothing ready.
@@ -213,20 +251,20 @@ mod tests {
         assert_eq!(got, 5, "the maker never filled the pool");
     }
 
-    static DRAINED: Pool<u8, std::sync::Arc<()>> =
-        Pool::new("test-pool-drain", |_| Ok(std::sync::Arc::new(())));
+    static DRAINED: std::sync::LazyLock<Pool<u8, std::sync::Arc<()>>> =
+        std::sync::LazyLock::new(|| Pool::new("test-pool-drain", |_| Ok(std::sync::Arc::new(()))));
 
     /// After `drain` nothing is ready or made, and what was ready has been dropped.
     #[test]
     fn drain_releases_what_is_ready_and_stops() {
         assert!(DRAINED.take(&0).is_none());
         for _ in 0..2000 {
-            if DRAINED.state.lock().unwrap().kinds[0].1.len() == DEPTH {
+            if DRAINED.shared.state.lock().unwrap().kinds[0].1.len() == DEPTH {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        let ready: Vec<_> = DRAINED.state.lock().unwrap().kinds[0]
+        let ready: Vec<_> = DRAINED.shared.state.lock().unwrap().kinds[0]
             .1
             .iter()
             .map(std::sync::Arc::downgrade)
@@ -240,8 +278,8 @@ mod tests {
         assert!(DRAINED.take(&0).is_none());
     }
 
-    static KINDS: Pool<u32, std::sync::Arc<()>> =
-        Pool::new("test-pool-kinds", |_| Ok(std::sync::Arc::new(())));
+    static KINDS: std::sync::LazyLock<Pool<u32, std::sync::Arc<()>>> =
+        std::sync::LazyLock::new(|| Pool::new("test-pool-kinds", |_| Ok(std::sync::Arc::new(()))));
 
     /// A new kind beyond `MAX_KINDS` releases what is ready of the kind asked for least
     /// recently; a kind asked for again is kept.
@@ -249,7 +287,7 @@ mod tests {
     fn the_kind_asked_for_least_recently_makes_room() {
         let ready = |kind: u32| {
             for _ in 0..2000 {
-                let state = KINDS.state.lock().unwrap();
+                let state = KINDS.shared.state.lock().unwrap();
                 if let Some((_, r)) = state.kinds.iter().find(|(k, _)| *k == kind)
                     && r.len() == DEPTH
                 {
@@ -276,6 +314,7 @@ mod tests {
         );
         assert!(first.iter().any(|w| w.upgrade().is_some()), "kind 0 kept");
         let kinds: Vec<u32> = KINDS
+            .shared
             .state
             .lock()
             .unwrap()
@@ -288,9 +327,11 @@ mod tests {
     }
 
     static MADE_AT: Mutex<Vec<Instant>> = Mutex::new(Vec::new());
-    static SETTLING: Pool<u8, ()> = Pool::new("test-pool-settle", |_| {
-        MADE_AT.lock().unwrap().push(Instant::now());
-        Ok(())
+    static SETTLING: std::sync::LazyLock<Pool<u8, ()>> = std::sync::LazyLock::new(|| {
+        Pool::new("test-pool-settle", |_| {
+            MADE_AT.lock().unwrap().push(Instant::now());
+            Ok(())
+        })
     });
 
     /// Nothing is made sooner than `SETTLE` after a take (the spawn that took has the
@@ -322,6 +363,6 @@ mod tests {
             assert_eq!(FAILING.take(&0), None);
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        assert!(FAILING.state.lock().unwrap().failed);
+        assert!(FAILING.shared.state.lock().unwrap().failed);
     }
 }

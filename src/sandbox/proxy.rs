@@ -8,7 +8,7 @@
 //! Without a registered provider a proxy-mode spawn fails closed.
 
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// Denial lines of one job's broker ("blocked by policy P: connection to h:443 ...").
 pub type Denials = Arc<Mutex<Vec<String>>>;
@@ -63,27 +63,19 @@ pub enum ProxyError {
     Broker(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
-/// Starts one broker per job. Implemented by `crate::broker`, registered at start.
+/// Starts one broker per job. Implemented by `crate::broker`, registered with the
+/// runtime at start ([`Runtime::provide_proxy`](super::runtime::Runtime::provide_proxy)).
 pub trait ProxyProvider: Send + Sync {
     /// A fresh namespace and broker for one job.
     fn start(&self, request: &ProxyRequest<'_>) -> Result<ProxyNetwork, ProxyError>;
 }
 
-static PROVIDER: OnceLock<Box<dyn ProxyProvider>> = OnceLock::new();
-
-/// Register the broker; the first call wins.
-/// Whether a provider is registered (the first one stays).
-pub fn has_proxy_provider() -> bool {
-    PROVIDER.get().is_some()
-}
-
-pub fn set_proxy_provider(provider: Box<dyn ProxyProvider>) {
-    let _ = PROVIDER.set(provider);
-}
-
-/// Start a proxy network for one job, or say why not.
-pub(crate) fn start_proxy(request: &ProxyRequest<'_>) -> Result<ProxyNetwork, ProxyError> {
-    match PROVIDER.get() {
+/// Start a proxy network for one job through `runtime`'s broker, or say why not.
+pub(crate) fn start_proxy(
+    runtime: &super::runtime::Runtime,
+    request: &ProxyRequest<'_>,
+) -> Result<ProxyNetwork, ProxyError> {
+    match runtime.proxy_provider() {
         Some(p) => p.start(request),
         None => Err(ProxyError::NoBroker {
             policy: request.policy.to_string(),

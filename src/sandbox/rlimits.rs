@@ -2,8 +2,6 @@
 //! the pure list (unit-tested), [`apply_rlimits`] sets them. Also the server's own
 //! open-file limit: [`raise_open_files_limit`] at start, and what jobs get instead.
 
-use std::sync::OnceLock;
-
 use rlimit::Resource;
 
 use super::error::SetupError;
@@ -49,10 +47,6 @@ pub fn rlimit_plan(
     plan
 }
 
-/// The soft open-file limit this process had before [`raise_open_files_limit`] raised
-/// it; `None` if it was not raised (not a server, or already at the hard limit).
-static OPEN_FILES_AT_START: OnceLock<u64> = OnceLock::new();
-
 /// The current (soft, hard) open-file limit; (0, 0) if it cannot be read.
 pub fn open_files_limit() -> (u64, u64) {
     Resource::NOFILE.get().unwrap_or((0, 0))
@@ -68,13 +62,7 @@ pub fn raise_open_files_limit() -> std::io::Result<(u64, u64)> {
         return Ok((soft, soft));
     }
     Resource::NOFILE.set(hard, hard)?;
-    let _ = OPEN_FILES_AT_START.set(soft);
     Ok((soft, hard))
-}
-
-/// The soft open-file limit the server was started with, if it raised its own.
-pub fn open_files_at_start() -> Option<u64> {
-    OPEN_FILES_AT_START.get().copied()
 }
 
 /// Set every limit of `plan` on the calling process. Only lowers limits, so no

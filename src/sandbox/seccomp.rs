@@ -6,7 +6,7 @@
 //! that libc falls back to clone, whose flags a filter can inspect); nothing is killed.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -442,38 +442,53 @@ pub fn install_compiled(filter: &CompiledFilter) -> Result<(), SetupError> {
     Ok(())
 }
 
-/// Filters compiled in this process, by their rules: a spawn helper compiles each
-/// policy's once and its forked children load it from here (see [`compiled_for`]).
-static COMPILED: Mutex<Vec<(Vec<SyscallDeny>, Arc<CompiledFilter>)>> = Mutex::new(Vec::new());
-
-/// How many distinct filters [`COMPILED`] keeps (a server uses a handful of policies).
+/// How many distinct filters a [`FilterCache`] keeps (a server uses a handful of policies).
 const COMPILED_KEEP: usize = 16;
 
-/// The compiled filter of `rules`, compiled at most once per process while it stays
-/// among the last [`COMPILED_KEEP`] used.
-pub fn compiled_for(rules: &[SyscallDeny]) -> Result<Arc<CompiledFilter>, SetupError> {
-    let mut cache = COMPILED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(at) = cache.iter().position(|(r, _)| r.as_slice() == rules) {
-        let hit = cache.remove(at);
-        let filter = hit.1.clone();
-        cache.push(hit);
-        return Ok(filter);
+/// Filters compiled by their rules: the zygote compiles each policy's once and hands the
+/// compiled program to the children it forks (`run_spec`).
+#[derive(Default)]
+pub struct FilterCache {
+    compiled: Vec<(Vec<SyscallDeny>, Arc<CompiledFilter>)>,
+}
+
+impl FilterCache {
+    /// The compiled filter of `rules`, compiled at most once while it stays among the
+    /// last [`COMPILED_KEEP`] used.
+    pub fn compiled_for(
+        &mut self,
+        rules: &[SyscallDeny],
+    ) -> Result<Arc<CompiledFilter>, SetupError> {
+        let cache = &mut self.compiled;
+        if let Some(at) = cache.iter().position(|(r, _)| r.as_slice() == rules) {
+            let hit = cache.remove(at);
+            let filter = hit.1.clone();
+            cache.push(hit);
+            return Ok(filter);
+        }
+        let filter = Arc::new(compile_filter(rules)?);
+        if cache.len() >= COMPILED_KEEP {
+            cache.remove(0);
+        }
+        cache.push((rules.to_vec(), filter.clone()));
+        Ok(filter)
     }
-    let filter = Arc::new(compile_filter(rules)?);
-    if cache.len() >= COMPILED_KEEP {
-        cache.remove(0);
-    }
-    cache.push((rules.to_vec(), filter.clone()));
-    Ok(filter)
 }
 
 /// Load the filter for `rules` on the calling thread (no_new_privs must be set, or the
-/// caller must hold CAP_SYS_ADMIN); compiled here unless this process compiled it before.
-pub fn install_seccomp_filter_on_current_thread(rules: &[SyscallDeny]) -> Result<(), SetupError> {
+/// caller must hold CAP_SYS_ADMIN): `precompiled` when the zygote compiled it, else
+/// compiled here.
+pub fn install_seccomp_filter_on_current_thread(
+    rules: &[SyscallDeny],
+    precompiled: Option<&CompiledFilter>,
+) -> Result<(), SetupError> {
     if rules.is_empty() {
         return Ok(());
     }
-    install_compiled(compiled_for(rules)?.as_ref())
+    match precompiled {
+        Some(filter) => install_compiled(filter),
+        None => install_compiled(&compile_filter(rules)?),
+    }
 }
 
 #[cfg(test)]
@@ -739,10 +754,11 @@ mod tests {
     #[test]
     fn tree_loads_and_denies_in_the_kernel() {
         let rules = seccomp_rules(&resolved("workspace-write"));
-        let filter = compiled_for(&rules).unwrap();
+        let mut cache = FilterCache::default();
+        let filter = cache.compiled_for(&rules).unwrap();
         assert_eq!(filter.0.len(), 1);
         assert!(
-            Arc::ptr_eq(&filter, &compiled_for(&rules).unwrap()),
+            Arc::ptr_eq(&filter, &cache.compiled_for(&rules).unwrap()),
             "compiled once"
         );
         // SAFETY: a fork in a test: the child only makes syscalls and _exits.

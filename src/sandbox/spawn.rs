@@ -1,5 +1,6 @@
-//! The spawn side: [`SandboxCommand`] builds a [`LaunchSpec`], re-executes this binary in
-//! launcher mode with the spec on an inherited memfd, and reads the status pipe until
+//! The spawn side: [`SandboxCommand`] builds a [`LaunchSpec`], starts the launcher by the
+//! route its [`Runtime`] is configured for (zygote, re-exec with the spec on a memfd, or
+//! a plain fork), and reads the status pipe until
 //! the launcher has exec'd the target (EOF) or reported why it could not (words).
 //!
 //! Between fork and exec the parent does only async-signal-safe work: `dup2` of the
@@ -11,22 +12,20 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{ChildStderr, ChildStdin, ChildStdout, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::child::SandboxedChild;
 use super::error::{LaunchError, SetupError};
-use super::isolation::JobCgroupHandle;
 use super::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes, run_spec};
-use super::mounts::{MountView, PreparedView, prepare_view};
 use super::policy::KernelSupportMode;
-use super::pool::Pool;
 use super::proxy::{ProxyGuard, ProxyRequest, start_proxy};
 use super::resolve::{NetworkPolicy, ResolvedPolicy};
+use super::runtime::{Route, Runtime};
 
 /// Builder for one sandboxed process, like `std::process::Command`.
 pub struct SandboxCommand {
+    runtime: Runtime,
     policy: Arc<ResolvedPolicy>,
     program: OsString,
     args: Vec<OsString>,
@@ -42,8 +41,15 @@ pub struct SandboxCommand {
 }
 
 impl SandboxCommand {
-    pub fn new(policy: Arc<ResolvedPolicy>, program: impl Into<OsString>) -> Self {
+    /// A command for `program` under `policy`, started with `runtime`'s launch state
+    /// (also [`Runtime::command`]).
+    pub fn new(
+        runtime: Runtime,
+        policy: Arc<ResolvedPolicy>,
+        program: impl Into<OsString>,
+    ) -> Self {
         SandboxCommand {
+            runtime,
             policy,
             program: program.into(),
             args: Vec::new(),
@@ -132,14 +138,16 @@ impl SandboxCommand {
         let policy = &self.policy;
         let limits = &policy.limits;
         let mut unenforced = Vec::new();
-        let route = Route::choose();
+        let rt = &self.runtime;
+        let route = choose_route(rt.config().route);
         // The server's jobs take a cgroup and a network namespace made ahead of need;
         // `run` (one job per process) makes its own.
-        let ahead = route != Route::Fork && made_ahead();
         let cgroup = if limits.memory_bytes.is_some() || limits.processes.is_some() {
             let kind = (limits.memory_bytes, limits.processes);
-            let pooled = if ahead { CGROUPS.take(&kind) } else { None };
-            match pooled.map_or_else(|| make_cgroup(&kind), Ok) {
+            match rt
+                .take_cgroup(&kind)
+                .map_or_else(|| rt.make_cgroup(&kind), Ok)
+            {
                 Ok(cg) => Some(cg),
                 Err(e) => {
                     // Without a cgroup, RLIMIT_AS caps memory and RLIMIT_NPROC caps processes
@@ -164,19 +172,21 @@ impl SandboxCommand {
         // Proxy mode: the broker's namespace and listener, made before anything else
         // that would need undoing.
         let proxy = match &policy.network {
-            NetworkPolicy::Proxy { allow } => Some(start_proxy(&ProxyRequest {
-                policy: &policy.name,
-                allow,
-                trust_target: self.proxy_trusts_target,
-            })?),
+            NetworkPolicy::Proxy { allow } => Some(start_proxy(
+                rt,
+                &ProxyRequest {
+                    policy: &policy.name,
+                    allow,
+                    trust_target: self.proxy_trusts_target,
+                },
+            )?),
             _ => None,
         };
-        let pooled_netns = super::launcher::private_network(policy)
-            .filter(|_| ahead)
-            .and_then(super::netns::take_pooled);
+        let pooled_netns =
+            super::launcher::private_network(policy).and_then(|lo| rt.take_netns(lo));
         let prepared_view = super::isolation::mount_view_of(policy)
-            .filter(|_| ahead && self.view_made_ahead)
-            .and_then(|kind| VIEWS.take(&kind).filter(|view| view.is_current(&kind)));
+            .filter(|_| self.view_made_ahead)
+            .and_then(|kind| rt.take_view(&kind));
         let max_target = self.fds.iter().map(|(_, t)| *t).max().unwrap_or(2);
         let (spec_target, status_target) = (max_target + 1, max_target + 2);
         let (netns_target, view_target) = (max_target + 3, max_target + 4);
@@ -220,7 +230,7 @@ impl SandboxCommand {
             view_fd: prepared_view.as_ref().map(|_| view_target),
             view_mounts_proc: prepared_view.as_ref().is_some_and(|v| v.mounts_proc()),
             parent_pid: std::process::id(),
-            inherited_open_files: super::rlimits::open_files_at_start(),
+            inherited_open_files: rt.config().inherited_open_files,
         };
         let [stdin, stdout, stderr] = [
             (self.stdin, Direction::ToChild),
@@ -254,7 +264,7 @@ impl SandboxCommand {
                     let target = target as RawFd;
                     all.push((io.as_ref().map_or(target, |fd| fd.as_raw_fd()), target));
                 }
-                match super::zygote::spawn(&spec, &all) {
+                match super::zygote::spawn(rt, &spec, &all) {
                     Ok(pid) => Some(pid),
                     Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(spawn_err(e)),
                     Err(e) => {
@@ -270,8 +280,15 @@ impl SandboxCommand {
         };
         let pid = match zygote_pid {
             Some(pid) => pid,
-            None => exec_launcher(spec, route == Route::Fork, &fds, spec_target, high, stdio)
-                .map_err(spawn_err)?,
+            None => exec_launcher(
+                rt,
+                spec,
+                route == Route::Fork,
+                &fds,
+                (spec_target, high),
+                stdio,
+            )
+            .map_err(spawn_err)?,
         };
         drop(status_w);
         drop(pooled_netns);
@@ -324,64 +341,11 @@ impl SandboxCommand {
     }
 }
 
-/// Set (to anything) to make even a single-threaded parent re-execute the launcher, as
-/// the server always does (tests and the benchmark use it to cover that path).
-pub const FORCE_REEXEC_ENV: &str = "MCP_SANDBOX_FORCE_REEXEC";
-
-/// Job cgroups made ahead of need, by their limits (memory, processes); see `pool`.
-static CGROUPS: Pool<(Option<u64>, Option<u64>), JobCgroupHandle> =
-    Pool::new("cgroup-pool", |kind| {
-        make_cgroup(kind).map_err(|e| e.to_string())
-    });
-
-fn make_cgroup(
-    &(memory, processes): &(Option<u64>, Option<u64>),
-) -> Result<JobCgroupHandle, super::cgroup::CgroupError> {
-    JobCgroupHandle::create(&job_name(), memory, processes)
-}
-
-/// File-system views made ahead of need, by the view (see `mounts::PreparedView`).
-static VIEWS: Pool<MountView, PreparedView> = Pool::new("view-pool", |view| {
-    prepare_view(view).map_err(|e| e.to_string())
-});
-
-/// Set to `0` to make every job's cgroup, network namespace and view on its spawn path (the
-/// benchmark's ablation; a server has no reason to).
-pub const MADE_AHEAD_ENV: &str = "MCP_SANDBOX_MADE_AHEAD";
-
-fn made_ahead() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os(MADE_AHEAD_ENV).is_none_or(|v| v != "0"))
-}
-
-/// Remove the cgroups made ahead of need and stop making them: at the server's exit.
-pub fn release_prepared() {
-    CGROUPS.drain();
-    VIEWS.drain();
-}
-
-/// How a sandboxed process is started.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Route {
-    /// A single-threaded parent (the `run` command) forks and applies the sandbox in
-    /// the child itself: no exec of this binary.
-    Fork,
-    /// A multi-threaded parent (the server) asks its zygote to fork (see `zygote`).
-    Zygote,
-    /// ... or, without one, re-executes this binary in launcher mode: only
-    /// async-signal-safe work is sound after a fork of a multi-threaded process.
-    Reexec,
-}
-
-impl Route {
-    fn choose() -> Route {
-        if single_threaded() && std::env::var_os(FORCE_REEXEC_ENV).is_none() {
-            Route::Fork
-        } else if super::zygote::enabled() {
-            Route::Zygote
-        } else {
-            Route::Reexec
-        }
+/// The route `configured` comes to in this process: a fork only while it has one thread.
+fn choose_route(configured: Route) -> Route {
+    match configured {
+        Route::Fork if !single_threaded() => Route::Reexec,
+        route => route,
     }
 }
 
@@ -439,11 +403,11 @@ fn child_end(
 /// with the spec on a memfd at `spec_target`; `fds` are placed at their targets first.
 /// Returns the pid.
 fn exec_launcher(
+    rt: &Runtime,
     spec: LaunchSpec,
     in_fork: bool,
     fds: &[(RawFd, RawFd)],
-    spec_target: RawFd,
-    high: RawFd,
+    (spec_target, high): (RawFd, RawFd),
     stdio: [Option<OwnedFd>; 3],
 ) -> std::io::Result<u32> {
     let spec_fd = match in_fork {
@@ -460,8 +424,7 @@ fn exec_launcher(
         moves.push((dup_above(spec_fd.as_raw_fd(), high)?, spec_target));
     }
     let pairs: Vec<(RawFd, RawFd)> = moves.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
-    let launcher = launcher_exe();
-    let mut cmd = std::process::Command::new(launcher);
+    let mut cmd = std::process::Command::new(&rt.config().launcher_exe);
     cmd.arg(LAUNCHER_ARG)
         .arg(spec_target.to_string())
         .env_clear();
@@ -488,14 +451,14 @@ fn exec_launcher(
                 }
             }
             if let Some(spec) = &in_fork_spec {
-                run_spec(spec);
+                run_spec(spec, None);
             }
             Ok(())
         });
     }
     let child = match in_fork {
         true => cmd.spawn(),
-        false => spawn_from_lasting_thread(cmd),
+        false => rt.spawner().spawn(cmd),
     }?;
     drop(moves);
     drop(spec_fd);
@@ -517,71 +480,48 @@ type SpawnRequest = (
     std::sync::mpsc::SyncSender<std::io::Result<std::process::Child>>,
 );
 
-/// Fork `cmd` from one thread that lives as long as this process. The launcher asks for
-/// `SIGKILL` when the *thread* that forked it dies (`PR_SET_PDEATHSIG`): forked from a
-/// pool thread that retires when idle, a job would be killed with the server still up.
-pub(super) fn spawn_from_lasting_thread(
-    cmd: std::process::Command,
-) -> std::io::Result<std::process::Child> {
-    static SPAWNER: std::sync::OnceLock<
-        Result<std::sync::Mutex<std::sync::mpsc::Sender<SpawnRequest>>, String>,
-    > = std::sync::OnceLock::new();
-    let spawner = SPAWNER.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<SpawnRequest>();
-        std::thread::Builder::new()
-            .name("sandbox-spawner".into())
-            .spawn(move || {
-                // Lives until every sender is gone: never, the sender is static.
-                for (mut cmd, reply) in rx {
-                    let _ = reply.send(cmd.spawn());
-                }
-            })
-            .map(|_| std::sync::Mutex::new(tx))
-            .map_err(|e| e.to_string())
-    });
-    let gone = |what: &str| {
-        std::io::Error::other(format!(
-            "the sandbox spawner thread {what}; restart the server"
-        ))
-    };
-    let sender = match spawner {
-        Ok(sender) => sender
-            .lock()
-            .map_err(|_| gone("is unusable (a panic while spawning)"))?
-            .clone(),
-        Err(e) => return Err(gone(&format!("could not be started ({e})"))),
-    };
-    let (reply_tx, reply_rx) = std::sync::mpsc::sync_channel(1);
-    sender
-        .send((cmd, reply_tx))
-        .map_err(|_| gone("has stopped"))?;
-    reply_rx.recv().map_err(|_| gone("has stopped"))?
+/// Forks commands from one thread that lives as long as its runtime. The launcher asks
+/// for `SIGKILL` when the *thread* that forked it dies (`PR_SET_PDEATHSIG`): forked from
+/// a pool thread that retires when idle, a job would be killed with the server still up.
+#[derive(Default)]
+pub(super) struct Spawner {
+    sender: OnceLock<Result<Mutex<std::sync::mpsc::Sender<SpawnRequest>>, String>>,
 }
 
-static LAUNCHER_EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-
-/// The binary to re-execute in launcher or zygote mode.
-pub(super) fn launcher_exe() -> &'static std::ffi::OsStr {
-    LAUNCHER_EXE
-        .get()
-        .map_or(std::ffi::OsStr::new("/proc/self/exe"), |p| p.as_os_str())
-}
-
-/// Run the launcher from `exe` (the mcp-sandbox-repl binary) instead of /proc/self/exe:
-/// for programs that link this library but are not that binary, such as integration
-/// tests (`env!("CARGO_BIN_EXE_mcp-sandbox-repl")`). The first call wins.
-pub fn set_launcher_exe(exe: PathBuf) {
-    let _ = LAUNCHER_EXE.set(exe);
-}
-
-fn job_name() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{}{}-{}",
-        super::cgroup::JOB_PREFIX,
-        super::instance::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
+impl Spawner {
+    /// Fork `cmd` from the spawner thread (started on first use).
+    pub(super) fn spawn(&self, cmd: std::process::Command) -> std::io::Result<std::process::Child> {
+        let spawner = self.sender.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel::<SpawnRequest>();
+            std::thread::Builder::new()
+                .name("sandbox-spawner".into())
+                .spawn(move || {
+                    // Lives until every sender is gone: with the runtime.
+                    for (mut cmd, reply) in rx {
+                        let _ = reply.send(cmd.spawn());
+                    }
+                })
+                .map(|_| Mutex::new(tx))
+                .map_err(|e| e.to_string())
+        });
+        let gone = |what: &str| {
+            std::io::Error::other(format!(
+                "the sandbox spawner thread {what}; restart the server"
+            ))
+        };
+        let sender = match spawner {
+            Ok(sender) => sender
+                .lock()
+                .map_err(|_| gone("is unusable (a panic while spawning)"))?
+                .clone(),
+            Err(e) => return Err(gone(&format!("could not be started ({e})"))),
+        };
+        let (reply_tx, reply_rx) = std::sync::mpsc::sync_channel(1);
+        sender
+            .send((cmd, reply_tx))
+            .map_err(|_| gone("has stopped"))?;
+        reply_rx.recv().map_err(|_| gone("has stopped"))?
+    }
 }
 
 fn pipe_cloexec() -> std::io::Result<(OwnedFd, OwnedFd)> {

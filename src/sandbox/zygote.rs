@@ -24,7 +24,7 @@ use std::io::{IoSlice, IoSliceMut, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use nix::sys::socket::{
     AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg,
@@ -33,14 +33,12 @@ use nix::sys::socket::{
 use serde::{Deserialize, Serialize};
 
 use super::launcher::{LaunchSpec, SETUP_FAILED_EXIT, run_spec};
+use super::runtime::Runtime;
+use super::seccomp::FilterCache;
 
 /// argv[1] that selects zygote mode; argv[2] is the socket's descriptor, argv[3] the
 /// server's pid.
 pub const ZYGOTE_ARG: &str = "__sandbox-zygote";
-
-/// Set to `0` to spawn every job by re-executing the launcher instead (the fallback
-/// when the zygote cannot start; the benchmark measures both).
-pub const ZYGOTE_ENV: &str = "MCP_SANDBOX_ZYGOTE";
 
 /// The largest request sent inline in the message (socket buffers are ~200 KiB).
 const INLINE_MAX: usize = 32 << 10;
@@ -84,6 +82,8 @@ pub fn zygote_main() -> ! {
 /// The zygote's loop: one request, one fork, one reply, until the server is gone.
 fn serve(sock: OwnedFd) -> ! {
     let mut buf = vec![0u8; INLINE_MAX];
+    // Each policy's seccomp filter, compiled here once: the children load it compiled.
+    let mut filters = FilterCache::default();
     loop {
         let (len, mut fds) = match receive(&sock, &mut buf) {
             Ok(Some(got)) => got,
@@ -100,7 +100,7 @@ fn serve(sock: OwnedFd) -> ! {
             serde_json::from_slice::<Request>(&buf[..len]).ok()
         };
         let reply = match request {
-            Some(req) if req.targets.len() == fds.len() => fork_job(&sock, &req, fds),
+            Some(req) if req.targets.len() == fds.len() => fork_job(&sock, &req, fds, &mut filters),
             _ => -libc::EINVAL,
         };
         let sent = sendmsg::<()>(
@@ -118,10 +118,12 @@ fn serve(sock: OwnedFd) -> ! {
 
 /// Fork one job as the server's child; in the child, place its descriptors and apply
 /// the sandbox (never returns there). Returns the pid, or a negative errno.
-fn fork_job(sock: &OwnedFd, req: &Request, fds: Vec<OwnedFd>) -> i32 {
-    // The policy's seccomp filter, compiled here once: the child finds it compiled (a
-    // failure here is met again, and reported, by the child).
-    let _ = super::seccomp::compiled_for(&super::seccomp::seccomp_rules(&req.spec.policy));
+fn fork_job(sock: &OwnedFd, req: &Request, fds: Vec<OwnedFd>, filters: &mut FilterCache) -> i32 {
+    // The policy's seccomp filter, compiled here once: the child gets it compiled (a
+    // failure here is met again, and reported, by the child, which compiles it itself).
+    let filter: Option<Arc<_>> = filters
+        .compiled_for(&super::seccomp::seccomp_rules(&req.spec.policy))
+        .ok();
     // SAFETY: a raw clone in a single-threaded process: like fork(2), with CLONE_PARENT
     // making the child a sibling of this process (the server's child). The child only
     // makes syscalls and allocates, as the re-executed launcher would.
@@ -139,7 +141,7 @@ fn fork_job(sock: &OwnedFd, req: &Request, fds: Vec<OwnedFd>) -> i32 {
         // SAFETY: closing our copy of the socket; the child never uses it.
         unsafe { libc::close(sock.as_raw_fd()) };
         place_fds(&fds, &req.targets);
-        run_spec(&req.spec);
+        run_spec(&req.spec, filter.as_deref());
     }
     if pid < 0 {
         return -std::io::Error::last_os_error()
@@ -214,7 +216,7 @@ fn receive(sock: &OwnedFd, buf: &mut [u8]) -> nix::Result<Option<(usize, Vec<Own
 }
 
 /// The server's side: the zygote process (our child) and its socket.
-struct Zygote {
+pub(super) struct Zygote {
     sock: OwnedFd,
     pid: libc::pid_t,
 }
@@ -229,18 +231,15 @@ impl Drop for Zygote {
     }
 }
 
-static ZYGOTE: Mutex<Option<Zygote>> = Mutex::new(None);
-
-/// Whether jobs are spawned through the zygote (not turned off by `ZYGOTE_ENV=0`).
-pub(super) fn enabled() -> bool {
-    std::env::var_os(ZYGOTE_ENV).is_none_or(|v| v != "0")
-}
-
 /// Fork `spec` through the zygote with `fds` placed at their targets; returns the pid
 /// of the new process (this process's child). Starts the zygote on first use, and once
 /// more if it has died; an error means the caller should re-execute the launcher —
 /// except `TimedOut`: the zygote may have forked the job before it stopped answering.
-pub(super) fn spawn(spec: &LaunchSpec, fds: &[(RawFd, RawFd)]) -> std::io::Result<u32> {
+pub(super) fn spawn(
+    rt: &Runtime,
+    spec: &LaunchSpec,
+    fds: &[(RawFd, RawFd)],
+) -> std::io::Result<u32> {
     let request = Request {
         spec: spec.clone(),
         targets: fds.iter().map(|&(_, t)| t).collect(),
@@ -261,13 +260,14 @@ pub(super) fn spawn(spec: &LaunchSpec, fds: &[(RawFd, RawFd)]) -> std::io::Resul
         }
         None => &json,
     };
-    let mut guard = ZYGOTE
+    let mut guard = rt
+        .zygote()
         .lock()
         .map_err(|_| std::io::Error::other("the zygote lock is poisoned"))?;
     let mut last = None;
     for _ in 0..2 {
         if guard.is_none() {
-            *guard = Some(start()?);
+            *guard = Some(start(rt)?);
         }
         let Some(zygote) = guard.as_ref() else {
             continue;
@@ -324,11 +324,11 @@ fn exchange(sock: &OwnedFd, json: &[u8], fds: &[RawFd]) -> std::io::Result<i32> 
 }
 
 /// Start the zygote from the spawner thread (its death signal is bound to that thread).
-fn start() -> std::io::Result<Zygote> {
+fn start(rt: &Runtime) -> std::io::Result<Zygote> {
     let (mine, theirs) = socket_pair()?;
     const TARGET: RawFd = 3;
     let src = theirs.as_raw_fd();
-    let mut cmd = std::process::Command::new(super::spawn::launcher_exe());
+    let mut cmd = std::process::Command::new(&rt.config().launcher_exe);
     cmd.arg(ZYGOTE_ARG)
         .arg(TARGET.to_string())
         .arg(std::process::id().to_string())
@@ -344,7 +344,7 @@ fn start() -> std::io::Result<Zygote> {
             Ok(())
         });
     }
-    let process = super::spawn::spawn_from_lasting_thread(cmd)?;
+    let process = rt.spawner().spawn(cmd)?;
     drop(theirs);
     server_side(mine, process.id() as libc::pid_t)
 }
@@ -376,13 +376,13 @@ fn server_side(mine: OwnedFd, pid: libc::pid_t) -> std::io::Result<Zygote> {
 /// here), and the fork of the still small process costs a fraction of that. Its death
 /// signal is bound to the calling thread, which must live as long as the server (the
 /// main thread, which runs the server's runtime); so are the jobs it forks, as with the
-/// spawner thread. Does nothing when the zygote is off or this process already has
-/// threads; the first job then starts one the usual way.
-pub fn start_early() {
-    if !enabled() || !single_threaded() {
+/// spawner thread. Does nothing when this process already has threads; the first job
+/// then starts one the usual way.
+pub(super) fn start_early(slot: &Mutex<Option<Zygote>>) {
+    if !single_threaded() {
         return;
     }
-    let Ok(mut guard) = ZYGOTE.lock() else { return };
+    let Ok(mut guard) = slot.lock() else { return };
     if guard.is_some() {
         return;
     }

@@ -190,7 +190,7 @@ fn only_the_named_owners_cgroups_are_swept() {
     let members = std::fs::read_to_string(&busy.procs_files()[0]).unwrap();
     std::mem::forget(busy); // as if its server had been SIGKILLed
     std::mem::forget(idle);
-    let swept = sweep_owned_by(&Layout::detect(), std::slice::from_ref(&dead));
+    let swept = sweep_owned_by(&Layout::detect(), "1x00000000", std::slice::from_ref(&dead));
     assert!(!busy_dir.exists() && !idle_dir.exists(), "{swept:?}");
     assert!(
         swept.contains(&busy_dir) && swept.contains(&idle_dir),
