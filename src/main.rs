@@ -9,8 +9,8 @@ fn main() -> ExitCode {
         // Never returns on success: it execs the target.
         mcp_sandbox_repl::sandbox::launcher::launcher_main();
     }
-    if mcp_sandbox_repl::sandbox::zygote::is_zygote_invocation() {
-        mcp_sandbox_repl::sandbox::zygote::zygote_main();
+    if mcp_sandbox_repl::sandbox::parent::zygote::is_zygote_invocation() {
+        mcp_sandbox_repl::sandbox::parent::zygote::zygote_main();
     }
     mcp_sandbox_repl::cli::main()
 }

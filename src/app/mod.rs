@@ -139,9 +139,9 @@ fn sweep_in_background(state_dir: &std::path::Path, own: &str) -> watch::Receive
 /// `state_dir`; only servers whose ownership record is free (`owners`) are taken for
 /// ended. Said at info level, since it means an earlier server did not end cleanly.
 fn sweep_leftovers(state_dir: &std::path::Path, own: &str) {
-    let ended = owners::ended(state_dir, crate::sandbox::instance::is_id);
+    let ended = owners::ended(state_dir, crate::sandbox::parent::instance::is_id);
     let ids: Vec<String> = ended.iter().map(|e| e.id.clone()).collect();
-    let cgroups = crate::sandbox::isolation::sweep_cgroups_of(own, &ids);
+    let cgroups = crate::sandbox::parent::isolation::sweep_cgroups_of(own, &ids);
     let mut files = tmp::sweep_closed_sessions(state_dir);
     for e in ended {
         files.extend(tmp::sweep_owner(state_dir, &e.id));

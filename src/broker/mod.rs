@@ -40,11 +40,11 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
-use crate::sandbox::allow::AllowEntry;
-use crate::sandbox::netns::namespace_with_listener;
-use crate::sandbox::proxy::{
+use crate::sandbox::parent::netns::namespace_with_listener;
+use crate::sandbox::parent::proxy::{
     Denials, ProxyError, ProxyJob, ProxyNetwork, ProxyProvider, ProxyRequest,
 };
+use crate::sandbox::policy::allow::AllowEntry;
 pub use upstream::Upstream;
 
 /// Most denial lines kept per job.
@@ -244,7 +244,7 @@ pub fn install(sandbox: &crate::sandbox::Runtime) {
     match tokio::runtime::Handle::try_current() {
         Ok(rt) => {
             let upstream = Upstream::from_env(std::env::vars());
-            let open_files = crate::sandbox::rlimits::open_files_limit().0;
+            let open_files = crate::sandbox::launcher::rlimits::open_files_limit().0;
             let limits = Limits::for_open_files(open_files);
             tracing::info!(
                 "network broker: at most {} connections per job and {} in all (open-file limit {open_files})",

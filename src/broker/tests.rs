@@ -11,7 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::upstream::{ProxyTarget, Upstream};
 use super::{Budget, Limits, Rules, Trusted, accept_loop};
-use crate::sandbox::allow::AllowEntry;
+use crate::sandbox::policy::allow::AllowEntry;
 
 type Denials = Arc<Mutex<Vec<String>>>;
 

@@ -7,7 +7,7 @@
 
 use base64::Engine;
 
-use crate::sandbox::allow::UrlParts;
+use crate::sandbox::policy::allow::UrlParts;
 
 /// An upstream proxy: where to connect and the `Proxy-Authorization` value, if any.
 #[derive(Debug, Clone, PartialEq, Eq)]

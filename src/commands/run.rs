@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::cli::RunArgs;
 use crate::sandbox::{
     ExitReport, LimitHit, Placeholders, Policy, Termination,
-    child::{SignalForwarding, signal_number},
+    parent::child::{SignalForwarding, signal_number},
 };
 
 /// The report `--json` prints (one line).
@@ -140,7 +140,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     drop(forwarding);
     let stderr = tee.finish();
     let denied = if exit_status(&report) != 0 {
-        crate::sandbox::explain::explain_denials_in(&resolved, &dir_for_denials, &stderr)
+        crate::sandbox::policy::explain::explain_denials_in(&resolved, &dir_for_denials, &stderr)
     } else {
         Vec::new()
     };

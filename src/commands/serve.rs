@@ -31,7 +31,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // get the old soft limit back unless their policy sets one). Raising a soft limit
     // up to the hard one needs no privilege; should it fail, the broker's budgets are
     // computed from the limit there is (logged at start).
-    let inherited_open_files = crate::sandbox::rlimits::raise_open_files_limit()
+    let inherited_open_files = crate::sandbox::launcher::rlimits::raise_open_files_limit()
         .ok()
         .filter(|(before, now)| before != now)
         .map(|(before, _)| before);

@@ -74,7 +74,7 @@ pub fn extend(base: &ResolvedPolicy, grants: &Grants) -> ResolvedPolicy {
 pub fn installer_network(base: &ResolvedPolicy) -> NetworkPolicy {
     if matches!(base.installer_network, NetworkPolicy::Proxy { .. })
         && base.kernel_support == KernelSupportMode::BestEffort
-        && !crate::sandbox::netns::namespaces_usable()
+        && !crate::sandbox::parent::netns::namespaces_usable()
     {
         tracing::warn!(
             "policy {}: no network namespaces here, so installs use the host's network instead of the broker",

@@ -19,8 +19,8 @@ use super::protocol::{self, Event, Request};
 use super::pump::{Pending, Shared, kill_group, lock, pump, write_requests};
 use super::snapshot::{self, Forked, Snapshot};
 use super::{CellSink, OutStream, ReplError};
-use crate::sandbox::pidns::host_pid;
-use crate::sandbox::proxy::Denials;
+use crate::sandbox::launcher::pidns::host_pid;
+use crate::sandbox::parent::proxy::Denials;
 use crate::sandbox::{Pidfd, ResolvedPolicy, SandboxedChild};
 
 /// The worker driver, embedded so the binary is self-contained.

@@ -114,7 +114,7 @@ fn first_ident(s: &str) -> String {
 }
 
 /// Whether `src` uses the external crate `name`: `name::` or `::name::` at the start of a
-/// path, not as a later segment (`crate::sandbox::landlock::x` does not count).
+/// path, not as a later segment (`crate::sandbox::launcher::landlock::x` does not count).
 fn uses_crate(src: &str, name: &str) -> bool {
     let pat = format!("{name}::");
     src.match_indices(&pat).any(|(i, _)| {
@@ -287,7 +287,7 @@ fn the_checker_catches_upward_imports_foreign_crates_and_cycles() {
         ("app", "use crate::sandbox::{Placeholders, ResolvedPolicy};"),
         (
             "sandbox",
-            "use crate::sandbox::landlock::FsGrant; mod landlock;",
+            "use crate::sandbox::launcher::landlock::FsGrant; mod landlock;",
         ),
         ("sandbox", "use landlock::Ruleset;"),
         (

@@ -218,7 +218,8 @@ fn child_median_us(n: usize, gap_ms: u64, f: &dyn Fn() -> bool) -> u64 {
 #[test]
 #[ignore]
 fn measure_isolation_costs() {
-    use crate::sandbox::{cgroup, netns};
+    use crate::sandbox::launcher::netns;
+    use crate::sandbox::parent::cgroup;
     let n = 41;
     let none = child_median_us(n, 0, &|| netns::isolate_network(false).is_ok());
     println!("netns none: {none} us");
@@ -230,7 +231,7 @@ fn measure_isolation_costs() {
         .iter()
         .map(|p| p.with_file_name("cgroup.procs"))
         .collect();
-    let join = |files: &[PathBuf]| cgroup::join_current(files).is_ok();
+    let join = |files: &[PathBuf]| crate::sandbox::launcher::cgroup::join_current(files).is_ok();
     let t = child_median_us(15, 100, &|| join(&tasks));
     println!("cgroup join via tasks, idle before: {t} us");
     let p = child_median_us(15, 100, &|| join(&procs));

@@ -13,12 +13,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::isolation::JobCgroupHandle;
-use super::mounts::{MountView, PreparedView};
 use super::pool::Pool;
 use super::proxy::ProxyProvider;
-use super::resolve::ResolvedPolicy;
 use super::spawn::{SandboxCommand, Spawner};
 use super::zygote::Zygote;
+use crate::sandbox::launcher::mounts::{MountView, PreparedView};
+use crate::sandbox::policy::resolve::ResolvedPolicy;
 
 /// How a launcher is started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,10 +117,11 @@ impl Runtime {
                     make_cgroup(&name, kind).map_err(|e| e.to_string())
                 }),
                 views: Pool::new("view-pool", |view| {
-                    super::mounts::prepare_view(view).map_err(|e| e.to_string())
+                    crate::sandbox::launcher::mounts::prepare_view(view).map_err(|e| e.to_string())
                 }),
                 netns: Pool::new("netns-pool", |&loopback| {
-                    super::netns::make_namespace(loopback).map_err(|e| e.to_string())
+                    crate::sandbox::launcher::netns::make_namespace(loopback)
+                        .map_err(|e| e.to_string())
                 }),
                 proxy: OnceLock::new(),
                 instance_id,

@@ -5,6 +5,7 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 use super::*;
+use crate::sandbox::launcher::cgroup::join_current;
 use crate::test_support::scratch_dir;
 
 fn unique(tag: &str) -> String {

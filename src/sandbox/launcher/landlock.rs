@@ -10,8 +10,8 @@ use landlock::{
 };
 
 use super::error::SetupError;
-use super::policy::Scoping;
-use super::resolve::{NetworkPolicy, ResolvedPolicy};
+use crate::sandbox::policy::Scoping;
+use crate::sandbox::policy::resolve::{NetworkPolicy, ResolvedPolicy};
 
 /// What a file-system rule grants beneath a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -279,7 +279,7 @@ pub fn install_landlock_on_current_thread(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::resolve::test_fixture::resolved;
+    use crate::sandbox::policy::resolve::test_fixture::resolved;
     use std::path::Path;
 
     #[test]

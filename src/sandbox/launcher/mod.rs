@@ -9,6 +9,24 @@
 //! Any failure before exec is a [`SetupError`] whose `Display` is written to the status
 //! pipe (close-on-exec, so a successful exec closes it). Lines starting with `unenforced:` name what a
 //! `best_effort` policy could not enforce; a line starting with `error:` is fatal.
+//!
+//! This directory is the code that runs inside the launcher process (the re-executed
+//! binary, a fork of the zygote, or `run`'s child): this file, the PID-namespace init and
+//! supervisor (`pidns`) and one installer per mechanism (`cgroup` join, `netns`, `mounts`,
+//! `rlimits`, `privileges`, `landlock`, `seccomp`; `isolation` adapts the first three to
+//! a policy). It imports `policy/` and nothing of `parent/`; the parent reuses some of
+//! it (a view or a network namespace made ahead runs the same code in a thread of its own).
+
+pub mod cgroup;
+pub mod error;
+pub mod isolation;
+pub mod landlock;
+pub mod mounts;
+pub mod netns;
+pub mod pidns;
+pub mod privileges;
+pub mod rlimits;
+pub mod seccomp;
 
 use std::ffi::CString;
 use std::io::{Read, Write};
@@ -18,16 +36,14 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::SetupError;
-use super::isolation;
-use super::landlock::{install_landlock_on_current_thread, landlock_rules};
-use super::netns::{NetnsError, join_namespace};
-use super::pidns;
-use super::policy::KernelSupportMode;
-use super::privileges::{drop_all_capabilities, set_no_new_privs};
-use super::resolve::{NetworkPolicy, ResolvedPolicy};
-use super::rlimits::{apply_rlimits, rlimit_plan};
-use super::seccomp::{CompiledFilter, install_seccomp_filter_on_current_thread, seccomp_rules};
+use crate::sandbox::policy::KernelSupportMode;
+use crate::sandbox::policy::resolve::{NetworkPolicy, ResolvedPolicy};
+use error::SetupError;
+use landlock::{install_landlock_on_current_thread, landlock_rules};
+use netns::{NetnsError, join_namespace};
+use privileges::{drop_all_capabilities, set_no_new_privs};
+use rlimits::{apply_rlimits, rlimit_plan};
+use seccomp::{CompiledFilter, install_seccomp_filter_on_current_thread, seccomp_rules};
 
 // Where the interface stub had them, for callers that name these paths.
 

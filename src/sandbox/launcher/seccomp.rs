@@ -14,7 +14,7 @@ use seccompiler::{
 };
 
 use super::error::SetupError;
-use super::resolve::{NetworkPolicy, ResolvedPolicy};
+use crate::sandbox::policy::resolve::{NetworkPolicy, ResolvedPolicy};
 
 /// One comparison on a syscall argument (32-bit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -494,7 +494,7 @@ pub fn install_seccomp_filter_on_current_thread(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::resolve::test_fixture::resolved;
+    use crate::sandbox::policy::resolve::test_fixture::resolved;
 
     fn find<'a>(rules: &'a [SyscallDeny], name: &str) -> Option<&'a SyscallDeny> {
         rules.iter().find(|r| r.name == name)

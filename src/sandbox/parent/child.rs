@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 
 use super::isolation::JobCgroupHandle;
-use super::resolve::Limits;
+use crate::sandbox::policy::resolve::Limits;
 
 /// How a sandboxed process ended.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::error::PolicyError;
-use super::policy::{KernelSupportMode, NetworkMode, Policy, Scoping};
+use super::{KernelSupportMode, NetworkMode, Policy, Scoping};
 
 /// Values for the placeholders a policy may use in paths.
 #[derive(Debug, Clone, Default)]
@@ -116,7 +116,7 @@ pub struct ResolvedPolicy {
 }
 
 /// The [`NetworkPolicy`] a `[network]`-shaped section asks for.
-fn network_policy(section: &super::policy::NetworkSection) -> NetworkPolicy {
+fn network_policy(section: &super::NetworkSection) -> NetworkPolicy {
     match section.mode {
         NetworkMode::None => NetworkPolicy::None,
         NetworkMode::Loopback => NetworkPolicy::Loopback,

@@ -5,7 +5,7 @@
 use rlimit::Resource;
 
 use super::error::SetupError;
-use super::resolve::Limits;
+use crate::sandbox::policy::resolve::Limits;
 
 /// One limit to set: (resource, soft, hard, name for messages).
 pub type RlimitEntry = (Resource, u64, u64, &'static str);

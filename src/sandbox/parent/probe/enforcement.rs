@@ -5,8 +5,8 @@
 use serde::Serialize;
 
 use super::KernelSupport;
-use crate::sandbox::landlock::landlock_rules;
-use crate::sandbox::resolve::{NetworkPolicy, ResolvedPolicy};
+use crate::sandbox::launcher::landlock::landlock_rules;
+use crate::sandbox::policy::resolve::{NetworkPolicy, ResolvedPolicy};
 
 /// One protection of a policy and whether this machine enforces it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -282,7 +282,7 @@ fn size(bytes: u64) -> String {
 mod tests {
     use super::super::{CgroupSupport, Namespaces, Probe};
     use super::*;
-    use crate::sandbox::cgroup::CgroupVersion;
+    use crate::sandbox::parent::cgroup::CgroupVersion;
     use crate::sandbox::{Placeholders, Policy};
 
     fn kernel(root: bool, cgroups: bool, abi: Option<u32>) -> KernelSupport {

@@ -16,12 +16,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::child::SandboxedChild;
-use super::error::{LaunchError, SetupError};
-use super::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes, run_spec};
-use super::policy::KernelSupportMode;
+use super::error::LaunchError;
 use super::proxy::{ProxyGuard, ProxyRequest, start_proxy};
-use super::resolve::{NetworkPolicy, ResolvedPolicy};
 use super::runtime::{Route, Runtime};
+use crate::sandbox::launcher::error::SetupError;
+use crate::sandbox::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes, run_spec};
+use crate::sandbox::policy::KernelSupportMode;
+use crate::sandbox::policy::resolve::{NetworkPolicy, ResolvedPolicy};
 
 /// Builder for one sandboxed process, like `std::process::Command`.
 pub struct SandboxCommand {
@@ -183,8 +184,8 @@ impl SandboxCommand {
             _ => None,
         };
         let pooled_netns =
-            super::launcher::private_network(policy).and_then(|lo| rt.take_netns(lo));
-        let prepared_view = super::isolation::mount_view_of(policy)
+            crate::sandbox::launcher::private_network(policy).and_then(|lo| rt.take_netns(lo));
+        let prepared_view = crate::sandbox::launcher::isolation::mount_view_of(policy)
             .filter(|_| self.view_made_ahead)
             .and_then(|kind| rt.take_view(&kind));
         let max_target = self.fds.iter().map(|(_, t)| *t).max().unwrap_or(2);
@@ -298,7 +299,7 @@ impl SandboxCommand {
         let _ = status_r.read_to_string(&mut report);
         let mut pgid = pid;
         for line in report.lines() {
-            if let Some(n) = line.strip_prefix(super::pidns::PGID_PREFIX) {
+            if let Some(n) = line.strip_prefix(crate::sandbox::launcher::pidns::PGID_PREFIX) {
                 pgid = n.trim().parse().unwrap_or(pid);
             }
             if let Some(msg) = line.strip_prefix("error: ") {

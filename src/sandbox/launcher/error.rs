@@ -1,42 +1,14 @@
-//! The sandbox's error types: one for policies (loading, validating, resolving), one for
-//! a step of setting up the sandbox ([`SetupError`]: the launcher's steps and the
-//! parent-side installers) and one for starting a sandboxed process. Every message says
-//! what failed, why, and what to do.
+//! [`SetupError`]: one step of setting up the sandbox failed (the launcher's steps and
+//! the two checks the parent makes before it starts one). Every message says what
+//! failed, why, and what to do. (Policy errors: `policy::error`; starting a process:
+//! `parent::error`.)
 
-use std::ffi::OsString;
 use std::io;
 use std::path::PathBuf;
 
 use super::cgroup::CgroupError;
 use super::mounts::MountError;
 use super::netns::NetnsError;
-
-/// Loading, validating or resolving a policy failed.
-#[derive(Debug, thiserror::Error)]
-pub enum PolicyError {
-    #[error(
-        "unknown policy {name:?}; known policies: {known} (or give a path to a .toml policy file)"
-    )]
-    Unknown { name: String, known: String },
-    #[error("cannot read policy file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// TOML syntax or schema error (unknown key, wrong type); `message` names the key.
-    #[error("policy file {file}: {message}")]
-    Parse { file: String, message: String },
-    /// A value that parses but makes no sense; names the key and what is allowed.
-    #[error("policy file {file}: key `{key}`: {message}")]
-    Invalid {
-        file: String,
-        key: String,
-        message: String,
-    },
-    /// A placeholder could not be resolved (e.g. the workspace does not exist).
-    #[error("policy {policy}: {message}")]
-    Resolve { policy: String, message: String },
-}
 
 /// One step of setting up the sandbox failed: which step (the variant) and why (the
 /// source error). The launcher writes its `Display` — exactly — to the status pipe, after
@@ -185,24 +157,4 @@ impl SetupError {
             | SetupError::NotFound { .. } => "exec",
         }
     }
-}
-
-/// Starting a sandboxed process failed.
-#[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
-    #[error("could not start {program:?}: {source}")]
-    Spawn {
-        program: OsString,
-        source: std::io::Error,
-    },
-    /// A setup step in this process failed before the launcher started.
-    #[error("sandbox setup failed: {0}")]
-    Setup(#[from] SetupError),
-    /// The launcher reported a failure before exec: a [`SetupError`]'s words, as they
-    /// crossed the status pipe from the launcher process.
-    #[error("sandbox setup failed: {0}")]
-    Launcher(String),
-    /// The job's network broker (proxy mode) could not be set up.
-    #[error(transparent)]
-    Proxy(#[from] super::proxy::ProxyError),
 }

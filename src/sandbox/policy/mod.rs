@@ -1,29 +1,42 @@
 //! Policy files: the TOML format (every table `deny_unknown_fields`), the shipped
 //! policies embedded in the binary, and strict loading with errors that name the file,
 //! the key and what is allowed. Placeholder resolution lives in `resolve.rs`.
+//!
+//! This directory is the sandbox's pure data: what a policy says (`mod.rs`), the paths
+//! and numbers it resolves to for one job (`resolve`), the network allow-list (`allow`),
+//! and a failed job's denials in words (`explain`). It changes no process state (no
+//! namespace, mount, limit or filter) and imports nothing of `launcher/` or `parent/`.
+
+pub mod allow;
+pub mod error;
+pub mod explain;
+pub mod resolve;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::allow::AllowEntry;
-pub use super::error::PolicyError;
+use allow::AllowEntry;
+pub use error::PolicyError;
 // Where the interface stub had them, for callers that name these paths.
-pub use super::resolve::{Placeholders, ResolvedPolicy};
+pub use resolve::{Placeholders, ResolvedPolicy};
 
 /// The shipped policies, embedded so that a spawn never touches the disk for them.
 pub const SHIPPED: &[(&str, &str)] = &[
-    ("read-only", include_str!("../../policies/read-only.toml")),
+    (
+        "read-only",
+        include_str!("../../../policies/read-only.toml"),
+    ),
     (
         "workspace-write",
-        include_str!("../../policies/workspace-write.toml"),
+        include_str!("../../../policies/workspace-write.toml"),
     ),
     (
         "danger-full-access",
-        include_str!("../../policies/danger-full-access.toml"),
+        include_str!("../../../policies/danger-full-access.toml"),
     ),
-    ("ci", include_str!("../../policies/ci.toml")),
+    ("ci", include_str!("../../../policies/ci.toml")),
 ];
 
 /// The policy used when none is named.

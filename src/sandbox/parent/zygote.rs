@@ -32,9 +32,9 @@ use nix::sys::socket::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::launcher::{LaunchSpec, SETUP_FAILED_EXIT, run_spec};
 use super::runtime::Runtime;
-use super::seccomp::FilterCache;
+use crate::sandbox::launcher::seccomp::FilterCache;
+use crate::sandbox::launcher::{LaunchSpec, SETUP_FAILED_EXIT, run_spec};
 
 /// argv[1] that selects zygote mode; argv[2] is the socket's descriptor, argv[3] the
 /// server's pid.
@@ -72,7 +72,7 @@ pub fn zygote_main() -> ! {
         eprintln!("mcp-sandbox-repl: {ZYGOTE_ARG} is internal; it is started by the server");
         std::process::exit(SETUP_FAILED_EXIT);
     };
-    if super::pidns::bind_to_parent(parent).is_err() {
+    if crate::sandbox::launcher::pidns::bind_to_parent(parent).is_err() {
         std::process::exit(SETUP_FAILED_EXIT);
     }
     // SAFETY: the server put our end of the socket pair at `sock`; nothing else owns it.
@@ -122,7 +122,9 @@ fn fork_job(sock: &OwnedFd, req: &Request, fds: Vec<OwnedFd>, filters: &mut Filt
     // The policy's seccomp filter, compiled here once: the child gets it compiled (a
     // failure here is met again, and reported, by the child, which compiles it itself).
     let filter: Option<Arc<_>> = filters
-        .compiled_for(&super::seccomp::seccomp_rules(&req.spec.policy))
+        .compiled_for(&crate::sandbox::launcher::seccomp::seccomp_rules(
+            &req.spec.policy,
+        ))
         .ok();
     // SAFETY: a raw clone in a single-threaded process: like fork(2), with CLONE_PARENT
     // making the child a sibling of this process (the server's child). The child only
@@ -418,7 +420,7 @@ fn fork_here() -> std::io::Result<Zygote> {
                 && libc::dup2(theirs.as_raw_fd(), 3) == 3
                 && libc::close_range(4, u32::MAX, 0) == 0
         };
-        if !kept || super::pidns::bind_to_parent(parent).is_err() {
+        if !kept || crate::sandbox::launcher::pidns::bind_to_parent(parent).is_err() {
             // SAFETY: _exit in the forked child.
             unsafe { libc::_exit(SETUP_FAILED_EXIT) }
         }

@@ -58,7 +58,7 @@ pub enum ProxyError {
     )]
     NoBroker { policy: String },
     #[error("cannot set up the job's network broker: {0}")]
-    Namespace(#[from] super::netns::NetnsError),
+    Namespace(#[from] crate::sandbox::launcher::netns::NetnsError),
     #[error("cannot start the job's network broker: {0}")]
     Broker(#[source] Box<dyn std::error::Error + Send + Sync>),
 }

@@ -1,6 +1,6 @@
 //! Adapter between the launcher and the isolation mechanisms of `cgroup`, `netns` and
-//! `mounts` (which take plain parameters, not policy types). Everything the launcher
-//! and the spawn side need from them goes through these few functions.
+//! `mounts` (which take plain parameters, not policy types): the launcher's steps, and
+//! [`mount_view_of`], the view a policy asks for (the parent makes views ahead by it).
 //!
 //! Launcher-side functions return `Ok(None)` when applied, `Ok(Some(note))` when the
 //! mechanism is not available and the policy allows best effort (the note lands in the
@@ -9,60 +9,11 @@
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use super::cgroup::{self, CgroupError, JobCgroup};
+use super::cgroup;
 use super::error::SetupError;
 use super::mounts::{self, MountView};
 use super::netns;
-use super::resolve::ResolvedPolicy;
-
-/// The parent's handle on a job's cgroup(s). Dropping it kills what is left and removes it.
-#[derive(Debug)]
-pub struct JobCgroupHandle {
-    inner: JobCgroup,
-    has_memory: bool,
-}
-
-impl JobCgroupHandle {
-    /// Create a cgroup for one job with these limits.
-    pub fn create(
-        name: &str,
-        memory_bytes: Option<u64>,
-        max_pids: Option<u64>,
-    ) -> Result<JobCgroupHandle, CgroupError> {
-        JobCgroup::create(name, memory_bytes, max_pids).map(|inner| JobCgroupHandle {
-            inner,
-            has_memory: memory_bytes.is_some(),
-        })
-    }
-    pub fn procs_files(&self) -> Vec<PathBuf> {
-        self.inner.procs_files()
-    }
-    pub fn has_memory_limit(&self) -> bool {
-        self.has_memory
-    }
-    pub fn peak_memory_bytes(&self) -> Option<u64> {
-        self.inner.peak_memory_bytes()
-    }
-    pub fn memory_limit_hit(&self) -> bool {
-        self.inner.memory_limit_hit()
-    }
-    pub fn current_memory_bytes(&self) -> Option<u64> {
-        self.inner.current_memory_bytes()
-    }
-    pub fn pids_limit_hit(&self) -> bool {
-        self.inner.pids_limit_hit()
-    }
-    pub fn kill_all(&self) {
-        self.inner.kill_all()
-    }
-}
-
-/// Server start: kill and remove the job cgroups of `owners`, servers known to have ended
-/// (see `cgroup::sweep_owned_by`), never those of `own` (this server's instance id);
-/// returns what was removed.
-pub fn sweep_cgroups_of(own: &str, owners: &[String]) -> Vec<PathBuf> {
-    cgroup::sweep_owned_by(cgroup::layout(), own, owners)
-}
+use crate::sandbox::policy::resolve::ResolvedPolicy;
 
 fn outcome<E: std::fmt::Display + Into<SetupError>>(
     result: Result<(), E>,

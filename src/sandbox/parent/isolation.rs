@@ -1,0 +1,55 @@
+//! The parent's side of a job's cgroup: the handle spawn and child hold, and the sweep of
+//! what ended servers left.
+
+use std::path::PathBuf;
+
+use super::cgroup::{self, CgroupError, JobCgroup};
+
+/// The parent's handle on a job's cgroup(s). Dropping it kills what is left and removes it.
+#[derive(Debug)]
+pub struct JobCgroupHandle {
+    inner: JobCgroup,
+    has_memory: bool,
+}
+
+impl JobCgroupHandle {
+    /// Create a cgroup for one job with these limits.
+    pub fn create(
+        name: &str,
+        memory_bytes: Option<u64>,
+        max_pids: Option<u64>,
+    ) -> Result<JobCgroupHandle, CgroupError> {
+        JobCgroup::create(name, memory_bytes, max_pids).map(|inner| JobCgroupHandle {
+            inner,
+            has_memory: memory_bytes.is_some(),
+        })
+    }
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.inner.procs_files()
+    }
+    pub fn has_memory_limit(&self) -> bool {
+        self.has_memory
+    }
+    pub fn peak_memory_bytes(&self) -> Option<u64> {
+        self.inner.peak_memory_bytes()
+    }
+    pub fn memory_limit_hit(&self) -> bool {
+        self.inner.memory_limit_hit()
+    }
+    pub fn current_memory_bytes(&self) -> Option<u64> {
+        self.inner.current_memory_bytes()
+    }
+    pub fn pids_limit_hit(&self) -> bool {
+        self.inner.pids_limit_hit()
+    }
+    pub fn kill_all(&self) {
+        self.inner.kill_all()
+    }
+}
+
+/// Server start: kill and remove the job cgroups of `owners`, servers known to have ended
+/// (see `cgroup::sweep_owned_by`), never those of `own` (this server's instance id);
+/// returns what was removed.
+pub fn sweep_cgroups_of(own: &str, owners: &[String]) -> Vec<PathBuf> {
+    cgroup::sweep_owned_by(cgroup::layout(), own, owners)
+}
