@@ -116,14 +116,17 @@ pub struct App {
 /// Sweep what earlier servers left ([`sweep_leftovers`]) on a thread of its own, off the
 /// path to the first answer (it reads cgroup trees, and kills and waits for leftover
 /// processes); the receiver turns `true` when it is done ([`App::settled`]).
-fn sweep_in_background(state_dir: &std::path::Path, own: &str) -> watch::Receiver<bool> {
-    let own = own.to_string();
+fn sweep_in_background(
+    state_dir: &std::path::Path,
+    sandbox: &crate::sandbox::Runtime,
+) -> watch::Receiver<bool> {
+    let sandbox = sandbox.clone();
     let (done, settled) = watch::channel(false);
     let state_dir = state_dir.to_path_buf();
     let spawned = std::thread::Builder::new()
         .name("sweep".into())
         .spawn(move || {
-            sweep_leftovers(&state_dir, &own);
+            sweep_leftovers(&state_dir, &sandbox);
             let _ = done.send(true);
         });
     if let Err(e) = spawned {
@@ -138,10 +141,10 @@ fn sweep_in_background(state_dir: &std::path::Path, own: &str) -> watch::Receive
 /// their job cgroups (any process still in one is killed first) and their temp files in
 /// `state_dir`; only servers whose ownership record is free (`owners`) are taken for
 /// ended. Said at info level, since it means an earlier server did not end cleanly.
-fn sweep_leftovers(state_dir: &std::path::Path, own: &str) {
+fn sweep_leftovers(state_dir: &std::path::Path, sandbox: &crate::sandbox::Runtime) {
     let ended = owners::ended(state_dir, crate::sandbox::parent::instance::is_id);
     let ids: Vec<String> = ended.iter().map(|e| e.id.clone()).collect();
-    let cgroups = crate::sandbox::parent::isolation::sweep_cgroups_of(own, &ids);
+    let cgroups = sandbox.sweep_cgroups_of(&ids);
     let mut files = tmp::sweep_closed_sessions(state_dir);
     for e in ended {
         files.extend(tmp::sweep_owner(state_dir, &e.id));
@@ -224,7 +227,7 @@ impl App {
         // Recorded before the sweep starts and before any job: no server, in any PID
         // namespace, takes this one for ended while it lives.
         let owner = owners::register(&state_dir, cfg.sandbox.instance_id())?;
-        let settled = sweep_in_background(&state_dir, cfg.sandbox.instance_id());
+        let settled = sweep_in_background(&state_dir, &cfg.sandbox);
         let store = JobStore::open(StoreConfig {
             state_dir: state_dir.clone(),
             disk_cap: cfg.disk_cap,

@@ -10,7 +10,8 @@ use serde::Serialize;
 
 use crate::cli::DoctorArgs;
 use crate::sandbox::Placeholders;
-use crate::sandbox::parent::probe::{self, Item, KernelSupport, Probe};
+use crate::sandbox::parent::probe::enforcement::{Item, enforcement};
+use crate::sandbox::parent::probe::{KernelSupport, Probe};
 use crate::sandbox::policy::{Policy, SHIPPED};
 
 #[derive(Debug, Serialize)]
@@ -97,7 +98,7 @@ fn policy_report(k: &KernelSupport, name: &str, workspace: &std::path::Path) -> 
     });
     match resolved {
         Ok((description, policy)) => {
-            let items = probe::enforcement(k, &policy);
+            let items = enforcement(k, &policy);
             let best_effort =
                 policy.kernel_support == crate::sandbox::KernelSupportMode::BestEffort;
             let refuses_to_start = !best_effort && items.iter().any(|i| !i.enforced && i.required);

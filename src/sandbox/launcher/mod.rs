@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::sandbox::policy::KernelSupportMode;
 use crate::sandbox::policy::resolve::{NetworkPolicy, ResolvedPolicy};
-use error::SetupError;
+use error::{SETUP_FAILED_EXIT, SetupError};
 use landlock::{install_landlock_on_current_thread, landlock_rules};
 use netns::{NetnsError, join_namespace};
 use privileges::{drop_all_capabilities, set_no_new_privs};
@@ -49,9 +49,6 @@ use seccomp::{CompiledFilter, install_seccomp_filter_on_current_thread, seccomp_
 
 /// argv[1] that selects launcher mode.
 pub const LAUNCHER_ARG: &str = "__sandbox-launch";
-
-/// Exit status of the launcher when it fails before exec.
-pub const SETUP_FAILED_EXIT: i32 = 127;
 
 pub fn is_launcher_invocation() -> bool {
     std::env::args_os()

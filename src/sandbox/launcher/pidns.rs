@@ -149,7 +149,7 @@ fn init(to_supervisor: OwnedFd, original: &libc::sigset_t) -> Result<Option<Stri
     // (before the death signal was armed), so nothing would ever kill this namespace.
     if reader_gone(to_supervisor.as_raw_fd()) {
         // SAFETY: _exit in a forked child.
-        unsafe { libc::_exit(super::SETUP_FAILED_EXIT) }
+        unsafe { libc::_exit(super::error::SETUP_FAILED_EXIT) }
     }
     // Every signal is still blocked (since before our own fork): blocked signals are
     // queued even for an init, which would otherwise drop those it has no handler for,
@@ -246,7 +246,7 @@ fn end_like(status: i32) -> ! {
     let code = if libc::WIFEXITED(status) {
         libc::WEXITSTATUS(status)
     } else {
-        super::SETUP_FAILED_EXIT
+        super::error::SETUP_FAILED_EXIT
     };
     // SAFETY: _exit skips atexit handlers, which belong to the server in a forked child.
     unsafe { libc::_exit(code) }

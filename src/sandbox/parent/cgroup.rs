@@ -20,47 +20,37 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod fs;
 pub mod layout;
 mod v2;
 
+pub use fs::{PARENT_DIR, SERVER_LEAF};
+use fs::{io, mkdir_ok_exists};
+
 #[cfg(test)]
 use v2::prepare_v2;
-use v2::v2_parent;
+use v2::{V2Parent, v2_parent};
 
 pub use crate::sandbox::launcher::cgroup::CgroupError;
 pub use layout::{CgroupVersion, Layout};
 
-/// Directory created under the server's own cgroup to hold job cgroups.
-pub const PARENT_DIR: &str = "mcp-sandbox-repl";
-/// v2 only: the leaf the server moves itself into.
-pub const SERVER_LEAF: &str = "mcp-sandbox-repl.server";
+/// What a runtime knows of this machine's cgroups: the layout (detected on first use)
+/// and, on v2, the prepared parent of the job cgroups (prepared once: it may move the
+/// server into its leaf). Held by the [`Runtime`](super::runtime::Runtime); `doctor`'s
+/// probe makes its own.
+#[derive(Debug, Default)]
+pub struct CgroupHost {
+    layout: OnceLock<Layout>,
+    v2_parent: OnceLock<Result<PathBuf, std::sync::Arc<CgroupError>>>,
+}
 
-pub(super) fn io<'a>(
-    action: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(std::io::Error) -> CgroupError + 'a {
-    move |source| CgroupError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
+impl CgroupHost {
+    pub fn new() -> CgroupHost {
+        CgroupHost::default()
     }
-}
 
-/// The layout found on this machine, computed once per process.
-pub(super) fn layout() -> &'static Layout {
-    static LAYOUT: OnceLock<Layout> = OnceLock::new();
-    LAYOUT.get_or_init(Layout::detect)
-}
-
-pub(super) fn mkdir_ok_exists(dir: &Path) -> Result<(), CgroupError> {
-    match std::fs::create_dir(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(CgroupError::Io {
-            action: "create",
-            path: dir.to_path_buf(),
-            source: e,
-        }),
+    pub fn layout(&self) -> &Layout {
+        self.layout.get_or_init(Layout::detect)
     }
 }
 
@@ -84,15 +74,35 @@ impl JobCgroup {
     /// name (a crashed earlier server) is emptied and replaced. The pids controller is
     /// always used (it is how `kill_all` finds every process); memory only with a cap.
     pub fn create(
+        host: &CgroupHost,
         name: &str,
         memory_bytes: Option<u64>,
         max_pids: Option<u64>,
     ) -> Result<JobCgroup, CgroupError> {
-        Self::create_in(layout(), name, memory_bytes, max_pids)
+        Self::create_with(
+            host.layout(),
+            Some(&host.v2_parent),
+            name,
+            memory_bytes,
+            max_pids,
+        )
     }
 
+    /// As [`create`](Self::create) under `layout` (tests pass fake ones), the v2 parent
+    /// prepared anew.
+    #[cfg(test)]
     pub(crate) fn create_in(
         layout: &Layout,
+        name: &str,
+        memory_bytes: Option<u64>,
+        max_pids: Option<u64>,
+    ) -> Result<JobCgroup, CgroupError> {
+        Self::create_with(layout, None, name, memory_bytes, max_pids)
+    }
+
+    fn create_with(
+        layout: &Layout,
+        prepared: Option<&V2Parent>,
         name: &str,
         memory_bytes: Option<u64>,
         max_pids: Option<u64>,
@@ -108,7 +118,7 @@ impl JobCgroup {
         };
         match layout.version {
             CgroupVersion::V2 => {
-                let parent = v2_parent(layout)?;
+                let parent = v2_parent(layout, prepared)?;
                 if memory_bytes.is_some() && !layout.v2_controllers.iter().any(|c| c == "memory") {
                     return Err(CgroupError::NoController {
                         controller: "memory",

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::cgroup::{self, CgroupError, JobCgroup};
+use super::cgroup::{self, CgroupError, CgroupHost, JobCgroup};
 
 /// The parent's handle on a job's cgroup(s). Dropping it kills what is left and removes it.
 #[derive(Debug)]
@@ -15,11 +15,12 @@ pub struct JobCgroupHandle {
 impl JobCgroupHandle {
     /// Create a cgroup for one job with these limits.
     pub fn create(
+        host: &CgroupHost,
         name: &str,
         memory_bytes: Option<u64>,
         max_pids: Option<u64>,
     ) -> Result<JobCgroupHandle, CgroupError> {
-        JobCgroup::create(name, memory_bytes, max_pids).map(|inner| JobCgroupHandle {
+        JobCgroup::create(host, name, memory_bytes, max_pids).map(|inner| JobCgroupHandle {
             inner,
             has_memory: memory_bytes.is_some(),
         })
@@ -50,6 +51,6 @@ impl JobCgroupHandle {
 /// Server start: kill and remove the job cgroups of `owners`, servers known to have ended
 /// (see `cgroup::sweep_owned_by`), never those of `own` (this server's instance id);
 /// returns what was removed.
-pub fn sweep_cgroups_of(own: &str, owners: &[String]) -> Vec<PathBuf> {
-    cgroup::sweep_owned_by(cgroup::layout(), own, owners)
+pub fn sweep_cgroups_of(host: &CgroupHost, own: &str, owners: &[String]) -> Vec<PathBuf> {
+    cgroup::sweep_owned_by(host.layout(), own, owners)
 }

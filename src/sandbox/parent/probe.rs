@@ -8,11 +8,9 @@ use std::io;
 
 use serde::Serialize;
 
-use super::cgroup::{CgroupError, CgroupVersion, JobCgroup, Layout};
+use super::cgroup::{CgroupError, CgroupHost, CgroupVersion, JobCgroup};
 
 pub mod enforcement;
-
-pub use enforcement::{Item, enforcement};
 
 /// Why a probed mechanism is not usable here.
 #[derive(Debug, thiserror::Error)]
@@ -276,7 +274,8 @@ fn in_child(flag: libc::c_int, mount_test: Mount) -> Result<(), ProbeError> {
 }
 
 fn probe_cgroups() -> CgroupSupport {
-    let layout = Layout::detect();
+    let host = CgroupHost::new();
+    let layout = host.layout();
     let show = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string());
     let (pids_dir, memory_dir) = match layout.version {
         CgroupVersion::V2 => (show(&layout.v2_own), show(&layout.v2_own)),
@@ -284,12 +283,12 @@ fn probe_cgroups() -> CgroupSupport {
     };
     let name = format!("doctor-{}", std::process::id());
     let pids = Probe::from(
-        JobCgroup::create(&name, None, Some(8))
+        JobCgroup::create(&host, &name, None, Some(8))
             .map(drop)
             .map_err(ProbeError::from),
     );
     let memory = Probe::from(
-        JobCgroup::create(&name, Some(64 << 20), Some(8))
+        JobCgroup::create(&host, &name, Some(64 << 20), Some(8))
             .map(drop)
             .map_err(ProbeError::from),
     );
@@ -300,7 +299,7 @@ fn probe_cgroups() -> CgroupSupport {
         memory_dir,
         pids,
         memory,
-        v2_controllers: layout.v2_controllers,
+        v2_controllers: layout.v2_controllers.clone(),
     }
 }
 

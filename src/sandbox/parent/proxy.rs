@@ -70,19 +70,6 @@ pub trait ProxyProvider: Send + Sync {
     fn start(&self, request: &ProxyRequest<'_>) -> Result<ProxyNetwork, ProxyError>;
 }
 
-/// Start a proxy network for one job through `runtime`'s broker, or say why not.
-pub(crate) fn start_proxy(
-    runtime: &super::runtime::Runtime,
-    request: &ProxyRequest<'_>,
-) -> Result<ProxyNetwork, ProxyError> {
-    match runtime.proxy_provider() {
-        Some(p) => p.start(request),
-        None => Err(ProxyError::NoBroker {
-            policy: request.policy.to_string(),
-        }),
-    }
-}
-
 /// Held by a [`SandboxedChild`](super::SandboxedChild): the broker lives while it does.
 pub struct ProxyGuard {
     pub denials: Denials,

@@ -12,13 +12,13 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use super::cgroup::CgroupHost;
 use super::isolation::JobCgroupHandle;
 use super::pool::Pool;
 use super::proxy::ProxyProvider;
-use super::spawn::{SandboxCommand, Spawner};
+use super::spawner::Spawner;
 use super::zygote::Zygote;
 use crate::sandbox::launcher::mounts::{MountView, PreparedView};
-use crate::sandbox::policy::resolve::ResolvedPolicy;
 
 /// How a launcher is started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +89,8 @@ struct Inner {
     views: Pool<MountView, PreparedView>,
     netns: Pool<bool, std::os::fd::OwnedFd>,
     proxy: OnceLock<Box<dyn ProxyProvider>>,
+    /// This machine's cgroups as the job cgroups use them (shared with the pool's maker).
+    cgroup_host: Arc<CgroupHost>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -106,6 +108,8 @@ impl Runtime {
         let cgroup_owner = instance_id.clone();
         let next_job = Arc::new(AtomicU64::new(0));
         let cgroup_seq = Arc::clone(&next_job);
+        let cgroup_host = Arc::new(CgroupHost::new());
+        let pool_host = Arc::clone(&cgroup_host);
         Runtime {
             inner: Arc::new(Inner {
                 config,
@@ -114,7 +118,7 @@ impl Runtime {
                 zygote: Mutex::new(None),
                 cgroups: Pool::new("cgroup-pool", move |kind| {
                     let name = job_cgroup_name(&cgroup_owner, &cgroup_seq);
-                    make_cgroup(&name, kind).map_err(|e| e.to_string())
+                    make_cgroup(&pool_host, &name, kind).map_err(|e| e.to_string())
                 }),
                 views: Pool::new("view-pool", |view| {
                     crate::sandbox::launcher::mounts::prepare_view(view).map_err(|e| e.to_string())
@@ -124,6 +128,7 @@ impl Runtime {
                         .map_err(|e| e.to_string())
                 }),
                 proxy: OnceLock::new(),
+                cgroup_host,
                 instance_id,
             }),
         }
@@ -137,15 +142,6 @@ impl Runtime {
     /// in the temp paths of jobs, scripts and installs.
     pub fn instance_id(&self) -> &str {
         &self.inner.instance_id
-    }
-
-    /// A command to start `program` under `policy` with this runtime.
-    pub fn command(
-        &self,
-        policy: Arc<ResolvedPolicy>,
-        program: impl Into<std::ffi::OsString>,
-    ) -> SandboxCommand {
-        SandboxCommand::new(self.clone(), policy, program)
     }
 
     /// Register the network broker for proxy-mode jobs; `false` if one is registered
@@ -199,6 +195,7 @@ impl Runtime {
         kind: &(Option<u64>, Option<u64>),
     ) -> Result<JobCgroupHandle, super::cgroup::CgroupError> {
         make_cgroup(
+            &self.inner.cgroup_host,
             &job_cgroup_name(&self.inner.instance_id, &self.inner.next_job),
             kind,
         )
@@ -219,6 +216,12 @@ impl Runtime {
             .flatten()
     }
 
+    /// Kill and remove the job cgroups of `owners`, servers known to have ended (never
+    /// this runtime's own); returns what was removed. At server start.
+    pub fn sweep_cgroups_of(&self, owners: &[String]) -> Vec<PathBuf> {
+        super::isolation::sweep_cgroups_of(&self.inner.cgroup_host, &self.inner.instance_id, owners)
+    }
+
     fn made_ahead(&self) -> bool {
         self.inner.config.made_ahead
     }
@@ -234,8 +237,9 @@ fn job_cgroup_name(owner: &str, seq: &AtomicU64) -> String {
 }
 
 fn make_cgroup(
+    host: &CgroupHost,
     name: &str,
     &(memory, processes): &(Option<u64>, Option<u64>),
 ) -> Result<JobCgroupHandle, super::cgroup::CgroupError> {
-    JobCgroupHandle::create(name, memory, processes)
+    JobCgroupHandle::create(host, name, memory, processes)
 }

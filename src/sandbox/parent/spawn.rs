@@ -7,22 +7,44 @@
 //! descriptors the child keeps. Everything else happens in the single-threaded launcher.
 
 use std::ffi::OsString;
-use std::io::{Read, Seek, Write};
+use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{ChildStderr, ChildStdin, ChildStdout, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::child::SandboxedChild;
 use super::error::LaunchError;
-use super::proxy::{ProxyGuard, ProxyRequest, start_proxy};
+use super::memfd::bytes_memfd;
+use super::proxy::{ProxyError, ProxyGuard, ProxyNetwork, ProxyRequest};
 use super::runtime::{Route, Runtime};
 use crate::sandbox::launcher::error::SetupError;
 use crate::sandbox::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes, run_spec};
 use crate::sandbox::policy::KernelSupportMode;
 use crate::sandbox::policy::resolve::{NetworkPolicy, ResolvedPolicy};
+
+impl Runtime {
+    /// A command to start `program` under `policy` with this runtime.
+    pub fn command(
+        &self,
+        policy: Arc<ResolvedPolicy>,
+        program: impl Into<OsString>,
+    ) -> SandboxCommand {
+        SandboxCommand::new(self.clone(), policy, program)
+    }
+}
+
+/// Start a proxy network for one job through `rt`'s broker, or say why not.
+fn start_proxy(rt: &Runtime, request: &ProxyRequest<'_>) -> Result<ProxyNetwork, ProxyError> {
+    match rt.proxy_provider() {
+        Some(p) => p.start(request),
+        None => Err(ProxyError::NoBroker {
+            policy: request.policy.to_string(),
+        }),
+    }
+}
 
 /// Builder for one sandboxed process, like `std::process::Command`.
 pub struct SandboxCommand {
@@ -265,7 +287,13 @@ impl SandboxCommand {
                     let target = target as RawFd;
                     all.push((io.as_ref().map_or(target, |fd| fd.as_raw_fd()), target));
                 }
-                match super::zygote::spawn(rt, &spec, &all) {
+                match super::zygote::spawn(
+                    rt.zygote(),
+                    &rt.config().launcher_exe,
+                    rt.spawner(),
+                    &spec,
+                    &all,
+                ) {
                     Ok(pid) => Some(pid),
                     Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(spawn_err(e)),
                     Err(e) => {
@@ -476,55 +504,6 @@ fn single_threaded() -> bool {
     after.split_whitespace().nth(17) == Some("1")
 }
 
-type SpawnRequest = (
-    std::process::Command,
-    std::sync::mpsc::SyncSender<std::io::Result<std::process::Child>>,
-);
-
-/// Forks commands from one thread that lives as long as its runtime. The launcher asks
-/// for `SIGKILL` when the *thread* that forked it dies (`PR_SET_PDEATHSIG`): forked from
-/// a pool thread that retires when idle, a job would be killed with the server still up.
-#[derive(Default)]
-pub(super) struct Spawner {
-    sender: OnceLock<Result<Mutex<std::sync::mpsc::Sender<SpawnRequest>>, String>>,
-}
-
-impl Spawner {
-    /// Fork `cmd` from the spawner thread (started on first use).
-    pub(super) fn spawn(&self, cmd: std::process::Command) -> std::io::Result<std::process::Child> {
-        let spawner = self.sender.get_or_init(|| {
-            let (tx, rx) = std::sync::mpsc::channel::<SpawnRequest>();
-            std::thread::Builder::new()
-                .name("sandbox-spawner".into())
-                .spawn(move || {
-                    // Lives until every sender is gone: with the runtime.
-                    for (mut cmd, reply) in rx {
-                        let _ = reply.send(cmd.spawn());
-                    }
-                })
-                .map(|_| Mutex::new(tx))
-                .map_err(|e| e.to_string())
-        });
-        let gone = |what: &str| {
-            std::io::Error::other(format!(
-                "the sandbox spawner thread {what}; restart the server"
-            ))
-        };
-        let sender = match spawner {
-            Ok(sender) => sender
-                .lock()
-                .map_err(|_| gone("is unusable (a panic while spawning)"))?
-                .clone(),
-            Err(e) => return Err(gone(&format!("could not be started ({e})"))),
-        };
-        let (reply_tx, reply_rx) = std::sync::mpsc::sync_channel(1);
-        sender
-            .send((cmd, reply_tx))
-            .map_err(|_| gone("has stopped"))?;
-        reply_rx.recv().map_err(|_| gone("has stopped"))?
-    }
-}
-
 fn pipe_cloexec() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as RawFd; 2];
     // SAFETY: pipe2 writes two descriptors into the array.
@@ -548,18 +527,4 @@ fn dup_above(fd: RawFd, min: RawFd) -> std::io::Result<OwnedFd> {
 /// The spec as JSON in an anonymous file, read by the launcher from offset 0.
 fn spec_memfd(spec: &LaunchSpec) -> std::io::Result<OwnedFd> {
     bytes_memfd(&serde_json::to_vec(spec).map_err(std::io::Error::other)?)
-}
-
-/// `bytes` in an anonymous close-on-exec file, positioned at offset 0.
-pub(super) fn bytes_memfd(json: &[u8]) -> std::io::Result<OwnedFd> {
-    // SAFETY: memfd_create with a static NUL-terminated name.
-    let fd = unsafe { libc::memfd_create(c"launch-spec".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fresh descriptor we own.
-    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
-    file.write_all(json)?;
-    file.rewind()?;
-    Ok(OwnedFd::from(file))
 }

@@ -23,6 +23,7 @@
 use std::io::{IoSlice, IoSliceMut, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
@@ -32,9 +33,10 @@ use nix::sys::socket::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::runtime::Runtime;
+use super::spawner::Spawner;
+use crate::sandbox::launcher::error::SETUP_FAILED_EXIT;
 use crate::sandbox::launcher::seccomp::FilterCache;
-use crate::sandbox::launcher::{LaunchSpec, SETUP_FAILED_EXIT, run_spec};
+use crate::sandbox::launcher::{LaunchSpec, run_spec};
 
 /// argv[1] that selects zygote mode; argv[2] is the socket's descriptor, argv[3] the
 /// server's pid.
@@ -238,7 +240,9 @@ impl Drop for Zygote {
 /// more if it has died; an error means the caller should re-execute the launcher —
 /// except `TimedOut`: the zygote may have forked the job before it stopped answering.
 pub(super) fn spawn(
-    rt: &Runtime,
+    slot: &Mutex<Option<Zygote>>,
+    exe: &Path,
+    spawner: &Spawner,
     spec: &LaunchSpec,
     fds: &[(RawFd, RawFd)],
 ) -> std::io::Result<u32> {
@@ -252,7 +256,7 @@ pub(super) fn spawn(
     }
     let mut raw: Vec<RawFd> = fds.iter().map(|&(fd, _)| fd).collect();
     let memfd = match json.len() > INLINE_MAX {
-        true => Some(super::spawn::bytes_memfd(&json)?),
+        true => Some(super::memfd::bytes_memfd(&json)?),
         false => None,
     };
     let message: &[u8] = match &memfd {
@@ -262,14 +266,13 @@ pub(super) fn spawn(
         }
         None => &json,
     };
-    let mut guard = rt
-        .zygote()
+    let mut guard = slot
         .lock()
         .map_err(|_| std::io::Error::other("the zygote lock is poisoned"))?;
     let mut last = None;
     for _ in 0..2 {
         if guard.is_none() {
-            *guard = Some(start(rt)?);
+            *guard = Some(start(exe, spawner)?);
         }
         let Some(zygote) = guard.as_ref() else {
             continue;
@@ -326,11 +329,11 @@ fn exchange(sock: &OwnedFd, json: &[u8], fds: &[RawFd]) -> std::io::Result<i32> 
 }
 
 /// Start the zygote from the spawner thread (its death signal is bound to that thread).
-fn start(rt: &Runtime) -> std::io::Result<Zygote> {
+fn start(exe: &Path, spawner: &Spawner) -> std::io::Result<Zygote> {
     let (mine, theirs) = socket_pair()?;
     const TARGET: RawFd = 3;
     let src = theirs.as_raw_fd();
-    let mut cmd = std::process::Command::new(&rt.config().launcher_exe);
+    let mut cmd = std::process::Command::new(exe);
     cmd.arg(ZYGOTE_ARG)
         .arg(TARGET.to_string())
         .arg(std::process::id().to_string())
@@ -346,7 +349,7 @@ fn start(rt: &Runtime) -> std::io::Result<Zygote> {
             Ok(())
         });
     }
-    let process = rt.spawner().spawn(cmd)?;
+    let process = spawner.spawn(cmd)?;
     drop(theirs);
     server_side(mine, process.id() as libc::pid_t)
 }

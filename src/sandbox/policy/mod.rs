@@ -20,7 +20,6 @@ use serde::{Deserialize, Serialize};
 use allow::AllowEntry;
 pub use error::PolicyError;
 // Where the interface stub had them, for callers that name these paths.
-pub use resolve::{Placeholders, ResolvedPolicy};
 
 /// The shipped policies, embedded so that a spawn never touches the disk for them.
 pub const SHIPPED: &[(&str, &str)] = &[

@@ -220,12 +220,13 @@ fn child_median_us(n: usize, gap_ms: u64, f: &dyn Fn() -> bool) -> u64 {
 fn measure_isolation_costs() {
     use crate::sandbox::launcher::netns;
     use crate::sandbox::parent::cgroup;
+    let host = cgroup::CgroupHost::new();
     let n = 41;
     let none = child_median_us(n, 0, &|| netns::isolate_network(false).is_ok());
     println!("netns none: {none} us");
     let lo = child_median_us(n, 0, &|| netns::isolate_network(true).is_ok());
     println!("netns loopback: {lo} us");
-    let cg = cgroup::JobCgroup::create("measure", Some(256 << 20), Some(64)).unwrap();
+    let cg = cgroup::JobCgroup::create(&host, "measure", Some(256 << 20), Some(64)).unwrap();
     let tasks = cg.procs_files();
     let procs: Vec<PathBuf> = tasks
         .iter()
@@ -242,7 +243,8 @@ fn measure_isolation_costs() {
     let mut create = Vec::new();
     for i in 0..n {
         let t = std::time::Instant::now();
-        let cg = cgroup::JobCgroup::create(&format!("measure-{i}"), Some(256 << 20), Some(64));
+        let cg =
+            cgroup::JobCgroup::create(&host, &format!("measure-{i}"), Some(256 << 20), Some(64));
         drop(cg.unwrap());
         create.push(t.elapsed().as_micros());
     }

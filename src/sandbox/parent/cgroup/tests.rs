@@ -8,6 +8,12 @@ use super::*;
 use crate::sandbox::launcher::cgroup::join_current;
 use crate::test_support::scratch_dir;
 
+/// The machine's cgroups, as one runtime of this test process sees them.
+fn test_host() -> &'static CgroupHost {
+    static HOST: std::sync::OnceLock<CgroupHost> = std::sync::OnceLock::new();
+    HOST.get_or_init(CgroupHost::new)
+}
+
 fn unique(tag: &str) -> String {
     format!("unit-{tag}-{}", std::process::id())
 }
@@ -43,7 +49,8 @@ fn assert_all_gone(listing: &str) {
 /// The pids cap stops a burst of forks and is reported; kill_all and remove clean up.
 #[test]
 fn pids_cap_refuses_forks_and_is_reported() {
-    let cg = JobCgroup::create(&unique("pids"), None, Some(4)).expect("create job cgroup");
+    let cg =
+        JobCgroup::create(test_host(), &unique("pids"), None, Some(4)).expect("create job cgroup");
     assert!(!cg.pids_limit_hit());
     let status = run_in(&cg, "for i in 1 2 3 4 5 6 7 8; do sleep 5 & done; wait");
     assert!(status.success() || !status.success());
@@ -62,8 +69,8 @@ fn pids_cap_refuses_forks_and_is_reported() {
 /// A process over the memory cap is OOM-killed in the job cgroup, and the report says so.
 #[test]
 fn memory_cap_kills_and_is_reported() {
-    let cg =
-        JobCgroup::create(&unique("mem"), Some(32 << 20), Some(64)).expect("create job cgroup");
+    let cg = JobCgroup::create(test_host(), &unique("mem"), Some(32 << 20), Some(64))
+        .expect("create job cgroup");
     // `head -c` into a shell variable grows the shell's heap past the cap.
     let status = run_in(
         &cg,
@@ -81,7 +88,8 @@ fn memory_cap_kills_and_is_reported() {
 /// Drop kills what is still running and removes the directories.
 #[test]
 fn drop_kills_survivors() {
-    let cg = JobCgroup::create(&unique("drop"), None, Some(16)).expect("create job cgroup");
+    let cg =
+        JobCgroup::create(test_host(), &unique("drop"), None, Some(16)).expect("create job cgroup");
     // An hour's sleeps: a drop that waited for them instead of killing them would hang.
     run_in(&cg, "sleep 3600 & sleep 3600 & exit 0");
     let dir = cg.procs_files()[0].parent().unwrap().to_path_buf();
@@ -99,7 +107,7 @@ fn drop_kills_survivors() {
 
 fn cgroup_after_kill_hit_reported() -> bool {
     // kill_all lowers pids.max to 0; forks refused after that must not count as the job's limit.
-    let cg = JobCgroup::create(&unique("killcount"), None, Some(16)).expect("create");
+    let cg = JobCgroup::create(test_host(), &unique("killcount"), None, Some(16)).expect("create");
     cg.kill_all();
     cg.pids_limit_hit()
 }
@@ -108,9 +116,9 @@ fn cgroup_after_kill_hit_reported() -> bool {
 #[test]
 fn stale_cgroup_is_replaced() {
     let name = unique("stale");
-    let a = JobCgroup::create(&name, None, Some(8)).expect("first");
+    let a = JobCgroup::create(test_host(), &name, None, Some(8)).expect("first");
     std::mem::forget(a);
-    let b = JobCgroup::create(&name, None, Some(8)).expect("second over a stale dir");
+    let b = JobCgroup::create(test_host(), &name, None, Some(8)).expect("second over a stale dir");
     drop(b);
 }
 
@@ -179,11 +187,16 @@ fn only_the_named_owners_cgroups_are_swept() {
     let dead = "1x0badf00d".to_string();
     let other = "2x0000beef";
     let name = |owner: &str, n: u32| format!("{JOB_PREFIX}{owner}-{}{n}", std::process::id());
-    let busy = JobCgroup::create(&name(&dead, 1), None, Some(8)).expect("create");
-    let idle = JobCgroup::create(&name(&dead, 2), None, Some(8)).expect("create");
-    let others = JobCgroup::create(&name(other, 3), None, Some(8)).expect("create");
-    let legacy =
-        JobCgroup::create(&format!("{JOB_PREFIX}999999-4"), None, Some(8)).expect("create");
+    let busy = JobCgroup::create(test_host(), &name(&dead, 1), None, Some(8)).expect("create");
+    let idle = JobCgroup::create(test_host(), &name(&dead, 2), None, Some(8)).expect("create");
+    let others = JobCgroup::create(test_host(), &name(other, 3), None, Some(8)).expect("create");
+    let legacy = JobCgroup::create(
+        &test_host(),
+        &format!("{JOB_PREFIX}999999-4"),
+        None,
+        Some(8),
+    )
+    .expect("create");
     run_in(&busy, "sleep 3600 & exit 0");
     let dir = |cg: &JobCgroup| cg.procs_files()[0].parent().unwrap().to_path_buf();
     let (busy_dir, idle_dir, others_dir, legacy_dir) =

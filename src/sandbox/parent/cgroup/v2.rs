@@ -4,11 +4,20 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use super::{CgroupError, Layout, PARENT_DIR, SERVER_LEAF, io, layout, mkdir_ok_exists};
+use super::fs::{PARENT_DIR, SERVER_LEAF, io, mkdir_ok_exists};
+use super::layout::Layout;
+use crate::sandbox::launcher::cgroup::CgroupError;
 
-/// v2: the prepared parent directory (controllers enabled), or why it could not be.
-pub(super) fn v2_parent(layout: &Layout) -> Result<PathBuf, CgroupError> {
-    static PARENT: OnceLock<Result<PathBuf, Arc<CgroupError>>> = OnceLock::new();
+/// The outcome of preparing the v2 parent, kept by a `CgroupHost`.
+pub(super) type V2Parent = OnceLock<Result<PathBuf, Arc<CgroupError>>>;
+
+/// v2: the prepared parent directory (controllers enabled), or why it could not be;
+/// prepared once into `prepared` when given (a runtime's host), else anew (tests' fake
+/// layouts).
+pub(super) fn v2_parent(
+    layout: &Layout,
+    prepared: Option<&V2Parent>,
+) -> Result<PathBuf, CgroupError> {
     let own = layout.v2_own.clone().ok_or(CgroupError::NoController {
         controller: "pids",
         what: "process",
@@ -18,11 +27,9 @@ pub(super) fn v2_parent(layout: &Layout) -> Result<PathBuf, CgroupError> {
         .filter(|c| layout.v2_controllers.iter().any(|h| h == c))
         .collect();
     let prepare = || prepare_v2(&own, &controllers, std::process::id()).map_err(Arc::new);
-    // Prepared once per process for this machine's layout (tests pass other layouts).
-    let result = if layout == self::layout() {
-        PARENT.get_or_init(prepare).clone()
-    } else {
-        prepare()
+    let result = match prepared {
+        Some(once) => once.get_or_init(prepare).clone(),
+        None => prepare(),
     };
     result.map_err(|reason| CgroupError::NotDelegated {
         dir: own,
