@@ -191,7 +191,7 @@ fn only_the_named_owners_cgroups_are_swept() {
     let idle = JobCgroup::create(test_host(), &name(&dead, 2), None, Some(8)).expect("create");
     let others = JobCgroup::create(test_host(), &name(other, 3), None, Some(8)).expect("create");
     let legacy = JobCgroup::create(
-        &test_host(),
+        test_host(),
         &format!("{JOB_PREFIX}999999-4"),
         None,
         Some(8),
