@@ -190,13 +190,8 @@ fn only_the_named_owners_cgroups_are_swept() {
     let busy = JobCgroup::create(test_host(), &name(&dead, 1), None, Some(8)).expect("create");
     let idle = JobCgroup::create(test_host(), &name(&dead, 2), None, Some(8)).expect("create");
     let others = JobCgroup::create(test_host(), &name(other, 3), None, Some(8)).expect("create");
-    let legacy = JobCgroup::create(
-        test_host(),
-        &format!("{JOB_PREFIX}999999-4"),
-        None,
-        Some(8),
-    )
-    .expect("create");
+    let legacy = JobCgroup::create(test_host(), &format!("{JOB_PREFIX}999999-4"), None, Some(8))
+        .expect("create");
     run_in(&busy, "sleep 3600 & exit 0");
     let dir = |cg: &JobCgroup| cg.procs_files()[0].parent().unwrap().to_path_buf();
     let (busy_dir, idle_dir, others_dir, legacy_dir) =
