@@ -51,27 +51,68 @@ fn check(
 
 /// Every protection `policy` asks for, in launcher order, with its status here.
 pub fn enforcement(k: &KernelSupport, policy: &ResolvedPolicy) -> Vec<Item> {
+    let here = Here::new(k, policy);
     let mut items = Vec::new();
-    let abi = k.landlock_abi.unwrap_or(0) as i32;
-    let no_landlock = || {
-        k.landlock_error
+    items.extend(here.cgroup_item());
+    items.extend(here.file_system_items());
+    items.extend(here.network_items());
+    items.extend(here.scope_items());
+    items.extend(here.privilege_items());
+    items.extend(here.limit_items());
+    items
+}
+
+/// One policy on one machine: what each group of items is read from.
+struct Here<'a> {
+    k: &'a KernelSupport,
+    policy: &'a ResolvedPolicy,
+    /// The Landlock ABI (0: none).
+    abi: i32,
+    /// Root (CAP_SYS_ADMIN in the launcher: namespaces and mounts).
+    admin: bool,
+    /// Whether the job gets its cgroup: one with every capped controller, or none.
+    pids_cgroup: bool,
+}
+
+impl<'a> Here<'a> {
+    fn new(k: &'a KernelSupport, policy: &'a ResolvedPolicy) -> Here<'a> {
+        let limits = &policy.limits;
+        Here {
+            k,
+            policy,
+            abi: k.landlock_abi.unwrap_or(0) as i32,
+            admin: k.is_root,
+            pids_cgroup: k.cgroup.pids.ok && (limits.memory_bytes.is_none() || k.cgroup.memory.ok),
+        }
+    }
+
+    fn no_landlock(&self) -> String {
+        self.k
+            .landlock_error
             .clone()
             .unwrap_or_else(|| "Landlock unavailable".into())
-    };
-    let admin = k.is_root;
-    let limits = &policy.limits;
-    // The launcher makes one job cgroup with every capped controller, or none at all.
-    let pids_cgroup = k.cgroup.pids.ok && (limits.memory_bytes.is_none() || k.cgroup.memory.ok);
-    // Without a cgroup the launcher carries on with rlimits, except as root with a
-    // process cap (RLIMIT_NPROC does not bind root): then it refuses (fail closed).
-    let cgroup_required = k.is_root && limits.processes.is_some();
-    let cgroup_why = |p: &super::Probe| p.error.clone().unwrap_or_default();
+    }
 
-    if limits.processes.is_some() || limits.memory_bytes.is_some() {
+    fn netns_missing(&self) -> String {
+        self.k
+            .namespaces
+            .network
+            .error
+            .clone()
+            .unwrap_or_else(|| "needs root (CAP_SYS_ADMIN)".into())
+    }
+
+    /// The job cgroup. Without one the launcher carries on with rlimits, except as root
+    /// with a process cap (RLIMIT_NPROC does not bind root): then it refuses (fail closed).
+    fn cgroup_item(&self) -> Option<Item> {
+        let (k, limits) = (self.k, &self.policy.limits);
+        if limits.processes.is_none() && limits.memory_bytes.is_none() {
+            return None;
+        }
         let mut item = check(
             "job cgroup (kill-all, accounting)",
             "cgroup",
-            pids_cgroup,
+            self.pids_cgroup,
             || {
                 let why = cgroup_why(&k.cgroup.pids);
                 if why.is_empty() {
@@ -81,43 +122,22 @@ pub fn enforcement(k: &KernelSupport, policy: &ResolvedPolicy) -> Vec<Item> {
                 }
             },
         );
-        item.required = cgroup_required;
-        items.push(item);
+        item.required = k.is_root && limits.processes.is_some();
+        Some(item)
     }
-    let plan = landlock_rules(policy);
-    if !policy.filesystem_unrestricted() {
-        // The launcher splits into a PID namespace only where the job has a mount view
-        // (whose fresh /proc shows that namespace).
-        items.push(check(
-            "no process of the job outlives the server (double-forked daemons included)",
-            "PID namespace per job",
-            k.namespaces.pid.ok && admin,
-            || {
-                k.namespaces
-                    .pid
-                    .error
-                    .clone()
-                    .unwrap_or_else(|| "needs root (CAP_SYS_ADMIN) in the launcher".into())
-            },
-        ));
-        items.push(check(
-            "paths outside the policy do not exist (pathname unix sockets, chmod/chown/utimes outside writable paths)",
-            "private mount namespace, read-only binds",
-            k.namespaces.mount.ok && admin,
-            || k.namespaces.mount.error.clone().unwrap_or_else(|| "needs root (CAP_SYS_ADMIN) in the launcher".into()),
-        ));
-        items.push(check(
-            "file-system read/write/execute rules",
-            "Landlock",
-            abi >= 1,
-            no_landlock,
-        ));
-        items.push(check(
-            "truncate only where writable",
-            "Landlock ABI 3",
-            abi >= 3,
-            || format!("Landlock ABI {abi} < 3"),
-        ));
+
+    /// The mount view, the PID namespace the launcher splits into where the job has a
+    /// view (whose fresh /proc shows that namespace), and Landlock's file rules.
+    fn file_system_items(&self) -> Vec<Item> {
+        let (k, abi, admin) = (self.k, self.abi, self.admin);
+        if self.policy.filesystem_unrestricted() {
+            return Vec::new();
+        }
+        let needs_root = |p: &super::Probe| {
+            p.error
+                .clone()
+                .unwrap_or_else(|| "needs root (CAP_SYS_ADMIN) in the launcher".into())
+        };
         let mut proc_item = check(
             "/proc shows only the job's own processes",
             "procfs hidepid=ptraceable in the mount view + Landlock ptrace scoping",
@@ -126,146 +146,187 @@ pub fn enforcement(k: &KernelSupport, policy: &ResolvedPolicy) -> Vec<Item> {
         );
         // Without a new procfs the view binds the host's /proc (read-only) and carries on.
         proc_item.required = k.namespaces.procfs_hidepid.ok;
-        items.push(proc_item);
+        vec![
+            check(
+                "no process of the job outlives the server (double-forked daemons included)",
+                "PID namespace per job",
+                k.namespaces.pid.ok && admin,
+                || needs_root(&k.namespaces.pid),
+            ),
+            check(
+                "paths outside the policy do not exist (pathname unix sockets, chmod/chown/utimes outside writable paths)",
+                "private mount namespace, read-only binds",
+                k.namespaces.mount.ok && admin,
+                || needs_root(&k.namespaces.mount),
+            ),
+            check(
+                "file-system read/write/execute rules",
+                "Landlock",
+                abi >= 1,
+                || self.no_landlock(),
+            ),
+            check(
+                "truncate only where writable",
+                "Landlock ABI 3",
+                abi >= 3,
+                || format!("Landlock ABI {abi} < 3"),
+            ),
+            proc_item,
+        ]
     }
-    let netns_missing = || {
-        k.namespaces
-            .network
-            .error
-            .clone()
-            .unwrap_or_else(|| "needs root (CAP_SYS_ADMIN)".into())
-    };
-    match &policy.network {
-        NetworkPolicy::None => {
-            items.push(check(
-                "no network at all",
-                "empty network namespace",
-                k.namespaces.network.ok && admin,
-                netns_missing,
-            ));
-            items.push(check(
-                "no sockets but AF_UNIX",
-                "seccomp",
-                k.seccomp_filter.ok && policy.syscall_filter,
-                || {
+
+    /// What the network mode gets: a namespace (empty, loopback, the broker's) or
+    /// Landlock's port rules, and seccomp's socket families.
+    fn network_items(&self) -> Vec<Item> {
+        let (k, abi, policy) = (self.k, self.abi, self.policy);
+        let netns_ok = k.namespaces.network.ok && self.admin;
+        let seccomp_ok = k.seccomp_filter.ok && policy.syscall_filter;
+        match &policy.network {
+            NetworkPolicy::None => vec![
+                check(
+                    "no network at all",
+                    "empty network namespace",
+                    netns_ok,
+                    || self.netns_missing(),
+                ),
+                check("no sockets but AF_UNIX", "seccomp", seccomp_ok, || {
                     k.seccomp_filter
                         .error
                         .clone()
                         .unwrap_or_else(|| "policy turns the syscall filter off".into())
-                },
-            ));
+                }),
+            ],
+            NetworkPolicy::Loopback => vec![check(
+                "loopback only (host listeners unreachable)",
+                "network namespace with lo up",
+                netns_ok,
+                || self.netns_missing(),
+            )],
+            NetworkPolicy::Ports { .. } => vec![check(
+                "TCP only to/on listed ports",
+                "Landlock ABI 4",
+                abi >= 4,
+                || format!("Landlock ABI {abi} < 4"),
+            )],
+            NetworkPolicy::Proxy { .. } => vec![
+                check(
+                    "only the server's proxy reachable (host listeners unreachable)",
+                    "empty network namespace joined from the broker",
+                    netns_ok,
+                    || self.netns_missing(),
+                ),
+                check(
+                    "TCP connect to the proxy port only; no UDP, raw, netlink or vsock sockets",
+                    "Landlock ABI 4 + seccomp",
+                    abi >= 4 && seccomp_ok,
+                    || format!("Landlock ABI {abi} < 4, or no seccomp filter"),
+                ),
+            ],
+            NetworkPolicy::Full => Vec::new(),
         }
-        NetworkPolicy::Loopback => items.push(check(
-            "loopback only (host listeners unreachable)",
-            "network namespace with lo up",
-            k.namespaces.network.ok && admin,
-            netns_missing,
-        )),
-        NetworkPolicy::Ports { .. } => items.push(check(
-            "TCP only to/on listed ports",
-            "Landlock ABI 4",
-            abi >= 4,
-            || format!("Landlock ABI {abi} < 4"),
-        )),
-        NetworkPolicy::Proxy { .. } => {
-            items.push(check(
-                "only the server's proxy reachable (host listeners unreachable)",
-                "empty network namespace joined from the broker",
-                k.namespaces.network.ok && admin,
-                netns_missing,
-            ));
-            items.push(check(
-                "TCP connect to the proxy port only; no UDP, raw, netlink or vsock sockets",
-                "Landlock ABI 4 + seccomp",
-                abi >= 4 && k.seccomp_filter.ok && policy.syscall_filter,
-                || format!("Landlock ABI {abi} < 4, or no seccomp filter"),
-            ));
-        }
-        NetworkPolicy::Full => {}
     }
-    if plan.scope_abstract_unix {
-        items.push(check(
-            "abstract unix sockets outside the job unreachable",
-            "Landlock ABI 6 scope",
-            abi >= 6,
-            || format!("Landlock ABI {abi} < 6"),
-        ));
-    }
-    if plan.scope_signals {
-        items.push(check(
-            "no signals to processes outside the job",
-            "Landlock ABI 6 scope",
-            abi >= 6,
-            || format!("Landlock ABI {abi} < 6"),
-        ));
-    }
-    if policy.drop_capabilities {
-        items.push(yes(
-            "every capability dropped, no_new_privs",
-            "capset/prctl",
-        ));
-    }
-    if policy.syscall_filter {
-        items.push(check(
-            "escape syscalls refused (ptrace, mount, unshare, setns, bpf, keyctl, io_uring, modules, kexec)",
-            "seccomp",
-            k.seccomp_filter.ok,
-            || k.seccomp_filter.error.clone().unwrap_or_default(),
-        ));
-    }
-    if let Some(mem) = limits.memory_bytes {
-        let how = if pids_cgroup {
-            "memory cgroup"
-        } else {
-            "RLIMIT_AS (address space; coarser)"
-        };
-        items.push(yes(format!("memory ≤ {}", size(mem)), how));
-    }
-    if let Some(n) = limits.processes {
-        let item = if pids_cgroup {
-            yes(format!("≤ {n} processes"), "pids cgroup")
-        } else if k.is_root {
-            check(format!("≤ {n} processes"), "pids cgroup", false, || {
-                format!(
-                    "{}; RLIMIT_NPROC does not bind root",
-                    cgroup_why(&k.cgroup.pids)
-                )
+
+    /// Landlock's scopes (ABI 6).
+    fn scope_items(&self) -> Vec<Item> {
+        let abi = self.abi;
+        let plan = landlock_rules(self.policy);
+        let scope = |what: &str| {
+            check(what, "Landlock ABI 6 scope", abi >= 6, || {
+                format!("Landlock ABI {abi} < 6")
             })
-        } else {
-            yes(
-                format!("≤ {n} processes"),
-                "RLIMIT_NPROC (counts every process of this uid)",
-            )
         };
-        items.push(item);
-    }
-    for (limit, what, how) in [
-        (
-            limits.cpu_seconds.map(|n| format!("{n} s")),
-            "CPU time",
-            "RLIMIT_CPU",
-        ),
-        (
-            limits.file_size_bytes.map(size),
-            "file size",
-            "RLIMIT_FSIZE",
-        ),
-        (
-            limits.open_files.map(|n| n.to_string()),
-            "open files",
-            "RLIMIT_NOFILE",
-        ),
-        (
-            limits.wall_seconds.map(|n| format!("{n} s")),
-            "wall-clock time",
-            "timer in the parent, kills the cgroup / group",
-        ),
-    ] {
-        if let Some(n) = limit {
-            items.push(yes(format!("{what} ≤ {n}"), how));
+        let mut items = Vec::new();
+        if plan.scope_abstract_unix {
+            items.push(scope("abstract unix sockets outside the job unreachable"));
         }
+        if plan.scope_signals {
+            items.push(scope("no signals to processes outside the job"));
+        }
+        items
     }
-    items
+
+    /// The capability drop and the syscall filter.
+    fn privilege_items(&self) -> Vec<Item> {
+        let (k, policy) = (self.k, self.policy);
+        let mut items = Vec::new();
+        if policy.drop_capabilities {
+            items.push(yes(
+                "every capability dropped, no_new_privs",
+                "capset/prctl",
+            ));
+        }
+        if policy.syscall_filter {
+            items.push(check(
+                "escape syscalls refused (ptrace, mount, unshare, setns, bpf, keyctl, io_uring, modules, kexec)",
+                "seccomp",
+                k.seccomp_filter.ok,
+                || k.seccomp_filter.error.clone().unwrap_or_default(),
+            ));
+        }
+        items
+    }
+
+    /// The resource limits and what carries each.
+    fn limit_items(&self) -> Vec<Item> {
+        let (k, limits) = (self.k, &self.policy.limits);
+        let mut items = Vec::new();
+        if let Some(mem) = limits.memory_bytes {
+            let how = match self.pids_cgroup {
+                true => "memory cgroup",
+                false => "RLIMIT_AS (address space; coarser)",
+            };
+            items.push(yes(format!("memory ≤ {}", size(mem)), how));
+        }
+        if let Some(n) = limits.processes {
+            items.push(if self.pids_cgroup {
+                yes(format!("≤ {n} processes"), "pids cgroup")
+            } else if k.is_root {
+                check(format!("≤ {n} processes"), "pids cgroup", false, || {
+                    format!(
+                        "{}; RLIMIT_NPROC does not bind root",
+                        cgroup_why(&k.cgroup.pids)
+                    )
+                })
+            } else {
+                yes(
+                    format!("≤ {n} processes"),
+                    "RLIMIT_NPROC (counts every process of this uid)",
+                )
+            });
+        }
+        let plain = [
+            (
+                limits.cpu_seconds.map(|n| format!("{n} s")),
+                "CPU time",
+                "RLIMIT_CPU",
+            ),
+            (
+                limits.file_size_bytes.map(size),
+                "file size",
+                "RLIMIT_FSIZE",
+            ),
+            (
+                limits.open_files.map(|n| n.to_string()),
+                "open files",
+                "RLIMIT_NOFILE",
+            ),
+            (
+                limits.wall_seconds.map(|n| format!("{n} s")),
+                "wall-clock time",
+                "timer in the parent, kills the cgroup / group",
+            ),
+        ];
+        for (limit, what, how) in plain {
+            if let Some(n) = limit {
+                items.push(yes(format!("{what} ≤ {n}"), how));
+            }
+        }
+        items
+    }
+}
+
+fn cgroup_why(p: &super::Probe) -> String {
+    p.error.clone().unwrap_or_default()
 }
 
 /// Bytes in words: "4 GiB", "512 MiB", or plain bytes.
