@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use landlock::{
     ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath,
-    PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    PathFd, Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 
 use super::error::SetupError;
@@ -192,6 +192,19 @@ pub fn install_landlock_on_current_thread(
         return Ok(missing);
     }
     let target = ABI::from(abi.min(6));
+    let mut created = ruleset(plan, abi, target)?;
+    if let Some(rules) = &plan.fs {
+        created = add_path_rules(created, rules, target)?;
+    }
+    if let (Some((connect, bind)), true) = (&plan.tcp, abi >= 4) {
+        created = add_port_rules(created, connect, bind)?;
+    }
+    let status = created.restrict_self().map_err(SetupError::Landlock)?;
+    enforced(status.ruleset, missing, policy_name, best_effort)
+}
+
+/// The ruleset the plan handles: file-system accesses, TCP (ABI 4+), scopes (ABI 6+).
+fn ruleset(plan: &LandlockPlan, abi: i32, target: ABI) -> Result<RulesetCreated, SetupError> {
     let err = SetupError::Landlock;
     let mut ruleset = Ruleset::default().set_compatibility(CompatLevel::BestEffort);
     if plan.fs.is_some() {
@@ -216,54 +229,74 @@ pub fn install_landlock_on_current_thread(
             ruleset = ruleset.scope(scopes).map_err(err)?;
         }
     }
-    let mut created = ruleset.create().map_err(err)?;
-    if let Some(rules) = &plan.fs {
-        // One rule per path with the union of its grants: Landlock unions the accesses
-        // of every rule on the same object of a layer, so this enforces exactly what a
-        // rule per grant would, with one open (and one stat) per path instead of one per
-        // grant.
-        for (path, grants) in grants_by_path(rules) {
-            let fd = match PathFd::new(path) {
-                Ok(fd) => fd,
-                // A path that does not exist on this machine (e.g. /lib32) grants nothing.
-                Err(_) if !path.exists() => continue,
-                Err(source) => {
-                    return Err(SetupError::LandlockPath {
-                        path: path.clone(),
-                        source,
-                    });
-                }
-            };
-            let mut access = BitFlags::<AccessFs>::EMPTY;
-            for grant in grants {
-                access |= fs_access(grant, target);
+    ruleset.create().map_err(err)
+}
+
+/// One rule per path with the union of its grants: Landlock unions the accesses of
+/// every rule on the same object of a layer, so this enforces exactly what a rule per
+/// grant would, with one open (and one stat) per path instead of one per grant.
+fn add_path_rules(
+    mut created: RulesetCreated,
+    rules: &[(PathBuf, FsGrant)],
+    target: ABI,
+) -> Result<RulesetCreated, SetupError> {
+    for (path, grants) in grants_by_path(rules) {
+        let fd = match PathFd::new(path) {
+            Ok(fd) => fd,
+            // A path that does not exist on this machine (e.g. /lib32) grants nothing.
+            Err(_) if !path.exists() => continue,
+            Err(source) => {
+                return Err(SetupError::LandlockPath {
+                    path: path.clone(),
+                    source,
+                });
             }
-            // The open descriptor, not the path again: what the rule is attached to.
-            if !is_dir(&fd) {
-                access &= AccessFs::from_file(target);
-            }
-            created = created
-                .add_rule(PathBeneath::new(fd, access))
-                .map_err(err)?;
+        };
+        let mut access = BitFlags::<AccessFs>::EMPTY;
+        for grant in grants {
+            access |= fs_access(grant, target);
         }
+        // The open descriptor, not the path again: what the rule is attached to.
+        if !is_dir(&fd) {
+            access &= AccessFs::from_file(target);
+        }
+        created = created
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(SetupError::Landlock)?;
     }
-    if let (Some((connect, bind)), true) = (&plan.tcp, abi >= 4) {
-        for &port in connect {
-            created = created
-                .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
-                .map_err(err)?;
-        }
-        for &port in bind {
-            created = created
-                .add_rule(NetPort::new(port, AccessNet::BindTcp))
-                .map_err(err)?;
-        }
+    Ok(created)
+}
+
+/// TCP connect and bind allowed to these ports only.
+fn add_port_rules(
+    mut created: RulesetCreated,
+    connect: &[u16],
+    bind: &[u16],
+) -> Result<RulesetCreated, SetupError> {
+    for &port in connect {
+        created = created
+            .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
+            .map_err(SetupError::Landlock)?;
     }
-    let status = created.restrict_self().map_err(err)?;
-    match status.ruleset {
+    for &port in bind {
+        created = created
+            .add_rule(NetPort::new(port, AccessNet::BindTcp))
+            .map_err(SetupError::Landlock)?;
+    }
+    Ok(created)
+}
+
+/// What the kernel made of the ruleset: fully enforced, or (partly) not — a note under
+/// `best_effort`, else the launch fails closed.
+fn enforced(
+    status: RulesetStatus,
+    mut missing: Vec<String>,
+    policy_name: &str,
+    best_effort: bool,
+) -> Result<Vec<String>, SetupError> {
+    match status {
         RulesetStatus::FullyEnforced => Ok(missing),
         other if best_effort => {
-            let mut missing = missing;
             if missing.is_empty() {
                 missing.push(format!("part of the Landlock ruleset ({other:?})"));
             }

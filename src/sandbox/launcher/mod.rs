@@ -186,18 +186,35 @@ fn default_signal_dispositions() {
     }
 }
 
+/// The steps, in order: bind to the parent and lead a session, isolate (PID namespace,
+/// cgroup, network, mount view), then confine (rlimits, capabilities, no_new_privs,
+/// Landlock, seccomp) and close what the target must not inherit.
 fn apply_sandbox(
     spec: &LaunchSpec,
     filter: Option<&CompiledFilter>,
     notes: &mut Vec<String>,
 ) -> Result<(), SetupError> {
-    let policy = &spec.policy;
-    let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
     pidns::bind_to_parent(spec.parent_pid)?;
     // SAFETY: plain syscall; we are not a group leader (fresh child of the parent).
     if unsafe { libc::setsid() } < 0 {
         return Err(SetupError::Session(std::io::Error::last_os_error()));
     }
+    isolate(spec, notes)?;
+    if let Some(dir) = &spec.cwd {
+        std::env::set_current_dir(dir).map_err(|source| SetupError::WorkingDir {
+            path: dir.clone(),
+            source,
+        })?;
+    }
+    confine(spec, filter, notes)?;
+    close_inherited_fds(&spec.keep_fds, spec.status_fd)
+}
+
+/// The isolation steps: PID namespace, cgroup, network namespace, mount view; each a
+/// note under `best_effort` where the mechanism is missing, else fatal.
+fn isolate(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), SetupError> {
+    let policy = &spec.policy;
+    let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
     // From here on this is the target process, pid 2 of a PID namespace of its own (the
     // launcher stays outside as its supervisor), or the launcher itself without one. Only
     // with a mount view, whose fresh /proc then shows that namespace: a job that sees the
@@ -212,28 +229,7 @@ fn apply_sandbox(
         isolation::join_cgroup(&spec.cgroup_procs, best_effort),
         notes,
     )?;
-    if let Some(loopback) = private_network(policy) {
-        match spec.netns_fd {
-            // A namespace the server made ahead of need for this job alone.
-            Some(fd) => {
-                // SAFETY: the parent passed this descriptor for us alone; we own it from here.
-                let netns = unsafe { OwnedFd::from_raw_fd(fd) };
-                join_namespace(&netns)?;
-            }
-            None => isolation_step(isolation::isolate_network(loopback, best_effort), notes)?,
-        }
-    }
-    if let NetworkPolicy::Proxy { .. } = policy.network {
-        // Never best effort: without the namespace the job would have the host's network.
-        let fd = spec.netns_fd.ok_or_else(|| {
-            NetnsError::Join(std::io::Error::other(
-                "no namespace was handed to the launcher",
-            ))
-        })?;
-        // SAFETY: the parent passed this descriptor for us alone; we own it from here.
-        let netns = unsafe { OwnedFd::from_raw_fd(fd) };
-        join_namespace(&netns)?;
-    }
+    isolate_network(spec, best_effort, notes)?;
     if let Some(view) = isolation::mount_view_of(policy) {
         let step = match spec.view_fd {
             // The view made ahead of need for this job alone.
@@ -251,12 +247,50 @@ fn apply_sandbox(
         };
         isolation_step(step, notes)?;
     }
-    if let Some(dir) = &spec.cwd {
-        std::env::set_current_dir(dir).map_err(|source| SetupError::WorkingDir {
-            path: dir.clone(),
-            source,
-        })?;
+    Ok(())
+}
+
+/// The job's network namespace: a new one (`none`, `loopback`; or one made ahead,
+/// joined), or the broker's joined (`proxy`: never best effort, without it the job
+/// would have the host's network).
+fn isolate_network(
+    spec: &LaunchSpec,
+    best_effort: bool,
+    notes: &mut Vec<String>,
+) -> Result<(), SetupError> {
+    let policy = &spec.policy;
+    if let Some(loopback) = private_network(policy) {
+        match spec.netns_fd {
+            // A namespace the server made ahead of need for this job alone.
+            Some(fd) => {
+                // SAFETY: the parent passed this descriptor for us alone; we own it from here.
+                let netns = unsafe { OwnedFd::from_raw_fd(fd) };
+                join_namespace(&netns)?;
+            }
+            None => isolation_step(isolation::isolate_network(loopback, best_effort), notes)?,
+        }
     }
+    if let NetworkPolicy::Proxy { .. } = policy.network {
+        let fd = spec.netns_fd.ok_or_else(|| {
+            NetnsError::Join(std::io::Error::other(
+                "no namespace was handed to the launcher",
+            ))
+        })?;
+        // SAFETY: the parent passed this descriptor for us alone; we own it from here.
+        let netns = unsafe { OwnedFd::from_raw_fd(fd) };
+        join_namespace(&netns)?;
+    }
+    Ok(())
+}
+
+/// The confinement steps: rlimits, capability drop, no_new_privs, Landlock, seccomp.
+fn confine(
+    spec: &LaunchSpec,
+    filter: Option<&CompiledFilter>,
+    notes: &mut Vec<String>,
+) -> Result<(), SetupError> {
+    let policy = &spec.policy;
+    let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
     // SAFETY: getuid cannot fail.
     let root = unsafe { libc::getuid() } == 0;
     apply_rlimits(&rlimit_plan(
@@ -281,9 +315,7 @@ fn apply_sandbox(
         &policy.name,
         best_effort,
     )?);
-    install_seccomp_filter_on_current_thread(&seccomp, filter)?;
-    close_inherited_fds(&spec.keep_fds, spec.status_fd)?;
-    Ok(())
+    install_seccomp_filter_on_current_thread(&seccomp, filter)
 }
 
 /// Close every descriptor from 3 up except `keep` and `status` (which is close-on-exec).
@@ -327,60 +359,27 @@ fn exec(spec: &LaunchSpec) -> SetupError {
     if program.is_empty() {
         return SetupError::NoCommand;
     }
-    let cstr = |b: &[u8]| CString::new(b.to_vec());
-    let args: Result<Vec<CString>, _> = spec.argv.iter().map(|a| cstr(a)).collect();
-    let envs: Result<Vec<CString>, _> = spec
-        .env
-        .iter()
-        .filter(|(k, _)| !k.is_empty() && !k.contains(&b'='))
-        .map(|(k, v)| cstr(&[k.as_slice(), b"=", v.as_slice()].concat()))
-        .collect();
-    let (Ok(args), Ok(envs)) = (args, envs) else {
+    let Some((args, envs)) = c_strings(spec) else {
         return SetupError::NulByte { program: shown };
     };
-    let path = spec
-        .env
-        .iter()
-        .find(|(k, _)| k == b"PATH")
-        .map(|(_, v)| v.clone())
-        .unwrap_or_else(|| b"/usr/local/bin:/usr/bin:/bin".to_vec());
-    let candidates: Vec<Vec<u8>> = if program.contains(&b'/') {
-        vec![program.clone()]
-    } else {
-        path.split(|&c| c == b':')
-            .map(|dir| {
-                let dir = if dir.is_empty() { b".".as_slice() } else { dir };
-                [dir, b"/", program.as_slice()].concat()
-            })
-            .collect()
-    };
+    let path = search_path(&spec.env);
     let mut envp: Vec<*const libc::c_char> = envs.iter().map(|e| e.as_ptr()).collect();
     envp.push(std::ptr::null());
     let mut denied: Option<std::io::Error> = None;
     let mut last = std::io::Error::from_raw_os_error(libc::ENOENT);
-    for candidate in candidates {
+    for candidate in exec_candidates(&program, &path) {
         let Ok(file) = CString::new(candidate) else {
             continue;
         };
-        let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
-        argv.push(std::ptr::null());
-        // SAFETY: NUL-terminated strings and NULL-terminated arrays that outlive the call.
-        unsafe { libc::execve(file.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::ENOEXEC) {
-            // A script without a #! line: run it with the shell, as execvp does.
-            let sh = c"/bin/sh";
-            let mut argv: Vec<*const libc::c_char> = vec![sh.as_ptr(), file.as_ptr()];
-            argv.extend(args.iter().skip(1).map(|a| a.as_ptr()));
-            argv.push(std::ptr::null());
-            // SAFETY: as above.
-            unsafe { libc::execve(sh.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
-            return SetupError::Exec {
-                program: shown,
-                source: std::io::Error::last_os_error(),
-            };
-        }
+        let e = try_exec(&file, &args, &envp);
         match e.raw_os_error() {
+            // A script without a #! line: run it with the shell, as execvp does.
+            Some(libc::ENOEXEC) => {
+                return SetupError::Exec {
+                    program: shown,
+                    source: exec_with_shell(&file, &args, &envp),
+                };
+            }
             Some(libc::ENOENT) | Some(libc::ENOTDIR) => last = e,
             Some(libc::EACCES) | Some(libc::EPERM) => denied = Some(e),
             _ => {
@@ -391,6 +390,78 @@ fn exec(spec: &LaunchSpec) -> SetupError {
             }
         }
     }
+    not_executed(spec, shown, &path, denied, last)
+}
+
+/// The argument and environment strings of `spec` (entries without a name or with `=`
+/// in it left out); `None` when one holds a NUL byte.
+fn c_strings(spec: &LaunchSpec) -> Option<(Vec<CString>, Vec<CString>)> {
+    let cstr = |b: &[u8]| CString::new(b.to_vec());
+    let args: Result<Vec<CString>, _> = spec.argv.iter().map(|a| cstr(a)).collect();
+    let envs: Result<Vec<CString>, _> = spec
+        .env
+        .iter()
+        .filter(|(k, _)| !k.is_empty() && !k.contains(&b'='))
+        .map(|(k, v)| cstr(&[k.as_slice(), b"=", v.as_slice()].concat()))
+        .collect();
+    Some((args.ok()?, envs.ok()?))
+}
+
+/// The target's `PATH`, or the usual default.
+fn search_path(env: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    env.iter()
+        .find(|(k, _)| k == b"PATH")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| b"/usr/local/bin:/usr/bin:/bin".to_vec())
+}
+
+/// The files to try for `program`: itself when it names a path, else each `PATH`
+/// entry's (an empty entry is the current directory), as execvp searches.
+fn exec_candidates(program: &[u8], path: &[u8]) -> Vec<Vec<u8>> {
+    if program.contains(&b'/') {
+        return vec![program.to_vec()];
+    }
+    path.split(|&c| c == b':')
+        .map(|dir| {
+            let dir = if dir.is_empty() { b".".as_slice() } else { dir };
+            [dir, b"/", program].concat()
+        })
+        .collect()
+}
+
+/// `execve(file, args, envp)`; returns only with the reason it failed.
+fn try_exec(file: &CString, args: &[CString], envp: &[*const libc::c_char]) -> std::io::Error {
+    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    // SAFETY: NUL-terminated strings and NULL-terminated arrays that outlive the call.
+    unsafe { libc::execve(file.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    std::io::Error::last_os_error()
+}
+
+/// `/bin/sh file args...`; returns only with the reason it failed.
+fn exec_with_shell(
+    file: &CString,
+    args: &[CString],
+    envp: &[*const libc::c_char],
+) -> std::io::Error {
+    let sh = c"/bin/sh";
+    let mut argv: Vec<*const libc::c_char> = vec![sh.as_ptr(), file.as_ptr()];
+    argv.extend(args.iter().skip(1).map(|a| a.as_ptr()));
+    argv.push(std::ptr::null());
+    // SAFETY: NUL-terminated strings and a NULL-terminated array that outlive the call.
+    unsafe { libc::execve(sh.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    std::io::Error::last_os_error()
+}
+
+/// Why no candidate ran: refused (the policy's execute paths in the words), not a
+/// file, or not found on `path`.
+fn not_executed(
+    spec: &LaunchSpec,
+    shown: String,
+    path: &[u8],
+    denied: Option<std::io::Error>,
+    last: std::io::Error,
+) -> SetupError {
     if let Some(source) = denied {
         return SetupError::ExecDenied {
             program: shown,
@@ -405,7 +476,7 @@ fn exec(spec: &LaunchSpec) -> SetupError {
                 .join(", "),
         };
     }
-    if program.contains(&b'/') {
+    if shown.contains('/') {
         return SetupError::Exec {
             program: shown,
             source: last,
@@ -413,7 +484,7 @@ fn exec(spec: &LaunchSpec) -> SetupError {
     }
     SetupError::NotFound {
         program: shown,
-        path: String::from_utf8_lossy(&path).into_owned(),
+        path: String::from_utf8_lossy(path).into_owned(),
     }
 }
 
