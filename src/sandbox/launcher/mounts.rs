@@ -355,62 +355,7 @@ fn build(plan: &Plan, tmpfs: Option<(&Path, u64)>, proc: ProcFs) -> Result<(), M
     // The tmpfs, once mounted: later binds of the private tmp bind it.
     let mut tmp_mount: Option<OwnedFd> = None;
     for bind in &plan.binds {
-        let src = under(OLD, &bind.src);
-        let dst = under(NEW, &bind.dst);
-        let target = make_mount_point(&dst, bind.is_dir)?;
-        if bind.mask {
-            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-            mount(
-                Some("tmpfs"),
-                fd_path(&target),
-                Some("tmpfs"),
-                flags,
-                Some("mode=0755,size=64k"),
-            )
-            .map_err(step("hide (empty tmpfs over)", &bind.dst))?;
-            continue;
-        }
-        if let Some((tmp, size)) = tmpfs
-            && bind.src == tmp
-        {
-            match &tmp_mount {
-                Some(first) => mount(
-                    Some(fd_path(first)),
-                    fd_path(&target),
-                    None,
-                    libc::MS_BIND,
-                    None,
-                )
-                .map_err(step("bind-mount the private tmpfs on", &bind.dst))?,
-                None => {
-                    let data = format!("mode=1777,size={size}");
-                    mount(
-                        Some("tmpfs"),
-                        fd_path(&target),
-                        Some("tmpfs"),
-                        libc::MS_NOSUID | libc::MS_NODEV,
-                        Some(&data),
-                    )
-                    .map_err(step("mount the private tmpfs on", &bind.dst))?;
-                    tmp_mount = Some(
-                        open_beneath(None, &dst, libc::O_DIRECTORY)
-                            .map_err(step("open the private tmpfs", &bind.dst))?,
-                    );
-                }
-            }
-            continue;
-        }
-        // Bind what was checked: the canonical path opened without following any symlink
-        // (a job sharing the workspace could swap a directory for a link in between).
-        let source = open_beneath(None, &src, 0).map_err(step("open (no symlinks)", &bind.src))?;
-        mount(
-            Some(fd_path(&source)),
-            fd_path(&target),
-            None,
-            libc::MS_BIND | libc::MS_REC,
-            None,
-        )
-        .map_err(step("bind-mount", &bind.src))?;
+        place_bind(bind, tmpfs, &mut tmp_mount)?;
     }
     // Attributes after all binds (mount points inside a read-only bind could not be made),
     // parents first so each path ends with the mode of its most specific entry.
@@ -435,6 +380,79 @@ fn build(plan: &Plan, tmpfs: Option<(&Path, u64)>, proc: ProcFs) -> Result<(), M
         (false, _) => {}
     }
     mask_secrets()
+}
+
+/// One entry of the view: an empty tmpfs over a hidden path, the private tmpfs (mounted
+/// at its first entry, bound at the others), or a bind of the host path.
+fn place_bind(
+    bind: &Bind,
+    tmpfs: Option<(&Path, u64)>,
+    tmp_mount: &mut Option<OwnedFd>,
+) -> Result<(), MountError> {
+    let src = under(OLD, &bind.src);
+    let dst = under(NEW, &bind.dst);
+    let target = make_mount_point(&dst, bind.is_dir)?;
+    if bind.mask {
+        let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        return mount(
+            Some("tmpfs"),
+            fd_path(&target),
+            Some("tmpfs"),
+            flags,
+            Some("mode=0755,size=64k"),
+        )
+        .map_err(step("hide (empty tmpfs over)", &bind.dst));
+    }
+    if let Some((tmp, size)) = tmpfs
+        && bind.src == tmp
+    {
+        return place_private_tmp(bind, &dst, &target, size, tmp_mount);
+    }
+    // Bind what was checked: the canonical path opened without following any symlink
+    // (a job sharing the workspace could swap a directory for a link in between).
+    let source = open_beneath(None, &src, 0).map_err(step("open (no symlinks)", &bind.src))?;
+    mount(
+        Some(fd_path(&source)),
+        fd_path(&target),
+        None,
+        libc::MS_BIND | libc::MS_REC,
+        None,
+    )
+    .map_err(step("bind-mount", &bind.src))
+}
+
+/// The private tmpfs of `size` at `target`: mounted the first time, bound afterwards.
+fn place_private_tmp(
+    bind: &Bind,
+    dst: &Path,
+    target: &OwnedFd,
+    size: u64,
+    tmp_mount: &mut Option<OwnedFd>,
+) -> Result<(), MountError> {
+    if let Some(first) = tmp_mount {
+        return mount(
+            Some(fd_path(first)),
+            fd_path(target),
+            None,
+            libc::MS_BIND,
+            None,
+        )
+        .map_err(step("bind-mount the private tmpfs on", &bind.dst));
+    }
+    let data = format!("mode=1777,size={size}");
+    mount(
+        Some("tmpfs"),
+        fd_path(target),
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(&data),
+    )
+    .map_err(step("mount the private tmpfs on", &bind.dst))?;
+    *tmp_mount = Some(
+        open_beneath(None, dst, libc::O_DIRECTORY)
+            .map_err(step("open the private tmpfs", &bind.dst))?,
+    );
+    Ok(())
 }
 
 /// Cover the [`plan::MASKED`] files present in the view with /dev/null.

@@ -133,9 +133,33 @@ pub fn seccomp_rules(policy: &ResolvedPolicy) -> Vec<SyscallDeny> {
         when: Vec::new(),
         errno: libc::ENOSYS,
     });
+    let socket_when = socket_denied_when(&policy.network);
+    if let Some(when) = socket_when {
+        rules.push(SyscallDeny {
+            name: "socket",
+            nr: libc::SYS_socket,
+            when,
+            errno: eperm,
+        });
+    }
+    if policy.no_preallocation {
+        rules.push(SyscallDeny {
+            name: "fallocate",
+            nr: libc::SYS_fallocate,
+            when: Vec::new(),
+            errno: libc::EOPNOTSUPP,
+        });
+    }
+    rules
+}
+
+/// When `socket` is refused under `network`: any family but AF_UNIX without a network,
+/// also IPv4/IPv6 for loopback; in ports and proxy mode only plain TCP sockets of those
+/// (Landlock's port rules cover TCP, not SCTP or MPTCP); `None`: never.
+fn socket_denied_when(network: &NetworkPolicy) -> Option<Vec<Vec<ArgCheck>>> {
     let unix = libc::AF_UNIX as u64;
     let (inet, inet6) = (libc::AF_INET as u64, libc::AF_INET6 as u64);
-    let socket_when: Option<Vec<Vec<ArgCheck>>> = match &policy.network {
+    match network {
         NetworkPolicy::None => Some(vec![vec![ArgCheck::Ne(0, unix)]]),
         NetworkPolicy::Loopback => Some(vec![vec![
             ArgCheck::Ne(0, unix),
@@ -164,24 +188,7 @@ pub fn seccomp_rules(policy: &ResolvedPolicy) -> Vec<SyscallDeny> {
             Some(when)
         }
         NetworkPolicy::Full => None,
-    };
-    if let Some(when) = socket_when {
-        rules.push(SyscallDeny {
-            name: "socket",
-            nr: libc::SYS_socket,
-            when,
-            errno: eperm,
-        });
     }
-    if policy.no_preallocation {
-        rules.push(SyscallDeny {
-            name: "fallocate",
-            nr: libc::SYS_fallocate,
-            when: Vec::new(),
-            errno: libc::EOPNOTSUPP,
-        });
-    }
-    rules
 }
 
 fn condition(check: ArgCheck) -> Result<SeccompCondition, seccompiler::BackendError> {

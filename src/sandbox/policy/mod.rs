@@ -257,6 +257,9 @@ pub fn shipped_names() -> String {
         .join(", ")
 }
 
+/// Builds the error for a key of the policy file being validated.
+type Invalid<'a> = dyn Fn(String, String) -> PolicyError + 'a;
+
 impl Policy {
     /// Load a shipped policy by name, or a policy file by path (anything containing
     /// a `/` or ending in `.toml`).
@@ -325,6 +328,16 @@ impl Policy {
             key,
             message,
         };
+        self.validate_paths(&invalid)?;
+        self.validate_network(&invalid)?;
+        self.validate_installer_network(&invalid)?;
+        self.validate_ports(&invalid)?;
+        self.validate_environment(&invalid)?;
+        self.validate_limits(&invalid)
+    }
+
+    /// Every file-system path is absolute, or a placeholder at its start.
+    fn validate_paths(&self, invalid: &Invalid<'_>) -> Result<(), PolicyError> {
         let fs = &self.filesystem;
         for (set, paths) in [
             ("read", &fs.read),
@@ -337,6 +350,11 @@ impl Policy {
                     .map_err(|m| invalid(format!("filesystem.{set}[{i}]"), m.to_string()))?;
             }
         }
+        Ok(())
+    }
+
+    /// Port lists with mode "ports" only, an allow list of hosts with "proxy" only.
+    fn validate_network(&self, invalid: &Invalid<'_>) -> Result<(), PolicyError> {
         let net = &self.network;
         if net.mode != NetworkMode::Ports && !(net.connect.is_empty() && net.bind.is_empty()) {
             return Err(invalid(
@@ -360,6 +378,11 @@ impl Policy {
             AllowEntry::parse(entry)
                 .map_err(|e| invalid(format!("network.allow[{i}]"), e.to_string()))?;
         }
+        Ok(())
+    }
+
+    /// The installer's network: proxy (with an optional allow list), none or full.
+    fn validate_installer_network(&self, invalid: &Invalid<'_>) -> Result<(), PolicyError> {
         let inst = &self.installer.network;
         let mode_ok = matches!(
             inst.mode,
@@ -385,6 +408,12 @@ impl Policy {
             AllowEntry::parse(entry)
                 .map_err(|e| invalid(format!("installer.network.allow[{i}]"), e.to_string()))?;
         }
+        Ok(())
+    }
+
+    /// No port 0 in the port lists.
+    fn validate_ports(&self, invalid: &Invalid<'_>) -> Result<(), PolicyError> {
+        let net = &self.network;
         for (key, ports) in [
             ("network.connect", &net.connect),
             ("network.bind", &net.bind),
@@ -396,6 +425,11 @@ impl Policy {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Variable names that can be names.
+    fn validate_environment(&self, invalid: &Invalid<'_>) -> Result<(), PolicyError> {
         for (i, name) in self.environment.pass.iter().enumerate() {
             check_env_name(name)
                 .map_err(|m| invalid(format!("environment.pass[{i}]"), m.to_string()))?;
@@ -404,6 +438,11 @@ impl Policy {
             check_env_name(name)
                 .map_err(|m| invalid(format!("environment.set.{name}"), m.to_string()))?;
         }
+        Ok(())
+    }
+
+    /// Sizes that parse, no zero limit, at least 16 open files.
+    fn validate_limits(&self, invalid: &Invalid<'_>) -> Result<(), PolicyError> {
         let l = &self.limits;
         for (key, size) in [
             ("limits.memory", &l.memory),
