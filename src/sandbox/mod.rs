@@ -17,9 +17,9 @@
 //!   `netns` and `proxy` interface, `child` (waiting, signals, rusage), `instance`,
 //!   `probe` (`doctor`).
 
-pub mod launcher;
-pub mod parent;
-pub mod policy;
+pub(crate) mod launcher;
+pub(crate) mod parent;
+pub(crate) mod policy;
 
 pub use launcher::error::SetupError;
 pub use launcher::privileges::harden_current_process;

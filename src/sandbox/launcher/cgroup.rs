@@ -53,7 +53,7 @@ pub enum CgroupError {
 /// makes a `cgroup.procs` write cost ~10 ms here, against ~0.2 ms. That is only the
 /// whole process if it is single-threaded — as the launcher is; otherwise the
 /// `cgroup.procs` beside it is used.
-pub fn join_current(procs_files: &[PathBuf]) -> Result<(), CgroupError> {
+pub(crate) fn join_current(procs_files: &[PathBuf]) -> Result<(), CgroupError> {
     let single_threaded = || {
         std::fs::read_dir("/proc/self/task")
             .map(|d| d.count() == 1)

@@ -11,7 +11,7 @@ use super::mounts::MountError;
 use super::netns::NetnsError;
 
 /// Exit status of the launcher when it fails before exec.
-pub const SETUP_FAILED_EXIT: i32 = 127;
+pub(crate) const SETUP_FAILED_EXIT: i32 = 127;
 
 /// One step of setting up the sandbox failed: which step (the variant) and why (the
 /// source error). The launcher writes its `Display` — exactly — to the status pipe, after

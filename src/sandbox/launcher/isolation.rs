@@ -28,7 +28,7 @@ fn outcome<E: std::fmt::Display + Into<SetupError>>(
 }
 
 /// Launcher side: move the calling process into the job's cgroup(s).
-pub fn join_cgroup(
+pub(crate) fn join_cgroup(
     procs_files: &[PathBuf],
     best_effort: bool,
 ) -> Result<Option<String>, SetupError> {
@@ -43,7 +43,10 @@ pub fn join_cgroup(
 }
 
 /// Launcher side: a private network namespace (loopback up if asked).
-pub fn isolate_network(loopback_up: bool, best_effort: bool) -> Result<Option<String>, SetupError> {
+pub(crate) fn isolate_network(
+    loopback_up: bool,
+    best_effort: bool,
+) -> Result<Option<String>, SetupError> {
     outcome(
         netns::isolate_network(loopback_up),
         best_effort,
@@ -54,7 +57,7 @@ pub fn isolate_network(loopback_up: bool, best_effort: bool) -> Result<Option<St
 /// The mount view `policy` asks for (`None`: the whole host file system). Executable
 /// paths must exist in the view as well (bound read-only); the view makes its
 /// `workspace` writable, so it is named only where the policy makes it writable.
-pub fn mount_view_of(policy: &ResolvedPolicy) -> Option<MountView> {
+pub(crate) fn mount_view_of(policy: &ResolvedPolicy) -> Option<MountView> {
     if policy.filesystem_unrestricted() {
         return None;
     }
@@ -79,7 +82,10 @@ pub fn mount_view_of(policy: &ResolvedPolicy) -> Option<MountView> {
 }
 
 /// Launcher side: a private mount namespace showing only the policy's paths.
-pub fn apply_mount_view(view: &MountView, best_effort: bool) -> Result<Option<String>, SetupError> {
+pub(crate) fn apply_mount_view(
+    view: &MountView,
+    best_effort: bool,
+) -> Result<Option<String>, SetupError> {
     outcome(
         mounts::apply_mount_view(view),
         best_effort,
@@ -88,7 +94,7 @@ pub fn apply_mount_view(view: &MountView, best_effort: bool) -> Result<Option<St
 }
 
 /// Launcher side: join the view made ahead of need for this job (`ns`, owned from here).
-pub fn enter_prepared_view(
+pub(crate) fn enter_prepared_view(
     ns: &OwnedFd,
     mount_proc: bool,
     workspace: &Path,

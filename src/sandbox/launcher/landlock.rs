@@ -15,7 +15,7 @@ use crate::sandbox::policy::resolve::{NetworkPolicy, ResolvedPolicy};
 
 /// What a file-system rule grants beneath a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FsGrant {
+pub(crate) enum FsGrant {
     Read,
     Write,
     Execute,
@@ -23,7 +23,7 @@ pub enum FsGrant {
 
 /// Everything Landlock is asked to enforce for one policy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LandlockPlan {
+pub(crate) struct LandlockPlan {
     /// `None`: the file system is not restricted.
     pub fs: Option<Vec<(PathBuf, FsGrant)>>,
     /// `Some((connect, bind))`: TCP restricted to these ports.
@@ -33,12 +33,12 @@ pub struct LandlockPlan {
 }
 
 impl LandlockPlan {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.fs.is_none() && self.tcp.is_none() && !self.scope_abstract_unix && !self.scope_signals
     }
 
     /// The Landlock ABI this plan needs to be fully enforced.
-    pub fn required_abi(&self) -> i32 {
+    pub(crate) fn required_abi(&self) -> i32 {
         let mut abi = 0;
         if self.fs.is_some() {
             abi = 1;
@@ -53,7 +53,7 @@ impl LandlockPlan {
     }
 
     /// What a kernel with Landlock ABI `abi` cannot enforce of this plan, in words.
-    pub fn unenforced(&self, abi: i32) -> Vec<String> {
+    pub(crate) fn unenforced(&self, abi: i32) -> Vec<String> {
         let mut out = Vec::new();
         if abi < 1 && self.fs.is_some() {
             out.push("file-system rules (kernel has no Landlock)".to_string());
@@ -76,7 +76,7 @@ impl LandlockPlan {
 }
 
 /// The Landlock plan of `policy`.
-pub fn landlock_rules(policy: &ResolvedPolicy) -> LandlockPlan {
+pub(crate) fn landlock_rules(policy: &ResolvedPolicy) -> LandlockPlan {
     let fs = (!policy.filesystem_unrestricted()).then(|| {
         let mut rules = Vec::new();
         for (set, grant) in [
@@ -103,7 +103,7 @@ pub fn landlock_rules(policy: &ResolvedPolicy) -> LandlockPlan {
 }
 
 /// The Landlock ABI of the running kernel (0 if Landlock is missing or disabled).
-pub fn kernel_abi() -> i32 {
+pub(crate) fn kernel_abi() -> i32 {
     // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) only
     // returns the ABI version; no memory is passed.
     let v = unsafe {
@@ -119,7 +119,7 @@ pub fn kernel_abi() -> i32 {
 
 /// What of `plan` a kernel with Landlock ABI `abi` leaves unenforced; an error unless
 /// the policy allows best effort.
-pub fn check_support(
+pub(crate) fn check_support(
     plan: &LandlockPlan,
     abi: i32,
     policy_name: &str,
@@ -178,7 +178,7 @@ fn is_dir(fd: &PathFd) -> bool {
 
 /// Apply `plan` to the calling thread. `best_effort`: enforce what the kernel supports
 /// and return what it does not; otherwise anything unenforced is an error.
-pub fn install_landlock_on_current_thread(
+pub(crate) fn install_landlock_on_current_thread(
     plan: &LandlockPlan,
     policy_name: &str,
     best_effort: bool,

@@ -17,16 +17,16 @@
 //! a policy). It imports `policy/` and nothing of `parent/`; the parent reuses some of
 //! it (a view or a network namespace made ahead runs the same code in a thread of its own).
 
-pub mod cgroup;
-pub mod error;
-pub mod isolation;
-pub mod landlock;
-pub mod mounts;
-pub mod netns;
-pub mod pidns;
-pub mod privileges;
-pub mod rlimits;
-pub mod seccomp;
+pub(crate) mod cgroup;
+pub(crate) mod error;
+pub(crate) mod isolation;
+pub(crate) mod landlock;
+pub(crate) mod mounts;
+pub(crate) mod netns;
+pub(crate) mod pidns;
+pub(crate) mod privileges;
+pub(crate) mod rlimits;
+pub(crate) mod seccomp;
 
 use std::ffi::CString;
 use std::io::{Read, Write};
@@ -48,7 +48,7 @@ use seccomp::{CompiledFilter, install_seccomp_filter_on_current_thread, seccomp_
 // Where the interface stub had them, for callers that name these paths.
 
 /// argv[1] that selects launcher mode.
-pub const LAUNCHER_ARG: &str = "__sandbox-launch";
+pub(crate) const LAUNCHER_ARG: &str = "__sandbox-launch";
 
 pub fn is_launcher_invocation() -> bool {
     std::env::args_os()
@@ -58,7 +58,7 @@ pub fn is_launcher_invocation() -> bool {
 
 /// Everything the launcher needs, sent by the parent as JSON over an inherited fd.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LaunchSpec {
+pub(crate) struct LaunchSpec {
     pub policy: ResolvedPolicy,
     /// argv[0] is the program; bytes, since arguments need not be UTF-8.
     pub argv: Vec<Vec<u8>>,

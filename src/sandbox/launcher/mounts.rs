@@ -19,7 +19,7 @@
 //! need, in a short-lived thread of the server ([`prepare_view`]), the child then only
 //! joining the finished view ([`enter_prepared_view`]).
 
-pub mod plan;
+pub(crate) mod plan;
 mod sys;
 
 use std::ffi::CString;
@@ -33,7 +33,7 @@ use sys::{mkdir_open, mount, open_beneath, pivot_root};
 
 /// What the job sees. Paths are host paths; nonexistent ones are skipped.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MountView {
+pub(crate) struct MountView {
     pub read: Vec<PathBuf>,
     pub write: Vec<PathBuf>,
     /// The private temp dir: writable at its own path and at /tmp. With `tmp_size` the
@@ -88,7 +88,7 @@ const NO_SRC: Option<&str> = None;
 const NEW: &str = "/newroot";
 
 /// Launcher child: switch this process into the view (see the module docs).
-pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
+pub(crate) fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
     let layout = layout(view)?;
     // A private IPC namespace with the view: System V shared memory, message queues and
     // semaphores, and POSIX message queues (mq_open needs no /dev/mqueue) are per IPC
@@ -105,7 +105,7 @@ pub fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
 /// of whoever mounts it: the job mounts its own, [`enter_prepared_view`]). It is used by
 /// one job at most; dropping it unused releases the namespace.
 #[derive(Debug)]
-pub struct PreparedView {
+pub(crate) struct PreparedView {
     ns: OwnedFd,
     mount_proc: bool,
     seen: Seen,
@@ -113,18 +113,18 @@ pub struct PreparedView {
 
 impl PreparedView {
     /// The namespace, for the job's launcher (which owns its copy from then on).
-    pub fn fd(&self) -> &OwnedFd {
+    pub(crate) fn fd(&self) -> &OwnedFd {
         &self.ns
     }
     /// Whether the job must mount its `/proc`.
-    pub fn mounts_proc(&self) -> bool {
+    pub(crate) fn mounts_proc(&self) -> bool {
         self.mount_proc
     }
     /// Whether the host still shows what this view was made from: every listed path the
     /// same file (or still missing), the same secret files to cover. A view made before
     /// a listed directory was created (a venv, a cache) would not show it: such a view is
     /// not used, the job makes its own.
-    pub fn is_current(&self, view: &MountView) -> bool {
+    pub(crate) fn is_current(&self, view: &MountView) -> bool {
         Seen::now(view) == self.seen
     }
 }
@@ -156,7 +156,7 @@ impl Seen {
 
 /// Make `view` ahead of need. Namespaces are per thread: a short-lived thread of the
 /// caller unshares, builds the view and ends; the namespace lives on in the descriptor.
-pub fn prepare_view(view: &MountView) -> Result<PreparedView, MountError> {
+pub(crate) fn prepare_view(view: &MountView) -> Result<PreparedView, MountError> {
     let view = view.clone();
     let maker = std::thread::Builder::new()
         .name("view-maker".into())
@@ -188,7 +188,7 @@ fn prepare_here(view: &MountView) -> Result<PreparedView, MountError> {
 
 /// Launcher child: join a view made ahead (`ns`), with a private IPC namespace as
 /// [`apply_mount_view`] gives, and mount its `/proc` here, after the PID namespace split.
-pub fn enter_prepared_view(
+pub(crate) fn enter_prepared_view(
     ns: &OwnedFd,
     mount_proc: bool,
     workspace: &Path,

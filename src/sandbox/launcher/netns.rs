@@ -35,7 +35,7 @@ pub enum NetnsError {
 }
 
 /// Launcher child (still privileged): move into the network namespace `netns`.
-pub fn join_namespace(netns: &OwnedFd) -> Result<(), NetnsError> {
+pub(crate) fn join_namespace(netns: &OwnedFd) -> Result<(), NetnsError> {
     // SAFETY: setns(2) on a descriptor we own; affects only this single-threaded process.
     if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
         return Err(NetnsError::Join(io::Error::last_os_error()));
@@ -44,7 +44,7 @@ pub fn join_namespace(netns: &OwnedFd) -> Result<(), NetnsError> {
 }
 
 /// Launcher child (still privileged): move into a new network namespace; bring `lo` up if asked.
-pub fn isolate_network(loopback_up: bool) -> Result<(), NetnsError> {
+pub(crate) fn isolate_network(loopback_up: bool) -> Result<(), NetnsError> {
     // SAFETY: unshare(2) with a constant flag; affects only this (single-threaded) process.
     if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
         return Err(NetnsError::Unshare(io::Error::last_os_error()));

@@ -36,14 +36,14 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use super::error::SetupError;
 
 /// Status-pipe line naming the job's process group (the init's pid as the server sees it).
-pub const PGID_PREFIX: &str = "pgid: ";
+pub(crate) const PGID_PREFIX: &str = "pgid: ";
 
 /// The pid, as the server sees it, of the process that is `ns_pid` inside the PID
 /// namespace `reference` (a host pid) lives in — e.g. a worker a sandboxed process forked
 /// and reported by its own, namespace-local pid. Found through `/proc/<p>/status`
 /// (`NSpid`); `None` if no such process is alive. Without a PID namespace the two are
 /// the same number.
-pub fn host_pid(reference: u32, ns_pid: u32) -> Option<u32> {
+pub(crate) fn host_pid(reference: u32, ns_pid: u32) -> Option<u32> {
     let ns = std::fs::read_link(format!("/proc/{reference}/ns/pid")).ok()?;
     std::fs::read_dir("/proc")
         .ok()?
@@ -66,7 +66,7 @@ pub fn host_pid(reference: u32, ns_pid: u32) -> Option<u32> {
 
 /// Launcher, first step: `SIGKILL` this process when the thread that forked it dies,
 /// and stop here if the server (`parent`) has already gone (the signal would never come).
-pub fn bind_to_parent(parent: u32) -> Result<(), SetupError> {
+pub(crate) fn bind_to_parent(parent: u32) -> Result<(), SetupError> {
     // SAFETY: prctl with integer arguments, affecting only this process.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } != 0 {
         return Err(SetupError::ParentDeath(io::Error::last_os_error()));
@@ -85,7 +85,7 @@ pub fn bind_to_parent(parent: u32) -> Result<(), SetupError> {
 /// this fails closed ([`SetupError::PidNamespaceMissing`]), or under best effort
 /// (`best_effort`) this same process goes on with `Ok(Some(note))` (then the target is
 /// bound to the server by `PR_SET_PDEATHSIG` alone, not its descendants).
-pub fn split(
+pub(crate) fn split(
     status_fd: RawFd,
     policy: &str,
     best_effort: bool,

@@ -8,7 +8,7 @@ use super::error::SetupError;
 /// Drop every capability of the calling thread: bounding (needs CAP_SETPCAP, so first),
 /// ambient, inheritable, then effective and permitted. After this an exec — even of a
 /// root-owned or setuid file as uid 0 — gains nothing.
-pub fn drop_all_capabilities() -> Result<(), SetupError> {
+pub(crate) fn drop_all_capabilities() -> Result<(), SetupError> {
     let err = |set: &'static str| move |source| SetupError::Capabilities { set, source };
     if caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).unwrap_or(false) {
         clear_bounding_set().map_err(err("bounding"))?;
@@ -40,7 +40,7 @@ fn clear_bounding_set() -> Result<(), caps::errors::CapsError> {
 }
 
 /// PR_SET_NO_NEW_PRIVS: no exec can ever grant privileges again (setuid, file caps).
-pub fn set_no_new_privs() -> Result<(), SetupError> {
+pub(crate) fn set_no_new_privs() -> Result<(), SetupError> {
     // SAFETY: prctl with integer arguments only.
     let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     if rc != 0 {

@@ -8,7 +8,7 @@ use super::error::SetupError;
 use crate::sandbox::policy::resolve::Limits;
 
 /// One limit to set: (resource, soft, hard, name for messages).
-pub type RlimitEntry = (Resource, u64, u64, &'static str);
+pub(crate) type RlimitEntry = (Resource, u64, u64, &'static str);
 
 /// The rlimits for `limits`. `memory_cgroup`: memory is capped by a cgroup, so the
 /// address-space limit (which breaks programs that reserve large virtual ranges) is not
@@ -18,7 +18,7 @@ pub type RlimitEntry = (Resource, u64, u64, &'static str);
 /// `inherited_open_files`: the soft open-file limit the server was started with, when it
 /// raised its own ([`open_files_at_start`]); a policy without `open_files` gives its
 /// jobs that one (the hard limit stays), not the server's raised one.
-pub fn rlimit_plan(
+pub(crate) fn rlimit_plan(
     limits: &Limits,
     memory_cgroup: bool,
     root: bool,
@@ -48,7 +48,7 @@ pub fn rlimit_plan(
 }
 
 /// The current (soft, hard) open-file limit; (0, 0) if it cannot be read.
-pub fn open_files_limit() -> (u64, u64) {
+pub(crate) fn open_files_limit() -> (u64, u64) {
     Resource::NOFILE.get().unwrap_or((0, 0))
 }
 
@@ -56,7 +56,7 @@ pub fn open_files_limit() -> (u64, u64) {
 /// often starts servers with 1024, which a few hundred connections and pipes exhaust).
 /// Returns (soft before, soft now); jobs keep the soft limit from before unless their
 /// policy sets `limits.open_files` (see [`rlimit_plan`]).
-pub fn raise_open_files_limit() -> std::io::Result<(u64, u64)> {
+pub(crate) fn raise_open_files_limit() -> std::io::Result<(u64, u64)> {
     let (soft, hard) = Resource::NOFILE.get()?;
     if soft >= hard {
         return Ok((soft, soft));
@@ -67,7 +67,7 @@ pub fn raise_open_files_limit() -> std::io::Result<(u64, u64)> {
 
 /// Set every limit of `plan` on the calling process. Only lowers limits, so no
 /// privilege is needed; a hard limit already lower than asked is kept.
-pub fn apply_rlimits(plan: &[RlimitEntry]) -> Result<(), SetupError> {
+pub(crate) fn apply_rlimits(plan: &[RlimitEntry]) -> Result<(), SetupError> {
     for &(resource, soft, hard, name) in plan {
         let (_, cur_hard) = resource.get().map_err(|source| SetupError::RlimitRead {
             limit: name,

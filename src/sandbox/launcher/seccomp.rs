@@ -18,7 +18,7 @@ use crate::sandbox::policy::resolve::{NetworkPolicy, ResolvedPolicy};
 
 /// One comparison on a syscall argument (32-bit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ArgCheck {
+pub(crate) enum ArgCheck {
     Eq(u8, u64),
     Ne(u8, u64),
     /// `(arg & mask) == value`
@@ -28,7 +28,7 @@ pub enum ArgCheck {
 /// A denied syscall: denied always when `when` is empty, else when any of the
 /// alternatives (each a conjunction of checks) holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SyscallDeny {
+pub(crate) struct SyscallDeny {
     pub name: &'static str,
     pub nr: i64,
     pub when: Vec<Vec<ArgCheck>>,
@@ -97,7 +97,7 @@ const CLONE_NS_FLAGS: &[u64] = &[
 const NON_STREAM_TYPES: &[u64] = &[2, 3, 4, 5, 6, 10];
 
 /// The syscalls `policy` denies, and when. Empty when the policy has no syscall filter.
-pub fn seccomp_rules(policy: &ResolvedPolicy) -> Vec<SyscallDeny> {
+pub(crate) fn seccomp_rules(policy: &ResolvedPolicy) -> Vec<SyscallDeny> {
     if !policy.syscall_filter {
         return Vec::new();
     }
@@ -204,10 +204,10 @@ fn condition(check: ArgCheck) -> Result<SeccompCondition, seccompiler::BackendEr
 /// one linear program per errno as seccompiler builds them (if the tree could not be
 /// made from seccompiler's output).
 #[derive(Debug, Clone, PartialEq)]
-pub struct CompiledFilter(Vec<BpfProgram>);
+pub(crate) struct CompiledFilter(Vec<BpfProgram>);
 
 /// The compiled filter of `rules` (empty: nothing to load).
-pub fn compile_filter(rules: &[SyscallDeny]) -> Result<CompiledFilter, SetupError> {
+pub(crate) fn compile_filter(rules: &[SyscallDeny]) -> Result<CompiledFilter, SetupError> {
     if rules.is_empty() {
         return Ok(CompiledFilter(Vec::new()));
     }
@@ -442,7 +442,7 @@ fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
 
 /// Load `filter` on the calling thread (no_new_privs must be set, or the caller must
 /// hold CAP_SYS_ADMIN).
-pub fn install_compiled(filter: &CompiledFilter) -> Result<(), SetupError> {
+pub(crate) fn install_compiled(filter: &CompiledFilter) -> Result<(), SetupError> {
     for program in &filter.0 {
         seccompiler::apply_filter(program).map_err(SetupError::SeccompLoad)?;
     }
@@ -455,14 +455,14 @@ const COMPILED_KEEP: usize = 16;
 /// Filters compiled by their rules: the zygote compiles each policy's once and hands the
 /// compiled program to the children it forks (`run_spec`).
 #[derive(Default)]
-pub struct FilterCache {
+pub(crate) struct FilterCache {
     compiled: Vec<(Vec<SyscallDeny>, Arc<CompiledFilter>)>,
 }
 
 impl FilterCache {
     /// The compiled filter of `rules`, compiled at most once while it stays among the
     /// last [`COMPILED_KEEP`] used.
-    pub fn compiled_for(
+    pub(crate) fn compiled_for(
         &mut self,
         rules: &[SyscallDeny],
     ) -> Result<Arc<CompiledFilter>, SetupError> {
@@ -485,7 +485,7 @@ impl FilterCache {
 /// Load the filter for `rules` on the calling thread (no_new_privs must be set, or the
 /// caller must hold CAP_SYS_ADMIN): `precompiled` when the zygote compiled it, else
 /// compiled here.
-pub fn install_seccomp_filter_on_current_thread(
+pub(crate) fn install_seccomp_filter_on_current_thread(
     rules: &[SyscallDeny],
     precompiled: Option<&CompiledFilter>,
 ) -> Result<(), SetupError> {

@@ -21,42 +21,42 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod fs;
-pub mod layout;
+pub(crate) mod layout;
 mod v2;
 
-pub use fs::{PARENT_DIR, SERVER_LEAF};
+pub(crate) use fs::PARENT_DIR;
 use fs::{io, mkdir_ok_exists};
 
 #[cfg(test)]
 use v2::prepare_v2;
 use v2::{V2Parent, v2_parent};
 
-pub use crate::sandbox::launcher::cgroup::CgroupError;
-pub use layout::{CgroupVersion, Layout};
+pub(crate) use crate::sandbox::launcher::cgroup::CgroupError;
+pub(crate) use layout::{CgroupVersion, Layout};
 
 /// What a runtime knows of this machine's cgroups: the layout (detected on first use)
 /// and, on v2, the prepared parent of the job cgroups (prepared once: it may move the
 /// server into its leaf). Held by the [`Runtime`](super::runtime::Runtime); `doctor`'s
 /// probe makes its own.
 #[derive(Debug, Default)]
-pub struct CgroupHost {
+pub(crate) struct CgroupHost {
     layout: OnceLock<Layout>,
     v2_parent: OnceLock<Result<PathBuf, std::sync::Arc<CgroupError>>>,
 }
 
 impl CgroupHost {
-    pub fn new() -> CgroupHost {
+    pub(crate) fn new() -> CgroupHost {
         CgroupHost::default()
     }
 
-    pub fn layout(&self) -> &Layout {
+    pub(crate) fn layout(&self) -> &Layout {
         self.layout.get_or_init(Layout::detect)
     }
 }
 
 /// The cgroup(s) of one job. Dropping it kills every process left in it and removes it.
 #[derive(Debug)]
-pub struct JobCgroup {
+pub(crate) struct JobCgroup {
     version: CgroupVersion,
     /// pids cgroup dir (v2: the one dir).
     pids: Option<PathBuf>,
@@ -73,7 +73,7 @@ impl JobCgroup {
     /// Create `<own>/mcp-sandbox-repl/<name>` with the given caps. A stale cgroup of the same
     /// name (a crashed earlier server) is emptied and replaced. The pids controller is
     /// always used (it is how `kill_all` finds every process); memory only with a cap.
-    pub fn create(
+    pub(crate) fn create(
         host: &CgroupHost,
         name: &str,
         memory_bytes: Option<u64>,
@@ -174,7 +174,7 @@ impl JobCgroup {
 
     /// The membership files the launcher child writes "0" into ([`join_current`]):
     /// v1 `tasks` (fast single-thread move), v2 `cgroup.procs`.
-    pub fn procs_files(&self) -> Vec<PathBuf> {
+    pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
         let file = if self.version == CgroupVersion::V2 {
             "cgroup.procs"
         } else {
@@ -194,8 +194,9 @@ impl JobCgroup {
         }
     }
 
-    /// Highest memory use of the job (memory cap set only).
-    pub fn peak_memory_bytes(&self) -> Option<u64> {
+    /// Highest memory use of the job (memory cap set only). Read by the tests only.
+    #[cfg(test)]
+    pub(crate) fn peak_memory_bytes(&self) -> Option<u64> {
         let dir = self.memory_dir()?;
         let file = if self.version == CgroupVersion::V2 {
             "memory.peak"
@@ -213,12 +214,12 @@ impl JobCgroup {
     /// (v1 `memory.usage_in_bytes`, v2 `memory.current`: anonymous pages, page cache and
     /// tmpfs pages of every process in it, each page counted once however many processes
     /// share it copy-on-write). `None` without a memory cgroup (no memory cap).
-    pub fn current_memory_bytes(&self) -> Option<u64> {
+    pub(crate) fn current_memory_bytes(&self) -> Option<u64> {
         memory_usage_in(self.memory_dir()?, self.version)
     }
 
     /// Whether the kernel OOM-killed a process of the job because of the memory cap.
-    pub fn memory_limit_hit(&self) -> bool {
+    pub(crate) fn memory_limit_hit(&self) -> bool {
         let Some(dir) = self.memory_dir() else {
             return false;
         };
@@ -235,7 +236,7 @@ impl JobCgroup {
     }
 
     /// Whether a fork or clone was refused because of the process-count cap.
-    pub fn pids_limit_hit(&self) -> bool {
+    pub(crate) fn pids_limit_hit(&self) -> bool {
         let Some(dir) = &self.pids else { return false };
         let now = read_key(&dir.join("pids.events"), "max").unwrap_or(0);
         if self.killed.load(Ordering::SeqCst) {
@@ -246,7 +247,7 @@ impl JobCgroup {
 
     /// SIGKILL every process in the job. v2 with `cgroup.kill` does it atomically; otherwise
     /// forks are stopped first (pids.max = 0) and the member list is killed until empty.
-    pub fn kill_all(&self) {
+    pub(crate) fn kill_all(&self) {
         let Some(dir) = &self.pids else { return };
         if !self.killed.swap(true, Ordering::SeqCst) {
             let before = read_key(&dir.join("pids.events"), "max").unwrap_or(0);
@@ -292,7 +293,7 @@ impl JobCgroup {
     }
 
     /// Remove the cgroup directories (retrying briefly while killed processes exit).
-    pub fn remove(&self) {
+    pub(crate) fn remove(&self) {
         if self.removed.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -313,7 +314,7 @@ impl Drop for JobCgroup {
 
 /// The owner (the instance id of the server that made it) in a job cgroup's name
 /// (`msr-<owner>-<n>`, see `spawn`), if it has one.
-pub fn owner_of(name: &str) -> Option<&str> {
+pub(crate) fn owner_of(name: &str) -> Option<&str> {
     let rest = name.strip_prefix(JOB_PREFIX)?;
     let (owner, n) = rest.rsplit_once('-')?;
     n.parse::<u64>().ok()?;
@@ -321,14 +322,14 @@ pub fn owner_of(name: &str) -> Option<&str> {
 }
 
 /// Prefix of the job cgroups the server names (`msr-<instance id>-<n>`).
-pub const JOB_PREFIX: &str = "msr-";
+pub(crate) const JOB_PREFIX: &str = "msr-";
 
 /// Job cgroups of the servers `owners` — servers known to have ended (the caller holds
 /// their ownership locks, `app::owners`): kill whatever is still in them, then remove
 /// them. Every other cgroup stays, whoever made it and whatever `/proc` shows: a server
 /// in another PID namespace, or of another state dir, is never disturbed. Returns the
 /// directories removed (best effort; at server start).
-pub fn sweep_owned_by(layout: &Layout, own: &str, owners: &[String]) -> Vec<PathBuf> {
+pub(crate) fn sweep_owned_by(layout: &Layout, own: &str, owners: &[String]) -> Vec<PathBuf> {
     let parents = [&layout.v1_pids, &layout.v1_memory, &layout.v2_own];
     let mut swept = Vec::new();
     if owners.is_empty() {

@@ -530,7 +530,7 @@ pub fn signal_name(sig: i32) -> String {
 }
 
 /// The number of a signal name produced by [`signal_name`].
-pub fn signal_number(name: &str) -> Option<i32> {
+pub(crate) fn signal_number(name: &str) -> Option<i32> {
     (1..32).find(|&n| signal_name(n) == name)
 }
 

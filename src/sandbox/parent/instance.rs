@@ -21,7 +21,7 @@ pub(super) fn new_id() -> String {
 
 /// Whether `s` has the shape of an instance id (so a name that merely starts like one,
 /// or an older server's pid-only name, is never taken for one).
-pub fn is_id(s: &str) -> bool {
+pub(crate) fn is_id(s: &str) -> bool {
     s.split_once('x').is_some_and(|(pid, rand)| {
         !pid.is_empty()
             && pid.bytes().all(|b| b.is_ascii_digit())

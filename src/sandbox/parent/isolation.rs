@@ -7,14 +7,14 @@ use super::cgroup::{self, CgroupError, CgroupHost, JobCgroup};
 
 /// The parent's handle on a job's cgroup(s). Dropping it kills what is left and removes it.
 #[derive(Debug)]
-pub struct JobCgroupHandle {
+pub(crate) struct JobCgroupHandle {
     inner: JobCgroup,
     has_memory: bool,
 }
 
 impl JobCgroupHandle {
     /// Create a cgroup for one job with these limits.
-    pub fn create(
+    pub(crate) fn create(
         host: &CgroupHost,
         name: &str,
         memory_bytes: Option<u64>,
@@ -25,25 +25,22 @@ impl JobCgroupHandle {
             has_memory: memory_bytes.is_some(),
         })
     }
-    pub fn procs_files(&self) -> Vec<PathBuf> {
+    pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
         self.inner.procs_files()
     }
-    pub fn has_memory_limit(&self) -> bool {
+    pub(crate) fn has_memory_limit(&self) -> bool {
         self.has_memory
     }
-    pub fn peak_memory_bytes(&self) -> Option<u64> {
-        self.inner.peak_memory_bytes()
-    }
-    pub fn memory_limit_hit(&self) -> bool {
+    pub(crate) fn memory_limit_hit(&self) -> bool {
         self.inner.memory_limit_hit()
     }
-    pub fn current_memory_bytes(&self) -> Option<u64> {
+    pub(crate) fn current_memory_bytes(&self) -> Option<u64> {
         self.inner.current_memory_bytes()
     }
-    pub fn pids_limit_hit(&self) -> bool {
+    pub(crate) fn pids_limit_hit(&self) -> bool {
         self.inner.pids_limit_hit()
     }
-    pub fn kill_all(&self) {
+    pub(crate) fn kill_all(&self) {
         self.inner.kill_all()
     }
 }
@@ -51,6 +48,6 @@ impl JobCgroupHandle {
 /// Server start: kill and remove the job cgroups of `owners`, servers known to have ended
 /// (see `cgroup::sweep_owned_by`), never those of `own` (this server's instance id);
 /// returns what was removed.
-pub fn sweep_cgroups_of(host: &CgroupHost, own: &str, owners: &[String]) -> Vec<PathBuf> {
+pub(crate) fn sweep_cgroups_of(host: &CgroupHost, own: &str, owners: &[String]) -> Vec<PathBuf> {
     cgroup::sweep_owned_by(host.layout(), own, owners)
 }

@@ -7,17 +7,17 @@
 //! waits for, signals and reports on what was started; `instance` the server's id;
 //! `probe` is `doctor`'s view of the kernel. Imports `policy/` and `launcher/`.
 
-pub mod cgroup;
-pub mod child;
-pub mod error;
-pub mod instance;
-pub mod isolation;
+pub(crate) mod cgroup;
+pub(crate) mod child;
+pub(crate) mod error;
+pub(crate) mod instance;
+pub(crate) mod isolation;
 mod memfd;
-pub mod netns;
-pub mod pool;
-pub mod probe;
-pub mod proxy;
-pub mod runtime;
-pub mod spawn;
+pub(crate) mod netns;
+pub(crate) mod pool;
+pub(crate) mod probe;
+pub(crate) mod proxy;
+pub(crate) mod runtime;
+pub(crate) mod spawn;
 mod spawner;
-pub mod zygote;
+pub(crate) mod zygote;

@@ -10,7 +10,7 @@ use std::os::fd::OwnedFd;
 use crate::sandbox::launcher::netns::{NetnsError, make_namespace};
 
 /// A fresh network namespace with only `lo` up, and a TCP listener on 127.0.0.1 in it.
-pub struct NamespaceListener {
+pub(crate) struct NamespaceListener {
     /// Keeps the namespace alive; the launcher `setns`es into it.
     pub netns: OwnedFd,
     /// Bound in the namespace, accepted from anywhere (a socket keeps its namespace).
@@ -19,7 +19,7 @@ pub struct NamespaceListener {
 
 /// Make a [`NamespaceListener`]. Namespaces are per thread, so a short-lived thread does
 /// the unshare and exits; the server's own threads stay in the host namespace.
-pub fn namespace_with_listener() -> Result<NamespaceListener, NetnsError> {
+pub(crate) fn namespace_with_listener() -> Result<NamespaceListener, NetnsError> {
     let worker = std::thread::Builder::new()
         .name("netns-listener".into())
         .spawn(|| -> Result<NamespaceListener, NetnsError> {
@@ -46,7 +46,7 @@ pub fn namespace_with_listener() -> Result<NamespaceListener, NetnsError> {
 
 /// Whether this process can make network namespaces (root, or CAP_SYS_ADMIN): tried once
 /// in a short-lived thread, then remembered.
-pub fn namespaces_usable() -> bool {
+pub(crate) fn namespaces_usable() -> bool {
     static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *USABLE.get_or_init(|| {
         std::thread::spawn(|| {

@@ -16,7 +16,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Resources kept ready of each kind.
-pub const DEPTH: usize = 2;
+pub(crate) const DEPTH: usize = 2;
 
 /// At most this many kinds are kept ready (a server uses one or two policies at a time;
 /// a client that changes the workspace makes a new one).
@@ -25,11 +25,11 @@ const MAX_KINDS: usize = 8;
 /// How long after the latest `take` the maker waits before making the next resource.
 /// A burst of jobs within it finds [`DEPTH`] ready; a steady flood of them slows the
 /// maker to one resource per `SETTLE`, never stops it.
-pub const SETTLE: Duration = Duration::from_millis(10);
+pub(crate) const SETTLE: Duration = Duration::from_millis(10);
 
 /// A pool of resources of kinds `K`; its maker thread holds the shared part and ends
 /// once the pool is dropped (or drained).
-pub struct Pool<K, T> {
+pub(crate) struct Pool<K, T> {
     shared: Arc<Shared<K, T>>,
 }
 
@@ -59,7 +59,7 @@ where
     T: Send + 'static,
 {
     /// A pool whose maker thread is called `name` and runs `make` for a kind.
-    pub fn new(
+    pub(crate) fn new(
         name: &'static str,
         make: impl Fn(&K) -> Result<T, String> + Send + Sync + 'static,
     ) -> Self {
@@ -80,7 +80,7 @@ where
 
     /// A fresh resource of `kind`, or `None` when none is ready (the first call for a
     /// kind always; it starts making them).
-    pub fn take(&self, kind: &K) -> Option<T> {
+    pub(crate) fn take(&self, kind: &K) -> Option<T> {
         let shared = &self.shared;
         let mut state = shared.state.lock().ok()?;
         if state.failed {
@@ -126,7 +126,7 @@ where
 impl<K, T> Pool<K, T> {
     /// Stop making and release what is ready (at exit: a cgroup made ahead is a
     /// directory to remove). Dropping the pool does the same.
-    pub fn drain(&self) {
+    pub(crate) fn drain(&self) {
         let ready: Vec<T> = match self.shared.state.lock() {
             Ok(mut state) => {
                 state.failed = true;

@@ -10,11 +10,11 @@ use serde::Serialize;
 
 use super::cgroup::{CgroupError, CgroupHost, CgroupVersion, JobCgroup};
 
-pub mod enforcement;
+pub(crate) mod enforcement;
 
 /// Why a probed mechanism is not usable here.
 #[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
+pub(crate) enum ProbeError {
     #[error("this kernel is built without Landlock (CONFIG_SECURITY_LANDLOCK)")]
     LandlockMissing,
     #[error("Landlock is built in but disabled: add `landlock` to the lsm= boot parameter")]
@@ -42,7 +42,7 @@ pub enum ProbeError {
 
 /// Outcome of one probe: usable, or why not.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Probe {
+pub(crate) struct Probe {
     pub ok: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -64,7 +64,7 @@ impl Probe {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Namespaces {
+pub(crate) struct Namespaces {
     pub user: Probe,
     pub pid: Probe,
     pub network: Probe,
@@ -75,7 +75,7 @@ pub struct Namespaces {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct CgroupSupport {
+pub(crate) struct CgroupSupport {
     pub version: CgroupVersion,
     /// v1 controllers plus an (empty) cgroup2 mount.
     pub hybrid: bool,
@@ -92,7 +92,7 @@ pub struct CgroupSupport {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct KernelSupport {
+pub(crate) struct KernelSupport {
     pub kernel: String,
     pub euid: u32,
     pub is_root: bool,
@@ -109,7 +109,7 @@ pub struct KernelSupport {
 }
 
 /// What each Landlock ABI version adds.
-pub const LANDLOCK_FEATURES: &[(u32, &str)] = &[
+pub(crate) const LANDLOCK_FEATURES: &[(u32, &str)] = &[
     (1, "file-system access rules"),
     (2, "rename/link across directories (refer)"),
     (3, "truncate"),
@@ -121,7 +121,7 @@ pub const LANDLOCK_FEATURES: &[(u32, &str)] = &[
 
 impl KernelSupport {
     /// Probe everything (tens of milliseconds: a few forks and a cgroup create/remove).
-    pub fn probe() -> KernelSupport {
+    pub(crate) fn probe() -> KernelSupport {
         // SAFETY: geteuid(2) cannot fail.
         let euid = unsafe { libc::geteuid() };
         let (landlock_abi, landlock_error) = match landlock_abi() {
@@ -154,7 +154,7 @@ impl KernelSupport {
 }
 
 /// `landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`.
-pub fn landlock_abi() -> Result<u32, ProbeError> {
+pub(crate) fn landlock_abi() -> Result<u32, ProbeError> {
     // SAFETY: the documented version query: null attr, size 0, flag 1.
     let rc = unsafe {
         libc::syscall(

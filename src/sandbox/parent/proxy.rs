@@ -11,7 +11,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 /// Denial lines of one job's broker ("blocked by policy P: connection to h:443 ...").
-pub type Denials = Arc<Mutex<Vec<String>>>;
+pub(crate) type Denials = Arc<Mutex<Vec<String>>>;
 
 /// What a provider hands back for one job.
 pub struct ProxyNetwork {
@@ -71,7 +71,7 @@ pub trait ProxyProvider: Send + Sync {
 }
 
 /// Held by a [`SandboxedChild`](super::SandboxedChild): the broker lives while it does.
-pub struct ProxyGuard {
+pub(crate) struct ProxyGuard {
     pub denials: Denials,
     _job: Box<dyn ProxyJob>,
 }

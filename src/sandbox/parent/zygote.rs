@@ -40,7 +40,7 @@ use crate::sandbox::launcher::{LaunchSpec, run_spec};
 
 /// argv[1] that selects zygote mode; argv[2] is the socket's descriptor, argv[3] the
 /// server's pid.
-pub const ZYGOTE_ARG: &str = "__sandbox-zygote";
+pub(crate) const ZYGOTE_ARG: &str = "__sandbox-zygote";
 
 /// The largest request sent inline in the message (socket buffers are ~200 KiB).
 const INLINE_MAX: usize = 32 << 10;

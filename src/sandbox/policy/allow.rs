@@ -7,11 +7,11 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Ports an entry without `:port` allows: HTTPS and plain HTTP.
-pub const DEFAULT_PORTS: &[u16] = &[443, 80];
+pub(crate) const DEFAULT_PORTS: &[u16] = &[443, 80];
 
 /// Why an allow entry is not one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AllowError {
+pub(crate) enum AllowError {
     #[error(
         "{entry:?} is not a host or host:port; write e.g. \"pypi.org\", \"*.example.com:443\", \"127.0.0.1:8000\" or \"[::1]:8000\""
     )]
@@ -26,7 +26,7 @@ pub enum AllowError {
 
 /// The host part of an entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HostPattern {
+pub(crate) enum HostPattern {
     /// Exactly this name (lowercase, no trailing dot).
     Name(String),
     /// Any name ending in `.suffix` (not `suffix` itself).
@@ -37,7 +37,7 @@ pub enum HostPattern {
 
 /// One parsed allow-list entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AllowEntry {
+pub(crate) struct AllowEntry {
     pub host: HostPattern,
     /// `None`: [`DEFAULT_PORTS`].
     pub port: Option<u16>,
@@ -45,7 +45,7 @@ pub struct AllowEntry {
 
 impl AllowEntry {
     /// Parse one entry of `allow`.
-    pub fn parse(entry: &str) -> Result<AllowEntry, AllowError> {
+    pub(crate) fn parse(entry: &str) -> Result<AllowEntry, AllowError> {
         let not_a_host = || AllowError::NotAHost {
             entry: entry.to_string(),
         };
@@ -70,7 +70,7 @@ impl AllowEntry {
 
     /// Whether a connection to `host:port` is allowed by this entry. `host` is what the
     /// client asked for (a name or an address literal, IPv6 without brackets).
-    pub fn matches(&self, host: &str, port: u16) -> bool {
+    pub(crate) fn matches(&self, host: &str, port: u16) -> bool {
         let port_ok = match self.port {
             Some(p) => p == port,
             None => DEFAULT_PORTS.contains(&port),
@@ -94,7 +94,7 @@ impl AllowEntry {
 
     /// Whether this entry names an address literal or `localhost` exactly: only such
     /// entries may lead to loopback, private or link-local addresses.
-    pub fn names_local_explicitly(&self) -> bool {
+    pub(crate) fn names_local_explicitly(&self) -> bool {
         match &self.host {
             HostPattern::Ip(_) => true,
             HostPattern::Name(n) => n == "localhost",
@@ -121,7 +121,7 @@ impl fmt::Display for AllowEntry {
 /// Whether an address is one the public internet cannot route: loopback, private,
 /// link-local, unspecified, multicast, CGNAT, unique-local. A name that resolves to one
 /// of these is refused unless an entry names the address (or `localhost`) itself.
-pub fn is_local_address(ip: IpAddr) -> bool {
+pub(crate) fn is_local_address(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => is_local_v4(v4),
         IpAddr::V6(v6) => {
@@ -154,7 +154,7 @@ fn is_local_v4(v4: Ipv4Addr) -> bool {
 /// The parts of an `http(s)://[user[:pass]@]host[:port][/rest]` URL that matter for
 /// allow lists and credentials. Not a general URL parser: anything else is `None`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UrlParts {
+pub(crate) struct UrlParts {
     pub scheme: String,
     /// Percent-decoded user and password, if the URL carries them.
     pub user: Option<String>,
@@ -169,7 +169,7 @@ pub struct UrlParts {
 
 impl UrlParts {
     /// Parse an `http://` or `https://` URL.
-    pub fn parse(url: &str) -> Option<UrlParts> {
+    pub(crate) fn parse(url: &str) -> Option<UrlParts> {
         let (scheme, after) = url.trim().split_once("://")?;
         let scheme = scheme.to_ascii_lowercase();
         if scheme != "http" && scheme != "https" {
@@ -207,13 +207,13 @@ impl UrlParts {
     }
 
     /// The port in effect (the scheme's default when none is written).
-    pub fn port_or_default(&self) -> u16 {
+    pub(crate) fn port_or_default(&self) -> u16 {
         self.port
             .unwrap_or(if self.scheme == "https" { 443 } else { 80 })
     }
 
     /// `host` or `host:port` as an allow-list entry (IPv6 bracketed).
-    pub fn allow_entry(&self) -> String {
+    pub(crate) fn allow_entry(&self) -> String {
         let host = if self.host.contains(':') {
             format!("[{}]", self.host)
         } else {
@@ -226,7 +226,7 @@ impl UrlParts {
     }
 
     /// The URL without user and password.
-    pub fn without_credentials(&self) -> String {
+    pub(crate) fn without_credentials(&self) -> String {
         format!("{}://{}{}", self.scheme, self.allow_entry(), self.rest)
     }
 }
@@ -253,7 +253,7 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// Lowercase, without a trailing dot.
-pub fn normalize(host: &str) -> String {
+pub(crate) fn normalize(host: &str) -> String {
     host.trim_end_matches('.').to_ascii_lowercase()
 }
 

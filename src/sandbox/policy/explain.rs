@@ -29,7 +29,7 @@ pub fn explain_denials(policy: &ResolvedPolicy, text: &str) -> Vec<String> {
 
 /// [`explain_denials`] for a job that ran in `cwd`: relative paths in its messages
 /// (`cannot create out.txt`, `[Errno 30] …: 'out.csv'`) are resolved against it.
-pub fn explain_denials_in(policy: &ResolvedPolicy, cwd: &Path, text: &str) -> Vec<String> {
+pub(crate) fn explain_denials_in(policy: &ResolvedPolicy, cwd: &Path, text: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let lines: Vec<&str> = text.lines().collect();
     for (i, line) in lines.iter().enumerate() {
@@ -204,7 +204,7 @@ fn absolute_paths(text: &str) -> impl Iterator<Item = &str> {
 /// but not in the job's mount view, if that is why. `None` for an ordinary ENOENT: the
 /// path is missing on the host too (below a directory the job sees, or at `/`), or it
 /// lies inside a path the view shows. Costs a few `stat`s, only for failed jobs.
-pub fn hidden_by_view(policy: &ResolvedPolicy, path: &Path) -> Option<PathBuf> {
+pub(crate) fn hidden_by_view(policy: &ResolvedPolicy, path: &Path) -> Option<PathBuf> {
     if !path.is_absolute() || path.components().any(|c| c.as_os_str() == "..") {
         return None;
     }

@@ -7,10 +7,10 @@
 //! and a failed job's denials in words (`explain`). It changes no process state (no
 //! namespace, mount, limit or filter) and imports nothing of `launcher/` or `parent/`.
 
-pub mod allow;
-pub mod error;
-pub mod explain;
-pub mod resolve;
+pub(crate) mod allow;
+pub(crate) mod error;
+pub(crate) mod explain;
+pub(crate) mod resolve;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -18,11 +18,11 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use allow::AllowEntry;
-pub use error::PolicyError;
+pub(crate) use error::PolicyError;
 // Where the interface stub had them, for callers that name these paths.
 
 /// The shipped policies, embedded so that a spawn never touches the disk for them.
-pub const SHIPPED: &[(&str, &str)] = &[
+pub(crate) const SHIPPED: &[(&str, &str)] = &[
     (
         "read-only",
         include_str!("../../../policies/read-only.toml"),
@@ -42,7 +42,7 @@ pub const SHIPPED: &[(&str, &str)] = &[
 pub const DEFAULT_POLICY: &str = "workspace-write";
 
 /// The placeholders a path may start with.
-pub const PLACEHOLDERS: &[&str] = &[
+pub(crate) const PLACEHOLDERS: &[&str] = &[
     "{workspace}",
     "{tmp}",
     "{python}",
@@ -249,7 +249,7 @@ impl Default for ProcessSection {
 }
 
 /// Names of the shipped policies, comma-separated (for messages).
-pub fn shipped_names() -> String {
+pub(crate) fn shipped_names() -> String {
     SHIPPED
         .iter()
         .map(|(n, _)| *n)
@@ -499,7 +499,7 @@ impl Policy {
 }
 
 /// Whether this kernel has network namespaces (the broker's proxy mode needs them).
-pub fn network_namespaces_available() -> bool {
+pub(crate) fn network_namespaces_available() -> bool {
     Path::new("/proc/self/ns/net").exists()
 }
 
@@ -515,7 +515,7 @@ fn one_line(e: &toml::de::Error) -> String {
 /// A value in a policy file that parses but makes no sense; becomes the message of a
 /// [`PolicyError::Invalid`] naming the key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InvalidValue {
+pub(crate) enum InvalidValue {
     #[error("{path:?} starts with an unknown placeholder; allowed: {allowed}")]
     UnknownPlaceholder { path: String, allowed: String },
     #[error("{path:?} contains `..`; write the path without it")]
@@ -578,7 +578,7 @@ fn check_env_name(name: &str) -> Result<(), InvalidValue> {
 }
 
 /// Parse a byte size; 0 is rejected.
-pub fn parse_size(size: &ByteSize) -> Result<u64, InvalidValue> {
+pub(crate) fn parse_size(size: &ByteSize) -> Result<u64, InvalidValue> {
     let n = match size {
         ByteSize::Bytes(n) => *n,
         ByteSize::Text(t) => {

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 /// Paths the view always provides itself; policy entries for them are not bound.
-pub const OWN_DEVICES: &[(&str, u32, u32)] = &[
+pub(crate) const OWN_DEVICES: &[(&str, u32, u32)] = &[
     ("null", 1, 3),
     ("zero", 1, 5),
     ("full", 1, 7),
@@ -18,7 +18,7 @@ pub const OWN_DEVICES: &[(&str, u32, u32)] = &[
 /// Secret files a root-uid job could read through a listed directory (DAC lets uid 0
 /// read root-owned 0640 files even without capabilities): the view covers each that
 /// exists with an empty device node. `*` matches within one path component.
-pub const MASKED: &[&str] = &[
+pub(crate) const MASKED: &[&str] = &[
     "/etc/shadow",
     "/etc/shadow-",
     "/etc/gshadow",
@@ -30,7 +30,7 @@ pub const MASKED: &[&str] = &[
 
 /// One bind mount of the view.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Bind {
+pub(crate) struct Bind {
     /// Host path (canonical).
     pub src: PathBuf,
     /// Path inside the view.
@@ -42,7 +42,7 @@ pub struct Bind {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Parents before children; among binds to the same place the writable one is kept.
     pub binds: Vec<Bind>,
     /// (path in view, target): the policy named a path through a symlink.
@@ -58,7 +58,7 @@ pub struct Plan {
 
 /// What a policy path becomes after looking at the host file system.
 #[derive(Debug, Clone)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub given: PathBuf,
     pub canonical: PathBuf,
     pub is_dir: bool,
@@ -70,7 +70,7 @@ pub struct Entry {
 /// A path *beneath a writable directory* whose resolution goes through a symlink is
 /// skipped too: the job (or an earlier one) may have planted that symlink — replace
 /// `{workspace}/.venv` by a link to `/root` and the next launch would bind `/root`.
-pub fn entries(read: &[PathBuf], write: &[PathBuf]) -> Vec<Entry> {
+pub(crate) fn entries(read: &[PathBuf], write: &[PathBuf]) -> Vec<Entry> {
     let tagged = read
         .iter()
         .map(|p| (p, false))
@@ -136,7 +136,7 @@ fn is_special(path: &Path) -> bool {
 /// mounted below the alias would inherit the private tmp's full rights (write, execute)
 /// whatever its own rule says; then /tmp stays a read-only directory of mount points and
 /// the job uses $TMPDIR (the private tmp at its own path).
-pub fn plan(entries: &[Entry], tmp: Option<&Path>) -> Plan {
+pub(crate) fn plan(entries: &[Entry], tmp: Option<&Path>) -> Plan {
     // Only a strict ancestor (e.g. "/") makes the host's /dev or /proc part of the view.
     let covers = |dir: &str| {
         entries.iter().any(|e| {
@@ -207,7 +207,7 @@ pub fn plan(entries: &[Entry], tmp: Option<&Path>) -> Plan {
 /// bind — with a mask, placed after its parents and before the binds beneath it, so a
 /// listed path inside a hidden one (the private tmp inside the state dir) stays visible.
 /// A hidden path that is itself bound stays bound (the policy lists it).
-pub fn hide(plan: &mut Plan, hidden: &[PathBuf]) {
+pub(crate) fn hide(plan: &mut Plan, hidden: &[PathBuf]) {
     for h in hidden {
         let Ok(h) = std::fs::canonicalize(h) else {
             continue;

@@ -6,9 +6,9 @@ use std::path::Path;
 use crate::sandbox::launcher::cgroup::CgroupError;
 
 /// Directory created under the server's own cgroup to hold job cgroups.
-pub const PARENT_DIR: &str = "mcp-sandbox-repl";
+pub(crate) const PARENT_DIR: &str = "mcp-sandbox-repl";
 /// v2 only: the leaf the server moves itself into.
-pub const SERVER_LEAF: &str = "mcp-sandbox-repl.server";
+pub(crate) const SERVER_LEAF: &str = "mcp-sandbox-repl.server";
 
 pub(super) fn io<'a>(
     action: &'static str,

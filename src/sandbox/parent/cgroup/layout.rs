@@ -8,7 +8,7 @@ use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum CgroupVersion {
+pub(crate) enum CgroupVersion {
     /// Controllers on v1 hierarchies (possibly with an empty v2 mount beside: "hybrid").
     V1,
     /// The unified hierarchy.
@@ -19,14 +19,14 @@ pub enum CgroupVersion {
 
 /// One v1 controller hierarchy and this process's cgroup directory in it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct V1Controller {
+pub(crate) struct V1Controller {
     pub name: String,
     pub mount: PathBuf,
     pub own_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Layout {
+pub(crate) struct Layout {
     /// Which hierarchy job cgroups use.
     pub version: CgroupVersion,
     /// v1 controllers and a cgroup2 mount both present.
@@ -46,7 +46,7 @@ pub struct Layout {
 
 impl Layout {
     /// Read this process's layout from /proc.
-    pub fn detect() -> Layout {
+    pub(crate) fn detect() -> Layout {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         let mut layout = Layout::parse(&mountinfo, &cgroup);
@@ -62,7 +62,7 @@ impl Layout {
     }
 
     /// Parse the two /proc files (controllers of the v2 cgroup are read separately).
-    pub fn parse(mountinfo: &str, proc_cgroup: &str) -> Layout {
+    pub(crate) fn parse(mountinfo: &str, proc_cgroup: &str) -> Layout {
         let mut layout = Layout {
             version: CgroupVersion::None,
             hybrid: false,

@@ -10,7 +10,7 @@ use crate::sandbox::policy::resolve::{NetworkPolicy, ResolvedPolicy};
 
 /// One protection of a policy and whether this machine enforces it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Item {
+pub(crate) struct Item {
     /// What the policy asks for, in words.
     pub what: String,
     /// The mechanism that enforces it here (or would).
@@ -50,7 +50,7 @@ fn check(
 }
 
 /// Every protection `policy` asks for, in launcher order, with its status here.
-pub fn enforcement(k: &KernelSupport, policy: &ResolvedPolicy) -> Vec<Item> {
+pub(crate) fn enforcement(k: &KernelSupport, policy: &ResolvedPolicy) -> Vec<Item> {
     let here = Here::new(k, policy);
     let mut items = Vec::new();
     items.extend(here.cgroup_item());
