@@ -451,7 +451,7 @@ impl App {
             uv_cache: None,
         };
         let policy = settings.policy.resolve(&ph).map(Arc::new)?;
-        // A tmpfs `{tmp}` in the job's own view is a name only (`sandbox::mounts`): no
+        // A tmpfs `{tmp}` in the job's own view is a name only (`sandbox::launcher::mounts`): no
         // host directory, and one name serves every job, each seeing its own tmpfs there.
         let in_view = !policy.filesystem_unrestricted() && policy.limits.tmp_size_bytes.is_some();
         let shared = match in_view {

@@ -1,7 +1,7 @@
 //! The network broker: code that needs the network gets it only through the server.
 //!
 //! A job whose policy has `network.mode = "proxy"` runs in its own empty network
-//! namespace. The broker makes that namespace (`sandbox::netns::namespace_with_listener`),
+//! namespace. The broker makes that namespace (`sandbox::parent::netns::namespace_with_listener`),
 //! whose only listener, on 127.0.0.1 there, is this module's HTTP/HTTPS forward proxy
 //! (CONNECT for TLS, absolute URIs for plain HTTP), served from the server's own tokio
 //! runtime and namespace. It resolves names itself, connects only to hosts and ports the
