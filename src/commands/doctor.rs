@@ -107,7 +107,7 @@ fn policy_report(k: &KernelSupport, name: &str, workspace: &std::path::Path) -> 
                 description,
                 refuses_to_start,
                 items,
-                reach: crate::envs::policy::network_reach(&policy)
+                reach: crate::envs::policy::network_reach(&policy, k.namespaces.network.ok)
                     .into_iter()
                     .map(|(p, w)| (p.to_string(), w))
                     .collect(),

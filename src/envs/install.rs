@@ -115,7 +115,11 @@ pub async fn install(
         network: cfg.sources.needs_network(),
         confine_writes: true,
     };
-    let policy = Arc::new(policy::extend(session_policy, &grants));
+    let policy = Arc::new(policy::extend(
+        session_policy,
+        &grants,
+        cfg.sandbox.namespaces_usable(),
+    ));
 
     let mut cmd = cfg.sandbox.command(policy.clone(), &uv_bin);
     // uv itself (not the build hooks it runs) may borrow the index credentials.

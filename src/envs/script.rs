@@ -450,6 +450,7 @@ async fn build_env(
             network: cfg.sources.needs_network(),
             confine_writes: true,
         },
+        cfg.sandbox.namespaces_usable(),
     ));
     let python = dir.join("bin").join("python");
     let mut venv = cfg.sandbox.command(policy.clone(), &uv_bin);

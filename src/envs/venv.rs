@@ -199,7 +199,11 @@ pub async fn ensure(
         network: false,
         confine_writes: true,
     };
-    let policy = Arc::new(policy::extend(session_policy, &grants));
+    let policy = Arc::new(policy::extend(
+        session_policy,
+        &grants,
+        cfg.sandbox.namespaces_usable(),
+    ));
     let mut cmd = cfg.sandbox.command(policy.clone(), &uv.path);
     cmd.args(["venv", "--quiet", "--python"])
         .arg(&cfg.python)

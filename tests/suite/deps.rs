@@ -655,11 +655,6 @@ const STATIC_ALLOWED: &[(&str, &str, &str)] = &[
         "PENDING_SIGNAL",
         "written by that signal handler (a signal before the child exists is kept for it)",
     ),
-    (
-        "sandbox/parent/netns.rs",
-        "USABLE",
-        "whether this process may unshare a network namespace, tried once: a fact of the host that envs reads to pick the installer's network; it starts nothing",
-    ),
 ];
 
 /// `static`s (and `thread_local!`s) in the non-test code of src/sandbox/, as (file, name).

@@ -44,18 +44,15 @@ pub(crate) fn namespace_with_listener() -> Result<NamespaceListener, NetnsError>
     })
 }
 
-/// Whether this process can make network namespaces (root, or CAP_SYS_ADMIN): tried once
-/// in a short-lived thread, then remembered.
+/// Whether this process can make network namespaces (root, or CAP_SYS_ADMIN): tried in a
+/// short-lived thread (a runtime remembers the answer: `Runtime::namespaces_usable`).
 pub(crate) fn namespaces_usable() -> bool {
-    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *USABLE.get_or_init(|| {
-        std::thread::spawn(|| {
-            // SAFETY: unshare(2) with a constant flag, in a thread that ends right after.
-            unsafe { libc::unshare(libc::CLONE_NEWNET) == 0 }
-        })
-        .join()
-        .unwrap_or(false)
+    std::thread::spawn(|| {
+        // SAFETY: unshare(2) with a constant flag, in a thread that ends right after.
+        unsafe { libc::unshare(libc::CLONE_NEWNET) == 0 }
     })
+    .join()
+    .unwrap_or(false)
 }
 
 #[cfg(test)]

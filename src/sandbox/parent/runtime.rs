@@ -91,6 +91,8 @@ struct Inner {
     proxy: OnceLock<Box<dyn ProxyProvider>>,
     /// This machine's cgroups as the job cgroups use them (shared with the pool's maker).
     cgroup_host: Arc<CgroupHost>,
+    /// Whether this process can make network namespaces, tried once.
+    namespaces_usable: OnceLock<bool>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -129,6 +131,7 @@ impl Runtime {
                 }),
                 proxy: OnceLock::new(),
                 cgroup_host,
+                namespaces_usable: OnceLock::new(),
                 instance_id,
             }),
         }
@@ -220,6 +223,15 @@ impl Runtime {
     /// this runtime's own); returns what was removed. At server start.
     pub fn sweep_cgroups_of(&self, owners: &[String]) -> Vec<PathBuf> {
         super::isolation::sweep_cgroups_of(&self.inner.cgroup_host, &self.inner.instance_id, owners)
+    }
+
+    /// Whether this process can make network namespaces (root, or CAP_SYS_ADMIN): tried
+    /// once, then remembered.
+    pub fn namespaces_usable(&self) -> bool {
+        *self
+            .inner
+            .namespaces_usable
+            .get_or_init(super::netns::namespaces_usable)
     }
 
     fn made_ahead(&self) -> bool {
