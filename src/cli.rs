@@ -77,8 +77,27 @@ pub enum Transport {
     Http,
 }
 
+/// How the sandbox starts a launcher (hidden flags for benchmarks and the tests of the
+/// fallback paths; see `sandbox::Route`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SpawnRoute {
+    /// Fork this single-threaded process (`run`'s default).
+    Fork,
+    /// Through the zygote (the server's default).
+    Zygote,
+    /// Re-execute the launcher per job.
+    Reexec,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
+    /// How launchers are started (for benchmarks: the server's fallback is `reexec`).
+    #[arg(long, value_enum, hide = true, default_value = "zygote")]
+    pub spawn_route: SpawnRoute,
+    /// Make each job's cgroup, network namespace and view on its spawn path instead of
+    /// ahead of need (the benchmark's ablation).
+    #[arg(long, hide = true)]
+    pub no_made_ahead: bool,
     /// Coarse sandbox choice; `--policy` wins over it.
     #[arg(
         long,
@@ -217,6 +236,9 @@ pub struct ServeArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
+    /// How the launcher is started (for benchmarks and tests of the server's paths).
+    #[arg(long, value_enum, hide = true, default_value = "fork")]
+    pub spawn_route: SpawnRoute,
     /// A shipped policy name or a policy file path.
     #[arg(long, default_value = "workspace-write")]
     pub policy: String,

@@ -21,7 +21,10 @@
 //!   its `ProxyProvider` seam, `app` registers it.
 //! - [`sandbox`]: policy files (load, validate, resolve) and the launcher that applies
 //!   rlimits → capability drop → no_new_privs → Landlock → seccomp, then execs.
-//!   The only module that knows landlock and seccompiler.
+//!   The only module that knows landlock and seccompiler. Three parts named for where
+//!   their code runs: `policy/` (pure data), `launcher/` (inside the launcher process),
+//!   `parent/` (the server's side: the `Runtime` every spawn goes through, spawn,
+//!   zygote, pools); imports go parent → launcher → policy only.
 //! - [`names`]: the session-name rule (a leaf).
 //! - `libc_compat`: `close_range` and `memfd_create` as system calls, so the binary links
 //!   against glibc 2.17 (the manylinux2014 wheels); a leaf nothing imports.

@@ -5,12 +5,12 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    if mcp_sandbox_repl::sandbox::launcher::is_launcher_invocation() {
+    if mcp_sandbox_repl::sandbox::is_launcher_invocation() {
         // Never returns on success: it execs the target.
-        mcp_sandbox_repl::sandbox::launcher::launcher_main();
+        mcp_sandbox_repl::sandbox::launcher_main();
     }
-    if mcp_sandbox_repl::sandbox::zygote::is_zygote_invocation() {
-        mcp_sandbox_repl::sandbox::zygote::zygote_main();
+    if mcp_sandbox_repl::sandbox::is_zygote_invocation() {
+        mcp_sandbox_repl::sandbox::zygote_main();
     }
     mcp_sandbox_repl::cli::main()
 }

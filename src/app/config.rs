@@ -47,4 +47,7 @@ pub struct Config {
     pub allow_broad_workspace: bool,
     /// How many finished jobs, and for how long, are kept.
     pub retention: crate::jobs::Retention,
+    /// The sandbox runtime every spawn of this app (and of every principal's app of the
+    /// server: clones share it) goes through; built once by the front end.
+    pub sandbox: crate::sandbox::Runtime,
 }

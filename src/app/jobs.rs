@@ -348,7 +348,7 @@ impl App {
             cancel_grace: None,
             private_tmp: tmp.clone(),
         };
-        let handle = match start_shell_job(&self.store, req, policy) {
+        let handle = match start_shell_job(&self.sandbox, &self.store, req, policy) {
             Ok(h) => h,
             Err(e) => {
                 if let Some(tmp) = tmp {

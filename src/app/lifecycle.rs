@@ -52,13 +52,13 @@ pub const STARTING_POLICY: &str =
 /// a required protection is not enforced and the policy does not run best effort), or
 /// `None` when it can.
 pub fn unenforceable(
-    kernel: &crate::sandbox::probe::KernelSupport,
+    kernel: &crate::sandbox::parent::probe::KernelSupport,
     policy: &crate::sandbox::ResolvedPolicy,
 ) -> Option<String> {
     if policy.kernel_support == crate::sandbox::KernelSupportMode::BestEffort {
         return None;
     }
-    let missing: Vec<String> = crate::sandbox::probe::enforcement(kernel, policy)
+    let missing: Vec<String> = crate::sandbox::parent::probe::enforcement::enforcement(kernel, policy)
         .into_iter()
         .filter(|i| i.required && !i.enforced)
         .map(|i| match i.why_not {
@@ -137,7 +137,7 @@ impl App {
         let verdict = match settings.policy.resolve(&ph) {
             Ok(policy) => {
                 let probed = tokio::task::spawn_blocking(move || {
-                    let kernel = crate::sandbox::probe::KernelSupport::probe();
+                    let kernel = crate::sandbox::parent::probe::KernelSupport::probe();
                     unenforceable(&kernel, &policy)
                 })
                 .await;

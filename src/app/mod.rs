@@ -99,6 +99,8 @@ pub struct App {
     env_disk: crate::envs::DiskCaps,
     /// Whose app this is (`Config::principal`): part of every store's key.
     principal: Option<String>,
+    /// The sandbox runtime every spawn goes through (`Config::sandbox`).
+    sandbox: crate::sandbox::Runtime,
     /// Set when shutdown begins, so a background prewarm does not leave a worker behind.
     stopping: AtomicBool,
     /// Turns `true` once what earlier servers left has been swept.
@@ -116,13 +118,17 @@ pub struct App {
 /// Sweep what earlier servers left ([`sweep_leftovers`]) on a thread of its own, off the
 /// path to the first answer (it reads cgroup trees, and kills and waits for leftover
 /// processes); the receiver turns `true` when it is done ([`App::settled`]).
-fn sweep_in_background(state_dir: &std::path::Path) -> watch::Receiver<bool> {
+fn sweep_in_background(
+    state_dir: &std::path::Path,
+    sandbox: &crate::sandbox::Runtime,
+) -> watch::Receiver<bool> {
+    let sandbox = sandbox.clone();
     let (done, settled) = watch::channel(false);
     let state_dir = state_dir.to_path_buf();
     let spawned = std::thread::Builder::new()
         .name("sweep".into())
         .spawn(move || {
-            sweep_leftovers(&state_dir);
+            sweep_leftovers(&state_dir, &sandbox);
             let _ = done.send(true);
         });
     if let Err(e) = spawned {
@@ -137,10 +143,10 @@ fn sweep_in_background(state_dir: &std::path::Path) -> watch::Receiver<bool> {
 /// their job cgroups (any process still in one is killed first) and their temp files in
 /// `state_dir`; only servers whose ownership record is free (`owners`) are taken for
 /// ended. Said at info level, since it means an earlier server did not end cleanly.
-fn sweep_leftovers(state_dir: &std::path::Path) {
-    let ended = owners::ended(state_dir, crate::sandbox::instance::is_id);
+fn sweep_leftovers(state_dir: &std::path::Path, sandbox: &crate::sandbox::Runtime) {
+    let ended = owners::ended(state_dir, crate::sandbox::parent::instance::is_id);
     let ids: Vec<String> = ended.iter().map(|e| e.id.clone()).collect();
-    let cgroups = crate::sandbox::isolation::sweep_cgroups_of(&ids);
+    let cgroups = sandbox.sweep_cgroups_of(&ids);
     let mut files = tmp::sweep_closed_sessions(state_dir);
     for e in ended {
         files.extend(tmp::sweep_owner(state_dir, &e.id));
@@ -167,7 +173,7 @@ impl App {
     /// Build from the config: workspace, policy, state dir, store, sessions.
     pub fn new(cfg: &Config) -> Result<App, AppError> {
         // Proxy-mode jobs get their network through the broker, served on this runtime.
-        crate::broker::install();
+        crate::broker::install(&cfg.sandbox);
         let workspace = match &cfg.workspace {
             Some(w) => w.clone(),
             None => std::env::current_dir().map_err(AppError::CurrentDir)?,
@@ -222,8 +228,8 @@ impl App {
         };
         // Recorded before the sweep starts and before any job: no server, in any PID
         // namespace, takes this one for ended while it lives.
-        let owner = owners::register(&state_dir, crate::sandbox::instance::id())?;
-        let settled = sweep_in_background(&state_dir);
+        let owner = owners::register(&state_dir, cfg.sandbox.instance_id())?;
+        let settled = sweep_in_background(&state_dir, &cfg.sandbox);
         let store = JobStore::open(StoreConfig {
             state_dir: state_dir.clone(),
             disk_cap: cfg.disk_cap,
@@ -239,7 +245,7 @@ impl App {
             broad_start,
         )?;
         let policy = settings.current.policy.clone();
-        let mut repl = ReplConfig::new(workspace, policy, state_dir.clone());
+        let mut repl = ReplConfig::new(cfg.sandbox.clone(), workspace, policy, state_dir.clone());
         repl.python = cfg.python.clone();
         repl.interpreter = cfg.interpreter;
         repl.max_sessions = cfg.max_sessions;
@@ -267,6 +273,7 @@ impl App {
             uv: cfg.uv.clone(),
             env_disk: cfg.env_disk,
             principal: cfg.principal.clone(),
+            sandbox: cfg.sandbox.clone(),
         })
     }
 
@@ -454,14 +461,12 @@ impl App {
             uv_cache: None,
         };
         let policy = settings.policy.resolve(&ph).map(Arc::new)?;
-        // A tmpfs `{tmp}` in the job's own view is a name only (`sandbox::mounts`): no
+        // A tmpfs `{tmp}` in the job's own view is a name only (`sandbox::launcher::mounts`): no
         // host directory, and one name serves every job, each seeing its own tmpfs there.
         let in_view = !policy.filesystem_unrestricted() && policy.limits.tmp_size_bytes.is_some();
         let shared = match in_view {
             true => {
-                let name = ph
-                    .tmp
-                    .join(format!("{}-job", crate::sandbox::instance::id()));
+                let name = ph.tmp.join(format!("{}-job", self.sandbox.instance_id()));
                 let ph = Placeholders {
                     tmp: name,
                     ..ph.clone()
@@ -489,7 +494,7 @@ impl App {
         if let Some(shared) = base.shared {
             return Ok((shared, None));
         }
-        let tmp = tmp::create_job_tmp(&base.placeholders.tmp)?;
+        let tmp = tmp::create_job_tmp(&base.placeholders.tmp, self.sandbox.instance_id())?;
         let ph = Placeholders {
             tmp: tmp.clone(),
             ..base.placeholders

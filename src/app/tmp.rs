@@ -12,13 +12,9 @@ use super::error::AppError;
 
 /// Create a fresh private dir under `base`, named after this server's instance id (so a
 /// sweep by another server sharing the state dir leaves it alone while we run: `owners`).
-pub fn create_job_tmp(base: &Path) -> Result<PathBuf, AppError> {
+pub fn create_job_tmp(base: &Path, owner: &str) -> Result<PathBuf, AppError> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let tmp = base.join(format!(
-        "{}-{}",
-        crate::sandbox::instance::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
+    let tmp = base.join(format!("{owner}-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
     create_dir(&tmp)?;
     Ok(tmp)
 }
@@ -100,8 +96,8 @@ mod tests {
     #[test]
     fn only_the_ended_owners_paths_are_swept() {
         let (_scratch, state) = crate::test_support::scratch_path("app-tmp", "state");
-        let mine = create_job_tmp(&state.join("shell-tmp")).unwrap();
-        let second = create_job_tmp(&state.join("shell-tmp")).unwrap();
+        let mine = create_job_tmp(&state.join("shell-tmp"), "7x0000abcd").unwrap();
+        let second = create_job_tmp(&state.join("shell-tmp"), "7x0000abcd").unwrap();
         assert_ne!(mine, second);
         let dead = "7x0000dead";
         let theirs = [

@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 
 use super::upstream::{IndexAuth, ProxyTarget};
 use super::{Permit, Rules};
-use crate::sandbox::allow::{UrlParts, is_local_address, normalize};
+use crate::sandbox::policy::allow::{UrlParts, is_local_address, normalize};
 
 /// Longest request (or upstream response) head accepted, the blank line included.
 pub(crate) const MAX_HEAD: usize = 16 * 1024;

@@ -1,7 +1,7 @@
 //! The network broker: code that needs the network gets it only through the server.
 //!
 //! A job whose policy has `network.mode = "proxy"` runs in its own empty network
-//! namespace. The broker makes that namespace (`sandbox::netns::namespace_with_listener`),
+//! namespace. The broker makes that namespace (`sandbox::parent::netns::namespace_with_listener`),
 //! whose only listener, on 127.0.0.1 there, is this module's HTTP/HTTPS forward proxy
 //! (CONNECT for TLS, absolute URIs for plain HTTP), served from the server's own tokio
 //! runtime and namespace. It resolves names itself, connects only to hosts and ports the
@@ -40,11 +40,11 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
-use crate::sandbox::allow::AllowEntry;
-use crate::sandbox::netns::namespace_with_listener;
-use crate::sandbox::proxy::{
+use crate::sandbox::parent::netns::namespace_with_listener;
+use crate::sandbox::parent::proxy::{
     Denials, ProxyError, ProxyJob, ProxyNetwork, ProxyProvider, ProxyRequest,
 };
+use crate::sandbox::policy::allow::AllowEntry;
 pub use upstream::Upstream;
 
 /// Most denial lines kept per job.
@@ -237,21 +237,21 @@ impl Broker {
 /// its open-file limit) with the sandbox, serving from the current tokio runtime. Call
 /// once at server start; without a runtime nothing is registered and proxy-mode jobs
 /// fail closed.
-pub fn install() {
-    if crate::sandbox::proxy::has_proxy_provider() {
+pub fn install(sandbox: &crate::sandbox::Runtime) {
+    if sandbox.has_proxy_provider() {
         return; // one broker per process (a principal's app made later shares it)
     }
     match tokio::runtime::Handle::try_current() {
         Ok(rt) => {
             let upstream = Upstream::from_env(std::env::vars());
-            let open_files = crate::sandbox::rlimits::open_files_limit().0;
+            let open_files = crate::sandbox::launcher::rlimits::open_files_limit().0;
             let limits = Limits::for_open_files(open_files);
             tracing::info!(
                 "network broker: at most {} connections per job and {} in all (open-file limit {open_files})",
                 limits.per_job,
                 limits.total
             );
-            crate::sandbox::proxy::set_proxy_provider(Box::new(Broker::new(rt, upstream, limits)));
+            sandbox.provide_proxy(Box::new(Broker::new(rt, upstream, limits)));
         }
         Err(_) => tracing::warn!("no tokio runtime: the network broker is not available"),
     }

@@ -1,5 +1,5 @@
 //! The broker's decisions, end to end over real sockets on the host's loopback (the
-//! per-job namespace is covered by sandbox::netns and tests/mcp/test_broker.py).
+//! per-job namespace is covered by sandbox::parent::netns and tests/mcp/test_broker.py).
 
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::AtomicUsize;
@@ -11,7 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::upstream::Upstream;
 use super::{Budget, Limits, Rules, Trusted, accept_loop};
-use crate::sandbox::allow::AllowEntry;
+use crate::sandbox::policy::allow::AllowEntry;
 
 type Denials = Arc<Mutex<Vec<String>>>;
 

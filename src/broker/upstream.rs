@@ -10,7 +10,7 @@ use std::sync::Arc;
 use base64::Engine;
 use hyper_util::client::proxy::matcher::{Intercept, Matcher};
 
-use crate::sandbox::allow::normalize;
+use crate::sandbox::policy::allow::normalize;
 
 /// An upstream proxy: where to connect and the `Proxy-Authorization` value, if any.
 #[derive(Debug, Clone, PartialEq, Eq)]

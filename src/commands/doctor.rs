@@ -10,8 +10,9 @@ use serde::Serialize;
 
 use crate::cli::DoctorArgs;
 use crate::sandbox::Placeholders;
+use crate::sandbox::parent::probe::enforcement::{Item, enforcement};
+use crate::sandbox::parent::probe::{KernelSupport, Probe};
 use crate::sandbox::policy::{Policy, SHIPPED};
-use crate::sandbox::probe::{self, Item, KernelSupport, Probe};
 
 #[derive(Debug, Serialize)]
 struct PolicyReport {
@@ -40,7 +41,7 @@ struct OpenFiles {
 
 impl OpenFiles {
     fn probe() -> OpenFiles {
-        let (soft, hard) = crate::sandbox::rlimits::open_files_limit();
+        let (soft, hard) = crate::sandbox::launcher::rlimits::open_files_limit();
         let server_soft = hard.max(soft);
         let budget = crate::broker::Limits::for_open_files(server_soft);
         OpenFiles {
@@ -153,7 +154,7 @@ fn policy_report(k: &KernelSupport, name: &str, workspace: &std::path::Path) -> 
     });
     match resolved {
         Ok((description, policy)) => {
-            let items = probe::enforcement(k, &policy);
+            let items = enforcement(k, &policy);
             let best_effort =
                 policy.kernel_support == crate::sandbox::KernelSupportMode::BestEffort;
             let refuses_to_start = !best_effort && items.iter().any(|i| !i.enforced && i.required);
@@ -162,7 +163,7 @@ fn policy_report(k: &KernelSupport, name: &str, workspace: &std::path::Path) -> 
                 description,
                 refuses_to_start,
                 items,
-                reach: crate::envs::policy::network_reach(&policy)
+                reach: crate::envs::policy::network_reach(&policy, k.namespaces.network.ok)
                     .into_iter()
                     .map(|(p, w)| (p.to_string(), w))
                     .collect(),
@@ -241,12 +242,12 @@ fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
     )?;
     let cg = &k.cgroup;
     let version = match cg.version {
-        crate::sandbox::cgroup::CgroupVersion::V1 if cg.hybrid => {
+        crate::sandbox::parent::cgroup::CgroupVersion::V1 if cg.hybrid => {
             "v1 (hybrid: the cgroup2 mount has no pids/memory controller)"
         }
-        crate::sandbox::cgroup::CgroupVersion::V1 => "v1",
-        crate::sandbox::cgroup::CgroupVersion::V2 => "v2 (unified)",
-        crate::sandbox::cgroup::CgroupVersion::None => "none mounted",
+        crate::sandbox::parent::cgroup::CgroupVersion::V1 => "v1",
+        crate::sandbox::parent::cgroup::CgroupVersion::V2 => "v2 (unified)",
+        crate::sandbox::parent::cgroup::CgroupVersion::None => "none mounted",
     };
     writeln!(out, "  cgroups       {version}")?;
     let at = |d: &Option<String>| {

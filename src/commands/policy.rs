@@ -47,7 +47,10 @@ pub fn policy(cmd: PolicyCommand) -> anyhow::Result<ExitCode> {
                 println!("# {}", p.description);
             }
             println!("# network, per path:");
-            for (path, what) in crate::envs::policy::network_reach(&resolved) {
+            for (path, what) in crate::envs::policy::network_reach(
+                &resolved,
+                crate::sandbox::parent::netns::namespaces_usable(),
+            ) {
                 println!("#   {path}: {what}");
             }
             print!("{text}");

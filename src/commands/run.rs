@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use crate::cli::RunArgs;
 use crate::sandbox::{
-    ExitReport, LimitHit, Placeholders, Policy, SandboxCommand, Termination,
-    child::{SignalForwarding, signal_number},
+    ExitReport, LimitHit, Placeholders, Policy, Termination,
+    parent::child::{SignalForwarding, signal_number},
 };
 
 /// The report `--json` prints (one line).
@@ -123,7 +123,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let (reader, writer) = std::io::pipe().context("cannot create a pipe for stderr")?;
     let dir_for_denials = dir.clone();
-    let mut cmd = SandboxCommand::new(resolved.clone(), program);
+    // `run` is single-threaded: its one job is a plain fork (the hidden `--spawn-route`
+    // takes the server's paths instead, for benchmarks and tests).
+    let sandbox = crate::sandbox::Runtime::new(crate::sandbox::RuntimeConfig {
+        route: args.spawn_route.into(),
+        ..crate::sandbox::RuntimeConfig::single_job()
+    });
+    let mut cmd = sandbox.command(resolved.clone(), program);
     cmd.args(rest).current_dir(dir).stderr(writer);
     let forwarding = SignalForwarding::install();
     let child = cmd.spawn()?;
@@ -134,7 +140,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     drop(forwarding);
     let stderr = tee.finish();
     let denied = if exit_status(&report) != 0 {
-        crate::sandbox::explain::explain_denials_in(&resolved, &dir_for_denials, &stderr)
+        crate::sandbox::policy::explain::explain_denials_in(&resolved, &dir_for_denials, &stderr)
     } else {
         Vec::new()
     };

@@ -7,7 +7,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::app;
-use crate::cli::{SandboxState, ServeArgs, Transport};
+use crate::cli::{SandboxState, ServeArgs, SpawnRoute, Transport};
 use crate::server::transport::{HttpAuth, HttpBudgets};
 use crate::server::{self, ServerConfig, ServerError};
 
@@ -27,18 +27,48 @@ pub enum StartError {
 }
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let config = config(args)?;
-    check_paths(&config)?;
     // The soft open-file limit up to the hard one, before the spawn helper forks (jobs
     // get the old soft limit back unless their policy sets one). Raising a soft limit
     // up to the hard one needs no privilege; should it fail, the broker's budgets are
     // computed from the limit there is (logged at start).
-    let _ = crate::sandbox::rlimits::raise_open_files_limit();
+    let inherited_open_files = crate::sandbox::launcher::rlimits::raise_open_files_limit()
+        .ok()
+        .filter(|(before, now)| before != now)
+        .map(|(before, _)| before);
+    let config = config(args, inherited_open_files)?;
+    check_paths(&config)?;
+    // The one sandbox runtime of this server (every principal's app shares it).
+    let sandbox = config.app.sandbox.clone();
     // Still single-threaded here: the spawn helper is a fork, not an exec.
-    crate::sandbox::zygote::start_early();
+    sandbox.start_zygote_early();
     let served = server::serve(config);
-    crate::sandbox::spawn::release_prepared();
+    sandbox.release_prepared();
     served
+}
+
+/// The sandbox runtime the flags describe: a zygote and resources made ahead unless a
+/// hidden benchmark flag says otherwise.
+fn sandbox_runtime(
+    route: SpawnRoute,
+    no_made_ahead: bool,
+    inherited_open_files: Option<u64>,
+) -> crate::sandbox::Runtime {
+    crate::sandbox::Runtime::new(crate::sandbox::RuntimeConfig {
+        route: route.into(),
+        made_ahead: !no_made_ahead,
+        inherited_open_files,
+        ..crate::sandbox::RuntimeConfig::server()
+    })
+}
+
+impl From<SpawnRoute> for crate::sandbox::Route {
+    fn from(route: SpawnRoute) -> Self {
+        match route {
+            SpawnRoute::Fork => crate::sandbox::Route::Fork,
+            SpawnRoute::Zygote => crate::sandbox::Route::Zygote,
+            SpawnRoute::Reexec => crate::sandbox::Route::Reexec,
+        }
+    }
 }
 
 /// Ranges of the numeric flags (what a server can work with).
@@ -67,8 +97,13 @@ fn in_range(
 /// The server config the flags describe; `--policy` wins over `--sandbox-state`.
 /// Numbers out of range, and flags that only make sense with HTTP given with stdio, are
 /// refused here rather than ignored.
-pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
+pub fn config(
+    args: ServeArgs,
+    inherited_open_files: Option<u64>,
+) -> Result<ServerConfig, ServerError> {
     let ServeArgs {
+        spawn_route,
+        no_made_ahead,
         sandbox_state,
         policy,
         workspace,
@@ -249,6 +284,7 @@ pub fn config(args: ServeArgs) -> Result<ServerConfig, ServerError> {
             },
             max_running_jobs: None,
             principal: None,
+            sandbox: sandbox_runtime(spawn_route, no_made_ahead, inherited_open_files),
         },
         terminal_hint: terminal_hint(&transport),
         transport,
@@ -425,7 +461,7 @@ mod tests {
         let cli =
             Cli::try_parse_from(std::iter::once("mcp-sandbox-repl").chain(args.iter().copied()))
                 .map_err(|e| e.to_string())?;
-        config(cli.serve).map_err(|e| e.to_string())
+        config(cli.serve, None).map_err(|e| e.to_string())
     }
 
     fn parse(args: &[&str]) -> ServerConfig {

@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::policy::{self, Grants};
 use super::process::DiskWatch;
 use super::{Canceller, EnvConfig, EnvError, EnvSink, Lease, Progress, Uv, Venv, process};
-use crate::sandbox::{ResolvedPolicy, SandboxCommand};
+use crate::sandbox::ResolvedPolicy;
 
 /// uv's words, then what the broker refused (uv only sees "403 Forbidden").
 pub(crate) fn with_denials(explanation: String, denied: &[String]) -> String {
@@ -115,9 +115,13 @@ pub async fn install(
         network: cfg.sources.needs_network(),
         confine_writes: true,
     };
-    let policy = Arc::new(policy::extend(session_policy, &grants));
+    let policy = Arc::new(policy::extend(
+        session_policy,
+        &grants,
+        cfg.sandbox.namespaces_usable(),
+    ));
 
-    let mut cmd = SandboxCommand::new(policy.clone(), &uv_bin);
+    let mut cmd = cfg.sandbox.command(policy.clone(), &uv_bin);
     // uv itself (not the build hooks it runs) may borrow the index credentials.
     cmd.proxy_trusts_target(true);
     cmd.args(["pip", "install", "--python"]).arg(venv.python());

@@ -45,6 +45,8 @@ pub use venv::{Venv, VenvLocation, allow_session_venvs};
 /// What every environment operation needs to know, filled by the server from its flags.
 #[derive(Debug, Clone)]
 pub struct EnvConfig {
+    /// The sandbox runtime every uv and script process is started with.
+    pub sandbox: crate::sandbox::Runtime,
     /// The server's state directory; venvs live in `<state_dir>/venvs/<session>`,
     /// inline scripts in `<state_dir>/scripts`, and by default the uv caches in
     /// `<state_dir>/uv-cache`.

@@ -30,8 +30,9 @@ pub struct Grants {
     pub confine_writes: bool,
 }
 
-/// The session policy extended by `grants`.
-pub fn extend(base: &ResolvedPolicy, grants: &Grants) -> ResolvedPolicy {
+/// The session policy extended by `grants`; `netns_usable`: whether this process can
+/// make network namespaces (`sandbox::Runtime::namespaces_usable`).
+pub fn extend(base: &ResolvedPolicy, grants: &Grants, netns_usable: bool) -> ResolvedPolicy {
     let mut p = base.clone();
     if grants.confine_writes && !base.filesystem_unrestricted() {
         let workspace = p.workspace.clone();
@@ -59,7 +60,7 @@ pub fn extend(base: &ResolvedPolicy, grants: &Grants) -> ResolvedPolicy {
         p = p.with_execute(x);
     }
     if grants.network {
-        p = p.with_network(installer_network(base));
+        p = p.with_network(installer_network(base, netns_usable));
     }
     p
 }
@@ -71,10 +72,10 @@ pub fn extend(base: &ResolvedPolicy, grants: &Grants) -> ResolvedPolicy {
 /// network namespaces (not root), proxy mode cannot be had: the installer then gets the
 /// host's network, as the rest of a best-effort policy runs without what is missing. A
 /// `required` policy keeps proxy mode and fails closed at spawn.
-pub fn installer_network(base: &ResolvedPolicy) -> NetworkPolicy {
+pub fn installer_network(base: &ResolvedPolicy, netns_usable: bool) -> NetworkPolicy {
     if matches!(base.installer_network, NetworkPolicy::Proxy { .. })
         && base.kernel_support == KernelSupportMode::BestEffort
-        && !crate::sandbox::netns::namespaces_usable()
+        && !netns_usable
     {
         tracing::warn!(
             "policy {}: no network namespaces here, so installs use the host's network instead of the broker",
@@ -92,9 +93,9 @@ pub fn installer_network(base: &ResolvedPolicy) -> NetworkPolicy {
 
 /// What each path of the server may reach over the network under `policy`, in words:
 /// (path, what). For `doctor` and `policy show`.
-pub fn network_reach(policy: &ResolvedPolicy) -> Vec<(&'static str, String)> {
+pub fn network_reach(policy: &ResolvedPolicy, netns_usable: bool) -> Vec<(&'static str, String)> {
     let session = policy.network.describe();
-    let installer = installer_network(policy).describe();
+    let installer = installer_network(policy, netns_usable).describe();
     let build = if policy.wheels_only {
         "wheels only (--no-build): no package build code runs"
     } else {
@@ -156,7 +157,7 @@ mod tests {
             network: true,
             confine_writes: true,
         };
-        let p = extend(&base, &grants);
+        let p = extend(&base, &grants, true);
         let unexpected: Vec<&PathBuf> = p
             .write
             .iter()
@@ -186,7 +187,7 @@ mod tests {
             network: true,
             ..Grants::default()
         };
-        let p = extend(&base, &grants);
+        let p = extend(&base, &grants, true);
         assert!(
             p.write.contains(&PathBuf::from("/ws"))
                 && p.write.contains(&PathBuf::from("/state/uv-cache"))
@@ -196,7 +197,7 @@ mod tests {
     #[test]
     fn reach_names_every_path() {
         let base = session_policy("workspace-write");
-        let reach = network_reach(&base);
+        let reach = network_reach(&base, true);
         let paths: Vec<&str> = reach.iter().map(|(p, _)| *p).collect();
         assert_eq!(
             paths,

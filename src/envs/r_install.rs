@@ -13,8 +13,8 @@ use super::install::{duration_ms, with_denials};
 use super::policy::{self, Grants};
 use super::process::{self, LineHook};
 use super::{Canceller, EnvError, EnvSink, Progress};
-use crate::sandbox::allow::UrlParts;
-use crate::sandbox::{NetworkPolicy, ResolvedPolicy, SandboxCommand};
+use crate::sandbox::policy::allow::UrlParts;
+use crate::sandbox::{NetworkPolicy, ResolvedPolicy, Runtime};
 
 /// The CRAN mirror when `MCP_SANDBOX_CRAN` names none.
 pub const DEFAULT_CRAN: &str = "https://cloud.r-project.org";
@@ -56,8 +56,8 @@ pub struct RInstallReport {
 
 /// The installer's network for R: the policy's `[installer.network]`; a proxy with an
 /// empty allow list (the default) allows the CRAN mirror only.
-pub fn r_network(base: &ResolvedPolicy, repo: &str) -> NetworkPolicy {
-    match policy::installer_network(base) {
+pub fn r_network(base: &ResolvedPolicy, repo: &str, netns_usable: bool) -> NetworkPolicy {
+    match policy::installer_network(base, netns_usable) {
         NetworkPolicy::Proxy { .. } if matches!(&base.installer_network, NetworkPolicy::Proxy { allow } if allow.is_empty()) => {
             NetworkPolicy::Proxy {
                 allow: UrlParts::parse(repo)
@@ -91,7 +91,12 @@ pub fn validate(packages: &[String]) -> Result<(), EnvError> {
 
 /// Install `packages` into `library` with `rscript` under `session_policy` plus the
 /// library's write and the installer's network.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one install's inputs, each named at its one call site"
+)]
 pub async fn install(
+    sandbox: &Runtime,
     rscript: &Path,
     library: &Path,
     packages: &[String],
@@ -106,10 +111,11 @@ pub async fn install(
         confine_writes: true,
         ..Grants::default()
     };
-    let policy =
-        policy::extend(session_policy, &grants).with_network(r_network(session_policy, repo));
+    let netns = sandbox.namespaces_usable();
+    let policy = policy::extend(session_policy, &grants, netns)
+        .with_network(r_network(session_policy, repo, netns));
     let policy = Arc::new(policy);
-    let mut cmd = SandboxCommand::new(policy.clone(), rscript);
+    let mut cmd = sandbox.command(policy.clone(), rscript);
     cmd.args(["--vanilla", "-e", SCRIPT])
         .arg(library)
         .arg(repo)

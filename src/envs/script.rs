@@ -18,7 +18,7 @@ use super::install::{duration_ms, uv_explanation, with_denials};
 use super::policy::{self, Grants};
 use super::process::{DiskWatch, RunOutcome};
 use super::{Canceller, EnvConfig, EnvError, EnvSink, Lease, Uv, process};
-use crate::sandbox::{ExitReport, ResolvedPolicy, SandboxCommand};
+use crate::sandbox::{ExitReport, ResolvedPolicy};
 
 /// The script to run.
 #[derive(Debug, Clone)]
@@ -247,7 +247,7 @@ pub async fn run_script(
             policy = policy.with_execute(prefix);
         }
         let policy = Arc::new(policy);
-        let mut cmd = SandboxCommand::new(policy.clone(), &python);
+        let mut cmd = cfg.sandbox.command(policy.clone(), &python);
         cmd.arg(&script).args(&req.args);
         cmd.current_dir(&workdir);
         for (k, v) in &req.env {
@@ -375,7 +375,11 @@ fn env_key(
     }
     cfg.sources.args().hash(&mut h);
     policy.wheels_only.hash(&mut h);
-    format!("{:?}", policy::installer_network(policy)).hash(&mut h);
+    format!(
+        "{:?}",
+        policy::installer_network(policy, cfg.sandbox.namespaces_usable())
+    )
+    .hash(&mut h);
     h.finish()
 }
 
@@ -534,7 +538,7 @@ fn transient_env_dir(cfg: &EnvConfig) -> Result<PathBuf, EnvError> {
     let dir = cfg
         .state_dir
         .join("script-envs")
-        .join(format!("env-{}-{n}", crate::sandbox::instance::id()));
+        .join(format!("env-{}-{n}", cfg.sandbox.instance_id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)
         .map_err(|e| EnvError::io(format!("creating {}", dir.display()), e))?;
@@ -644,9 +648,10 @@ async fn build_env(
             network: cfg.sources.needs_network(),
             confine_writes: true,
         },
+        cfg.sandbox.namespaces_usable(),
     ));
     let python = dir.join("bin").join("python");
-    let mut venv = SandboxCommand::new(policy.clone(), &uv_bin);
+    let mut venv = cfg.sandbox.command(policy.clone(), &uv_bin);
     venv.args(["venv", "--quiet", "--python"]);
     match &req.python_version {
         Some(v) => venv.arg(v),
@@ -656,7 +661,7 @@ async fn build_env(
     uv.apply_env(&mut venv, cfg, &policy, &cache);
     let mut steps = vec![venv];
     if !req.dependencies.is_empty() || pep723 {
-        let mut install = SandboxCommand::new(policy.clone(), &uv_bin);
+        let mut install = cfg.sandbox.command(policy.clone(), &uv_bin);
         install
             .proxy_trusts_target(true)
             .args(["pip", "install", "--quiet", "--python"])
@@ -740,7 +745,7 @@ fn write_inline(cfg: &EnvConfig, code: &str) -> Result<PathBuf, EnvError> {
     std::fs::create_dir_all(&dir)
         .map_err(|e| EnvError::io(format!("creating {}", dir.display()), e))?;
     let n = SCRIPT_SEQ.fetch_add(1, Ordering::Relaxed);
-    let path = dir.join(format!("script-{}-{n}.py", crate::sandbox::instance::id()));
+    let path = dir.join(format!("script-{}-{n}.py", cfg.sandbox.instance_id()));
     std::fs::write(&path, code)
         .map_err(|e| EnvError::io(format!("writing {}", path.display()), e))?;
     Ok(path)

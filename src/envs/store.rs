@@ -934,6 +934,7 @@ mod tests {
 
     fn cfg(state: &Path, caps: DiskCaps) -> crate::envs::EnvConfig {
         crate::envs::EnvConfig {
+            sandbox: crate::sandbox::Runtime::new(crate::sandbox::RuntimeConfig::server()),
             state_dir: state.to_path_buf(),
             workspace: state.join("ws"),
             python: "/usr/bin/python3".into(),

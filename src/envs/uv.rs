@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::{EnvConfig, EnvError};
-use crate::sandbox::allow::UrlParts;
+use crate::sandbox::policy::allow::UrlParts;
 use crate::sandbox::{ResolvedPolicy, SandboxCommand};
 
 /// A located, working uv binary.

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use super::policy::{self, Grants};
 use super::process::DiskWatch;
 use super::{Canceller, EnvConfig, EnvError, Lease, NullSink, Uv, process};
-use crate::sandbox::{Policy, ResolvedPolicy, SandboxCommand};
+use crate::sandbox::{Policy, ResolvedPolicy};
 
 /// Where a session's venv is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,8 +199,12 @@ pub async fn ensure(
         network: false,
         confine_writes: true,
     };
-    let policy = Arc::new(policy::extend(session_policy, &grants));
-    let mut cmd = SandboxCommand::new(policy.clone(), &uv.path);
+    let policy = Arc::new(policy::extend(
+        session_policy,
+        &grants,
+        cfg.sandbox.namespaces_usable(),
+    ));
+    let mut cmd = cfg.sandbox.command(policy.clone(), &uv.path);
     cmd.args(["venv", "--quiet", "--python"])
         .arg(&cfg.python)
         .arg(&root);
@@ -254,6 +258,7 @@ mod tests {
 
     fn cfg() -> EnvConfig {
         EnvConfig {
+            sandbox: crate::sandbox::Runtime::new(crate::sandbox::RuntimeConfig::server()),
             state_dir: "/state".into(),
             workspace: "/ws".into(),
             python: "/usr/bin/python3".into(),

@@ -24,7 +24,7 @@ use super::{
     dotenv,
 };
 use crate::sandbox::{
-    ExitReport, GroupKiller, LimitHit, ResolvedPolicy, SandboxCommand, SandboxedChild, Termination,
+    ExitReport, GroupKiller, LimitHit, ResolvedPolicy, SandboxedChild, Termination,
 };
 
 /// How long after the main process exits (and the rest of its group is killed) we
@@ -95,6 +95,7 @@ impl ShellRequest {
 /// handle. On any error nothing was started and no job was created. Must be called
 /// within a tokio runtime.
 pub fn start_shell_job(
+    sandbox: &crate::sandbox::Runtime,
     store: &Arc<JobStore>,
     req: ShellRequest,
     policy: Arc<ResolvedPolicy>,
@@ -110,7 +111,7 @@ pub fn start_shell_job(
     let env = environment(&req, cwd.as_deref(), &policy)?;
     let req_tmp = req.private_tmp.clone();
 
-    let mut cmd = SandboxCommand::new(policy, &program);
+    let mut cmd = sandbox.command(policy, &program);
     cmd.args(&args);
     if let Some(dir) = &cwd {
         cmd.current_dir(dir);

@@ -9,6 +9,8 @@ use crate::sandbox::Policy;
 /// Configuration shared by all sessions.
 #[derive(Debug, Clone)]
 pub struct ReplConfig {
+    /// The sandbox runtime every worker is started with.
+    pub sandbox: crate::sandbox::Runtime,
     /// Interpreter to run; `None` = nearest `.venv` upward from the workspace, else
     /// `python3` on PATH.
     pub python: Option<PathBuf>,
@@ -51,8 +53,14 @@ pub struct ReplConfig {
 
 impl ReplConfig {
     /// Defaults: interpreter discovered, 16 sessions, 1 hour idle TTL.
-    pub fn new(workspace: PathBuf, policy: Policy, state_dir: PathBuf) -> ReplConfig {
+    pub fn new(
+        sandbox: crate::sandbox::Runtime,
+        workspace: PathBuf,
+        policy: Policy,
+        state_dir: PathBuf,
+    ) -> ReplConfig {
         ReplConfig {
+            sandbox,
             python: None,
             interpreter: Language::Python,
             workspace,

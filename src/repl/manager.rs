@@ -512,6 +512,7 @@ impl SessionManager {
         let snapshot_memory = snapshot_budget(&self.cfg, &policy);
         let env = SessionEnv {
             spec: SpawnSpec {
+                sandbox: self.cfg.sandbox.clone(),
                 python: python.executable.clone(),
                 workspace,
                 tmp,
@@ -868,6 +869,7 @@ mod tests {
             .memory_bytes
             .expect("workspace-write has a memory limit");
         let mut cfg = ReplConfig::new(
+            crate::sandbox::Runtime::new(crate::sandbox::RuntimeConfig::server()),
             "/w".into(),
             crate::sandbox::Policy::load("workspace-write").unwrap(),
             "/s".into(),

@@ -108,7 +108,7 @@ pub(super) struct Shared {
     pub(super) sigfd: Option<Pidfd>,
     /// What the network broker of the worker's process tree refused (proxy mode); each
     /// cell takes the lines added since the previous one.
-    pub(super) denials: Option<crate::sandbox::proxy::Denials>,
+    pub(super) denials: Option<crate::sandbox::parent::proxy::Denials>,
     /// A root replaced as the head by a branch: when it dies its group is not killed
     /// (its snapshots and the new head live on) and it is not reaped (so its process
     /// group id stays reserved until `Worker::end_tree`).

@@ -23,9 +23,9 @@ use super::pump::{Hold, Pending, Shared, kill_group, lock, pump, write_requests}
 pub(crate) use super::pump::{Reply, SnapshotHook};
 use super::python::WORKER_SOURCE;
 use super::snapshot::{self, Forked};
-use crate::sandbox::pidns::host_pid;
-use crate::sandbox::proxy::Denials;
-use crate::sandbox::{Pidfd, ResolvedPolicy, SandboxCommand, SandboxedChild};
+use crate::sandbox::launcher::pidns::host_pid;
+use crate::sandbox::parent::proxy::Denials;
+use crate::sandbox::{Pidfd, ResolvedPolicy, SandboxedChild};
 
 /// Reads the driver from the request pipe (fd 3) ahead of the first request: argv[1] says
 /// what follows (`m`: the driver precompiled by this interpreter, marshal data; `s`: its
@@ -38,6 +38,7 @@ while len(b)<n:\n c=os.read(3,n-len(b))\n if not c:raise SystemExit('sandbox-rep
 exec(__import__('marshal').loads(b) if k=='m' else compile(b,'<sandbox-repl-worker>','exec'))";
 /// What a worker needs to start.
 pub(crate) struct SpawnSpec {
+    pub(crate) sandbox: crate::sandbox::Runtime,
     pub(crate) python: PathBuf,
     pub(crate) workspace: PathBuf,
     pub(crate) tmp: PathBuf,
@@ -89,7 +90,7 @@ impl Worker {
         } else {
             None
         };
-        let mut cmd = SandboxCommand::new(spec.policy.clone(), &spec.python);
+        let mut cmd = spec.sandbox.command(spec.policy.clone(), &spec.python);
         let driver: Vec<u8> = match spec.language {
             Language::Python => {
                 let (kind, driver): (&str, &[u8]) = match &spec.code {

@@ -3,42 +3,35 @@
 //! execs the target. Knows nothing of MCP; the only module that uses landlock and
 //! seccompiler.
 //!
-//! - `policy`: the TOML format and strict loading; `resolve`: placeholders → paths.
-//! - `spawn` (parent side), `zygote` (the server's fork helper) and `launcher` (the
-//!   hidden exec side); `child`: waiting,
-//!   rusage, which limit ended a process.
-//! - one file per mechanism: `rlimits`, `privileges`, `landlock`, `seccomp`, and
-//!   `isolation`, the adapter to the cgroup / network namespace / mount view modules.
+//! Three parts, named for where their code runs, importing in one direction only
+//! (`parent → launcher → policy`; `tests/suite/deps.rs` checks it):
+//!
+//! - `policy/`: pure data — the policy format and loading, placeholder resolution
+//!   (`resolve`), the network allow-list (`allow`), denials in words (`explain`).
+//! - `launcher/`: the code that runs inside the launcher process — the launch spec and
+//!   its steps (`mod.rs`), the PID-namespace init and supervisor (`pidns`), one installer
+//!   per mechanism (`cgroup` join, `netns`, `mounts`, `rlimits`, `privileges`,
+//!   `landlock`, `seccomp`), `isolation`.
+//! - `parent/`: the server's (or `run`'s) side — the [`Runtime`] every spawn goes
+//!   through, `spawn`, the `zygote`, the `pool`s made ahead, job `cgroup`s, the broker's
+//!   `netns` and `proxy` interface, `child` (waiting, signals, rusage), `instance`,
+//!   `probe` (`doctor`).
 
-pub mod allow;
-pub mod cgroup;
-pub mod child;
-pub mod error;
-pub mod explain;
-pub mod instance;
-pub mod isolation;
-pub mod landlock;
-pub mod launcher;
-pub mod mounts;
-pub mod netns;
-pub mod pidns;
-pub mod policy;
-pub mod pool;
-pub mod privileges;
-pub mod probe;
-pub mod proxy;
-pub mod resolve;
-pub mod rlimits;
-pub mod seccomp;
-pub mod spawn;
-pub mod zygote;
+pub(crate) mod launcher;
+pub(crate) mod parent;
+pub(crate) mod policy;
 
-pub use child::{
+pub use launcher::error::SetupError;
+pub use launcher::privileges::harden_current_process;
+pub use launcher::{is_launcher_invocation, launcher_main};
+pub use parent::child::{
     ExitReport, GroupKiller, LimitHit, Pidfd, SandboxedChild, Termination, signal_name,
 };
-pub use error::{LaunchError, PolicyError, SetupError};
-pub use explain::explain_denials;
+pub use parent::error::LaunchError;
+pub use parent::runtime::{Route, Runtime, RuntimeConfig};
+pub use parent::spawn::{Io, SandboxCommand};
+pub use parent::zygote::{is_zygote_invocation, zygote_main};
+pub use policy::error::PolicyError;
+pub use policy::explain::explain_denials;
+pub use policy::resolve::{Limits, NetworkPolicy, Placeholders, ResolvedPolicy};
 pub use policy::{DEFAULT_POLICY, KernelSupportMode, NetworkMode, Policy, Scoping};
-pub use privileges::harden_current_process;
-pub use resolve::{Limits, NetworkPolicy, Placeholders, ResolvedPolicy};
-pub use spawn::{Io, SandboxCommand};

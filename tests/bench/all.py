@@ -8,8 +8,8 @@ every column alike:
 - the launcher: `true` and `python3 -c pass` bare, under bubblewrap (`--unshare-all`; the
   bench installs `bubblewrap` with apt-get when it is missing and it runs as root, else the
   column is skipped with a note), through `run --policy workspace-write`, and through the
-  server's fallback path (a re-exec of the launcher per job: `MCP_SANDBOX_FORCE_REEXEC=1
-  MCP_SANDBOX_ZYGOTE=0`; the server's own path, its zygote, is measured through MCP);
+  server's fallback path (a re-exec of the launcher per job: `run --spawn-route
+  reexec`; the server's own path, its zygote, is measured through MCP);
 - the launcher ablation: `run -- true` under policies that switch one mechanism off;
 - the server, through the official `mcp` Python SDK over stdio (its client-side check
   of tool results against output schemas switched off: it is client work, and only our
@@ -149,7 +149,6 @@ def launcher_part(runs: int, ws: str, pol_dir: Path, bare_only: bool = False,
     `run` too (before/after)."""
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     bwrap, bwrap_note = (None, "") if bare_only else ensure_bwrap()
-    reexec = dict(os.environ, MCP_SANDBOX_FORCE_REEXEC="1", MCP_SANDBOX_ZYGOTE="0")
     variants = []  # (key, argv, env)
     for label, cmd in [("true", ["/bin/true"]), ("python3 -c pass", [python, "-c", "pass"])]:
         run = [str(BIN), "run", "--policy", "workspace-write", "--workspace", ws, "--"] + cmd
@@ -160,7 +159,7 @@ def launcher_part(runs: int, ws: str, pol_dir: Path, bare_only: bool = False,
             variants.append(((label, "bwrap"), [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/",
                                                 "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--"] + cmd, None))
         variants.append(((label, "run"), run, None))
-        variants.append(((label, "reexec"), run, reexec))
+        variants.append(((label, "reexec"), run[:2] + ["--spawn-route", "reexec"] + run[2:], None))
         if baseline:
             variants.append(((label, "b_run"), [baseline] + run[1:], None))
     # The first python_exec with `python3` from PATH is set beside that interpreter's own
@@ -225,11 +224,11 @@ async def hot_paths(root: Path, calls: int, res: dict, baseline: str | None = No
     # The same server with branching snapshots off: what the per-cell snapshot costs;
     # with the zygote off and with nothing made ahead: what those save a shell job.
     env_ns = dict(server_env(root / "hot-nosnap", None), MCP_SANDBOX_MAX_SNAPSHOTS="0")
-    env_nz = dict(server_env(root / "hot-nozygote", None), MCP_SANDBOX_ZYGOTE="0")
-    env_na = dict(server_env(root / "hot-noahead", None), MCP_SANDBOX_MADE_AHEAD="0")
+    env_nz = server_env(root / "hot-nozygote", None)
+    env_na = server_env(root / "hot-noahead", None)
     nosnap, nozygote, noahead = (
-        StdioServerParameters(command=str(BIN), args=[], env=e, cwd=e["MCP_SANDBOX_WORKSPACE"])
-        for e in (env_ns, env_nz, env_na))
+        StdioServerParameters(command=str(BIN), args=a, env=e, cwd=e["MCP_SANDBOX_WORKSPACE"])
+        for e, a in ((env_ns, []), (env_nz, ["--spawn-route", "reexec"]), (env_na, ["--no-made-ahead"])))
     env_b = server_env(root / "hot-baseline", None)
     servers = [ours, noop, nosnap, nozygote, noahead]
     if baseline:
@@ -474,8 +473,8 @@ def render(L: dict, S: dict, load_before: str, load_after: str, runs: int) -> st
         lines.append(f"| same, re-exec path (the server's fallback) | bare {fmt(bare)} | {fmt(rx)} (+{med(rx) - med(bare):.2f} ms) | {med(rx) / med(bare):.2f}× bare |")
     lines += [
         f"| `shell_run` of `true` through MCP | bare `true` {fmt(S['bare_true'])}; no-op rmcp tool {fmt(S['noop'])} | {fmt(S['shell'])} | {med(S['shell']) / med(S['noop']):.2f}× no-op tool |",
-        f"| same, zygote off (`MCP_SANDBOX_ZYGOTE=0`: fork of the server + exec per job) | (same) | {fmt(S['shell_nozygote'])} | {med(S['shell_nozygote']) / med(S['noop']):.2f}× no-op tool |",
-        f"| same, nothing made ahead (`MCP_SANDBOX_MADE_AHEAD=0`: cgroup, netns and view made per job) | (same) | {fmt(S['shell_noahead'])} | {med(S['shell_noahead']) / med(S['noop']):.2f}× no-op tool |",
+        f"| same, zygote off (`--spawn-route reexec`: fork of the server + exec per job) | (same) | {fmt(S['shell_nozygote'])} | {med(S['shell_nozygote']) / med(S['noop']):.2f}× no-op tool |",
+        f"| same, nothing made ahead (`--no-made-ahead`: cgroup, netns and view made per job) | (same) | {fmt(S['shell_noahead'])} | {med(S['shell_noahead']) / med(S['noop']):.2f}× no-op tool |",
         f"| spawn → initialized (state dir reused) | no-op rmcp server {fmt(S['init_noop'])} | {fmt(S['init_ours'])} | {med(S['init_ours']) / med(S['init_noop']):.2f}× |",
         f"| spawn → initialized (empty state dir) | no-op rmcp server | {fmt(S['init_ours_fresh'])} | {med(S['init_ours_fresh']) / med(S['init_noop']):.2f}× |",
         f"| first `python_exec` right after initialize (state dir reused), `python3` = `{S['shim']}` | bare `{S['shim']} -c pass` {fmt(L.get(('path python3 -c pass', 'bare'), []))} | {fmt(S['first_shim'])} | — |",

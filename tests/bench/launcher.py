@@ -60,7 +60,7 @@ def render(rows, runs):
         "",
         "`run` applies the sandbox in its forked child (it is single-threaded); the server,",
         "being multi-threaded, re-executes the binary as a launcher first — the",
-        "`re-exec` column (`MCP_SANDBOX_FORCE_REEXEC=1`) is that path.",
+        "`re-exec` column (`run --spawn-route reexec`) is that path.",
         "",
         "| command | bare (ms) | via `run` (ms) | added (ms) | ratio | via re-exec (ms) | added (ms) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -116,10 +116,10 @@ def main():
             # Warm up caches (page cache, dentries) before timing either variant.
             median_ms(cmd, 5, workspace)
             median_ms(run, 5, workspace)
-            reexec_env = dict(os.environ, MCP_SANDBOX_FORCE_REEXEC="1")
+            reexec_run = [BIN, "run", "--spawn-route", "reexec"] + run[2:]
             bare = median_ms(cmd, args.runs, workspace)
             sandboxed = median_ms(run, args.runs, workspace)
-            reexec = median_ms(run, args.runs, workspace, reexec_env)
+            reexec = median_ms(reexec_run, args.runs, workspace)
             rows.append((name, bare, sandboxed, reexec))
             print(f"{name:18} bare {bare:7.2f} ms   run {sandboxed:7.2f} ms   "
                   f"added {sandboxed - bare:6.2f} ms   ratio {sandboxed / bare:5.2f}x   "

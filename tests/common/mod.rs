@@ -13,15 +13,29 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_mcp-sandbox-repl"))
 }
 
+/// The sandbox runtime the suite's in-process spawns use: the server's (the zygote,
+/// resources made ahead of need), re-executing the real binary (this test binary is not
+/// it). One for the whole test binary, as a server has one.
+pub fn runtime() -> mcp_sandbox_repl::sandbox::Runtime {
+    use mcp_sandbox_repl::sandbox::{Runtime, RuntimeConfig};
+    static RUNTIME: std::sync::OnceLock<Runtime> = std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            Runtime::new(RuntimeConfig {
+                launcher_exe: bin(),
+                ..RuntimeConfig::server()
+            })
+        })
+        .clone()
+}
+
 /// `policy` (a name or a file) resolved for a job in `ws` (its `{tmp}` is `ws/.tmp`), for
-/// spawning with `SandboxCommand` from this multi-threaded test binary: the server's
-/// route (the zygote, a re-exec of the real binary), with resources made ahead of need.
+/// spawning with [`runtime`] from this multi-threaded test binary.
 pub fn resolved_in(
     ws: &TempDir,
     policy: &str,
 ) -> std::sync::Arc<mcp_sandbox_repl::sandbox::ResolvedPolicy> {
     use mcp_sandbox_repl::sandbox::{Placeholders, Policy};
-    mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(bin());
     let tmp = ws.join(".tmp");
     std::fs::create_dir_all(&tmp).unwrap();
     let placeholders = Placeholders {

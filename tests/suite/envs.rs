@@ -29,9 +29,6 @@ struct Scratch(TempDir);
 impl Scratch {
     fn new(name: &str) -> Scratch {
         // uv runs through the real binary's launcher mode (this test binary is not it).
-        mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(
-            env!("CARGO_BIN_EXE_mcp-sandbox-repl").into(),
-        );
         Scratch(TempDir::new(&format!("envs-{name}")))
     }
 }
@@ -82,6 +79,7 @@ fn offline_config(scratch: &Path) -> EnvConfig {
     let workspace = scratch.join("ws");
     std::fs::create_dir_all(&workspace).unwrap();
     EnvConfig {
+        sandbox: crate::common::runtime(),
         state_dir: scratch.join("state"),
         workspace,
         python: real_python(),

@@ -4,9 +4,12 @@
 //! (docs/security.md, "Which mechanisms fail closed").
 //!
 //! The mechanism is taken away inside the test's own child before it execs the binary:
-//! a seccomp filter that answers one system call (or one namespace flag of `unshare`)
-//! with an error, as a container or an old kernel would, or a private mount namespace
-//! whose `/sys/fs/cgroup` is an empty tmpfs. Nothing outside that child is touched.
+//! a seccomp filter that answers one system call (or one namespace flag of `unshare`,
+//! one `prctl` option, a `prlimit64` that sets a limit) with an error, as a container or
+//! an old kernel would, or a private mount namespace whose `/sys/fs/cgroup` is an empty
+//! tmpfs. Nothing outside that child is touched. The steps that are never best effort
+//! (parent-death signal, new session, rlimits, capability drop, no_new_privs, a Landlock
+//! ruleset the kernel will not enforce, seccomp) are refused under both settings.
 
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -28,8 +31,32 @@ enum Denial {
         flags: Option<u64>,
         errno: u32,
     },
+    /// `syscall` fails with `errno` when its argument `arg` compares to `value` by `op`
+    /// (a `prctl` of one option, a `prlimit64` that sets a limit).
+    SyscallWhen {
+        syscall: libc::c_long,
+        arg: u8,
+        op: SeccompCmpOp,
+        value: u64,
+        errno: u32,
+    },
     /// No cgroup file system: `/sys/fs/cgroup` covered by an empty tmpfs.
     NoCgroups,
+}
+
+/// A filter that answers `syscall` with `errno` when `condition` holds.
+fn filter_when(syscall: libc::c_long, condition: SeccompCondition, errno: u32) -> BpfProgram {
+    SeccompFilter::new(
+        [(syscall, vec![SeccompRule::new(vec![condition]).unwrap()])]
+            .into_iter()
+            .collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(errno),
+        std::env::consts::ARCH.try_into().unwrap(),
+    )
+    .unwrap()
+    .try_into()
+    .unwrap()
 }
 
 /// A filter that answers the denied call with its errno and allows everything else.
@@ -65,13 +92,27 @@ fn run_denied(policy: &str, ws: &Path, denial: &Denial) -> Output {
         "these tests force failures of mechanisms only root has; run them as root"
     );
     let mut cmd = run_cmd(policy, ws, true, &["sh", "-c", "echo ran"]);
-    match denial {
+    let program = match denial {
         Denial::Syscall {
             syscall,
             flags,
             errno,
+        } => Some(filter(*syscall, *flags, *errno)),
+        Denial::SyscallWhen {
+            syscall,
+            arg,
+            op,
+            value,
+            errno,
         } => {
-            let program = filter(*syscall, *flags, *errno);
+            let condition =
+                SeccompCondition::new(*arg, SeccompCmpArgLen::Qword, op.clone(), *value).unwrap();
+            Some(filter_when(*syscall, condition, *errno))
+        }
+        Denial::NoCgroups => None,
+    };
+    match (denial, program) {
+        (_, Some(program)) => {
             // SAFETY: between fork and exec the child only makes the seccomp system calls
             // of `apply_filter` (prctl, seccomp) on a program built before the fork.
             unsafe {
@@ -80,7 +121,7 @@ fn run_denied(policy: &str, ws: &Path, denial: &Denial) -> Output {
                 });
             }
         }
-        Denial::NoCgroups => {
+        (_, None) => {
             let (root, cgroup, tmpfs) = (c"/", c"/sys/fs/cgroup", c"tmpfs");
             // SAFETY: between fork and exec the child only makes system calls (unshare,
             // mount) with static strings; they change its own mount
@@ -252,4 +293,109 @@ fn a_refused_seccomp_filter_fails_closed_even_under_best_effort() {
             "{policy}: {err}"
         );
     }
+}
+
+/// The steps that are never best effort: a job whose launcher cannot take them is
+/// refused, in words naming the step, under `required` and under `best_effort` alike.
+fn refused_under_both(tag: &str, denial: impl Fn() -> Denial, words: &str) {
+    let ws = TempDir::new(&format!("closed-{tag}"));
+    let pol = TempDir::new(&format!("closed-{tag}-policy"));
+    for policy in ["workspace-write".to_string(), best_effort_policy(&pol)] {
+        let out = run_denied(&policy, &ws.path, &denial());
+        let err = stderr(&out);
+        assert!(
+            !out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("ran"),
+            "{tag}, {policy}: ran without it: {out:?}"
+        );
+        assert!(
+            err.contains("sandbox setup failed") && err.contains(words),
+            "{tag}, {policy}: refused without the words {words:?}: {err}"
+        );
+    }
+}
+
+fn prctl_denied(option: libc::c_int) -> Denial {
+    Denial::SyscallWhen {
+        syscall: libc::SYS_prctl,
+        arg: 0,
+        op: SeccompCmpOp::Eq,
+        value: option as u64,
+        errno: libc::EPERM as u32,
+    }
+}
+
+#[test]
+fn a_refused_capability_drop_fails_closed_even_under_best_effort() {
+    refused_under_both(
+        "caps",
+        || Denial::Syscall {
+            syscall: libc::SYS_capset,
+            flags: None,
+            errno: libc::EPERM as u32,
+        },
+        "cannot clear the",
+    );
+}
+
+#[test]
+fn a_refused_no_new_privs_fails_closed_even_under_best_effort() {
+    refused_under_both(
+        "nnp",
+        || prctl_denied(libc::PR_SET_NO_NEW_PRIVS),
+        "cannot set no_new_privs",
+    );
+}
+
+/// Setting a limit refused (reading one still works: the runtime reads its stack's).
+#[test]
+fn refused_rlimits_fail_closed_even_under_best_effort() {
+    refused_under_both(
+        "rlimits",
+        || Denial::SyscallWhen {
+            syscall: libc::SYS_prlimit64,
+            arg: 2,
+            op: SeccompCmpOp::Ne,
+            value: 0,
+            errno: libc::EPERM as u32,
+        },
+        "cannot set the",
+    );
+}
+
+#[test]
+fn a_refused_parent_death_signal_fails_closed_even_under_best_effort() {
+    refused_under_both(
+        "pdeathsig",
+        || prctl_denied(libc::PR_SET_PDEATHSIG),
+        "cannot ask to be killed with the server (prctl PR_SET_PDEATHSIG)",
+    );
+}
+
+#[test]
+fn a_refused_new_session_fails_closed_even_under_best_effort() {
+    refused_under_both(
+        "setsid",
+        || Denial::Syscall {
+            syscall: libc::SYS_setsid,
+            flags: None,
+            errno: libc::EPERM as u32,
+        },
+        "setsid: Operation not permitted",
+    );
+}
+
+/// A Landlock ruleset the kernel will not enforce on the process (`landlock_restrict_self`
+/// refused) is refused under both settings: best effort covers a kernel without Landlock
+/// or with an older ABI, not one that refuses a ruleset it accepted.
+#[test]
+fn a_landlock_ruleset_that_cannot_be_enforced_fails_closed_even_under_best_effort() {
+    refused_under_both(
+        "landlock-restrict",
+        || Denial::Syscall {
+            syscall: libc::SYS_landlock_restrict_self,
+            flags: None,
+            errno: libc::EPERM as u32,
+        },
+        "sandbox setup failed: Landlock: ",
+    );
 }

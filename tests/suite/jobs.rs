@@ -54,9 +54,6 @@ fn fixture(tag: &str) -> Fixture {
 }
 
 fn fixture_with(tag: &str, response_bytes: usize) -> Fixture {
-    mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(PathBuf::from(env!(
-        "CARGO_BIN_EXE_mcp-sandbox-repl"
-    )));
     // In the system temp dir, where these tests always ran (their workspace under /tmp).
     let dir = TempDir::in_system_tmp(&format!("jobs-suite-{tag}"));
     let workspace = dir.join("ws");
@@ -93,7 +90,13 @@ impl Fixture {
             cwd: req.cwd.or_else(|| Some(self.dir.join("ws"))),
             ..req
         };
-        start_shell_job(&self.store, req, self.policy.clone()).map(|h| h.id().to_string())
+        start_shell_job(
+            &crate::common::runtime(),
+            &self.store,
+            req,
+            self.policy.clone(),
+        )
+        .map(|h| h.id().to_string())
     }
 
     fn sh(&self, command: &str) -> String {

@@ -5,7 +5,6 @@
 //! from tests/bench/shell.py.
 
 use std::io::Read;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,7 +12,7 @@ use std::time::{Duration, Instant};
 use mcp_sandbox_repl::jobs::{
     JobStatus, JobStore, ShellRequest, StoreConfig, WaitFor, start_shell_job,
 };
-use mcp_sandbox_repl::sandbox::{Placeholders, Policy, SandboxCommand, Termination};
+use mcp_sandbox_repl::sandbox::{Placeholders, Policy, Termination};
 
 const RUNS: usize = 30;
 const BIG: u64 = 200_000_000;
@@ -40,9 +39,6 @@ fn direct(cmd: &str) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark"]
 async fn bench_shell_jobs() {
-    mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(PathBuf::from(env!(
-        "CARGO_BIN_EXE_mcp-sandbox-repl"
-    )));
     let dir = crate::common::TempDir::in_system_tmp("jobs-bench");
     std::fs::create_dir_all(dir.join("ws")).unwrap();
     std::fs::create_dir_all(dir.join("tmp")).unwrap();
@@ -67,7 +63,13 @@ async fn bench_shell_jobs() {
         let cmd = cmd.to_string();
         async move {
             let t = Instant::now();
-            let h = start_shell_job(&store, ShellRequest::command(cmd), policy).unwrap();
+            let h = start_shell_job(
+                &crate::common::runtime(),
+                &store,
+                ShellRequest::command(cmd),
+                policy,
+            )
+            .unwrap();
             let s = store
                 .wait_for(h.id(), Duration::from_secs(300), WaitFor::Settled)
                 .await
@@ -81,7 +83,7 @@ async fn bench_shell_jobs() {
         let policy = policy.clone();
         async move {
             let t = Instant::now();
-            let mut cmd = SandboxCommand::new(policy, "/bin/sh");
+            let mut cmd = crate::common::runtime().command(policy, "/bin/sh");
             cmd.args(["-c", "true"]);
             cmd.stdin(mcp_sandbox_repl::sandbox::Io::Null)
                 .stdout(mcp_sandbox_repl::sandbox::Io::Piped)

@@ -4,7 +4,7 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use mcp_sandbox_repl::sandbox::{LaunchError, ResolvedPolicy, SandboxCommand, SetupError};
+use mcp_sandbox_repl::sandbox::{LaunchError, ResolvedPolicy, SetupError};
 
 use crate::common::TempDir;
 
@@ -19,7 +19,7 @@ fn launcher_failure_crosses_the_pipe_as_the_typed_errors_words() {
     let ws = TempDir::new("launch-notfound");
     let policy = policy(&ws);
     let program = "no-such-program-\u{1F600}";
-    let mut cmd = SandboxCommand::new(policy.clone(), program);
+    let mut cmd = crate::common::runtime().command(policy.clone(), program);
     cmd.env("PATH", "/usr/bin:/bin");
     let err = match cmd.spawn() {
         Ok(_) => panic!("{program} started"),
@@ -41,7 +41,7 @@ fn launcher_failure_crosses_the_pipe_as_the_typed_errors_words() {
 #[test]
 fn working_directory_failure_names_the_step_and_path() {
     let ws = TempDir::new("launch-cwd");
-    let mut cmd = SandboxCommand::new(policy(&ws), "true");
+    let mut cmd = crate::common::runtime().command(policy(&ws), "true");
     let missing = ws.join("does-not-exist");
     cmd.current_dir(&missing);
     let err = match cmd.spawn() {
@@ -60,7 +60,7 @@ fn working_directory_failure_names_the_step_and_path() {
 #[test]
 fn descriptor_for_stdio_is_refused_before_spawn() {
     let ws = TempDir::new("launch-fd");
-    let mut cmd = SandboxCommand::new(policy(&ws), "true");
+    let mut cmd = crate::common::runtime().command(policy(&ws), "true");
     let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
     cmd.pass_fd(fd, 1);
     match cmd.spawn() {

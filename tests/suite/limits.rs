@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mcp_sandbox_repl::envs::{self, Canceller, EnvSink, OutStream, Progress};
-use mcp_sandbox_repl::sandbox::{ResolvedPolicy, SandboxCommand};
+use mcp_sandbox_repl::sandbox::ResolvedPolicy;
 
 use crate::common::{TempDir, pids_with_env, sh, stat_fields, unique_marker};
 
@@ -97,7 +97,7 @@ fn daemonized_grandchild_does_not_outlive_the_job() {
 fn group_kill_reaches_a_setsid_daemon_through_the_cgroup() {
     let ws = TempDir::new("limits-killer");
     let mark = unique_marker("killer");
-    let mut cmd = SandboxCommand::new(cgroup_policy(&ws), "sh");
+    let mut cmd = crate::common::runtime().command(cgroup_policy(&ws), "sh");
     cmd.args(["-c", &daemon_then_stay(&mark)])
         .current_dir(&ws.path);
     let child = cmd.spawn().unwrap();
@@ -127,7 +127,7 @@ impl EnvSink for Discard {
 async fn cancelled_envs_process_leaves_no_setsid_daemon() {
     let ws = TempDir::new("limits-envs-cancel");
     let mark = unique_marker("envs");
-    let mut cmd = SandboxCommand::new(cgroup_policy(&ws), "sh");
+    let mut cmd = crate::common::runtime().command(cgroup_policy(&ws), "sh");
     cmd.args(["-c", &daemon_then_stay(&mark)])
         .current_dir(&ws.path);
     let cancel = Canceller::new();

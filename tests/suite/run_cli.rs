@@ -350,35 +350,53 @@ fn setup_failures_are_reported_in_words() {
     );
 }
 
+/// `run` started by `route` (the hidden `--spawn-route`) under `policy` in `ws`.
+fn run_cmd_by(
+    route: &str,
+    policy: &str,
+    ws: &std::path::Path,
+    args: &[&str],
+) -> std::process::Command {
+    let mut cmd = std::process::Command::new(crate::common::bin());
+    cmd.args([
+        "run",
+        "--spawn-route",
+        route,
+        "--policy",
+        policy,
+        "--workspace",
+    ])
+    .arg(ws)
+    .arg("--")
+    .args(args);
+    cmd
+}
+
 /// The server's paths: a fork of its zygote, and the fallback, the launcher re-executed as
 /// a separate program (a multi-threaded parent cannot apply the sandbox after fork). Same
 /// confinement, same words on failure.
 #[test]
 fn reexec_launcher_path_confines_too() {
-    for zygote in ["1", "0"] {
+    for route in ["zygote", "reexec"] {
         let ws = TempDir::new("reexec");
         let script = "echo ok > inside; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; \
                       (echo x > /etc/msr-reexec) 2>/dev/null || echo DENIED";
-        let out = run_cmd("workspace-write", &ws.path, false, &["sh", "-c", script])
-            .env("MCP_SANDBOX_FORCE_REEXEC", "1")
-            .env("MCP_SANDBOX_ZYGOTE", zygote)
+        let out = run_cmd_by(route, "workspace-write", &ws.path, &["sh", "-c", script])
             .output()
             .unwrap();
         assert_eq!(
             stdout(&out),
             "CapEff:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\nDENIED\n",
-            "zygote {zygote}; stderr: {}",
+            "route {route}; stderr: {}",
             stderr(&out)
         );
         assert!(ws.join("inside").exists());
-        let out = run_cmd("workspace-write", &ws.path, false, &["no-such-command-xyz"])
-            .env("MCP_SANDBOX_FORCE_REEXEC", "1")
-            .env("MCP_SANDBOX_ZYGOTE", zygote)
+        let out = run_cmd_by(route, "workspace-write", &ws.path, &["no-such-command-xyz"])
             .output()
             .unwrap();
         assert!(
             stderr(&out).contains("command not found: \"no-such-command-xyz\""),
-            "zygote {zygote}: {}",
+            "route {route}: {}",
             stderr(&out)
         );
     }

@@ -96,7 +96,7 @@ fn loopback_mode_is_a_private_network() {
 /// and the host's loopback listeners out of reach.
 #[test]
 fn pooled_namespaces_are_fresh_per_job_with_loopback_up() {
-    use mcp_sandbox_repl::sandbox::{Io, SandboxCommand};
+    use mcp_sandbox_repl::sandbox::Io;
     use std::io::{BufRead, BufReader, Write};
     let ws = TempDir::new("netpool");
     let host = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -116,7 +116,7 @@ fn pooled_namespaces_are_fresh_per_job_with_loopback_up() {
     );
     let mut jobs = Vec::new();
     for _ in 0..6 {
-        let mut cmd = SandboxCommand::new(policy.clone(), "python3");
+        let mut cmd = crate::common::runtime().command(policy.clone(), "python3");
         cmd.arg(probe.to_str().unwrap())
             .arg(host_port.to_string())
             .current_dir(&ws.path)

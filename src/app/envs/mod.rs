@@ -146,6 +146,7 @@ impl App {
                     python_downloads: false,
                     sources: PackageSources::default(),
                     principal: self.principal.clone(),
+                    sandbox: self.sandbox.clone(),
                 }))
             })
             .await
@@ -164,7 +165,10 @@ impl App {
     ) -> Result<(ResolvedPolicy, super::tmp::TmpDir), AppError> {
         let uv_cache = envs.cache_dir(session)?;
         let base = self.state_dir.join("env-tmp");
-        let tmp = super::tmp::TmpDir(super::tmp::create_job_tmp(&base)?);
+        let tmp = super::tmp::TmpDir(super::tmp::create_job_tmp(
+            &base,
+            self.sandbox.instance_id(),
+        )?);
         let python = match self.sessions.python().await {
             Ok(info) => info.prefixes.clone(),
             Err(_) => Vec::new(),

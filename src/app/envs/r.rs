@@ -28,7 +28,10 @@ impl App {
         let library = crate::repl::r_session_library(s.tmp_dir());
         let rscript = s.python().executable.clone();
         let base = self.state_dir.join("env-tmp");
-        let tmp = crate::app::tmp::TmpDir(crate::app::tmp::create_job_tmp(&base)?);
+        let tmp = crate::app::tmp::TmpDir(crate::app::tmp::create_job_tmp(
+            &base,
+            self.sandbox.instance_id(),
+        )?);
         let ph = Placeholders {
             workspace: self.workspace()?.root().to_path_buf(),
             tmp: tmp.0.clone(),
@@ -48,11 +51,13 @@ impl App {
             progress: Some(forward_progress(call)),
         });
         let session = session.to_string();
+        let sandbox = self.sandbox.clone();
         tokio::spawn(async move {
             let _tmp = tmp;
-            let r =
-                r_install::install(&rscript, &library, &packages, &repo, &policy, sink, &cancel)
-                    .await;
+            let r = r_install::install(
+                &sandbox, &rscript, &library, &packages, &repo, &policy, sink, &cancel,
+            )
+            .await;
             let outcome = match r {
                 Err(e) => JobOutcome {
                     status: JobStatus::Failed,

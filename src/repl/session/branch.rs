@@ -4,7 +4,7 @@
 //! it the head, and keeps the old head's process tree while it holds snapshots.
 //! Snapshots themselves arrive through the hook each worker calls after a cell.
 
-use crate::sandbox::pidns::host_pid;
+use crate::sandbox::launcher::pidns::host_pid;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

@@ -40,9 +40,6 @@ impl InProcess {
     /// run it over stdio, and a client that has completed `initialize`.
     pub(super) async fn start(flags: &[&str]) -> InProcess {
         use clap::Parser;
-        // Sessions and shell jobs are started through the real binary's launcher mode
-        // (this test binary has none).
-        mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(crate::common::bin());
         let dir = TempDir::new("mcp-inproc");
         let ws = dir.join("ws");
         let state = dir.join("state");
@@ -52,7 +49,10 @@ impl InProcess {
         args.extend(["--state-dir".into(), state.display().to_string()]);
         args.extend(flags.iter().map(|f| f.to_string()));
         let cli = mcp_sandbox_repl::cli::Cli::try_parse_from(&args).unwrap();
-        let config = mcp_sandbox_repl::commands::serve::config(cli.serve).unwrap();
+        let mut config = mcp_sandbox_repl::commands::serve::config(cli.serve, None).unwrap();
+        // Sessions and shell jobs are started through the real binary's launcher mode
+        // (this test binary has none): the suite's one runtime says so.
+        config.app.sandbox = crate::common::runtime();
         let app = Arc::new(App::new(&config.app).unwrap());
         let (server_io, client_io) = tokio::io::duplex(64 * 1024);
         let handler = mcp_sandbox_repl::server::testing::handler(app.clone());

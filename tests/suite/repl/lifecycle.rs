@@ -464,6 +464,7 @@ async fn the_policy_confines_the_worker_and_its_memory_cap_is_reported() {
     )
     .unwrap();
     let mut cfg = ReplConfig::new(
+        crate::common::runtime(),
         f.dir.join("ws"),
         Policy::load(policy_file.to_str().unwrap()).unwrap(),
         f.dir.join("state2"),

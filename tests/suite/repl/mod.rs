@@ -62,13 +62,6 @@ impl Sink {
     }
 }
 
-/// Workers start through the real binary's launcher mode (this test binary is not it).
-pub(super) fn use_real_launcher() {
-    mcp_sandbox_repl::sandbox::spawn::set_launcher_exe(
-        env!("CARGO_BIN_EXE_mcp-sandbox-repl").into(),
-    );
-}
-
 pub(super) struct Fixture {
     pub(super) manager: Arc<SessionManager>,
     /// Its workspace `ws` and state dir `state`; dropped after `Drop::drop` closed the
@@ -86,11 +79,11 @@ impl Fixture {
     /// A manager under workspace-write on a fresh workspace and state dir (in the system
     /// temp dir, where these tests always ran), its config first given to `configure`.
     pub(super) fn new(tag: &str, configure: impl FnOnce(&mut ReplConfig)) -> Fixture {
-        use_real_launcher();
         let dir = TempDir::in_system_tmp(&format!("repl-suite-{tag}"));
         let workspace = dir.join("ws");
         std::fs::create_dir_all(&workspace).unwrap();
         let mut cfg = ReplConfig::new(
+            crate::common::runtime(),
             workspace,
             Policy::load("workspace-write").unwrap(),
             dir.join("state"),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use mcp_sandbox_repl::repl::{CellStatus, ReplConfig, SessionManager};
 use mcp_sandbox_repl::sandbox::Policy;
 
-use super::{run, use_real_launcher};
+use super::run;
 use crate::common::TempDir;
 
 /// A scratch dir with a workspace `ws` (its state dir is `state`), removed on drop.
@@ -19,8 +19,8 @@ fn dirs(tag: &str) -> TempDir {
 }
 
 fn manager(d: &TempDir, python: &Path) -> Arc<SessionManager> {
-    use_real_launcher();
     let mut cfg = ReplConfig::new(
+        crate::common::runtime(),
         d.join("ws"),
         Policy::load("workspace-write").unwrap(),
         d.join("state"),

@@ -1,0 +1,445 @@
+//! Binding every job to the server's life by the kernel, not by cleanup code.
+//!
+//! The launcher (the server's direct child, `L`) first asks for `SIGKILL` when the thread
+//! that forked it dies (`PR_SET_PDEATHSIG`; the server forks from one thread that lives
+//! as long as it does, see `spawn`) and checks its parent has not already gone. It then
+//! makes a new PID namespace and splits in three:
+//!
+//! - `L` stays outside as a tiny *supervisor*: the server's pidfd, `wait4` (rusage) and
+//!   signals still address it. It forwards thread-directed signals (the REPL's interrupt,
+//!   sent with `tgkill`) to the init and, when the init ends, ends the same way as the
+//!   target did (same exit code, or killed by the same signal).
+//! - `T`, the first child, is pid 1 of the namespace: a tiny *init* that reaps every
+//!   orphan (double-forked daemons included), forwards `L`'s thread-directed signals to
+//!   the target, and hands the target's wait status to `L`. It has `PR_SET_PDEATHSIG`
+//!   bound to `L`. When `T` dies, for any reason, the kernel kills every process of the
+//!   namespace: so the server's death kills `L`, `L`'s kills `T`, and `T`'s kills the job.
+//! - `G`, the init's only child (pid 2), goes on with the sandbox (cgroup, namespaces,
+//!   mount view — whose fresh `/proc` is that of the new namespace — rlimits, Landlock,
+//!   seccomp) and execs the target.
+//!
+//! All three share the launcher's session; `T` leads the job's process group, which `G`
+//! and its children join, and `L` names it to the server on the status pipe. Group
+//! signals (cancel, `SIGTERM`, `SIGCONT`) reach the target directly and `T` ignores them
+//! (signals sent to a group arrive as `SI_USER`, forwarded ones as `SI_TKILL`); a group
+//! `SIGKILL` ends `T`, the kernel empties the namespace, and only then does `L` report
+//! the end, so when the server sees the job end none of its processes is left. Only `G`
+//! joins the job cgroup, so the supervisor and init count against no job limit.
+//!
+//! Why not exec the target as pid 1 itself: an init ignores every signal it has no
+//! handler for (a shell job's `sleep` would survive `SIGTERM` and `SIGINT`), gets no
+//! `SIGPIPE`, and a Python worker would never reap orphaned zombies.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use super::error::SetupError;
+
+/// Status-pipe line naming the job's process group (the init's pid as the server sees it).
+pub(crate) const PGID_PREFIX: &str = "pgid: ";
+
+/// The pid, as the server sees it, of the process that is `ns_pid` inside the PID
+/// namespace `reference` (a host pid) lives in — e.g. a worker a sandboxed process forked
+/// and reported by its own, namespace-local pid. Found through `/proc/<p>/status`
+/// (`NSpid`); `None` if no such process is alive. Without a PID namespace the two are
+/// the same number.
+pub(crate) fn host_pid(reference: u32, ns_pid: u32) -> Option<u32> {
+    let ns = std::fs::read_link(format!("/proc/{reference}/ns/pid")).ok()?;
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|p| {
+            std::fs::read_link(format!("/proc/{p}/ns/pid"))
+                .ok()
+                .as_ref()
+                == Some(&ns)
+                && std::fs::read_to_string(format!("/proc/{p}/status"))
+                    .ok()
+                    .and_then(|status| {
+                        let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+                        line.split_whitespace().last()?.parse::<u32>().ok()
+                    })
+                    == Some(ns_pid)
+        })
+}
+
+/// Launcher, first step: `SIGKILL` this process when the thread that forked it dies,
+/// and stop here if the server (`parent`) has already gone (the signal would never come).
+pub(crate) fn bind_to_parent(parent: u32) -> Result<(), SetupError> {
+    // SAFETY: prctl with integer arguments, affecting only this process.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } != 0 {
+        return Err(SetupError::ParentDeath(io::Error::last_os_error()));
+    }
+    // SAFETY: getppid cannot fail.
+    let now = unsafe { libc::getppid() };
+    if u32::try_from(now).ok() != Some(parent) {
+        return Err(SetupError::ParentGone { parent });
+    }
+    Ok(())
+}
+
+/// Launcher, after `setsid`: make a PID namespace and split into supervisor, init and
+/// target (see the module docs). Returns only in the target process, `Ok(None)`. When no
+/// PID namespace can be made the policy decides: `policy` (its name) requires one and
+/// this fails closed ([`SetupError::PidNamespaceMissing`]), or under best effort
+/// (`best_effort`) this same process goes on with `Ok(Some(note))` (then the target is
+/// bound to the server by `PR_SET_PDEATHSIG` alone, not its descendants).
+pub(crate) fn split(
+    status_fd: RawFd,
+    policy: &str,
+    best_effort: bool,
+) -> Result<Option<String>, SetupError> {
+    // SAFETY: unshare(2) with a constant flag; it only affects children made from here on.
+    if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
+        let source = io::Error::last_os_error();
+        if !best_effort {
+            return Err(SetupError::PidNamespaceMissing {
+                policy: policy.to_string(),
+                source,
+            });
+        }
+        return Ok(Some(format!(
+            "PID namespace (unshare CLONE_NEWPID: {source}; needs CAP_SYS_ADMIN): processes \
+             that leave the job's process group and cgroup may outlive the server"
+        )));
+    }
+    let (from_init, to_supervisor) = pipe().map_err(SetupError::PidNamespace)?;
+    // Every signal is blocked *before* the fork, in both halves: a blocked SIGCHLD is
+    // queued, an unblocked one (default action: ignore) is discarded. Blocking after the
+    // fork lost the init's SIGCHLD whenever the init ended first (a target that exits at
+    // once or fails to start), and the supervisor then waited forever beside a zombie.
+    let original = block_all_signals();
+    // SAFETY: fork in a single-threaded process (the launcher); the child only makes
+    // syscalls and, as the target, goes on single-threaded as the launcher would.
+    match unsafe { libc::fork() } {
+        -1 => {
+            let e = io::Error::last_os_error();
+            set_signal_mask(&original);
+            Err(SetupError::PidNamespace(e))
+        }
+        0 => {
+            drop(from_init);
+            // SAFETY: setpgid on ourselves (the supervisor does it too: no race either way).
+            unsafe { libc::setpgid(0, 0) };
+            init(to_supervisor, &original)
+        }
+        init_pid => {
+            drop(to_supervisor);
+            // SAFETY: setpgid of our own child, in our session.
+            unsafe { libc::setpgid(init_pid, init_pid) };
+            // The job's process group is the init's: the server signals that group, so a
+            // group SIGKILL ends the init (and with it the namespace) but not this
+            // supervisor, which then reports the end once every process of it is gone.
+            let line = format!("{PGID_PREFIX}{init_pid}\n");
+            // SAFETY: write of a buffer we own to the status pipe we hold.
+            unsafe { libc::write(status_fd, line.as_ptr().cast(), line.len()) };
+            supervise(init_pid, from_init)
+        }
+    }
+}
+
+/// pid 1 of the new namespace. Returns (`Ok(None)`) only in its child, the target.
+fn init(to_supervisor: OwnedFd, original: &libc::sigset_t) -> Result<Option<String>, SetupError> {
+    // SAFETY: prctl with integer arguments, affecting only this process.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } != 0 {
+        return Err(SetupError::ParentDeath(io::Error::last_os_error()));
+    }
+    // The supervisor holds the only read end: an error on ours means it has already died
+    // (before the death signal was armed), so nothing would ever kill this namespace.
+    if reader_gone(to_supervisor.as_raw_fd()) {
+        // SAFETY: _exit in a forked child.
+        unsafe { libc::_exit(super::error::SETUP_FAILED_EXIT) }
+    }
+    // Every signal is still blocked (since before our own fork): blocked signals are
+    // queued even for an init, which would otherwise drop those it has no handler for,
+    // and the target's SIGCHLD cannot be lost however soon it ends.
+    let all = full_sigset();
+    // SAFETY: as for the launcher's fork above.
+    let target = unsafe { libc::fork() };
+    if target == 0 {
+        drop(to_supervisor);
+        set_signal_mask(original);
+        return Ok(None);
+    }
+    if target < 0 {
+        return Err(SetupError::PidNamespace(io::Error::last_os_error()));
+    }
+    close_all_but(to_supervisor.as_raw_fd());
+    loop {
+        let (sig, code) = wait_signal(&all);
+        // A timeout (sig 0) reaps too: the watchdog against any wakeup that never comes.
+        if sig == libc::SIGCHLD || sig == 0 {
+            // Reap every child: the target and any orphan the namespace handed to us.
+            loop {
+                let mut status = 0;
+                // SAFETY: waitpid with a valid out-pointer.
+                let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+                if pid <= 0 {
+                    break;
+                }
+                if pid == target {
+                    let bytes = status.to_ne_bytes();
+                    // SAFETY: write of a 4-byte buffer we own to our pipe end.
+                    unsafe { libc::write(to_supervisor.as_raw_fd(), bytes.as_ptr().cast(), 4) };
+                    // SAFETY: _exit; the kernel then kills whatever is left in the namespace.
+                    unsafe { libc::_exit(0) }
+                }
+            }
+        } else if code == libc::SI_TKILL {
+            // SAFETY: tgkill of our own unreaped child (the target).
+            unsafe { libc::syscall(libc::SYS_tgkill, target, target, sig) };
+        }
+    }
+}
+
+/// The launcher outside the namespace: forward, wait, and end as the target ended.
+/// Every signal is already blocked (by `split`, before the fork), so the init's SIGCHLD is
+/// queued however soon it ended; the first look is a `waitpid` anyway, and every wait is
+/// bounded (`WATCHDOG`), so even a lost wakeup only delays the end, never hangs it.
+fn supervise(init: libc::pid_t, from_init: OwnedFd) -> ! {
+    close_all_but(from_init.as_raw_fd());
+    let all = full_sigset();
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid of our own child with a valid out-pointer.
+        if unsafe { libc::waitpid(init, &mut status, libc::WNOHANG) } == init {
+            let mut bytes = [0u8; 4];
+            // SAFETY: read into a 4-byte buffer we own.
+            let n = unsafe { libc::read(from_init.as_raw_fd(), bytes.as_mut_ptr().cast(), 4) };
+            // Without a word from the init (it was killed), end as the init did.
+            let target = if n == 4 {
+                i32::from_ne_bytes(bytes)
+            } else {
+                status
+            };
+            end_like(target);
+        }
+        let (sig, code) = wait_signal(&all);
+        if sig != libc::SIGCHLD && sig != 0 && code == libc::SI_TKILL {
+            // SAFETY: tgkill of our own unreaped child (the init), which passes it on.
+            unsafe { libc::syscall(libc::SYS_tgkill, init, init, sig) };
+        }
+    }
+}
+
+/// Exit with the same code, or die of the same signal, as wait status `status` says.
+fn end_like(status: i32) -> ! {
+    if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        let no_core = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        let mut set = empty_sigset();
+        // SAFETY: plain syscalls on this process with valid arguments: no core file of the
+        // supervisor, default action for `sig`, unblocked, then sent to ourselves.
+        unsafe {
+            libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+            libc::signal(sig, libc::SIG_DFL);
+            libc::sigaddset(&mut set, sig);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::getpid(), sig);
+            libc::_exit(128 + sig)
+        }
+    }
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        super::error::SETUP_FAILED_EXIT
+    };
+    // SAFETY: _exit skips atexit handlers, which belong to the server in a forked child.
+    unsafe { libc::_exit(code) }
+}
+
+/// How long a supervisor or init waits for a signal before it looks for its child's end
+/// itself: a watchdog, so that no lost wakeup can leave a job `running` forever. Ending
+/// is signalled (SIGCHLD, queued while blocked), so this only bounds the rare lost one.
+const WATCHDOG: libc::timespec = libc::timespec {
+    tv_sec: 1,
+    tv_nsec: 0,
+};
+
+/// Wait for any signal (all are blocked), at most [`WATCHDOG`]; returns its number and
+/// `si_code`, or `(0, 0)` on timeout. The raw syscall: glibc's `sigwaitinfo` reports
+/// `SI_TKILL` as `SI_USER`, which is the very difference between a forwarded signal and
+/// a group one.
+fn wait_signal(set: &libc::sigset_t) -> (i32, i32) {
+    loop {
+        // SAFETY: siginfo_t is plain data; zeroed is valid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: rt_sigtimedwait with a valid set, out-pointer, timeout and the kernel's
+        // sigset size (64 signals).
+        let sig = unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigtimedwait,
+                set as *const libc::sigset_t,
+                &mut info as *mut libc::siginfo_t,
+                &WATCHDOG as *const libc::timespec,
+                8usize,
+            )
+        };
+        if sig > 0 {
+            return (sig as i32, info.si_code);
+        }
+        if io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN) {
+            return (0, 0);
+        }
+    }
+}
+
+/// Block every signal; returns the mask before.
+fn block_all_signals() -> libc::sigset_t {
+    let all = full_sigset();
+    let mut original = empty_sigset();
+    // SAFETY: sigprocmask with valid sets in a single-threaded process.
+    unsafe { libc::sigprocmask(libc::SIG_BLOCK, &all, &mut original) };
+    original
+}
+
+fn set_signal_mask(mask: &libc::sigset_t) {
+    // SAFETY: sigprocmask with a valid set in a single-threaded process.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
+}
+
+fn full_sigset() -> libc::sigset_t {
+    let mut set = empty_sigset();
+    // SAFETY: sigfillset on a set we own.
+    unsafe { libc::sigfillset(&mut set) };
+    set
+}
+
+fn empty_sigset() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::sigemptyset(&mut set) };
+    set
+}
+
+/// Whether every read end of the pipe whose write end is `fd` is closed.
+fn reader_gone(fd: RawFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: poll of one valid pollfd, without waiting.
+    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
+    rc > 0 && pfd.revents & libc::POLLERR != 0
+}
+
+/// Close every descriptor but `keep`: stdio and the status pipe must reach EOF when the
+/// target closes them, not when the supervisor or init end.
+fn close_all_but(keep: RawFd) {
+    let keep = keep as u32;
+    // SAFETY: closing descriptors of this single-threaded process that it no longer uses.
+    unsafe {
+        if keep > 0 {
+            libc::close_range(0, keep - 1, 0);
+        }
+        libc::close_range(keep + 1, u32::MAX, 0);
+    }
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two descriptors into the array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are fresh and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_namespace_the_host_pid_is_the_same_number() {
+        let me = std::process::id();
+        assert_eq!(host_pid(me, me), Some(me));
+        // A pid that no process in our namespace has.
+        assert_eq!(host_pid(me, u32::MAX - 1), None);
+    }
+
+    /// Runs a supervisor in a forked child whose "init" has already ended (a zombie,
+    /// not yet reaped) before `supervise` starts: `block_first` says whether signals are
+    /// blocked before the init's fork (as `split` does) or only after (the old order,
+    /// in which the init's SIGCHLD is discarded). Returns the supervisor's wait status.
+    fn supervisor_after_an_early_exit(block_first: bool) -> i32 {
+        let (from_init, to_supervisor) = pipe().unwrap();
+        // SAFETY: fork from the test process; the child makes only syscalls (and ends
+        // in `supervise`, which never returns).
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork: {}", io::Error::last_os_error());
+        if child == 0 {
+            if block_first {
+                block_all_signals();
+            }
+            // SAFETY: fork in the now single-threaded child.
+            let init = unsafe { libc::fork() };
+            if init == 0 {
+                // The init ends at once, with a word for the supervisor: status 7 << 8.
+                let status: i32 = 7 << 8;
+                let bytes = status.to_ne_bytes();
+                // SAFETY: write of a buffer we own, then _exit in a forked child.
+                unsafe {
+                    libc::write(to_supervisor.as_raw_fd(), bytes.as_ptr().cast(), 4);
+                    libc::_exit(0)
+                }
+            }
+            drop(to_supervisor);
+            // Wait until the init has ended, leaving it unreaped (WNOWAIT): its SIGCHLD
+            // has been sent (and, unblocked, discarded) before the supervisor waits.
+            // SAFETY: siginfo_t is plain data; zeroed is valid.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: waitid of our own child with a valid out-pointer.
+            unsafe {
+                libc::waitid(
+                    libc::P_PID,
+                    init as libc::id_t,
+                    &mut info,
+                    libc::WEXITED | libc::WNOWAIT,
+                )
+            };
+            if !block_first {
+                block_all_signals();
+            }
+            supervise(init, from_init)
+        }
+        drop((from_init, to_supervisor));
+        // Hang guard (not a timing claim): a supervisor that never ends is the bug.
+        for _ in 0..6000 {
+            let mut status = 0;
+            // SAFETY: waitpid of our own child with a valid out-pointer.
+            if unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) } == child {
+                return status;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // SAFETY: kill and reap our own child.
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
+        panic!("the supervisor never saw its init end (60 s)");
+    }
+
+    #[test]
+    fn a_supervisor_whose_init_ended_before_it_waited_ends_like_the_target() {
+        let status = supervisor_after_an_early_exit(true);
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 7);
+    }
+
+    #[test]
+    fn a_lost_sigchld_does_not_leave_the_supervisor_waiting() {
+        // The init's SIGCHLD was discarded (signals were not yet blocked when it ended):
+        // the supervisor's first look (waitpid) and its watchdog still find the end.
+        let status = supervisor_after_an_early_exit(false);
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 7);
+    }
+}

@@ -1,0 +1,291 @@
+//! Job cgroups on the real machine (needs root and a pids / memory controller; fails
+//! loudly otherwise) plus the v2 preparation logic on a fake directory tree.
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use super::*;
+use crate::sandbox::launcher::cgroup::join_current;
+use crate::test_support::scratch_dir;
+
+/// The machine's cgroups, as one runtime of this test process sees them.
+fn test_host() -> &'static CgroupHost {
+    static HOST: std::sync::OnceLock<CgroupHost> = std::sync::OnceLock::new();
+    HOST.get_or_init(CgroupHost::new)
+}
+
+fn unique(tag: &str) -> String {
+    format!("unit-{tag}-{}", std::process::id())
+}
+
+/// Spawn `sh -c script` inside the job cgroup (joined between fork and exec).
+fn run_in(cg: &JobCgroup, script: &str) -> std::process::ExitStatus {
+    let files = cg.procs_files();
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(script);
+    // SAFETY: join_current only opens and writes files; acceptable in a test child.
+    unsafe { cmd.pre_exec(move || join_current(&files).map_err(std::io::Error::other)) };
+    cmd.status().expect("spawn sh")
+}
+
+/// Every pid of a `cgroup.procs` listing has ended (gone, or a zombie awaiting its
+/// reaper): killed, since each was an hour's sleep.
+fn assert_all_gone(listing: &str) {
+    for pid in listing.split_whitespace() {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, r)| r.trim_start().chars().next())
+            })
+            .flatten();
+        assert!(
+            matches!(state, None | Some('Z') | Some('X')),
+            "{pid} still runs"
+        );
+    }
+}
+
+/// The pids cap stops a burst of forks and is reported; kill_all and remove clean up.
+#[test]
+fn pids_cap_refuses_forks_and_is_reported() {
+    let cg =
+        JobCgroup::create(test_host(), &unique("pids"), None, Some(4)).expect("create job cgroup");
+    assert!(!cg.pids_limit_hit());
+    let status = run_in(&cg, "for i in 1 2 3 4 5 6 7 8; do sleep 5 & done; wait");
+    assert!(status.success() || !status.success());
+    assert!(
+        cg.pids_limit_hit(),
+        "forks beyond pids.max must be counted in pids.events"
+    );
+    let dirs: Vec<PathBuf> = cg.dirs().cloned().collect();
+    cg.kill_all();
+    cg.remove();
+    for d in dirs {
+        assert!(!d.exists(), "{} should be removed", d.display());
+    }
+}
+
+/// A process over the memory cap is OOM-killed in the job cgroup, and the report says so.
+#[test]
+fn memory_cap_kills_and_is_reported() {
+    let cg = JobCgroup::create(test_host(), &unique("mem"), Some(32 << 20), Some(64))
+        .expect("create job cgroup");
+    // `head -c` into a shell variable grows the shell's heap past the cap.
+    let status = run_in(
+        &cg,
+        "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}",
+    );
+    assert!(!status.success(), "the hog must be killed");
+    assert!(cg.memory_limit_hit(), "oom_kill must be counted");
+    let peak = cg.peak_memory_bytes().expect("peak memory");
+    assert!(
+        (16 << 20..=40 << 20).contains(&peak),
+        "peak {peak} near the 32 MiB cap"
+    );
+}
+
+/// Drop kills what is still running and removes the directories.
+#[test]
+fn drop_kills_survivors() {
+    let cg =
+        JobCgroup::create(test_host(), &unique("drop"), None, Some(16)).expect("create job cgroup");
+    // An hour's sleeps: a drop that waited for them instead of killing them would hang.
+    run_in(&cg, "sleep 3600 & sleep 3600 & exit 0");
+    let dir = cg.procs_files()[0].parent().unwrap().to_path_buf();
+    let list = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+    assert_eq!(
+        list.split_whitespace().count(),
+        2,
+        "two sleeps left behind: {list:?}"
+    );
+    drop(cg);
+    assert!(!dir.exists());
+    assert_all_gone(&list);
+    assert!(!cgroup_after_kill_hit_reported());
+}
+
+fn cgroup_after_kill_hit_reported() -> bool {
+    // kill_all lowers pids.max to 0; forks refused after that must not count as the job's limit.
+    let cg = JobCgroup::create(test_host(), &unique("killcount"), None, Some(16)).expect("create");
+    cg.kill_all();
+    cg.pids_limit_hit()
+}
+
+/// A stale cgroup of the same name (crashed server) is replaced.
+#[test]
+fn stale_cgroup_is_replaced() {
+    let name = unique("stale");
+    let a = JobCgroup::create(test_host(), &name, None, Some(8)).expect("first");
+    std::mem::forget(a);
+    let b = JobCgroup::create(test_host(), &name, None, Some(8)).expect("second over a stale dir");
+    drop(b);
+}
+
+/// v2: with controllers already enabled above, the parent gets them enabled for jobs.
+#[test]
+fn v2_prepare_on_fake_tree() {
+    let scratch = scratch_dir("fakecg2");
+    let root = scratch.path().to_path_buf();
+    std::fs::write(root.join("cgroup.subtree_control"), "pids memory").unwrap();
+    std::fs::write(root.join("cgroup.procs"), "").unwrap();
+    let parent = prepare_v2(&root, &["pids", "memory"], 1).expect("prepare");
+    assert_eq!(parent, root.join(PARENT_DIR));
+    assert_eq!(
+        std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap(),
+        "+pids +memory"
+    );
+}
+
+/// cgroup v2 for real, on this machine's cgroup2 mount (which holds no pids/memory
+/// controller here, so no caps): a job cgroup under a fresh "own" directory, joined
+/// through cgroup.procs, killed through cgroup.kill, removed. Fails loudly if this
+/// machine has no cgroup2 mount.
+#[test]
+fn v2_job_cgroup_join_kill_remove() {
+    let detected = Layout::detect();
+    let mount = detected
+        .v2_mount
+        .clone()
+        .expect("a cgroup2 mount on this machine");
+    let own = mount.join(unique("own-v2"));
+    std::fs::create_dir(&own).unwrap();
+    let layout = Layout {
+        version: CgroupVersion::V2,
+        hybrid: false,
+        v1: Vec::new(),
+        v1_pids: None,
+        v1_memory: None,
+        v2_mount: Some(mount),
+        v2_own: Some(own.clone()),
+        v2_controllers: Vec::new(),
+    };
+    let cg = JobCgroup::create_in(&layout, "job", None, None).expect("v2 job cgroup");
+    let procs = cg.procs_files();
+    assert_eq!(procs, vec![own.join(PARENT_DIR).join("job/cgroup.procs")]);
+    // An hour's sleep: removal that waited for it instead of killing it would hang.
+    run_in(&cg, "sleep 3600 & exit 0");
+    let members = std::fs::read_to_string(&procs[0]).unwrap();
+    assert_eq!(
+        members.split_whitespace().count(),
+        1,
+        "the sleep is in the job: {members:?}"
+    );
+    cg.kill_all();
+    cg.remove();
+    assert!(!procs[0].parent().unwrap().exists(), "removed");
+    assert_all_gone(&members);
+    std::fs::remove_dir(own.join(PARENT_DIR)).unwrap();
+    std::fs::remove_dir(&own).unwrap();
+}
+
+/// Only the job cgroups of the owners named are swept (killed, removed), busy or not;
+/// those of any other owner — a live server in this or another PID namespace, another
+/// state dir's — and names that are not ours stay.
+#[test]
+fn only_the_named_owners_cgroups_are_swept() {
+    let dead = "1x0badf00d".to_string();
+    let other = "2x0000beef";
+    let name = |owner: &str, n: u32| format!("{JOB_PREFIX}{owner}-{}{n}", std::process::id());
+    let busy = JobCgroup::create(test_host(), &name(&dead, 1), None, Some(8)).expect("create");
+    let idle = JobCgroup::create(test_host(), &name(&dead, 2), None, Some(8)).expect("create");
+    let others = JobCgroup::create(test_host(), &name(other, 3), None, Some(8)).expect("create");
+    let legacy = JobCgroup::create(test_host(), &format!("{JOB_PREFIX}999999-4"), None, Some(8))
+        .expect("create");
+    run_in(&busy, "sleep 3600 & exit 0");
+    let dir = |cg: &JobCgroup| cg.procs_files()[0].parent().unwrap().to_path_buf();
+    let (busy_dir, idle_dir, others_dir, legacy_dir) =
+        (dir(&busy), dir(&idle), dir(&others), dir(&legacy));
+    let members = std::fs::read_to_string(&busy.procs_files()[0]).unwrap();
+    std::mem::forget(busy); // as if its server had been SIGKILLed
+    std::mem::forget(idle);
+    let swept = sweep_owned_by(&Layout::detect(), "1x00000000", std::slice::from_ref(&dead));
+    assert!(!busy_dir.exists() && !idle_dir.exists(), "{swept:?}");
+    assert!(
+        swept.contains(&busy_dir) && swept.contains(&idle_dir),
+        "{swept:?}"
+    );
+    assert_all_gone(&members);
+    assert!(others_dir.exists(), "another owner's cgroup is kept");
+    assert!(
+        legacy_dir.exists(),
+        "a name that is not an instance id is kept"
+    );
+    assert_eq!(owner_of(&name(&dead, 1)), Some(dead.as_str()));
+    assert_eq!(owner_of(&format!("{JOB_PREFIX}999999-4")), None);
+    drop((others, legacy));
+}
+
+/// Current memory use is read from `memory.usage_in_bytes` (v1) or `memory.current` (v2)
+/// of the job's memory cgroup; nothing without a memory cgroup, or from a broken file.
+#[test]
+fn current_memory_is_read_on_fake_trees() {
+    let scratch = scratch_dir("fakemem");
+    let root = scratch.path().to_path_buf();
+    let (pids, mem) = (root.join("pids"), root.join("memory"));
+    std::fs::create_dir_all(&pids).unwrap();
+    std::fs::create_dir_all(&mem).unwrap();
+    let v1 = Layout {
+        version: CgroupVersion::V1,
+        hybrid: true,
+        v1: Vec::new(),
+        v1_pids: Some(pids.clone()),
+        v1_memory: Some(mem.clone()),
+        v2_mount: None,
+        v2_own: None,
+        v2_controllers: Vec::new(),
+    };
+    let capped = JobCgroup::create_in(&v1, "job", Some(64 << 20), Some(8)).expect("v1 fake");
+    let dir = mem.join(PARENT_DIR).join("job");
+    assert_eq!(capped.current_memory_bytes(), None, "no usage file yet");
+    std::fs::write(dir.join("memory.usage_in_bytes"), "41943040\n").unwrap();
+    std::fs::write(dir.join("memory.current"), "1\n").unwrap();
+    assert_eq!(
+        capped.current_memory_bytes(),
+        Some(40 << 20),
+        "v1 reads usage_in_bytes"
+    );
+    std::fs::write(dir.join("memory.usage_in_bytes"), "lots\n").unwrap();
+    assert_eq!(capped.current_memory_bytes(), None, "garbage is no figure");
+    // Without a memory cap there is no memory cgroup: no figure, even if pids has files.
+    let uncapped = JobCgroup::create_in(&v1, "nomem", None, Some(8)).expect("v1 fake");
+    std::fs::write(
+        pids.join(PARENT_DIR).join("nomem/memory.usage_in_bytes"),
+        "5\n",
+    )
+    .unwrap();
+    assert_eq!(uncapped.current_memory_bytes(), None);
+
+    // v2: one directory; memory.current, not v1's file.
+    let own = root.join("v2own");
+    std::fs::create_dir_all(&own).unwrap();
+    std::fs::write(own.join("cgroup.subtree_control"), "pids memory").unwrap();
+    let v2 = Layout {
+        version: CgroupVersion::V2,
+        hybrid: false,
+        v1: Vec::new(),
+        v1_pids: None,
+        v1_memory: None,
+        v2_mount: Some(root.clone()),
+        v2_own: Some(own.clone()),
+        v2_controllers: vec!["pids".into(), "memory".into()],
+    };
+    let cg2 = JobCgroup::create_in(&v2, "job", Some(64 << 20), None).expect("v2 fake");
+    let dir2 = own.join(PARENT_DIR).join("job");
+    std::fs::write(dir2.join("memory.usage_in_bytes"), "7\n").unwrap();
+    assert_eq!(cg2.current_memory_bytes(), None, "v2 has no usage_in_bytes");
+    std::fs::write(dir2.join("memory.current"), "123456\n").unwrap();
+    assert_eq!(cg2.current_memory_bytes(), Some(123456));
+    let v2_uncapped = JobCgroup::create_in(&v2, "nomem", None, None).expect("v2 fake");
+    std::fs::write(own.join(PARENT_DIR).join("nomem/memory.current"), "9\n").unwrap();
+    assert_eq!(
+        v2_uncapped.current_memory_bytes(),
+        None,
+        "no memory cap, no figure"
+    );
+
+    // Plain directories, not cgroups: mark them removed before dropping.
+    for cg in [capped, uncapped, cg2, v2_uncapped] {
+        cg.removed.store(true, Ordering::SeqCst);
+    }
+}
