@@ -58,14 +58,15 @@ pub fn unenforceable(
     if policy.kernel_support == crate::sandbox::KernelSupportMode::BestEffort {
         return None;
     }
-    let missing: Vec<String> = crate::sandbox::parent::probe::enforcement::enforcement(kernel, policy)
-        .into_iter()
-        .filter(|i| i.required && !i.enforced)
-        .map(|i| match i.why_not {
-            Some(why) => format!("{} [{}]: {}", i.what, i.how, one_line(&why)),
-            None => format!("{} [{}]", i.what, i.how),
-        })
-        .collect();
+    let missing: Vec<String> =
+        crate::sandbox::parent::probe::enforcement::enforcement(kernel, policy)
+            .into_iter()
+            .filter(|i| i.required && !i.enforced)
+            .map(|i| match i.why_not {
+                Some(why) => format!("{} [{}]: {}", i.what, i.how, one_line(&why)),
+                None => format!("{} [{}]", i.what, i.how),
+            })
+            .collect();
     (!missing.is_empty()).then(|| {
         format!(
             "policy {} cannot be enforced here: {}; run `mcp-sandbox-repl doctor` for what each policy gets on this host, or choose a policy it enforces",

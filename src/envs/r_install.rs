@@ -112,8 +112,11 @@ pub async fn install(
         ..Grants::default()
     };
     let netns = sandbox.namespaces_usable();
-    let policy = policy::extend(session_policy, &grants, netns)
-        .with_network(r_network(session_policy, repo, netns));
+    let policy = policy::extend(session_policy, &grants, netns).with_network(r_network(
+        session_policy,
+        repo,
+        netns,
+    ));
     let policy = Arc::new(policy);
     let mut cmd = sandbox.command(policy.clone(), rscript);
     cmd.args(["--vanilla", "-e", SCRIPT])

@@ -24,12 +24,12 @@ use std::time::Duration;
 use super::config::ReplConfig;
 use super::error::ReplError;
 use super::info::{SessionInfo, SessionState};
+use super::interpreter::Language;
 use super::probe_cache::{ProbeCache, discover_python_cached};
 use super::python::{self, PythonInfo};
 use super::session::Session;
 use super::session::SessionEnv;
 use super::worker::SpawnSpec;
-use super::interpreter::Language;
 use crate::sandbox::{Placeholders, ResolvedPolicy};
 
 /// How many expired session names are remembered for their next cell's note.

@@ -69,7 +69,7 @@ pub(super) struct State {
     /// The call whose cell is running (receives stdout/stderr).
     pub(super) current: Option<u64>,
     /// The worker's interpreter (how messages name it, how it is interrupted).
-    pub(super) language: super::Language,
+    pub(super) language: super::interpreter::Language,
     pub(super) awaiting_input: Option<(u64, String)>,
     pub(super) orphan: VecDeque<(OutStream, Vec<u8>)>,
     pub(super) orphan_bytes: usize,

@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{PythonInfo, ReplError};
+use super::error::ReplError;
+use super::python::PythonInfo;
 use crate::sandbox::SandboxCommand;
 
 /// The R worker, embedded so the binary is self-contained.

@@ -193,7 +193,7 @@ impl Session {
     }
 
     /// The interpreter language of the session's workers.
-    pub fn language(&self) -> super::Language {
+    pub fn language(&self) -> super::interpreter::Language {
         self.env.spec.language
     }
 

@@ -605,10 +605,7 @@ fn the_files_of_the_sandbox_import_without_cycles() {
     assert_no_file_cycle("sandbox");
 }
 
-/// Off until the session work breaks the cycles src/repl/ has today (run with
-/// `--run-ignored all` to see one); the repl engineer switches it on.
 #[test]
-#[ignore = "src/repl/ has import cycles between its files today (the first found: repl/mod.rs → repl/manager.rs → repl/mod.rs)"]
 fn the_files_of_the_repl_import_without_cycles() {
     assert_no_file_cycle("repl");
 }
