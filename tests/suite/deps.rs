@@ -712,3 +712,91 @@ fn the_sandbox_holds_no_launch_state_in_statics() {
         );
     }
 }
+
+/// The longest a function may be in the sandbox and the session code, signature and
+/// closing brace included (issue 24: split into named steps a reader can follow).
+const MAX_FN_LINES: usize = 80;
+
+/// Functions of `src` (rustfmt-formatted) with their first line and length: a `fn` item
+/// ends at the first line that is its own indentation followed by `}` (or on its own line
+/// when it has no body or a one-line one).
+fn function_lengths(src: &str) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = src.lines().collect();
+    let mut found = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let body = line.trim_start();
+        let indent = &line[..line.len() - body.len()];
+        let mut rest = body;
+        for prefix in [
+            "pub(crate) ",
+            "pub(super) ",
+            "pub ",
+            "const ",
+            "async ",
+            "unsafe ",
+            "extern \"C\" ",
+        ] {
+            rest = rest.strip_prefix(prefix).unwrap_or(rest);
+        }
+        let Some(decl) = rest.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = decl.chars().take_while(|c| is_ident(*c)).collect();
+        let close = format!("{indent}}}");
+        let end = if body.ends_with(';') || body.ends_with('}') {
+            i
+        } else {
+            (i..lines.len())
+                .find(|&j| lines[j] == close)
+                .unwrap_or(lines.len() - 1)
+        };
+        found.push((name, i + 1, end - i + 1));
+    }
+    found
+}
+
+#[test]
+fn no_function_in_the_sandbox_or_the_session_is_over_80_lines() {
+    let src_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src_dir.join("sandbox"), &mut files);
+    rust_files(&src_dir.join("repl/session"), &mut files);
+    files.push(src_dir.join("repl/session.rs"));
+    let mut seen = 0;
+    let mut long = Vec::new();
+    for path in files {
+        let rel = path.strip_prefix(&src_dir).unwrap().display().to_string();
+        for (name, line, len) in function_lengths(&std::fs::read_to_string(&path).unwrap()) {
+            seen += 1;
+            if len > MAX_FN_LINES {
+                long.push(format!("{rel}:{line} fn {name}: {len} lines"));
+            }
+        }
+    }
+    assert!(
+        seen > 300,
+        "the scan found only {seen} functions: it is broken"
+    );
+    assert!(
+        long.is_empty(),
+        "functions over {MAX_FN_LINES} lines (split them into named steps): {}",
+        long.join(", ")
+    );
+}
+
+/// The length scan measures what it should: a body to its closing brace at the item's
+/// indentation, one-line and body-less items as one line.
+#[test]
+fn the_function_length_scan_measures_to_the_closing_brace() {
+    let src = "fn a() {\n    if x {\n    }\n}\n    pub(crate) async fn b(\n        x: u8,\n    ) -> u8 {\n        x\n    }\nfn c();\nfn d() {}\n";
+    let got = function_lengths(src);
+    assert_eq!(
+        got,
+        vec![
+            ("a".to_string(), 1, 4),
+            ("b".to_string(), 5, 5),
+            ("c".to_string(), 10, 1),
+            ("d".to_string(), 11, 1),
+        ]
+    );
+}
