@@ -19,7 +19,7 @@ use libc::{c_char, c_int, c_long, c_uint};
 /// # Safety
 /// As `close_range(2)`: closing descriptors others still use is the caller's concern.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+pub(crate) unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     // SAFETY: the kernel validates the arguments; the call touches no memory of ours.
     unsafe {
         libc::syscall(
@@ -36,7 +36,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
 /// # Safety
 /// `name` must point to a NUL-terminated string (the kernel reads it).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn memfd_create(name: *const c_char, flags: c_uint) -> c_int {
+pub(crate) unsafe extern "C" fn memfd_create(name: *const c_char, flags: c_uint) -> c_int {
     // SAFETY: the caller passes a NUL-terminated name; the kernel copies it and checks
     // the flags.
     unsafe { libc::syscall(libc::SYS_memfd_create, name, flags as c_long) as c_int }

@@ -40,18 +40,18 @@ pub(super) enum Warmth {
 }
 
 /// What `/readyz` says while not ready (one line each).
-pub const STARTING_SWEEP: &str =
+pub(super) const STARTING_SWEEP: &str =
     "starting: sweeping what earlier servers of this state dir left behind";
-pub const STARTING_JOBS: &str = "starting: reading the job table";
-pub const STARTING_WORKER: &str = "starting: the default Python worker is not up yet";
-pub const DRAINING: &str = "draining: this sandbox is shutting down";
-pub const STARTING_POLICY: &str =
+pub(super) const STARTING_JOBS: &str = "starting: reading the job table";
+pub(super) const STARTING_WORKER: &str = "starting: the default Python worker is not up yet";
+pub(super) const DRAINING: &str = "draining: this sandbox is shutting down";
+pub(super) const STARTING_POLICY: &str =
     "starting: checking that this host can enforce the policy (as `doctor` does)";
 
 /// Why `policy` cannot be enforced on this host, as `doctor` tells it (`refuses_to_start`:
 /// a required protection is not enforced and the policy does not run best effort), or
 /// `None` when it can.
-pub fn unenforceable(
+pub(super) fn unenforceable(
     kernel: &crate::sandbox::parent::probe::KernelSupport,
     policy: &crate::sandbox::ResolvedPolicy,
 ) -> Option<String> {

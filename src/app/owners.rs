@@ -17,7 +17,7 @@ const DIR: &str = "owners";
 /// This server's record, locked while it lives (the lock goes with the descriptor, which
 /// is close-on-exec: no job inherits it).
 #[derive(Debug)]
-pub struct Registration {
+pub(super) struct Registration {
     path: PathBuf,
     _file: File,
 }
@@ -29,7 +29,7 @@ impl Drop for Registration {
 }
 
 /// Record this server (`id`) as an owner in `state_dir`, locked.
-pub fn register(state_dir: &Path, id: &str) -> Result<Registration, AppError> {
+pub(super) fn register(state_dir: &Path, id: &str) -> Result<Registration, AppError> {
     let path = state_dir.join(DIR).join(id);
     let err = |error| AppError::Owner {
         path: path.clone(),
@@ -54,7 +54,7 @@ pub fn register(state_dir: &Path, id: &str) -> Result<Registration, AppError> {
 /// A server that has ended: its id, and its record, locked by us until dropped (so no
 /// other server sweeps it at the same time); `forget` removes the record.
 #[derive(Debug)]
-pub struct Ended {
+pub(super) struct Ended {
     pub id: String,
     path: PathBuf,
     _file: File,
@@ -62,14 +62,14 @@ pub struct Ended {
 
 impl Ended {
     /// Remove the record, once what it owned has been swept.
-    pub fn forget(self) {
+    pub(super) fn forget(self) {
         let _ = std::fs::remove_file(&self.path);
     }
 }
 
 /// The servers recorded in `state_dir` that have ended (their lock could be taken).
 /// Records whose name is not an instance id are left alone.
-pub fn ended(state_dir: &Path, is_id: impl Fn(&str) -> bool) -> Vec<Ended> {
+pub(super) fn ended(state_dir: &Path, is_id: impl Fn(&str) -> bool) -> Vec<Ended> {
     let Ok(entries) = std::fs::read_dir(state_dir.join(DIR)) else {
         return Vec::new();
     };

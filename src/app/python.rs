@@ -40,7 +40,7 @@ pub enum VarsOutcome {
 }
 
 /// Adapts a job to the REPL's output sink: output is spooled, input requests flip status.
-pub struct JobSink(pub JobHandle);
+pub(super) struct JobSink(pub JobHandle);
 
 impl CellSink for JobSink {
     fn output(&self, stream: OutStream, data: &[u8]) {
@@ -62,11 +62,11 @@ impl CellSink for JobSink {
 }
 
 /// Routes job cancel/input to the session (weakly: a closed session needs no control).
-pub struct PyControl(pub Weak<Session>);
+pub(super) struct PyControl(pub Weak<Session>);
 
 /// How long a cancelled cell has to react to KeyboardInterrupt before its worker is
 /// killed and restarted.
-pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(2);
+pub(super) const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(2);
 
 impl JobControl for PyControl {
     fn cancel(&self) {
@@ -84,7 +84,7 @@ impl JobControl for PyControl {
 }
 
 /// How a cell's outcome becomes a job outcome.
-pub fn job_outcome(r: Result<CellOutcome, ReplError>, cancel_requested: bool) -> JobOutcome {
+pub(super) fn job_outcome(r: Result<CellOutcome, ReplError>, cancel_requested: bool) -> JobOutcome {
     let o = match r {
         Ok(o) => o,
         Err(e) => {
@@ -225,7 +225,10 @@ impl App {
     /// on the state right after that cell (`replay`: rebuild it by re-running cells when
     /// no snapshot is left); `timeout` interrupts it (then restarts the worker if it
     /// ignores that) and fails the job in words.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one script run's inputs, each named at its one call site"
+    )]
     pub async fn python_exec(
         &self,
         session: &str,
@@ -424,5 +427,6 @@ mod futures_cell {
 
     use crate::repl::{CellOutcome, ReplError};
 
-    pub type CellFuture = Pin<Box<dyn Future<Output = Result<CellOutcome, ReplError>> + Send>>;
+    pub(super) type CellFuture =
+        Pin<Box<dyn Future<Output = Result<CellOutcome, ReplError>> + Send>>;
 }

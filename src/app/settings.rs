@@ -170,7 +170,7 @@ pub(super) struct State {
 impl State {
     /// `broad_start`: why `workspace` (the directory the server started in) may not be the
     /// workspace; the client must name one before anything runs.
-    pub fn new(
+    pub(super) fn new(
         sources: Sources,
         configured: Policy,
         workspace: PathBuf,
@@ -205,7 +205,10 @@ impl State {
     }
 
     /// Apply a sandbox request; refused paths are named in the notice.
-    pub fn apply_request(&mut self, request: SandboxRequest) -> Result<Arc<Settings>, AppError> {
+    pub(super) fn apply_request(
+        &mut self,
+        request: SandboxRequest,
+    ) -> Result<Arc<Settings>, AppError> {
         self.refused.clear();
         self.request_write = self.checked_writable(&request);
         self.request = Some(request);
@@ -216,7 +219,7 @@ impl State {
     /// working directory as the workspace (when no `--workspace` was given; `/`, `$HOME`
     /// and the like are refused and the workspace stays). `None` when it repeats the
     /// last one (nothing changes, no generation is used up).
-    pub fn apply_client_sandbox(
+    pub(super) fn apply_client_sandbox(
         &mut self,
         state: ClientSandbox,
     ) -> Result<Option<Arc<Settings>>, AppError> {
@@ -247,7 +250,7 @@ impl State {
 
     /// Apply the client's roots (file paths, in its order); the first becomes the
     /// workspace. A refused first root leaves the workspace as it was.
-    pub fn apply_roots(&mut self, roots: Vec<PathBuf>) -> Result<Arc<Settings>, AppError> {
+    pub(super) fn apply_roots(&mut self, roots: Vec<PathBuf>) -> Result<Arc<Settings>, AppError> {
         self.roots_answered = true;
         self.refused.clear();
         let mut ok: Vec<PathBuf> = roots

@@ -93,7 +93,7 @@ pub(crate) struct Budget {
 }
 
 impl Budget {
-    pub fn new(limits: Limits) -> Budget {
+    pub(crate) fn new(limits: Limits) -> Budget {
         Budget {
             limits,
             open: AtomicUsize::new(0),
@@ -145,12 +145,12 @@ pub(crate) struct Rules {
 
 impl Rules {
     /// The first entry allowing `host:port`.
-    pub fn entry_for(&self, host: &str, port: u16) -> Option<&AllowEntry> {
+    pub(crate) fn entry_for(&self, host: &str, port: u16) -> Option<&AllowEntry> {
         self.allow.iter().find(|e| e.matches(host, port))
     }
 
     /// Record `line` in the job's denials (once) and the log.
-    pub fn note(&self, line: &str) {
+    pub(crate) fn note(&self, line: &str) {
         tracing::info!("{line}");
         let mut d = self.denials.lock().unwrap_or_else(|p| p.into_inner());
         if d.len() < MAX_DENIALS && !d.iter().any(|l| l == line) {
@@ -159,7 +159,7 @@ impl Rules {
     }
 
     /// The words for a refused connection; also recorded in the job's denials.
-    pub fn deny(&self, host: &str, port: u16, why: Option<&str>) -> String {
+    pub(crate) fn deny(&self, host: &str, port: u16, why: Option<&str>) -> String {
         let allowed = if self.allow.is_empty() {
             "none".to_string()
         } else {
@@ -190,7 +190,7 @@ impl Rules {
 
     /// Admit one more connection of this job, or say (in words, also in the job's
     /// denials) which budget it is over.
-    pub fn admit(self: &Arc<Self>) -> Result<Permit, conn::Refusal> {
+    pub(crate) fn admit(self: &Arc<Self>) -> Result<Permit, conn::Refusal> {
         let limits = &self.budget.limits;
         if !take(&self.open, limits.per_job) {
             let line = format!(

@@ -91,7 +91,10 @@ pub fn validate(req: &InstallRequest) -> Result<(), EnvError> {
 /// as it comes (so the caller can spool it into a job), progress steps to
 /// `sink.progress`. Errors are only for failures to run uv at all; a failed resolution is
 /// `Ok` with `ok: false`.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one install's inputs, each named at its one call site"
+)]
 pub async fn install(
     cfg: &EnvConfig,
     uv: &Uv,

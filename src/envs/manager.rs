@@ -151,7 +151,10 @@ impl EnvManager {
     /// own uv cache, under `lease` (from [`EnvManager::admit`] for this session).
     /// Installs into one venv run one at a time. Returns the venv with the report, so the
     /// caller can run [`Venv::activation_code`] in the session after a success.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one install's inputs, each named at its one call site"
+    )]
     pub async fn install(
         &self,
         session: &str,

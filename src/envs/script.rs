@@ -621,7 +621,10 @@ fn installed(dir: &std::path::Path) -> Vec<String> {
 
 /// with the benchmark when the environment is ready, `Ok(Err(report))` when it could
 /// not be built (the report says why).
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one script environment's inputs, each named at its one call site"
+)]
 async fn build_env(
     cfg: &EnvConfig,
     uv: &Uv,

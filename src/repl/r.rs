@@ -57,7 +57,7 @@ requireNamespace('jsonlite', quietly = TRUE), .libPaths(), sep = '\\n')";
 /// Find `Rscript` on PATH and ask it for R_HOME, its version and library paths (once per
 /// server). The answer is a [`PythonInfo`] whose prefixes are R's own paths: the policy's
 /// `{python}` placeholder (the session interpreter's installation) for an R session.
-pub async fn discover_r() -> Result<PythonInfo, ReplError> {
+pub(super) async fn discover_r() -> Result<PythonInfo, ReplError> {
     let rscript = which::which("Rscript").map_err(|e| ReplError::RNotFound {
         detail: format!("no Rscript on PATH ({e})"),
     })?;

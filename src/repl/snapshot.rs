@@ -16,7 +16,7 @@ use nix::sys::time::TimeVal;
 
 /// Errors of the snapshot channel.
 #[derive(Debug, thiserror::Error)]
-pub enum SnapshotError {
+pub(super) enum SnapshotError {
     #[error("could not {what}: {source}")]
     Io {
         what: &'static str,

@@ -5,7 +5,7 @@
 use serde_json::{Map, Value};
 
 /// The first argument whose JSON type does not fit its schema, described in words.
-pub fn explain(schema: &Map<String, Value>, args: &Map<String, Value>) -> Option<String> {
+pub(super) fn explain(schema: &Map<String, Value>, args: &Map<String, Value>) -> Option<String> {
     let props = schema.get("properties")?.as_object()?;
     for (name, value) in args {
         let Some(prop) = props.get(name) else {

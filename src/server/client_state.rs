@@ -220,7 +220,10 @@ fn file_uri_path(uri: &str) -> Option<PathBuf> {
 
 /// Ask the client for its roots and hand them to the app.
 pub async fn refresh_roots(app: &App, peer: &Peer<RoleServer>) {
-    #[allow(deprecated)] // roots are still what Claude Code, Cursor and VS Code offer
+    #[expect(
+        deprecated,
+        reason = "roots are still what Claude Code, Cursor and VS Code offer"
+    )]
     let listed = peer.list_roots().await;
     match listed {
         Ok(list) => {

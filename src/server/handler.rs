@@ -372,7 +372,7 @@ impl ServerHandler for SandboxServer {
         Ok(())
     }
 
-    #[allow(deprecated)] // legacy resources/subscribe: what clients before 2026-07-28 send
+    // Legacy resources/subscribe: what clients before 2026-07-28 send.
     async fn subscribe(
         &self,
         request: SubscribeRequestParams,
@@ -383,7 +383,6 @@ impl ServerHandler for SandboxServer {
             .subscribe(app, context.peer, request.uri, &self.closing)
     }
 
-    #[allow(deprecated)]
     async fn unsubscribe(
         &self,
         request: UnsubscribeRequestParams,

@@ -9,14 +9,14 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Path of the binary under test.
-pub fn bin() -> PathBuf {
+pub(crate) fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_mcp-sandbox-repl"))
 }
 
 /// The sandbox runtime the suite's in-process spawns use: the server's (the zygote,
 /// resources made ahead of need), re-executing the real binary (this test binary is not
 /// it). One for the whole test binary, as a server has one.
-pub fn runtime() -> mcp_sandbox_repl::sandbox::Runtime {
+pub(crate) fn runtime() -> mcp_sandbox_repl::sandbox::Runtime {
     use mcp_sandbox_repl::sandbox::{Runtime, RuntimeConfig};
     static RUNTIME: std::sync::OnceLock<Runtime> = std::sync::OnceLock::new();
     RUNTIME
@@ -31,7 +31,7 @@ pub fn runtime() -> mcp_sandbox_repl::sandbox::Runtime {
 
 /// `policy` (a name or a file) resolved for a job in `ws` (its `{tmp}` is `ws/.tmp`), for
 /// spawning with [`runtime`] from this multi-threaded test binary.
-pub fn resolved_in(
+pub(crate) fn resolved_in(
     ws: &TempDir,
     policy: &str,
 ) -> std::sync::Arc<mcp_sandbox_repl::sandbox::ResolvedPolicy> {
@@ -54,7 +54,7 @@ pub fn resolved_in(
 /// A fresh directory removed on drop (also while a failed test unwinds), by default
 /// under /var/tmp/msr-tests: outside /tmp, because the mount view puts each job's private
 /// temp dir at /tmp, and outside any other test's workspace.
-pub struct TempDir {
+pub(crate) struct TempDir {
     /// Canonical, so that comparisons with what the child sees hold.
     pub path: PathBuf,
     /// Removes the directory when dropped.
@@ -62,7 +62,7 @@ pub struct TempDir {
 }
 
 impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
+    pub(crate) fn new(tag: &str) -> TempDir {
         let base = Path::new("/var/tmp/msr-tests");
         std::fs::create_dir_all(base).unwrap();
         TempDir::new_in(base, tag)
@@ -70,7 +70,7 @@ impl TempDir {
 
     /// A fresh directory `msr-test-<tag>-XXXXXX` under `base`, for a test whose directory
     /// must stay where it always was (e.g. the system temp dir).
-    pub fn new_in(base: &Path, tag: &str) -> TempDir {
+    pub(crate) fn new_in(base: &Path, tag: &str) -> TempDir {
         let guard = tempfile::Builder::new()
             .prefix(&format!("msr-test-{tag}-"))
             .tempdir_in(base.canonicalize().unwrap())
@@ -82,16 +82,16 @@ impl TempDir {
     }
 
     /// [`TempDir::new_in`] the system temp dir (`$TMPDIR` or /tmp).
-    pub fn in_system_tmp(tag: &str) -> TempDir {
+    pub(crate) fn in_system_tmp(tag: &str) -> TempDir {
         TempDir::new_in(&std::env::temp_dir(), tag)
     }
 
-    pub fn join(&self, p: impl AsRef<Path>) -> PathBuf {
+    pub(crate) fn join(&self, p: impl AsRef<Path>) -> PathBuf {
         self.path.join(p)
     }
 
     /// Write a file inside the directory and return its path.
-    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+    pub(crate) fn write(&self, name: &str, text: &str) -> PathBuf {
         let p = self.join(name);
         std::fs::write(&p, text).unwrap();
         p
@@ -99,12 +99,12 @@ impl TempDir {
 }
 
 /// `mcp-sandbox-repl run --policy POLICY --workspace WS [--json] -- ARGS...`
-pub fn run_in(policy: &str, ws: &Path, json: bool, args: &[&str]) -> Output {
+pub(crate) fn run_in(policy: &str, ws: &Path, json: bool, args: &[&str]) -> Output {
     run_cmd(policy, ws, json, args).output().unwrap()
 }
 
 /// The `Command` for `run`, to add environment variables before starting it.
-pub fn run_cmd(policy: &str, ws: &Path, json: bool, args: &[&str]) -> Command {
+pub(crate) fn run_cmd(policy: &str, ws: &Path, json: bool, args: &[&str]) -> Command {
     let mut cmd = Command::new(bin());
     cmd.arg("run")
         .arg("--policy")
@@ -119,20 +119,20 @@ pub fn run_cmd(policy: &str, ws: &Path, json: bool, args: &[&str]) -> Command {
 }
 
 /// `sh -c SCRIPT` under `policy` in `ws`.
-pub fn sh(policy: &str, ws: &Path, script: &str) -> Output {
+pub(crate) fn sh(policy: &str, ws: &Path, script: &str) -> Output {
     run_in(policy, ws, false, &["sh", "-c", script])
 }
 
-pub fn stdout(o: &Output) -> String {
+pub(crate) fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-pub fn stderr(o: &Output) -> String {
+pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// The `--json` report: the last line of stdout.
-pub fn report(o: &Output) -> serde_json::Value {
+pub(crate) fn report(o: &Output) -> serde_json::Value {
     let out = stdout(o);
     let line = out.lines().last().unwrap_or_default();
     serde_json::from_str(line)
@@ -142,7 +142,7 @@ pub fn report(o: &Output) -> serde_json::Value {
 /// Host pids of live (not zombie) processes whose environment holds `var` (`NAME=value`).
 /// Jobs run in PID namespaces of their own, so `$$` or `os.getpid()` inside a job is not
 /// the pid seen here: tests mark a job's processes with a variable and find them so.
-pub fn pids_with_env(var: &str) -> Vec<u32> {
+pub(crate) fn pids_with_env(var: &str) -> Vec<u32> {
     let needle = var.as_bytes();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         panic!("/proc is not readable")
@@ -159,7 +159,7 @@ pub fn pids_with_env(var: &str) -> Vec<u32> {
 }
 
 /// Like [`pids_with_env`], waiting (up to 30 s, a bound and not a measurement) for one.
-pub fn wait_for_pids_with_env(var: &str) -> Vec<u32> {
+pub(crate) fn wait_for_pids_with_env(var: &str) -> Vec<u32> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let pids = pids_with_env(var);
@@ -175,19 +175,19 @@ pub fn wait_for_pids_with_env(var: &str) -> Vec<u32> {
 }
 
 /// Fields of /proc/PID/stat after the command name: state ppid pgrp session ...
-pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
+pub(crate) fn stat_fields(pid: u32) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = stat.rsplit_once(')')?.1;
     Some(rest.split_whitespace().map(str::to_string).collect())
 }
 
 /// The process group of `pid`, as seen from here.
-pub fn pgid_of(pid: u32) -> Option<i32> {
+pub(crate) fn pgid_of(pid: u32) -> Option<i32> {
     stat_fields(pid)?.get(2)?.parse().ok()
 }
 
 /// A variable unique to this test process and call, to mark a job's processes with.
-pub fn unique_marker(tag: &str) -> String {
+pub(crate) fn unique_marker(tag: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     format!(
         "MSR_TEST_MARK={tag}-{}-{}",

@@ -20,12 +20,12 @@ use hyper::body::{Body, Frame, SizeHint};
 use tokio_util::sync::CancellationToken;
 
 /// The default cap, unless a quarter of the open-file limit is lower.
-pub const DEFAULT_CAP: usize = 256;
+pub(super) const DEFAULT_CAP: usize = 256;
 
 /// The cap to use: the configured one, else [`DEFAULT_CAP`] or a quarter of the soft
 /// open-file limit `nofile` if that is lower (the rest is for sessions, jobs and the
 /// broker), but at least 8.
-pub fn cap_for(configured: Option<usize>, nofile: Option<u64>) -> usize {
+pub(super) fn cap_for(configured: Option<usize>, nofile: Option<u64>) -> usize {
     if let Some(n) = configured {
         return n;
     }
@@ -34,7 +34,7 @@ pub fn cap_for(configured: Option<usize>, nofile: Option<u64>) -> usize {
 }
 
 /// This process's soft open-file limit.
-pub fn nofile_limit() -> Option<u64> {
+pub(super) fn nofile_limit() -> Option<u64> {
     let (soft, _hard) = rlimit::getrlimit(rlimit::Resource::NOFILE).ok()?;
     (soft != rlimit::INFINITY).then_some(soft)
 }
@@ -45,7 +45,7 @@ struct Slot {
 }
 
 /// The open connections, oldest first.
-pub struct Connections {
+pub(super) struct Connections {
     cap: usize,
     open: Mutex<BTreeMap<u64, Slot>>,
     next: AtomicUsize,
@@ -54,7 +54,7 @@ pub struct Connections {
 /// One admitted connection's place; the connection task holds it and gives it back at its
 /// end. `evict` is cancelled when a newer connection needs the place: the task then shuts
 /// the connection down gracefully (hyper closes it at once when no request is in progress).
-pub struct ConnSlot {
+pub(super) struct ConnSlot {
     conns: Arc<Connections>,
     id: u64,
     pub busy: Arc<AtomicUsize>,
@@ -68,7 +68,7 @@ impl Drop for ConnSlot {
 }
 
 impl Connections {
-    pub fn new(cap: usize) -> Arc<Self> {
+    pub(super) fn new(cap: usize) -> Arc<Self> {
         Arc::new(Connections {
             cap: cap.max(1),
             open: Mutex::default(),
@@ -76,7 +76,7 @@ impl Connections {
         })
     }
 
-    pub fn cap(&self) -> usize {
+    pub(super) fn cap(&self) -> usize {
         self.cap
     }
 
@@ -86,7 +86,7 @@ impl Connections {
 
     /// A place for a new connection, closing the longest-idle one at the cap; `None` when
     /// the cap is reached and every connection is busy.
-    pub fn admit(self: &Arc<Self>) -> Option<ConnSlot> {
+    pub(super) fn admit(self: &Arc<Self>) -> Option<ConnSlot> {
         let mut open = self.book();
         if open.len() >= self.cap && !evict_oldest_idle(&mut open) {
             return None;
@@ -110,12 +110,12 @@ impl Connections {
     }
 
     /// Close the longest-idle connection (its place is free at once); false if none is idle.
-    pub fn evict_oldest_idle(&self) -> bool {
+    pub(super) fn evict_oldest_idle(&self) -> bool {
         evict_oldest_idle(&mut self.book())
     }
 
     /// Connections open now.
-    pub fn open(&self) -> usize {
+    pub(super) fn open(&self) -> usize {
         self.book().len()
     }
 }
@@ -136,10 +136,10 @@ fn evict_oldest_idle(open: &mut BTreeMap<u64, Slot>) -> bool {
 
 /// A request in progress on a connection: counted from the complete head until the
 /// response body is sent or dropped.
-pub struct Busy(Arc<AtomicUsize>);
+pub(super) struct Busy(Arc<AtomicUsize>);
 
 impl Busy {
-    pub fn enter(count: &Arc<AtomicUsize>) -> Self {
+    pub(super) fn enter(count: &Arc<AtomicUsize>) -> Self {
         count.fetch_add(1, Ordering::SeqCst);
         Busy(count.clone())
     }
@@ -152,13 +152,13 @@ impl Drop for Busy {
 }
 
 /// A response body that keeps its request counted as [`Busy`] until it is done.
-pub struct Tracked<B> {
+pub(super) struct Tracked<B> {
     body: B,
     _busy: Busy,
 }
 
 impl<B> Tracked<B> {
-    pub fn new(body: B, busy: Busy) -> Self {
+    pub(super) fn new(body: B, busy: Busy) -> Self {
         Tracked { body, _busy: busy }
     }
 }

@@ -7,11 +7,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The shortest gap between two lines of one kind.
-pub const EVERY: Duration = Duration::from_secs(10);
+pub(super) const EVERY: Duration = Duration::from_secs(10);
 
 /// One kind of repeated event.
 #[derive(Debug)]
-pub struct Throttle {
+pub(super) struct Throttle {
     every: Duration,
     state: Mutex<State>,
 }
@@ -23,7 +23,7 @@ struct State {
 }
 
 impl Throttle {
-    pub const fn new(every: Duration) -> Self {
+    pub(super) const fn new(every: Duration) -> Self {
         Throttle {
             every,
             state: Mutex::new(State {
@@ -35,7 +35,7 @@ impl Throttle {
 
     /// `Some(n)` when a line may be written now (`n`: how many events since the last
     /// line were not logged); `None` when this one is only counted.
-    pub fn ready(&self) -> Option<u64> {
+    pub(super) fn ready(&self) -> Option<u64> {
         self.ready_at(Instant::now())
     }
 
@@ -55,7 +55,7 @@ impl Throttle {
 }
 
 /// The tail of a throttled line: how many like it were left out.
-pub fn left_out(n: u64) -> String {
+pub(super) fn left_out(n: u64) -> String {
     match n {
         0 => String::new(),
         n => format!(" ({n} more like this since the last such line)"),
