@@ -22,7 +22,7 @@ pub struct Original {
 
 /// An image ready for an answer.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Fitted {
+pub(crate) struct Fitted {
     pub mime: String,
     /// Base64 data, at most the budget.
     pub data: String,
@@ -61,7 +61,7 @@ fn format_of(mime: &str) -> Option<ImageFormat> {
 
 /// `data` (base64 of an image of type `mime`) within `budget` bytes of base64: as it is
 /// when it fits, else scaled down.
-pub fn fit(mime: &str, data: &str, budget: usize) -> Result<Fitted, FitError> {
+pub(crate) fn fit(mime: &str, data: &str, budget: usize) -> Result<Fitted, FitError> {
     let format = format_of(mime);
     if data.len() <= budget {
         let size = format.and_then(|f| {

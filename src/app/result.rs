@@ -10,7 +10,7 @@ use crate::jobs::JobKind;
 
 /// A result as text, and where each part starts in it.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ResultLayout {
+pub(crate) struct ResultLayout {
     /// The whole `result` stream.
     pub text: String,
     /// Byte offset of the value's repr, if the cell had a value.
@@ -40,7 +40,7 @@ pub struct ResultImage {
 }
 
 /// Whether a display item travels as MCP image content (SVG is text).
-pub fn is_image(mime: &str) -> bool {
+pub(crate) fn is_image(mime: &str) -> bool {
     mime.starts_with("image/") && mime != "image/svg+xml"
 }
 
@@ -49,7 +49,7 @@ fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 }
 
 /// The display items of a cell result as (mime, data).
-pub fn display_items(result: &Value) -> impl Iterator<Item = (&str, &str)> {
+pub(crate) fn display_items(result: &Value) -> impl Iterator<Item = (&str, &str)> {
     result
         .get("display")
         .and_then(Value::as_array)
@@ -60,7 +60,7 @@ pub fn display_items(result: &Value) -> impl Iterator<Item = (&str, &str)> {
 
 /// Lay out a job's result. Python (and shell) results get one section per part; install
 /// and script reports are pretty-printed JSON.
-pub fn layout(kind: JobKind, result: &Value) -> ResultLayout {
+pub(crate) fn layout(kind: JobKind, result: &Value) -> ResultLayout {
     let mut out = ResultLayout::default();
     if matches!(kind, JobKind::Install | JobKind::Script) {
         out.text = serde_json::to_string_pretty(result).unwrap_or_default();
@@ -112,7 +112,7 @@ pub fn layout(kind: JobKind, result: &Value) -> ResultLayout {
 }
 
 /// Image `index` (1-based) of a cell result.
-pub fn image(result: &Value, index: usize) -> Result<ResultImage, usize> {
+pub(crate) fn image(result: &Value, index: usize) -> Result<ResultImage, usize> {
     let images: Vec<(&str, &str)> = display_items(result).filter(|(m, _)| is_image(m)).collect();
     let of = images.len();
     match index.checked_sub(1).and_then(|i| images.get(i)) {
@@ -130,7 +130,7 @@ pub fn image(result: &Value, index: usize) -> Result<ResultImage, usize> {
 
 /// Bytes `[offset, offset + len)` of `text`, moved to character boundaries (the start
 /// back, the end back unless that leaves nothing). Returns the text and the range covered.
-pub fn slice(text: &str, offset: u64, len: u64) -> (String, u64, u64) {
+pub(crate) fn slice(text: &str, offset: u64, len: u64) -> (String, u64, u64) {
     let total = text.len();
     let mut start = (offset as usize).min(total);
     while !text.is_char_boundary(start) {

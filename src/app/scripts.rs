@@ -14,7 +14,7 @@ use super::envs::ScriptArgs;
 use super::error::AppError;
 
 /// How many saved scripts are kept.
-pub const KEEP: usize = 200;
+pub(crate) const KEEP: usize = 200;
 
 /// One saved run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -31,7 +31,7 @@ pub struct SavedScript {
 }
 
 /// The tool arguments a rerun needs (env values left out).
-pub fn arguments_of(args: &ScriptArgs) -> Record {
+pub(crate) fn arguments_of(args: &ScriptArgs) -> Record {
     use serde_json::{Value, json};
     let mut m = serde_json::Map::new();
     if let Some(code) = &args.code {
@@ -89,10 +89,15 @@ fn valid_id(id: &str) -> bool {
 }
 
 /// The arguments of a run, taken before the run consumes them.
-pub type Record = (serde_json::Map<String, serde_json::Value>, Vec<String>);
+pub(crate) type Record = (serde_json::Map<String, serde_json::Value>, Vec<String>);
 
 /// Save one run (best effort is the caller's choice: an error says what failed).
-pub fn save(state_dir: &Path, job_id: &str, label: &str, record: Record) -> Result<(), AppError> {
+pub(crate) fn save(
+    state_dir: &Path,
+    job_id: &str,
+    label: &str,
+    record: Record,
+) -> Result<(), AppError> {
     if !valid_id(job_id) {
         return Err(AppError::BadRequest("a job id names a saved script"));
     }
@@ -123,7 +128,7 @@ pub fn save(state_dir: &Path, job_id: &str, label: &str, record: Record) -> Resu
 }
 
 /// Every saved script, newest first.
-pub fn list(state_dir: &Path) -> Vec<SavedScript> {
+pub(crate) fn list(state_dir: &Path) -> Vec<SavedScript> {
     let Ok(entries) = std::fs::read_dir(dir(state_dir)) else {
         return Vec::new();
     };
@@ -138,7 +143,7 @@ pub fn list(state_dir: &Path) -> Vec<SavedScript> {
 }
 
 /// One saved script by its job id.
-pub fn get(state_dir: &Path, job_id: &str) -> Option<SavedScript> {
+pub(crate) fn get(state_dir: &Path, job_id: &str) -> Option<SavedScript> {
     if !valid_id(job_id) {
         return None;
     }

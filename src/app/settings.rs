@@ -71,7 +71,7 @@ pub struct ClientSandbox {
 
 /// What we still enforce under Codex's `external-sandbox`, in words (the agent notice and
 /// docs/policies.md say the same).
-pub const EXTERNAL_ENFORCED: &str = "the client sandboxes this server itself, so file \
+pub(crate) const EXTERNAL_ENFORCED: &str = "the client sandboxes this server itself, so file \
      access is not confined here (anything the outer sandbox allows); still enforced here: \
      no network unless the client enables it (a private network namespace, capabilities \
      dropped so it cannot be left), the process limit (4096), and each job in a cgroup of \
@@ -470,7 +470,7 @@ fn on_off(on: bool) -> &'static str {
 
 /// A path a client hands us: absolute, an existing directory, never `/` or the home
 /// directory (either would open the whole machine or the user's credentials).
-pub fn client_path(p: &Path) -> Result<PathBuf, String> {
+pub(crate) fn client_path(p: &Path) -> Result<PathBuf, String> {
     if !p.is_absolute() {
         return Err("not an absolute path".into());
     }

@@ -12,7 +12,7 @@ use super::error::AppError;
 
 /// Create a fresh private dir under `base`, named after this server's instance id (so a
 /// sweep by another server sharing the state dir leaves it alone while we run: `owners`).
-pub fn create_job_tmp(base: &Path, owner: &str) -> Result<PathBuf, AppError> {
+pub(crate) fn create_job_tmp(base: &Path, owner: &str) -> Result<PathBuf, AppError> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let tmp = base.join(format!("{owner}-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
     create_dir(&tmp)?;
@@ -21,7 +21,7 @@ pub fn create_job_tmp(base: &Path, owner: &str) -> Result<PathBuf, AppError> {
 
 /// A private temp dir removed (with everything in it) when dropped.
 #[derive(Debug)]
-pub struct TmpDir(pub PathBuf);
+pub(crate) struct TmpDir(pub PathBuf);
 
 impl Drop for TmpDir {
     fn drop(&mut self) {
@@ -34,7 +34,7 @@ impl Drop for TmpDir {
 }
 
 /// `create_dir_all` with the error in words.
-pub fn create_dir(dir: &Path) -> Result<(), AppError> {
+pub(crate) fn create_dir(dir: &Path) -> Result<(), AppError> {
     std::fs::create_dir_all(dir).map_err(|error| AppError::CreateDir {
         path: dir.to_path_buf(),
         error,
@@ -46,7 +46,7 @@ pub fn create_dir(dir: &Path) -> Result<(), AppError> {
 /// (`shell-tmp/<owner>-<n>`, `env-tmp/<owner>-<n>`), its inline scripts
 /// (`scripts/script-<owner>-<n>.py`) and transient script environments
 /// (`script-envs/env-<owner>-<n>`). Returns them.
-pub fn sweep_owner(state_dir: &Path, owner: &str) -> Vec<PathBuf> {
+pub(crate) fn sweep_owner(state_dir: &Path, owner: &str) -> Vec<PathBuf> {
     let mut swept = Vec::new();
     for (dir, prefix) in [
         ("shell-tmp", format!("{owner}-")),
@@ -63,7 +63,7 @@ pub fn sweep_owner(state_dir: &Path, owner: &str) -> Vec<PathBuf> {
 
 /// Server start: session directories set aside for removal (`repl/.closed-*`, of any
 /// server: they are renamed away before removal, so no live session uses one).
-pub fn sweep_closed_sessions(state_dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn sweep_closed_sessions(state_dir: &Path) -> Vec<PathBuf> {
     remove_entries(&state_dir.join("repl"), |name| name.starts_with(".closed-"))
 }
 

@@ -196,7 +196,7 @@ impl Workspace {
 /// or the server's own state: `/`, `home`, a parent of `state_dir` or anything inside
 /// it — unless `allow_broad` (then the state dir is still masked from the job's view).
 /// All paths canonical.
-pub fn check_breadth(
+pub(crate) fn check_breadth(
     root: &Path,
     state_dir: &Path,
     home: Option<&Path>,

@@ -31,7 +31,7 @@
 
 mod conn;
 mod peer;
-pub mod upstream;
+pub(crate) mod upstream;
 
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicUsize, Ordering};

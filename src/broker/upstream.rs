@@ -80,7 +80,7 @@ impl IndexAuth {
 }
 
 /// Variables naming package indexes (space- or comma-separated URLs, maybe `name=url`).
-pub const INDEX_VARS: &[&str] = &[
+pub(crate) const INDEX_VARS: &[&str] = &[
     "UV_INDEX_URL",
     "UV_DEFAULT_INDEX",
     "UV_EXTRA_INDEX_URL",

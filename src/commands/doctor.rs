@@ -116,7 +116,7 @@ struct Report {
     policies: Vec<PolicyReport>,
 }
 
-pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let workspace = match args.workspace {
         Some(w) => w,
         None => std::env::current_dir().context("cannot read the current directory")?,

@@ -15,10 +15,10 @@
 //! ([`file`]). `--print` shows the change as a unified diff and writes nothing. The entry
 //! carries the TLS, proxy and uv index variables set at install time ([`env`]).
 
-pub mod edit_json;
-pub mod edit_toml;
-pub mod env;
-pub mod file;
+pub(crate) mod edit_json;
+pub(crate) mod edit_toml;
+pub(crate) mod env;
+pub(crate) mod file;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -31,7 +31,7 @@ use edit_json::Shape;
 
 /// What the client should run: the binary, its arguments, extra environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub command: String,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
@@ -39,7 +39,7 @@ pub struct Entry {
 
 /// Why a configuration file could not be edited.
 #[derive(Debug, Error)]
-pub enum EditError {
+pub(crate) enum EditError {
     #[error("the file is not valid {format} ({detail}); fix or move it, then retry")]
     Syntax {
         format: &'static str,
@@ -53,21 +53,21 @@ pub enum EditError {
 
 /// How a client's file is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     Toml,
     Json(Shape),
 }
 
 /// Where a client's configuration lives and in which format.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub(crate) struct Target {
     pub path: PathBuf,
     pub format: Format,
 }
 
 /// The directories the configuration paths are built from.
 #[derive(Debug, Clone, Default)]
-pub struct Locations {
+pub(crate) struct Locations {
     pub home: Option<PathBuf>,
     /// `$XDG_CONFIG_HOME` (Claude Desktop); default `~/.config`.
     pub xdg_config_home: Option<PathBuf>,
@@ -99,14 +99,14 @@ impl Locations {
 
 /// The sandbox state written when `--sandbox-state` is not given: Codex tells the server
 /// its own sandbox (`codex/sandbox-state`), so it gets `inherit`.
-pub fn default_state(client: Client) -> SandboxState {
+pub(crate) fn default_state(client: Client) -> SandboxState {
     match client {
         Client::Codex => SandboxState::Inherit,
         _ => SandboxState::WorkspaceWrite,
     }
 }
 
-pub fn target(client: Client, loc: &Locations) -> Result<Target, TargetError> {
+pub(crate) fn target(client: Client, loc: &Locations) -> Result<Target, TargetError> {
     let home = || loc.home.clone().ok_or(TargetError::NoHome);
     let json = |servers_key, with_type, jsonc| {
         Format::Json(Shape {
@@ -149,12 +149,12 @@ pub fn target(client: Client, loc: &Locations) -> Result<Target, TargetError> {
 }
 
 #[derive(Debug, Error)]
-pub enum TargetError {
+pub(crate) enum TargetError {
     #[error("HOME is not set, so the client's configuration cannot be found; set HOME and retry")]
     NoHome,
 }
 
-pub fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().context("cannot find the path of this executable")?;
     let state = args.sandbox_state.unwrap_or(default_state(args.client));
     let passed = if args.no_env {
@@ -227,7 +227,7 @@ pub fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Arguments the client passes to the server: explicit sandbox state, workspace if given.
-pub fn entry_for(
+pub(crate) fn entry_for(
     exe: &Path,
     state: SandboxState,
     workspace: Option<&Path>,
@@ -254,7 +254,7 @@ pub fn entry_for(
 }
 
 /// `existing` (empty for a missing file) with the entry `name` set to `entry`.
-pub fn merge(
+pub(crate) fn merge(
     format: Format,
     existing: &str,
     name: &str,
@@ -267,7 +267,7 @@ pub fn merge(
 }
 
 /// A unified diff from `before` to `after`, headed with `path` (empty if equal).
-pub fn diff(path: &Path, before: &str, after: &str) -> String {
+pub(crate) fn diff(path: &Path, before: &str, after: &str) -> String {
     let name = path.display().to_string();
     similar::TextDiff::from_lines(before, after)
         .unified_diff()

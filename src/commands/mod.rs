@@ -1,8 +1,8 @@
 //! The thin bodies of each subcommand: they translate CLI arguments into calls on the
 //! library subsystems and render the outcome for a terminal or a CI log.
 
-pub mod doctor;
-pub mod install;
-pub mod policy;
-pub mod run;
+pub(crate) mod doctor;
+pub(crate) mod install;
+pub(crate) mod policy;
+pub(crate) mod run;
 pub mod serve;

@@ -10,7 +10,7 @@ use crate::cli::PolicyCommand;
 use crate::sandbox::policy::SHIPPED;
 use crate::sandbox::{Placeholders, Policy};
 
-pub fn policy(cmd: PolicyCommand) -> anyhow::Result<ExitCode> {
+pub(crate) fn policy(cmd: PolicyCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         PolicyCommand::List => {
             for (name, _) in SHIPPED {

@@ -81,7 +81,7 @@ impl StderrTee {
     }
 }
 
-pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let policy = Policy::load(&args.policy)?;
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let workspace = match &args.workspace {

@@ -19,13 +19,13 @@
 //! [`Canceller`] (the server's `JobControl::cancel` calls [`Canceller::cancel`]).
 
 pub mod install;
-pub mod manager;
-pub mod policy;
+pub(crate) mod manager;
+pub(crate) mod policy;
 pub mod process;
-pub mod r_install;
+pub(crate) mod r_install;
 pub mod script;
-pub mod store;
-pub mod uv;
+pub(crate) mod store;
+pub(crate) mod uv;
 pub mod venv;
 
 use std::path::PathBuf;

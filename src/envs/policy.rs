@@ -11,7 +11,7 @@ use crate::sandbox::{KernelSupportMode, NetworkPolicy, ResolvedPolicy};
 
 /// What a uv process may do beyond the session's policy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Grants {
+pub(crate) struct Grants {
     /// Paths the process may write (created before the policy is built: Landlock
     /// rules name existing paths).
     pub write: Vec<PathBuf>,
@@ -32,7 +32,7 @@ pub struct Grants {
 
 /// The session policy extended by `grants`; `netns_usable`: whether this process can
 /// make network namespaces (`sandbox::Runtime::namespaces_usable`).
-pub fn extend(base: &ResolvedPolicy, grants: &Grants, netns_usable: bool) -> ResolvedPolicy {
+pub(crate) fn extend(base: &ResolvedPolicy, grants: &Grants, netns_usable: bool) -> ResolvedPolicy {
     let mut p = base.clone();
     if grants.confine_writes && !base.filesystem_unrestricted() {
         let workspace = p.workspace.clone();
@@ -72,7 +72,7 @@ pub fn extend(base: &ResolvedPolicy, grants: &Grants, netns_usable: bool) -> Res
 /// network namespaces (not root), proxy mode cannot be had: the installer then gets the
 /// host's network, as the rest of a best-effort policy runs without what is missing. A
 /// `required` policy keeps proxy mode and fails closed at spawn.
-pub fn installer_network(base: &ResolvedPolicy, netns_usable: bool) -> NetworkPolicy {
+pub(crate) fn installer_network(base: &ResolvedPolicy, netns_usable: bool) -> NetworkPolicy {
     if matches!(base.installer_network, NetworkPolicy::Proxy { .. })
         && base.kernel_support == KernelSupportMode::BestEffort
         && !netns_usable
@@ -93,7 +93,10 @@ pub fn installer_network(base: &ResolvedPolicy, netns_usable: bool) -> NetworkPo
 
 /// What each path of the server may reach over the network under `policy`, in words:
 /// (path, what). For `doctor` and `policy show`.
-pub fn network_reach(policy: &ResolvedPolicy, netns_usable: bool) -> Vec<(&'static str, String)> {
+pub(crate) fn network_reach(
+    policy: &ResolvedPolicy,
+    netns_usable: bool,
+) -> Vec<(&'static str, String)> {
     let session = policy.network.describe();
     let installer = installer_network(policy, netns_usable).describe();
     let build = if policy.wheels_only {
@@ -116,7 +119,11 @@ pub fn network_reach(policy: &ResolvedPolicy, netns_usable: bool) -> Vec<(&'stat
 /// `path` the policy lets it execute from. uv searches PATH for interpreters and stops
 /// at the first one it cannot run (a pyenv shim outside the sandbox's execute set), so
 /// the entries it could never use are left out.
-pub fn sandbox_path(policy: &ResolvedPolicy, python: &Path, path: Option<&OsStr>) -> OsString {
+pub(crate) fn sandbox_path(
+    policy: &ResolvedPolicy,
+    python: &Path,
+    path: Option<&OsStr>,
+) -> OsString {
     let mut dirs: Vec<PathBuf> = python.parent().map(Path::to_path_buf).into_iter().collect();
     for dir in path.map(std::env::split_paths).into_iter().flatten() {
         let allowed = policy.filesystem_unrestricted()

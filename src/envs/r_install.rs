@@ -17,11 +17,11 @@ use crate::sandbox::policy::allow::UrlParts;
 use crate::sandbox::{NetworkPolicy, ResolvedPolicy, Runtime};
 
 /// The CRAN mirror when `MCP_SANDBOX_CRAN` names none.
-pub const DEFAULT_CRAN: &str = "https://cloud.r-project.org";
+pub(crate) const DEFAULT_CRAN: &str = "https://cloud.r-project.org";
 
 /// The mirror R installs from: `MCP_SANDBOX_CRAN` of the server's environment, else
 /// [`DEFAULT_CRAN`].
-pub fn cran_mirror() -> String {
+pub(crate) fn cran_mirror() -> String {
     std::env::var("MCP_SANDBOX_CRAN")
         .ok()
         .filter(|v| !v.trim().is_empty())
@@ -41,7 +41,7 @@ if (!ok) quit('no', 1L)";
 
 /// What an R install did.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct RInstallReport {
+pub(crate) struct RInstallReport {
     pub ok: bool,
     pub message: Option<String>,
     pub cancelled: bool,
@@ -56,7 +56,7 @@ pub struct RInstallReport {
 
 /// The installer's network for R: the policy's `[installer.network]`; a proxy with an
 /// empty allow list (the default) allows the CRAN mirror only.
-pub fn r_network(base: &ResolvedPolicy, repo: &str, netns_usable: bool) -> NetworkPolicy {
+pub(crate) fn r_network(base: &ResolvedPolicy, repo: &str, netns_usable: bool) -> NetworkPolicy {
     match policy::installer_network(base, netns_usable) {
         NetworkPolicy::Proxy { .. } if matches!(&base.installer_network, NetworkPolicy::Proxy { allow } if allow.is_empty()) => {
             NetworkPolicy::Proxy {
@@ -70,7 +70,7 @@ pub fn r_network(base: &ResolvedPolicy, repo: &str, netns_usable: bool) -> Netwo
 }
 
 /// Valid R package names only (letters, digits, dots; starting with a letter).
-pub fn validate(packages: &[String]) -> Result<(), EnvError> {
+pub(crate) fn validate(packages: &[String]) -> Result<(), EnvError> {
     if packages.is_empty() {
         return Err(EnvError::BadRequest(
             "`packages` is empty: name at least one R package".into(),
@@ -95,7 +95,7 @@ pub fn validate(packages: &[String]) -> Result<(), EnvError> {
     clippy::too_many_arguments,
     reason = "one install's inputs, each named at its one call site"
 )]
-pub async fn install(
+pub(crate) async fn install(
     sandbox: &Runtime,
     rscript: &Path,
     library: &Path,

@@ -36,14 +36,14 @@ use nix::sys::stat::{FileStat, Mode, SFlag};
 use super::EnvError;
 
 /// Default bound on one session's stores (uv cache + venv + what its running jobs write).
-pub const DEFAULT_SESSION_CAP: u64 = 16 << 30;
+pub(crate) const DEFAULT_SESSION_CAP: u64 = 16 << 30;
 /// Default bound on the stores of all sessions together.
-pub const DEFAULT_TOTAL_CAP: u64 = 64 << 30;
+pub(crate) const DEFAULT_TOTAL_CAP: u64 = 64 << 30;
 
 /// Every file, directory or link counts at least this much: what an inode costs a file
 /// system in practice, so a job cannot make millions of empty files for free (and the
 /// measure of a store never walks more than `bound / MIN_CHARGE` entries).
-pub const MIN_CHARGE: u64 = 4096;
+pub(crate) const MIN_CHARGE: u64 = 4096;
 
 /// Deepest relative path the measure follows (bytes); a deeper tree counts as over the
 /// bound (no package needs one; the kernel's path limit is 4096).
@@ -128,7 +128,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// A size in words ("64.0 MiB").
-pub fn bytes_words(n: u64) -> String {
+pub(crate) fn bytes_words(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut unit = 0;
@@ -145,7 +145,7 @@ pub fn bytes_words(n: u64) -> String {
 
 /// What a measure found.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Measured {
+pub(crate) struct Measured {
     /// Bytes allocated (every inode at least [`MIN_CHARGE`]); once past the measure's
     /// `stop_above`, counting stopped there.
     pub bytes: u64,
@@ -318,7 +318,7 @@ fn descendants(pid: u32) -> Vec<u32> {
 /// what it allocated, a fallocated one all it reserved), every inode at least
 /// [`MIN_CHARGE`], a file with several links once. Symlinks are not followed. Stops
 /// counting once past `stop_above`.
-pub fn measure(roots: &[PathBuf], stop_above: u64) -> Measured {
+pub(crate) fn measure(roots: &[PathBuf], stop_above: u64) -> Measured {
     let mut walk = Walk::new(stop_above);
     for root in roots {
         walk.tree(root);

@@ -238,7 +238,7 @@ const DEFAULT_INDEX_VARS: &[&str] = &["UV_INDEX_URL", "UV_DEFAULT_INDEX"];
 /// The installer's default allow list: the hosts of uv's configured indexes and
 /// find-links URLs in `vars`, plus pypi.org and files.pythonhosted.org unless a default
 /// index replaces PyPI.
-pub fn default_index_allow(vars: impl Iterator<Item = (String, String)>) -> Vec<String> {
+pub(crate) fn default_index_allow(vars: impl Iterator<Item = (String, String)>) -> Vec<String> {
     let vars: Vec<(String, String)> = vars.collect();
     let mut allow: Vec<String> = Vec::new();
     let replaced = vars
@@ -268,7 +268,7 @@ pub fn default_index_allow(vars: impl Iterator<Item = (String, String)>) -> Vec<
 }
 
 /// `text` with the `user:password@` of every http(s) URL in it removed.
-pub fn strip_url_credentials(text: &str) -> String {
+pub(crate) fn strip_url_credentials(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut token = String::new();
     let flush = |token: &mut String, out: &mut String| {
@@ -299,7 +299,7 @@ pub fn strip_url_credentials(text: &str) -> String {
 
 /// Files and directories named by `SSL_CERT_FILE` / `SSL_CERT_DIR`: the installer's
 /// sandbox must be able to read them.
-pub fn tls_paths() -> Vec<PathBuf> {
+pub(crate) fn tls_paths() -> Vec<PathBuf> {
     ["SSL_CERT_FILE", "SSL_CERT_DIR"]
         .iter()
         .filter_map(std::env::var_os)
@@ -325,7 +325,7 @@ fn is_secret_name(key: &str) -> bool {
 
 /// Local directories named by `UV_FIND_LINKS` (comma-separated; URLs skipped): the
 /// installer's sandbox must be able to read them.
-pub fn find_links_dirs() -> Vec<PathBuf> {
+pub(crate) fn find_links_dirs() -> Vec<PathBuf> {
     let Ok(value) = std::env::var("UV_FIND_LINKS") else {
         return Vec::new();
     };

@@ -18,7 +18,7 @@ const MAX_BYTES: u64 = 1 << 20;
 /// `openat2(RESOLVE_BENEATH)` from `root`: no `..`, absolute symlink or link chain can
 /// lead out (and no check-then-open race), only a regular file of at most 1 MiB. A file
 /// outside is refused as [`JobError::Denied`] without a word of its content.
-pub fn load_beneath(
+pub(crate) fn load_beneath(
     root: &Path,
     path: &Path,
     policy: &str,
@@ -94,7 +94,7 @@ pub fn load_beneath(
 }
 
 /// Parse `.env` text; `file` names the source in errors.
-pub fn parse(text: &str, file: &str) -> Result<Vec<(String, String)>, JobError> {
+pub(crate) fn parse(text: &str, file: &str) -> Result<Vec<(String, String)>, JobError> {
     let lines: Vec<&str> = text.lines().collect();
     let mut vars = Vec::new();
     let mut i = 0;

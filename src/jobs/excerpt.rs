@@ -11,7 +11,7 @@ use super::spool::read_range;
 /// How many trailing bytes of `buf` are the start of a UTF-8 character whose
 /// remaining bytes are not there yet (0 if the buffer ends on a character boundary,
 /// or ends in bytes that are invalid anyway).
-pub fn incomplete_suffix_len(buf: &[u8]) -> usize {
+pub(crate) fn incomplete_suffix_len(buf: &[u8]) -> usize {
     for back in 1..=buf.len().min(3) {
         let b = buf[buf.len() - back];
         if b & 0xC0 == 0x80 {
@@ -58,7 +58,7 @@ fn tail_start(bytes: &[u8]) -> usize {
 
 /// How `budget` bytes are shared between two streams that want `a` and `b` bytes:
 /// each gets up to half, and what one does not need goes to the other.
-pub fn split_budget(budget: usize, a: u64, b: u64) -> (usize, usize) {
+pub(crate) fn split_budget(budget: usize, a: u64, b: u64) -> (usize, usize) {
     let (a_us, b_us) = (a.min(budget as u64) as usize, b.min(budget as u64) as usize);
     if a_us + b_us <= budget {
         return (a_us, b_us);
@@ -75,7 +75,12 @@ pub fn split_budget(budget: usize, a: u64, b: u64) -> (usize, usize) {
 
 /// Excerpt of bytes `[offset, end)` of the spool at `path`, at most about `budget`
 /// bytes of text: all of it if it fits, else a head and a tail of about half each.
-pub fn make_excerpt(path: &Path, offset: u64, end: u64, budget: usize) -> io::Result<Excerpt> {
+pub(crate) fn make_excerpt(
+    path: &Path,
+    offset: u64,
+    end: u64,
+    budget: usize,
+) -> io::Result<Excerpt> {
     let size = end.saturating_sub(offset);
     if size == 0 {
         return Ok(Excerpt {
@@ -118,7 +123,7 @@ pub fn make_excerpt(path: &Path, offset: u64, end: u64, budget: usize) -> io::Re
 /// Returns the text and the end offset actually covered, and whether the text is the
 /// base64 of the bytes: bytes that are not UTF-8 (binary output) are returned exactly,
 /// `len * 3 / 4` of them so that the encoding fits the same budget.
-pub fn read_text(
+pub(crate) fn read_text(
     path: &Path,
     offset: u64,
     len: u64,
@@ -151,7 +156,7 @@ pub fn read_text(
 }
 
 /// UTF-8 with invalid bytes replaced by U+FFFD, reusing the buffer when it is valid.
-pub fn lossy(bytes: Vec<u8>) -> String {
+pub(crate) fn lossy(bytes: Vec<u8>) -> String {
     match String::from_utf8(bytes) {
         Ok(s) => s,
         Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),

@@ -19,16 +19,16 @@
 //! Offsets are byte offsets into a stream as the job wrote it. `wait` hands out each
 //! byte once (the delivered cursor advances); `read` can re-read any range at any time.
 
-pub mod dotenv;
-pub mod excerpt;
-pub mod handles;
+pub(crate) mod dotenv;
+pub(crate) mod excerpt;
+pub(crate) mod handles;
 mod job;
-pub mod persist;
+pub(crate) mod persist;
 mod query;
-pub mod search;
-pub mod shell;
-pub mod spool;
-pub mod store;
+pub(crate) mod search;
+pub(crate) mod shell;
+pub(crate) mod spool;
+pub(crate) mod store;
 #[cfg(test)]
 mod tests;
 

@@ -13,15 +13,15 @@ use super::excerpt::lossy;
 
 /// Lines longer than this are searched in pieces of this size (one line all the same:
 /// counted, shown and used as context once; a match across two pieces is not found).
-pub const MAX_LINE: usize = 64 * 1024;
+pub(crate) const MAX_LINE: usize = 64 * 1024;
 /// Displayed lines are shortened to about this many bytes around the match.
-pub const SHOWN_LINE: usize = 400;
+pub(crate) const SHOWN_LINE: usize = 400;
 /// Upper bounds on what a caller may ask for.
-pub const MAX_CONTEXT: usize = 20;
-pub const MAX_HITS: usize = 1000;
+pub(crate) const MAX_CONTEXT: usize = 20;
+pub(crate) const MAX_HITS: usize = 1000;
 
 /// Compile `pattern` (regex syntax, as `grep -E`; `(?i)` for case-insensitive).
-pub fn compile(pattern: &str) -> Result<Regex, String> {
+pub(crate) fn compile(pattern: &str) -> Result<Regex, String> {
     if pattern.is_empty() {
         return Err("the pattern is empty".into());
     }
@@ -61,7 +61,7 @@ pub struct Found {
 
 /// Search bytes `[limits.start, len)` of the spool at `path`, counting every match and
 /// returning the first ones with context, within the limits.
-pub fn scan(path: &Path, len: u64, re: &Regex, limits: &Limits) -> io::Result<Found> {
+pub(crate) fn scan(path: &Path, len: u64, re: &Regex, limits: &Limits) -> io::Result<Found> {
     let context = limits.context.min(MAX_CONTEXT);
     let max_hits = limits.max_hits.clamp(1, MAX_HITS);
     let file = match File::open(path) {

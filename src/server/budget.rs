@@ -4,15 +4,15 @@
 //! whole of it is. Pure functions; [`super::report`] applies them at the edge.
 
 /// Most images one answer carries; the rest are fetched by index with `job_output`.
-pub const MAX_IMAGES: usize = 4;
+pub(crate) const MAX_IMAGES: usize = 4;
 /// Most base64 bytes of images one answer carries.
-pub const IMAGE_BYTES: usize = 1_000_000;
+pub(crate) const IMAGE_BYTES: usize = 1_000_000;
 /// Bytes kept free for the marker of a cut part.
 const MARKER: usize = 160;
 
 /// Share `avail` bytes between parts that want `needs` bytes: a part that wants less
 /// than an equal share gets what it wants, and what it leaves goes to the others.
-pub fn share(avail: usize, needs: &[usize]) -> Vec<usize> {
+pub(crate) fn share(avail: usize, needs: &[usize]) -> Vec<usize> {
     let mut grant = vec![0; needs.len()];
     let mut order: Vec<usize> = (0..needs.len()).collect();
     order.sort_by_key(|&i| needs[i]);
@@ -45,7 +45,7 @@ fn ceil_boundary(s: &str, mut i: usize) -> usize {
 
 /// Where the left-out part of a cut text can be read in full.
 #[derive(Debug, Clone, Copy)]
-pub enum Whole {
+pub(crate) enum Whole {
     /// At this byte offset of the job's `result` stream.
     ResultAt(u64),
     /// In words (e.g. "the whole message ends the traceback").
@@ -55,7 +55,7 @@ pub enum Whole {
 /// `s` if it fits in `budget` bytes, else its head and tail around a marker naming the
 /// bytes left out and where to read them. The result is at most `budget` bytes (or the
 /// marker alone when the budget is smaller than a marker).
-pub fn cut(s: &str, budget: usize, whole: Whole) -> String {
+pub(crate) fn cut(s: &str, budget: usize, whole: Whole) -> String {
     if s.len() <= budget {
         return s.to_string();
     }

@@ -26,12 +26,12 @@ use serde::Deserialize;
 use crate::app::{App, ClientSandbox, SandboxRequest};
 
 /// The experimental capability older Codex looks for before it sends sandbox updates.
-pub const SANDBOX_STATE_CAPABILITY: &str = "codex/sandbox-state";
+pub(crate) const SANDBOX_STATE_CAPABILITY: &str = "codex/sandbox-state";
 /// The method of the older update (request or notification).
-pub const SANDBOX_STATE_METHOD: &str = "codex/sandbox-state/update";
+pub(crate) const SANDBOX_STATE_METHOD: &str = "codex/sandbox-state/update";
 /// The experimental capability today's Codex looks for (any value: it checks the key),
 /// and the `_meta` key under which it then sends its sandbox state on every tool call.
-pub const SANDBOX_STATE_META: &str = "codex/sandbox-state-meta";
+pub(crate) const SANDBOX_STATE_META: &str = "codex/sandbox-state-meta";
 
 /// Codex's `SandboxState` (fields we do not use are ignored).
 #[derive(Debug, Deserialize)]
@@ -77,7 +77,7 @@ enum CodexNetworkAccess {
 
 /// Where the state came from, for the words of an error.
 #[derive(Debug, Clone, Copy)]
-pub enum StateSource {
+pub(crate) enum StateSource {
     /// `codex/sandbox-state/update`.
     Update,
     /// `_meta["codex/sandbox-state-meta"]` of a tool call.
@@ -94,7 +94,7 @@ impl std::fmt::Display for StateSource {
 }
 
 /// Parse Codex's sandbox state into what the app takes; the error names what is wrong.
-pub fn parse_client_sandbox(
+pub(crate) fn parse_client_sandbox(
     params: Option<&serde_json::Value>,
     source: StateSource,
 ) -> Result<ClientSandbox, String> {
@@ -145,12 +145,17 @@ pub fn parse_client_sandbox(
 }
 
 /// Parse the older update's params into a request for the app.
-pub fn parse_sandbox_state(params: Option<&serde_json::Value>) -> Result<SandboxRequest, String> {
+pub(crate) fn parse_sandbox_state(
+    params: Option<&serde_json::Value>,
+) -> Result<SandboxRequest, String> {
     parse_client_sandbox(params, StateSource::Update).map(|s| s.request)
 }
 
 /// Apply an update from the client; a protocol error when it cannot be applied.
-pub fn apply_sandbox_state(app: &App, params: Option<&serde_json::Value>) -> Result<(), ErrorData> {
+pub(crate) fn apply_sandbox_state(
+    app: &App,
+    params: Option<&serde_json::Value>,
+) -> Result<(), ErrorData> {
     let request = parse_sandbox_state(params)
         .map_err(|m| ErrorData::new(ErrorCode::INVALID_PARAMS, m, None))?;
     let settings = app
@@ -164,7 +169,10 @@ pub fn apply_sandbox_state(app: &App, params: Option<&serde_json::Value>) -> Res
 /// Applied before the call runs, to the settings and to the session the call uses; a
 /// state that does not parse refuses the call (-32602), since running it under another
 /// sandbox than the client's could allow what the client forbids.
-pub fn apply_call_meta(app: &App, state: Option<&serde_json::Value>) -> Result<(), ErrorData> {
+pub(crate) fn apply_call_meta(
+    app: &App,
+    state: Option<&serde_json::Value>,
+) -> Result<(), ErrorData> {
     let Some(state) = state else {
         return Ok(());
     };
@@ -188,7 +196,7 @@ pub fn apply_call_meta(app: &App, state: Option<&serde_json::Value>) -> Result<(
 }
 
 /// The `file://` roots as paths, in the client's order (other schemes are skipped).
-pub fn root_paths(roots: &[Root]) -> Vec<PathBuf> {
+pub(crate) fn root_paths(roots: &[Root]) -> Vec<PathBuf> {
     roots.iter().filter_map(|r| file_uri_path(&r.uri)).collect()
 }
 
@@ -219,7 +227,7 @@ fn file_uri_path(uri: &str) -> Option<PathBuf> {
 }
 
 /// Ask the client for its roots and hand them to the app.
-pub async fn refresh_roots(app: &App, peer: &Peer<RoleServer>) {
+pub(crate) async fn refresh_roots(app: &App, peer: &Peer<RoleServer>) {
     #[expect(
         deprecated,
         reason = "roots are still what Claude Code, Cursor and VS Code offer"
@@ -244,7 +252,7 @@ pub async fn refresh_roots(app: &App, peer: &Peer<RoleServer>) {
 }
 
 /// The key of our `roots/list` in an `InputRequiredResult` (2026-07-28).
-pub const ROOTS_INPUT: &str = "roots";
+pub(crate) const ROOTS_INPUT: &str = "roots";
 
 /// Roots from a client on protocol 2026-07-28, where the server may no longer send
 /// `roots/list` itself: it answers the client's first tool call with an
@@ -253,7 +261,7 @@ pub const ROOTS_INPUT: &str = "roots";
 /// a client that declares the roots capability in its request `_meta`, when no
 /// `--workspace` was given. Returns the result to answer with, or `None`: go on with the
 /// call (the roots, if this is the retry, applied).
-pub fn modern_roots(
+pub(crate) fn modern_roots(
     app: &App,
     meta: &rmcp::model::RequestMetaObject,
     legacy_peer: bool,
@@ -299,7 +307,7 @@ pub fn modern_roots(
 /// Per connection: what the agent was told, and the first fetch of the client's roots
 /// (tool calls wait for it, so the first session starts in the right workspace).
 #[derive(Debug, Default)]
-pub struct ClientLink {
+pub(crate) struct ClientLink {
     pub told: Told,
     first_roots: tokio::sync::OnceCell<()>,
 }
@@ -307,7 +315,7 @@ pub struct ClientLink {
 impl ClientLink {
     /// After `initialized`: fetch the client's roots (if they may set the workspace),
     /// then start the default session in the workspace they chose.
-    pub fn on_initialized(self: &Arc<Self>, app: Arc<App>, peer: Peer<RoleServer>) {
+    pub(crate) fn on_initialized(self: &Arc<Self>, app: Arc<App>, peer: Peer<RoleServer>) {
         let link = self.clone();
         tokio::spawn(async move {
             link.roots_settled(&app, &peer).await;
@@ -316,7 +324,7 @@ impl ClientLink {
     }
 
     /// `notifications/roots/list_changed`: fetch again; sessions started afterwards use it.
-    pub fn on_roots_changed(&self, app: Arc<App>, peer: Peer<RoleServer>) {
+    pub(crate) fn on_roots_changed(&self, app: Arc<App>, peer: Peer<RoleServer>) {
         if !app.sources().workspace_from_roots {
             return;
         }
@@ -325,7 +333,7 @@ impl ClientLink {
 
     /// The first roots answer has been applied (fetched once per connection, by whoever
     /// comes first: `initialized` or a tool call), or there is none to wait for.
-    pub async fn roots_settled(&self, app: &App, peer: &Peer<RoleServer>) {
+    pub(crate) async fn roots_settled(&self, app: &App, peer: &Peer<RoleServer>) {
         let has_roots = peer
             .peer_info()
             .is_some_and(|info| info.capabilities.roots.is_some());
@@ -350,7 +358,7 @@ impl ClientLink {
 
 /// Per connection: which settings generation the agent was last told about.
 #[derive(Debug)]
-pub struct Told {
+pub(crate) struct Told {
     generation: AtomicU64,
 }
 
@@ -369,7 +377,7 @@ impl Told {
     /// settings yet: after every change, and in the first answer under `inherit`, when
     /// the settings already differ from the start-up ones, or when the workspace is the
     /// directory the server started in although the client could have named one.
-    pub fn pending(&self, app: &Arc<App>) -> Option<String> {
+    pub(crate) fn pending(&self, app: &Arc<App>) -> Option<String> {
         let settings = app.settings();
         let before = self.generation.swap(settings.generation, Ordering::SeqCst);
         if before == settings.generation {

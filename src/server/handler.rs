@@ -44,7 +44,7 @@ value, traceback or display item; image=N for images held back). Sessions are na
 (default \"default\") and independent.";
 
 #[derive(Clone)]
-pub struct SandboxServer {
+pub(crate) struct SandboxServer {
     /// The app the tools call: the server's own, or (a tokens file) the app of the
     /// principal this request was authenticated as (see [`SandboxServer::app_for`]).
     pub(crate) app: Arc<App>,
@@ -84,7 +84,7 @@ impl Drop for ConnectionEnd {
 impl SandboxServer {
     /// A handler for one connection; its tasks live in a book of its own (stdio's one
     /// connection) until [`with_task_book`](Self::with_task_book) shares the server's.
-    pub fn new(app: Arc<App>, closing: CancellationToken) -> Self {
+    pub(crate) fn new(app: Arc<App>, closing: CancellationToken) -> Self {
         SandboxServer {
             app,
             tenants: None,
@@ -102,14 +102,14 @@ impl SandboxServer {
     }
 
     /// Keep tasks in `book`, shared by every connection of the server.
-    pub fn with_task_book(mut self, book: Arc<TaskBook>) -> Self {
+    pub(crate) fn with_task_book(mut self, book: Arc<TaskBook>) -> Self {
         self.tasks = book;
         self
     }
 
     /// Serve the principals of `tenants` (a tokens file): each request goes to its
     /// principal's own app.
-    pub fn with_tenants(mut self, tenants: Option<Arc<Tenants>>) -> Self {
+    pub(crate) fn with_tenants(mut self, tenants: Option<Arc<Tenants>>) -> Self {
         self.tenants = tenants;
         self
     }
@@ -162,7 +162,8 @@ impl SandboxServer {
     }
 
     /// Names of every tool offered (used by the docs-in-step test).
-    pub fn tool_names() -> Vec<String> {
+    #[cfg(test)]
+    pub(crate) fn tool_names() -> Vec<String> {
         Self::tools()
             .list_all()
             .into_iter()

@@ -10,22 +10,22 @@
 //! server.
 
 mod args_check;
-pub mod budget;
-pub mod client_state;
+pub(crate) mod budget;
+pub(crate) mod client_state;
 mod drain;
-pub mod handler;
-pub mod progress;
-pub mod render;
-pub mod report;
-pub mod resources;
-pub mod schema;
-pub mod shapes;
-pub mod tasks;
-pub mod tenants;
+pub(crate) mod handler;
+pub(crate) mod progress;
+pub(crate) mod render;
+pub(crate) mod report;
+pub(crate) mod resources;
+pub(crate) mod schema;
+pub(crate) mod shapes;
+pub(crate) mod tasks;
+pub(crate) mod tenants;
 #[doc(hidden)]
 pub mod testing;
-pub mod tools;
-pub mod transport;
+pub(crate) mod tools;
+pub(crate) mod transport;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;

@@ -37,7 +37,7 @@ impl ProgressSink for McpProgress {
 
 /// The app's view of one MCP request: its cancellation, the connection's (`closing`),
 /// and progress if the client sent a progress token.
-pub fn call_of(ctx: &RequestContext<RoleServer>, closing: &CancellationToken) -> Call {
+pub(crate) fn call_of(ctx: &RequestContext<RoleServer>, closing: &CancellationToken) -> Call {
     let progress = ctx.meta.get_progress_token().map(|token| {
         Arc::new(McpProgress {
             peer: ctx.peer.clone(),

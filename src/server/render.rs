@@ -33,7 +33,7 @@ fn listing<T: serde::Serialize>(text: String, value: &T) -> CallToolResult {
 
 /// python_interrupt: the interrupted cell's job as it ended (its report, like
 /// job_cancel's, within the budget), or that the session was idle.
-pub fn interrupted(session: &str, job: Option<JobView>, app: &App) -> CallToolResult {
+pub(crate) fn interrupted(session: &str, job: Option<JobView>, app: &App) -> CallToolResult {
     let Some(view) = job else {
         return listing(
             format!("session {session:?} was idle; nothing to interrupt"),
@@ -76,7 +76,7 @@ pub fn interrupted(session: &str, job: Option<JobView>, app: &App) -> CallToolRe
     )
 }
 
-pub fn vars(
+pub(crate) fn vars(
     session: &str,
     outcome: VarsOutcome,
     note: Option<String>,
@@ -223,7 +223,7 @@ fn vars_of(session: &str, outcome: VarsOutcome, cap: usize) -> CallToolResult {
     }
 }
 
-pub fn history(
+pub(crate) fn history(
     session: &str,
     history: repl::History,
     note: Option<String>,
@@ -321,7 +321,7 @@ fn excerpt(code: &str) -> String {
     )
 }
 
-pub fn sessions(sessions: Vec<SessionInfo>) -> CallToolResult {
+pub(crate) fn sessions(sessions: Vec<SessionInfo>) -> CallToolResult {
     let mut text = format!("{} session(s)\n", sessions.len());
     for s in &sessions {
         let mb = |b: u64| format!("{:.1} MB", b as f64 / 1e6);
@@ -345,7 +345,7 @@ pub fn sessions(sessions: Vec<SessionInfo>) -> CallToolResult {
     listing(text, &Sessions { sessions })
 }
 
-pub fn restarted(session: &str) -> CallToolResult {
+pub(crate) fn restarted(session: &str) -> CallToolResult {
     listing(
         format!("session {session:?} restarted: fresh worker, no variables"),
         &SessionDone {
@@ -356,7 +356,7 @@ pub fn restarted(session: &str) -> CallToolResult {
     )
 }
 
-pub fn closed(session: &str) -> CallToolResult {
+pub(crate) fn closed(session: &str) -> CallToolResult {
     listing(
         format!("session {session:?} closed"),
         &SessionDone {
@@ -369,7 +369,7 @@ pub fn closed(session: &str) -> CallToolResult {
 
 /// One page of jobs ([`crate::jobs::JobStore::list_page`] already keeps it within the
 /// response cap).
-pub fn jobs(page: JobPage) -> CallToolResult {
+pub(crate) fn jobs(page: JobPage) -> CallToolResult {
     let JobPage { jobs, next_cursor } = page;
     let mut text = format!("{} job(s)\n", jobs.len());
     let mut shown = Vec::new();
@@ -402,7 +402,7 @@ pub fn jobs(page: JobPage) -> CallToolResult {
     )
 }
 
-pub fn hits(
+pub(crate) fn hits(
     job_id: &str,
     stream: Stream,
     pattern: &str,
@@ -482,7 +482,7 @@ pub fn hits(
 }
 
 /// One image of a finished cell, as MCP image content (a scaled-down copy says so).
-pub fn image(job_id: &str, img: ResultImage) -> CallToolResult {
+pub(crate) fn image(job_id: &str, img: ResultImage) -> CallToolResult {
     let px = |(w, h): (u32, u32)| format!("{w}×{h}");
     let mut text = format!("image {} of {} ({}", img.index, img.of, img.mime);
     if let Some(size) = img.size {
@@ -521,7 +521,7 @@ pub fn image(job_id: &str, img: ResultImage) -> CallToolResult {
     )
 }
 
-pub fn chunk(chunk: Chunk) -> CallToolResult {
+pub(crate) fn chunk(chunk: Chunk) -> CallToolResult {
     let more = if chunk.end < chunk.total {
         format!(
             "; {} more bytes: call job_output with stream=\"{}\" offset={}",
@@ -562,14 +562,14 @@ pub fn chunk(chunk: Chunk) -> CallToolResult {
     listing(text, &value)
 }
 
-pub fn pruned(pruned: Vec<String>) -> CallToolResult {
+pub(crate) fn pruned(pruned: Vec<String>) -> CallToolResult {
     listing(
         format!("pruned {} job(s): {}", pruned.len(), pruned.join(", ")),
         &Pruned { pruned },
     )
 }
 
-pub fn env_info(session: &str, info: EnvInfo) -> CallToolResult {
+pub(crate) fn env_info(session: &str, info: EnvInfo) -> CallToolResult {
     let EnvInfo { uv, venv, uv_cache } = info;
     let mut text = String::new();
     let (uv, uv_error) = match uv {

@@ -20,7 +20,7 @@ use crate::repl::cell_name;
 /// slice was too big for one response, `head` and `tail` are shown and `omitted` is the
 /// byte range left out (read it with `job_output`).
 #[derive(Debug, Clone, Default, Serialize, JsonSchema, PartialEq)]
-pub struct OutputPart {
+pub(crate) struct OutputPart {
     /// First byte offset covered by this answer.
     pub offset: u64,
     /// One past the last byte offset covered by this answer.
@@ -37,7 +37,7 @@ pub struct OutputPart {
 
 /// A Python exception.
 #[derive(Debug, Clone, Serialize, JsonSchema, PartialEq)]
-pub struct PyErrorReport {
+pub(crate) struct PyErrorReport {
     /// Exception class name, e.g. `ZeroDivisionError`.
     pub ename: String,
     /// Exception message.
@@ -48,14 +48,14 @@ pub struct PyErrorReport {
 
 /// A rich display item that is not an image (HTML, markdown, ...).
 #[derive(Debug, Clone, Serialize, JsonSchema, PartialEq)]
-pub struct DisplayReport {
+pub(crate) struct DisplayReport {
     pub mime: String,
     pub data: String,
 }
 
 /// An image produced by the code; sent as MCP image content, not inside the JSON.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Image {
+pub(crate) struct Image {
     pub mime: String,
     /// Base64 data.
     pub data: String,
@@ -65,7 +65,7 @@ pub struct Image {
 /// [`JobSnapshot`] as the client sees it ([`JobReport::new`]), plus what the cell's result
 /// holds and what the sandbox blocked.
 #[derive(Debug, Clone, Serialize, JsonSchema, PartialEq)]
-pub struct JobReport {
+pub(crate) struct JobReport {
     /// Job id; pass it to job_wait, job_input, job_cancel, job_output.
     pub job_id: String,
     /// python, shell, install or script.
@@ -163,7 +163,7 @@ pub struct JobReport {
 /// Items of a cell's result not in the answer: read them with job_output
 /// `stream="result"` from `offset` (where the first one's section starts).
 #[derive(Debug, Clone, Copy, Default, Serialize, JsonSchema, PartialEq)]
-pub struct HeldItems {
+pub(crate) struct HeldItems {
     pub items: usize,
     pub bytes: u64,
     pub offset: u64,
@@ -208,7 +208,7 @@ impl JobReport {
 
     /// The report of a job; images of a Python cell go to the returned list. Every field
     /// of the snapshot is named here (no `..`), so a new one cannot be forgotten.
-    pub fn new(view: JobView) -> (JobReport, Vec<Image>) {
+    pub(crate) fn new(view: JobView) -> (JobReport, Vec<Image>) {
         let JobView {
             snapshot,
             denied,
@@ -374,14 +374,14 @@ impl JobReport {
     /// The whole MCP answer for a job view, within the one answer budget
     /// ([`App::response_bytes`] of text, and the same of structured content): every part
     /// over its share is cut, saying what was left out and where to read it whole.
-    pub fn answer(view: JobView, app: &App) -> CallToolResult {
+    pub(crate) fn answer(view: JobView, app: &App) -> CallToolResult {
         let (report, sent) = JobReport::fitted(view, app, app.response_bytes());
         report.into_result(sent)
     }
 
     /// The report of a job view within `cap` bytes of text and of JSON, and the images
     /// it carries.
-    pub fn fitted(view: JobView, app: &App, cap: usize) -> (JobReport, Vec<Image>) {
+    pub(crate) fn fitted(view: JobView, app: &App, cap: usize) -> (JobReport, Vec<Image>) {
         let layout = view
             .snapshot
             .result
@@ -522,7 +522,7 @@ impl JobReport {
     }
 
     /// Fill in `next` for unfinished jobs, so the caller always knows the next move.
-    pub fn with_next_step(mut self) -> Self {
+    pub(crate) fn with_next_step(mut self) -> Self {
         self.next = match self.status {
             JobStatus::Running => Some(format!(
                 "still running in the background: call job_wait with job_id \"{}\" to follow it, job_cancel to stop it",
@@ -538,7 +538,7 @@ impl JobReport {
     }
 
     /// Concise text for the model: status line, output, value, traceback.
-    pub fn to_text(&self) -> String {
+    pub(crate) fn to_text(&self) -> String {
         let mut out = String::new();
         let mut head = format!("[{} {}] {}", self.kind, self.job_id, self.status);
         if let Some(s) = &self.session {
@@ -641,7 +641,7 @@ impl JobReport {
 
     /// The MCP result: text + structured content (+ images). Failed jobs are tool errors
     /// (`isError`) so the model notices them; the structured content is the same either way.
-    pub fn into_result(self, images: Vec<Image>) -> CallToolResult {
+    pub(crate) fn into_result(self, images: Vec<Image>) -> CallToolResult {
         let failed = matches!(self.status, JobStatus::Failed | JobStatus::Lost);
         let report = self;
         let text = report.to_text();
@@ -744,7 +744,7 @@ fn push_part(out: &mut String, name: &str, part: &OutputPart) {
 }
 
 /// A result carrying `value` as structured content and `content` for display.
-pub fn structured<T: Serialize>(
+pub(crate) fn structured<T: Serialize>(
     content: Vec<ContentBlock>,
     value: &T,
     is_error: bool,
@@ -760,7 +760,7 @@ pub fn structured<T: Serialize>(
 
 /// A tool failure the caller should read: `isError` with words, and the same words as
 /// `{"error": ...}` structured content (every output schema admits it).
-pub fn failure(text: impl Into<String>) -> CallToolResult {
+pub(crate) fn failure(text: impl Into<String>) -> CallToolResult {
     let text = text.into();
     let mut r = CallToolResult::error(vec![ContentBlock::text(text.clone())]);
     r.structured_content = Some(serde_json::json!({ "error": text }));

@@ -40,7 +40,7 @@ const BASELINE_KEPT: Duration = Duration::from_secs(10);
 
 /// What a resource URI names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
+pub(crate) enum Target {
     Output {
         job: String,
         stream: Stream,
@@ -102,7 +102,7 @@ fn range(uri: &str, query: Option<&str>) -> Result<(u64, Option<u64>), ErrorData
 }
 
 /// Parse a resource URI.
-pub fn parse(uri: &str) -> Result<Target, ErrorData> {
+pub(crate) fn parse(uri: &str) -> Result<Target, ErrorData> {
     let (base, query) = match uri.split_once('?') {
         Some((b, q)) => (b, Some(q)),
         None => (uri, None),
@@ -153,7 +153,7 @@ pub fn parse(uri: &str) -> Result<Target, ErrorData> {
     Err(bad_uri(uri, "unknown resource"))
 }
 
-pub fn templates() -> ListResourceTemplatesResult {
+pub(crate) fn templates() -> ListResourceTemplatesResult {
     let t = |uri: &str, name: &str, desc: &str, mime: &str| {
         ResourceTemplate::new(uri, name)
             .with_description(desc)
@@ -195,7 +195,7 @@ pub fn templates() -> ListResourceTemplatesResult {
     ])
 }
 
-pub fn list(app: &App) -> ListResourcesResult {
+pub(crate) fn list(app: &App) -> ListResourcesResult {
     let mut out = Vec::new();
     for s in app.saved_scripts().into_iter().take(LIST_SCRIPTS) {
         out.push(
@@ -268,7 +268,7 @@ fn slice(s: &str, offset: u64, len: Option<u64>, cap: usize) -> (usize, usize) {
     (start, end)
 }
 
-pub async fn read(app: &App, uri: &str) -> Result<ReadResourceResult, ErrorData> {
+pub(crate) async fn read(app: &App, uri: &str) -> Result<ReadResourceResult, ErrorData> {
     let cap = app.response_bytes();
     match parse(uri)? {
         Target::Output {
@@ -402,7 +402,7 @@ pub async fn read(app: &App, uri: &str) -> Result<ReadResourceResult, ErrorData>
 
 /// This connection's subscriptions, by URI.
 #[derive(Debug, Default)]
-pub struct Subscriptions {
+pub(crate) struct Subscriptions {
     live: Mutex<HashMap<String, CancellationToken>>,
     baselines: Mutex<Baselines>,
 }
@@ -451,7 +451,7 @@ impl Subscriptions {
     }
 
     /// Watch a job stream; `notifications/resources/updated` as it grows and at its end.
-    pub fn subscribe(
+    pub(crate) fn subscribe(
         self: &Arc<Self>,
         app: Arc<App>,
         peer: Peer<RoleServer>,
@@ -492,7 +492,7 @@ impl Subscriptions {
         Ok(())
     }
 
-    pub fn unsubscribe(&self, uri: &str) {
+    pub(crate) fn unsubscribe(&self, uri: &str) {
         if let Some(t) = self.lock().remove(uri) {
             t.cancel();
         }
@@ -524,7 +524,11 @@ impl Subscriptions {
     /// The part of a `subscriptions/listen` filter this server honours: job streams that
     /// exist (list-changed categories are not offered). Runs before the acknowledgement,
     /// so the sizes the listen counts from are taken here.
-    pub fn accept(&self, app: &App, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+    pub(crate) fn accept(
+        &self,
+        app: &App,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
         let now = Instant::now();
         let mut uris = Vec::new();
         for uri in requested.resource_subscriptions.iter().flatten() {
@@ -547,7 +551,7 @@ impl Subscriptions {
     }
 
     /// Serve one `subscriptions/listen` until the client cancels it or the connection goes.
-    pub async fn listen(
+    pub(crate) async fn listen(
         &self,
         app: Arc<App>,
         ctx: SubscriptionContext,

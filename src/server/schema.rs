@@ -9,7 +9,7 @@
 use serde_json::{Map, Value, json};
 
 /// An input schema: every `$ref` inlined, so simple form-filling clients see plain types.
-pub fn input(schema: &Map<String, Value>) -> Map<String, Value> {
+pub(crate) fn input(schema: &Map<String, Value>) -> Map<String, Value> {
     let defs = schema.get("$defs").cloned().unwrap_or(Value::Null);
     let mut v = Value::Object(schema.clone());
     inline_refs(&mut v, &defs, 0);
@@ -22,7 +22,7 @@ pub fn input(schema: &Map<String, Value>) -> Map<String, Value> {
 
 /// An output schema: tidied like an input, plus an optional `error` (the words of a failed
 /// call), and the fields it requires required only when there is no `error`.
-pub fn output(schema: &Map<String, Value>) -> Map<String, Value> {
+pub(crate) fn output(schema: &Map<String, Value>) -> Map<String, Value> {
     let mut v = Value::Object(schema.clone());
     tidy(&mut v, true, false);
     // Output schemas are for validation, not for the model: no descriptions (the fields
@@ -159,7 +159,8 @@ fn tidy(v: &mut Value, root: bool, plain: bool) {
 }
 
 /// Every `format` keyword left in a schema (none should be).
-pub fn formats(v: &Value) -> Vec<String> {
+#[cfg(test)]
+pub(crate) fn formats(v: &Value) -> Vec<String> {
     let mut out = Vec::new();
     match v {
         Value::Object(m) => {

@@ -11,7 +11,7 @@ use crate::repl::{HistoryEntry, SessionInfo, VariableDetail, VariableInfo};
 
 /// What a session tool did (python_interrupt, session_restart, session_close).
 #[derive(Debug, Clone, Default, Serialize, JsonSchema)]
-pub struct SessionDone {
+pub(crate) struct SessionDone {
     pub session: String,
     /// python_interrupt: whether a cell was running (and got KeyboardInterrupt).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -27,13 +27,13 @@ pub struct SessionDone {
 
 /// session_list.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct Sessions {
+pub(crate) struct Sessions {
     pub sessions: Vec<SessionInfo>,
 }
 
 /// python_vars: the list, one variable (its fields at the top level), or what changed.
 #[derive(Debug, Clone, Default, Serialize, JsonSchema)]
-pub struct Vars {
+pub(crate) struct Vars {
     pub session: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub variables: Option<Vec<VariableInfo>>,
@@ -61,7 +61,7 @@ pub struct Vars {
 
 /// python_history.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct History {
+pub(crate) struct History {
     pub session: String,
     /// The cell a cell without `parent` runs on (null: an empty state).
     pub head: Option<String>,
@@ -82,7 +82,7 @@ pub struct History {
 
 /// job_list.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct Jobs {
+pub(crate) struct Jobs {
     pub jobs: Vec<JobSummary>,
     /// Pass as `cursor` for the next (older) page; null on the last page.
     pub next_cursor: Option<String>,
@@ -90,13 +90,13 @@ pub struct Jobs {
 
 /// job_prune.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct Pruned {
+pub(crate) struct Pruned {
     pub pruned: Vec<String>,
 }
 
 /// job_output: a byte range read, a search, or one image.
 #[derive(Debug, Clone, Default, Serialize, JsonSchema)]
-pub struct Output {
+pub(crate) struct Output {
     pub job_id: String,
     /// stdout, stderr or result.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -155,7 +155,7 @@ pub struct Output {
 
 /// The size of an image that was scaled down to fit an answer.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct OriginalImage {
+pub(crate) struct OriginalImage {
     pub width: u32,
     pub height: u32,
     /// Bytes of the image file.
@@ -164,14 +164,14 @@ pub struct OriginalImage {
 
 /// env_info's uv.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct Uv {
+pub(crate) struct Uv {
     pub path: String,
     pub version: String,
 }
 
 /// env_info's venv.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct Venv {
+pub(crate) struct Venv {
     pub root: String,
     pub python: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -181,7 +181,7 @@ pub struct Venv {
 
 /// env_info.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct EnvReport {
+pub(crate) struct EnvReport {
     pub session: String,
     /// null when uv is missing (`uv_error` says why).
     pub uv: Option<Uv>,

@@ -29,7 +29,7 @@ use crate::app::{App, AppError, Call};
 use crate::jobs::JobStatus;
 
 /// Tools whose answer may become a task: the ones that start a job.
-pub const TASK_TOOLS: [&str; 5] = [
+pub(crate) const TASK_TOOLS: [&str; 5] = [
     "python_exec",
     "python_run_file",
     "python_run_script",
@@ -38,7 +38,7 @@ pub const TASK_TOOLS: [&str; 5] = [
 ];
 
 /// The `_meta` key of a `CreateTaskResult` that names the job the task follows.
-pub const JOB_ID_META: &str = "io.github.mcp-sandbox-repl/job_id";
+pub(crate) const JOB_ID_META: &str = "io.github.mcp-sandbox-repl/job_id";
 
 /// How long a task is kept from its creation (and again after it ends). A job that runs
 /// longer goes on; only its task is then reported failed (expired).
@@ -52,7 +52,7 @@ const INPUT_RECHECK: Duration = Duration::from_secs(1);
 
 /// The tasks of one app (the server's own, or a principal's).
 #[derive(Clone, Default)]
-pub struct JobTasks {
+pub(crate) struct JobTasks {
     manager: TaskManager,
 }
 
@@ -60,13 +60,13 @@ pub struct JobTasks {
 /// resolves in any later one — another MCP session, or a 2026-07-28 request that is a
 /// connection of its own (SEP-2663: `tasks/get` must resolve once `CreateTaskResult` is
 /// out). Followers end with the server (`stop`), not with the request that made them.
-pub struct TaskBook {
+pub(crate) struct TaskBook {
     by_app: std::sync::Mutex<std::collections::HashMap<usize, JobTasks>>,
     stop: CancellationToken,
 }
 
 impl TaskBook {
-    pub fn new(stop: CancellationToken) -> Self {
+    pub(crate) fn new(stop: CancellationToken) -> Self {
         TaskBook {
             by_app: Default::default(),
             stop,
@@ -74,14 +74,14 @@ impl TaskBook {
     }
 
     /// The tasks of `app` (apps live as long as the server: their address is their key).
-    pub fn of(&self, app: &Arc<App>) -> JobTasks {
+    pub(crate) fn of(&self, app: &Arc<App>) -> JobTasks {
         let key = Arc::as_ptr(app) as usize;
         let mut map = self.by_app.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(key).or_default().clone()
     }
 
     /// Cancelled when the server stops: followers' waits end then.
-    pub fn stop(&self) -> CancellationToken {
+    pub(crate) fn stop(&self) -> CancellationToken {
         self.stop.clone()
     }
 }
@@ -99,7 +99,7 @@ impl Drop for TaskBook {
 impl JobTasks {
     /// If `answer` reports a job still running or waiting for input, a task that follows
     /// it to its end; `None` leaves the answer as it is.
-    pub fn adopt(
+    pub(crate) fn adopt(
         &self,
         app: Arc<App>,
         answer: &CallToolResult,
@@ -134,7 +134,7 @@ impl JobTasks {
 
     /// `tasks/get`: from the task's follower, or for a task of an earlier server on the
     /// same state dir (or one this server no longer follows), from its job.
-    pub async fn get(&self, app: &App, task_id: &str) -> Result<GetTaskResult, ErrorData> {
+    pub(crate) async fn get(&self, app: &App, task_id: &str) -> Result<GetTaskResult, ErrorData> {
         match self.manager.get_task(task_id) {
             Ok(task) => Ok(GetTaskResult::new(task)),
             Err(unknown) => match restored(app, task_id).await {
@@ -146,7 +146,7 @@ impl JobTasks {
 
     /// `tasks/update`: answers to the input requests of a task. A task no follower holds
     /// asks for no input: its answers are ignored (SEP-2663: unknown keys are).
-    pub fn update(
+    pub(crate) fn update(
         &self,
         app: &App,
         task_id: &str,
@@ -160,7 +160,7 @@ impl JobTasks {
 
     /// `tasks/cancel`: the follower cancels the job and the task settles `cancelled`. A
     /// task no follower holds has its job cancelled directly if it still runs.
-    pub async fn cancel(&self, app: &App, task_id: &str) -> Result<(), ErrorData> {
+    pub(crate) async fn cancel(&self, app: &App, task_id: &str) -> Result<(), ErrorData> {
         match self.manager.cancel_task(task_id) {
             Err(unknown) => {
                 let Some(job) = remembered(app, task_id) else {
@@ -177,7 +177,7 @@ impl JobTasks {
     }
 
     /// Stop every follower (the connection is going away); the jobs are the app's.
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         self.manager.shutdown();
     }
 }

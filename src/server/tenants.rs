@@ -51,7 +51,7 @@ struct Spec {
 }
 
 /// The principals of a tokens file and their apps (made on first use).
-pub struct Tenants {
+pub(crate) struct Tenants {
     path: PathBuf,
     /// The server's own settings, which a principal's app starts from.
     base: crate::app::Config,
@@ -73,7 +73,11 @@ impl std::fmt::Debug for Tenants {
 impl Tenants {
     /// Read the tokens file; `base` is the server's config and `app` its own app (whose
     /// workspace and state dir the principals' live below).
-    pub fn load(path: &Path, base: crate::app::Config, app: &App) -> Result<Tenants, ServerError> {
+    pub(crate) fn load(
+        path: &Path,
+        base: crate::app::Config,
+        app: &App,
+    ) -> Result<Tenants, ServerError> {
         let specs = read(path)?;
         Ok(Tenants {
             path: path.to_path_buf(),
@@ -93,24 +97,20 @@ impl Tenants {
     /// ones can no longer authenticate. A principal's app, once made, keeps its quotas
     /// until the server restarts. A file that does not read leaves the old table in
     /// force. Returns how many principals there are now.
-    pub fn reload(&self) -> Result<usize, ServerError> {
+    pub(crate) fn reload(&self) -> Result<usize, ServerError> {
         let specs = read(&self.path)?;
         let n = specs.len();
         *self.specs.write().unwrap_or_else(|p| p.into_inner()) = specs;
         Ok(n)
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.specs.read().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The principal whose token `presented` is (compared in constant time, every
     /// token looked at), if any.
-    pub fn principal_of(&self, presented: &str) -> Option<Principal> {
+    pub(crate) fn principal_of(&self, presented: &str) -> Option<Principal> {
         let specs = self.specs.read().unwrap_or_else(|p| p.into_inner());
         let mut found = None;
         for (name, spec) in specs.iter() {
@@ -123,7 +123,7 @@ impl Tenants {
 
     /// The MCP sessions `principal` may hold open at once: its `max_mcp_sessions`, else a
     /// quarter of the server's total (at least 1), so no principal can take every one.
-    pub fn mcp_session_quota(&self, principal: &Principal, total: usize) -> usize {
+    pub(crate) fn mcp_session_quota(&self, principal: &Principal, total: usize) -> usize {
         let specs = self.specs.read().unwrap_or_else(|p| p.into_inner());
         specs
             .get(principal.name())
@@ -132,7 +132,7 @@ impl Tenants {
     }
 
     /// `principal`'s app, made on first use.
-    pub fn app(&self, principal: &Principal) -> Result<Arc<App>, String> {
+    pub(crate) fn app(&self, principal: &Principal) -> Result<Arc<App>, String> {
         let name = principal.name();
         let spec = self
             .specs
@@ -168,7 +168,7 @@ impl Tenants {
     }
 
     /// Every principal's app made so far (for shutdown).
-    pub fn apps(&self) -> Vec<Arc<App>> {
+    pub(crate) fn apps(&self) -> Vec<Arc<App>> {
         let apps = self.apps.lock().unwrap_or_else(|p| p.into_inner());
         apps.values().cloned().collect()
     }

@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 mod conns;
 mod log_limit;
-pub mod sessions;
-pub mod stdio;
+pub(crate) mod sessions;
+pub(crate) mod stdio;
 
 use conns::Connections;
 use log_limit::{Throttle, left_out};
@@ -36,7 +36,10 @@ use super::tenants::Tenants;
 use crate::app::App;
 
 /// Serve one client on stdin/stdout until it disconnects or `shutdown` fires.
-pub async fn serve_stdio(app: Arc<App>, shutdown: CancellationToken) -> Result<(), ServerError> {
+pub(crate) async fn serve_stdio(
+    app: Arc<App>,
+    shutdown: CancellationToken,
+) -> Result<(), ServerError> {
     // Stdin closing means the client is gone: cancel `closing` at once so tool calls still
     // waiting on jobs return now (rmcp would otherwise wait for them before it exits).
     let closing = shutdown.child_token();
@@ -74,16 +77,16 @@ pub enum HttpAuth {
 }
 
 /// The header a sandbox router routes on and forwards (agent-sandbox's `sandbox-router`).
-pub const SANDBOX_ID_HEADER: &str = "x-sandbox-id";
+pub(crate) const SANDBOX_ID_HEADER: &str = "x-sandbox-id";
 
 /// The longest cell id (a Kubernetes object name is at most 253 characters).
 const MAX_CELL_ID: usize = 253;
 
 /// Where a generated token is written (inside the state dir, which sandboxed code never sees).
-pub const TOKEN_FILE: &str = "http-token";
+pub(crate) const TOKEN_FILE: &str = "http-token";
 
 /// Why an HTTP listen address or auth combination is refused.
-pub fn check_bind(listen: SocketAddr, auth: &HttpAuth) -> Result<(), ServerError> {
+pub(crate) fn check_bind(listen: SocketAddr, auth: &HttpAuth) -> Result<(), ServerError> {
     match auth {
         HttpAuth::Token(t) if t.trim().is_empty() => Err(ServerError::Config(
             "the bearer token is empty; pass a non-empty --token (or MCP_SANDBOX_TOKEN), or none to get a generated one".into(),
@@ -133,7 +136,7 @@ fn check_cell(header: Option<&[u8]>, cell: &str) -> Result<(), (StatusCode, Stri
 }
 
 /// A fresh random token: 32 bytes from the kernel's CSPRNG, hex-encoded.
-pub fn generate_token() -> Result<String, ServerError> {
+pub(crate) fn generate_token() -> Result<String, ServerError> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(|e| {
         ServerError::Config(format!(
@@ -144,7 +147,7 @@ pub fn generate_token() -> Result<String, ServerError> {
 }
 
 /// Write `token` to `path`, readable by the owner only (mode 0600 even if the file existed).
-pub fn write_token_file(path: &std::path::Path, token: &str) -> Result<(), ServerError> {
+pub(crate) fn write_token_file(path: &std::path::Path, token: &str) -> Result<(), ServerError> {
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let fail = |e: std::io::Error| {
@@ -170,12 +173,12 @@ pub fn write_token_file(path: &std::path::Path, token: &str) -> Result<(), Serve
 
 /// True when the `Authorization` header carries `Bearer <token>` (the scheme in any case,
 /// RFC 9110 §11.1). Compared in constant time so the token cannot be guessed byte by byte.
-pub fn authorized(header: Option<&[u8]>, token: &str) -> bool {
+pub(crate) fn authorized(header: Option<&[u8]>, token: &str) -> bool {
     bearer(header).is_some_and(|given| tokens_equal(given, token))
 }
 
 /// The token of an `Authorization: Bearer <token>` header (the scheme in any case).
-pub fn bearer(header: Option<&[u8]>) -> Option<&str> {
+pub(crate) fn bearer(header: Option<&[u8]>) -> Option<&str> {
     let (scheme, given) = header?.split_at_checked(7)?;
     if !scheme.eq_ignore_ascii_case(b"bearer ") {
         return None;
@@ -185,7 +188,7 @@ pub fn bearer(header: Option<&[u8]>) -> Option<&str> {
 
 /// Whether `given` is `expected`, compared in constant time (for equal lengths) so a
 /// token cannot be guessed byte by byte.
-pub fn tokens_equal(given: &str, expected: &str) -> bool {
+pub(crate) fn tokens_equal(given: &str, expected: &str) -> bool {
     let (given, expected) = (given.as_bytes(), expected.as_bytes());
     given.len() == expected.len()
         && given
@@ -198,7 +201,7 @@ pub fn tokens_equal(given: &str, expected: &str) -> bool {
 /// The browser origins allowed to call us: our own address (and, on loopback, the
 /// `localhost` / `127.0.0.1` / `[::1]` spellings of it). A request without `Origin` (any
 /// non-browser client) passes; any other origin gets 403 (DNS rebinding).
-pub fn allowed_origins(listen: SocketAddr) -> Vec<String> {
+pub(crate) fn allowed_origins(listen: SocketAddr) -> Vec<String> {
     let port = listen.port();
     let mut hosts = vec![match listen.ip() {
         std::net::IpAddr::V4(ip) => ip.to_string(),
@@ -338,7 +341,7 @@ struct Router {
 }
 
 /// Serve streamable HTTP on `listen` (path `/mcp`) until `shutdown` fires.
-pub async fn serve_http(
+pub(crate) async fn serve_http(
     app: Arc<App>,
     tenants: Option<Arc<Tenants>>,
     listen: SocketAddr,

@@ -14,7 +14,7 @@ use super::{EditError, Entry};
 
 /// How one client lays out its servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shape {
+pub(crate) struct Shape {
     /// The top-level key holding the server map (`mcpServers`, or `servers` for VS Code).
     pub servers_key: &'static str,
     /// Whether entries carry `"type": "stdio"`.
@@ -39,7 +39,12 @@ fn parse_options(jsonc: bool) -> ParseOptions {
 }
 
 /// `existing` (empty for a new file) with the entry `name` set to `entry`.
-pub fn merge(existing: &str, shape: Shape, name: &str, entry: &Entry) -> Result<String, EditError> {
+pub(crate) fn merge(
+    existing: &str,
+    shape: Shape,
+    name: &str,
+    entry: &Entry,
+) -> Result<String, EditError> {
     let fresh_file = existing.trim().is_empty();
     let text = if fresh_file { "{}\n" } else { existing };
     let format = if shape.jsonc {

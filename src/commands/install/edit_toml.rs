@@ -14,7 +14,7 @@ use super::{EditError, Entry};
 const TOOL_TIMEOUT_SEC: i64 = 600;
 
 /// `existing` (empty for a new file) with the entry `name` set to `entry`.
-pub fn merge(existing: &str, name: &str, entry: &Entry) -> Result<String, EditError> {
+pub(crate) fn merge(existing: &str, name: &str, entry: &Entry) -> Result<String, EditError> {
     let mut doc: DocumentMut =
         existing
             .parse()

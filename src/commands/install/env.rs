@@ -12,7 +12,7 @@
 //! names the ones it left out so the user can add them by hand.
 
 /// The variables copied when set, in the order they are written.
-pub const PASS_THROUGH: &[&str] = &[
+pub(crate) const PASS_THROUGH: &[&str] = &[
     // TLS trust: the CA bundle of an intercepting proxy.
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
@@ -38,13 +38,13 @@ pub const PASS_THROUGH: &[&str] = &[
 /// What to pass through: `(name, value)` pairs, and the names left out because their
 /// value holds credentials.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct PassThrough {
+pub(crate) struct PassThrough {
     pub vars: Vec<(String, String)>,
     pub withheld: Vec<&'static str>,
 }
 
 /// The [`PASS_THROUGH`] variables `lookup` finds set (non-empty).
-pub fn pass_through(lookup: impl Fn(&str) -> Option<String>) -> PassThrough {
+pub(crate) fn pass_through(lookup: impl Fn(&str) -> Option<String>) -> PassThrough {
     let mut out = PassThrough::default();
     for &name in PASS_THROUGH {
         let Some(value) = lookup(name).filter(|v| !v.is_empty()) else {

@@ -19,7 +19,7 @@ const NEW_FILE_MODE: u32 = 0o600;
 const MAX_LINKS: usize = 40;
 
 #[derive(Debug, Error)]
-pub enum FileError {
+pub(crate) enum FileError {
     #[error("cannot read {path}: {source}")]
     Read {
         path: PathBuf,
@@ -56,7 +56,7 @@ pub enum FileError {
 
 /// The file a write to `path` must replace: `path` itself, or the end of its symlink
 /// chain (which need not exist yet).
-pub fn resolve_links(path: &Path) -> Result<PathBuf, FileError> {
+pub(crate) fn resolve_links(path: &Path) -> Result<PathBuf, FileError> {
     let mut current = path.to_path_buf();
     for _ in 0..MAX_LINKS {
         match std::fs::symlink_metadata(&current) {
@@ -86,7 +86,7 @@ pub fn resolve_links(path: &Path) -> Result<PathBuf, FileError> {
 }
 
 /// The file's text, or `None` if it does not exist.
-pub fn read_existing(path: &Path) -> Result<Option<String>, FileError> {
+pub(crate) fn read_existing(path: &Path) -> Result<Option<String>, FileError> {
     match std::fs::read_to_string(path) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -99,7 +99,7 @@ pub fn read_existing(path: &Path) -> Result<Option<String>, FileError> {
 
 /// Replace `target` (a resolved path, see [`resolve_links`]) with `text` atomically,
 /// keeping its owner and mode; a new file gets mode 0600 and its directory is created.
-pub fn replace_atomically(target: &Path, text: &str) -> Result<(), FileError> {
+pub(crate) fn replace_atomically(target: &Path, text: &str) -> Result<(), FileError> {
     let dir = match target.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),

@@ -19,13 +19,13 @@ use crate::server::render;
 use crate::server::report::JobReport;
 
 /// Installs and scripts resolve packages: wait longer than a cell by default.
-pub const ENV_WAIT_SECONDS: f64 = 30.0;
+pub(crate) const ENV_WAIT_SECONDS: f64 = 30.0;
 /// Longest `timeout_seconds` a script may ask for.
-pub const MAX_SCRIPT_TIMEOUT: f64 = 24.0 * 3600.0;
+pub(crate) const MAX_SCRIPT_TIMEOUT: f64 = 24.0 * 3600.0;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct EnvInfoArgs {
+pub(crate) struct EnvInfoArgs {
     #[serde(default)]
     #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
@@ -42,7 +42,7 @@ pub struct EnvInfoArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct EnvInstallArgs {
+pub(crate) struct EnvInstallArgs {
     /// Requirement strings, e.g. "numpy>=2".
     pub packages: Vec<String>,
     #[serde(default)]
@@ -65,7 +65,7 @@ pub struct EnvInstallArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RunScriptArgs {
+pub(crate) struct RunScriptArgs {
     /// Script source (or `path`).
     #[serde(default)]
     pub code: Option<String>,

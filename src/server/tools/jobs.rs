@@ -21,7 +21,7 @@ use crate::server::report::JobReport;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct WaitArgs {
+pub(crate) struct WaitArgs {
     pub job_id: String,
     /// Longest wait (max 300).
     #[serde(default)]
@@ -33,7 +33,7 @@ pub struct WaitArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct InputArgs {
+pub(crate) struct InputArgs {
     pub job_id: String,
     /// Text to send.
     pub text: String,
@@ -48,7 +48,7 @@ pub struct InputArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CancelArgs {
+pub(crate) struct CancelArgs {
     pub job_id: String,
     /// Seconds before the soft stop becomes a kill (default 2, max 60).
     #[serde(default)]
@@ -57,7 +57,7 @@ pub struct CancelArgs {
 
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum StatusFilter {
+pub(crate) enum StatusFilter {
     Running,
     AwaitingInput,
     Completed,
@@ -80,7 +80,7 @@ pub enum KindFilter {
 /// The statuses a filter selects (`finished`: every status that is not running or
 /// awaiting input). A thin mapping: the argument schema keeps its own variant list.
 impl StatusFilter {
-    pub fn statuses(self) -> Vec<JobStatus> {
+    pub(crate) fn statuses(self) -> Vec<JobStatus> {
         match self {
             StatusFilter::Running => vec![JobStatus::Running],
             StatusFilter::AwaitingInput => vec![JobStatus::AwaitingInput],
@@ -137,7 +137,7 @@ fn filter(
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ListArgs {
+pub(crate) struct ListArgs {
     #[serde(default)]
     pub status: Option<StatusFilter>,
     #[serde(default)]
@@ -165,7 +165,7 @@ pub enum StreamArg {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct OutputArgs {
+pub(crate) struct OutputArgs {
     pub job_id: String,
     #[serde(default)]
     pub stream: StreamArg,
@@ -190,7 +190,7 @@ pub struct OutputArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct PruneArgs {
+pub(crate) struct PruneArgs {
     #[serde(default)]
     pub job_id: Option<String>,
     #[serde(default)]

@@ -4,11 +4,11 @@
 //! Argument types are `deny_unknown_fields` with doc comments (they become the schema
 //! text); descriptions live in `docs/tools/<tool>.md` and are compiled in.
 
-pub mod env;
-pub mod jobs;
-pub mod python;
-pub mod sessions;
-pub mod shell;
+pub(crate) mod env;
+pub(crate) mod jobs;
+pub(crate) mod python;
+pub(crate) mod sessions;
+pub(crate) mod shell;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,16 +23,16 @@ use super::report::failure;
 use super::{schema, shapes};
 use crate::app::AppError;
 
-pub use crate::names::DEFAULT_SESSION;
+pub(crate) use crate::names::DEFAULT_SESSION;
 use crate::names::is_valid_session_name;
-pub const DEFAULT_WAIT_SECONDS: f64 = 3.0;
-pub const MAX_WAIT_SECONDS: f64 = 60.0;
-pub const DEFAULT_POLL_SECONDS: f64 = 30.0;
-pub const MAX_POLL_SECONDS: f64 = 300.0;
+pub(crate) const DEFAULT_WAIT_SECONDS: f64 = 3.0;
+pub(crate) const MAX_WAIT_SECONDS: f64 = 60.0;
+pub(crate) const DEFAULT_POLL_SECONDS: f64 = 30.0;
+pub(crate) const MAX_POLL_SECONDS: f64 = 300.0;
 
 /// Every tool the server offers, with schemas every client reads ([`schema`]): standard
 /// JSON Schema, plain optional fields, and an output schema on each tool.
-pub fn all_tools() -> ToolRouter<SandboxServer> {
+pub(crate) fn all_tools() -> ToolRouter<SandboxServer> {
     let mut router = SandboxServer::python_tools()
         + SandboxServer::session_tools()
         + SandboxServer::job_tools()
@@ -70,7 +70,7 @@ fn output_of(tool: &str) -> Option<Arc<JsonObject>> {
 
 /// Turn an app answer into the MCP result: `render` the value; an [`AppError`] (unknown
 /// job, Python error, path outside the workspace...) is an `isError` result in words.
-pub fn reply<T>(
+pub(crate) fn reply<T>(
     r: Result<T, AppError>,
     render: impl FnOnce(T) -> CallToolResult,
 ) -> Result<CallToolResult, ErrorData> {
@@ -81,7 +81,7 @@ pub fn reply<T>(
 }
 
 /// Validate a session name (the one rule, [`crate::names`]), or use `default`.
-pub fn session_or_default(name: Option<String>) -> Result<String, ErrorData> {
+pub(crate) fn session_or_default(name: Option<String>) -> Result<String, ErrorData> {
     let name = name.unwrap_or_else(|| DEFAULT_SESSION.to_string());
     if is_valid_session_name(&name) {
         Ok(name)
@@ -96,7 +96,7 @@ pub fn session_or_default(name: Option<String>) -> Result<String, ErrorData> {
 }
 
 /// A wait window in seconds: default when absent, an error when negative or too long.
-pub fn seconds(
+pub(crate) fn seconds(
     value: Option<f64>,
     default: f64,
     max: f64,
@@ -119,11 +119,11 @@ pub fn seconds(
 }
 
 /// Longest `timeout_seconds` of python_exec and shell_run (a day).
-pub const MAX_TIME_LIMIT: f64 = 86_400.0;
+pub(crate) const MAX_TIME_LIMIT: f64 = 86_400.0;
 
 /// A job's time limit (`timeout_seconds`): none when absent, else more than 0 s and at
 /// most a day.
-pub fn time_limit(value: Option<f64>) -> Result<Option<Duration>, ErrorData> {
+pub(crate) fn time_limit(value: Option<f64>) -> Result<Option<Duration>, ErrorData> {
     let Some(v) = value else { return Ok(None) };
     if v == 0.0 {
         return Err(ErrorData::invalid_params(
@@ -135,7 +135,7 @@ pub fn time_limit(value: Option<f64>) -> Result<Option<Duration>, ErrorData> {
 }
 
 /// The wait window of execute-style tools (`wait_seconds`).
-pub fn wait_window(value: Option<f64>, default: f64) -> Result<Duration, ErrorData> {
+pub(crate) fn wait_window(value: Option<f64>, default: f64) -> Result<Duration, ErrorData> {
     seconds(value, default, MAX_WAIT_SECONDS, "wait_seconds")
 }
 

@@ -17,7 +17,7 @@ use crate::server::report::JobReport;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ExecArgs {
+pub(crate) struct ExecArgs {
     /// Python or R source.
     pub code: String,
     #[serde(default)]
@@ -42,7 +42,7 @@ pub struct ExecArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RunFileArgs {
+pub(crate) struct RunFileArgs {
     /// `.py` or `.R` file in the workspace.
     pub path: String,
     /// sys.argv[1:].
@@ -59,7 +59,7 @@ pub struct RunFileArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct SessionArg {
+pub(crate) struct SessionArg {
     #[serde(default)]
     #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
@@ -67,7 +67,7 @@ pub struct SessionArg {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct InterruptArgs {
+pub(crate) struct InterruptArgs {
     #[serde(default)]
     #[schemars(extend("default" = "default"))]
     pub session: Option<String>,
@@ -78,7 +78,7 @@ pub struct InterruptArgs {
 
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum VarAction {
+pub(crate) enum VarAction {
     List,
     Get,
     Set,
@@ -88,7 +88,7 @@ pub enum VarAction {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct VarsArgs {
+pub(crate) struct VarsArgs {
     pub action: VarAction,
     /// Variable name (get, set, delete).
     #[serde(default)]
@@ -105,7 +105,7 @@ pub struct VarsArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct HistoryArgs {
+pub(crate) struct HistoryArgs {
     #[serde(default)]
     #[schemars(extend("default" = "default"))]
     pub session: Option<String>,

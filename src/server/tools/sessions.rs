@@ -13,11 +13,11 @@ use crate::server::render;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct NoArgs {}
+pub(crate) struct NoArgs {}
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CloseArgs {
+pub(crate) struct CloseArgs {
     pub session: String,
 }
 

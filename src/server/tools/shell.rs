@@ -17,7 +17,7 @@ use crate::server::report::{JobReport, failure};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ShellArgs {
+pub(crate) struct ShellArgs {
     /// Shell line, run with sh -c.
     #[serde(default)]
     pub command: Option<String>,

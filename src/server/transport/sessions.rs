@@ -35,25 +35,21 @@ use super::log_limit::{EVERY, Throttle, left_out};
 /// Who opened a session: the key sessions are counted by. Today every HTTP client that
 /// passes the bearer-token check is one principal; a tokens file will name more.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Principal(Arc<str>);
+pub(crate) struct Principal(Arc<str>);
 
 impl Principal {
-    pub fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         Principal(Arc::from(name))
     }
 
     /// The one principal of stdio and of a single HTTP token (or none): the server's own
     /// app.
-    pub fn local() -> Self {
+    pub(crate) fn local() -> Self {
         Principal::new("local")
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.0
-    }
-
-    pub fn is_local(&self) -> bool {
-        &*self.0 == "local"
     }
 }
 
@@ -80,7 +76,7 @@ impl Default for SessionLimits {
 
 /// Why a new session was refused; the text is the HTTP answer.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum Refused {
+pub(crate) enum Refused {
     #[error(
         "too many MCP sessions for this principal: {open} of its {max} are open (max_mcp_sessions \
          in the tokens file). End sessions you no longer use (HTTP DELETE with their \
@@ -103,7 +99,7 @@ pub enum Refused {
 
 /// A failure of session bookkeeping, as rmcp's session manager reports it.
 #[derive(Debug, thiserror::Error)]
-pub enum SessionsError {
+pub(crate) enum SessionsError {
     #[error(transparent)]
     Refused(#[from] Refused),
     #[error(transparent)]
@@ -112,7 +108,7 @@ pub enum SessionsError {
 
 /// A place for one new session, taken by [`BoundedSessions::admit`]; given back when
 /// dropped unused (rmcp refused the request before creating the session).
-pub struct Admission {
+pub(crate) struct Admission {
     book: Weak<Shared>,
     principal: Principal,
     used: bool,
@@ -134,7 +130,7 @@ tokio::task_local! {
 
 /// Run `fut` (the request that will create the session) with `admission` for its
 /// `create_session`.
-pub async fn with_admission<F: Future>(admission: Admission, fut: F) -> F::Output {
+pub(crate) async fn with_admission<F: Future>(admission: Admission, fut: F) -> F::Output {
     ADMITTED.scope(RefCell::new(Some(admission)), fut).await
 }
 
@@ -276,12 +272,12 @@ static NOT_INITIALIZED: Throttle = Throttle::new(EVERY);
 
 /// The session manager the HTTP transport gives rmcp.
 #[derive(Clone)]
-pub struct BoundedSessions {
+pub(crate) struct BoundedSessions {
     shared: Arc<Shared>,
 }
 
 impl BoundedSessions {
-    pub fn new(limits: SessionLimits) -> Self {
+    pub(crate) fn new(limits: SessionLimits) -> Self {
         let mut local = LocalSessionManager::default();
         local.session_config.keep_alive = Some(limits.idle);
         BoundedSessions {
@@ -294,13 +290,13 @@ impl BoundedSessions {
         }
     }
 
-    pub fn limits(&self) -> &SessionLimits {
+    pub(crate) fn limits(&self) -> &SessionLimits {
         &self.shared.limits
     }
 
     /// A place for a new session of `principal` (who may hold at most `per_principal`),
     /// or why there is none.
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         principal: Principal,
         per_principal: Option<usize>,
@@ -316,12 +312,13 @@ impl BoundedSessions {
     }
 
     /// The principal that opened session `id`, if it is open.
-    pub fn principal_of(&self, id: &str) -> Option<Principal> {
+    pub(crate) fn principal_of(&self, id: &str) -> Option<Principal> {
         self.shared.book().open.get(id).map(|e| e.principal.clone())
     }
 
     /// Sessions open now (and places admitted but not yet used).
-    pub fn open(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn open(&self) -> usize {
         self.shared.book().total
     }
 

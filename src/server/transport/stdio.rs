@@ -28,10 +28,10 @@ use super::log_limit::{self, Throttle};
 
 /// Longest request line accepted (bytes, without the newline): 16 MiB. Longer lines are
 /// answered with -32600 and skipped.
-pub const MAX_LINE: usize = 16 << 20;
+pub(crate) const MAX_LINE: usize = 16 << 20;
 /// JSON nesting deeper than this (the whole message counted: 127 levels of objects and
 /// arrays) is a parse error: serde_json's recursion limit.
-pub const MAX_DEPTH: usize = 127;
+pub(crate) const MAX_DEPTH: usize = 127;
 
 const PARSE_ERROR: i32 = -32700;
 const INVALID_REQUEST: i32 = -32600;
@@ -57,7 +57,7 @@ const KNOWN_METHODS: &[&str] = &[
 
 /// What to do with one input line.
 #[derive(Debug)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// A well-formed message for rmcp.
     Pass(Box<RxJsonRpcMessage<RoleServer>>),
     /// Answer with this JSON-RPC error object (a complete message, without newline).
@@ -78,7 +78,7 @@ fn error_reply(id: Value, code: i32, message: impl Into<String>) -> Verdict {
 }
 
 /// Judge one line (without its newline).
-pub fn validate_line(line: &[u8]) -> Verdict {
+pub(crate) fn validate_line(line: &[u8]) -> Verdict {
     let line = line.trim_ascii();
     if line.is_empty() {
         return Verdict::Ignore;
@@ -227,7 +227,7 @@ fn params_problem(method: &str, params: Option<Value>) -> String {
 
 /// The request's top-level `"id"` (an integer or a string), read from the start of a line
 /// that may be cut or otherwise broken; `null` when it cannot be read.
-pub fn recover_id(line: &[u8]) -> Value {
+pub(crate) fn recover_id(line: &[u8]) -> Value {
     let mut i = 0;
     let skip_ws = |i: &mut usize| {
         while *i < line.len() && line[*i].is_ascii_whitespace() {
@@ -381,7 +381,7 @@ type Outgoing = (Vec<u8>, Option<oneshot::Sender<io::Result<()>>>);
 
 /// The transport rmcp serves on: messages come from the reader task, replies go to the
 /// writer task.
-pub struct StdioTransport {
+pub(crate) struct StdioTransport {
     incoming: mpsc::Receiver<RxJsonRpcMessage<RoleServer>>,
     outgoing: mpsc::UnboundedSender<Outgoing>,
 }
@@ -389,7 +389,7 @@ pub struct StdioTransport {
 impl StdioTransport {
     /// Start the reader and writer tasks on `input`/`output`. `on_eof` is cancelled when
     /// the input ends (the client is gone).
-    pub fn start<R, W>(input: R, output: W, on_eof: CancellationToken) -> StdioTransport
+    pub(crate) fn start<R, W>(input: R, output: W, on_eof: CancellationToken) -> StdioTransport
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
