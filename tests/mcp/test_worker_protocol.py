@@ -4,6 +4,7 @@ each worker directly (no server, no sandbox) with the same requests and checks e
 against the description: the tags and fields its tables list, the ids, and the semantics
 both share (values, errors, input bridging, variables, interrupt, end of input)."""
 
+import fcntl
 import json
 import os
 import re
@@ -62,7 +63,10 @@ class Worker:
     def __init__(self, lang: str, tmp: Path):
         req_r, self.req_w = os.pipe()
         self.ev_r, ev_w = os.pipe()
-        req_r, ev_w = os.dup2(req_r, 20), os.dup2(ev_w, 21)
+        # Free numbers >= 10 (never 3 or 4, which the worker's own ends take), not fixed
+        # ones: a dup2 to a fixed number could clobber a descriptor another test's thread
+        # still uses in this process.
+        req_r, ev_w = (self._above_9(fd) for fd in (req_r, ev_w))
         env = dict(os.environ, TMPDIR=str(tmp), PYTHONIOENCODING="utf-8", R_LIBS_USER=str(tmp / "lib"))
         if lang == "python":
             source = (REPO / "python" / "sandbox_repl_worker.py").read_bytes()
@@ -71,7 +75,7 @@ class Worker:
             source = (REPO / "R" / "sandbox_repl_worker.R").read_bytes()
             argv = [shutil.which("Rscript"), "--no-init-file", "-e", R_BOOT]
         self.proc = subprocess.Popen(
-            ["bash", "-c", 'exec "$@" 3<&20 4>&21 20<&- 21>&-', "worker", *argv],
+            ["bash", "-c", f'exec "$@" 3<&{req_r} 4>&{ev_w} {req_r}<&- {ev_w}>&-', "worker", *argv],
             pass_fds=(req_r, ev_w), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, env=env, cwd=tmp, start_new_session=True,
         )
@@ -81,6 +85,12 @@ class Worker:
         self.buf = b""
         self.next_id = 0
         self.lang = lang
+
+    @staticmethod
+    def _above_9(fd: int) -> int:
+        moved = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+        os.close(fd)
+        return moved
 
     def send(self, **req):
         os.write(self.req_w, (json.dumps(req) + "\n").encode())
