@@ -19,6 +19,7 @@
 
 pub(crate) mod cgroup;
 pub(crate) mod error;
+pub(crate) mod fds;
 pub(crate) mod isolation;
 pub(crate) mod landlock;
 pub(crate) mod mounts;
@@ -327,7 +328,7 @@ fn close_inherited_fds(keep: &[RawFd], status: RawFd) -> Result<(), SetupError> 
     for fd in keep.into_iter().chain([u32::MAX]) {
         if fd > next {
             // SAFETY: closing descriptors nobody else in this single-threaded process uses.
-            let rc = unsafe { libc::close_range(next, fd - 1, 0) };
+            let rc = unsafe { fds::close_range(next, fd - 1, 0) };
             if rc != 0 {
                 return Err(SetupError::CloseFds(std::io::Error::last_os_error()));
             }

@@ -84,13 +84,13 @@ fn bring_up_loopback() -> Result<(), NetnsError> {
     }
     let result = (|| {
         // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read/write the ifreq we own.
-        if unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) } != 0 {
+        if unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS as _, &mut req) } != 0 {
             return Err(err("SIOCGIFFLAGS")(io::Error::last_os_error()));
         }
         // SAFETY: ifru_flags is the active union member after SIOCGIFFLAGS.
         unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
         // SAFETY: as above; the kernel only reads the ifreq.
-        if unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) } != 0 {
+        if unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS as _, &req) } != 0 {
             return Err(err("SIOCSIFFLAGS")(io::Error::last_os_error()));
         }
         Ok(())

@@ -336,9 +336,9 @@ fn close_all_but(keep: RawFd) {
     // SAFETY: closing descriptors of this single-threaded process that it no longer uses.
     unsafe {
         if keep > 0 {
-            libc::close_range(0, keep - 1, 0);
+            super::fds::close_range(0, keep - 1, 0);
         }
-        libc::close_range(keep + 1, u32::MAX, 0);
+        super::fds::close_range(keep + 1, u32::MAX, 0);
     }
 }
 

@@ -421,7 +421,7 @@ fn fork_here() -> std::io::Result<Zygote> {
             libc::dup2(null.as_raw_fd(), 0) == 0
                 && libc::dup2(null.as_raw_fd(), 1) == 1
                 && libc::dup2(theirs.as_raw_fd(), 3) == 3
-                && libc::close_range(4, u32::MAX, 0) == 0
+                && crate::sandbox::launcher::fds::close_range(4, u32::MAX, 0) == 0
         };
         if !kept || crate::sandbox::launcher::pidns::bind_to_parent(parent).is_err() {
             // SAFETY: _exit in the forked child.
