@@ -361,13 +361,9 @@ def test_doctor_and_install_know_r(tmp_path):
     assert "--interpreter" not in servers["sandbox-repl"]["args"], servers
 
 
-@needs_r
-def test_install_packages_from_a_loopback_repository_through_the_broker(server, tmp_path):
-    """env_install in an R session runs install.packages() as a job with progress: from a
-    CRAN-like repository the test builds (R CMD build, tools::write_PACKAGES) and serves on
-    loopback, reached through the network broker (the session itself has no network), into
-    the session library; library(tinypkg) works at once, the session's variables kept.
-    In a cell, install.packages() says to use env_install."""
+def loopback_cran(tmp_path):
+    """A CRAN-like repository holding tinypkg 0.1 (R CMD build, tools::write_PACKAGES),
+    served on loopback: (its URL, the paths requested from it, the server to shut down)."""
     import http.server
     import functools
     pkg = tmp_path / "src" / "tinypkg"
@@ -388,13 +384,20 @@ def test_install_packages_from_a_loopback_repository_through_the_broker(server, 
 
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(tmp_path / "repo")))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    repo = f"http://127.0.0.1:{httpd.server_address[1]}"
+    return f"http://127.0.0.1:{httpd.server_address[1]}", requests, httpd
+
+
+@needs_r
+def test_install_packages_from_a_loopback_repository_through_the_broker(server, tmp_path):
+    """env_install in an R session runs install.packages() as a job with progress: from a
+    CRAN-like repository the test builds (R CMD build, tools::write_PACKAGES) and serves on
+    loopback, reached through the network broker (the session itself has no network), into
+    the session library; library(tinypkg) works at once, the session's variables kept."""
+    repo, requests, httpd = loopback_cran(tmp_path)
     server.env["MCP_SANDBOX_CRAN"] = repo
 
     async def scenario(c):
         await c.ok("python_exec", code="x <- 42", language="r")
-        res = await c.call("python_exec", code='install.packages("tinypkg")')
-        assert res.is_error and "call the env_install tool" in text_of(res), text_of(res)
         res = await c.call("python_exec", code=f"readLines(url('{repo}/src/contrib/PACKAGES'))")
         assert res.is_error and "cannot open" in text_of(res), text_of(res)
         assert not requests, requests  # the session reached nothing
@@ -414,6 +417,54 @@ def test_install_packages_from_a_loopback_repository_through_the_broker(server, 
         r = await c.ok("python_exec", code="library(tinypkg); paste(hello(), x)")
         assert r["value"] == '[1] "hello from tinypkg 42"', r
         assert r.get("state_lost") is not True, r
+
+    try:
+        server.run(scenario, timeout=300)
+    finally:
+        httpd.shutdown()
+
+
+@needs_r
+def test_install_packages_typed_in_a_cell_installs_through_the_broker(server, tmp_path):
+    """`install.packages("tinypkg")` typed in an R cell installs for real: the worker asks
+    the server (install_request), whose installer reaches the loopback repository through
+    the network broker and writes the session library, with progress notifications on the
+    cell's own call and the install's output in the cell's; the cell goes on, so
+    `library(tinypkg)` in the same cell works, `x` kept. The session itself still has no
+    network and cannot write its library."""
+    repo, requests, httpd = loopback_cran(tmp_path)
+    server.env["MCP_SANDBOX_CRAN"] = repo
+    direct = f"readLines(url('{repo}/src/contrib/PACKAGES'))"
+
+    async def scenario(c):
+        await c.ok("python_exec", code="x <- 42", language="r")
+        seen = []
+
+        async def progress(value, total, message):
+            seen.append((value, message))
+
+        res = await c.call("python_exec", code="install.packages('tinypkg'); library(tinypkg); paste(hello(), x)",
+                           progress=progress)
+        r = res.structured_content
+        assert not res.is_error and r["status"] == "completed", text_of(res)
+        assert r["value"] == '[1] "hello from tinypkg 42"', r
+        assert r.get("state_lost") is not True, r
+        assert "installed: tinypkg 0.1" in text_of(res), text_of(res)
+        assert any("/src/contrib/tinypkg_0.1.tar.gz" in p for p in requests), requests
+        values = [v for v, _ in seen]
+        assert values == sorted(values) and len(set(values)) == len(values), seen
+        assert any("installed: tinypkg" in m for _, m in seen), seen
+        # The session's own way out is still closed, after the install as before.
+        fetched = len(requests)
+        res = await c.call("python_exec", code=direct)
+        assert res.is_error and "cannot open" in text_of(res), text_of(res)
+        res = await c.call("python_exec", code="writeLines('x', file.path(.libPaths()[1], 'probe'))")
+        assert res.is_error and "cannot open" in text_of(res), text_of(res)
+        assert len(requests) == fetched, requests
+        # A package the repository does not have fails the cell in words; state kept.
+        res = await c.call("python_exec", code="install.packages('nosuchpkg'); 1")
+        assert res.is_error and "not installed: nosuchpkg" in text_of(res), text_of(res)
+        assert (await c.ok("python_exec", code="x"))["value"] == "[1] 42"
 
     try:
         server.run(scenario, timeout=300)
