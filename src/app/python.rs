@@ -12,8 +12,8 @@ use crate::envs::Canceller;
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
 use crate::repl::{
-    CellOutcome, CellSink, CellStatus, History, InstallAnswer, OutStream, Parent, ReplError, Session, SessionInfo,
-    SessionState, VariableDetail, VariablePage, parse_cell,
+    CellOutcome, CellSink, CellStatus, History, InstallAnswer, OutStream, Parent, ReplError,
+    Session, SessionInfo, SessionState, VariableDetail, VariablePage, parse_cell,
 };
 
 /// Variables asked of the worker per `python_vars` list page (the answer shows those
@@ -97,7 +97,12 @@ impl CellSink for JobSink {
 
 impl Drop for JobSink {
     fn drop(&mut self) {
-        for cancel in self.installs.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        for cancel in self
+            .installs
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
             cancel.cancel();
         }
     }

@@ -89,7 +89,10 @@ pub(super) enum Event {
     },
     /// The running cell `id` (R only: `install.packages()`) asks the server to install
     /// `packages` into the session library, and blocks until `install_reply`.
-    InstallRequest { id: u64, packages: Vec<String> },
+    InstallRequest {
+        id: u64,
+        packages: Vec<String>,
+    },
     /// Cell `id` finished. Everything it printed was flushed to fds 1/2 before this line.
     Done {
         id: u64,

@@ -40,7 +40,10 @@ fn plan(
 ) -> Result<Plan, AppError> {
     let library = crate::repl::r_session_library(s.tmp_dir());
     let base = state_dir.join("env-tmp");
-    let tmp = TmpDir(crate::app::tmp::create_job_tmp(&base, sandbox.instance_id())?);
+    let tmp = TmpDir(crate::app::tmp::create_job_tmp(
+        &base,
+        sandbox.instance_id(),
+    )?);
     let ph = Placeholders {
         workspace: settings.workspace()?.root().to_path_buf(),
         tmp: tmp.0.clone(),
