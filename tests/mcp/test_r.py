@@ -361,20 +361,26 @@ def test_doctor_and_install_know_r(tmp_path):
     assert "--interpreter" not in servers["sandbox-repl"]["args"], servers
 
 
-def loopback_cran(tmp_path):
+def loopback_cran(tmp_path, gate=None):
     """A CRAN-like repository holding tinypkg 0.1 (R CMD build, tools::write_PACKAGES),
-    served on loopback: (its URL, the paths requested from it, the server to shut down)."""
+    served on loopback: (its URL, the paths requested from it, the server to shut down).
+    With `gate` (a path the installer can read), it also holds slowpkg 0.1, whose install
+    waits (while its code is prepared for lazy loading) until that file exists."""
     import http.server
     import functools
-    pkg = tmp_path / "src" / "tinypkg"
-    (pkg / "R").mkdir(parents=True)
-    (pkg / "DESCRIPTION").write_text("Package: tinypkg\nVersion: 0.1\nTitle: Tiny\nDescription: A tiny package.\n"
-                                     "License: MIT\nAuthor: t\nMaintainer: t <t@example.com>\n")
-    (pkg / "NAMESPACE").write_text("export(hello)\n")
-    (pkg / "R" / "hello.R").write_text('hello <- function() "hello from tinypkg"\n')
     contrib = tmp_path / "repo" / "src" / "contrib"
     contrib.mkdir(parents=True)
-    subprocess.run(["R", "CMD", "build", "--no-build-vignettes", str(pkg)], cwd=contrib, check=True, capture_output=True)
+    pkgs = {"tinypkg": 'hello <- function() "hello from tinypkg"\n'}
+    if gate is not None:
+        pkgs["slowpkg"] = f'local(while (!file.exists("{gate}")) Sys.sleep(0.2))\nslow <- function() 1\n'
+    for name, code in pkgs.items():
+        pkg = tmp_path / "src" / name
+        (pkg / "R").mkdir(parents=True)
+        (pkg / "DESCRIPTION").write_text(f"Package: {name}\nVersion: 0.1\nTitle: Tiny\nDescription: A tiny package.\n"
+                                         "License: MIT\nAuthor: t\nMaintainer: t <t@example.com>\n")
+        (pkg / "NAMESPACE").write_text("exportPattern('.')\n")
+        (pkg / "R" / "code.R").write_text(code)
+        subprocess.run(["R", "CMD", "build", "--no-build-vignettes", str(pkg)], cwd=contrib, check=True, capture_output=True)
     subprocess.run([RSCRIPT, "-e", f"tools::write_PACKAGES('{contrib}', type = 'source')"], check=True, capture_output=True)
     requests = []
 
@@ -469,6 +475,60 @@ def test_install_packages_typed_in_a_cell_installs_through_the_broker(server, tm
     try:
         server.run(scenario, timeout=300)
     finally:
+        httpd.shutdown()
+
+
+def installers() -> list[int]:
+    """Pids of running R installs (envs::r_install's script)."""
+    found = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if b"install.packages(pkgs," in cmd:
+                found.append(int(d))
+    return found
+
+
+@needs_r
+def test_interrupting_a_cell_in_install_packages_cancels_the_install(server, tmp_path):
+    """python_interrupt while a cell waits in install.packages(): the cell ends with R's
+    interrupt condition, `x` kept, and the server's install for it is cancelled: its
+    process is gone although the package it installs waits (for a file that does not
+    exist yet) and would keep it alive."""
+    import asyncio
+    gate = server.workspace / "slowpkg-may-go-on"
+    repo, requests, httpd = loopback_cran(tmp_path, gate)
+    server.env["MCP_SANDBOX_CRAN"] = repo
+
+    async def until(cond, what):
+        for _ in range(1200):
+            if cond():
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"not seen within 120 s: {what}")
+
+    async def scenario(c):
+        await c.ok("python_exec", code="x <- 42", language="r")
+        r = await c.ok("python_exec", code="install.packages('slowpkg'); 'done'", wait_seconds=1)
+        assert r["status"] == "running", r
+        await until(lambda: any(p.endswith("/slowpkg_0.1.tar.gz") for p in requests), "the tarball fetched")
+        await until(installers, "the install process")
+        await c.ok("python_interrupt")
+        rep = (await c.call("job_wait", job_id=r["job_id"], until_done=True, timeout_seconds=30)).structured_content
+        assert rep["status"] == "failed" and rep["exception"]["ename"] == "interrupt", rep
+        await until(lambda: not installers(), "the install process gone")
+        gate.write_text("")
+        assert (await c.ok("python_exec", code="x"))["value"] == "[1] 42"
+        r = await c.ok("python_exec", code="isTRUE(requireNamespace('slowpkg', quietly = TRUE))")
+        assert r["value"] == "[1] FALSE", r
+
+    try:
+        server.run(scenario, timeout=300)
+    finally:
+        gate.write_text("")
         httpd.shutdown()
 
 
