@@ -139,12 +139,40 @@ function(.in) {
   environment(my_readline) <- environment(my_readLines) <- environment(my_menu) <- environment()
   replace_in(baseenv(), "readline", my_readline)
   replace_in(baseenv(), "readLines", my_readLines)
-  # Packages are installed by a job of the server's (env_install), which alone reaches
-  # the CRAN mirror, through the network broker, and writes the session library.
-  my_install <- function(pkgs, ...) {
-    stop("install.packages() runs as a job in this sandbox: call the env_install tool with ",
-         "packages = [", paste0('"', pkgs, '"', collapse = ", "), "] for this session; ",
-         "library() then loads them here, without a restart", call. = FALSE)
+  # install.packages() asks the server to install (`install_request`) and waits for its
+  # `install_reply`, as readline() waits for input: the server's installer, not this
+  # process, reaches the repository (through the network broker) and writes the session
+  # library, which is on .libPaths() already, so library() loads the packages at once.
+  my_install <- function(pkgs, lib, repos = getOption("repos"), ...) {
+    if (is.null(w$cur)) stop("install.packages() runs only in a cell of this session", call. = FALSE)
+    pkgs <- unique(as.character(pkgs))
+    if (!length(pkgs)) stop("install.packages(): name at least one package", call. = FALSE)
+    if (!missing(lib) || !missing(repos) || length(list(...))) {
+      message("install.packages(): the server installs into the session library from its ",
+              "configured repository; lib, repos and other arguments are not used")
+    }
+    flush_std()
+    send(list(ev = "install_request", id = w$cur, packages = I(pkgs)))
+    repeat {
+      line <- base_readLines(.in, n = 1L, warn = FALSE, encoding = "UTF-8")
+      if (!length(line)) quit(save = "no", status = 0L, runLast = FALSE)
+      req <- jsonlite::fromJSON(line, simplifyVector = FALSE)
+      op <- req$op
+      if (identical(op, "install_reply") && identical(req$id, w$cur)) {
+        if (!isTRUE(req$ok)) stop(req$message, call. = FALSE)
+        message(req$message)
+        return(invisible(NULL))
+      } else if (identical(op, "interrupt")) {
+        if (identical(req$id, w$cur)) {
+          signalCondition(structure(class = c("interrupt", "condition"),
+                                    list(message = "interrupted", call = NULL)))
+        }
+      } else if (identical(op, "shutdown")) {
+        quit(save = "no", status = 0L, runLast = FALSE)
+      } else if (!isTRUE(op %in% c("input_reply", "install_reply"))) {
+        w$queue[[length(w$queue) + 1L]] <- req
+      }
+    }
   }
   replace_in(asNamespace("utils"), "install.packages", my_install)
   if ("package:utils" %in% search()) replace_in(as.environment("package:utils"), "install.packages", my_install)
@@ -404,7 +432,7 @@ function(.in) {
       send(list(ev = "ok", id = req$id))
     } else if (identical(op, "shutdown")) {
       quit(save = "no", status = 0L, runLast = FALSE)
-    } else if (!is.null(req$id) && !identical(op, "input_reply")) {
+    } else if (!is.null(req$id) && !isTRUE(op %in% c("input_reply", "install_reply"))) {
       send(list(ev = "failed", id = req$id, message = paste("unknown request", op)))
     }
   }

@@ -1,17 +1,19 @@
 //! Python use cases: cells run as jobs, the sink that spools their output, the control
 //! that maps cancel/input onto the session, and sessions / variables / history.
 
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use serde_json::Value;
 
+use super::envs::CellInstaller;
 use super::{App, AppError, Call, JobView};
+use crate::envs::Canceller;
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
 use crate::repl::{
-    CellOutcome, CellSink, CellStatus, History, OutStream, Parent, ReplError, Session, SessionInfo,
-    SessionState, VariableDetail, VariablePage, parse_cell,
+    CellOutcome, CellSink, CellStatus, History, InstallAnswer, OutStream, Parent, ReplError,
+    Session, SessionInfo, SessionState, VariableDetail, VariablePage, parse_cell,
 };
 
 /// Variables asked of the worker per `python_vars` list page (the answer shows those
@@ -39,8 +41,24 @@ pub enum VarsOutcome {
     Cleared,
 }
 
-/// Adapts a job to the REPL's output sink: output is spooled, input requests flip status.
-pub(super) struct JobSink(pub JobHandle);
+/// Adapts a job to the REPL's output sink: output is spooled, input requests flip status,
+/// an R cell's `install.packages()` runs the install for the cell. Dropped when the cell
+/// has ended: an install still running then is cancelled.
+pub(super) struct JobSink {
+    handle: JobHandle,
+    installer: Option<CellInstaller>,
+    installs: Mutex<Vec<Canceller>>,
+}
+
+impl JobSink {
+    pub(super) fn new(handle: JobHandle, installer: Option<CellInstaller>) -> Self {
+        JobSink {
+            handle,
+            installer,
+            installs: Mutex::default(),
+        }
+    }
+}
 
 impl CellSink for JobSink {
     fn output(&self, stream: OutStream, data: &[u8]) {
@@ -48,16 +66,45 @@ impl CellSink for JobSink {
             OutStream::Stdout => Stream::Stdout,
             OutStream::Stderr => Stream::Stderr,
         };
-        self.0.append(s, data);
+        self.handle.append(s, data);
     }
     fn awaiting_input(&self, prompt: &str) {
-        self.0.awaiting_input(prompt);
+        self.handle.awaiting_input(prompt);
     }
     fn awaiting_secret_input(&self, prompt: &str) {
-        self.0.awaiting_secret_input(prompt);
+        self.handle.awaiting_secret_input(prompt);
     }
     fn input_received(&self) {
-        self.0.resumed();
+        self.handle.resumed();
+    }
+    fn install_packages(&self, packages: Vec<String>, answer: InstallAnswer) {
+        match &self.installer {
+            Some(installer) => {
+                let cancel = installer.start(packages, answer);
+                self.installs
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(cancel);
+            }
+            None => answer.send(
+                false,
+                "packages are installed from cells of R sessions only: call the env_install tool"
+                    .into(),
+            ),
+        }
+    }
+}
+
+impl Drop for JobSink {
+    fn drop(&mut self) {
+        for cancel in self
+            .installs
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            cancel.cancel();
+        }
     }
 }
 
@@ -203,7 +250,8 @@ impl App {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(session_name.to_string(), id.clone());
-        let sink: Arc<dyn CellSink> = Arc::new(JobSink(handle.clone()));
+        let installer = self.cell_installer(&session, &handle, call);
+        let sink: Arc<dyn CellSink> = Arc::new(JobSink::new(handle.clone(), installer));
         // The caller hears "running" before the spawned cell reaches the session: a cancel
         // or interrupt in between must be kept for it, not find nothing running.
         session.expect_cell();

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::protocol::{DisplayItem, PyError};
+use tokio::sync::mpsc;
+
+use super::protocol::{self, DisplayItem, PyError, Request};
 
 /// Which of the worker's output streams a chunk came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -28,6 +30,57 @@ pub trait CellSink: Send + Sync {
     }
     /// The pending `input()` got its text; the cell runs again.
     fn input_received(&self);
+    /// The cell (R's `install.packages()`) asks for `packages` to be installed into the
+    /// session library and waits for `answer`. Must not block: start the install and
+    /// answer when it ends. By default installs are not offered here.
+    fn install_packages(&self, packages: Vec<String>, answer: InstallAnswer) {
+        let _ = packages;
+        answer.send(
+            false,
+            "packages cannot be installed from this cell: call the env_install tool".into(),
+        );
+    }
+}
+
+/// The way back to a cell waiting in `install.packages()`: [`InstallAnswer::send`] writes
+/// its `install_reply`. Dropped unsent, it answers that the install was abandoned, so the
+/// cell never waits forever.
+pub struct InstallAnswer {
+    id: u64,
+    requests: Option<mpsc::WeakUnboundedSender<Vec<u8>>>,
+}
+
+impl InstallAnswer {
+    pub(super) fn new(id: u64, requests: mpsc::WeakUnboundedSender<Vec<u8>>) -> Self {
+        InstallAnswer {
+            id,
+            requests: Some(requests),
+        }
+    }
+
+    /// Answer the cell: the install ended, `ok` or not, `message` in words.
+    pub fn send(mut self, ok: bool, message: String) {
+        self.reply(ok, message);
+    }
+
+    fn reply(&mut self, ok: bool, message: String) {
+        // A worker that is gone (its request channel closed) needs no answer.
+        if let Some(tx) = self.requests.take().and_then(|w| w.upgrade()) {
+            let _ = tx.send(protocol::encode(&Request::InstallReply {
+                id: self.id,
+                ok,
+                message,
+            }));
+        }
+    }
+}
+
+impl Drop for InstallAnswer {
+    fn drop(&mut self) {
+        if self.requests.is_some() {
+            self.reply(false, "the install was abandoned before it ended".into());
+        }
+    }
 }
 
 /// How a cell ended.

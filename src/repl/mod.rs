@@ -36,7 +36,7 @@ mod session;
 mod snapshot;
 mod worker;
 
-pub use cell::{CellOutcome, CellSink, CellStatus, OutStream};
+pub use cell::{CellOutcome, CellSink, CellStatus, InstallAnswer, OutStream};
 pub(crate) use cell::{cell_name, parse_cell};
 pub use config::ReplConfig;
 pub use error::ReplError;

@@ -26,6 +26,9 @@ pub(super) enum Request {
     },
     /// Answer to `input_request` number `id`; `text: null` means end of input (EOFError).
     InputReply { id: u64, text: Option<String> },
+    /// Answer to `install_request` of cell `id` (R only): the install ended, `ok` or not,
+    /// `message` saying what it did in words. The cell runs on.
+    InstallReply { id: u64, ok: bool, message: String },
     /// KeyboardInterrupt in cell `id`: raised at once if it runs, or as soon as it
     /// starts if it is still queued (no answer; the cell's `done` says `interrupted`).
     Interrupt { id: u64 },
@@ -83,6 +86,12 @@ pub(super) enum Event {
         /// A secret (getpass): the answer must not be shown.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         secret: bool,
+    },
+    /// The running cell `id` (R only: `install.packages()`) asks the server to install
+    /// `packages` into the session library, and blocks until `install_reply`.
+    InstallRequest {
+        id: u64,
+        packages: Vec<String>,
     },
     /// Cell `id` finished. Everything it printed was flushed to fds 1/2 before this line.
     Done {
@@ -142,6 +151,7 @@ impl Event {
         match self {
             Event::Ready { .. } | Event::Snapshot { .. } => None,
             Event::InputRequest { id, .. }
+            | Event::InstallRequest { id, .. }
             | Event::Done { id, .. }
             | Event::Variables { id, .. }
             | Event::Variable { id, .. }
@@ -232,6 +242,7 @@ const ALL_TAGS: &[&str] = &[
     "execute",
     "run_file",
     "input_reply",
+    "install_reply",
     "interrupt",
     "list_variables",
     "get_variable",
@@ -243,6 +254,7 @@ const ALL_TAGS: &[&str] = &[
     "shutdown",
     "ready",
     "input_request",
+    "install_request",
     "done",
     "variables",
     "variable",
@@ -308,6 +320,15 @@ mod tests {
             };
             assert_eq!(ev, want);
         }
+        let ev = decode(br#"{"ev":"install_request","id":4,"packages":["tinypkg"]}"#).unwrap();
+        assert_eq!(
+            ev,
+            Event::InstallRequest {
+                id: 4,
+                packages: vec!["tinypkg".into()]
+            }
+        );
+        assert_eq!(ev.id(), Some(4));
     }
 
     #[test]
@@ -335,6 +356,11 @@ mod tests {
                 repr_limit: 1,
             }),
             encode(&Request::InputReply { id: 1, text: None }),
+            encode(&Request::InstallReply {
+                id: 1,
+                ok: true,
+                message: String::new(),
+            }),
             encode(&Request::Interrupt { id: 1 }),
             encode(&Request::ListVariables {
                 id: 1,

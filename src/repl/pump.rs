@@ -14,7 +14,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::cell::{CellSink, OutStream};
+use super::cell::{CellSink, InstallAnswer, OutStream};
 use super::error::exit_words;
 use super::protocol::{self, Event};
 use super::snapshot::Snapshot;
@@ -115,6 +115,10 @@ pub(super) struct Shared {
     pub(super) retired: AtomicBool,
     /// The snapshot control socket (snapshots on).
     pub(super) control: Option<OwnedFd>,
+    /// The request channel (weak: the [`Worker`](super::worker::Worker) handle owns it,
+    /// and its end closes the worker's fd 3), for answers the I/O side starts
+    /// (`install_reply`).
+    pub(super) requests: mpsc::WeakUnboundedSender<Vec<u8>>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -198,6 +202,15 @@ impl Shared {
                     Some(sink) if secret => sink.awaiting_secret_input(&prompt),
                     Some(sink) => sink.awaiting_input(&prompt),
                     None => {}
+                }
+            }
+            Event::InstallRequest { id, packages } => {
+                let sink = st.pending.get(&id).and_then(|p| p.sink.clone());
+                drop(st);
+                let answer = InstallAnswer::new(id, self.requests.clone());
+                match sink {
+                    Some(sink) => sink.install_packages(packages, answer),
+                    None => answer.send(false, "no cell of this session is running".into()),
                 }
             }
             other => {
@@ -392,7 +405,10 @@ fn handle_line(
             return;
         }
     };
-    if matches!(ev, Event::Done { .. } | Event::InputRequest { .. }) {
+    if matches!(
+        ev,
+        Event::Done { .. } | Event::InputRequest { .. } | Event::InstallRequest { .. }
+    ) {
         // The worker flushed fds 1/2 before writing this line: take what is in the
         // pipes now so it is attributed to the cell that printed it.
         drain_now(out, OutStream::Stdout, shared, buf);

@@ -202,7 +202,9 @@ impl Worker {
             )),
         };
         let (ready, ready_rx) = watch::channel(false);
+        let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
+            requests: tx.downgrade(),
             state: Mutex::default(),
             policy,
             child: Mutex::new(child),
@@ -213,7 +215,6 @@ impl Worker {
             retired: AtomicBool::new(false),
             control: fds.control,
         });
-        let (tx, rx) = mpsc::unbounded_channel();
         let worker = Worker {
             pid,
             requests: tx,

@@ -361,24 +361,26 @@ def test_doctor_and_install_know_r(tmp_path):
     assert "--interpreter" not in servers["sandbox-repl"]["args"], servers
 
 
-@needs_r
-def test_install_packages_from_a_loopback_repository_through_the_broker(server, tmp_path):
-    """env_install in an R session runs install.packages() as a job with progress: from a
-    CRAN-like repository the test builds (R CMD build, tools::write_PACKAGES) and serves on
-    loopback, reached through the network broker (the session itself has no network), into
-    the session library; library(tinypkg) works at once, the session's variables kept.
-    In a cell, install.packages() says to use env_install."""
+def loopback_cran(tmp_path, gate=None):
+    """A CRAN-like repository holding tinypkg 0.1 (R CMD build, tools::write_PACKAGES),
+    served on loopback: (its URL, the paths requested from it, the server to shut down).
+    With `gate` (a path the installer can read), it also holds slowpkg 0.1, whose install
+    waits (while its code is prepared for lazy loading) until that file exists."""
     import http.server
     import functools
-    pkg = tmp_path / "src" / "tinypkg"
-    (pkg / "R").mkdir(parents=True)
-    (pkg / "DESCRIPTION").write_text("Package: tinypkg\nVersion: 0.1\nTitle: Tiny\nDescription: A tiny package.\n"
-                                     "License: MIT\nAuthor: t\nMaintainer: t <t@example.com>\n")
-    (pkg / "NAMESPACE").write_text("export(hello)\n")
-    (pkg / "R" / "hello.R").write_text('hello <- function() "hello from tinypkg"\n')
     contrib = tmp_path / "repo" / "src" / "contrib"
     contrib.mkdir(parents=True)
-    subprocess.run(["R", "CMD", "build", "--no-build-vignettes", str(pkg)], cwd=contrib, check=True, capture_output=True)
+    pkgs = {"tinypkg": 'hello <- function() "hello from tinypkg"\n'}
+    if gate is not None:
+        pkgs["slowpkg"] = f'local(while (!file.exists("{gate}")) Sys.sleep(0.2))\nslow <- function() 1\n'
+    for name, code in pkgs.items():
+        pkg = tmp_path / "src" / name
+        (pkg / "R").mkdir(parents=True)
+        (pkg / "DESCRIPTION").write_text(f"Package: {name}\nVersion: 0.1\nTitle: Tiny\nDescription: A tiny package.\n"
+                                         "License: MIT\nAuthor: t\nMaintainer: t <t@example.com>\n")
+        (pkg / "NAMESPACE").write_text("exportPattern('.')\n")
+        (pkg / "R" / "code.R").write_text(code)
+        subprocess.run(["R", "CMD", "build", "--no-build-vignettes", str(pkg)], cwd=contrib, check=True, capture_output=True)
     subprocess.run([RSCRIPT, "-e", f"tools::write_PACKAGES('{contrib}', type = 'source')"], check=True, capture_output=True)
     requests = []
 
@@ -388,13 +390,20 @@ def test_install_packages_from_a_loopback_repository_through_the_broker(server, 
 
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(tmp_path / "repo")))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    repo = f"http://127.0.0.1:{httpd.server_address[1]}"
+    return f"http://127.0.0.1:{httpd.server_address[1]}", requests, httpd
+
+
+@needs_r
+def test_install_packages_from_a_loopback_repository_through_the_broker(server, tmp_path):
+    """env_install in an R session runs install.packages() as a job with progress: from a
+    CRAN-like repository the test builds (R CMD build, tools::write_PACKAGES) and serves on
+    loopback, reached through the network broker (the session itself has no network), into
+    the session library; library(tinypkg) works at once, the session's variables kept."""
+    repo, requests, httpd = loopback_cran(tmp_path)
     server.env["MCP_SANDBOX_CRAN"] = repo
 
     async def scenario(c):
         await c.ok("python_exec", code="x <- 42", language="r")
-        res = await c.call("python_exec", code='install.packages("tinypkg")')
-        assert res.is_error and "call the env_install tool" in text_of(res), text_of(res)
         res = await c.call("python_exec", code=f"readLines(url('{repo}/src/contrib/PACKAGES'))")
         assert res.is_error and "cannot open" in text_of(res), text_of(res)
         assert not requests, requests  # the session reached nothing
@@ -418,6 +427,108 @@ def test_install_packages_from_a_loopback_repository_through_the_broker(server, 
     try:
         server.run(scenario, timeout=300)
     finally:
+        httpd.shutdown()
+
+
+@needs_r
+def test_install_packages_typed_in_a_cell_installs_through_the_broker(server, tmp_path):
+    """`install.packages("tinypkg")` typed in an R cell installs for real: the worker asks
+    the server (install_request), whose installer reaches the loopback repository through
+    the network broker and writes the session library, with progress notifications on the
+    cell's own call and the install's output in the cell's; the cell goes on, so
+    `library(tinypkg)` in the same cell works, `x` kept. The session itself still has no
+    network and cannot write its library."""
+    repo, requests, httpd = loopback_cran(tmp_path)
+    server.env["MCP_SANDBOX_CRAN"] = repo
+    direct = f"readLines(url('{repo}/src/contrib/PACKAGES'))"
+
+    async def scenario(c):
+        await c.ok("python_exec", code="x <- 42", language="r")
+        seen = []
+
+        async def progress(value, total, message):
+            seen.append((value, message))
+
+        res = await c.call("python_exec", code="install.packages('tinypkg'); library(tinypkg); paste(hello(), x)",
+                           progress=progress)
+        r = res.structured_content
+        assert not res.is_error and r["status"] == "completed", text_of(res)
+        assert r["value"] == '[1] "hello from tinypkg 42"', r
+        assert r.get("state_lost") is not True, r
+        assert "installed: tinypkg 0.1" in text_of(res), text_of(res)
+        assert any("/src/contrib/tinypkg_0.1.tar.gz" in p for p in requests), requests
+        values = [v for v, _ in seen]
+        assert values == sorted(values) and len(set(values)) == len(values), seen
+        assert any("installed: tinypkg" in m for _, m in seen), seen
+        # The session's own way out is still closed, after the install as before.
+        fetched = len(requests)
+        res = await c.call("python_exec", code=direct)
+        assert res.is_error and "cannot open" in text_of(res), text_of(res)
+        res = await c.call("python_exec", code="writeLines('x', file.path(.libPaths()[1], 'probe'))")
+        assert res.is_error and "cannot open" in text_of(res), text_of(res)
+        assert len(requests) == fetched, requests
+        # A package the repository does not have fails the cell in words; state kept.
+        res = await c.call("python_exec", code="install.packages('nosuchpkg'); 1")
+        assert res.is_error and "not installed: nosuchpkg" in text_of(res), text_of(res)
+        assert (await c.ok("python_exec", code="x"))["value"] == "[1] 42"
+
+    try:
+        server.run(scenario, timeout=300)
+    finally:
+        httpd.shutdown()
+
+
+def installers() -> list[int]:
+    """Pids of running R installs (envs::r_install's script)."""
+    found = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if b"install.packages(pkgs," in cmd:
+                found.append(int(d))
+    return found
+
+
+@needs_r
+def test_interrupting_a_cell_in_install_packages_cancels_the_install(server, tmp_path):
+    """python_interrupt while a cell waits in install.packages(): the cell ends with R's
+    interrupt condition, `x` kept, and the server's install for it is cancelled: its
+    process is gone although the package it installs waits (for a file that does not
+    exist yet) and would keep it alive."""
+    import asyncio
+    gate = server.workspace / "slowpkg-may-go-on"
+    repo, requests, httpd = loopback_cran(tmp_path, gate)
+    server.env["MCP_SANDBOX_CRAN"] = repo
+
+    async def until(cond, what):
+        for _ in range(1200):
+            if cond():
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"not seen within 120 s: {what}")
+
+    async def scenario(c):
+        await c.ok("python_exec", code="x <- 42", language="r")
+        r = await c.ok("python_exec", code="install.packages('slowpkg'); 'done'", wait_seconds=1)
+        assert r["status"] == "running", r
+        await until(lambda: any(p.endswith("/slowpkg_0.1.tar.gz") for p in requests), "the tarball fetched")
+        await until(installers, "the install process")
+        await c.ok("python_interrupt")
+        rep = (await c.call("job_wait", job_id=r["job_id"], until_done=True, timeout_seconds=30)).structured_content
+        assert rep["status"] == "failed" and rep["exception"]["ename"] == "interrupt", rep
+        await until(lambda: not installers(), "the install process gone")
+        gate.write_text("")
+        assert (await c.ok("python_exec", code="x"))["value"] == "[1] 42"
+        r = await c.ok("python_exec", code="isTRUE(requireNamespace('slowpkg', quietly = TRUE))")
+        assert r["value"] == "[1] FALSE", r
+
+    try:
+        server.run(scenario, timeout=300)
+    finally:
+        gate.write_text("")
         httpd.shutdown()
 
 

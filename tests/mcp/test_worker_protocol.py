@@ -228,6 +228,51 @@ def test_both_workers_speak_the_described_protocol(lang, tmp_path):
     assert w.proc.returncode == 0, w.proc.stderr.read()
 
 
+@pytest.mark.skipif(not r_ready(), reason="R with jsonlite is not installed")
+def test_the_r_worker_asks_the_server_to_install_packages(tmp_path):
+    """R only: install.packages() in a cell sends install_request (the cell's id, the
+    names) and waits; install_reply ok lets the cell go on, not ok fails it with the
+    message; an interrupt ends the wait with the state kept; a late reply is ignored."""
+    w = Worker("r", tmp_path)
+    try:
+        assert w.event()["ev"] == "ready"
+        assert w.cell("x <- 42")["status"] == "ok"
+        w.next_id += 1
+        cid = w.next_id
+        w.send(op="execute", id=cid, cell=cid, code="install.packages(c('tinypkg', 'other')); x + 1", repr_limit=2000)
+        ask = w.event()
+        assert ask == {"ev": "install_request", "id": cid, "packages": ["tinypkg", "other"]}, ask
+        w.send(op="install_reply", id=cid + 100, ok=True, message="not yours")  # another cell's: ignored
+        w.send(op="install_reply", id=cid, ok=True, message="installed tinypkg 0.1")
+        done = w.event()
+        assert done["id"] == cid and done["status"] == "ok" and done["value"]["repr"] == "[1] 43", done
+        assert b"installed tinypkg 0.1" in w.proc.stderr.read1(4096)
+        # One package: still a list of names.
+        w.next_id += 1
+        cid = w.next_id
+        w.send(op="execute", id=cid, cell=cid, code="install.packages('nosuchpkg')", repr_limit=2000)
+        assert w.event() == {"ev": "install_request", "id": cid, "packages": ["nosuchpkg"]}
+        w.send(op="install_reply", id=cid, ok=False, message="not installed: nosuchpkg")
+        done = w.event()
+        assert done["status"] == "error" and done["error"]["evalue"] == "not installed: nosuchpkg", done
+        # Interrupted while it waits: the cell ends interrupted, x kept; the late reply
+        # is ignored (no answer to it).
+        w.next_id += 1
+        cid = w.next_id
+        w.send(op="execute", id=cid, cell=cid, code="install.packages('slowpkg')", repr_limit=2000)
+        assert w.event()["ev"] == "install_request"
+        os.kill(w.proc.pid, signal.SIGINT)
+        w.send(op="interrupt", id=cid)
+        done = w.event()
+        assert done["id"] == cid and done["status"] == "interrupted", done
+        w.send(op="install_reply", id=cid, ok=True, message="too late")
+        assert w.cell("x")["value"]["repr"] == "[1] 42"
+        assert w.call("ping")["ev"] == "ok"
+    finally:
+        w.close()
+    assert w.proc.returncode == 0, w.proc.stderr.read()
+
+
 def test_the_description_lists_both_workers():
     assert "R/sandbox_repl_worker.R" in DOC and "python/sandbox_repl_worker.py" in DOC
     assert "## The R worker" in DOC

@@ -32,6 +32,8 @@ use outcome::{install_outcome, script_outcome};
 mod outcome;
 mod r;
 
+pub(super) use r::CellInstaller;
+
 /// Which venv a session's env call is about.
 #[derive(Debug, Clone, Default)]
 pub struct EnvInfoRequest {
