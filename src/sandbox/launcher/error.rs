@@ -86,7 +86,7 @@ pub enum SetupError {
     #[error("Landlock: cannot open {}: {source}", path.display())]
     LandlockPath {
         path: PathBuf,
-        source: landlock::PathFdError,
+        source: std::io::Error,
     },
     #[error(
         "the kernel did not fully enforce the Landlock ruleset ({status}); policy {policy} \

@@ -2,11 +2,12 @@
 //! ports, scopes; unit-tested); [`install_landlock_on_current_thread`] applies it and
 //! fails closed unless the kernel fully enforced it (or the policy says best effort).
 
-use std::path::PathBuf;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
 
 use landlock::{
     ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath,
-    PathFd, Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope,
+    Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 
 use super::error::SetupError;
@@ -170,9 +171,23 @@ fn grants_by_path(rules: &[(PathBuf, FsGrant)]) -> Vec<(&PathBuf, Vec<FsGrant>)>
     out
 }
 
+/// `path` opened with `O_PATH` (nothing is read, a device is not opened), by `open(2)`
+/// itself: landlock's `PathFd` goes through std's `custom_flags`, which masks the flags
+/// with `O_ACCMODE` — and musl's `O_ACCMODE` includes `O_PATH`, so a musl build opened
+/// `/dev/tty` for reading (ENXIO without a terminal) instead of as a path.
+fn open_path(path: &Path) -> std::io::Result<OwnedFd> {
+    use nix::fcntl::OFlag;
+    nix::fcntl::open(
+        path,
+        OFlag::O_PATH | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(std::io::Error::from)
+}
+
 /// Whether the descriptor is a directory (`fstat`; a failed stat counts as not one, so
 /// the rule keeps only the accesses valid on a file).
-fn is_dir(fd: &PathFd) -> bool {
+fn is_dir(fd: &OwnedFd) -> bool {
     nix::sys::stat::fstat(fd).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
 }
 
@@ -241,7 +256,7 @@ fn add_path_rules(
     target: ABI,
 ) -> Result<RulesetCreated, SetupError> {
     for (path, grants) in grants_by_path(rules) {
-        let fd = match PathFd::new(path) {
+        let fd = match open_path(path) {
             Ok(fd) => fd,
             // A path that does not exist on this machine (e.g. /lib32) grants nothing.
             Err(_) if !path.exists() => continue,
@@ -313,7 +328,21 @@ fn enforced(
 mod tests {
     use super::*;
     use crate::sandbox::policy::resolve::test_fixture::resolved;
-    use std::path::Path;
+
+    /// A rule's path is opened as a path only: `O_PATH` kept (a musl build lost it to
+    /// std's `O_ACCMODE` mask and opened `/dev/tty` for reading), nothing read.
+    #[test]
+    fn rule_paths_are_opened_with_o_path() {
+        for path in ["/dev/null", "/etc", "/dev/tty"] {
+            let fd = open_path(Path::new(path)).unwrap();
+            let flags = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).unwrap();
+            assert_ne!(
+                flags & libc::O_PATH,
+                0,
+                "{path} opened without O_PATH: {flags:#o}"
+            );
+        }
+    }
 
     #[test]
     fn workspace_write_plan() {
