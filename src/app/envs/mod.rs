@@ -87,6 +87,45 @@ pub struct ScriptArgs {
 }
 
 /// Spools uv's output into the job and forwards progress steps to the request.
+/// An environment job just made: its handle (cancellable through `cancel`), its id, and
+/// the sink its install or script writes to.
+struct EnvJob {
+    handle: JobHandle,
+    id: String,
+    cancel: Canceller,
+    sink: Arc<EnvJobSink>,
+}
+
+impl App {
+    /// A new job of `kind` for `session`, cancellable, with `note` (the admission's words)
+    /// first on its stderr; its progress goes to `progress`'s caller, if any.
+    fn env_job(
+        &self,
+        kind: JobKind,
+        session: &str,
+        label: &str,
+        note: Option<&str>,
+        progress: Option<&Call>,
+    ) -> Result<EnvJob, AppError> {
+        let handle = self.store.create(kind, Some(session), label)?;
+        if let Some(note) = note {
+            handle.append(Stream::Stderr, format!("{note}\n").as_bytes());
+        }
+        let cancel = Canceller::new();
+        handle.set_control(Arc::new(EnvControl(cancel.clone())));
+        let sink = Arc::new(EnvJobSink {
+            handle: handle.clone(),
+            progress: progress.map(forward_progress),
+        });
+        Ok(EnvJob {
+            id: handle.id().to_string(),
+            handle,
+            cancel,
+            sink,
+        })
+    }
+}
+
 struct EnvJobSink {
     handle: JobHandle,
     progress: Option<mpsc::UnboundedSender<Progress>>,
@@ -298,17 +337,18 @@ impl App {
         let (policy, tmp) = self.env_policy(&envs, session, None).await?;
         let lease = envs.admit(session, &policy).await?;
         let label = format!("install {}", req.packages.join(" "));
-        let handle = self.store.create(JobKind::Install, Some(session), &label)?;
-        if let Some(note) = &lease.note {
-            handle.append(Stream::Stderr, format!("{note}\n").as_bytes());
-        }
-        let cancel = Canceller::new();
-        handle.set_control(Arc::new(EnvControl(cancel.clone())));
-        let id = handle.id().to_string();
-        let sink = Arc::new(EnvJobSink {
-            handle: handle.clone(),
-            progress: Some(forward_progress(call)),
-        });
+        let EnvJob {
+            handle,
+            id,
+            cancel,
+            sink,
+        } = self.env_job(
+            JobKind::Install,
+            session,
+            &label,
+            lease.note.as_deref(),
+            Some(call),
+        )?;
         let sessions = self.sessions.clone();
         let session = session.to_string();
         tokio::spawn(async move {
@@ -392,21 +432,22 @@ impl App {
         let session = args.session;
         let (policy, tmp) = self.env_policy(&envs, &session, None).await?;
         let lease = envs.admit(&session, &policy).await?;
-        let handle = self.store.create(JobKind::Script, Some(&session), &label)?;
-        if let Some(note) = &lease.note {
-            handle.append(Stream::Stderr, format!("{note}\n").as_bytes());
-        }
-        let cancel = Canceller::new();
-        handle.set_control(Arc::new(EnvControl(cancel.clone())));
-        let id = handle.id().to_string();
+        let EnvJob {
+            handle,
+            id,
+            cancel,
+            sink,
+        } = self.env_job(
+            JobKind::Script,
+            &session,
+            &label,
+            lease.note.as_deref(),
+            None,
+        )?;
         // Kept so the agent can list, read and rerun it (resources `script://...`).
         if let Err(e) = super::scripts::save(&self.state_dir, &id, &label, record) {
             tracing::warn!("cannot save script {id} for a rerun: {e}");
         }
-        let sink = Arc::new(EnvJobSink {
-            handle: handle.clone(),
-            progress: None,
-        });
         let benchmark = args.benchmark;
         tokio::spawn(async move {
             let _tmp = tmp;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::{EnvControl, EnvJobSink, forward_progress};
+use super::{EnvJob, EnvJobSink, forward_progress};
 use crate::app::settings::Settings;
 use crate::app::tmp::TmpDir;
 use crate::app::{App, AppError, Call, JobView};
@@ -177,14 +177,12 @@ impl App {
         let s = self.session(session).await?;
         let plan = plan(&self.settings(), &self.state_dir, &self.sandbox, &s)?;
         let label = format!("install {} (R)", packages.join(" "));
-        let handle = self.store.create(JobKind::Install, Some(session), &label)?;
-        let cancel = Canceller::new();
-        handle.set_control(Arc::new(EnvControl(cancel.clone())));
-        let id = handle.id().to_string();
-        let sink = Arc::new(EnvJobSink {
-            handle: handle.clone(),
-            progress: Some(forward_progress(call)),
-        });
+        let EnvJob {
+            handle,
+            id,
+            cancel,
+            sink,
+        } = self.env_job(JobKind::Install, session, &label, None, Some(call))?;
         let session = session.to_string();
         let sandbox = self.sandbox.clone();
         tokio::spawn(async move {
