@@ -279,20 +279,11 @@ fn a_refused_seccomp_filter_fails_closed_even_under_best_effort() {
         flags: None,
         errno: libc::EINVAL as u32,
     };
-    let ws = TempDir::new("closed-seccomp");
-    let pol = TempDir::new("closed-seccomp-policy");
-    for policy in ["workspace-write".to_string(), best_effort_policy(&pol)] {
-        let out = run_denied(&policy, &ws.path, &denial());
-        let err = stderr(&out);
-        assert!(
-            !out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("ran"),
-            "{policy}: ran without its seccomp filter: {out:?}"
-        );
-        assert!(
-            err.contains("sandbox setup failed: this kernel refused the seccomp filter"),
-            "{policy}: {err}"
-        );
-    }
+    refused_under_both(
+        "seccomp",
+        denial,
+        "sandbox setup failed: this kernel refused the seccomp filter",
+    );
 }
 
 /// The steps that are never best effort: a job whose launcher cannot take them is
