@@ -32,18 +32,24 @@ async def started_in(server, cwd: Path, roots: Roots | None, env: dict[str, str]
                 yield Client(session, server, None)
 
 
+def run_quietly(main):
+    """`main` run on anyio, the SDK's roots deprecation warning silenced (SEP-2577), the
+    first real error raised rather than its exception group."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return anyio.run(main)
+    except BaseExceptionGroup as group:
+        raise first_leaf(group) from None
+
+
 def run_in(server, cwd: Path, roots: Roots | None, scenario, **env: str):
     async def main():
         with anyio.fail_after(120):
             async with started_in(server, cwd, roots, env) as c:
                 return await scenario(c)
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # roots are deprecated by SEP-2577 in the SDK
-            return anyio.run(main)
-    except BaseExceptionGroup as group:
-        raise first_leaf(group) from None
+    return run_quietly(main)
 
 
 def test_started_in_slash_a_clients_root_is_the_workspace(server, tmp_path):
@@ -106,12 +112,7 @@ def run_modern_in(server, cwd: Path, roots: Roots | None, scenario, **env: str):
                 assert c.session.protocol_version == "2026-07-28", c.session.protocol_version
                 return await scenario(c)
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # roots are deprecated by SEP-2577 in the SDK
-            return anyio.run(main)
-    except BaseExceptionGroup as group:
-        raise first_leaf(group) from None
+    return run_quietly(main)
 
 
 def test_a_2026_client_started_in_slash_names_the_workspace_with_its_roots(server, tmp_path):
