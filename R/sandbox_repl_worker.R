@@ -62,6 +62,30 @@ function(.in) {
   }
 
   # --- input bridging: readline(), readLines("stdin"), menu() -------------------------
+  # The running cell waits for the server's `reply_op` for it (an input or an install):
+  # an interrupt for the cell meanwhile raises R's interrupt condition, a shutdown ends
+  # the worker, a stale reply (for a cell that ended) is dropped, and any other request
+  # is queued for after the cell.
+  await_reply <- function(reply_op) {
+    repeat {
+      line <- base_readLines(.in, n = 1L, warn = FALSE, encoding = "UTF-8")
+      if (!length(line)) quit(save = "no", status = 0L, runLast = FALSE)
+      req <- jsonlite::fromJSON(line, simplifyVector = FALSE)
+      op <- req$op
+      if (identical(op, reply_op) && identical(req$id, w$cur)) {
+        return(req)
+      } else if (identical(op, "interrupt")) {
+        if (identical(req$id, w$cur)) {
+          signalCondition(structure(class = c("interrupt", "condition"),
+                                    list(message = "interrupted", call = NULL)))
+        }
+      } else if (identical(op, "shutdown")) {
+        quit(save = "no", status = 0L, runLast = FALSE)
+      } else if (!isTRUE(op %in% c("input_reply", "install_reply"))) {
+        w$queue[[length(w$queue) + 1L]] <- req
+      }
+    }
+  }
   ask <- function(prompt = "", secret = FALSE) {
     if (is.null(w$cur)) return(NULL)
     prompt <- paste(prompt, collapse = "")
@@ -70,27 +94,11 @@ function(.in) {
     ev <- list(ev = "input_request", id = w$cur, prompt = enc2utf8(prompt))
     if (secret) ev$secret <- TRUE
     send(ev)
-    repeat {
-      line <- readLines(.in, n = 1L, warn = FALSE, encoding = "UTF-8")
-      if (!length(line)) quit(save = "no", status = 0L, runLast = FALSE)
-      req <- jsonlite::fromJSON(line, simplifyVector = FALSE)
-      op <- req$op
-      if (identical(op, "input_reply") && identical(req$id, w$cur)) {
-        text <- req$text
-        if (is.null(text)) return(NULL)
-        cat(if (secret) "\n" else paste0(text, "\n"))
-        return(text)
-      } else if (identical(op, "interrupt")) {
-        if (identical(req$id, w$cur)) {
-          signalCondition(structure(class = c("interrupt", "condition"),
-                                    list(message = "interrupted", call = NULL)))
-        }
-      } else if (identical(op, "shutdown")) {
-        quit(save = "no", status = 0L, runLast = FALSE)
-      } else if (!identical(op, "input_reply")) {
-        w$queue[[length(w$queue) + 1L]] <- req
-      }
-    }
+    req <- await_reply("input_reply")
+    text <- req$text
+    if (is.null(text)) return(NULL)
+    cat(if (secret) "\n" else paste0(text, "\n"))
+    text
   }
   is_stdin <- function(con) {
     if (is.character(con)) return(identical(con, "stdin"))
@@ -153,26 +161,10 @@ function(.in) {
     }
     flush_std()
     send(list(ev = "install_request", id = w$cur, packages = I(pkgs)))
-    repeat {
-      line <- base_readLines(.in, n = 1L, warn = FALSE, encoding = "UTF-8")
-      if (!length(line)) quit(save = "no", status = 0L, runLast = FALSE)
-      req <- jsonlite::fromJSON(line, simplifyVector = FALSE)
-      op <- req$op
-      if (identical(op, "install_reply") && identical(req$id, w$cur)) {
-        if (!isTRUE(req$ok)) stop(req$message, call. = FALSE)
-        message(req$message)
-        return(invisible(NULL))
-      } else if (identical(op, "interrupt")) {
-        if (identical(req$id, w$cur)) {
-          signalCondition(structure(class = c("interrupt", "condition"),
-                                    list(message = "interrupted", call = NULL)))
-        }
-      } else if (identical(op, "shutdown")) {
-        quit(save = "no", status = 0L, runLast = FALSE)
-      } else if (!isTRUE(op %in% c("input_reply", "install_reply"))) {
-        w$queue[[length(w$queue) + 1L]] <- req
-      }
-    }
+    req <- await_reply("install_reply")
+    if (!isTRUE(req$ok)) stop(req$message, call. = FALSE)
+    message(req$message)
+    invisible(NULL)
   }
   replace_in(asNamespace("utils"), "install.packages", my_install)
   if ("package:utils" %in% search()) replace_in(as.environment("package:utils"), "install.packages", my_install)
