@@ -22,7 +22,7 @@ Not part of the test run. Measures, in turns so load bursts land on every column
   --with`; separate but equally prepared warm uv caches, offline (find-links);
 - 8 sessions executing at once (200 trivial calls each): aggregate calls/s, snapshots on
   (default) against off, alternating servers.
-Writes the section "## Speed (issue 28), <date>" of docs/benchmarks.md unless --no-write.
+Writes the section "## Speed (issue 28), <date> <time> UTC" of docs/benchmarks.md unless --no-write.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ ClientSession.validate_tool_result = _no_client_validation
 
 REPO = Path(__file__).resolve().parents[2]
 # Dated: each day's run gets its own section (a rerun the same day replaces it).
-SECTION = f"## Speed (issue 28), {datetime.date.today().isoformat()}"
+# Date and time in the heading: a second run the same day adds its own section instead of
+# replacing the first run's figures (write_section replaces a section of the same heading).
+SECTION = f"## Speed (issue 28), {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
 
 
 def loadavg() -> str:
