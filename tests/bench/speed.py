@@ -55,7 +55,6 @@ async def _no_client_validation(self, name, result):
 ClientSession.validate_tool_result = _no_client_validation
 
 REPO = Path(__file__).resolve().parents[2]
-# Dated: each day's run gets its own section (a rerun the same day replaces it).
 # Date and time in the heading: a second run the same day adds its own section instead of
 # replacing the first run's figures (write_section replaces a section of the same heading).
 SECTION = f"## Speed (issue 28), {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
