@@ -290,28 +290,7 @@ fn in_child(
         unsafe {
             let errno = || *libc::__errno_location();
             if let Some(maps) = userns {
-                if let Err(e) = maps.enter() {
-                    libc::_exit(e);
-                }
-                if mount_test == Mount::Proc {
-                    if libc::unshare(libc::CLONE_NEWPID) != 0 {
-                        libc::_exit(errno());
-                    }
-                    match libc::fork() {
-                        -1 => libc::_exit(errno()),
-                        0 => {}
-                        grandchild => {
-                            let mut status = 0;
-                            libc::waitpid(grandchild, &mut status, 0);
-                            let code = if libc::WIFEXITED(status) {
-                                libc::WEXITSTATUS(status)
-                            } else {
-                                libc::EIO
-                            };
-                            libc::_exit(code);
-                        }
-                    }
-                }
+                enter_user_namespace(maps, mount_test);
             }
             if libc::unshare(flag) != 0 {
                 libc::_exit(errno());
@@ -371,6 +350,42 @@ fn in_child(
         libc::EPERM => ProbeError::NeedsRoot(why),
         _ => ProbeError::Os(why),
     })
+}
+
+/// In the probe child: the launcher's user namespace, and for a procfs probe a PID
+/// namespace whose grandchild goes on (this child waits and ends as it did). Ends the
+/// child with the errno on failure.
+///
+/// # Safety
+/// Only raw syscalls and `_exit`: callable in a forked child of a multi-threaded process.
+unsafe fn enter_user_namespace(maps: &UserMaps, mount_test: Mount) {
+    // SAFETY: raw syscalls in the forked probe child.
+    unsafe {
+        let errno = || *libc::__errno_location();
+        if let Err(e) = maps.enter() {
+            libc::_exit(e);
+        }
+        if mount_test != Mount::Proc {
+            return;
+        }
+        if libc::unshare(libc::CLONE_NEWPID) != 0 {
+            libc::_exit(errno());
+        }
+        match libc::fork() {
+            -1 => libc::_exit(errno()),
+            0 => {}
+            grandchild => {
+                let mut status = 0;
+                libc::waitpid(grandchild, &mut status, 0);
+                let code = if libc::WIFEXITED(status) {
+                    libc::WEXITSTATUS(status)
+                } else {
+                    libc::EIO
+                };
+                libc::_exit(code);
+            }
+        }
+    }
 }
 
 fn probe_cgroups() -> CgroupSupport {
