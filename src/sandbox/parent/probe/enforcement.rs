@@ -123,10 +123,14 @@ impl<'a> Here<'a> {
             self.pids_cgroup,
             || {
                 let why = cgroup_why(&k.cgroup.pids);
-                if why.is_empty() {
+                let why = if why.is_empty() {
                     cgroup_why(&k.cgroup.memory)
                 } else {
                     why
+                };
+                match (k.is_root, delegation_hint(k)) {
+                    (false, Some(hint)) => format!("{why}; {hint}"),
+                    _ => why,
                 }
             },
         );
@@ -349,6 +353,36 @@ impl<'a> Here<'a> {
     }
 }
 
+/// What a server that is not root needs for job cgroups: the directories it makes them
+/// in, owned by its uid (v1), or its own cgroup delegated to it (v2).
+fn delegation_hint(k: &KernelSupport) -> Option<String> {
+    use crate::sandbox::parent::cgroup::CgroupVersion;
+    let uid = k.euid;
+    match k.cgroup.version {
+        CgroupVersion::V1 => {
+            let dirs: Vec<&str> = [&k.cgroup.pids_dir, &k.cgroup.memory_dir]
+                .into_iter()
+                .flatten()
+                .map(String::as_str)
+                .collect();
+            (!dirs.is_empty()).then(|| {
+                format!(
+                    "without root, delegate a subtree: {} writable by uid {uid} (the server \
+                     makes mcp-sandbox-repl/<job> in each)",
+                    dirs.join(" and ")
+                )
+            })
+        }
+        CgroupVersion::V2 => k.cgroup.pids_dir.as_ref().map(|dir| {
+            format!(
+                "without root, delegate the server's cgroup {dir} to uid {uid} (owned by it, \
+                 pids and memory enabled for it, e.g. systemd Delegate=yes)"
+            )
+        }),
+        CgroupVersion::None => None,
+    }
+}
+
 fn cgroup_why(p: &super::Probe) -> String {
     p.error.clone().unwrap_or_default()
 }
@@ -481,8 +515,17 @@ mod tests {
         k.namespaces.mount = ok.clone();
         k.namespaces.procfs_hidepid = ok;
         k.namespaces.in_user_namespace = true;
+        k.cgroup.pids_dir = Some("/sys/fs/cgroup/pids".into());
         let items = enforcement(&k, &workspace_write());
         assert_eq!(missing(&items), vec![("cgroup", false)]);
+        let cgroup = items.iter().find(|i| i.how == "cgroup").unwrap();
+        assert!(
+            cgroup.why_not.as_deref().unwrap().ends_with(
+                "; without root, delegate a subtree: /sys/fs/cgroup/pids writable by uid \
+                 1000 (the server makes mcp-sandbox-repl/<job> in each)"
+            ),
+            "{cgroup:?}"
+        );
         for how in [
             "PID namespace",
             "private mount namespace",
