@@ -163,10 +163,13 @@ fn policy_report(k: &KernelSupport, name: &str, workspace: &std::path::Path) -> 
                 description,
                 refuses_to_start,
                 items,
-                reach: crate::envs::policy::network_reach(&policy, k.namespaces.network.ok)
-                    .into_iter()
-                    .map(|(p, w)| (p.to_string(), w))
-                    .collect(),
+                reach: crate::envs::policy::network_reach(
+                    &policy,
+                    k.namespaces.network.ok && !k.namespaces.in_user_namespace,
+                )
+                .into_iter()
+                .map(|(p, w)| (p.to_string(), w))
+                .collect(),
                 error: None,
             }
         }
@@ -240,6 +243,14 @@ fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
         "                procfs hidepid=ptraceable: {}",
         probe_word(&ns.procfs_hidepid)
     )?;
+    if ns.in_user_namespace {
+        writeln!(
+            out,
+            "                (pid, network, mount, procfs: made in a user namespace of the \
+             launcher's own, mapping only uid {}: not root, no CAP_SYS_ADMIN)",
+            k.euid
+        )?;
+    }
     let cg = &k.cgroup;
     let version = match cg.version {
         crate::sandbox::parent::cgroup::CgroupVersion::V1 if cg.hybrid => {

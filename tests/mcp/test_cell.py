@@ -310,7 +310,8 @@ def test_readyz_turns_200_without_a_client_when_the_client_may_choose_the_sandbo
 
 def test_readyz_is_503_with_the_reason_when_the_policy_cannot_be_enforced_here(server, tmp_path):
     """`/readyz` follows `doctor`: a server whose policy needs what this host does not give
-    it (here: run as uid 65534, no CAP_SYS_ADMIN for the PID and mount namespaces) is not
+    it (here: run as uid 65534, no CAP_SYS_ADMIN for the broker's network namespace, which
+    the server makes itself: a user namespace of the launcher's does not serve) is not
     ready, and says why in one line, instead of a 200 for a cell whose every call would be
     refused. The same server with a policy doctor finds enforced here is ready."""
     import json
@@ -326,6 +327,12 @@ def test_readyz_is_503_with_the_reason_when_the_policy_cannot_be_enforced_here(s
         for d in ("ws", "state", "home"):
             os.mkdir(os.path.join(root, d))
             os.chmod(os.path.join(root, d), 0o777)
+        # workspace-write whose jobs reach only the server's proxy.
+        shipped = os.path.join(os.path.dirname(__file__), "..", "..", "policies", "workspace-write.toml")
+        proxied = os.path.join(root, "proxied.toml")
+        with open(shipped) as f, open(proxied, "w") as out:
+            out.write(f.read().replace('mode = "none"', 'mode = "proxy"'))
+        os.chmod(proxied, 0o644)
         env = {
             **server.server_env(), "RUST_LOG": LOG_FILTER, "HOME": os.path.join(root, "home"),
             "MCP_SANDBOX_WORKSPACE": os.path.join(root, "ws"),
@@ -333,17 +340,22 @@ def test_readyz_is_503_with_the_reason_when_the_policy_cannot_be_enforced_here(s
         }
         doctor = subprocess.run([*nobody, binary(), "doctor", "--json"], env=env, capture_output=True,
                                 text=True, timeout=GUARD, cwd=os.path.join(root, "ws"))
-        report = {p["name"]: p for p in json.loads(doctor.stdout)["policies"]}
-        assert report["workspace-write"]["refuses_to_start"], report["workspace-write"]
+        doctored = json.loads(doctor.stdout)
+        report = {p["name"]: p for p in doctored["policies"]}
+        # Where the launcher can make a job's namespaces in a user namespace of its own,
+        # workspace-write is enforced here (without one it is refused); the broker's
+        # namespace, which the server makes itself, is not.
+        userns = doctored["kernel"]["namespaces"]["in_user_namespace"]
+        assert report["workspace-write"]["refuses_to_start"] != userns, report["workspace-write"]
         assert not report["danger-full-access"]["refuses_to_start"], report["danger-full-access"]
-        missing = [i["what"] for i in report["workspace-write"]["items"] if i["required"] and not i["enforced"]]
+        missing = ["only the server's proxy reachable (host listeners unreachable)"]
         # Without --workspace (the client's roots may name it) nothing is prewarmed: only
         # the policy check can tell, and /readyz was a 200.
         from_roots = {k: v for k, v in env.items() if k != "MCP_SANDBOX_WORKSPACE"}
         in_ws = [*nobody, "env", f"--chdir={os.path.join(root, 'ws')}"]
         for policy, run_env, prefix, ready in [
-            ("workspace-write", env, nobody, False),
-            ("workspace-write", from_roots, in_ws, False),
+            (proxied, env, nobody, False),
+            (proxied, from_roots, in_ws, False),
             ("danger-full-access", env, nobody, True),
         ]:
             proc, port, log = launch_http(server, "--no-auth", "--policy", policy, env=run_env, prefix=prefix)
@@ -356,13 +368,73 @@ def test_readyz_is_503_with_the_reason_when_the_policy_cannot_be_enforced_here(s
                         lambda: (r := get(base + "/readyz"))[0] == 503 and not r[1].startswith("starting") and r,
                         f"{policy}: /readyz never gave its reason",
                     )
-                    assert body.startswith("policy workspace-write cannot be enforced here: "), body
+                    assert body.startswith("policy proxied cannot be enforced here: "), body
                     assert body.count("\n") == 1 and "doctor" in body, body
                     assert all(what in body for what in missing), (missing, body)
                     assert get(base + "/healthz") == (200, "ok\n")
-                    assert "not ready: policy workspace-write" in log.read_text()
+                    assert "not ready: policy proxied" in log.read_text()
             finally:
                 proc.kill()
                 proc.wait()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_cell_without_root_runs_workspace_write_in_a_user_namespace(server):
+    """Issue 21, Build 8: a server run as uid 65534 (no capability, no cgroup it may
+    create) is ready under `workspace-write` where the kernel allows unprivileged user
+    namespaces, and its jobs run confined: the Python worker is pid 2 of its own PID
+    namespace in a user namespace mapping only uid 65534, with no interface but `lo`, and
+    cannot write outside the workspace (a host directory anyone may write included).
+    Skipped, saying why, where unprivileged user namespaces are disabled."""
+    import json
+    import tempfile
+
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to run the server as another uid"
+    nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    tried = subprocess.run([*nobody, "unshare", "--user", "--map-current-user", "true"],
+                           capture_output=True, text=True, timeout=GUARD)
+    if tried.returncode != 0:
+        import pytest
+        pytest.skip(f"unprivileged user namespaces are disabled here: {tried.stderr.strip()}")
+    root = tempfile.mkdtemp(prefix="mcp-nobody-")
+    try:
+        os.chmod(root, 0o777)
+        for d in ("ws", "state", "home", "outside"):
+            os.mkdir(os.path.join(root, d))
+            os.chmod(os.path.join(root, d), 0o777)
+        env = {
+            **server.server_env(), "RUST_LOG": LOG_FILTER, "HOME": os.path.join(root, "home"),
+            "MCP_SANDBOX_WORKSPACE": os.path.join(root, "ws"),
+            "MCP_SANDBOX_STATE_DIR": os.path.join(root, "state"),
+        }
+        doctor = subprocess.run([*nobody, binary(), "doctor", "--json"], env=env, capture_output=True,
+                                text=True, timeout=GUARD, cwd=os.path.join(root, "ws"))
+        assert json.loads(doctor.stdout)["kernel"]["namespaces"]["in_user_namespace"], doctor.stdout
+        proc, port, log = launch_http(server, "--no-auth", "--policy", "workspace-write", env=env, prefix=nobody)
+        base = f"http://127.0.0.1:{port}"
+        outside = os.path.join(root, "outside", "escaped")
+        try:
+            wait_until(lambda: get(base + "/readyz") == (200, "ready\n"), "readyz never turned 200")
+
+            async def scenario(a):
+                seen = (await a.ok("python_exec", code=(
+                    "import os\n"
+                    "(os.getpid(), open('/proc/self/uid_map').read().split(),"
+                    " [l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]])"
+                )))["value"]
+                shell = await a.ok("shell_run", command=(
+                    f"echo x > inside && echo WROTE; (echo x > '{outside}') 2>/dev/null || echo DENIED"))
+                return seen, shell
+
+            seen, shell = run(over_http, base + "/mcp", scenario)
+            assert seen == "(2, ['65534', '65534', '1'], ['lo'])", seen
+            assert "WROTE" in json.dumps(shell) and "DENIED" in json.dumps(shell), shell
+            assert os.path.exists(os.path.join(root, "ws", "inside"))
+            assert not os.path.exists(outside)
+        finally:
+            proc.kill()
+            proc.wait()
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -15,3 +15,4 @@ mod run_cli;
 mod run_limits;
 mod run_network;
 mod sandbox_escape;
+mod userns;

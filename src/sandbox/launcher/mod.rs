@@ -2,7 +2,7 @@
 //! any runtime, reads its [`LaunchSpec`] from an inherited descriptor, applies the
 //! sandbox to itself in a fixed order and execs the target:
 //!
-//! parent-death signal → setsid → PID namespace (see `pidns`) → cgroup → network namespace (new, or the broker's joined) → mount view → chdir → rlimits → environment →
+//! parent-death signal → setsid → (not root: user namespace, see `userns`) → PID namespace (see `pidns`) → cgroup → network namespace (new, or the broker's joined) → mount view → chdir → rlimits → environment →
 //! capability drop → no_new_privs → Landlock → seccomp → close inherited fds → default signal
 //! dispositions → execvp.
 //!
@@ -28,6 +28,7 @@ pub(crate) mod pidns;
 pub(crate) mod privileges;
 pub(crate) mod rlimits;
 pub(crate) mod seccomp;
+pub(crate) mod userns;
 
 use std::ffi::CString;
 use std::io::{Read, Write};
@@ -216,6 +217,7 @@ fn apply_sandbox(
 fn isolate(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), SetupError> {
     let policy = &spec.policy;
     let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
+    enter_user_namespace(spec);
     // From here on this is the target process, pid 2 of a PID namespace of its own (the
     // launcher stays outside as its supervisor), or the launcher itself without one. Only
     // with a mount view, whose fresh /proc then shows that namespace: a job that sees the
@@ -249,6 +251,21 @@ fn isolate(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), SetupError>
         isolation_step(step, notes)?;
     }
     Ok(())
+}
+
+/// Without CAP_SYS_ADMIN (not root), a user namespace of the launcher's own first, in
+/// which the namespaces below are made exactly as root makes them (see `userns`): only
+/// where the job gets one of them and none was made ahead (the parent makes them only
+/// when it could itself). Where user namespaces are refused the launcher carries on,
+/// and the step that then lacks CAP_SYS_ADMIN fails (or, best effort, notes) in words.
+fn enter_user_namespace(spec: &LaunchSpec) {
+    let policy = &spec.policy;
+    let needs_namespaces = !policy.filesystem_unrestricted()
+        || private_network(policy).is_some()
+        || isolation::mount_view_of(policy).is_some();
+    if needs_namespaces && spec.netns_fd.is_none() && spec.view_fd.is_none() && userns::wanted() {
+        let _ = userns::enter();
+    }
 }
 
 /// The job's network namespace: a new one (`none`, `loopback`; or one made ahead,

@@ -33,6 +33,11 @@ pub(crate) enum ProbeError {
     UserNamespacesDisabled(#[source] io::Error),
     #[error("{0} (the launcher needs CAP_SYS_ADMIN: run the server as root)")]
     NeedsRoot(#[source] io::Error),
+    #[error(
+        "{0} (refused even in a user namespace of the launcher's own: run the server as \
+         root, or where the kernel and any container profile allow this)"
+    )]
+    RefusedInUserNamespace(#[source] io::Error),
     /// What the probe child's failing call returned.
     #[error(transparent)]
     Os(io::Error),
@@ -72,6 +77,11 @@ pub(crate) struct Namespaces {
     /// A new procfs with `hidepid=ptraceable` can be mounted (else the view binds the
     /// host's /proc and other processes stay listed).
     pub procfs_hidepid: Probe,
+    /// The four probes above were made inside a user namespace of the prober's own, as
+    /// the launcher makes a job's namespaces when the server is not root and lacks
+    /// CAP_SYS_ADMIN (`launcher::userns`). The server's own threads cannot make network
+    /// namespaces then (the install broker's needs one): only the launcher can.
+    pub in_user_namespace: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -141,14 +151,72 @@ impl KernelSupport {
             landlock_error,
             landlock_features,
             seccomp_filter: Probe::from(seccomp_filter()),
-            namespaces: Namespaces {
-                user: Probe::from(in_child(libc::CLONE_NEWUSER, Mount::No)),
-                pid: Probe::from(in_child(libc::CLONE_NEWPID, Mount::No)),
-                network: Probe::from(in_child(libc::CLONE_NEWNET, Mount::No)),
-                mount: Probe::from(in_child(libc::CLONE_NEWNS, Mount::Tmpfs)),
-                procfs_hidepid: Probe::from(in_child(libc::CLONE_NEWNS, Mount::Proc)),
-            },
+            namespaces: probe_namespaces(),
             cgroup: probe_cgroups(),
+        }
+    }
+}
+
+/// The namespaces a job gets, made as the launcher makes them: directly (root, or
+/// CAP_SYS_ADMIN), else inside a user namespace of its own where the kernel allows one.
+fn probe_namespaces() -> Namespaces {
+    let user = Probe::from(in_child(libc::CLONE_NEWUSER, Mount::No, None));
+    let userns = (user.ok && crate::sandbox::launcher::userns::wanted()).then(UserMaps::own);
+    let u = userns.as_ref();
+    Namespaces {
+        pid: Probe::from(in_child(libc::CLONE_NEWPID, Mount::No, u)),
+        network: Probe::from(in_child(libc::CLONE_NEWNET, Mount::No, u)),
+        mount: Probe::from(in_child(libc::CLONE_NEWNS, Mount::Tmpfs, u)),
+        procfs_hidepid: Probe::from(in_child(libc::CLONE_NEWNS, Mount::Proc, u)),
+        in_user_namespace: userns.is_some(),
+        user,
+    }
+}
+
+/// The map files the launcher writes after its `unshare(CLONE_NEWUSER)`, prepared before
+/// the fork so that the probe child only makes raw syscalls.
+struct UserMaps {
+    files: Vec<(std::ffi::CString, Vec<u8>)>,
+}
+
+impl UserMaps {
+    fn own() -> UserMaps {
+        // SAFETY: geteuid/getegid cannot fail.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let files = crate::sandbox::launcher::userns::maps(uid, gid)
+            .into_iter()
+            .filter_map(|(f, line)| Some((std::ffi::CString::new(f).ok()?, line.into_bytes())))
+            .collect();
+        UserMaps { files }
+    }
+
+    /// In the probe child: unshare the user namespace and write the maps; the errno on failure.
+    ///
+    /// # Safety
+    /// Only raw syscalls: callable in a forked child of a multi-threaded process.
+    unsafe fn enter(&self) -> Result<(), i32> {
+        // SAFETY: raw syscalls on buffers owned by `self`.
+        unsafe {
+            let errno = || *libc::__errno_location();
+            if libc::unshare(libc::CLONE_NEWUSER) != 0 {
+                return Err(errno());
+            }
+            // As the launcher does (`userns::Dumpable`): a non-dumpable process (the
+            // hardened server's fork) cannot write its own maps. This child ends soon.
+            libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0);
+            for (file, line) in &self.files {
+                let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(errno());
+                }
+                let n = libc::write(fd, line.as_ptr().cast(), line.len());
+                let e = errno();
+                libc::close(fd);
+                if n != line.len() as isize {
+                    return Err(e.max(libc::EIO));
+                }
+            }
+            Ok(())
         }
     }
 }
@@ -204,7 +272,14 @@ enum Mount {
     Proc,
 }
 
-fn in_child(flag: libc::c_int, mount_test: Mount) -> Result<(), ProbeError> {
+/// With `userns`, a user namespace of the child's own first (as the launcher does); a
+/// procfs is then mounted from a grandchild in the new PID namespace, as the kernel lets
+/// only a PID namespace's own user namespace mount its procfs.
+fn in_child(
+    flag: libc::c_int,
+    mount_test: Mount,
+    userns: Option<&UserMaps>,
+) -> Result<(), ProbeError> {
     // SAFETY: fork(2); the child runs only async-signal-safe syscalls, then _exit.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -214,6 +289,9 @@ fn in_child(flag: libc::c_int, mount_test: Mount) -> Result<(), ProbeError> {
         // SAFETY: child side; every call is a raw syscall on constant arguments.
         unsafe {
             let errno = || *libc::__errno_location();
+            if let Some(maps) = userns {
+                enter_user_namespace(maps, mount_test);
+            }
             if libc::unshare(flag) != 0 {
                 libc::_exit(errno());
             }
@@ -268,9 +346,46 @@ fn in_child(flag: libc::c_int, mount_test: Mount) -> Result<(), ProbeError> {
     Err(match code {
         0 => ProbeError::ChildDied,
         libc::EPERM if flag == libc::CLONE_NEWUSER => ProbeError::UserNamespacesDisabled(why),
+        libc::EPERM if userns.is_some() => ProbeError::RefusedInUserNamespace(why),
         libc::EPERM => ProbeError::NeedsRoot(why),
         _ => ProbeError::Os(why),
     })
+}
+
+/// In the probe child: the launcher's user namespace, and for a procfs probe a PID
+/// namespace whose grandchild goes on (this child waits and ends as it did). Ends the
+/// child with the errno on failure.
+///
+/// # Safety
+/// Only raw syscalls and `_exit`: callable in a forked child of a multi-threaded process.
+unsafe fn enter_user_namespace(maps: &UserMaps, mount_test: Mount) {
+    // SAFETY: raw syscalls in the forked probe child.
+    unsafe {
+        let errno = || *libc::__errno_location();
+        if let Err(e) = maps.enter() {
+            libc::_exit(e);
+        }
+        if mount_test != Mount::Proc {
+            return;
+        }
+        if libc::unshare(libc::CLONE_NEWPID) != 0 {
+            libc::_exit(errno());
+        }
+        match libc::fork() {
+            -1 => libc::_exit(errno()),
+            0 => {}
+            grandchild => {
+                let mut status = 0;
+                libc::waitpid(grandchild, &mut status, 0);
+                let code = if libc::WIFEXITED(status) {
+                    libc::WEXITSTATUS(status)
+                } else {
+                    libc::EIO
+                };
+                libc::_exit(code);
+            }
+        }
+    }
 }
 
 fn probe_cgroups() -> CgroupSupport {

@@ -68,8 +68,11 @@ struct Here<'a> {
     policy: &'a ResolvedPolicy,
     /// The Landlock ABI (0: none).
     abi: i32,
-    /// Root (CAP_SYS_ADMIN in the launcher: namespaces and mounts).
+    /// Root (CAP_SYS_ADMIN in the launcher: namespaces and mounts), or a user namespace
+    /// of the launcher's own in which it has it.
     admin: bool,
+    /// " in a user namespace" where the launcher makes the job's namespaces in one.
+    userns: &'static str,
     /// Whether the job gets its cgroup: one with every capped controller, or none.
     pids_cgroup: bool,
 }
@@ -81,7 +84,12 @@ impl<'a> Here<'a> {
             k,
             policy,
             abi: k.landlock_abi.unwrap_or(0) as i32,
-            admin: k.is_root,
+            admin: k.is_root || k.namespaces.in_user_namespace,
+            userns: if k.namespaces.in_user_namespace {
+                " in a user namespace"
+            } else {
+                ""
+            },
             pids_cgroup: k.cgroup.pids.ok && (limits.memory_bytes.is_none() || k.cgroup.memory.ok),
         }
     }
@@ -115,10 +123,14 @@ impl<'a> Here<'a> {
             self.pids_cgroup,
             || {
                 let why = cgroup_why(&k.cgroup.pids);
-                if why.is_empty() {
+                let why = if why.is_empty() {
                     cgroup_why(&k.cgroup.memory)
                 } else {
                     why
+                };
+                match (k.is_root, delegation_hint(k)) {
+                    (false, Some(hint)) => format!("{why}; {hint}"),
+                    _ => why,
                 }
             },
         );
@@ -138,9 +150,12 @@ impl<'a> Here<'a> {
                 .clone()
                 .unwrap_or_else(|| "needs root (CAP_SYS_ADMIN) in the launcher".into())
         };
+        let userns = self.userns;
         let mut proc_item = check(
             "/proc shows only the job's own processes",
-            "procfs hidepid=ptraceable in the mount view + Landlock ptrace scoping",
+            format!(
+                "procfs hidepid=ptraceable in the mount view{userns} + Landlock ptrace scoping"
+            ),
             k.namespaces.mount.ok && k.namespaces.procfs_hidepid.ok && admin && abi >= 1,
             || "needs the mount view, a new procfs and Landlock".into(),
         );
@@ -149,13 +164,13 @@ impl<'a> Here<'a> {
         vec![
             check(
                 "no process of the job outlives the server (double-forked daemons included)",
-                "PID namespace per job",
+                format!("PID namespace per job{userns}"),
                 k.namespaces.pid.ok && admin,
                 || needs_root(&k.namespaces.pid),
             ),
             check(
                 "paths outside the policy do not exist (pathname unix sockets, chmod/chown/utimes outside writable paths)",
-                "private mount namespace, read-only binds",
+                format!("private mount namespace, read-only binds{userns}"),
                 k.namespaces.mount.ok && admin,
                 || needs_root(&k.namespaces.mount),
             ),
@@ -180,12 +195,16 @@ impl<'a> Here<'a> {
     fn network_items(&self) -> Vec<Item> {
         let (k, abi, policy) = (self.k, self.abi, self.policy);
         let netns_ok = k.namespaces.network.ok && self.admin;
+        let userns = self.userns;
+        // The broker's namespace is made by the server itself, not the launcher: a user
+        // namespace of the launcher's does not give it one.
+        let broker_ok = netns_ok && !k.namespaces.in_user_namespace;
         let seccomp_ok = k.seccomp_filter.ok && policy.syscall_filter;
         match &policy.network {
             NetworkPolicy::None => vec![
                 check(
                     "no network at all",
-                    "empty network namespace",
+                    format!("empty network namespace{userns}"),
                     netns_ok,
                     || self.netns_missing(),
                 ),
@@ -198,7 +217,7 @@ impl<'a> Here<'a> {
             ],
             NetworkPolicy::Loopback => vec![check(
                 "loopback only (host listeners unreachable)",
-                "network namespace with lo up",
+                format!("network namespace with lo up{userns}"),
                 netns_ok,
                 || self.netns_missing(),
             )],
@@ -212,8 +231,17 @@ impl<'a> Here<'a> {
                 check(
                     "only the server's proxy reachable (host listeners unreachable)",
                     "empty network namespace joined from the broker",
-                    netns_ok,
-                    || self.netns_missing(),
+                    broker_ok,
+                    || {
+                        if netns_ok {
+                            "the broker's namespace is made by the server itself, which needs \
+                             CAP_SYS_ADMIN (run it as root); a job's own user namespace does \
+                             not serve"
+                                .into()
+                        } else {
+                            self.netns_missing()
+                        }
+                    },
                 ),
                 check(
                     "TCP connect to the proxy port only; no UDP, raw, netlink or vsock sockets",
@@ -325,6 +353,36 @@ impl<'a> Here<'a> {
     }
 }
 
+/// What a server that is not root needs for job cgroups: the directories it makes them
+/// in, owned by its uid (v1), or its own cgroup delegated to it (v2).
+fn delegation_hint(k: &KernelSupport) -> Option<String> {
+    use crate::sandbox::parent::cgroup::CgroupVersion;
+    let uid = k.euid;
+    match k.cgroup.version {
+        CgroupVersion::V1 => {
+            let dirs: Vec<&str> = [&k.cgroup.pids_dir, &k.cgroup.memory_dir]
+                .into_iter()
+                .flatten()
+                .map(String::as_str)
+                .collect();
+            (!dirs.is_empty()).then(|| {
+                format!(
+                    "without root, delegate a subtree: {} writable by uid {uid} (the server \
+                     makes mcp-sandbox-repl/<job> in each)",
+                    dirs.join(" and ")
+                )
+            })
+        }
+        CgroupVersion::V2 => k.cgroup.pids_dir.as_ref().map(|dir| {
+            format!(
+                "without root, delegate the server's cgroup {dir} to uid {uid} (owned by it, \
+                 pids and memory enabled for it, e.g. systemd Delegate=yes)"
+            )
+        }),
+        CgroupVersion::None => None,
+    }
+}
+
 fn cgroup_why(p: &super::Probe) -> String {
     p.error.clone().unwrap_or_default()
 }
@@ -365,6 +423,7 @@ mod tests {
                 network: p(root),
                 mount: p(root),
                 procfs_hidepid: p(root),
+                in_user_namespace: false,
             },
             cgroup: CgroupSupport {
                 version: CgroupVersion::V1,
@@ -440,6 +499,50 @@ mod tests {
                 .iter()
                 .any(|i| i.how.starts_with("RLIMIT_NPROC") && i.enforced)
         );
+    }
+
+    /// Not root, but the launcher makes the namespaces in a user namespace of its own:
+    /// everything but the job cgroup (not required off root) is enforced, said to be so
+    /// "in a user namespace"; the broker's namespace (made by the server) is not.
+    #[test]
+    fn unprivileged_with_a_user_namespace_keeps_the_namespaces() {
+        let mut k = kernel(false, false, Some(7));
+        let ok = Probe {
+            ok: true,
+            error: None,
+        };
+        k.namespaces.network = ok.clone();
+        k.namespaces.mount = ok.clone();
+        k.namespaces.procfs_hidepid = ok;
+        k.namespaces.in_user_namespace = true;
+        k.cgroup.pids_dir = Some("/sys/fs/cgroup/pids".into());
+        let items = enforcement(&k, &workspace_write());
+        assert_eq!(missing(&items), vec![("cgroup", false)]);
+        let cgroup = items.iter().find(|i| i.how == "cgroup").unwrap();
+        assert!(
+            cgroup.why_not.as_deref().unwrap().ends_with(
+                "; without root, delegate a subtree: /sys/fs/cgroup/pids writable by uid \
+                 1000 (the server makes mcp-sandbox-repl/<job> in each)"
+            ),
+            "{cgroup:?}"
+        );
+        for how in [
+            "PID namespace",
+            "private mount namespace",
+            "empty network namespace",
+        ] {
+            let item = items.iter().find(|i| i.how.starts_with(how)).unwrap();
+            assert!(item.how.ends_with(" in a user namespace"), "{item:?}");
+        }
+        let mut proxied = workspace_write();
+        proxied.network = NetworkPolicy::Proxy { allow: Vec::new() };
+        let items = enforcement(&k, &proxied);
+        let broker = items
+            .iter()
+            .find(|i| i.how.contains("from the broker"))
+            .unwrap();
+        assert!(!broker.enforced && broker.required, "{broker:?}");
+        assert!(broker.why_not.as_deref().unwrap().contains("CAP_SYS_ADMIN"));
     }
 
     /// No PID namespace (a container that refuses `unshare(CLONE_NEWPID)`): reported
