@@ -214,8 +214,9 @@ pub struct ServeArgs {
     /// Approximate cap, in bytes, on the text of one tool response.
     #[arg(long, env = "MCP_SANDBOX_RESPONSE_BYTES", default_value_t = 20_000)]
     pub response_bytes: usize,
-    /// Cap, in bytes, on disk used by spooled job output (oldest finished jobs are evicted).
-    #[arg(long, env = "MCP_SANDBOX_DISK_CAP", default_value_t = 2 * 1024 * 1024 * 1024)]
+    /// Cap on disk used by spooled job output ("2GiB", "512M", bytes); the oldest finished
+    /// jobs are evicted first.
+    #[arg(long, env = "MCP_SANDBOX_DISK_CAP", default_value = "2GiB", value_parser = parse_byte_size)]
     pub disk_cap: u64,
     /// Disk one session's package stores may take — its uv cache, its venv and what its
     /// running installs and scripts write ("16GiB", "512M", bytes). A job that passes it is

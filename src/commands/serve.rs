@@ -621,6 +621,14 @@ mod tests {
     }
 
     #[test]
+    fn disk_cap_takes_sizes_in_words_like_the_env_caps() {
+        assert_eq!(parse(&[]).app.disk_cap, 2 << 30, "the default is 2 GiB");
+        assert_eq!(parse(&["--disk-cap", "512MiB"]).app.disk_cap, 512 << 20);
+        assert_eq!(parse(&["--disk-cap", "2147483648"]).app.disk_cap, 2 << 30);
+        assert!(try_parse(&["--disk-cap", "lots"]).is_err());
+    }
+
+    #[test]
     fn router_auth_names_its_cell_and_the_drain_is_http_only() {
         let http = ["--transport", "http", "--router-auth", "--cell-id", "pod-1"];
         let c = parse(&http);

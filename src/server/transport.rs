@@ -60,6 +60,23 @@ pub(crate) async fn serve_stdio(
     Ok(())
 }
 
+/// The start-up warning of a server on a non-loopback address: who can run code here.
+fn exposed_warning(listen: SocketAddr, auth: &HttpAuth) -> String {
+    match auth {
+        HttpAuth::Router(cell) => format!(
+            "listening on {listen}, not a loopback address, with --router-auth: no token is \
+             checked, so whoever can reach this port and names cell {cell:?} in {SANDBOX_ID_HEADER} \
+             can run code here. Let only the router in (a NetworkPolicy, a firewall): it is the \
+             one that authenticates callers"
+        ),
+        _ => format!(
+            "listening on {listen}, not a loopback address: whoever can reach this port and \
+             holds a token can run code here (plain HTTP: tokens travel in clear text). Prefer \
+             127.0.0.1 behind a TLS-terminating proxy, or a network that lets only that in"
+        ),
+    }
+}
+
 /// How HTTP requests are authenticated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HttpAuth {
@@ -359,11 +376,7 @@ pub(crate) async fn serve_http(
         // Host-header checks guard loopback servers against DNS rebinding; a server on a
         // public address is protected by its bearer token instead.
         config = config.disable_allowed_hosts();
-        tracing::warn!(
-            "listening on {listen}, not a loopback address: whoever can reach this port and \
-             holds a token can run code here (plain HTTP: tokens travel in clear text). Prefer \
-             127.0.0.1 behind a TLS-terminating proxy, or a network that lets only that in"
-        );
+        tracing::warn!("{}", exposed_warning(listen, &auth));
     }
     let factory_app = app.clone();
     let factory_tenants = tenants.clone();
@@ -817,6 +830,19 @@ mod tests {
         assert!(!authorized(Some(b"Bearer "), "s3cret"));
         assert!(!authorized(Some(b"s3cret"), "s3cret"));
         assert!(!authorized(None, "s3cret"));
+    }
+
+    #[test]
+    fn the_exposed_warning_says_who_can_run_code() {
+        let listen: SocketAddr = "0.0.0.0:8888".parse().unwrap();
+        let routed = exposed_warning(listen, &HttpAuth::Router("cell-a".into()));
+        assert!(
+            routed.contains("no token is checked") && routed.contains("\"cell-a\""),
+            "{routed}"
+        );
+        assert!(!routed.contains("holds a token"), "{routed}");
+        let token = exposed_warning(listen, &HttpAuth::Generate);
+        assert!(token.contains("holds a token"), "{token}");
     }
 
     #[test]

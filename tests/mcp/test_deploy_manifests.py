@@ -327,7 +327,7 @@ def test_the_server_accepts_the_templates_environment(tmp_path):
 
     out = policy_show({})
     assert out.returncode == 0, out.stderr
-    out = policy_show({"MCP_SANDBOX_DISK_CAP": "2GiB"})  # the check does check
+    out = policy_show({"MCP_SANDBOX_DISK_CAP": "2 gigs"})  # the check does check
     assert out.returncode != 0 and "disk-cap" in out.stderr, out.stderr
 
 
