@@ -330,11 +330,30 @@ pub(crate) const JOB_PREFIX: &str = "msr-";
 /// in another PID namespace, or of another state dir, is never disturbed. Returns the
 /// directories removed (best effort; at server start).
 pub(crate) fn sweep_owned_by(layout: &Layout, own: &str, owners: &[String]) -> Vec<PathBuf> {
+    if owners.is_empty() {
+        return Vec::new();
+    }
+    sweep_where(layout, |owner| {
+        owner != own && owners.iter().any(|o| o == owner)
+    })
+}
+
+/// Server exit: kill and remove this server's own job cgroups that are still there (a
+/// job whose end was still being recorded when the server stopped: its cgroup would
+/// otherwise outlive the server, with nobody left to sweep it if its state dir goes).
+pub(crate) fn remove_own(layout: &Layout, own: &str) -> Vec<PathBuf> {
+    sweep_where(layout, |owner| owner == own)
+}
+
+/// How long a sweep waits for one killed cgroup to empty: its killed processes leave it
+/// only once reaped, and orphans of a dead server are reaped by the host's init, which
+/// may take seconds on a busy machine (500 ms left cgroups behind for good).
+const SWEEP_RMDIR_BUDGET: Duration = Duration::from_secs(5);
+
+/// Kill and remove every job cgroup whose owner `take` accepts; returns what was removed.
+fn sweep_where(layout: &Layout, take: impl Fn(&str) -> bool) -> Vec<PathBuf> {
     let parents = [&layout.v1_pids, &layout.v1_memory, &layout.v2_own];
     let mut swept = Vec::new();
-    if owners.is_empty() {
-        return swept;
-    }
     for parent in parents.into_iter().flatten().map(|p| p.join(PARENT_DIR)) {
         let Ok(entries) = std::fs::read_dir(&parent) else {
             continue;
@@ -344,7 +363,7 @@ pub(crate) fn sweep_owned_by(layout: &Layout, own: &str, owners: &[String]) -> V
             let Some(owner) = name.to_str().and_then(owner_of) else {
                 continue;
             };
-            if owner == own || !owners.iter().any(|o| o == owner) {
+            if !take(owner) {
                 continue;
             }
             let dir = entry.path();
@@ -352,7 +371,7 @@ pub(crate) fn sweep_owned_by(layout: &Layout, own: &str, owners: &[String]) -> V
                 let _ = std::fs::write(dir.join("pids.max"), "0");
                 kill_members(&dir);
             }
-            remove_dir_retry(&dir, Duration::from_millis(500));
+            remove_dir_retry(&dir, SWEEP_RMDIR_BUDGET);
             if !dir.exists() {
                 swept.push(dir);
             }

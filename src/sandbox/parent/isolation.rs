@@ -51,3 +51,8 @@ impl JobCgroupHandle {
 pub(crate) fn sweep_cgroups_of(host: &CgroupHost, own: &str, owners: &[String]) -> Vec<PathBuf> {
     cgroup::sweep_owned_by(host.layout(), own, owners)
 }
+
+/// Server exit: kill and remove what is left of this server's own job cgroups.
+pub(crate) fn remove_own_cgroups(host: &CgroupHost, own: &str) -> Vec<PathBuf> {
+    cgroup::remove_own(host.layout(), own)
+}

@@ -170,11 +170,17 @@ impl Runtime {
         }
     }
 
-    /// Remove the resources made ahead of need and stop making them: at the server's exit.
+    /// Remove the resources made ahead of need and stop making them, and whatever is
+    /// left of this server's job cgroups: at the server's exit, after its jobs were killed.
     pub fn release_prepared(&self) {
         self.inner.cgroups.drain();
         self.inner.views.drain();
         self.inner.netns.drain();
+        let left =
+            super::isolation::remove_own_cgroups(&self.inner.cgroup_host, &self.inner.instance_id);
+        if !left.is_empty() {
+            tracing::debug!(count = left.len(), "removed job cgroups left at exit");
+        }
     }
 
     pub(super) fn spawner(&self) -> &Spawner {
