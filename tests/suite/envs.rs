@@ -153,6 +153,22 @@ impl EnvSink for Collect {
     }
 }
 
+/// `req` run to its end; its report and what it printed.
+async fn run_script(
+    cfg: &EnvConfig,
+    uv: &Uv,
+    req: &ScriptRequest,
+    policy: &ResolvedPolicy,
+    lease: &Lease,
+) -> (envs::script::ScriptReport, Arc<Collect>) {
+    let sink = Arc::new(Collect::default());
+    let report =
+        envs::script::run_script(cfg, uv, req, policy, lease, sink.clone(), &Canceller::new())
+            .await
+            .unwrap();
+    (report, sink)
+}
+
 fn script(code: &str) -> ScriptRequest {
     ScriptRequest {
         source: ScriptSource::Code(code.into()),
@@ -308,18 +324,7 @@ async fn one_off_scripts_with_declared_and_inline_dependencies() {
     req.python_version = Some("3.11".into());
     req.args = vec!["a".into(), "b c".into()];
     req.env = vec![("GREETING".into(), "hi".into())];
-    let sink = Arc::new(Collect::default());
-    let report = envs::script::run_script(
-        &cfg,
-        &uv,
-        &req,
-        &policy,
-        &lease,
-        sink.clone(),
-        &Canceller::new(),
-    )
-    .await
-    .unwrap();
+    let (report, sink) = run_script(&cfg, &uv, &req, &policy, &lease).await;
     assert!(report.ok, "{report:?} {}", sink.stderr());
     assert_eq!(sink.stdout(), "0.1 ['a', 'b c'] hi\n");
     assert!(report.benchmark.wall_ms > 0);
@@ -329,18 +334,7 @@ async fn one_off_scripts_with_declared_and_inline_dependencies() {
     std::fs::write(&path, pep723).unwrap();
     let mut req = script("");
     req.source = ScriptSource::Path("pep723.py".into());
-    let sink = Arc::new(Collect::default());
-    let report = envs::script::run_script(
-        &cfg,
-        &uv,
-        &req,
-        &policy,
-        &lease,
-        sink.clone(),
-        &Canceller::new(),
-    )
-    .await
-    .unwrap();
+    let (report, sink) = run_script(&cfg, &uv, &req, &policy, &lease).await;
     assert!(report.ok, "{report:?} {}", sink.stderr());
     assert_eq!(sink.stdout(), "other 0.2\n");
 }
@@ -356,12 +350,7 @@ async fn script_failures_are_explained() {
     let lease = Arc::new(lease(&cfg, "s1").await);
     let run = |req: ScriptRequest| {
         let (cfg, uv, policy, lease) = (cfg.clone(), uv.clone(), policy.clone(), lease.clone());
-        async move {
-            let sink = Arc::new(Collect::default());
-            envs::script::run_script(&cfg, &uv, &req, &policy, &lease, sink, &Canceller::new())
-                .await
-                .unwrap()
-        }
+        async move { run_script(&cfg, &uv, &req, &policy, &lease).await.0 }
     };
 
     let mut req = script("print('never')\n");
@@ -403,19 +392,9 @@ async fn script_timeout_kills_the_run() {
     let uv = Uv::locate(None).unwrap();
     let mut req = script("import time\nprint('start', flush=True)\ntime.sleep(60)\n");
     req.timeout = Some(Duration::from_secs(1));
-    let sink = Arc::new(Collect::default());
+    let (policy, lease) = (session_policy(&cfg), lease(&cfg, "s1").await);
     let started = Instant::now();
-    let report = envs::script::run_script(
-        &cfg,
-        &uv,
-        &req,
-        &session_policy(&cfg),
-        &lease(&cfg, "s1").await,
-        sink.clone(),
-        &Canceller::new(),
-    )
-    .await
-    .unwrap();
+    let (report, _) = run_script(&cfg, &uv, &req, &policy, &lease).await;
     assert_eq!(report.failure, Some(ScriptFailure::TimedOut), "{report:?}");
     // Killed, not left to finish its 60 s sleep (a loaded machine may be slow to start
     // uv and the script: no tighter bound holds).
