@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 
 import anyio
-from conftest import INIT, binary, free_port, launch_http, post
+from conftest import INIT, Client, binary, free_port, launch_http, post
 
 GUARD = 120
 SHUTTING_DOWN = "this sandbox is shutting down"
@@ -62,26 +62,7 @@ async def over_http(url, scenario, headers=None):
     async with client, streamable_http_client(url, http_client=client) as streams:
         async with ClientSession(streams[0], streams[1]) as s:
             await s.initialize()
-            return await scenario(Agent(s))
-
-
-class Agent:
-    def __init__(self, session):
-        self.s = session
-
-    async def call(self, tool, **args):
-        res = await self.s.call_tool(tool, args, read_timeout_seconds=60)
-        return res, " ".join(getattr(c, "text", "") for c in res.content)
-
-    async def ok(self, tool, **args):
-        res, text = await self.call(tool, **args)
-        assert not res.is_error, (tool, args, text)
-        return res.structured_content
-
-    async def err(self, tool, **args):
-        res, text = await self.call(tool, **args)
-        assert res.is_error, (tool, args, text)
-        return text
+            return await scenario(Client(s, None, None))
 
 
 def run(coro_fn, *args):

@@ -14,7 +14,7 @@ import urllib.request
 
 import anyio
 import pytest
-from conftest import INIT, binary, free_port, post, start_http
+from conftest import INIT, Client, binary, free_port, post, start_http
 
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef"
@@ -38,28 +38,6 @@ def start(server, tokens):
     return proc, url, server.root / f"http-{port}.log"
 
 
-class Agent:
-    """One principal's MCP client session over HTTP."""
-
-    def __init__(self, session):
-        self.s = session
-
-    async def call(self, tool, **args):
-        res = await self.s.call_tool(tool, args)
-        text = " ".join(getattr(c, "text", "") for c in res.content)
-        return res, text
-
-    async def ok(self, tool, **args):
-        res, text = await self.call(tool, **args)
-        assert not res.is_error, (tool, args, text)
-        return res.structured_content
-
-    async def err(self, tool, **args):
-        res, text = await self.call(tool, **args)
-        assert res.is_error, (tool, args, text)
-        return text
-
-
 async def as_principal(url, token, scenario):
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
@@ -69,7 +47,7 @@ async def as_principal(url, token, scenario):
     async with client, streamable_http_client(url, http_client=client) as streams:
         async with ClientSession(streams[0], streams[1]) as s:
             await s.initialize()
-            return await scenario(Agent(s))
+            return await scenario(Client(s, None, None))
 
 
 def same_but_id(a: str, b: str, id_a: str, id_b: str) -> bool:
@@ -124,9 +102,9 @@ def test_two_principals_share_nothing_and_quotas_refuse_in_words(server):
                 assert same_but_id(mine, ref, "alpha", "zzz"), (tool, mine, ref)
             for jid in theirs[:1]:
                 with pytest.raises(Exception) as e_theirs:
-                    await b.s.read_resource(f"job://{jid}/stdout")
+                    await b.session.read_resource(f"job://{jid}/stdout")
                 with pytest.raises(Exception) as e_unknown:
-                    await b.s.read_resource(f"job://{unknown}/stdout")
+                    await b.session.read_resource(f"job://{unknown}/stdout")
                 assert same_but_id(str(e_theirs.value), str(e_unknown.value), jid, unknown)
 
         async def alice_again(a):
