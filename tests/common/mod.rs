@@ -8,6 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+/// Python code printing the interpreter a job can run: `python3` on PATH may be a venv's
+/// (`tests/run` from an activated venv), whose `bin/` a job's view does not hold; its base
+/// interpreter is the real one (for a pyenv shim, the version the shim runs).
+pub(crate) const BASE_EXECUTABLE: &str =
+    "import sys; print(getattr(sys, '_base_executable', sys.executable))";
+
 /// Path of the binary under test.
 pub(crate) fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_mcp-sandbox-repl"))

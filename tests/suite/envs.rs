@@ -64,7 +64,7 @@ fn make_wheel(dir: &Path, name: &str, version: &str) {
 
 fn real_python() -> PathBuf {
     let out = Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
+        .args(["-c", crate::common::BASE_EXECUTABLE])
         .output()
         .unwrap();
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())

@@ -24,7 +24,7 @@ fn python() -> &'static str {
     static PY: OnceLock<String> = OnceLock::new();
     PY.get_or_init(|| {
         let out = Command::new("python3")
-            .args(["-c", "import sys;print(sys.executable)"])
+            .args(["-c", crate::common::BASE_EXECUTABLE])
             .output()
             .unwrap();
         String::from_utf8(out.stdout).unwrap().trim().to_string()

@@ -301,7 +301,10 @@ fn dev_shm_is_private() {
     v.write.push(PathBuf::from("/dev/shm"));
     v.read.push(PathBuf::from("/root/.pyenv"));
     let py = std::process::Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
+        .args([
+            "-c",
+            "import sys; print(getattr(sys, '_base_executable', sys.executable))",
+        ])
         .output()
         .unwrap();
     let py = String::from_utf8(py.stdout).unwrap();
