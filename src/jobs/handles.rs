@@ -2,7 +2,9 @@
 //! kept so that a handle given before a restart still names its job after it. One JSON
 //! line per handle in `handles.log` of the store directory, appended when the handle is
 //! given; read on the first lookup, when lines whose job is gone (pruned, evicted, past
-//! retention) are dropped and the file rewritten. A handle names at most one job.
+//! retention) are dropped and the file rewritten — and again whenever the file holds more
+//! than twice the lines of the handles live at its last rewrite (plus [`SLACK`]), so a long-running server's file
+//! stays in proportion to the jobs it keeps. A handle names at most one job.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -17,6 +19,8 @@ use super::{JobError, JobId, JobStore};
 const FILE: &str = "handles.log";
 /// Longest handle kept (MCP task ids are UUIDs: 36 characters).
 const MAX_HANDLE: usize = 128;
+/// Lines a file may hold beyond twice its live handles before it is rewritten.
+const SLACK: usize = 64;
 
 /// One handle as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -30,7 +34,15 @@ pub struct HandleRecord {
 /// The handles of one store, read from its file on first use.
 #[derive(Default)]
 pub(crate) struct Handles {
-    map: Mutex<Option<HashMap<String, HandleRecord>>>,
+    map: Mutex<Option<Loaded>>,
+}
+
+/// The handles in memory, the number of lines their file holds, and how many handles
+/// were live when it was last compacted.
+struct Loaded {
+    map: HashMap<String, HandleRecord>,
+    lines: usize,
+    live: usize,
 }
 
 fn read(path: &Path) -> (HashMap<String, HandleRecord>, usize) {
@@ -64,20 +76,34 @@ impl JobStore {
     }
 
     /// The handles, read from the file on first use (jobs that are gone dropped).
-    fn handle_map(&self) -> std::sync::MutexGuard<'_, Option<HashMap<String, HandleRecord>>> {
+    fn handle_map(&self) -> std::sync::MutexGuard<'_, Option<Loaded>> {
         let mut guard = lock(&self.handles.map);
         if guard.is_none() {
-            let path = self.handles_path();
-            let (mut map, lines) = read(&path);
-            map.retain(|_, rec| self.get(&rec.job).is_ok());
-            if map.len() < lines
-                && let Err(e) = rewrite(&path, &map)
-            {
-                tracing::debug!(path = %path.display(), error = %e, "could not rewrite the job handles");
-            }
-            *guard = Some(map);
+            let (map, lines) = read(&self.handles_path());
+            let mut loaded = Loaded {
+                map,
+                lines,
+                live: 0,
+            };
+            self.compact(&mut loaded);
+            *guard = Some(loaded);
         }
         guard
+    }
+
+    /// Drop the handles whose job is gone; rewrite the file if it holds more lines.
+    fn compact(&self, loaded: &mut Loaded) {
+        loaded.map.retain(|_, rec| self.get(&rec.job).is_ok());
+        loaded.live = loaded.map.len();
+        if loaded.map.len() < loaded.lines {
+            let path = self.handles_path();
+            match rewrite(&path, &loaded.map) {
+                Ok(()) => loaded.lines = loaded.map.len(),
+                Err(e) => {
+                    tracing::debug!(path = %path.display(), error = %e, "could not rewrite the job handles")
+                }
+            }
+        }
     }
 
     /// Name job `id` also by `handle`, durably (a restart keeps it while the job is kept).
@@ -104,8 +130,12 @@ impl JobStore {
             .open(&path)
             .and_then(|mut f| f.write_all(line.as_bytes()))
             .map_err(|e| JobError::io(format!("could not write {}", path.display()), e))?;
-        if let Some(map) = guard.as_mut() {
-            map.insert(rec.handle.clone(), rec);
+        if let Some(loaded) = guard.as_mut() {
+            loaded.map.insert(rec.handle.clone(), rec);
+            loaded.lines += 1;
+            if loaded.lines > 2 * loaded.live + SLACK {
+                self.compact(loaded);
+            }
         }
         Ok(())
     }
@@ -113,7 +143,7 @@ impl JobStore {
     /// The job `handle` names, if that job is still kept.
     pub fn job_of_handle(&self, handle: &str) -> Option<HandleRecord> {
         let guard = self.handle_map();
-        let rec = guard.as_ref()?.get(handle)?.clone();
+        let rec = guard.as_ref()?.map.get(handle)?.clone();
         drop(guard);
         self.get(&rec.job).is_ok().then_some(rec)
     }

@@ -935,3 +935,40 @@ async fn handles_outlive_a_restart_with_their_job() {
         "{file}"
     );
 }
+
+/// A server that gives handles to jobs it later prunes keeps `handles.log` in proportion
+/// to the handles still live, without a restart; live handles survive the rewrites.
+#[tokio::test]
+async fn the_handles_file_is_compacted_while_the_server_runs() {
+    let (_scratch, dir) = scratch_path("jobs-store-handles-compact", "state");
+    let store = JobStore::open(config(dir)).unwrap();
+    let kept = store.create(JobKind::Shell, None, "kept").unwrap();
+    store.add_handle(kept.id(), "task-kept").unwrap();
+    let lines = || {
+        std::fs::read_to_string(store.dir().join("handles.log"))
+            .unwrap()
+            .lines()
+            .count()
+    };
+    let mut most = 0;
+    for i in 0..400 {
+        let job = store.create(JobKind::Shell, None, "short").unwrap();
+        store.add_handle(job.id(), &format!("task-{i}")).unwrap();
+        job.finish(done());
+        let filter = JobFilter {
+            ids: Some(vec![job.id().to_string()]),
+            ..Default::default()
+        };
+        store.prune(&filter).unwrap();
+        most = most.max(lines());
+    }
+    // At most two live handles when it is rewritten (the kept one, the one just added):
+    // the file never holds more than 2 × 2 + SLACK + the line just added.
+    assert!(most <= 2 * 2 + 64 + 1, "handles.log grew to {most} lines");
+    assert!(
+        most > 64,
+        "the file was rewritten before it held its slack: {most}"
+    );
+    assert_eq!(store.job_of_handle("task-kept").unwrap().job, kept.id());
+    assert!(store.job_of_handle("task-399").is_none());
+}
