@@ -245,13 +245,9 @@ fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
             out,
             "                (pid, network, mount, procfs, the broker's network: made in a user \
              namespace of the launcher's own (the broker's: of a helper's), mapping only uid {} \
-             to itself: {}no CAP_SYS_ADMIN)",
+             to itself: {}, no CAP_SYS_ADMIN)",
             k.euid,
-            if k.is_root {
-                "root without CAP_SYS_ADMIN, "
-            } else {
-                "not root, "
-            }
+            if k.is_root { "root" } else { "not root" }
         )?;
     }
     let cg = &k.cgroup;

@@ -117,7 +117,7 @@ def test_proxy_mode_and_installs_go_through_the_broker_without_cap_sys_admin(ser
     text = subprocess.run([*prefix, binary(), "doctor"], env=env, capture_output=True, text=True,
                           timeout=GUARD, cwd=tree / "ws").stdout
     assert "the broker's: of a helper's" in text, text
-    assert ("root without CAP_SYS_ADMIN" if uid == "0" else "not root, no CAP_SYS_ADMIN") in text, text
+    assert f"mapping only uid {uid} to itself: {'root' if uid == '0' else 'not root'}, no CAP_SYS_ADMIN" in text, text
 
     proc, port, log = launch_http(server, "--no-auth", "--policy", str(policy), env=env, prefix=prefix)
     base = f"http://127.0.0.1:{port}"
@@ -140,7 +140,8 @@ def test_proxy_mode_and_installs_go_through_the_broker_without_cap_sys_admin(ser
             "    except OSError as e:\n"
             "        return type(e).__name__\n"
             f"(direct({a.port}), direct({b.port}), open('/proc/self/uid_map').read().split(),"
-            " [l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]])"
+            " [l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]],"
+            " [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')])"
         )
         job = await c.finish(await c.ok("env_install", packages=["tinypkg"]), timeout=GUARD)
         imported = await c.py("import tinypkg\ntinypkg.__version__")
@@ -160,7 +161,7 @@ def test_proxy_mode_and_installs_go_through_the_broker_without_cap_sys_admin(ser
     assert f"(allowed: 127.0.0.1:{a.port})" in value, value
     assert seen["status"] == "completed", seen
     assert "'ok'" not in seen["value"], seen  # neither server reached directly
-    assert f"['{uid}', '{uid}', '1'], ['lo'])" in seen["value"], seen
+    assert f"['{uid}', '{uid}', '1'], ['lo'], ['0000000000000000'])" in seen["value"], seen
     assert job["status"] == "completed", (job, log.read_text())
     assert "tinypkg==0.1" in job["result"]["installed"], job
     assert imported["value"] == "'0.1'", imported
