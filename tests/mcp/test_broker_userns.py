@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import binary, launch_http, make_wheel
+from test_broker_credentials import AUTH, Index
 from test_cell import GUARD, get, over_http, run, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,15 +86,16 @@ def test_proxy_mode_and_installs_go_through_the_broker_without_cap_sys_admin(ser
     """A session under `network.mode = "proxy"` reaches an allowed loopback server through
     the broker and gets 403 in words for another; no socket reaches either directly; its
     job sits in a user namespace mapping only the server's uid, with only `lo`. An
-    `env_install` from a local index on loopback, through the broker, installs. `doctor`
+    `env_install` from a local index on loopback that needs credentials, which the broker
+    lends to uv alone (found by its connection in `/proc`), installs. `doctor`
     says the namespaces are made in a user namespace, and `/readyz` (which follows doctor's
     verdict on the chosen policy) is 200: the proxy-mode policy is enforced here."""
     prefix, uid = WHO[who]
     skip_without_user_namespaces(prefix)
     (tree / "a" / "index.html").write_text("server A")
     (tree / "b" / "index.html").write_text("server B")
-    make_wheel(tree / "wheels", "tinypkg", "0.1")
-    a, b, index = Web(tree / "a"), Web(tree / "b"), Web(tree / "wheels")
+    wheel = make_wheel(tree / "wheels", "tinypkg", "0.1")
+    a, b, index = Web(tree / "a"), Web(tree / "b"), Index(wheel)
     where = f"127.0.0.1:{index.port}"
     policy = tree / "proxied.toml"
     policy.write_text(
@@ -106,7 +108,7 @@ def test_proxy_mode_and_installs_go_through_the_broker_without_cap_sys_admin(ser
         **server.server_env(), "HOME": str(tree / "home"),
         "PATH": f"{tree / 'bin'}:/usr/local/bin:/usr/bin:/bin",
         "MCP_SANDBOX_WORKSPACE": str(tree / "ws"), "MCP_SANDBOX_STATE_DIR": str(tree / "state"),
-        "UV_INDEX_URL": f"http://{where}/simple", "UV_FIND_LINKS": f"http://{where}/",
+        "UV_INDEX_URL": f"http://idxuser:idx-s3cret@{where}/simple",
         "UV_PYTHON_DOWNLOADS": "never", "UV_CACHE_DIR": str(tree / "uv-cache"),
     }
     doctor = subprocess.run([*prefix, binary(), "doctor", "--json"], env=env,
@@ -165,3 +167,5 @@ def test_proxy_mode_and_installs_go_through_the_broker_without_cap_sys_admin(ser
     assert job["status"] == "completed", (job, log.read_text())
     assert "tinypkg==0.1" in job["result"]["installed"], job
     assert imported["value"] == "'0.1'", imported
+    uv_reads = [seen for seen in index.seen if seen[1].startswith("/simple/tinypkg")]
+    assert uv_reads and all(auth == AUTH for _, _, auth in uv_reads), index.seen
