@@ -32,7 +32,8 @@ pub(crate) struct NamespaceListener {
 /// namespace ([`helper`]).
 pub(crate) fn namespace_with_listener() -> Result<NamespaceListener, NetnsError> {
     if crate::sandbox::launcher::userns::wanted() {
-        return helper::make();
+        let (netns, listener) = helper::make()?;
+        return Ok(NamespaceListener { netns, listener });
     }
     let worker = std::thread::Builder::new()
         .name("netns-listener".into())

@@ -16,7 +16,6 @@ use nix::sys::socket::{
     AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg, socketpair,
 };
 
-use super::NamespaceListener;
 use crate::sandbox::launcher::netns::{NetnsError, bring_up_loopback};
 use crate::sandbox::parent::probe::UserMaps;
 
@@ -30,8 +29,9 @@ const STEPS: [&str; 6] = [
     "send the descriptors to the server",
 ];
 
-/// Make the broker's namespace and listener in a helper child's user namespace.
-pub(crate) fn make() -> Result<NamespaceListener, NetnsError> {
+/// Make the broker's namespace and listener in a helper child's user namespace:
+/// (the network namespace, the listener bound in it).
+pub(crate) fn make() -> Result<(OwnedFd, TcpListener), NetnsError> {
     let io_err = |step| {
         move |e: nix::Error| NetnsError::Listener {
             step,
@@ -67,7 +67,7 @@ pub(crate) fn make() -> Result<NamespaceListener, NetnsError> {
 }
 
 /// Read the child's answer: the listener and the namespace, or its failure.
-fn receive(sock: &OwnedFd) -> Result<NamespaceListener, NetnsError> {
+fn receive(sock: &OwnedFd) -> Result<(OwnedFd, TcpListener), NetnsError> {
     let mut buf = [0u8; 8];
     let mut iov = [IoSliceMut::new(&mut buf)];
     let mut space = nix::cmsg_space!([RawFd; 2]);
@@ -108,10 +108,7 @@ fn receive(sock: &OwnedFd) -> Result<NamespaceListener, NetnsError> {
     }
     let mut fds = fds.into_iter();
     match (bytes, fds.next(), fds.next()) {
-        (1, Some(listener), Some(netns)) => Ok(NamespaceListener {
-            netns,
-            listener: TcpListener::from(listener),
-        }),
+        (1, Some(listener), Some(netns)) => Ok((netns, TcpListener::from(listener))),
         _ => Err(NetnsError::Listener {
             step: "receive from the helper",
             source: io::Error::other("the helper ended without an answer"),
@@ -251,8 +248,8 @@ mod tests {
     /// listener there and no host listener, and the server accepts its connection.
     #[test]
     fn a_helper_namespace_is_joined_through_its_user_namespace() {
-        let ns = make().expect("the helper makes the namespace");
-        let port = ns.listener.local_addr().unwrap().port();
+        let (netns, listener) = make().expect("the helper makes the namespace");
+        let port = listener.local_addr().unwrap().port();
         let host = TcpListener::bind("127.0.0.1:0").unwrap();
         let host_port = host.local_addr().unwrap().port();
         let script = format!(
@@ -260,7 +257,7 @@ mod tests {
              def tryc(p):\n  try:\n    socket.create_connection(('127.0.0.1', p), timeout=2).close(); return 'ok'\n  except OSError as e: return type(e).__name__\n\
              print(tryc({port}), tryc({host_port}), os.readlink('/proc/self/ns/user'))"
         );
-        let fd = ns.netns.try_clone().unwrap();
+        let fd = netns.try_clone().unwrap();
         let mut cmd = Command::new("python3");
         cmd.arg("-c").arg(&script);
         // SAFETY: raw syscalls between fork and exec in a test.
@@ -280,9 +277,9 @@ mod tests {
             ns_link("self", "user"),
             "the host's user namespace"
         );
-        ns.listener.set_nonblocking(true).unwrap();
+        listener.set_nonblocking(true).unwrap();
         assert!(
-            ns.listener.accept().is_ok(),
+            listener.accept().is_ok(),
             "the server accepts the job's connection"
         );
     }
