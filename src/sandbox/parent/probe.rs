@@ -31,7 +31,10 @@ pub(crate) enum ProbeError {
     ChildDied,
     #[error("{0} (user namespaces disabled)")]
     UserNamespacesDisabled(#[source] io::Error),
-    #[error("{0} (the launcher needs CAP_SYS_ADMIN: run the server as root)")]
+    #[error(
+        "{0} (the launcher needs CAP_SYS_ADMIN, or a user namespace to make its namespaces \
+         in: run the server as root with CAP_SYS_ADMIN, or allow user namespaces)"
+    )]
     NeedsRoot(#[source] io::Error),
     #[error(
         "{0} (refused even in a user namespace of the launcher's own: run the server as \

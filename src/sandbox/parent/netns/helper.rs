@@ -61,8 +61,10 @@ pub(crate) fn make() -> Result<(OwnedFd, TcpListener), NetnsError> {
     drop(theirs);
     let got = receive(&ours);
     let mut status = 0;
-    // SAFETY: reaping the child we forked.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
+    // SAFETY: reaping the child we forked (again if a signal interrupted the wait).
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+        && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+    {}
     got
 }
 
@@ -71,16 +73,22 @@ fn receive(sock: &OwnedFd) -> Result<(OwnedFd, TcpListener), NetnsError> {
     let mut buf = [0u8; 8];
     let mut iov = [IoSliceMut::new(&mut buf)];
     let mut space = nix::cmsg_space!([RawFd; 2]);
-    let msg = recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(|e| NetnsError::Listener {
-        step: "receive from the helper",
-        source: io::Error::from(e),
-    })?;
+    let msg = loop {
+        match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(nix::Error::EINTR) => continue,
+            other => {
+                break other.map_err(|e| NetnsError::Listener {
+                    step: "receive from the helper",
+                    source: io::Error::from(e),
+                })?;
+            }
+        }
+    };
     let bytes = msg.bytes;
     let mut fds: Vec<OwnedFd> = Vec::new();
     for c in msg.cmsgs().into_iter().flatten() {
@@ -234,6 +242,35 @@ mod tests {
     use super::*;
     use crate::sandbox::launcher::netns::join_namespace;
     use crate::sandbox::launcher::userns::join_owner_of;
+
+    /// A helper that failed sends its step and errno: the server's error names both,
+    /// and a failed user namespace says what to allow.
+    #[test]
+    fn a_failed_step_is_told_in_words() {
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::Stream,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let mut msg = vec![1u8];
+        msg.extend(libc::ENOSPC.to_le_bytes());
+        nix::unistd::write(&theirs, &msg).unwrap();
+        let words = receive(&ours).err().unwrap().to_string();
+        assert!(
+            words.contains("unshare CLONE_NEWUSER and write its uid and gid maps")
+                && words.contains("No space left on device")
+                && words.contains("allow unprivileged user namespaces"),
+            "{words}"
+        );
+        drop(theirs);
+        let words = receive(&ours).err().unwrap().to_string();
+        assert!(
+            words.contains("the helper ended without an answer"),
+            "{words}"
+        );
+    }
 
     fn ns_link(pid: &str, ns: &str) -> String {
         std::fs::read_link(format!("/proc/{pid}/ns/{ns}"))
