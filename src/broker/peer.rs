@@ -14,6 +14,7 @@
 
 use std::io;
 use std::net::SocketAddrV4;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 
 /// Whether `pid`, living in the network namespace `netns` (device, inode), holds the
@@ -34,9 +35,59 @@ pub(crate) fn holds_connection(
         return Ok(false);
     };
     let link = format!("socket:[{inode}]");
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+    let entries = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            return holds_socket_by_pidfd(pid, inode);
+        }
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
         let Ok(entry) = entry else { continue };
         if std::fs::read_link(entry.path()).is_ok_and(|l| l.as_os_str() == link.as_str()) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Whether `pid` holds the socket `inode`, for a server that may not list its
+/// `/proc/<pid>/fd`: a server without root whose trusted process (the sealed uv, which
+/// the kernel makes non-dumpable) lives in a user namespace that maps no root, so its
+/// `/proc` files belong to the host's root (`task_dump_owner`). The server may still
+/// `pidfd_getfd` its descriptors (it owns that user namespace, so it has
+/// `CAP_SYS_PTRACE` there, and the process is its descendant): each descriptor below the
+/// table size (`FDSize` in `/proc/<pid>/status`) is duplicated, compared by inode and
+/// closed at once.
+fn holds_socket_by_pidfd(pid: u32, inode: u64) -> io::Result<bool> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let table = status
+        .lines()
+        .find_map(|l| l.strip_prefix("FDSize:"))
+        .and_then(|n| n.trim().parse::<i32>().ok())
+        .unwrap_or(0);
+    // SAFETY: pidfd_open(2) with a pid and no flags; the result is checked.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if pidfd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just opened this descriptor for us.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    for fd in 0..table {
+        // SAFETY: pidfd_getfd(2) on our pidfd; the result, if any, is ours to close.
+        let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+        if got < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EBADF) => continue,
+                _ => return Err(e),
+            }
+        }
+        // SAFETY: as above.
+        let got = unsafe { OwnedFd::from_raw_fd(got as i32) };
+        let st = nix::sys::stat::fstat(&got).map_err(io::Error::from)?;
+        if st.st_mode & libc::S_IFMT == libc::S_IFSOCK && st.st_ino == inode {
             return Ok(true);
         }
     }
@@ -105,6 +156,13 @@ mod tests {
             .spawn()
             .unwrap();
         assert!(!holds_connection(child.id(), netns, peer, port).unwrap());
+        // The same answers through pidfd_getfd, as for a process whose fd list is closed.
+        let table = std::fs::read_to_string("/proc/self/net/tcp").unwrap();
+        let server = SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, port);
+        let inode = socket_inode(&table, peer, server).unwrap();
+        assert!(holds_socket_by_pidfd(me, inode).unwrap());
+        assert!(!holds_socket_by_pidfd(me, u64::MAX).unwrap());
+        assert!(!holds_socket_by_pidfd(child.id(), inode).unwrap());
         let _ = child.kill();
         let _ = child.wait();
         drop(client);

@@ -163,13 +163,10 @@ fn policy_report(k: &KernelSupport, name: &str, workspace: &std::path::Path) -> 
                 description,
                 refuses_to_start,
                 items,
-                reach: crate::envs::policy::network_reach(
-                    &policy,
-                    k.namespaces.network.ok && !k.namespaces.in_user_namespace,
-                )
-                .into_iter()
-                .map(|(p, w)| (p.to_string(), w))
-                .collect(),
+                reach: crate::envs::policy::network_reach(&policy, k.namespaces.network.ok)
+                    .into_iter()
+                    .map(|(p, w)| (p.to_string(), w))
+                    .collect(),
                 error: None,
             }
         }
@@ -246,9 +243,11 @@ fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
     if ns.in_user_namespace {
         writeln!(
             out,
-            "                (pid, network, mount, procfs: made in a user namespace of the \
-             launcher's own, mapping only uid {}: not root, no CAP_SYS_ADMIN)",
-            k.euid
+            "                (pid, network, mount, procfs, the broker's network: made in a user \
+             namespace of the launcher's own (the broker's: of a helper's), mapping only uid {} \
+             to itself: {}, no CAP_SYS_ADMIN)",
+            k.euid,
+            if k.is_root { "root" } else { "not root" }
         )?;
     }
     let cg = &k.cgroup;

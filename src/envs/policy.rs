@@ -69,7 +69,7 @@ pub(crate) fn extend(base: &ResolvedPolicy, grants: &Grants, netns_usable: bool)
 /// filled from uv's configured indexes.
 ///
 /// Under `kernel_support = "best_effort"` on a machine where this process cannot make
-/// network namespaces (not root), proxy mode cannot be had: the installer then gets the
+/// network namespaces (no CAP_SYS_ADMIN and no user namespace), proxy mode cannot be had: the installer then gets the
 /// host's network, as the rest of a best-effort policy runs without what is missing. A
 /// `required` policy keeps proxy mode and fails closed at spawn.
 pub(crate) fn installer_network(base: &ResolvedPolicy, netns_usable: bool) -> NetworkPolicy {

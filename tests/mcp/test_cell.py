@@ -289,18 +289,45 @@ def test_readyz_turns_200_without_a_client_when_the_client_may_choose_the_sandbo
         proc.wait(timeout=GUARD)
 
 
+# Exec argv[1:] (same pid) in a user namespace of its own (uid 0 and 65534 mapped to themselves) in
+# which no further user namespace may be made (`user.max_user_namespaces` 0 there): a host
+# that refuses user namespaces to the server, without touching the host's sysctls.
+NO_USER_NAMESPACES = """
+import ctypes, os, sys
+r, w = os.pipe()
+parent = os.getpid()
+writer = os.fork()
+if writer == 0:  # still root on the host: maps the namespace its parent makes
+    os.close(w)
+    os.read(r, 1)
+    for name in ("uid_map", "gid_map"):
+        with open(f"/proc/{parent}/{name}", "w") as f:
+            f.write("0 0 1\\n65534 65534 1\\n")
+    os._exit(0)
+if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:
+    raise OSError(ctypes.get_errno(), "unshare CLONE_NEWUSER")
+os.write(w, b"x")
+_, status = os.waitpid(writer, 0)
+assert status == 0, "the uid and gid maps were not written"
+with open("/proc/sys/user/max_user_namespaces", "w") as f:
+    f.write("0")
+os.execvp(sys.argv[1], sys.argv[1:])
+"""
+
+
 def test_readyz_is_503_with_the_reason_when_the_policy_cannot_be_enforced_here(server, tmp_path):
     """`/readyz` follows `doctor`: a server whose policy needs what this host does not give
-    it (here: run as uid 65534, no CAP_SYS_ADMIN for the broker's network namespace, which
-    the server makes itself: a user namespace of the launcher's does not serve) is not
-    ready, and says why in one line, instead of a 200 for a cell whose every call would be
-    refused. The same server with a policy doctor finds enforced here is ready."""
+    it (here: run as uid 65534 where user namespaces are refused to it, so no network
+    namespace for the broker) is not ready, and says why in one line, instead of a 200 for
+    a cell whose every call would be refused. The same server with a policy doctor finds
+    enforced here is ready."""
     import json
     import tempfile
 
     setpriv = shutil.which("setpriv")
     assert setpriv, "setpriv (util-linux) is needed to run the server as another uid"
-    nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    nobody = [sys.executable, "-c", NO_USER_NAMESPACES,
+              setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
     # The harness's directories are root's (0700 above them): give uid 65534 its own.
     root = tempfile.mkdtemp(prefix="mcp-nobody-")
     try:
@@ -323,11 +350,10 @@ def test_readyz_is_503_with_the_reason_when_the_policy_cannot_be_enforced_here(s
                                 text=True, timeout=GUARD, cwd=os.path.join(root, "ws"))
         doctored = json.loads(doctor.stdout)
         report = {p["name"]: p for p in doctored["policies"]}
-        # Where the launcher can make a job's namespaces in a user namespace of its own,
-        # workspace-write is enforced here (without one it is refused); the broker's
-        # namespace, which the server makes itself, is not.
-        userns = doctored["kernel"]["namespaces"]["in_user_namespace"]
-        assert report["workspace-write"]["refuses_to_start"] != userns, report["workspace-write"]
+        # No user namespace for the launcher or the broker's helper: workspace-write is
+        # refused too.
+        assert not doctored["kernel"]["namespaces"]["in_user_namespace"], doctored["kernel"]
+        assert report["workspace-write"]["refuses_to_start"], report["workspace-write"]
         assert not report["danger-full-access"]["refuses_to_start"], report["danger-full-access"]
         missing = ["only the server's proxy reachable (host listeners unreachable)"]
         # Without --workspace (the client's roots may name it) nothing is prewarmed: only

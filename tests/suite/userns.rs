@@ -12,6 +12,7 @@ use std::process::{Command, Output};
 use crate::common::{TempDir, bin, stderr, stdout};
 
 const NOBODY: [&str; 4] = ["--reuid=65534", "--regid=65534", "--clear-groups", "--"];
+const NO_SYS_ADMIN: [&str; 3] = ["--inh-caps=-sys_admin", "--bounding-set=-sys_admin", "--"];
 
 /// Why this host cannot run the test (`None`: it can): no `setpriv`, or unprivileged user
 /// namespaces disabled (`unshare --user` as uid 65534 refused).
@@ -57,6 +58,21 @@ impl Tree {
     fn nobody(&self, args: &[&str]) -> Output {
         Command::new("setpriv")
             .args(NOBODY)
+            .arg(bin())
+            .args(args)
+            .current_dir(self.ws())
+            .env("HOME", self.root.join("home"))
+            .env("MCP_SANDBOX_STATE_DIR", self.root.join("state"))
+            .env_remove("MCP_SANDBOX_WORKSPACE")
+            .output()
+            .unwrap()
+    }
+
+    /// The binary as root with CAP_SYS_ADMIN dropped from every set (a container's
+    /// default capabilities), with this tree's state dir and home.
+    fn root_without_sys_admin(&self, args: &[&str]) -> Output {
+        Command::new("setpriv")
+            .args(NO_SYS_ADMIN)
             .arg(bin())
             .args(args)
             .current_dir(self.ws())
@@ -262,4 +278,94 @@ fn unprivileged_doctor_reports_the_user_namespace() {
             "{item}"
         );
     }
+}
+
+/// Root without CAP_SYS_ADMIN (podman's default capabilities): the launcher takes the
+/// user-namespace path as uid 65534 does, mapping uid 0 to itself. `doctor` says so and
+/// finds `workspace-write` enforced; `run --policy workspace-write` runs the job as pid 2
+/// of its own PID namespace, with only `lo`, no capability, writes outside the workspace
+/// refused and the escape syscalls still refused. Before, both refused: "needs
+/// CAP_SYS_ADMIN: run the server as root".
+#[test]
+fn root_without_cap_sys_admin_runs_workspace_write_in_a_user_namespace() {
+    let tried = Command::new("setpriv")
+        .args(NO_SYS_ADMIN)
+        .args(["unshare", "--user", "--map-root-user", "true"])
+        .output();
+    match tried {
+        Ok(o) if o.status.success() => {}
+        other => {
+            eprintln!(
+                "SKIPPED root_without_cap_sys_admin_runs_workspace_write_in_a_user_namespace: \
+                 no user namespace without CAP_SYS_ADMIN here: {other:?}"
+            );
+            return;
+        }
+    }
+    let tree = Tree::new();
+    let out = tree.root_without_sys_admin(&["doctor", "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}", stdout(&out), stderr(&out)));
+    assert_eq!(report["kernel"]["is_root"], true, "{report}");
+    assert_eq!(
+        report["kernel"]["namespaces"]["in_user_namespace"], true,
+        "{report}"
+    );
+    let ww = report["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "workspace-write")
+        .unwrap();
+    assert_eq!(ww["refuses_to_start"], false, "{ww}");
+    let text = stdout(&tree.root_without_sys_admin(&["doctor"]));
+    assert!(
+        text.contains("mapping only uid 0 to itself: root, no CAP_SYS_ADMIN"),
+        "{text}"
+    );
+
+    let ws = tree.ws();
+    let outside = tree.root.join("outside").join("escaped");
+    let script = format!(
+        "echo pid $$; \
+         echo uidmap $(cat /proc/self/uid_map); \
+         echo ifaces $(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\\n' ' '); \
+         echo x > inside && echo WROTE inside; \
+         (echo x > '{outside}') 2>/dev/null && echo WROTE outside || echo DENIED outside; \
+         echo capeff $(grep CapEff /proc/self/status | cut -f2); \
+         unshare --user true 2>/dev/null && echo UNSHARED || echo NO-UNSHARE",
+        outside = outside.display(),
+    );
+    let out = tree.root_without_sys_admin(&[
+        "run",
+        "--policy",
+        "workspace-write",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    let line = |key: &str| -> String {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key} ")))
+            .unwrap_or_else(|| panic!("no `{key}` line in:\n{text}\n{}", stderr(&out)))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(line("pid"), "2", "{text}");
+    assert_eq!(
+        line("uidmap").split_whitespace().collect::<Vec<_>>(),
+        ["0", "0", "1"],
+        "{text}"
+    );
+    assert_eq!(line("ifaces"), "lo", "{text}");
+    assert!(text.contains("WROTE inside"), "{text}");
+    assert!(text.contains("DENIED outside"), "{text}");
+    assert!(!outside.exists(), "wrote outside the workspace");
+    assert_eq!(line("capeff"), "0000000000000000", "{text}");
+    assert!(text.contains("NO-UNSHARE"), "{text}");
 }

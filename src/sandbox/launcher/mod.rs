@@ -2,7 +2,7 @@
 //! any runtime, reads its [`LaunchSpec`] from an inherited descriptor, applies the
 //! sandbox to itself in a fixed order and execs the target:
 //!
-//! parent-death signal → setsid → (not root: user namespace, see `userns`) → PID namespace (see `pidns`) → cgroup → network namespace (new, or the broker's joined) → mount view → chdir → rlimits → environment →
+//! parent-death signal → setsid → (no CAP_SYS_ADMIN: user namespace, own or the broker's, see `userns`) → PID namespace (see `pidns`) → cgroup → network namespace (new, or the broker's joined) → mount view → chdir → rlimits → environment →
 //! capability drop → no_new_privs → Landlock → seccomp → close inherited fds → default signal
 //! dispositions → execvp.
 //!
@@ -217,7 +217,7 @@ fn apply_sandbox(
 fn isolate(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), SetupError> {
     let policy = &spec.policy;
     let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
-    enter_user_namespace(spec);
+    enter_user_namespace(spec)?;
     // From here on this is the target process, pid 2 of a PID namespace of its own (the
     // launcher stays outside as its supervisor), or the launcher itself without one. Only
     // with a mount view, whose fresh /proc then shows that namespace: a job that sees the
@@ -253,19 +253,31 @@ fn isolate(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), SetupError>
     Ok(())
 }
 
-/// Without CAP_SYS_ADMIN (not root), a user namespace of the launcher's own first, in
+/// Without CAP_SYS_ADMIN (root or not), a user namespace of the launcher's own first, in
 /// which the namespaces below are made exactly as root makes them (see `userns`): only
 /// where the job gets one of them and none was made ahead (the parent makes them only
 /// when it could itself). Where user namespaces are refused the launcher carries on,
 /// and the step that then lacks CAP_SYS_ADMIN fails (or, best effort, notes) in words.
-fn enter_user_namespace(spec: &LaunchSpec) {
+///
+/// A proxy-mode job's broker namespace was made in a user namespace of a helper's own
+/// when the server lacks CAP_SYS_ADMIN: the launcher enters that one (never best effort:
+/// without it the job cannot join the broker's network).
+fn enter_user_namespace(spec: &LaunchSpec) -> Result<(), SetupError> {
     let policy = &spec.policy;
+    if !userns::wanted() {
+        return Ok(());
+    }
+    if let (NetworkPolicy::Proxy { .. }, Some(fd)) = (&policy.network, spec.netns_fd) {
+        return userns::join_owner_of(fd)
+            .map_err(|(step, source)| NetnsError::JoinOwner { step, source }.into());
+    }
     let needs_namespaces = !policy.filesystem_unrestricted()
         || private_network(policy).is_some()
         || isolation::mount_view_of(policy).is_some();
-    if needs_namespaces && spec.netns_fd.is_none() && spec.view_fd.is_none() && userns::wanted() {
+    if needs_namespaces && spec.netns_fd.is_none() && spec.view_fd.is_none() {
         let _ = userns::enter();
     }
+    Ok(())
 }
 
 /// The job's network namespace: a new one (`none`, `loopback`; or one made ahead,

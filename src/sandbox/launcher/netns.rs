@@ -32,6 +32,23 @@ pub enum NetnsError {
     },
     #[error("cannot join the job's network namespace (setns): {0}")]
     Join(io::Error),
+    #[error(
+        "cannot make the broker's network namespace in a user namespace of its own (this \
+         server has no CAP_SYS_ADMIN): {step}: {source}; allow unprivileged user namespaces \
+         (kernel.unprivileged_userns_clone, user.max_user_namespaces, a container's seccomp \
+         profile), or run the server as root with CAP_SYS_ADMIN"
+    )]
+    UserNamespace {
+        step: &'static str,
+        source: io::Error,
+    },
+    #[error(
+        "cannot enter the user namespace that owns the broker's network namespace: {step}: {source}"
+    )]
+    JoinOwner {
+        step: &'static str,
+        source: io::Error,
+    },
 }
 
 /// Launcher child (still privileged): move into the network namespace `netns`.
@@ -69,8 +86,9 @@ pub(in crate::sandbox) fn make_namespace(loopback: bool) -> Result<OwnedFd, Netn
     Ok(OwnedFd::from(ns))
 }
 
-/// `ip link set lo up` with two ioctls on a throwaway datagram socket.
-fn bring_up_loopback() -> Result<(), NetnsError> {
+/// `ip link set lo up` with two ioctls on a throwaway datagram socket. Raw syscalls
+/// only (no allocation): the broker's helper calls it in a forked child of the server.
+pub(in crate::sandbox) fn bring_up_loopback() -> Result<(), NetnsError> {
     let err = |step| move |source| NetnsError::Loopback { step, source };
     // SAFETY: plain socket(2); the descriptor is closed below on every path.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };

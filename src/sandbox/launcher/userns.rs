@@ -4,18 +4,48 @@
 //! namespace, network namespace and mount view that follow are made exactly as root
 //! makes them, but owned by this namespace. The job keeps its uid (no root inside:
 //! `RLIMIT_NPROC` binds it), and every capability the namespace gave is dropped before
-//! exec as always. Root never takes this path: its behaviour is unchanged.
+//! exec as always. Root with `CAP_SYS_ADMIN` never takes this path: its behaviour is
+//! unchanged. Root without it (a container's default capabilities) takes it too, mapping
+//! uid 0 to itself.
+//!
+//! A proxy-mode job joins the broker's network namespace, which a server without
+//! `CAP_SYS_ADMIN` makes in a user namespace of a short-lived helper's own
+//! (`parent::netns`): the launcher then enters that user namespace ([`join_owner_of`])
+//! instead of making one, and builds the job's other namespaces there.
 
 use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 use caps::{CapSet, Capability};
 
 /// Whether the launcher should make its namespaces inside a user namespace of its own:
-/// not root, and without `CAP_SYS_ADMIN` (which would make them directly).
+/// without `CAP_SYS_ADMIN` (which would make them directly), root or not.
 pub(crate) fn wanted() -> bool {
-    // SAFETY: geteuid(2) cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    euid != 0 && !caps::has_cap(None, CapSet::Effective, Capability::CAP_SYS_ADMIN).unwrap_or(false)
+    !caps::has_cap(None, CapSet::Effective, Capability::CAP_SYS_ADMIN).unwrap_or(false)
+}
+
+/// `NS_GET_USERNS` (`_IO(0xb7, 0x1)`, linux/nsfs.h): a descriptor of the user namespace
+/// that owns a namespace.
+const NS_GET_USERNS: libc::c_ulong = 0xb701;
+
+/// Enter the user namespace that owns the network namespace `netns` (made by the
+/// server's helper, `parent::netns`): this process's effective uid owns it, so it may,
+/// and gains every capability there, which joining `netns` and making the job's PID
+/// namespace and mount view in it need. Single-threaded callers only.
+pub(crate) fn join_owner_of(netns: RawFd) -> Result<(), (&'static str, io::Error)> {
+    // SAFETY: an ioctl on a namespace descriptor the caller owns; it returns a new one.
+    let fd = unsafe { libc::ioctl(netns, NS_GET_USERNS as _) };
+    if fd < 0 {
+        return Err(("ioctl NS_GET_USERNS", io::Error::last_os_error()));
+    }
+    // SAFETY: the kernel just opened this descriptor for us.
+    let owner = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: setns(2) on a descriptor we own, in a single-threaded process.
+    if unsafe { libc::setns(fd, libc::CLONE_NEWUSER) } != 0 {
+        return Err(("setns CLONE_NEWUSER", io::Error::last_os_error()));
+    }
+    drop(owner);
+    Ok(())
 }
 
 /// The three files written after the unshare, in the kernel's required order, for a

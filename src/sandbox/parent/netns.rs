@@ -1,7 +1,17 @@
 //! Network namespaces the parent makes: the broker's ([`namespace_with_listener`]: a
-//! short-lived thread unshares, brings `lo` up and binds the broker's listener there;
-//! the launcher joins it) and whether this process can make them at all. The runtime's
-//! pool makes namespaces ahead with `launcher::netns::make_namespace` in its own thread.
+//! namespace with `lo` up and the broker's listener bound in it; the launcher joins it)
+//! and whether this process can make them at all. The runtime's pool makes namespaces
+//! ahead with `launcher::netns::make_namespace` in its own thread.
+//!
+//! With CAP_SYS_ADMIN a short-lived thread of the server makes the broker's namespace.
+//! Without it (not root, or root in a container without it) a thread cannot: the
+//! kernel refuses `CLONE_NEWUSER` to a multi-threaded process. A forked child then does
+//! it ([`helper`]): it enters a user namespace of its own (mapping only the server's uid
+//! and gid to themselves, as the launcher's does), makes the network namespace there,
+//! brings `lo` up, binds the listener, sends the listener and the namespace back over a
+//! socket pair (`SCM_RIGHTS`) and exits. The launcher enters that user namespace
+//! (`launcher::userns::join_owner_of`, which the server's uid may: it owns it) before it
+//! joins the network namespace and makes the job's other namespaces.
 
 use std::io;
 use std::net::TcpListener;
@@ -17,9 +27,14 @@ pub(crate) struct NamespaceListener {
     pub listener: TcpListener,
 }
 
-/// Make a [`NamespaceListener`]. Namespaces are per thread, so a short-lived thread does
-/// the unshare and exits; the server's own threads stay in the host namespace.
+/// Make a [`NamespaceListener`]: in a short-lived thread with CAP_SYS_ADMIN (the
+/// server's own threads stay in the host namespace), else in a helper child's user
+/// namespace ([`helper`]).
 pub(crate) fn namespace_with_listener() -> Result<NamespaceListener, NetnsError> {
+    if crate::sandbox::launcher::userns::wanted() {
+        let (netns, listener) = helper::make()?;
+        return Ok(NamespaceListener { netns, listener });
+    }
     let worker = std::thread::Builder::new()
         .name("netns-listener".into())
         .spawn(|| -> Result<NamespaceListener, NetnsError> {
@@ -44,9 +59,15 @@ pub(crate) fn namespace_with_listener() -> Result<NamespaceListener, NetnsError>
     })
 }
 
-/// Whether this process can make network namespaces (root, or CAP_SYS_ADMIN): tried in a
-/// short-lived thread (a runtime remembers the answer: `Runtime::namespaces_usable`).
+pub(crate) mod helper;
+
+/// Whether this process can make the broker's network namespaces: with CAP_SYS_ADMIN
+/// tried in a short-lived thread, without it by making one through the helper (a
+/// runtime remembers the answer: `Runtime::namespaces_usable`).
 pub(crate) fn namespaces_usable() -> bool {
+    if crate::sandbox::launcher::userns::wanted() {
+        return helper::make().is_ok();
+    }
     std::thread::spawn(|| {
         // SAFETY: unshare(2) with a constant flag, in a thread that ends right after.
         unsafe { libc::unshare(libc::CLONE_NEWNET) == 0 }

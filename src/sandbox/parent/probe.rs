@@ -31,7 +31,10 @@ pub(crate) enum ProbeError {
     ChildDied,
     #[error("{0} (user namespaces disabled)")]
     UserNamespacesDisabled(#[source] io::Error),
-    #[error("{0} (the launcher needs CAP_SYS_ADMIN: run the server as root)")]
+    #[error(
+        "{0} (the launcher needs CAP_SYS_ADMIN, or a user namespace to make its namespaces \
+         in: run the server as root with CAP_SYS_ADMIN, or allow user namespaces)"
+    )]
     NeedsRoot(#[source] io::Error),
     #[error(
         "{0} (refused even in a user namespace of the launcher's own: run the server as \
@@ -175,12 +178,12 @@ fn probe_namespaces() -> Namespaces {
 
 /// The map files the launcher writes after its `unshare(CLONE_NEWUSER)`, prepared before
 /// the fork so that the probe child only makes raw syscalls.
-struct UserMaps {
+pub(crate) struct UserMaps {
     files: Vec<(std::ffi::CString, Vec<u8>)>,
 }
 
 impl UserMaps {
-    fn own() -> UserMaps {
+    pub(crate) fn own() -> UserMaps {
         // SAFETY: geteuid/getegid cannot fail.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         let files = crate::sandbox::launcher::userns::maps(uid, gid)
@@ -194,7 +197,7 @@ impl UserMaps {
     ///
     /// # Safety
     /// Only raw syscalls: callable in a forked child of a multi-threaded process.
-    unsafe fn enter(&self) -> Result<(), i32> {
+    pub(crate) unsafe fn enter(&self) -> Result<(), i32> {
         // SAFETY: raw syscalls on buffers owned by `self`.
         unsafe {
             let errno = || *libc::__errno_location();

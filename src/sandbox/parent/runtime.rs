@@ -231,8 +231,9 @@ impl Runtime {
         super::isolation::sweep_cgroups_of(&self.inner.cgroup_host, &self.inner.instance_id, owners)
     }
 
-    /// Whether this process can make network namespaces (root, or CAP_SYS_ADMIN): tried
-    /// once, then remembered.
+    /// Whether this process can make the broker's network namespaces (with CAP_SYS_ADMIN,
+    /// or without it in a helper's user namespace: `netns::helper`): tried once, then
+    /// remembered.
     pub fn namespaces_usable(&self) -> bool {
         *self
             .inner

@@ -196,9 +196,9 @@ impl<'a> Here<'a> {
         let (k, abi, policy) = (self.k, self.abi, self.policy);
         let netns_ok = k.namespaces.network.ok && self.admin;
         let userns = self.userns;
-        // The broker's namespace is made by the server itself, not the launcher: a user
-        // namespace of the launcher's does not give it one.
-        let broker_ok = netns_ok && !k.namespaces.in_user_namespace;
+        // Without CAP_SYS_ADMIN the broker's namespace is made in a helper's user
+        // namespace (`parent::netns::helper`), which the launcher enters.
+        let broker_ok = netns_ok;
         let seccomp_ok = k.seccomp_filter.ok && policy.syscall_filter;
         match &policy.network {
             NetworkPolicy::None => vec![
@@ -230,18 +230,9 @@ impl<'a> Here<'a> {
             NetworkPolicy::Proxy { .. } => vec![
                 check(
                     "only the server's proxy reachable (host listeners unreachable)",
-                    "empty network namespace joined from the broker",
+                    format!("empty network namespace joined from the broker{userns}"),
                     broker_ok,
-                    || {
-                        if netns_ok {
-                            "the broker's namespace is made by the server itself, which needs \
-                             CAP_SYS_ADMIN (run it as root); a job's own user namespace does \
-                             not serve"
-                                .into()
-                        } else {
-                            self.netns_missing()
-                        }
-                    },
+                    || self.netns_missing(),
                 ),
                 check(
                     "TCP connect to the proxy port only; no UDP, raw, netlink or vsock sockets",
@@ -503,7 +494,7 @@ mod tests {
 
     /// Not root, but the launcher makes the namespaces in a user namespace of its own:
     /// everything but the job cgroup (not required off root) is enforced, said to be so
-    /// "in a user namespace"; the broker's namespace (made by the server) is not.
+    /// "in a user namespace"; the broker's namespace too (made in a helper's).
     #[test]
     fn unprivileged_with_a_user_namespace_keeps_the_namespaces() {
         let mut k = kernel(false, false, Some(7));
@@ -541,8 +532,40 @@ mod tests {
             .iter()
             .find(|i| i.how.contains("from the broker"))
             .unwrap();
-        assert!(!broker.enforced && broker.required, "{broker:?}");
-        assert!(broker.why_not.as_deref().unwrap().contains("CAP_SYS_ADMIN"));
+        assert!(broker.enforced && broker.required, "{broker:?}");
+        assert!(broker.how.ends_with(" in a user namespace"), "{broker:?}");
+    }
+
+    /// Root without CAP_SYS_ADMIN (a container's default capabilities) makes the job's
+    /// namespaces in a user namespace as uid 65534 does; without a job cgroup its process
+    /// cap is missing and required (RLIMIT_NPROC does not bind root), so doctor names it.
+    #[test]
+    fn root_without_cap_sys_admin_uses_a_user_namespace_and_needs_the_cgroup() {
+        let mut k = kernel(true, false, Some(7));
+        k.namespaces.in_user_namespace = true;
+        let mut proxied = workspace_write();
+        proxied.network = NetworkPolicy::Proxy { allow: Vec::new() };
+        let items = enforcement(&k, &proxied);
+        for how in [
+            "PID namespace",
+            "private mount namespace",
+            "empty network namespace joined from the broker",
+        ] {
+            let item = items.iter().find(|i| i.how.starts_with(how)).unwrap();
+            assert!(
+                item.enforced && item.how.ends_with(" in a user namespace"),
+                "{item:?}"
+            );
+        }
+        let nproc = items.iter().find(|i| i.what == "≤ 512 processes").unwrap();
+        assert!(!nproc.enforced && nproc.required, "{nproc:?}");
+        assert!(
+            nproc
+                .why_not
+                .as_deref()
+                .unwrap()
+                .contains("RLIMIT_NPROC does not bind root")
+        );
     }
 
     /// No PID namespace (a container that refuses `unshare(CLONE_NEWPID)`): reported
