@@ -1204,7 +1204,11 @@ mod tests {
             stores.admit(&bob, vec![]).await.unwrap().release().await;
             assert!(stores.used(&bob) >= 4 * MIB, "{}", stores.used(&bob));
             let lease = stores.admit(&bob, vec![]).await.unwrap();
-            assert!(lease.note.as_deref().unwrap_or("").contains("was cleared"), "{:?}", lease.note);
+            assert!(
+                lease.note.as_deref().unwrap_or("").contains("was cleared"),
+                "{:?}",
+                lease.note
+            );
             assert!(!cache.exists());
         });
     }
