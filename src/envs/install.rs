@@ -125,6 +125,11 @@ pub async fn install(
     ));
 
     let mut cmd = cfg.sandbox.command(policy.clone(), &uv_bin);
+    // A session's installs share one view (its venv, its cache, a tmpfs `{tmp}` by name
+    // only: app::envs): the sandbox may make it ahead of the next install. A view made
+    // ahead is used by one job at most, and only while every listed path is still the
+    // file it was made from.
+    cmd.view_made_ahead(true);
     // uv itself (not the build hooks it runs) may borrow the index credentials.
     cmd.proxy_trusts_target(true);
     cmd.args(["pip", "install", "--python"]).arg(venv.python());

@@ -38,7 +38,7 @@ pub use install::{InstallReport, InstallRequest, ProgressParser};
 pub use manager::EnvManager;
 pub use process::RunOutcome;
 pub use script::{Benchmark, ScriptReport, ScriptRequest, ScriptSource};
-pub use store::{DiskCaps, DiskHit, Lease, Owner, Stores};
+pub use store::{DiskCaps, DiskHit, Ended, Lease, Owner, Stores};
 pub use uv::Uv;
 pub use venv::{Venv, VenvLocation, allow_session_venvs};
 

@@ -395,13 +395,40 @@ struct Account {
     /// Running jobs and the extra trees each writes (transient env, host temp dir).
     jobs: HashMap<u64, Vec<PathBuf>>,
     last_used: Option<Instant>,
+    /// Bumped by whatever may change the stores or their list without a measure: a job
+    /// admitted or ended, another venv, a cache set aside.
+    epoch: u64,
+    /// When `parts` were last measured whole with no job running and nothing changed
+    /// since (`epoch` then): admission may use them instead of measuring again.
+    settled: Option<(u64, Instant)>,
 }
 
 impl Account {
     fn used(&self) -> u64 {
         self.parts.values().fold(0u64, |a, b| a.saturating_add(*b))
     }
+
+    /// Something may have changed the stores since they were last measured.
+    fn touch(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        self.settled = None;
+    }
+
+    /// The figures of the last measure still stand: it was taken whole, with no job
+    /// running, nothing changed since, less than [`SETTLED_FOR`] ago.
+    fn settled(&self) -> bool {
+        self.jobs.is_empty()
+            && self
+                .settled
+                .is_some_and(|(epoch, at)| epoch == self.epoch && at.elapsed() < SETTLED_FOR)
+    }
 }
+
+/// How long the figures measured when a session's last job ended serve its next
+/// admission (within its bound) instead of another measure: only the server's own jobs
+/// write a session's stores, and each is measured as it ends; this bounds what another
+/// server sharing the state dir could have added meanwhile.
+const SETTLED_FOR: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -464,6 +491,7 @@ impl Stores {
                 account.parts.remove(&Part::Tree(old));
             }
             account.venv = Some(venv.to_path_buf());
+            account.touch();
         }
     }
 
@@ -497,6 +525,14 @@ impl Stores {
 
     /// Measure the trees of `owner` again (each part on its own) and record them.
     async fn remeasure(&self, owner: &Owner) -> u64 {
+        let start = {
+            let inner = self.lock();
+            inner
+                .accounts
+                .get(owner)
+                .filter(|a| a.jobs.is_empty())
+                .map(|a| a.epoch)
+        };
         let trees = self.trees(owner);
         let stop = u64::MAX;
         let measured = tokio::task::spawn_blocking(move || {
@@ -514,6 +550,9 @@ impl Stores {
         let account = inner.accounts.entry(owner.clone()).or_default();
         for (tree, bytes) in measured {
             account.parts.insert(Part::Tree(tree), bytes);
+        }
+        if start.is_some_and(|e| e == account.epoch) && account.jobs.is_empty() {
+            account.settled = Some((account.epoch, Instant::now()));
         }
         account.used()
     }
@@ -610,6 +649,7 @@ impl Stores {
             TRASH.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::rename(&cache, &trash).ok()?;
+        account.touch();
         tracing::info!(owner = %owner, cache = %cache.display(), "cleared a uv cache to keep the stores within their disk bounds");
         account.parts.remove(&Part::Tree(cache))
     }
@@ -625,19 +665,27 @@ impl Stores {
     ) -> Result<Lease, EnvError> {
         self.scan_once().await;
         let job = self.next_job.fetch_add(1, Ordering::Relaxed);
-        self.lock()
-            .accounts
-            .entry(owner.clone())
-            .or_default()
-            .jobs
-            .insert(job, extra);
+        let settled = {
+            let mut inner = self.lock();
+            let account = inner.accounts.entry(owner.clone()).or_default();
+            // Within its bound as measured when its last job ended: no walk of the
+            // stores on the way to the job (the job's own watch measures as it runs).
+            let settled = account.settled() && account.used() < self.caps.session;
+            account.jobs.insert(job, extra.clone());
+            account.touch();
+            settled.then(|| account.used())
+        };
         let mut lease = Lease {
             stores: self.clone(),
             owner: owner.clone(),
             job,
             note: None,
         };
-        let mut used = self.remeasure(owner).await;
+        let mut used = match settled {
+            // The job's own extra trees (a host temp dir) are new: measured with the rest.
+            Some(used) if extra.is_empty() => used,
+            _ => self.remeasure(owner).await,
+        };
         if used >= self.caps.session {
             if let Some(freed) = self.take_cache_if_idle(owner, Some(job)) {
                 self.remove_trash().await;
@@ -883,10 +931,33 @@ impl Lease {
 
     /// End the job's claim, measuring the owner's stores as the job left them.
     pub async fn release(self) {
-        let stores = self.stores.clone();
-        let owner = self.owner.clone();
+        self.end().measure().await;
+    }
+
+    /// End the job's claim now (another job of the owner may clear its cache from here
+    /// on); the measure of what it left is [`Ended::measure`], which may come later (after
+    /// the job's answer). Until it is in, the owner's next admission measures itself.
+    pub fn end(self) -> Ended {
+        let ended = Ended {
+            stores: self.stores.clone(),
+            owner: self.owner.clone(),
+        };
         drop(self);
-        stores.remeasure(&owner).await;
+        ended
+    }
+}
+
+/// A job whose claim has ended (see [`Lease::end`]).
+#[derive(Debug)]
+pub struct Ended {
+    stores: Arc<Stores>,
+    owner: Owner,
+}
+
+impl Ended {
+    /// Measure the owner's stores as the job left them.
+    pub async fn measure(self) {
+        self.stores.remeasure(&self.owner).await;
     }
 }
 
@@ -916,6 +987,7 @@ impl Drop for Lease {
             }
             account.parts.remove(&Part::OpenFiles(self.job));
             account.last_used = Some(Instant::now());
+            account.touch();
         }
     }
 }
@@ -1088,6 +1160,56 @@ mod tests {
             // Another owner is not affected.
             let alice = Owner::local("alice").unwrap();
             assert!(stores.admit(&alice, vec![]).await.is_ok());
+        });
+    }
+
+    /// Admission takes the figures measured as the owner's last job ended (no walk of the
+    /// stores on the way to the job) while they stand; a job ended without that measure,
+    /// another venv, or figures at the bound make it measure again.
+    #[test]
+    fn admission_uses_the_figures_measured_when_the_last_job_ended() {
+        let d = crate::test_support::scratch_dir("store-settled");
+        let caps = DiskCaps {
+            session: 4 * MIB,
+            total: 100 * MIB,
+        };
+        let stores = Stores::new(&cfg(d.path(), caps));
+        let bob = Owner::local("bob").unwrap();
+        let cache = stores.cache_dir(&bob);
+        std::fs::create_dir_all(&cache).unwrap();
+        write_dense(&cache.join("a"), 1 << 20);
+        rt().block_on(async {
+            stores.admit(&bob, vec![]).await.unwrap().release().await;
+            let settled = stores.used(&bob);
+            assert!((MIB..2 * MIB).contains(&settled), "{settled}");
+            // Written by no job of this server: the settled figure stands.
+            write_dense(&cache.join("b"), 1 << 20);
+            let lease = stores.admit(&bob, vec![]).await.unwrap();
+            assert_eq!(stores.used(&bob), settled);
+            // Ended without its measure: the next admission measures.
+            drop(lease);
+            let lease = stores.admit(&bob, vec![]).await.unwrap();
+            let measured = stores.used(&bob);
+            assert!(measured >= 2 * MIB, "{measured}");
+            lease.end().measure().await;
+            // Another venv: measured again.
+            let venv = d.path().join("venvs/bob");
+            std::fs::create_dir_all(&venv).unwrap();
+            write_dense(&venv.join("junk"), 1 << 20);
+            stores.set_venv(&bob, &venv);
+            stores.admit(&bob, vec![]).await.unwrap().release().await;
+            assert!(stores.used(&bob) >= 3 * MIB, "{}", stores.used(&bob));
+            // At the bound as last measured: measured again, and the cache cleared.
+            write_dense(&cache.join("c"), 1 << 20);
+            stores.admit(&bob, vec![]).await.unwrap().release().await;
+            assert!(stores.used(&bob) >= 4 * MIB, "{}", stores.used(&bob));
+            let lease = stores.admit(&bob, vec![]).await.unwrap();
+            assert!(
+                lease.note.as_deref().unwrap_or("").contains("was cleared"),
+                "{:?}",
+                lease.note
+            );
+            assert!(!cache.exists());
         });
     }
 

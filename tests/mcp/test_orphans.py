@@ -153,10 +153,11 @@ def test_sigkill_of_the_server_leaves_no_process_and_no_cgroup(server):
     server.run(second)
     log = server.stderr_log()
     assert "swept what an earlier server left" in log, log[-2000:]
-    # The script's and the install's temp dirs (the shell job's `{tmp}` was a tmpfs in its
-    # own view: nothing of it was on the host).
-    assert f"env-tmp/{seen['server']}x" in log, log[-2000:]
-    assert not list((server.state_dir / "shell-tmp").glob(f"{seen['server']}x*"))
+    # The shell job's, the script's and the install's `{tmp}` were tmpfs in their own
+    # views: nothing of them was on the host (the script's file was, and is swept).
+    assert f"scripts/script-{seen['server']}x" in log, log[-2000:]
+    for tmp in ("shell-tmp", "env-tmp"):
+        assert not list((server.state_dir / tmp).glob(f"{seen['server']}x*")), tmp
     assert f"msr-{seen['server']}x" in log or not left_before, (left_before, log[-2000:])
     assert not list((server.state_dir / "owners").glob(f"{seen['server']}x*")), "its record is gone"
 

@@ -552,3 +552,42 @@ def test_a_hook_or_script_killed_at_the_memory_cap_says_so(wheels, tool):
         assert "memory" in (job.get("message") or "") and "256" in job["message"], job["message"]
 
     wheels.run(scenario, "--policy", str(policy), timeout=400)
+
+
+# A hook that reports what an earlier install's hook left in its temp dirs, then leaves
+# a file in each of them itself.
+TMP_HOOK = r'''
+    dirs = sorted({d for d in (os.environ.get("TMPDIR"), os.environ.get("HOME"), "/tmp") if d})
+    mark = "left-by-an-earlier-install"
+    seen = [d for d in dirs if os.path.exists(os.path.join(d, mark))]
+    wrote = 0
+    for d in dirs:
+        try:
+            with open(os.path.join(d, mark), "w") as fh:
+                fh.write("x")
+            wrote += 1
+        except OSError:
+            pass
+    print(f"TMP-SEEN {seen} WROTE {wrote} of {dirs}", flush=True)
+    sys.exit("hook done")
+'''
+
+
+def test_each_install_of_a_session_has_its_own_temp_dir(wheels):
+    """A session's installs share one sandbox view, which the server may make ahead of the
+    next install: still, a file a build hook leaves in its TMPDIR, HOME or /tmp is not seen
+    by the hook of the session's next install (each has a temp dir of its own)."""
+    sdist = make_sdist(wheels.workspace, "tmppkg", backend("tmppkg", "", TMP_HOOK))
+
+    async def scenario(c):
+        assert (await install(c, "s", "victimpkg"))["status"] == "completed"
+        for _ in range(4):
+            job = await install(c, "s", str(sdist))
+            assert job["status"] == "failed", job
+            text = job["all_stdout"] + job["all_stderr"]
+            line = [l for l in text.splitlines() if "TMP-SEEN" in l]
+            assert line, text[-3000:]
+            assert "TMP-SEEN [] WROTE" in line[-1], line[-1]
+            assert "WROTE 0 " not in line[-1], line[-1]
+
+    wheels.run(scenario, timeout=400)

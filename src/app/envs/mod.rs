@@ -196,32 +196,42 @@ impl App {
 
     /// The server policy resolved for uv work of `session` (the envs module adds the
     /// grants), with a private `{tmp}` (HOME, TMPDIR) of its own: nothing one script or
-    /// install leaves there (a `.pth` in its user site) is seen by the next. Removed when
-    /// the guard drops. `{uv_cache}` is the session's own cache.
+    /// install leaves there (a `.pth` in its user site) is seen by the next. Where the
+    /// policy makes `{tmp}` a tmpfs of the job's own view, it is a name only (no host
+    /// directory; each job sees its own tmpfs there) and one name serves every job of
+    /// the session, so an install's view is the same each time and the sandbox can make
+    /// it ahead of need; otherwise a fresh host directory, removed when the guard drops.
+    /// `{uv_cache}` is the session's own cache.
     async fn env_policy(
         &self,
         envs: &EnvManager,
         session: &str,
         venv: Option<&Venv>,
-    ) -> Result<(ResolvedPolicy, super::tmp::TmpDir), AppError> {
+    ) -> Result<(ResolvedPolicy, Option<super::tmp::TmpDir>), AppError> {
         let uv_cache = envs.cache_dir(session)?;
         let base = self.state_dir.join("env-tmp");
-        let tmp = super::tmp::TmpDir(super::tmp::create_job_tmp(
-            &base,
-            self.sandbox.instance_id(),
-        )?);
+        super::tmp::create_dir(&base)?;
         let python = match self.sessions.python().await {
             Ok(info) => info.prefixes.clone(),
             Err(_) => Vec::new(),
         };
-        let ph = Placeholders {
+        let mut ph = Placeholders {
             workspace: self.workspace()?.root().to_path_buf(),
-            tmp: tmp.0.clone(),
+            tmp: base.join(format!("{}-{session}-job", self.sandbox.instance_id())),
             python,
             venv: venv.map(|v| v.root().to_path_buf()),
             uv_cache: Some(uv_cache),
         };
-        Ok((self.settings().policy.resolve(&ph)?, tmp))
+        let policy = self.settings().policy.resolve(&ph)?;
+        if !policy.filesystem_unrestricted() && policy.limits.tmp_size_bytes.is_some() {
+            return Ok((policy, None));
+        }
+        let tmp = super::tmp::TmpDir(super::tmp::create_job_tmp(
+            &base,
+            self.sandbox.instance_id(),
+        )?);
+        ph.tmp = tmp.0.clone();
+        Ok((self.settings().policy.resolve(&ph)?, Some(tmp)))
     }
 
     /// Where the venv goes. A `venv_path` is made beneath the workspace now when it will
@@ -364,7 +374,6 @@ impl App {
                     &cancel,
                 )
                 .await;
-            lease.release().await;
             let outcome = match r {
                 Err(e) => JobOutcome {
                     status: JobStatus::Failed,
@@ -380,7 +389,13 @@ impl App {
                     install_outcome(&session, &venv, report, activation)
                 }
             };
+            // The claim ends before the answer (the session's next job may clear its
+            // cache); the stores are measured as the install left them after it: the
+            // session's next job is admitted on these figures, or measures itself while
+            // they are not in.
+            let ended = lease.end();
             handle.finish(outcome);
+            ended.measure().await;
         });
         self.follow(&id, wait, WaitFor::Settled, call, true).await
     }
@@ -452,7 +467,6 @@ impl App {
         tokio::spawn(async move {
             let _tmp = tmp;
             let r = envs.run_script(&req, &policy, &lease, sink, &cancel).await;
-            lease.release().await;
             let outcome = match r {
                 Err(e) => JobOutcome {
                     status: JobStatus::Failed,
@@ -461,7 +475,9 @@ impl App {
                 },
                 Ok(report) => script_outcome(report, benchmark),
             };
+            let ended = lease.end();
             handle.finish(outcome);
+            ended.measure().await;
         });
         self.follow(&id, wait, WaitFor::Settled, call, true).await
     }
