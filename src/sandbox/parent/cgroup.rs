@@ -20,6 +20,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+pub(crate) mod ambient;
 mod fs;
 pub(crate) mod layout;
 mod v2;
@@ -118,13 +119,24 @@ impl JobCgroup {
         };
         match layout.version {
             CgroupVersion::V2 => {
-                let parent = v2_parent(layout, prepared)?;
-                if memory_bytes.is_some() && !layout.v2_controllers.iter().any(|c| c == "memory") {
-                    return Err(CgroupError::NoController {
-                        controller: "memory",
-                        what: "memory",
-                    });
+                for (wanted, controller, what) in [
+                    (max_pids.is_some(), "pids", "process"),
+                    (memory_bytes.is_some(), "memory", "memory"),
+                ] {
+                    let offered = layout.v2_controllers.iter().any(|c| c == controller);
+                    if let (true, false, Some(own)) = (wanted, offered, &layout.v2_own) {
+                        return Err(CgroupError::NotOffered {
+                            controller,
+                            what,
+                            dir: own.clone(),
+                            offered: match layout.v2_controllers.join(" ") {
+                                s if s.is_empty() => "none".into(),
+                                s => s,
+                            },
+                        });
+                    }
                 }
+                let parent = v2_parent(layout, prepared)?;
                 let dir = parent.join(name);
                 make_fresh(&dir)?;
                 cg.pids = Some(dir.clone());

@@ -388,7 +388,7 @@ fn cgroup_why(p: &super::Probe) -> String {
 }
 
 /// Bytes in words: "4 GiB", "512 MiB", or plain bytes.
-fn size(bytes: u64) -> String {
+pub(crate) fn size(bytes: u64) -> String {
     for (unit, name) in [(1u64 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")] {
         if bytes >= unit && bytes.is_multiple_of(unit) {
             return format!("{} {name}", bytes / unit);
@@ -433,6 +433,8 @@ mod tests {
                 pids: p(cgroups),
                 memory: p(cgroups),
                 v2_controllers: Vec::new(),
+                ambient: Default::default(),
+                per_job: String::new(),
             },
         }
     }
