@@ -9,7 +9,11 @@
 //! hold for its jobs. On v2 the no-internal-processes rule means `<own>` may not hold
 //! processes while it hands controllers to children: if the server is alone in `<own>`
 //! it moves itself into the leaf `<own>/mcp-sandbox-repl.server` first; if other
-//! processes share `<own>`, v2 cgroups are reported as not delegated.
+//! processes share `<own>`, it moves them into that leaf too when `<own>` is the root of
+//! its cgroup namespace (a container's: an init such as tini), and otherwise reports v2
+//! cgroups as not delegated. Where no job cgroup can be made, `probe::per_job` says so
+//! and names the limits of `<own>` ([`ambient`]) that still hold the server and its jobs
+//! together.
 //!
 //! Parent side: [`JobCgroup::create`] before spawning; the launcher child calls
 //! `launcher::cgroup::join_current` with [`JobCgroup::procs_files`] before anything else.
