@@ -151,9 +151,8 @@ impl App {
                     let kernel = crate::sandbox::parent::probe::KernelSupport::probe();
                     let limited =
                         policy.limits.memory_bytes.is_some() || policy.limits.processes.is_some();
-                    let note = (limited
-                        && !crate::sandbox::parent::probe::per_job::enforced(&kernel.cgroup))
-                    .then(|| kernel.cgroup.per_job.clone());
+                    let note = (limited && !kernel.cgroup.per_job_enforced())
+                        .then(|| kernel.cgroup.per_job.clone());
                     (unenforceable(&kernel, &policy), note)
                 })
                 .await;

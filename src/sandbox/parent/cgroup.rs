@@ -123,23 +123,7 @@ impl JobCgroup {
         };
         match layout.version {
             CgroupVersion::V2 => {
-                for (wanted, controller, what) in [
-                    (max_pids.is_some(), "pids", "process"),
-                    (memory_bytes.is_some(), "memory", "memory"),
-                ] {
-                    let offered = layout.v2_controllers.iter().any(|c| c == controller);
-                    if let (true, false, Some(own)) = (wanted, offered, &layout.v2_own) {
-                        return Err(CgroupError::NotOffered {
-                            controller,
-                            what,
-                            dir: own.clone(),
-                            offered: match layout.v2_controllers.join(" ") {
-                                s if s.is_empty() => "none".into(),
-                                s => s,
-                            },
-                        });
-                    }
-                }
+                v2_offers(layout, max_pids.is_some(), memory_bytes.is_some())?;
                 let parent = v2_parent(layout, prepared)?;
                 let dir = parent.join(name);
                 make_fresh(&dir)?;
@@ -326,6 +310,26 @@ impl Drop for JobCgroup {
             self.remove();
         }
     }
+}
+
+/// v2: the server's cgroup is offered the controllers a job needs (`pids`: a process cap;
+/// `memory`: a memory cap), else which one it is not, and where it looked.
+fn v2_offers(layout: &Layout, pids: bool, memory: bool) -> Result<(), CgroupError> {
+    for (wanted, controller, what) in [(pids, "pids", "process"), (memory, "memory", "memory")] {
+        let offered = layout.v2_controllers.iter().any(|c| c == controller);
+        if let (true, false, Some(own)) = (wanted, offered, &layout.v2_own) {
+            return Err(CgroupError::NotOffered {
+                controller,
+                what,
+                dir: own.clone(),
+                offered: match layout.v2_controllers.join(" ") {
+                    s if s.is_empty() => "none".into(),
+                    s => s,
+                },
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The owner (the instance id of the server that made it) in a job cgroup's name

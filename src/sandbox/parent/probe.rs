@@ -109,6 +109,13 @@ pub(crate) struct CgroupSupport {
     pub per_job: String,
 }
 
+impl CgroupSupport {
+    /// Whether jobs get a cgroup each (the pids and the memory probe both made one).
+    pub(crate) fn per_job_enforced(&self) -> bool {
+        self.pids.ok && self.memory.ok
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct KernelSupport {
     pub kernel: String,
@@ -162,7 +169,15 @@ impl KernelSupport {
             namespaces: probe_namespaces(),
             cgroup: {
                 let mut cg = probe_cgroups();
-                cg.per_job = per_job::words(&cg, euid == 0);
+                cg.per_job = per_job::words(&per_job::Inputs {
+                    version: cg.version,
+                    pids_dir: cg.pids_dir.as_deref(),
+                    memory_dir: cg.memory_dir.as_deref(),
+                    pids_error: cg.pids.error.as_deref().filter(|_| !cg.pids.ok),
+                    memory_error: cg.memory.error.as_deref().filter(|_| !cg.memory.ok),
+                    ambient: &cg.ambient,
+                    is_root: euid == 0,
+                });
                 cg
             },
         }

@@ -4,21 +4,28 @@
 //! each job instead, and which cgroup limit still holds the server and all its jobs
 //! together (the ones its container or unit was given).
 
-use super::CgroupSupport;
-use super::enforcement::size;
+use crate::sandbox::parent::cgroup::ambient::AmbientLimits;
 use crate::sandbox::parent::cgroup::{CgroupVersion, PARENT_DIR};
 
-/// Whether jobs get a cgroup each (the pids and the memory probe both created one).
-pub(crate) fn enforced(cg: &CgroupSupport) -> bool {
-    cg.pids.ok && cg.memory.ok
+/// What the sentence is made of: the cgroup probes' outcome (`None`: a job cgroup with
+/// that cap was made) and where the server's own cgroup is.
+pub(crate) struct Inputs<'a> {
+    pub version: CgroupVersion,
+    pub pids_dir: Option<&'a str>,
+    pub memory_dir: Option<&'a str>,
+    pub pids_error: Option<&'a str>,
+    pub memory_error: Option<&'a str>,
+    pub ambient: &'a AmbientLimits,
+    /// As root a process limit cannot fall back to RLIMIT_NPROC (it does not bind root),
+    /// so such policies are refused instead.
+    pub is_root: bool,
 }
 
-/// The sentence (see the module). `is_root`: as root a process limit cannot fall back to
-/// RLIMIT_NPROC (it does not bind root), so such policies are refused instead.
-pub(crate) fn words(cg: &CgroupSupport, is_root: bool) -> String {
-    if enforced(cg) {
-        let dirs = own_dirs(cg);
-        let whose = if is_root {
+/// The sentence (see the module).
+pub(crate) fn words(i: &Inputs) -> String {
+    if i.pids_error.is_none() && i.memory_error.is_none() {
+        let dirs = own_dirs(i);
+        let whose = if i.is_root {
             "own cgroup"
         } else {
             "own delegated cgroup"
@@ -33,18 +40,16 @@ pub(crate) fn words(cg: &CgroupSupport, is_root: bool) -> String {
             each.join(" and ")
         );
     }
-    let why = cg
-        .pids
-        .error
-        .clone()
-        .or_else(|| cg.memory.error.clone())
-        .unwrap_or_else(|| "no job cgroup could be made".into());
-    let partial = if cg.pids.ok {
+    let why = i
+        .pids_error
+        .or(i.memory_error)
+        .unwrap_or("no job cgroup could be made");
+    let partial = if i.pids_error.is_none() {
         " (a policy without a memory limit still gets a per-job process limit)"
     } else {
         ""
     };
-    let instead = if is_root {
+    let instead = if i.is_root {
         "instead: memory through RLIMIT_AS per job (address space; coarser); a policy with a \
          process limit is refused as root (RLIMIT_NPROC does not bind root) unless it runs \
          best effort"
@@ -54,13 +59,13 @@ pub(crate) fn words(cg: &CgroupSupport, is_root: bool) -> String {
     };
     format!(
         "per-job memory and process limits: not enforced{partial}: {why}; {instead}; {}",
-        together(cg)
+        together(i)
     )
 }
 
 /// The cgroup limits that hold the server and all its jobs together, or that none does.
-fn together(cg: &CgroupSupport) -> String {
-    let a = &cg.ambient;
+fn together(i: &Inputs) -> String {
+    let a = i.ambient;
     let mut held = Vec::new();
     if let Some(m) = &a.memory_bytes {
         held.push(format!(
@@ -77,7 +82,7 @@ fn together(cg: &CgroupSupport) -> String {
         ));
     }
     if held.is_empty() {
-        let at = own_dirs(cg);
+        let at = own_dirs(i);
         let at = if at.is_empty() {
             "no cgroup of its own was found".to_string()
         } else {
@@ -92,59 +97,59 @@ fn together(cg: &CgroupSupport) -> String {
 }
 
 /// The server's own cgroup directories jobs go under (v2: one; v1: pids, memory).
-fn own_dirs(cg: &CgroupSupport) -> Vec<String> {
-    let mut dirs: Vec<String> = match cg.version {
-        CgroupVersion::V2 => cg.pids_dir.iter().cloned().collect(),
-        _ => [&cg.pids_dir, &cg.memory_dir]
+fn own_dirs(i: &Inputs) -> Vec<String> {
+    let mut dirs: Vec<String> = match i.version {
+        CgroupVersion::V2 => i.pids_dir.iter().map(|d| d.to_string()).collect(),
+        _ => [i.pids_dir, i.memory_dir]
             .into_iter()
             .flatten()
-            .cloned()
+            .map(str::to_string)
             .collect(),
     };
     dirs.dedup();
     dirs
 }
 
+/// Bytes in words: "4 GiB", "512 MiB", or plain bytes.
+pub(crate) fn size(bytes: u64) -> String {
+    for (unit, name) in [(1u64 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")] {
+        if bytes >= unit && bytes.is_multiple_of(unit) {
+            return format!("{} {name}", bytes / unit);
+        }
+    }
+    format!("{bytes} bytes")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::Probe;
     use super::*;
-    use crate::sandbox::parent::cgroup::ambient::{AmbientLimit, AmbientLimits};
+    use crate::sandbox::parent::cgroup::ambient::AmbientLimit;
 
-    fn support(pids: bool, memory: bool, ambient: AmbientLimits) -> CgroupSupport {
-        let p = |ok: bool, e: &str| Probe {
-            ok,
-            error: (!ok).then(|| e.to_string()),
-        };
-        CgroupSupport {
+    const RO: &str = "cannot create /sys/fs/cgroup/pids/cell/mcp-sandbox-repl: Read-only file system (os error 30)";
+
+    fn inputs<'a>(pids: bool, memory: bool, ambient: &'a AmbientLimits, root: bool) -> Inputs<'a> {
+        Inputs {
             version: CgroupVersion::V1,
-            hybrid: true,
-            pids_dir: Some("/sys/fs/cgroup/pids/cell".into()),
-            memory_dir: Some("/sys/fs/cgroup/memory/cell".into()),
-            pids: p(
-                pids,
-                "cannot create /sys/fs/cgroup/pids/cell/mcp-sandbox-repl: Read-only file system (os error 30)",
-            ),
-            memory: p(memory, "no memory"),
-            v2_controllers: Vec::new(),
+            pids_dir: Some("/sys/fs/cgroup/pids/cell"),
+            memory_dir: Some("/sys/fs/cgroup/memory/cell"),
+            pids_error: (!pids).then_some(RO),
+            memory_error: (!memory).then_some("no memory"),
             ambient,
-            per_job: String::new(),
+            is_root: root,
         }
     }
 
     #[test]
     fn enforced_names_the_own_cgroups() {
-        let w = words(&support(true, true, AmbientLimits::default()), false);
+        let none = AmbientLimits::default();
         assert_eq!(
-            w,
+            words(&inputs(true, true, &none, false)),
             "per-job memory and process limits: enforced via the server's own delegated cgroup \
              /sys/fs/cgroup/pids/cell and /sys/fs/cgroup/memory/cell (each job in \
              /sys/fs/cgroup/pids/cell/mcp-sandbox-repl/<job> and \
              /sys/fs/cgroup/memory/cell/mcp-sandbox-repl/<job>)"
         );
-        assert!(
-            words(&support(true, true, AmbientLimits::default()), true).contains("own cgroup /sys")
-        );
+        assert!(words(&inputs(true, true, &none, true)).contains("own cgroup /sys"));
     }
 
     #[test]
@@ -156,9 +161,11 @@ mod tests {
             }),
             processes: None,
         };
-        let w = words(&support(false, false, ambient), false);
+        let w = words(&inputs(false, false, &ambient, false));
         assert!(
-            w.starts_with("per-job memory and process limits: not enforced: cannot create /sys/fs/cgroup/pids/cell/mcp-sandbox-repl: Read-only"),
+            w.starts_with(&format!(
+                "per-job memory and process limits: not enforced: {RO}"
+            )),
             "{w}"
         );
         assert!(w.contains("RLIMIT_NPROC for processes"), "{w}");
@@ -166,7 +173,8 @@ mod tests {
             w.ends_with("together, the server and all its jobs stay within its own cgroup's memory ≤ 2 GiB (set at /sys/fs/cgroup/memory/cell)"),
             "{w}"
         );
-        let w = words(&support(true, false, AmbientLimits::default()), true);
+        let none = AmbientLimits::default();
+        let w = words(&inputs(true, false, &none, true));
         assert!(w.contains("not enforced (a policy without a memory limit still gets a per-job process limit): no memory"), "{w}");
         assert!(w.contains("refused as root"), "{w}");
         assert!(
