@@ -102,7 +102,7 @@ impl App {
         match &*lock(&self.enforceable) {
             None => return Err(STARTING_POLICY.into()),
             Some(Err(why)) => return Err(why.clone()),
-            Some(Ok(())) => {}
+            Some(Ok(_)) => {}
         }
         if !self.store.is_loaded() {
             return Err(STARTING_JOBS.into());
@@ -117,6 +117,16 @@ impl App {
                 "the default Python worker could not start: {}",
                 one_line(why)
             )),
+        }
+    }
+
+    /// What a ready `/readyz` adds to "ready": where the policy limits memory or processes
+    /// but jobs get no cgroup each, the words saying so (`doctor`'s per-job line: why,
+    /// what holds each job instead, what holds them together).
+    pub fn readiness_note(&self) -> Option<String> {
+        match &*lock(&self.enforceable) {
+            Some(Ok(note)) => note.clone(),
+            _ => None,
         }
     }
 
@@ -139,12 +149,16 @@ impl App {
             Ok(policy) => {
                 let probed = tokio::task::spawn_blocking(move || {
                     let kernel = crate::sandbox::parent::probe::KernelSupport::probe();
-                    unenforceable(&kernel, &policy)
+                    let limited =
+                        policy.limits.memory_bytes.is_some() || policy.limits.processes.is_some();
+                    let note = (limited && !kernel.cgroup.per_job_enforced())
+                        .then(|| kernel.cgroup.per_job.clone());
+                    (unenforceable(&kernel, &policy), note)
                 })
                 .await;
                 match probed {
-                    Ok(None) => Ok(()),
-                    Ok(Some(why)) => Err(why),
+                    Ok((None, note)) => Ok(note),
+                    Ok((Some(why), _)) => Err(why),
                     Err(e) => Err(format!("the policy check did not finish: {e}")),
                 }
             }

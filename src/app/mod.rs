@@ -109,8 +109,9 @@ pub struct App {
     lifecycle: Arc<Lifecycle>,
     /// How the default session's prewarm went (for `/readyz`).
     warmth: Mutex<lifecycle::Warmth>,
-    /// Whether this host enforces the server's policy, once checked (for `/readyz`).
-    enforceable: Mutex<Option<Result<(), String>>>,
+    /// Whether this host enforces the server's policy, once checked (for `/readyz`); when
+    /// it does but not with a cgroup per job, the words saying so.
+    enforceable: Mutex<Option<Result<Option<String>, String>>>,
     /// This server's ownership record in the state dir, locked while it lives.
     _owner: owners::Registration,
 }

@@ -284,6 +284,7 @@ fn render(out: &mut impl Write, r: &Report) -> std::io::Result<()> {
             cg.v2_controllers.join(" ")
         )?;
     }
+    writeln!(out, "                {}", cg.per_job)?;
     let f = &r.open_files;
     writeln!(out, "\nServer")?;
     if f.server_soft > f.soft {

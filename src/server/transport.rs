@@ -755,7 +755,11 @@ fn probe(app: &App, path: &str, method: &hyper::Method) -> Response<HttpBody> {
     }
     let mut resp = match (path, app.readiness()) {
         ("/healthz", _) => plain(StatusCode::OK, "ok\n"),
-        (_, Ok(())) => plain(StatusCode::OK, "ready\n"),
+        (_, Ok(())) => match app.readiness_note() {
+            // Ready, but jobs get no cgroup each: say so (and what holds them instead).
+            Some(note) => plain(StatusCode::OK, &format!("ready\n{note}\n")),
+            None => plain(StatusCode::OK, "ready\n"),
+        },
         (_, Err(why)) => plain(StatusCode::SERVICE_UNAVAILABLE, &format!("{why}\n")),
     };
     resp.headers_mut().insert(

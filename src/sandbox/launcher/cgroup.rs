@@ -15,6 +15,21 @@ pub enum CgroupError {
         controller: &'static str,
         what: &'static str,
     },
+    /// v2: the controller is not in the server's cgroup's `cgroup.controllers` (not
+    /// enabled in its parent, or bound to a v1 hierarchy on a hybrid host).
+    #[error(
+        "the cgroup v2 hierarchy offers no {controller} controller to the server's cgroup {dir} \
+         (its cgroup.controllers: {offered}): its parent does not enable {controller} in \
+         cgroup.subtree_control, or (hybrid host) {controller} is bound to a cgroup v1 hierarchy; \
+         delegate a cgroup with pids and memory enabled (e.g. systemd Delegate=yes, or a \
+         container runtime's own cgroup namespace), or use a policy without a {what} limit"
+    )]
+    NotOffered {
+        controller: &'static str,
+        what: &'static str,
+        dir: PathBuf,
+        offered: String,
+    },
     #[error(
         "cgroup v2 is not delegated to this server: cannot enable {controllers} in {dir}: {reason}; \
          run the server in its own cgroup (e.g. `systemd-run --scope -p Delegate=yes ...`) or as the \

@@ -9,7 +9,11 @@
 //! hold for its jobs. On v2 the no-internal-processes rule means `<own>` may not hold
 //! processes while it hands controllers to children: if the server is alone in `<own>`
 //! it moves itself into the leaf `<own>/mcp-sandbox-repl.server` first; if other
-//! processes share `<own>`, v2 cgroups are reported as not delegated.
+//! processes share `<own>`, it moves them into that leaf too when `<own>` is the root of
+//! its cgroup namespace (a container's: an init such as tini), and otherwise reports v2
+//! cgroups as not delegated. Where no job cgroup can be made, `probe::per_job` says so
+//! and names the limits of `<own>` ([`ambient`]) that still hold the server and its jobs
+//! together.
 //!
 //! Parent side: [`JobCgroup::create`] before spawning; the launcher child calls
 //! `launcher::cgroup::join_current` with [`JobCgroup::procs_files`] before anything else.
@@ -20,6 +24,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+pub(crate) mod ambient;
 mod fs;
 pub(crate) mod layout;
 mod v2;
@@ -118,13 +123,8 @@ impl JobCgroup {
         };
         match layout.version {
             CgroupVersion::V2 => {
+                v2_offers(layout, max_pids.is_some(), memory_bytes.is_some())?;
                 let parent = v2_parent(layout, prepared)?;
-                if memory_bytes.is_some() && !layout.v2_controllers.iter().any(|c| c == "memory") {
-                    return Err(CgroupError::NoController {
-                        controller: "memory",
-                        what: "memory",
-                    });
-                }
                 let dir = parent.join(name);
                 make_fresh(&dir)?;
                 cg.pids = Some(dir.clone());
@@ -310,6 +310,26 @@ impl Drop for JobCgroup {
             self.remove();
         }
     }
+}
+
+/// v2: the server's cgroup is offered the controllers a job needs (`pids`: a process cap;
+/// `memory`: a memory cap), else which one it is not, and where it looked.
+fn v2_offers(layout: &Layout, pids: bool, memory: bool) -> Result<(), CgroupError> {
+    for (wanted, controller, what) in [(pids, "pids", "process"), (memory, "memory", "memory")] {
+        let offered = layout.v2_controllers.iter().any(|c| c == controller);
+        if let (true, false, Some(own)) = (wanted, offered, &layout.v2_own) {
+            return Err(CgroupError::NotOffered {
+                controller,
+                what,
+                dir: own.clone(),
+                offered: match layout.v2_controllers.join(" ") {
+                    s if s.is_empty() => "none".into(),
+                    s => s,
+                },
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The owner (the instance id of the server that made it) in a job cgroup's name

@@ -8,9 +8,11 @@ use std::io;
 
 use serde::Serialize;
 
+use super::cgroup::ambient::AmbientLimits;
 use super::cgroup::{CgroupError, CgroupHost, CgroupVersion, JobCgroup};
 
 pub(crate) mod enforcement;
+pub(crate) mod per_job;
 
 /// Why a probed mechanism is not usable here.
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +104,19 @@ pub(crate) struct CgroupSupport {
     /// v2 only: controllers offered to this process's cgroup.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub v2_controllers: Vec<String>,
+    /// The limits this process's own cgroup (and those above it) already set: what still
+    /// holds the server and its jobs together where jobs get no cgroup each.
+    pub ambient: AmbientLimits,
+    /// Whether each job's memory and process limits are held by a cgroup of its own, in
+    /// words (`per_job::words`): how, or why not, what instead, what holds them together.
+    pub per_job: String,
+}
+
+impl CgroupSupport {
+    /// Whether jobs get a cgroup each (the pids and the memory probe both made one).
+    pub(crate) fn per_job_enforced(&self) -> bool {
+        self.pids.ok && self.memory.ok
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -155,7 +170,19 @@ impl KernelSupport {
             landlock_features,
             seccomp_filter: Probe::from(seccomp_filter()),
             namespaces: probe_namespaces(),
-            cgroup: probe_cgroups(),
+            cgroup: {
+                let mut cg = probe_cgroups();
+                cg.per_job = per_job::words(&per_job::Inputs {
+                    version: cg.version,
+                    pids_dir: cg.pids_dir.as_deref(),
+                    memory_dir: cg.memory_dir.as_deref(),
+                    pids_error: cg.pids.error.as_deref().filter(|_| !cg.pids.ok),
+                    memory_error: cg.memory.error.as_deref().filter(|_| !cg.memory.ok),
+                    ambient: &cg.ambient,
+                    is_root: euid == 0,
+                });
+                cg
+            },
         }
     }
 }
@@ -418,6 +445,8 @@ fn probe_cgroups() -> CgroupSupport {
         pids,
         memory,
         v2_controllers: layout.v2_controllers.clone(),
+        ambient: AmbientLimits::read(layout),
+        per_job: String::new(),
     }
 }
 

@@ -129,7 +129,7 @@ fn v2_prepare_on_fake_tree() {
     let root = scratch.path().to_path_buf();
     std::fs::write(root.join("cgroup.subtree_control"), "pids memory").unwrap();
     std::fs::write(root.join("cgroup.procs"), "").unwrap();
-    let parent = prepare_v2(&root, &["pids", "memory"], 1).expect("prepare");
+    let parent = prepare_v2(&root, &["pids", "memory"], 1, false).expect("prepare");
     assert_eq!(parent, root.join(PARENT_DIR));
     assert_eq!(
         std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap(),
@@ -287,5 +287,112 @@ fn current_memory_is_read_on_fake_trees() {
     // Plain directories, not cgroups: mark them removed before dropping.
     for cg in [capped, uncapped, cg2, v2_uncapped] {
         cg.removed.store(true, Ordering::SeqCst);
+    }
+}
+
+/// cgroup v2 for real, with a controller this machine's cgroup2 hierarchy offers at its
+/// root (`hugetlb` on this hybrid host, where pids and memory are bound to v1; pids or
+/// memory on a v2 host), enabled there for children if it is not: in a cgroup holding
+/// processes, enabling a controller for children fails (EBUSY: no internal processes).
+/// Away from a cgroup namespace root the server refuses to move the other process there;
+/// at one it moves itself and the other into its leaf and enables the controller for
+/// `mcp-sandbox-repl/`. Fails loudly without a cgroup2 mount offering any controller.
+#[test]
+fn v2_prepare_moves_into_the_leaf_for_real() {
+    let mount = Layout::detect()
+        .v2_mount
+        .expect("a cgroup2 mount on this machine");
+    let offered = std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap();
+    let controller = ["pids", "memory", "hugetlb", "cpu", "io"]
+        .into_iter()
+        .find(|c| offered.split_whitespace().any(|o| o == *c))
+        .unwrap_or_else(|| panic!("the cgroup2 root offers no controller: {offered:?}"));
+    std::fs::write(
+        mount.join("cgroup.subtree_control"),
+        format!("+{controller}"),
+    )
+    .expect("enable the controller at the cgroup2 root");
+    let own = mount.join(unique("v2leaf"));
+    std::fs::create_dir(&own).unwrap();
+    // Two stand-ins: the server, and an init that started it (tini). Killed, and the
+    // directories removed, however the test ends.
+    let mut guard = LeafTest {
+        kids: (0..2)
+            .map(|_| Command::new("sleep").arg("3600").spawn().unwrap())
+            .collect(),
+        own: own.clone(),
+    };
+    let kids = &guard.kids;
+    for k in kids {
+        std::fs::write(own.join("cgroup.procs"), k.id().to_string()).unwrap();
+    }
+    let (server, init) = (kids[0].id(), kids[1].id());
+    let procs = |d: &Path| -> Vec<u32> {
+        let mut v: Vec<u32> = std::fs::read_to_string(d.join("cgroup.procs"))
+            .unwrap()
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    let mut both = vec![server, init];
+    both.sort();
+
+    let refused = prepare_v2(&own, &[controller], server, false).unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("other processes share the cgroup (1 of them)"),
+        "{refused}"
+    );
+    assert_eq!(procs(&own), both, "nobody moved");
+
+    let parent = prepare_v2(&own, &[controller], server, true).expect("prepare at a ns root");
+    let leaf = own.join(fs::SERVER_LEAF);
+    assert_eq!(procs(&own), Vec::<u32>::new(), "own holds no process");
+    assert_eq!(procs(&leaf), both, "both moved into the leaf");
+    for d in [&own, &parent] {
+        let enabled = std::fs::read_to_string(d.join("cgroup.subtree_control")).unwrap();
+        assert!(
+            enabled.split_whitespace().any(|c| c == controller),
+            "{d:?}: {enabled}"
+        );
+    }
+    let job = parent.join("job");
+    std::fs::create_dir(&job).unwrap();
+    let has = std::fs::read_to_string(job.join("cgroup.controllers")).unwrap();
+    assert!(
+        has.contains(controller),
+        "a job cgroup gets {controller}: {has}"
+    );
+
+    guard.clean();
+    for d in [&job, &parent, &leaf, &own] {
+        assert!(!d.exists(), "{d:?} left");
+    }
+}
+
+struct LeafTest {
+    kids: Vec<std::process::Child>,
+    own: PathBuf,
+}
+
+impl LeafTest {
+    fn clean(&mut self) {
+        for k in &mut self.kids {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+        let (parent, leaf) = (self.own.join(PARENT_DIR), self.own.join(fs::SERVER_LEAF));
+        for d in [parent.join("job"), parent, leaf, self.own.clone()] {
+            remove_dir_retry(&d, Duration::from_secs(5));
+        }
+    }
+}
+
+impl Drop for LeafTest {
+    fn drop(&mut self) {
+        self.clean();
     }
 }

@@ -26,7 +26,9 @@ pub(super) fn v2_parent(
         .into_iter()
         .filter(|c| layout.v2_controllers.iter().any(|h| h == c))
         .collect();
-    let prepare = || prepare_v2(&own, &controllers, std::process::id()).map_err(Arc::new);
+    let prepare = || {
+        prepare_v2(&own, &controllers, std::process::id(), at_namespace_root()).map_err(Arc::new)
+    };
     let result = match prepared {
         Some(once) => once.get_or_init(prepare).clone(),
         None => prepare(),
@@ -38,12 +40,23 @@ pub(super) fn v2_parent(
     })
 }
 
+/// Whether this process sits at the root of its cgroup namespace (`0::/`): a container
+/// with a private cgroup namespace, whose every process is the container's. (The real
+/// root cgroup reads the same, but enabling controllers there never needs a move.)
+fn at_namespace_root() -> bool {
+    std::fs::read_to_string("/proc/self/cgroup").is_ok_and(|t| t.lines().any(|l| l == "0::/"))
+}
+
 /// Enable `controllers` for `<own>/mcp-sandbox-repl/*`, moving this process (`pid`) into a
-/// leaf first if the no-internal-processes rule requires it.
+/// leaf first if the no-internal-processes rule requires it. Other processes in `own`
+/// (an init such as tini that started the server) are moved into the same leaf only when
+/// `own` is the root of this process's cgroup namespace (`ns_root`): then they are all
+/// the container's; anywhere else they may be anyone's, and the server refuses instead.
 pub(crate) fn prepare_v2(
     own: &Path,
     controllers: &[&str],
     pid: u32,
+    ns_root: bool,
 ) -> Result<PathBuf, CgroupError> {
     let enable: String = controllers.iter().map(|c| format!("+{c} ")).collect();
     let enable = enable.trim_end();
@@ -59,7 +72,7 @@ pub(crate) fn prepare_v2(
             .split_whitespace()
             .filter(|p| *p != pid.to_string())
             .collect();
-        if !others.is_empty() {
+        if !others.is_empty() && !ns_root {
             return Err(CgroupError::NotDelegated {
                 dir: own.to_path_buf(),
                 controllers: controllers.join(" "),
@@ -71,8 +84,23 @@ pub(crate) fn prepare_v2(
         }
         let leaf = own.join(SERVER_LEAF);
         mkdir_ok_exists(&leaf)?;
-        std::fs::write(leaf.join("cgroup.procs"), pid.to_string())
-            .map_err(io("move the server into", &leaf))?;
+        let into = leaf.join("cgroup.procs");
+        std::fs::write(&into, pid.to_string()).map_err(io("move the server into", &leaf))?;
+        // The container's other processes (a few passes: one may fork meanwhile); one that
+        // exits in between is no error.
+        for _ in 0..8 {
+            let left = std::fs::read_to_string(own.join("cgroup.procs")).unwrap_or_default();
+            if left.trim().is_empty() {
+                break;
+            }
+            for other in left.split_whitespace() {
+                match std::fs::write(&into, other) {
+                    Ok(()) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                    Err(e) => return Err(io("move the container's processes into", &leaf)(e)),
+                }
+            }
+        }
         std::fs::write(&subtree, enable).map_err(io("enable controllers in", &subtree))?;
     }
     let parent = own.join(PARENT_DIR);

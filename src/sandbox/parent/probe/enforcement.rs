@@ -5,6 +5,7 @@
 use serde::Serialize;
 
 use super::KernelSupport;
+use super::per_job::size;
 use crate::sandbox::launcher::landlock::landlock_rules;
 use crate::sandbox::policy::resolve::{NetworkPolicy, ResolvedPolicy};
 
@@ -378,16 +379,6 @@ fn cgroup_why(p: &super::Probe) -> String {
     p.error.clone().unwrap_or_default()
 }
 
-/// Bytes in words: "4 GiB", "512 MiB", or plain bytes.
-fn size(bytes: u64) -> String {
-    for (unit, name) in [(1u64 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")] {
-        if bytes >= unit && bytes.is_multiple_of(unit) {
-            return format!("{} {name}", bytes / unit);
-        }
-    }
-    format!("{bytes} bytes")
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::{CgroupSupport, Namespaces, Probe};
@@ -424,6 +415,8 @@ mod tests {
                 pids: p(cgroups),
                 memory: p(cgroups),
                 v2_controllers: Vec::new(),
+                ambient: Default::default(),
+                per_job: String::new(),
             },
         }
     }
