@@ -9,6 +9,7 @@ mod jobs_bench;
 mod launch_errors;
 mod limits;
 mod mcp;
+mod pidns_init;
 mod policy_cli;
 mod repl;
 mod run_cli;
