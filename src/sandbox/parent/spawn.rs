@@ -165,11 +165,8 @@ impl SandboxCommand {
         if let Some(&(_, t)) = self.fds.iter().find(|(_, t)| *t < 3) {
             return Err(SetupError::ReservedFd { target: t }.into());
         }
-        let mut made = self.acquire()?;
         let route = choose_route(self.runtime.config().route, single_threaded());
-        if self.init_by_parent(route) {
-            made.exit_word = Some(pipe_cloexec().map_err(spawn_err)?);
-        }
+        let mut made = self.acquire(route)?;
         let layout = FdLayout::above(self.fds.iter().map(|(_, t)| *t));
         let (status_r, status_w) = pipe_cloexec().map_err(spawn_err)?;
         let spec = self.plan(&made, &layout);
@@ -197,12 +194,9 @@ impl SandboxCommand {
         // The launcher holds its own copies now (or has joined them already).
         drop(made.netns.take());
         drop(made.view.take());
-        let exit_word = made.exit_word.take().map(|(read, _)| read);
         let mut report = String::new();
         let _ = std::fs::File::from(status_r).read_to_string(&mut report);
         let status = read_status(&report, pid);
-        // The server's end of the exit-word pipe, when the launcher is the init it reads.
-        let exit_word = exit_word.filter(|_| status.init);
         if let Some(msg) = status.error {
             super::child::reap_blocking(pid);
             return Err(LaunchError::Launcher(msg));
@@ -226,7 +220,8 @@ impl SandboxCommand {
             wall_limit,
             limits.clone(),
             made.unenforced,
-            exit_word,
+            // Our end of the exit-word pipe (theirs closed), when the launcher is the init.
+            made.exit_word.map(|(ours, _)| ours).filter(|_| status.init),
         )
         .map_err(spawn_err)?;
         if let Some(proxy) = made.proxy {
@@ -252,8 +247,8 @@ impl SandboxCommand {
 
     /// What the job needs made before its launcher starts: its cgroup (the server's
     /// jobs take one made ahead of need; `run` makes its own), its broker in proxy mode,
-    /// a network namespace and a view made ahead.
-    fn acquire(&self) -> Result<Resources, LaunchError> {
+    /// a network namespace and a view made ahead, the exit-word pipe of an init.
+    fn acquire(&self, route: Route) -> Result<Resources, LaunchError> {
         let policy = &self.policy;
         let rt = &self.runtime;
         let mut unenforced = Vec::new();
@@ -276,13 +271,20 @@ impl SandboxCommand {
         let view = crate::sandbox::launcher::isolation::mount_view_of(policy)
             .filter(|_| self.view_made_ahead)
             .and_then(|kind| rt.take_view(&kind));
+        let exit_word = match self.init_by_parent(route) {
+            true => Some(pipe_cloexec().map_err(|source| LaunchError::Spawn {
+                program: self.program.clone(),
+                source,
+            })?),
+            false => None,
+        };
         Ok(Resources {
             cgroup,
             proxy,
             netns,
             view,
             unenforced,
-            exit_word: None,
+            exit_word,
         })
     }
 
