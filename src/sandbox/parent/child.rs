@@ -486,6 +486,12 @@ impl Pidfd {
     }
 }
 
+impl AsRawFd for Pidfd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
 /// `pidfd_open(2)`: a descriptor for `pid` that becomes readable once it has ended.
 /// Only meaningful for a process that cannot have been reaped yet (our own child).
 fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
