@@ -7,9 +7,11 @@
 //! `blocked by policy ...` line per denial on stderr, and the same sentences under
 //! `denied` in the JSON report; what the kernel could not enforce is under `unenforced`.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{Context, bail};
 use serde::Serialize;
@@ -40,44 +42,100 @@ struct RunReport<'a> {
 /// How much of the command's stderr is kept to look for denials (the last bytes).
 const STDERR_KEPT: usize = 64 * 1024;
 
-/// A thread copying the command's stderr to ours, keeping the last [`STDERR_KEPT`] bytes.
+/// The command's stderr copied to ours while it runs, the last [`STDERR_KEPT`] bytes
+/// kept. On this thread (a thread of its own cost a start and a wakeup per `run`): the
+/// pipe and the command's pidfd are polled together until the command ends.
 struct StderrTee {
-    kept: Arc<std::sync::Mutex<std::collections::VecDeque<u8>>>,
-    done: std::sync::mpsc::Receiver<()>,
+    reader: std::io::PipeReader,
+    kept: std::collections::VecDeque<u8>,
+    open: bool,
 }
 
 impl StderrTee {
-    fn start(reader: std::io::PipeReader) -> StderrTee {
-        use std::io::{Read, Write};
-        let kept = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
-        let (tx, done) = std::sync::mpsc::channel();
-        let shared = kept.clone();
-        std::thread::spawn(move || {
-            let mut reader = reader;
-            let mut buf = [0u8; 8192];
-            let mut err = std::io::stderr();
-            loop {
-                let n = match reader.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                let _ = err.write_all(&buf[..n]);
-                let mut k = shared.lock().unwrap_or_else(|p| p.into_inner());
-                k.extend(&buf[..n]);
-                let excess = k.len().saturating_sub(STDERR_KEPT);
-                k.drain(..excess);
-            }
-            let _ = tx.send(());
-        });
-        StderrTee { kept, done }
+    fn new(reader: std::io::PipeReader) -> StderrTee {
+        StderrTee {
+            reader,
+            kept: std::collections::VecDeque::new(),
+            open: true,
+        }
     }
 
-    /// What was kept, once the pipe closed (or after a moment, if a background process
-    /// of the command still holds it open).
-    fn finish(self) -> String {
-        let _ = self.done.recv_timeout(std::time::Duration::from_secs(2));
-        let k = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        String::from_utf8_lossy(&k.iter().copied().collect::<Vec<u8>>()).into_owned()
+    /// Copy until the process behind `pidfd` has ended, or `deadline` (its wall-time
+    /// limit, which the wait that follows enforces) has passed.
+    fn copy_until_end(&mut self, pidfd: RawFd, deadline: Option<Instant>) {
+        loop {
+            let timeout = match deadline {
+                None => -1,
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    None => return,
+                    Some(left) => left.as_millis().saturating_add(1).min(i32::MAX as u128) as i32,
+                },
+            };
+            let pipe = if self.open {
+                self.reader.as_raw_fd()
+            } else {
+                -1
+            };
+            let mut fds = [pipe, pidfd].map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            // SAFETY: poll of two pollfds we own (a negative fd is ignored).
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+            if rc < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            if rc <= 0 {
+                return;
+            }
+            if fds[0].revents != 0 {
+                self.copy_once();
+            }
+            if fds[1].revents != 0 {
+                return;
+            }
+        }
+    }
+
+    /// One read from the pipe, copied to our stderr and kept; the pipe closed at EOF.
+    fn copy_once(&mut self) {
+        use std::io::{Read, Write};
+        let mut buf = [0u8; 8192];
+        let n = match self.reader.read(&mut buf) {
+            Ok(0) | Err(_) => {
+                self.open = false;
+                return;
+            }
+            Ok(n) => n,
+        };
+        let _ = std::io::stderr().write_all(&buf[..n]);
+        self.kept.extend(&buf[..n]);
+        let excess = self.kept.len().saturating_sub(STDERR_KEPT);
+        self.kept.drain(..excess);
+    }
+
+    /// The rest of the pipe once the command ended (for at most a moment, if a background
+    /// process of the command still holds it open), and what was kept.
+    fn finish(mut self) -> String {
+        let deadline = Instant::now() + std::time::Duration::from_secs(2);
+        while self.open {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut fd = libc::pollfd {
+                fd: self.reader.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll of one pollfd we own.
+            if unsafe { libc::poll(&mut fd, 1, left.as_millis() as i32) } <= 0 && left.is_zero() {
+                break;
+            }
+            if fd.revents != 0 {
+                self.copy_once();
+            }
+        }
+        let kept: Vec<u8> = self.kept.into_iter().collect();
+        String::from_utf8_lossy(&kept).into_owned()
     }
 }
 
@@ -133,8 +191,16 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     cmd.args(rest).current_dir(dir).stderr(writer);
     let forwarding = SignalForwarding::install();
     let child = cmd.spawn()?;
+    let deadline = resolved
+        .limits
+        .wall_seconds
+        .map(|s| Instant::now() + std::time::Duration::from_secs(s));
     child.forward_terminal_signals(&forwarding);
-    let tee = StderrTee::start(reader);
+    let mut tee = StderrTee::new(reader);
+    // Our own unreaped child: its pid cannot have been reused.
+    if let Ok(pidfd) = crate::sandbox::parent::child::Pidfd::open(child.pid) {
+        tee.copy_until_end(pidfd.as_raw_fd(), deadline);
+    }
     let unenforced = child.unenforced().to_vec();
     let report = child.wait_blocking();
     drop(forwarding);

@@ -2,7 +2,7 @@
 """Issue 28 ("speed back ahead"): every figure beside its same-run baselines, in one run.
 
     python3 tests/bench/speed.py [--bin target/release/mcp-sandbox-repl] [--calls 300]
-        [--first 10] [--launch 60] [--envs 12] [--parallel 3] [--no-write]
+        [--first 10] [--launch 60] [--envs 12] [--parallel 3] [--baseline BIN] [--no-write]
 
 Not part of the test run. Measures, in turns so load bursts land on every column alike:
 - trivial `python_exec 1`: this server with default settings (snapshots on, taken only in
@@ -233,12 +233,19 @@ def launcher(args, root: Path) -> dict:
                                                         "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--", "/bin/true"]))
     variants.append(("`run --policy workspace-write -- /bin/true`",
                      [args.bin, "run", "--policy", "workspace-write", "--workspace", str(ws), "--", "/bin/true"]))
+    if args.baseline:
+        variants.append(("same, baseline build (`--baseline`)",
+                         [args.baseline, "run", "--policy", "workspace-write", "--workspace", str(ws), "--", "/bin/true"]))
     res = {n: [] for n, _ in variants}
     for _ in range(3):
         for _, a in variants:
             time_cmd(a, str(ws))
-    for _ in range(args.launch):
-        for n, a in variants:
+    # The order turns each round: what a run leaves to the kernel after it exits (a
+    # namespace's teardown, work queued for kworkers) lands on whichever variant comes
+    # next, so no variant may always follow the same one.
+    for i in range(args.launch):
+        k = i % len(variants)
+        for n, a in variants[k:] + variants[:k]:
             res[n].append(time_cmd(a, str(ws)))
     return res
 
@@ -393,6 +400,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=str(REPO / "target" / "release" / "mcp-sandbox-repl"))
     ap.add_argument("--noop", default=None)
+    ap.add_argument("--baseline", default=None, help="another build's binary: its `run` measured in turns with ours (launcher only)")
     ap.add_argument("--peers", default="/tmp/speed-peers", help="a venv with mcp-python-repl / mcp-python installed")
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--first", type=int, default=10)

@@ -10,6 +10,7 @@ mod launch_errors;
 mod limits;
 mod mcp;
 mod own_cgroup;
+mod pidns_init;
 mod policy_cli;
 mod repl;
 mod run_cli;

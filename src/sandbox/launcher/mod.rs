@@ -89,6 +89,11 @@ pub(crate) struct LaunchSpec {
     pub view_mounts_proc: bool,
     /// The spawning process: the launcher dies with it (`pidns`).
     pub parent_pid: u32,
+    /// Set when the parent starts the launcher as pid 1 of a new PID namespace
+    /// (`CLONE_NEWPID`): the write end of the exit-word pipe, where the init writes the
+    /// target's wait status (`pidns::serve_as_init`).
+    #[serde(default)]
+    pub exit_word_fd: Option<RawFd>,
     /// The soft open-file limit the server had before raising its own: the job's, when
     /// its policy sets none (`rlimits::rlimit_plan`).
     #[serde(default)]
@@ -196,7 +201,7 @@ fn apply_sandbox(
     filter: Option<&CompiledFilter>,
     notes: &mut Vec<String>,
 ) -> Result<(), SetupError> {
-    pidns::bind_to_parent(spec.parent_pid)?;
+    pidns::bind_to_parent(spec.parent_pid, Some(spec.status_fd))?;
     // SAFETY: plain syscall; we are not a group leader (fresh child of the parent).
     if unsafe { libc::setsid() } < 0 {
         return Err(SetupError::Session(std::io::Error::last_os_error()));
@@ -219,10 +224,16 @@ fn isolate(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), SetupError>
     let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
     enter_user_namespace(spec)?;
     // From here on this is the target process, pid 2 of a PID namespace of its own (the
-    // launcher stays outside as its supervisor), or the launcher itself without one. Only
-    // with a mount view, whose fresh /proc then shows that namespace: a job that sees the
-    // host's /proc must be able to signal the pids it shows.
-    if !policy.filesystem_unrestricted() {
+    // launcher stays as its init, or outside as its supervisor), or the launcher itself
+    // without one. Only with a mount view, whose fresh /proc then shows that namespace: a
+    // job that sees the host's /proc must be able to signal the pids it shows. A launcher
+    // its parent started as pid 1 (only for such policies) is an init whatever happens.
+    if pidns::is_init() {
+        isolation_step(
+            pidns::serve_as_init(spec.status_fd, spec.exit_word_fd),
+            notes,
+        )?;
+    } else if !policy.filesystem_unrestricted() {
         isolation_step(
             pidns::split(spec.status_fd, &policy.name, best_effort),
             notes,

@@ -1,30 +1,46 @@
 //! Binding every job to the server's life by the kernel, not by cleanup code.
 //!
-//! The launcher (the server's direct child, `L`) first asks for `SIGKILL` when the thread
-//! that forked it dies (`PR_SET_PDEATHSIG`; the server forks from one thread that lives
-//! as long as it does, see `spawn`) and checks its parent has not already gone. It then
-//! makes a new PID namespace and splits in three:
+//! The launcher first asks for `SIGKILL` when the thread that forked it dies
+//! (`PR_SET_PDEATHSIG`; the server forks from one thread that lives as long as it does,
+//! see `spawn`) and checks its parent has not already gone. It then runs in a PID
+//! namespace of its own, in one of two ways.
+//!
+//! **Started as the namespace's init** (the usual way: the parent cloned the launcher
+//! with `CLONE_NEWPID`, see `spawn` and `zygote`; [`is_init`]). The launcher `T` is the
+//! server's child *and* pid 1 of the namespace, and splits in two ([`serve_as_init`]):
+//!
+//! - `T` stays a tiny *init*: it reaps every orphan (double-forked daemons included),
+//!   forwards thread-directed signals (`tgkill`, `SI_TKILL`) to the target, and when the
+//!   target ends writes its wait status (4 bytes) to the *exit-word pipe*, whose read end
+//!   only the server holds, and exits. The server reaps `T` (pidfd, `wait4` with the
+//!   rusage of `T` and the target it reaped) and reports the target's status from the
+//!   word, or `T`'s own when there is none (`T` was killed: a group `SIGKILL`).
+//! - `G`, its only child (pid 2), goes on with the sandbox and execs the target.
+//!
+//! **Without a namespace from the parent** (a launcher in its own user namespace — not
+//! root, without `CAP_SYS_ADMIN` — the re-exec route, or a parent that could not clone
+//! one): the launcher `L` makes the namespace itself and splits in three ([`split`]):
 //!
 //! - `L` stays outside as a tiny *supervisor*: the server's pidfd, `wait4` (rusage) and
-//!   signals still address it. It forwards thread-directed signals (the REPL's interrupt,
-//!   sent with `tgkill`) to the init and, when the init ends, ends the same way as the
-//!   target did (same exit code, or killed by the same signal).
-//! - `T`, the first child, is pid 1 of the namespace: a tiny *init* that reaps every
-//!   orphan (double-forked daemons included), forwards `L`'s thread-directed signals to
-//!   the target, and hands the target's wait status to `L`. It has `PR_SET_PDEATHSIG`
-//!   bound to `L`. When `T` dies, for any reason, the kernel kills every process of the
-//!   namespace: so the server's death kills `L`, `L`'s kills `T`, and `T`'s kills the job.
-//! - `G`, the init's only child (pid 2), goes on with the sandbox (cgroup, namespaces,
-//!   mount view — whose fresh `/proc` is that of the new namespace — rlimits, Landlock,
-//!   seccomp) and execs the target.
+//!   signals still address it. It forwards thread-directed signals to the init and, when
+//!   the init ends, ends the same way as the target did (same exit code, or killed by
+//!   the same signal).
+//! - `T`, the first child, is pid 1 of the namespace: the init as above, which hands the
+//!   target's wait status to `L`. It has `PR_SET_PDEATHSIG` bound to `L`.
+//! - `G`, the init's only child (pid 2), as above.
 //!
-//! All three share the launcher's session; `T` leads the job's process group, which `G`
-//! and its children join, and `L` names it to the server on the status pipe. Group
-//! signals (cancel, `SIGTERM`, `SIGCONT`) reach the target directly and `T` ignores them
-//! (signals sent to a group arrive as `SI_USER`, forwarded ones as `SI_TKILL`); a group
-//! `SIGKILL` ends `T`, the kernel empties the namespace, and only then does `L` report
-//! the end, so when the server sees the job end none of its processes is left. Only `G`
-//! joins the job cgroup, so the supervisor and init count against no job limit.
+//! Either way: when `T` dies, for any reason, the kernel kills every process of the
+//! namespace, so the server's death kills `T` (through `L`'s when there is one), and
+//! `T`'s kills the job. `G` goes on with the sandbox (cgroup, namespaces, mount view —
+//! whose fresh `/proc` is that of the new namespace — rlimits, Landlock, seccomp).
+//! All share the launcher's session; `T` leads the job's process group, which `G` and its
+//! children join (with a supervisor, `L` names it to the server on the status pipe).
+//! Group signals (cancel, `SIGTERM`, `SIGCONT`) reach the target directly and `T`
+//! ignores them (signals sent to a group arrive as `SI_USER`, forwarded ones as
+//! `SI_TKILL`); a group `SIGKILL` ends `T`, the kernel empties the namespace, and only
+//! then can the server reap `T` (or `L` report the end), so when the server sees the job
+//! end none of its processes is left. Only `G` joins the job cgroup, so the supervisor
+//! and init count against no job limit.
 //!
 //! Why not exec the target as pid 1 itself: an init ignores every signal it has no
 //! handler for (a shell job's `sleep` would survive `SIGTERM` and `SIGINT`), gets no
@@ -37,6 +53,11 @@ use super::error::SetupError;
 
 /// Status-pipe line naming the job's process group (the init's pid as the server sees it).
 pub(crate) const PGID_PREFIX: &str = "pgid: ";
+
+/// Status-pipe line of a launcher that is the init of a PID namespace its parent made:
+/// the server's child is the init, which leads the job's process group and writes the
+/// target's wait status to the exit-word pipe.
+pub(crate) const INIT_LINE: &str = "pidns-init\n";
 
 /// The pid, as the server sees it, of the process that is `ns_pid` inside the PID
 /// namespace `reference` (a host pid) lives in — e.g. a worker a sandboxed process forked
@@ -66,17 +87,59 @@ pub(crate) fn host_pid(reference: u32, ns_pid: u32) -> Option<u32> {
 
 /// Launcher, first step: `SIGKILL` this process when the thread that forked it dies,
 /// and stop here if the server (`parent`) has already gone (the signal would never come).
-pub(crate) fn bind_to_parent(parent: u32) -> Result<(), SetupError> {
+/// A launcher started as the init of a new PID namespace sees no parent pid (its parent
+/// is outside the namespace): then the server's end of the status pipe (`status_fd`
+/// ours) tells whether it is still there.
+pub(crate) fn bind_to_parent(parent: u32, status_fd: Option<RawFd>) -> Result<(), SetupError> {
     // SAFETY: prctl with integer arguments, affecting only this process.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } != 0 {
         return Err(SetupError::ParentDeath(io::Error::last_os_error()));
     }
     // SAFETY: getppid cannot fail.
     let now = unsafe { libc::getppid() };
-    if u32::try_from(now).ok() != Some(parent) {
+    let gone = match (now, status_fd) {
+        (0, Some(fd)) => reader_gone(fd),
+        _ => u32::try_from(now).ok() != Some(parent),
+    };
+    if gone {
         return Err(SetupError::ParentGone { parent });
     }
     Ok(())
+}
+
+/// Whether this process is pid 1 of its PID namespace: its parent started it as the
+/// namespace's init (`CLONE_NEWPID`).
+pub(crate) fn is_init() -> bool {
+    // SAFETY: getpid cannot fail.
+    let pid = unsafe { libc::getpid() };
+    pid == 1
+}
+
+/// Launcher started as pid 1 of a new PID namespace (see the module docs): stay as its
+/// init and fork the target, which alone returns (`Ok(None)`). The init writes the
+/// target's wait status to `exit_word` (the server holds the read end) when it ends.
+pub(crate) fn serve_as_init(
+    status_fd: RawFd,
+    exit_word: Option<RawFd>,
+) -> Result<Option<String>, SetupError> {
+    // SAFETY: write of a constant buffer to the status pipe we hold.
+    unsafe { libc::write(status_fd, INIT_LINE.as_ptr().cast(), INIT_LINE.len()) };
+    // The exit-word pipe is ours from here (the target closes its copy with every
+    // descriptor it does not keep). Without one the word goes nowhere: a pipe of our
+    // own, its read end left open so that the init does not take it for a dead reader.
+    let word = match exit_word {
+        // SAFETY: the parent placed the pipe's write end at this number for us alone.
+        Some(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
+        None => {
+            let (read, write) = pipe().map_err(SetupError::PidNamespace)?;
+            std::mem::forget(read);
+            write
+        }
+    };
+    // Blocked before the fork, as in `split`: the target's SIGCHLD is queued however
+    // soon it ends.
+    let original = block_all_signals();
+    init(word, &original)
 }
 
 /// Launcher, after `setsid`: make a PID namespace and split into supervisor, init and
@@ -140,13 +203,16 @@ pub(crate) fn split(
 }
 
 /// pid 1 of the new namespace. Returns (`Ok(None)`) only in its child, the target.
+/// `to_supervisor`: where the target's wait status goes (the supervisor's pipe, or the
+/// server's exit-word pipe).
 fn init(to_supervisor: OwnedFd, original: &libc::sigset_t) -> Result<Option<String>, SetupError> {
     // SAFETY: prctl with integer arguments, affecting only this process.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } != 0 {
         return Err(SetupError::ParentDeath(io::Error::last_os_error()));
     }
-    // The supervisor holds the only read end: an error on ours means it has already died
-    // (before the death signal was armed), so nothing would ever kill this namespace.
+    // The supervisor (or the server) holds the only read end: an error on ours means it
+    // has already died (before the death signal was armed), so nothing would ever kill
+    // this namespace.
     if reader_gone(to_supervisor.as_raw_fd()) {
         // SAFETY: _exit in a forked child.
         unsafe { libc::_exit(super::error::SETUP_FAILED_EXIT) }

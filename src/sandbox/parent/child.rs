@@ -65,6 +65,10 @@ pub struct SandboxedChild {
     reaped: bool,
     /// The job's network broker (proxy mode); stops when this handle is dropped.
     proxy: Option<super::proxy::ProxyGuard>,
+    /// `pid` is the init of the job's PID namespace (see `launcher::pidns`) ...
+    init: bool,
+    /// ... and this the read end of its exit-word pipe (the target's wait status).
+    exit_word: Option<OwnedFd>,
 }
 
 impl SandboxedChild {
@@ -85,6 +89,7 @@ impl SandboxedChild {
         wall_limit: Option<Duration>,
         limits: Limits,
         unenforced: Vec<String>,
+        exit_word: Option<OwnedFd>,
     ) -> std::io::Result<SandboxedChild> {
         // Our own unreaped child: its pid cannot have been reused.
         let pidfd = pidfd_open(pid).ok();
@@ -106,6 +111,8 @@ impl SandboxedChild {
             unenforced,
             reaped: false,
             proxy: None,
+            init: exit_word.is_some(),
+            exit_word,
         })
     }
 
@@ -123,7 +130,7 @@ impl SandboxedChild {
     /// or in a PID namespace the init's child (found in /proc: for occasional use, such
     /// as reporting the target's memory).
     pub fn main_pid(&self) -> u32 {
-        if self.pgid == self.pid {
+        if self.pgid == self.pid && !self.init {
             return self.pid;
         }
         // The init's children: the target (pid 2 of the namespace) and orphans it adopted.
@@ -289,6 +296,26 @@ impl SandboxedChild {
         self.finish(r, wall_hit)
     }
 
+    /// The target's wait status: `status` itself, or for a PID namespace's init the word
+    /// it wrote when the target ended (without one — the init was killed — its own).
+    /// Read once the init is reaped: every writer has gone, so this never blocks.
+    fn target_status(&mut self, status: i32) -> i32 {
+        let Some(fd) = self.exit_word.take() else {
+            return status;
+        };
+        let mut bytes = [0u8; 4];
+        // SAFETY: fcntl and read into a 4-byte buffer we own, on a pipe end we own; not
+        // blocking even if some process we do not know of held the write end.
+        let n = unsafe {
+            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK);
+            libc::read(fd.as_raw_fd(), bytes.as_mut_ptr().cast(), 4)
+        };
+        match n {
+            4 => i32::from_ne_bytes(bytes),
+            _ => status,
+        }
+    }
+
     fn remaining_wall(&self) -> Option<Duration> {
         self.wall_limit
             .map(|l| l.saturating_sub(self.started.elapsed()))
@@ -306,6 +333,7 @@ impl SandboxedChild {
                 ..Default::default()
             };
         };
+        let status = self.target_status(status);
         let tv = |t: libc::timeval| {
             Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
         };
@@ -455,6 +483,12 @@ impl Pidfd {
     /// tokio (call inside a runtime).
     pub fn exit_fd(&self) -> std::io::Result<AsyncFd<OwnedFd>> {
         register_readable(self.0.try_clone()?)
+    }
+}
+
+impl AsRawFd for Pidfd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
     }
 }
 

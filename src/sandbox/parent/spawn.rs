@@ -165,7 +165,8 @@ impl SandboxCommand {
         if let Some(&(_, t)) = self.fds.iter().find(|(_, t)| *t < 3) {
             return Err(SetupError::ReservedFd { target: t }.into());
         }
-        let mut made = self.acquire()?;
+        let route = choose_route(self.runtime.config().route, single_threaded());
+        let mut made = self.acquire(route)?;
         let layout = FdLayout::above(self.fds.iter().map(|(_, t)| *t));
         let (status_r, status_w) = pipe_cloexec().map_err(spawn_err)?;
         let spec = self.plan(&made, &layout);
@@ -180,7 +181,6 @@ impl SandboxCommand {
         let (stderr, stderr_ours) = stderr.map_err(spawn_err)?;
         let fds = layout.placements(&self.fds, &status_w, &made);
         let started = Instant::now();
-        let route = choose_route(self.runtime.config().route, single_threaded());
         let pid = start_launcher(
             &self.runtime,
             route,
@@ -220,6 +220,8 @@ impl SandboxCommand {
             wall_limit,
             limits.clone(),
             made.unenforced,
+            // Our end of the exit-word pipe (theirs closed), when the launcher is the init.
+            made.exit_word.map(|(ours, _)| ours).filter(|_| status.init),
         )
         .map_err(spawn_err)?;
         if let Some(proxy) = made.proxy {
@@ -233,10 +235,20 @@ impl SandboxCommand {
         Ok(child)
     }
 
+    /// Whether the launcher is started as pid 1 of a new PID namespace (the parent's
+    /// `CLONE_NEWPID`, one fork and one exit hop fewer than a supervisor outside it):
+    /// for policies that get a PID namespace, when this process can make one directly
+    /// (not through the launcher's own user namespace), on the routes that clone.
+    fn init_by_parent(&self, route: Route) -> bool {
+        route != Route::Reexec
+            && !self.policy.filesystem_unrestricted()
+            && !crate::sandbox::launcher::userns::wanted()
+    }
+
     /// What the job needs made before its launcher starts: its cgroup (the server's
     /// jobs take one made ahead of need; `run` makes its own), its broker in proxy mode,
-    /// a network namespace and a view made ahead.
-    fn acquire(&self) -> Result<Resources, LaunchError> {
+    /// a network namespace and a view made ahead, the exit-word pipe of an init.
+    fn acquire(&self, route: Route) -> Result<Resources, LaunchError> {
         let policy = &self.policy;
         let rt = &self.runtime;
         let mut unenforced = Vec::new();
@@ -259,12 +271,20 @@ impl SandboxCommand {
         let view = crate::sandbox::launcher::isolation::mount_view_of(policy)
             .filter(|_| self.view_made_ahead)
             .and_then(|kind| rt.take_view(&kind));
+        let exit_word = match self.init_by_parent(route) {
+            true => Some(pipe_cloexec().map_err(|source| LaunchError::Spawn {
+                program: self.program.clone(),
+                source,
+            })?),
+            false => None,
+        };
         Ok(Resources {
             cgroup,
             proxy,
             netns,
             view,
             unenforced,
+            exit_word,
         })
     }
 
@@ -329,6 +349,7 @@ impl SandboxCommand {
             view_fd: made.view.as_ref().map(|_| layout.view),
             view_mounts_proc: made.view.as_ref().is_some_and(|v| v.mounts_proc()),
             parent_pid: std::process::id(),
+            exit_word_fd: made.exit_word.as_ref().map(|_| layout.exit_word),
             inherited_open_files: self.runtime.config().inherited_open_files,
         }
     }
@@ -343,6 +364,8 @@ struct Resources {
     view: Option<PreparedView>,
     /// What the policy asked for and this spawn could not give (best effort).
     unenforced: Vec<String>,
+    /// The exit-word pipe (read, write) when the launcher is started as an init.
+    exit_word: Option<(OwnedFd, OwnedFd)>,
 }
 
 /// Where the launcher finds its own descriptors: just above the caller's highest.
@@ -356,6 +379,8 @@ struct FdLayout {
     netns: RawFd,
     /// A view made ahead.
     view: RawFd,
+    /// The exit-word pipe's write end (a launcher started as an init).
+    exit_word: RawFd,
     /// Above every target: where sources are moved before they are placed.
     high: RawFd,
 }
@@ -369,7 +394,8 @@ impl FdLayout {
             status: max + 2,
             netns: max + 3,
             view: max + 4,
-            high: max + 5,
+            exit_word: max + 5,
+            high: max + 6,
         }
     }
 
@@ -394,6 +420,9 @@ impl FdLayout {
         }
         if let Some(view) = &made.view {
             fds.push((view.fd().as_raw_fd(), self.view));
+        }
+        if let Some((_, write)) = &made.exit_word {
+            fds.push((write.as_raw_fd(), self.exit_word));
         }
         fds
     }
@@ -465,6 +494,8 @@ struct Status {
     error: Option<String>,
     /// What a best-effort policy could not enforce.
     unenforced: Vec<String>,
+    /// The launcher is the init of a PID namespace its parent made (`pidns::INIT_LINE`).
+    init: bool,
 }
 
 /// Read the launcher's `report` for the process `pid`.
@@ -473,8 +504,12 @@ fn read_status(report: &str, pid: u32) -> Status {
         pgid: pid,
         error: None,
         unenforced: Vec::new(),
+        init: false,
     };
     for line in report.lines() {
+        if line == crate::sandbox::launcher::pidns::INIT_LINE.trim_end() {
+            status.init = true;
+        }
         if let Some(n) = line.strip_prefix(crate::sandbox::launcher::pidns::PGID_PREFIX) {
             status.pgid = n.trim().parse().unwrap_or(pid);
         }
@@ -587,6 +622,7 @@ fn exec_launcher(
     if let Some(fd) = stderr {
         cmd.stderr(Stdio::from(fd));
     }
+    let init = spec.exit_word_fd.is_some();
     let in_fork_spec = in_fork.then_some(spec);
     // SAFETY: the closure calls dup2, which is async-signal-safe, on descriptors that
     // stay open until after spawn returns. Only when this process has a single thread
@@ -606,12 +642,37 @@ fn exec_launcher(
         });
     }
     let child = match in_fork {
-        true => cmd.spawn(),
+        true => spawn_in_pid_namespace(&mut cmd, init),
         false => rt.spawner().spawn(cmd),
     }?;
     drop(moves);
     drop(spec_fd);
     Ok(child.id())
+}
+
+/// `cmd.spawn()` from this single-threaded process, the child made pid 1 of a new PID
+/// namespace when `init` (where the kernel allows; else in ours, and the launcher makes
+/// the namespace itself). Our own namespace for children is restored after the fork:
+/// a process cannot start threads while it differs from the one it lives in.
+fn spawn_in_pid_namespace(
+    cmd: &mut std::process::Command,
+    init: bool,
+) -> std::io::Result<std::process::Child> {
+    let ours = match init {
+        true => std::fs::File::open("/proc/self/ns/pid").ok(),
+        false => None,
+    };
+    // SAFETY: unshare(2) with a constant flag: only children made from here on.
+    let unshared = ours.is_some() && unsafe { libc::unshare(libc::CLONE_NEWPID) } == 0;
+    let child = cmd.spawn();
+    if let (true, Some(ns)) = (unshared, &ours) {
+        // SAFETY: setns(2) back to the namespace we live in, with a descriptor we own.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWPID) } != 0 {
+            let e = std::io::Error::last_os_error();
+            tracing::warn!(error = %e, "could not restore the PID namespace for children");
+        }
+    }
+    child
 }
 
 /// Whether this process has exactly one thread (field 20 of /proc/self/stat).
@@ -663,15 +724,28 @@ mod tests {
     fn the_layout_sits_above_the_callers_descriptors() {
         let none = FdLayout::above(std::iter::empty());
         assert_eq!(
-            (none.spec, none.status, none.netns, none.view, none.high),
-            (3, 4, 5, 6, 7)
+            (
+                none.spec,
+                none.status,
+                none.netns,
+                none.view,
+                none.exit_word,
+                none.high
+            ),
+            (3, 4, 5, 6, 7, 8)
         );
         let some = FdLayout::above([3, 9, 5].into_iter());
         assert_eq!(some.spec, 10);
-        let all = [some.spec, some.status, some.netns, some.view];
+        let all = [
+            some.spec,
+            some.status,
+            some.netns,
+            some.view,
+            some.exit_word,
+        ];
         assert!(all.iter().all(|&fd| fd > 9 && fd < some.high));
         let distinct: std::collections::BTreeSet<_> = all.iter().collect();
-        assert_eq!(distinct.len(), 4);
+        assert_eq!(distinct.len(), 5);
     }
 
     /// The status pipe, a namespace and a view made ahead get their places; the caller's
@@ -688,10 +762,11 @@ mod tests {
             netns: Some(netns),
             view: None,
             unenforced: Vec::new(),
+            exit_word: Some(pipe_cloexec().unwrap()),
         };
         let fds = layout.placements(&passed, &status, &made);
         let targets: Vec<RawFd> = fds.iter().map(|&(_, t)| t).collect();
-        assert_eq!(targets, [7, layout.status, layout.netns]);
+        assert_eq!(targets, [7, layout.status, layout.netns, layout.exit_word]);
         assert_eq!(fds[1].0, status.as_raw_fd());
     }
 
@@ -737,8 +812,11 @@ mod tests {
                 pgid: 41,
                 error: None,
                 unenforced: vec!["cgroup limits (x)".into()],
+                init: false,
             }
         );
+        assert!(read_status("pidns-init\n", 40).init);
+        assert_eq!(read_status("pidns-init\n", 40).pgid, 40);
         assert_eq!(read_status("", 40).pgid, 40);
         assert_eq!(read_status("pgid: garbage\n", 40).pgid, 40);
         let failed = read_status("unenforced: a\nerror: landlock: no\nunenforced: b\n", 7);

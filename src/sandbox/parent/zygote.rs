@@ -74,7 +74,7 @@ pub fn zygote_main() -> ! {
         eprintln!("mcp-sandbox-repl: {ZYGOTE_ARG} is internal; it is started by the server");
         std::process::exit(SETUP_FAILED_EXIT);
     };
-    if crate::sandbox::launcher::pidns::bind_to_parent(parent).is_err() {
+    if crate::sandbox::launcher::pidns::bind_to_parent(parent, None).is_err() {
         std::process::exit(SETUP_FAILED_EXIT);
     }
     // SAFETY: the server put our end of the socket pair at `sock`; nothing else owns it.
@@ -128,19 +128,16 @@ fn fork_job(sock: &OwnedFd, req: &Request, fds: Vec<OwnedFd>, filters: &mut Filt
             &req.spec.policy,
         ))
         .ok();
-    // SAFETY: a raw clone in a single-threaded process: like fork(2), with CLONE_PARENT
-    // making the child a sibling of this process (the server's child). The child only
-    // makes syscalls and allocates, as the re-executed launcher would.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            libc::CLONE_PARENT | libc::SIGCHLD,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        )
-    };
+    // A job whose launcher is to be the init of a PID namespace of its own (the spec
+    // carries the exit-word pipe) is cloned into a new one; where the kernel refuses,
+    // into none (the launcher then makes it itself, with a supervisor).
+    let mut pid = -1;
+    if req.spec.exit_word_fd.is_some() {
+        pid = clone_parent(libc::CLONE_NEWPID);
+    }
+    if pid < 0 {
+        pid = clone_parent(0);
+    }
     if pid == 0 {
         // SAFETY: closing our copy of the socket; the child never uses it.
         unsafe { libc::close(sock.as_raw_fd()) };
@@ -153,6 +150,23 @@ fn fork_job(sock: &OwnedFd, req: &Request, fds: Vec<OwnedFd>, filters: &mut Filt
             .unwrap_or(libc::EIO);
     }
     i32::try_from(pid).unwrap_or(-libc::EOVERFLOW)
+}
+
+/// A raw clone with `CLONE_PARENT` and `flags`; the pid, 0 in the child, or -1.
+fn clone_parent(flags: libc::c_int) -> libc::c_long {
+    // SAFETY: a raw clone in a single-threaded process: like fork(2), with CLONE_PARENT
+    // making the child a sibling of this process (the server's child). The child only
+    // makes syscalls and allocates, as the re-executed launcher would.
+    unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            libc::CLONE_PARENT | flags | libc::SIGCHLD,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    }
 }
 
 /// In the child: put `fds[i]` at `targets[i]`. Every source is first copied above all
@@ -423,7 +437,7 @@ fn fork_here() -> std::io::Result<Zygote> {
                 && libc::dup2(theirs.as_raw_fd(), 3) == 3
                 && crate::sandbox::launcher::fds::close_range(4, u32::MAX, 0) == 0
         };
-        if !kept || crate::sandbox::launcher::pidns::bind_to_parent(parent).is_err() {
+        if !kept || crate::sandbox::launcher::pidns::bind_to_parent(parent, None).is_err() {
             // SAFETY: _exit in the forked child.
             unsafe { libc::_exit(SETUP_FAILED_EXIT) }
         }
