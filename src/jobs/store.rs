@@ -937,12 +937,17 @@ impl JobStore {
         self.write_next_id();
         let written = persist::Rewrite::write(log, live.iter().map(|j| j.record()));
         let room = self.unfinished.load(Ordering::SeqCst) * persist::RECORD_ROOM;
-        let placed = lock(&self.journal)
-            .switch_rewrite(written, room)
-            .and_then(|rewrite| {
+        // Each step takes the lock on its own statement (a guard in a longer expression
+        // would live to its end).
+        let switched = lock(&self.journal).switch_rewrite(written, room);
+        let placed = match switched {
+            Ok(rewrite) => {
                 let renamed = rewrite.rename();
-                lock(&self.journal).place_rewrite(&rewrite, renamed)
-            });
+                let mut journal = lock(&self.journal);
+                journal.place_rewrite(&rewrite, renamed)
+            }
+            Err(e) => Err(e),
+        };
         // The old file is closed here, unlocked.
         match placed.map(drop) {
             // A record that failed to append meanwhile may be newer than the one written:
