@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Soak A/B (not part of the tests): servers of ours (e.g. main's build and a branch's) and
 the no-op rmcp echo server, called round-robin through raw JSON-RPC lines (`soak.RawClient`),
-one trivial call each per round: every server sees the same moments of the machine's load,
+one trivial call each per round, in an order that turns every round: every server sees the
+same moments of the machine's load,
 so their latency percentiles compare, and the echo's are the machine's own tail.
 
     python3 tests/bench/soak_ab.py --n 100000 main=/path/to/main/mcp-sandbox-repl \
@@ -57,7 +58,10 @@ def main():
     lat = {name: [] for name, *_ in clients}
     load0, t0 = os.getloadavg()[0], time.perf_counter()
     for i in range(args.n):
-        for name, c, tool, call in clients:
+        # The order turns every round: a server's work after its answer (writing the job's
+        # files) runs during the next one's call, so a fixed order would favour the first.
+        k = i % len(clients)
+        for name, c, tool, call in clients[k:] + clients[:k]:
             t = time.perf_counter()
             res = c.call_tool(tool, call)
             lat[name].append((time.perf_counter() - t) * 1000)
