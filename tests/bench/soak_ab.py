@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -72,6 +73,7 @@ def main():
     took, load1 = time.perf_counter() - t0, os.getloadavg()[0]
     for _, c, *_ in clients:
         c.close()
+    shutil.rmtree(root, ignore_errors=True)
     print(f"`python3 tests/bench/soak_ab.py --n {args.n} {' '.join(args.server)}` — "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.uname().sysname} {os.uname().release}, "
           f"{os.cpu_count()} CPUs; {took:.0f} s; load average (1 min) {load0:.2f} at start, {load1:.2f} at the end.\n")
