@@ -150,6 +150,24 @@ pub(crate) struct Journal {
     path: PathBuf,
     file: File,
     lines: u64,
+    /// While a rewrite runs outside the lock ([`Journal::begin_rewrite`]): the lines
+    /// appended since it began (they are in the old file too), for the new file's end.
+    tail: Option<Vec<u8>>,
+    /// The new file, from [`Journal::switch_rewrite`] until it has the log's name: every
+    /// line goes to both files, so whichever has the name after a crash has them all.
+    next: Option<File>,
+}
+
+/// A rewrite of the index under way: the new file, written without holding the
+/// journal's lock (see [`Journal::begin_rewrite`]).
+pub(crate) struct Rewrite {
+    tmp: PathBuf,
+    /// The log's path.
+    log: PathBuf,
+    /// Lines in the new file when it was switched to.
+    lines: u64,
+    /// The journal's line count then (lines appended since are in both files).
+    from: u64,
 }
 
 impl Journal {
@@ -157,7 +175,13 @@ impl Journal {
     pub(crate) fn open(store_dir: &Path, lines: u64) -> io::Result<Journal> {
         let path = store_dir.join(JOURNAL);
         let file = OpenOptions::new().create(true).append(true).open(&path)?;
-        Ok(Journal { path, file, lines })
+        Ok(Journal {
+            path,
+            file,
+            lines,
+            tail: None,
+            next: None,
+        })
     }
 
     /// Append one record (a single `write`; no fsync).
@@ -165,7 +189,14 @@ impl Journal {
         let mut bytes = serde_json::to_vec(rec).map_err(io::Error::other)?;
         bytes.push(b'\n');
         self.lines += 1;
-        self.file.write_all(&bytes)
+        self.file.write_all(&bytes)?;
+        if let Some(tail) = &mut self.tail {
+            tail.extend_from_slice(&bytes);
+        }
+        if let Some(next) = &mut self.next {
+            next.write_all(&bytes)?;
+        }
+        Ok(())
     }
 
     /// Keep at least `bytes` allocated past the journal's end (`fallocate` with
@@ -185,29 +216,129 @@ impl Journal {
         self.lines >= JOURNAL_COMPACT_LINES + 2 * live as u64
     }
 
+    /// Start a rewrite that runs without this lock: from now on appended lines are kept
+    /// for the new file's end as well. The caller collects the records (after this, so
+    /// none is older than the lines kept), writes them with [`Rewrite::write`] unlocked,
+    /// then [`switch_rewrite`](Self::switch_rewrite) (locked), [`Rewrite::rename`]
+    /// (unlocked) and [`place_rewrite`](Self::place_rewrite) (locked). Slow file-system
+    /// work (writing the records, the rename, closing the old file, which frees its
+    /// blocks) is done without the lock, so appends of new jobs never wait for it.
+    /// `None` when one is already under way.
+    pub(crate) fn begin_rewrite(&mut self) -> Option<PathBuf> {
+        if self.tail.is_some() || self.next.is_some() {
+            return None;
+        }
+        self.tail = Some(Vec::new());
+        Some(self.path.clone())
+    }
+
+    /// The records are written: the lines appended since go to the new file's end, and
+    /// from now on every line goes to both files. On an error the rewrite ends (the old
+    /// log stays, and nothing more goes to the new file).
+    pub(crate) fn switch_rewrite(
+        &mut self,
+        rewrite: io::Result<Rewrite>,
+        room: u64,
+    ) -> io::Result<Rewrite> {
+        let tail = self.tail.take().unwrap_or_default();
+        let mut rewrite = rewrite?;
+        let opened = (|| {
+            let mut file = OpenOptions::new().append(true).open(&rewrite.tmp)?;
+            file.write_all(&tail)?;
+            keep_room(&file, room)?;
+            Ok(file)
+        })();
+        match opened {
+            Ok(file) => {
+                self.next = Some(file);
+                rewrite.lines += tail.iter().filter(|b| **b == b'\n').count() as u64;
+                rewrite.from = self.lines;
+                Ok(rewrite)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&rewrite.tmp);
+                Err(e)
+            }
+        }
+    }
+
+    /// After [`Rewrite::rename`]: appends go to the new file alone. Returns the old file,
+    /// for the caller to close after letting go of the lock (closing the replaced log
+    /// frees its blocks, which took 70 ms under load here).
+    pub(crate) fn place_rewrite(
+        &mut self,
+        rewrite: &Rewrite,
+        renamed: io::Result<()>,
+    ) -> io::Result<Option<File>> {
+        let next = self.next.take();
+        renamed?;
+        let Some(next) = next else {
+            return Ok(None);
+        };
+        // The new file's lines: the records and tail, and each line appended since.
+        self.lines = rewrite.lines + self.lines.saturating_sub(rewrite.from);
+        Ok(Some(std::mem::replace(&mut self.file, next)))
+    }
+
     /// Replace the log with `recs` (atomically) and keep appending to the new file. The
     /// records are streamed to the file one at a time: a rewrite of a long table does not
     /// hold the whole index in memory (which the allocator would keep as RSS).
     /// `room`: bytes kept allocated past the new file's end ([`keep_room`](Self::keep_room));
     /// without them the rewrite fails and the old log stays.
+    #[cfg(test)]
     pub(crate) fn rewrite(
         &mut self,
         recs: impl IntoIterator<Item = JobRecord>,
         room: u64,
     ) -> io::Result<()> {
+        let log = self
+            .begin_rewrite()
+            .ok_or_else(|| io::Error::other("a rewrite of the job index is under way"))?;
+        let written = Rewrite::write(log, recs);
+        let rewrite = self.switch_rewrite(written, room)?;
+        let renamed = rewrite.rename();
+        self.place_rewrite(&rewrite, renamed).map(drop)
+    }
+}
+
+impl Rewrite {
+    /// Give the new file the log's name. On an error the new file is removed and the
+    /// old log stays.
+    pub(crate) fn rename(&self) -> io::Result<()> {
+        std::fs::rename(&self.tmp, &self.log).inspect_err(|_| {
+            let _ = std::fs::remove_file(&self.tmp);
+        })
+    }
+
+    /// Write `recs`, one at a time, to a new file beside `log` (the path
+    /// [`Journal::begin_rewrite`] returned).
+    pub(crate) fn write(
+        log: PathBuf,
+        recs: impl IntoIterator<Item = JobRecord>,
+    ) -> io::Result<Rewrite> {
+        let tmp = log.with_extension("tmp");
         let mut lines = 0;
-        write_atomic_with(&self.path, |out| {
+        let written = File::create(&tmp).and_then(|file| {
+            let mut out = BufWriter::new(file);
             for rec in recs {
-                serde_json::to_writer(&mut *out, &rec).map_err(io::Error::other)?;
+                serde_json::to_writer(&mut out, &rec).map_err(io::Error::other)?;
                 out.write_all(b"\n")?;
                 lines += 1;
             }
-            out.flush()?;
-            keep_room(out.get_ref(), room)
-        })?;
-        self.file = OpenOptions::new().append(true).open(&self.path)?;
-        self.lines = lines;
-        Ok(())
+            out.flush()
+        });
+        match written {
+            Ok(()) => Ok(Rewrite {
+                log,
+                tmp,
+                lines,
+                from: 0,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
     }
 }
 
@@ -674,6 +805,45 @@ mod tests {
         let loaded = load_store(&dir.path, has_index(&dir.path));
         assert_eq!((loaded.records, loaded.lines), (vec![record("j2")], 1));
         assert!(index.needs_compaction(0) == (JOURNAL_COMPACT_LINES <= 1));
+    }
+
+    #[test]
+    fn lines_appended_while_a_rewrite_runs_unlocked_reach_the_new_index() {
+        let (_scratch, s) = scratch_path("jobs-persist-rewrite", "state");
+        let dir = open_dir(&s).unwrap();
+        let mut index = Journal::open(&dir.path, 0).unwrap();
+        index.append(&running_record("j1")).unwrap();
+        index.append(&record("j2")).unwrap();
+        let log = index.begin_rewrite().unwrap();
+        assert!(index.begin_rewrite().is_none(), "one rewrite at a time");
+        // What the table held when the rewrite began; then j1 ends and j3 starts.
+        let written = Rewrite::write(log, [running_record("j1"), record("j2")]);
+        index.append(&record("j1")).unwrap();
+        index.append(&running_record("j3")).unwrap();
+        // Until the new file is in place, the old one has every line.
+        assert_eq!(load_store(&dir.path, true).records.len(), 3);
+        let rewrite = index.switch_rewrite(written, 4096).unwrap();
+        // Between the switch and the rename a line goes to both files: a crash then
+        // finds it under the log's name whichever file has it.
+        index.append(&record("j3")).unwrap();
+        assert_eq!(load_store(&dir.path, true).records[2], record("j3"));
+        let renamed = rewrite.rename();
+        assert!(index.begin_rewrite().is_none(), "still under way");
+        let old = index.place_rewrite(&rewrite, renamed).unwrap();
+        assert!(
+            old.is_some(),
+            "the old file is handed back, to close unlocked"
+        );
+        let loaded = load_store(&dir.path, true);
+        assert_eq!(
+            loaded.records,
+            vec![record("j1"), record("j2"), record("j3")]
+        );
+        assert_eq!((loaded.lines, index.lines), (5, 5));
+        // Appends go to the new file, and the next rewrite may start.
+        index.append(&running_record("j4")).unwrap();
+        assert_eq!(load_store(&dir.path, true).records[3], running_record("j4"));
+        assert!(index.begin_rewrite().is_some());
     }
 
     #[test]

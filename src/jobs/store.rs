@@ -75,6 +75,10 @@ pub struct JobStore {
     /// Jobs started and not yet persisted as finished: each has room for its records
     /// kept at the end of the journal (`Journal::keep_room`).
     unfinished: AtomicU64,
+    /// This store, for the thread of an index rewrite ([`compact_soon`](Self::compact_soon)).
+    me: std::sync::Weak<JobStore>,
+    /// Records that could not be appended to the index (see [`compact_journal`](Self::compact_journal)).
+    failed_saves: AtomicU64,
     /// The random part of the ids of jobs made while this store is open
     /// ([`persist::draw_tag`]): `j12-k3f9q`.
     tag: String,
@@ -107,7 +111,8 @@ impl JobStore {
                 e,
             )
         })?;
-        let store = Arc::new(JobStore {
+        let store = Arc::new_cyclic(|me| JobStore {
+            me: me.clone(),
             cfg,
             dir,
             had_index,
@@ -117,6 +122,7 @@ impl JobStore {
             journal: Mutex::new(journal),
             disk_used: AtomicU64::new(0),
             unfinished: AtomicU64::new(0),
+            failed_saves: AtomicU64::new(0),
             tag: persist::draw_tag(),
             handles: Default::default(),
         });
@@ -372,7 +378,7 @@ impl JobStore {
             journal.needs_compaction(jobs.map.len())
         };
         if compact {
-            self.compact_journal();
+            self.compact_soon();
         }
         Ok(JobHandle {
             store: self.clone(),
@@ -786,7 +792,7 @@ impl JobStore {
             journal.needs_compaction(self.jobs().map.len())
         };
         if compact {
-            self.compact_journal();
+            self.compact_soon();
         }
         persist::remove_job_files(&job.dir);
     }
@@ -872,6 +878,7 @@ impl JobStore {
                 self.retake_reserve();
             }
             Err(e) => {
+                self.failed_saves.fetch_add(1, Ordering::SeqCst);
                 job.record_saved.store(false, Ordering::SeqCst);
                 tracing::warn!(job = %job.id, error = %e, "could not write the job's record; it is written again at the next change or at exit");
             }
@@ -898,18 +905,59 @@ impl JobStore {
         }
     }
 
-    /// Rewrite the index with the current record of every job in the table.
+    /// Rewrite the index on a thread of its own: not on the way of a call (a new job's
+    /// start, or the retention that follows a job's end), whose next call would wait
+    /// for the rewrite's file-system work.
+    fn compact_soon(&self) {
+        let Some(store) = self.me.upgrade() else {
+            return;
+        };
+        let spawned = std::thread::Builder::new()
+            .name("job-index-rewrite".into())
+            .spawn(move || store.compact_journal());
+        if let Err(e) = spawned {
+            tracing::debug!(error = %e, "no thread for the index rewrite; rewriting it here");
+            self.compact_journal();
+        }
+    }
+
+    /// Rewrite the index with the current record of every job in the table. The records
+    /// are written without the index's lock (10,000 of them take milliseconds): jobs
+    /// start and end meanwhile, and their lines go to the old file and the new one's end.
+    /// One rewrite at a time; a call while one runs does nothing.
     fn compact_journal(&self) {
+        let (log, live, failures) = {
+            let mut journal = lock(&self.journal);
+            let Some(log) = journal.begin_rewrite() else {
+                return;
+            };
+            let live: Vec<Arc<Job>> = self.jobs().map.values().cloned().collect();
+            (log, live, self.failed_saves.load(Ordering::SeqCst))
+        };
         self.write_next_id();
-        let mut journal = lock(&self.journal);
-        let live: Vec<Arc<Job>> = self.jobs().map.values().cloned().collect();
+        let written = persist::Rewrite::write(log, live.iter().map(|j| j.record()));
         let room = self.unfinished.load(Ordering::SeqCst) * persist::RECORD_ROOM;
-        match journal.rewrite(live.iter().map(|j| j.record()), room) {
-            Ok(()) => {
+        // Each step takes the lock on its own statement (a guard in a longer expression
+        // would live to its end).
+        let switched = lock(&self.journal).switch_rewrite(written, room);
+        let placed = match switched {
+            Ok(rewrite) => {
+                let renamed = rewrite.rename();
+                let mut journal = lock(&self.journal);
+                journal.place_rewrite(&rewrite, renamed)
+            }
+            Err(e) => Err(e),
+        };
+        // The old file is closed here, unlocked.
+        match placed.map(drop) {
+            // A record that failed to append meanwhile may be newer than the one written:
+            // then its job stays marked unsaved (written again at its next change or exit).
+            Ok(()) if self.failed_saves.load(Ordering::SeqCst) == failures => {
                 for job in &live {
                     job.record_saved.store(true, Ordering::SeqCst);
                 }
             }
+            Ok(()) => {}
             Err(e) => {
                 tracing::warn!(dir = %self.dir.path.display(), error = %e, "could not rewrite the job index");
             }

@@ -971,4 +971,77 @@ async fn the_handles_file_is_compacted_while_the_server_runs() {
     );
     assert_eq!(store.job_of_handle("task-kept").unwrap().job, kept.id());
     assert!(store.job_of_handle("task-399").is_none());
+
+/// Past retention, the index is rewritten on a thread of its own while jobs go on
+/// starting and ending (each rewrite takes the index's lock only to begin, switch and
+/// place the new file): jobs keep being made across several rewrites, the index stays
+/// bounded, and a restart finds exactly the retained jobs.
+#[tokio::test]
+async fn index_rewrites_run_beside_new_jobs_and_keep_every_retained_one() {
+    let (_scratch, dir) = scratch_path("jobs-store-rewrite", "state");
+    let cfg = StoreConfig {
+        retention: Retention {
+            max_jobs: 5,
+            max_age: Duration::from_secs(3600),
+        },
+        ..config(dir.clone())
+    };
+    let store = JobStore::open(cfg.clone()).unwrap();
+    let index = store.dir().join("index.log");
+    let lines = || {
+        std::fs::read_to_string(&index)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    // Three lines a job past retention (start, end, removal): a rewrite every ~700 jobs.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let made = std::thread::spawn({
+        let store = store.clone();
+        move || {
+            for i in 0..3000 {
+                let h = store
+                    .create(JobKind::Python, None, &format!("{i}"))
+                    .unwrap();
+                h.finish(done());
+            }
+            let _ = tx.send(());
+        }
+    });
+    // Hang guard only: a deadlock of a rewrite with the jobs it runs beside stops here.
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("jobs were still being made after 120 s: a rewrite blocked them");
+    made.join().unwrap();
+    // The last rewrite may still be running: wait for the index to settle.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while lines() > 2048 + 2 * 5 + 3 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        lines() <= 2048 + 2 * 5 + 3,
+        "index not rewritten: {} lines",
+        lines()
+    );
+    let kept = shorts(
+        store
+            .list(&JobFilter::default())
+            .into_iter()
+            .map(|s| s.id)
+            .collect(),
+    );
+    assert_eq!(kept, ["j3000", "j2999", "j2998", "j2997", "j2996"]);
+    store.shutdown().await;
+    drop(store);
+    let again = JobStore::open(cfg).unwrap();
+    let listed = listed(&again);
+    assert_eq!(
+        listed.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
+        ["j3000", "j2999", "j2998", "j2997", "j2996"]
+    );
+    assert!(listed.iter().all(|(_, s)| *s == JobStatus::Completed));
+    let leftovers: Vec<_> = std::fs::read_dir(again.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
 }

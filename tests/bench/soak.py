@@ -163,13 +163,27 @@ def soak_raw(binary: str, ws: Path, state: Path, args, out: dict):
     pid = c.proc.pid
     out["rss_start"] = rss_kib(pid)
     peak = out["rss_start"]
+    echo = None
+    if args.echo:
+        # The no-op rmcp echo server under the same raw client, called right after each of
+        # ours: the same machine, the same moment, so its tail is the machine's.
+        echo = RawClient(args.echo, dict(p.env), ws)
+        echo.call_tool("noop", {})
+        out["echo"] = []
+    out["at"] = []
     for phase, n, tool, call in (
         ("execute", args.executes, "python_exec", {"code": args.code}),
         ("shell", args.shell, "shell_run", {"command": "true"}),
     ):
         lat = []
         for i in range(n):
+            if echo is not None and phase == "execute":
+                t = time.perf_counter()
+                echo.call_tool("noop", {})
+                out["echo"].append(time.perf_counter() - t)
             t = time.perf_counter()
+            if phase == "execute":
+                out["at"].append(t)
             res = c.call_tool(tool, call)
             if res.get("isError"):
                 raise SystemExit(f"{tool} failed: {res.get('content')}")
@@ -201,6 +215,8 @@ def soak_raw(binary: str, ws: Path, state: Path, args, out: dict):
     out["listed"] = len(listed["structuredContent"]["jobs"])
     out["list_bytes"] = sum(len(x.get("text", "")) for x in listed["content"])
     c.close()
+    if echo is not None:
+        echo.close()
     out["state_bytes"] = dir_bytes(state)
     out["index_bytes"] = (state / "jobs" / "index.log").stat().st_size
 
@@ -228,22 +244,35 @@ def main():
     ap.add_argument("--client", choices=("sdk", "raw"), default="sdk",
                     help="drive the calls through the MCP SDK (what an SDK client sees) or as "
                          "raw JSON-RPC lines (what the server takes); start-up always uses the SDK")
+    ap.add_argument("--echo", nargs="?", const="", default=None,
+                    help="(raw client only) call the no-op rmcp echo server (default: "
+                         "examples/noop_server beside --bin) right before each execute, as the "
+                         "same-run baseline of the machine's own tail")
+    ap.add_argument("--dump", default=None,
+                    help="write each execute's start time and latency (and the echo's) as JSON "
+                         "lines to this file, to line the slow calls up with what the server did")
     args = ap.parse_args()
     args.bin = os.path.abspath(args.bin)
+    if args.echo == "":
+        args.echo = str(Path(args.bin).parent / "examples" / "noop_server")
+    if args.echo is not None and args.client != "raw":
+        raise SystemExit("--echo needs --client raw")
     if args.bin == str(REPO / "target" / "release" / "mcp-sandbox-repl"):
-        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=REPO, check=True)
+        subprocess.run(["cargo", "build", "--release", "--quiet"] + (["--example", "noop_server"] if args.echo else []),
+                       cwd=REPO, check=True)
     with tempfile.TemporaryDirectory(prefix="msr-soak-") as tmp:
         root = Path(tmp)
         ws, state, empty = root / "ws", root / "state", root / "empty"
         for d in (ws, state, empty):
             d.mkdir()
-        out: dict = {}
+        out: dict = {"load_start": os.getloadavg()[0]}
         t0 = time.perf_counter()
         if args.client == "raw":
             soak_raw(args.bin, ws, state, args, out)
         else:
             anyio.run(soak, args.bin, ws, state, args, out)
         took = time.perf_counter() - t0
+        out["load_end"] = os.getloadavg()[0]
         big, fresh, jobs_only = [], [], []
         graphs = sorted((state / "repl").glob("*/graph.jsonl"))
         out["graph_bytes"] = sum(g.stat().st_size for g in graphs)
@@ -266,15 +295,27 @@ def main():
                      if k.startswith("MCP_SANDBOX_") and k != "MCP_SANDBOX_KEEP_JOBS")
     print(f"`{extra + ' ' if extra else ''}python3 tests/bench/soak.py --executes {args.executes} --shell {args.shell} "
           f"--keep-jobs {args.keep_jobs} --client {args.client}"
-          f"{'' if args.code == '1' else ' --code ' + repr(args.code)}` — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-          f"{os.uname().sysname} {os.uname().release}, {os.cpu_count()} CPUs; {took:.0f} s in all.\n")
+          f"{'' if args.code == '1' else ' --code ' + repr(args.code)}{' --echo' if args.echo else ''}` — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+          f"{os.uname().sysname} {os.uname().release}, {os.cpu_count()} CPUs; {took:.0f} s in all; load average (1 min) "
+          f"{out['load_start']:.2f} at start, {out['load_end']:.2f} at the end of the calls.\n")
     print("| phase | calls | p50 (ms) | p99 (ms) |\n| --- | ---: | ---: | ---: |")
     for phase in ("execute", "shell"):
         lat = out[phase]
         if lat:
             print(f"| `{'python_exec ' + args.code if phase == 'execute' else 'shell_run true'}` | {len(lat)} | "
                   f"{ms(statistics.median(lat))} | {ms(pct(lat, 99))} |")
+    if out.get("echo"):
+        lat = out["echo"]
+        print(f"| no-op rmcp echo `noop`, called before each execute | {len(lat)} | "
+              f"{ms(statistics.median(lat))} | {ms(pct(lat, 99))} |")
     print()
+    if args.dump:
+        with open(args.dump, "w") as f:
+            for i, (at, lat) in enumerate(zip(out["at"], out["execute"])):
+                row = {"i": i, "at": at - out["at"][0], "ms": lat * 1000}
+                if out.get("echo"):
+                    row["echo_ms"] = out["echo"][i] * 1000
+                f.write(json.dumps(row) + "\n")
     print(f"- server RSS: {out['rss_start'] / 1024:.1f} MiB after the first call, "
           f"{out['rss_end'] / 1024:.1f} MiB at the end (peak sampled {out['rss_peak'] / 1024:.1f} MiB)")
     print(f"- state dir: {out['state_bytes'] / 1e6:.2f} MB on disk at the end "
