@@ -971,6 +971,7 @@ async fn the_handles_file_is_compacted_while_the_server_runs() {
     );
     assert_eq!(store.job_of_handle("task-kept").unwrap().job, kept.id());
     assert!(store.job_of_handle("task-399").is_none());
+}
 
 /// Past retention, the index is rewritten on a thread of its own while jobs go on
 /// starting and ending (each rewrite takes the index's lock only to begin, switch and
