@@ -33,6 +33,9 @@ pub(crate) struct Pool<K, T> {
     shared: Arc<Shared<K, T>>,
 }
 
+/// How long `drain` waits for the maker to end (it is making one resource at most).
+const DRAIN_WAIT: Duration = Duration::from_secs(5);
+
 /// Makes one resource of a kind, or says why not.
 type Maker<K, T> = Box<dyn Fn(&K) -> Result<T, String> + Send + Sync>;
 
@@ -51,6 +54,8 @@ struct State<K, T> {
     last_take: Option<Instant>,
     /// The maker could not make one: every caller makes its own from then on.
     failed: bool,
+    /// The maker thread has started and not yet ended.
+    maker_running: bool,
 }
 
 impl<K, T> Pool<K, T>
@@ -72,6 +77,7 @@ where
                     started: false,
                     last_take: None,
                     failed: false,
+                    maker_running: false,
                 }),
                 wake: Condvar::new(),
             }),
@@ -89,11 +95,19 @@ where
         if !state.started {
             state.started = true;
             let maker = Arc::clone(shared);
+            state.maker_running = true;
             let spawned = std::thread::Builder::new()
                 .name(shared.name.into())
-                .spawn(move || maker.make_forever());
+                .spawn(move || {
+                    maker.make_forever();
+                    if let Ok(mut state) = maker.state.lock() {
+                        state.maker_running = false;
+                    }
+                    maker.wake.notify_all();
+                });
             if spawned.is_err() {
                 state.failed = true;
+                state.maker_running = false;
                 return None;
             }
         }
@@ -125,7 +139,8 @@ where
 
 impl<K, T> Pool<K, T> {
     /// Stop making and release what is ready (at exit: a cgroup made ahead is a
-    /// directory to remove). Dropping the pool does the same.
+    /// directory to remove), then wait for the maker to end: a resource it was making
+    /// is released before this returns. Dropping the pool does the same.
     pub(crate) fn drain(&self) {
         let ready: Vec<T> = match self.shared.state.lock() {
             Ok(mut state) => {
@@ -134,9 +149,17 @@ impl<K, T> Pool<K, T> {
             }
             Err(_) => Vec::new(),
         };
-        // A maker waiting for work wakes, sees the pool drained and ends.
+        // A maker waiting for work wakes, sees the pool drained and ends; one making a
+        // resource drops it when done and ends.
         self.shared.wake.notify_all();
         drop(ready);
+        if let Ok(state) = self.shared.state.lock() {
+            // Bounded: a maker stuck in the kernel must not hold a server's exit.
+            let _ = self
+                .shared
+                .wake
+                .wait_timeout_while(state, DRAIN_WAIT, |s| s.maker_running);
+        }
     }
 }
 
@@ -219,7 +242,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
     static MADE: AtomicU32 = AtomicU32::new(0);
     static COUNTING: std::sync::LazyLock<Pool<u8, u32>> = std::sync::LazyLock::new(|| {
@@ -249,6 +272,37 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         assert_eq!(got, 5, "the maker never filled the pool");
+    }
+
+    static SLOW_LIVE: AtomicUsize = AtomicUsize::new(0);
+    static SLOW_MAKING: AtomicUsize = AtomicUsize::new(0);
+
+    /// An item of the slow pool: counted while it lives.
+    struct Live;
+    impl Drop for Live {
+        fn drop(&mut self) {
+            SLOW_LIVE.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// `drain` returns only once the maker has ended: an item it was making when the
+    /// drain came is dropped by then (a server's exit sweep must not race a cgroup
+    /// being made ahead).
+    #[test]
+    fn drain_waits_for_the_item_being_made() {
+        let pool: Pool<u8, Live> = Pool::new("test-pool-slow", |_| {
+            // Made (a directory exists), then finished off.
+            SLOW_LIVE.fetch_add(1, Ordering::SeqCst);
+            SLOW_MAKING.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            Ok(Live)
+        });
+        assert!(pool.take(&0).is_none());
+        while SLOW_MAKING.load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        pool.drain();
+        assert_eq!(SLOW_LIVE.load(Ordering::SeqCst), 0, "an item outlived the drain");
     }
 
     static DRAINED: std::sync::LazyLock<Pool<u8, std::sync::Arc<()>>> =
