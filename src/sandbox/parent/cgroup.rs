@@ -374,6 +374,7 @@ const SWEEP_RMDIR_BUDGET: Duration = Duration::from_secs(5);
 fn sweep_where(layout: &Layout, take: impl Fn(&str) -> bool) -> Vec<PathBuf> {
     let parents = [&layout.v1_pids, &layout.v1_memory, &layout.v2_own];
     let mut swept = Vec::new();
+    let mut busy = Vec::new();
     for parent in parents.into_iter().flatten().map(|p| p.join(PARENT_DIR)) {
         let Ok(entries) = std::fs::read_dir(&parent) else {
             continue;
@@ -392,12 +393,53 @@ fn sweep_where(layout: &Layout, take: impl Fn(&str) -> bool) -> Vec<PathBuf> {
                 kill_members(&dir);
             }
             remove_dir_retry(&dir, SWEEP_RMDIR_BUDGET);
-            if !dir.exists() {
+            if dir.exists() {
+                busy.push(dir);
+            } else {
                 swept.push(dir);
             }
         }
     }
+    remove_late(busy);
     swept
+}
+
+/// How long cgroups still busy after a sweep's budget keep being retried, off the caller's
+/// path (seen here: killed job processes still leaving their cgroups after 5 s on a loaded
+/// machine, which then stayed for good).
+const SWEEP_LATE_BUDGET: Duration = Duration::from_secs(120);
+
+/// Keep killing what is in `dirs` and removing them, on a thread of its own, for up to
+/// [`SWEEP_LATE_BUDGET`]; says what it removed.
+fn remove_late(dirs: Vec<PathBuf>) {
+    if dirs.is_empty() {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("cgroup-sweep-late".into())
+        .spawn(move || {
+            let deadline = Instant::now() + SWEEP_LATE_BUDGET;
+            let (mut left, mut removed) = (dirs, Vec::new());
+            while !left.is_empty() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+                left.retain(|dir| {
+                    kill_members(dir);
+                    let busy = std::fs::remove_dir(dir).is_err() && dir.exists();
+                    if !busy {
+                        removed.push(dir.clone());
+                    }
+                    busy
+                });
+            }
+            if left.is_empty() {
+                tracing::info!(removed = ?removed, "removed the job cgroups still busy at the sweep");
+            } else {
+                tracing::warn!(left = ?left, "job cgroups still busy after the late sweep");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the late cgroup sweep: {e}");
+    }
 }
 
 /// SIGKILL every process listed in `dir`'s cgroup.procs until none is left (briefly).
@@ -458,7 +500,7 @@ fn remove_dir_retry(dir: &Path, budget: Duration) {
                 std::thread::sleep(Duration::from_millis(2));
             }
             Err(e) => {
-                tracing::warn!(dir = %dir.display(), error = %e, "could not remove job cgroup");
+                tracing::info!(dir = %dir.display(), error = %e, "job cgroup still busy");
                 return;
             }
         }
