@@ -1113,21 +1113,37 @@ mod tests {
             .unwrap()
     }
 
+    /// Stores in a scratch dir bounded at `session` bytes per session (100 MiB in all),
+    /// and their owner bob.
+    fn bob_bounded_at(session: u64, tag: &str) -> (tempfile::TempDir, Arc<Stores>, Owner) {
+        let d = crate::test_support::scratch_dir(tag);
+        let caps = DiskCaps {
+            session,
+            total: 100 * MIB,
+        };
+        let stores = Stores::new(&cfg(d.path(), caps));
+        (d, stores, Owner::local("bob").unwrap())
+    }
+
     /// Stores bounded at 4 MiB per session, and bob's cache holding 5 MiB.
     fn bob_over_a_4_mib_bound(
         tag: &str,
     ) -> (tempfile::TempDir, Arc<Stores>, Owner, std::path::PathBuf) {
-        let d = crate::test_support::scratch_dir(tag);
-        let caps = DiskCaps {
-            session: 4 * MIB,
-            total: 100 * MIB,
-        };
-        let stores = Stores::new(&cfg(d.path(), caps));
-        let bob = Owner::local("bob").unwrap();
+        let (d, stores, bob) = bob_bounded_at(4 * MIB, tag);
         let cache = stores.cache_dir(&bob);
         std::fs::create_dir_all(&cache).unwrap();
         write_dense(&cache.join("junk"), 5 << 20);
         (d, stores, bob, cache)
+    }
+
+    /// `lease` says the owner's cache was cleared, and `cache` is gone.
+    fn assert_cache_cleared(lease: &Lease, cache: &Path) {
+        assert!(
+            lease.note.as_deref().unwrap_or("").contains("was cleared"),
+            "{:?}",
+            lease.note
+        );
+        assert!(!cache.exists());
     }
 
     /// An owner over its bound loses its cache at admission (and is told); when its venv
@@ -1137,12 +1153,7 @@ mod tests {
         let (d, stores, bob, cache) = bob_over_a_4_mib_bound("store-admit");
         rt().block_on(async {
             let lease = stores.admit(&bob, vec![]).await.unwrap();
-            assert!(
-                lease.note.as_deref().unwrap_or("").contains("was cleared"),
-                "{:?}",
-                lease.note
-            );
-            assert!(!cache.exists());
+            assert_cache_cleared(&lease, &cache);
             drop(lease);
             let venv = d.path().join("venvs/bob");
             std::fs::create_dir_all(&venv).unwrap();
@@ -1168,13 +1179,7 @@ mod tests {
     /// another venv, or figures at the bound make it measure again.
     #[test]
     fn admission_uses_the_figures_measured_when_the_last_job_ended() {
-        let d = crate::test_support::scratch_dir("store-settled");
-        let caps = DiskCaps {
-            session: 4 * MIB,
-            total: 100 * MIB,
-        };
-        let stores = Stores::new(&cfg(d.path(), caps));
-        let bob = Owner::local("bob").unwrap();
+        let (d, stores, bob) = bob_bounded_at(4 * MIB, "store-settled");
         let cache = stores.cache_dir(&bob);
         std::fs::create_dir_all(&cache).unwrap();
         write_dense(&cache.join("a"), 1 << 20);
@@ -1204,12 +1209,7 @@ mod tests {
             stores.admit(&bob, vec![]).await.unwrap().release().await;
             assert!(stores.used(&bob) >= 4 * MIB, "{}", stores.used(&bob));
             let lease = stores.admit(&bob, vec![]).await.unwrap();
-            assert!(
-                lease.note.as_deref().unwrap_or("").contains("was cleared"),
-                "{:?}",
-                lease.note
-            );
-            assert!(!cache.exists());
+            assert_cache_cleared(&lease, &cache);
         });
     }
 
@@ -1273,13 +1273,7 @@ mod tests {
     /// A step that writes past the bound is seen by `exceeded`, with the bound in words.
     #[test]
     fn a_step_past_its_bound_is_stopped_with_words() {
-        let d = crate::test_support::scratch_dir("store-exceeded");
-        let caps = DiskCaps {
-            session: 2 * MIB,
-            total: 100 * MIB,
-        };
-        let stores = Stores::new(&cfg(d.path(), caps));
-        let bob = Owner::local("bob").unwrap();
+        let (_d, stores, bob) = bob_bounded_at(2 * MIB, "store-exceeded");
         rt().block_on(async {
             let lease = stores.admit(&bob, vec![]).await.unwrap();
             let cache = lease.cache_dir().unwrap();

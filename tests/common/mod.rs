@@ -124,6 +124,71 @@ pub(crate) fn run_cmd(policy: &str, ws: &Path, json: bool, args: &[&str]) -> Com
     cmd
 }
 
+/// `run --json` under workspace-write in `ws` of a command that prints `ready` and sleeps,
+/// once it has printed it: the child and the rest of its stdout.
+pub(crate) fn run_until_ready(
+    ws: &Path,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    let mut run = run_cmd(
+        "workspace-write",
+        ws,
+        true,
+        &["sh", "-c", "echo ready; exec sleep 600"],
+    )
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut out = std::io::BufReader::new(run.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    (run, out)
+}
+
+/// Send `signal` (named `name`) to `run` (from [`run_until_ready`]): it must end with exit
+/// status 128 + `signal` and a JSON report naming the signal.
+pub(crate) fn signal_run_and_check(
+    mut run: std::process::Child,
+    mut out: std::io::BufReader<std::process::ChildStdout>,
+    signal: i32,
+    name: &str,
+) {
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(run.id() as i32, signal) };
+    let status = run.wait().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert_eq!(status.code(), Some(128 + signal), "{rest}");
+    let r: serde_json::Value = serde_json::from_str(rest.trim()).unwrap();
+    assert_eq!(r["signal"], name);
+}
+
+/// Move the calling process into a mount namespace of its own with every mount private
+/// to it, so that what it mounts next no other process sees. False, with errno set, if a
+/// step failed. Only system calls on static strings: fit for a `pre_exec` closure.
+///
+/// # Safety
+/// Only between fork and exec (a `pre_exec` closure): it changes the mount namespace of
+/// the calling process.
+pub(crate) unsafe fn unshare_private_mounts() -> bool {
+    let none = std::ptr::null();
+    // SAFETY: unshare(2) and mount(2) with a static string and null pointers, in the
+    // child the caller forked.
+    unsafe {
+        libc::unshare(libc::CLONE_NEWNS) == 0
+            && libc::mount(
+                none,
+                c"/".as_ptr(),
+                none,
+                libc::MS_REC | libc::MS_PRIVATE,
+                none.cast(),
+            ) == 0
+    }
+}
+
 /// `sh -c SCRIPT` under `policy` in `ws`.
 pub(crate) fn sh(policy: &str, ws: &Path, script: &str) -> Output {
     run_in(policy, ws, false, &["sh", "-c", script])

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.server
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -308,6 +310,20 @@ def pids_with_env_marker(marker: str) -> list[int]:
 @pytest.fixture
 def server(tmp_path) -> Harness:
     return Harness(tmp_path)
+
+
+class LoopbackHTTP:
+    """An HTTP server of the test's own on the host's 127.0.0.1 (a free port, `port`),
+    answering with `handler` on a daemon thread until `close()`."""
+
+    def __init__(self, handler: type[http.server.BaseHTTPRequestHandler]):
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 def python_real() -> str:

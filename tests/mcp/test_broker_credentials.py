@@ -13,18 +13,17 @@ parent uv's memory.
 import base64
 import http.server
 import json
-import threading
 from pathlib import Path
 
 from test_broker import make_hook_sdist
-from conftest import make_wheel
+from conftest import LoopbackHTTP, make_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_POLICY = (REPO / "policies" / "workspace-write.toml").read_text()
 AUTH = "Basic " + base64.b64encode(b"idxuser:idx-s3cret").decode()
 
 
-class Index:
+class Index(LoopbackHTTP):
     """A PEP 503 index on the host's 127.0.0.1 serving `tinypkg` under /simple, which
     needs the credentials; /echo answers the Authorization header it got; anything else
     answers 200. Every request is recorded: (method, path, Authorization or None)."""
@@ -67,13 +66,7 @@ class Index:
             def log_message(self, *a):
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 # What a build hook, a session cell and a shell job each try against the index host.

@@ -14,11 +14,10 @@ import os
 import shutil
 import subprocess
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
-from conftest import binary, launch_http, make_wheel
+from conftest import LoopbackHTTP, binary, launch_http, make_wheel
 from test_broker_credentials import AUTH, Index
 from test_cell import GUARD, get, over_http, run, wait_until
 
@@ -30,7 +29,7 @@ NO_SYS_ADMIN = [SETPRIV, "--inh-caps=-sys_admin", "--bounding-set=-sys_admin"]
 WHO = {"nobody": (NOBODY, "65534"), "root-without-sys-admin": (NO_SYS_ADMIN, "0")}
 
 
-class Web:
+class Web(LoopbackHTTP):
     """A directory served over HTTP on the host's 127.0.0.1."""
 
     def __init__(self, directory: Path):
@@ -41,13 +40,7 @@ class Web:
             def log_message(self, *a):
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 def real_uv() -> str:

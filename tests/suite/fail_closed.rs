@@ -20,7 +20,7 @@ use seccompiler::{
     SeccompRule,
 };
 
-use crate::common::{TempDir, report, run_cmd, stderr};
+use crate::common::{TempDir, report, run_cmd, stderr, unshare_private_mounts};
 
 /// How the test's child takes a mechanism away before it execs `run`.
 enum Denial {
@@ -122,21 +122,13 @@ fn run_denied(policy: &str, ws: &Path, denial: &Denial) -> Output {
             }
         }
         (_, None) => {
-            let (root, cgroup, tmpfs) = (c"/", c"/sys/fs/cgroup", c"tmpfs");
+            let (cgroup, tmpfs) = (c"/sys/fs/cgroup", c"tmpfs");
             // SAFETY: between fork and exec the child only makes system calls (unshare,
             // mount) with static strings; they change its own mount
             // namespace, which no other process shares.
             unsafe {
                 cmd.pre_exec(move || {
-                    let none = std::ptr::null();
-                    let ok = libc::unshare(libc::CLONE_NEWNS) == 0
-                        && libc::mount(
-                            none,
-                            root.as_ptr(),
-                            none,
-                            libc::MS_REC | libc::MS_PRIVATE,
-                            std::ptr::null(),
-                        ) == 0
+                    let ok = unshare_private_mounts()
                         && libc::mount(
                             tmpfs.as_ptr(),
                             cgroup.as_ptr(),

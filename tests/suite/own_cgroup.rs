@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{TempDir, bin, report, stderr, stdout};
+use crate::common::{TempDir, bin, report, stderr, stdout, unshare_private_mounts};
 
 const NOBODY: u32 = 65534;
 const AS_NOBODY: [&str; 4] = ["--reuid=65534", "--regid=65534", "--clear-groups", "--"];
@@ -115,6 +115,45 @@ impl ServerCgroup {
         }
         cmd
     }
+
+    /// `run <flags> --policy <policy> -- sh -c <script>` in the tree's workspace, as
+    /// [`ServerCgroup::nobody`] starts it.
+    fn run(&self, tree: &Tree, flags: &[&str], policy: &str, script: &str) -> Output {
+        let ws = tree.ws();
+        let mut args = vec!["run"];
+        args.extend_from_slice(flags);
+        args.extend([
+            "--policy",
+            policy,
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]);
+        self.nobody(tree, &args).output().unwrap()
+    }
+
+    /// `doctor --json`'s `kernel.cgroup`, as [`ServerCgroup::nobody`] starts it.
+    fn doctor_cgroup(&self, tree: &Tree) -> serde_json::Value {
+        let out = self.nobody(tree, &["doctor", "--json"]).output().unwrap();
+        doctor_json(&out)["kernel"]["cgroup"].clone()
+    }
+}
+
+/// The tree and the server's cgroup (`delegate`: owned by uid 65534) of a v1 test, or
+/// `None`, said on stderr, where this host has no cgroup v1 pids hierarchy (the v2-only
+/// test covers that).
+fn v1_setup(test: &str, tag: &str, delegate: bool) -> Option<(Tree, ServerCgroup)> {
+    if v1_path("pids").is_none() {
+        eprintln!("SKIPPED {test}: no cgroup v1 pids hierarchy (see the v2 test)");
+        return None;
+    }
+    Some((
+        Tree::new(&format!("owncg-{tag}")),
+        ServerCgroup::new(tag, delegate),
+    ))
 }
 
 impl Drop for ServerCgroup {
@@ -207,18 +246,13 @@ fn doctor_json(out: &Output) -> serde_json::Value {
 /// cgroup; nothing is left in it afterwards.
 #[test]
 fn delegated_own_cgroup_holds_each_jobs_limits() {
-    if v1_path("pids").is_none() {
-        eprintln!(
-            "SKIPPED delegated_own_cgroup_holds_each_jobs_limits: no cgroup v1 pids hierarchy (see the v2 test)"
-        );
+    let Some((tree, cg)) = v1_setup("delegated_own_cgroup_holds_each_jobs_limits", "deleg", true)
+    else {
         return;
-    }
-    let tree = Tree::new("owncg-deleg");
-    let cg = ServerCgroup::new("deleg", true);
+    };
     let policy = tree.small_policy();
 
-    let out = cg.nobody(&tree, &["doctor", "--json"]).output().unwrap();
-    let k = &doctor_json(&out)["kernel"]["cgroup"];
+    let k = &cg.doctor_cgroup(&tree);
     assert_eq!(k["pids"]["ok"], true, "{k}");
     assert_eq!(k["memory"]["ok"], true, "{k}");
     let words = k["per_job"].as_str().unwrap();
@@ -237,24 +271,7 @@ fn delegated_own_cgroup_holds_each_jobs_limits() {
                   echo pids=$p; echo memory=$m; \
                   echo pids.max=$(cat /sys/fs/cgroup/pids$p/pids.max); \
                   echo memory.limit=$(cat /sys/fs/cgroup/memory$m/memory.limit_in_bytes)";
-    let ws = tree.ws();
-    let out = cg
-        .nobody(
-            &tree,
-            &[
-                "run",
-                "--policy",
-                &policy,
-                "--workspace",
-                ws.to_str().unwrap(),
-                "--",
-                "sh",
-                "-c",
-                script,
-            ],
-        )
-        .output()
-        .unwrap();
+    let out = cg.run(&tree, &[], &policy, script);
     let text = stdout(&out);
     eprintln!("doctor: {words}\njob: {text}");
     assert!(out.status.success(), "{text}; stderr: {}", stderr(&out));
@@ -279,24 +296,7 @@ fn delegated_own_cgroup_holds_each_jobs_limits() {
 
     // The memory cap is the cgroup's: the hog is SIGKILLed and the report says memory.
     let hog = "x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo ${#x}";
-    let out = cg
-        .nobody(
-            &tree,
-            &[
-                "run",
-                "--json",
-                "--policy",
-                &policy,
-                "--workspace",
-                ws.to_str().unwrap(),
-                "--",
-                "sh",
-                "-c",
-                hog,
-            ],
-        )
-        .output()
-        .unwrap();
+    let out = cg.run(&tree, &["--json"], &policy, hog);
     let r = report(&out);
     eprintln!("hog: {r}");
     assert_eq!(r["limit"], "memory", "{r}; stderr: {}", stderr(&out));
@@ -339,18 +339,16 @@ fn readyz_when_ready(port: u16, server: &mut std::process::Child) -> String {
 /// the server's own cgroup sets for it and all its jobs together.
 #[test]
 fn undelegated_own_cgroup_is_named_with_what_holds_jobs_together() {
-    if v1_path("pids").is_none() {
-        eprintln!(
-            "SKIPPED undelegated_own_cgroup_is_named_with_what_holds_jobs_together: no cgroup v1 pids hierarchy"
-        );
+    let Some((tree, cg)) = v1_setup(
+        "undelegated_own_cgroup_is_named_with_what_holds_jobs_together",
+        "undeleg",
+        false,
+    ) else {
         return;
-    }
-    let tree = Tree::new("owncg-undeleg");
-    let cg = ServerCgroup::new("undeleg", false);
+    };
     cg.limit(3 << 30, 2000);
 
-    let out = cg.nobody(&tree, &["doctor", "--json"]).output().unwrap();
-    let k = &doctor_json(&out)["kernel"]["cgroup"];
+    let k = &cg.doctor_cgroup(&tree);
     assert_eq!(k["pids"]["ok"], false, "{k}");
     let words = k["per_job"].as_str().unwrap();
     let expected_start = format!(
@@ -421,18 +419,10 @@ fn in_v2_only_view(own: &Path, args: &[&str], ws: &Path) -> Output {
     unsafe {
         cmd.pre_exec(move || {
             std::fs::write(&procs, "0")?;
-            let none = std::ptr::null();
-            let (root, cg, cg2) = (c"/", c"/sys/fs/cgroup", c"cgroup2");
-            let ok = libc::unshare(libc::CLONE_NEWNS) == 0
-                && libc::mount(
-                    none,
-                    root.as_ptr(),
-                    none,
-                    libc::MS_REC | libc::MS_PRIVATE,
-                    none.cast(),
-                ) == 0
+            let (cg, cg2) = (c"/sys/fs/cgroup", c"cgroup2");
+            let ok = unshare_private_mounts()
                 && libc::umount2(cg.as_ptr(), libc::MNT_DETACH) == 0
-                && libc::mount(cg2.as_ptr(), cg.as_ptr(), cg2.as_ptr(), 0, none.cast()) == 0;
+                && libc::mount(cg2.as_ptr(), cg.as_ptr(), cg2.as_ptr(), 0, std::ptr::null()) == 0;
             if ok {
                 Ok(())
             } else {

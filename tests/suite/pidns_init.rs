@@ -3,12 +3,11 @@
 //! still comes back as the target's own, through the init's exit word. Both routes that
 //! clone: the zygote (the server's) and `run`'s fork.
 
-use std::io::BufRead;
 use std::time::Duration;
 
 use mcp_sandbox_repl::sandbox::Termination;
 
-use crate::common::{TempDir, run_cmd};
+use crate::common::{TempDir, run_until_ready, signal_run_and_check};
 
 /// The `NSpid` numbers of `pid` (host first, innermost last).
 fn ns_pids(pid: u32) -> Vec<u32> {
@@ -81,19 +80,7 @@ fn the_targets_exit_code_signal_and_memory_come_back_through_the_init() {
 #[test]
 fn the_child_of_run_is_the_init_of_the_commands_pid_namespace() {
     let ws = TempDir::new("pidns-init-run");
-    let mut run = run_cmd(
-        "workspace-write",
-        &ws.path,
-        true,
-        &["sh", "-c", "echo ready; exec sleep 600"],
-    )
-    .stdout(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
-    let mut out = std::io::BufReader::new(run.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line, "ready\n");
+    let (run, out) = run_until_ready(&ws.path);
     let id = run.id();
     let children = std::fs::read_to_string(format!("/proc/{id}/task/{id}/children")).unwrap();
     let kids: Vec<u32> = children
@@ -103,12 +90,5 @@ fn the_child_of_run_is_the_init_of_the_commands_pid_namespace() {
     assert_eq!(kids.len(), 1, "{kids:?}");
     let init = ns_pids(kids[0]);
     assert_eq!((init.len(), init.last()), (2, Some(&1)), "{init:?}");
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(id as i32, libc::SIGINT) };
-    let status = run.wait().unwrap();
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
-    assert_eq!(status.code(), Some(130), "{rest}");
-    let r: serde_json::Value = serde_json::from_str(rest.trim()).unwrap();
-    assert_eq!(r["signal"], "SIGINT");
+    signal_run_and_check(run, out, libc::SIGINT, "SIGINT");
 }

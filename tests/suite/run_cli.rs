@@ -5,7 +5,9 @@
 
 use std::os::fd::AsRawFd;
 
-use crate::common::{TempDir, report, run_cmd, run_in, sh, stderr, stdout};
+use crate::common::{
+    TempDir, report, run_cmd, run_in, run_until_ready, sh, signal_run_and_check, stderr, stdout,
+};
 
 /// Try to create a file at each path; print WROTE or DENIED per path.
 fn probe_writes(paths: &[String]) -> String {
@@ -407,25 +409,6 @@ fn reexec_launcher_path_confines_too() {
 #[test]
 fn terminal_signals_are_forwarded_to_the_command() {
     let ws = TempDir::new("forward");
-    let mut child = run_cmd(
-        "workspace-write",
-        &ws.path,
-        true,
-        &["sh", "-c", "echo ready; exec sleep 600"],
-    )
-    .stdout(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
-    let mut line = String::new();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-    assert_eq!(line, "ready\n");
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = child.wait().unwrap();
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
-    assert_eq!(status.code(), Some(143), "{rest}");
-    let r: serde_json::Value = serde_json::from_str(rest.trim()).unwrap();
-    assert_eq!(r["signal"], "SIGTERM");
+    let (child, out) = run_until_ready(&ws.path);
+    signal_run_and_check(child, out, libc::SIGTERM, "SIGTERM");
 }

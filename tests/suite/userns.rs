@@ -54,10 +54,10 @@ impl Tree {
         self.root.join("ws")
     }
 
-    /// The binary as uid 65534, with this tree's state dir and home.
-    fn nobody(&self, args: &[&str]) -> Output {
+    /// The binary under `setpriv` with `setpriv_args`, with this tree's state dir and home.
+    fn setpriv(&self, setpriv_args: &[&str], args: &[&str]) -> Output {
         Command::new("setpriv")
-            .args(NOBODY)
+            .args(setpriv_args)
             .arg(bin())
             .args(args)
             .current_dir(self.ws())
@@ -68,19 +68,15 @@ impl Tree {
             .unwrap()
     }
 
+    /// The binary as uid 65534, with this tree's state dir and home.
+    fn nobody(&self, args: &[&str]) -> Output {
+        self.setpriv(&NOBODY, args)
+    }
+
     /// The binary as root with CAP_SYS_ADMIN dropped from every set (a container's
     /// default capabilities), with this tree's state dir and home.
     fn root_without_sys_admin(&self, args: &[&str]) -> Output {
-        Command::new("setpriv")
-            .args(NO_SYS_ADMIN)
-            .arg(bin())
-            .args(args)
-            .current_dir(self.ws())
-            .env("HOME", self.root.join("home"))
-            .env("MCP_SANDBOX_STATE_DIR", self.root.join("state"))
-            .env_remove("MCP_SANDBOX_WORKSPACE")
-            .output()
-            .unwrap()
+        self.setpriv(&NO_SYS_ADMIN, args)
     }
 
     fn run(&self, policy: &str, script: &str) -> Output {
@@ -98,6 +94,37 @@ impl Tree {
             script,
         ])
     }
+}
+
+/// The stdout of `out`, which must have succeeded.
+fn succeeded(out: &Output) -> String {
+    let text = stdout(out);
+    assert!(out.status.success(), "{text}\n{}", stderr(out));
+    text
+}
+
+/// The value of the `key value` line of `out`'s stdout.
+fn key_line(out: &Output, key: &str) -> String {
+    let text = stdout(out);
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key} ")))
+        .unwrap_or_else(|| panic!("no `{key}` line in:\n{text}\n{}", stderr(out)))
+        .trim()
+        .to_string()
+}
+
+/// `doctor --json`'s report in `out`, and its `workspace-write` policy entry.
+fn doctor_workspace_write(out: &Output) -> (serde_json::Value, serde_json::Value) {
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}", stdout(out), stderr(out)));
+    let ww = report["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "workspace-write")
+        .unwrap()
+        .clone();
+    (report, ww)
 }
 
 fn host_link(ns: &str) -> String {
@@ -137,15 +164,8 @@ fn unprivileged_workspace_write_runs_confined_in_a_user_namespace() {
         pid = std::process::id(),
     );
     let out = tree.run("workspace-write", &script);
-    let text = stdout(&out);
-    assert!(out.status.success(), "{text}\n{}", stderr(&out));
-    let line = |key: &str| -> String {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{key} ")))
-            .unwrap_or_else(|| panic!("no `{key}` line in:\n{text}\n{}", stderr(&out)))
-            .trim()
-            .to_string()
-    };
+    let text = succeeded(&out);
+    let line = |key: &str| key_line(&out, key);
     assert_eq!(line("pid"), "2", "{text}");
     assert_eq!(
         line("uidmap").split_whitespace().collect::<Vec<_>>(),
@@ -240,18 +260,11 @@ fn unprivileged_doctor_reports_the_user_namespace() {
     }
     let tree = Tree::new();
     let out = tree.nobody(&["doctor", "--json"]);
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}\n{}", stdout(&out), stderr(&out)));
+    let (report, ww) = doctor_workspace_write(&out);
     assert_eq!(
         report["kernel"]["namespaces"]["in_user_namespace"], true,
         "{report}"
     );
-    let ww = report["policies"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == "workspace-write")
-        .unwrap();
     assert_eq!(ww["refuses_to_start"], false, "{ww}");
     let how = |prefix: &str| -> serde_json::Value {
         ww["items"]
@@ -304,19 +317,12 @@ fn root_without_cap_sys_admin_runs_workspace_write_in_a_user_namespace() {
     }
     let tree = Tree::new();
     let out = tree.root_without_sys_admin(&["doctor", "--json"]);
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}\n{}", stdout(&out), stderr(&out)));
+    let (report, ww) = doctor_workspace_write(&out);
     assert_eq!(report["kernel"]["is_root"], true, "{report}");
     assert_eq!(
         report["kernel"]["namespaces"]["in_user_namespace"], true,
         "{report}"
     );
-    let ww = report["policies"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == "workspace-write")
-        .unwrap();
     assert_eq!(ww["refuses_to_start"], false, "{ww}");
     let text = stdout(&tree.root_without_sys_admin(&["doctor"]));
     assert!(
@@ -347,15 +353,8 @@ fn root_without_cap_sys_admin_runs_workspace_write_in_a_user_namespace() {
         "-c",
         &script,
     ]);
-    let text = stdout(&out);
-    assert!(out.status.success(), "{text}\n{}", stderr(&out));
-    let line = |key: &str| -> String {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{key} ")))
-            .unwrap_or_else(|| panic!("no `{key}` line in:\n{text}\n{}", stderr(&out)))
-            .trim()
-            .to_string()
-    };
+    let text = succeeded(&out);
+    let line = |key: &str| key_line(&out, key);
     assert_eq!(line("pid"), "2", "{text}");
     assert_eq!(
         line("uidmap").split_whitespace().collect::<Vec<_>>(),
