@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import make_wheel
+from conftest import LoopbackHTTP, make_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_POLICY = (REPO / "policies" / "workspace-write.toml").read_text()
@@ -248,7 +248,7 @@ def test_build_hook_reaches_nothing_of_the_host(local_wheels, listeners):
     local_wheels.run(scenario, timeout=240)
 
 
-class Web:
+class Web(LoopbackHTTP):
     """A directory served over HTTP on the host's 127.0.0.1 (like `python3 -m http.server`);
     the Authorization headers it was sent are kept."""
 
@@ -267,14 +267,7 @@ class Web:
             def log_message(self, *a):
                 pass
 
-        handler = Handler
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 def installer_policy(root: Path, allow: list[str]) -> Path:
