@@ -302,7 +302,11 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         pool.drain();
-        assert_eq!(SLOW_LIVE.load(Ordering::SeqCst), 0, "an item outlived the drain");
+        assert_eq!(
+            SLOW_LIVE.load(Ordering::SeqCst),
+            0,
+            "an item outlived the drain"
+        );
     }
 
     static DRAINED: std::sync::LazyLock<Pool<u8, std::sync::Arc<()>>> =
