@@ -43,13 +43,20 @@ def survivors(procs: dict[int, str]) -> list[int]:
     return [p for p, t in procs.items() if start_time(p) == t]
 
 
-def job_cgroups(server_pid: int) -> list[str]:
-    """Job cgroup directories of the server `server_pid` (`msr-<pid>x<random>-<n>`: named
-    after its instance id, which starts with its pid), v1 or v2."""
+def instance_of(state_dir: Path, server_pid: int) -> str:
+    """The instance id of the running server `server_pid` (`<pid>x<random>`), from its
+    ownership record in its state dir. Job cgroups are named after it; matching on the pid
+    alone would find cgroups an earlier, unrelated server of a reused pid left."""
+    [record] = [p.name for p in (state_dir / "owners").glob(f"{server_pid}x*")]
+    return record
+
+
+def job_cgroups(instance: str) -> list[str]:
+    """Job cgroup directories of the server `instance` (`msr-<instance>-<n>`), v1 or v2."""
     found = []
     for root, dirs, _ in os.walk("/sys/fs/cgroup"):
         for d in dirs:
-            if d.startswith(f"msr-{server_pid}x"):
+            if d.startswith(f"msr-{instance}-"):
                 found.append(os.path.join(root, d))
     return found
 
@@ -110,6 +117,7 @@ def test_sigkill_of_the_server_leaves_no_process_and_no_cgroup(server):
         assert install["status"] == "running", install
         seen["jobs"] = {shell["job_id"], script["job_id"], install["job_id"]}
         seen["server"] = c.server_pid
+        seen["instance"] = instance_of(server.state_dir, c.server_pid)
         # The jobs' processes appear as each job gets going (the shell's sleeps, uv and the
         # script's Python, the installer's build backend): a loaded machine may take longer
         # than the calls' windows. Wait for them; the deadline only guards a hang.
@@ -124,7 +132,7 @@ def test_sigkill_of_the_server_leaves_no_process_and_no_cgroup(server):
         helpers = [p for p in seen["procs"] if exe_of(p) == exe_of(c.server_pid)]
         assert helpers, "the spawn helper (and the job supervisors it forked) are the server's descendants"
         assert set(daemons) <= set(seen["procs"]), "the daemon is one of the server's descendants"
-        assert job_cgroups(c.server_pid), "the jobs run in cgroups named after the server"
+        assert job_cgroups(seen["instance"]), "the jobs run in cgroups named after the server"
         os.kill(c.server_pid, signal.SIGKILL)
         # Soon after: no process of theirs is left (polled; no timing is asserted).
         deadline = time.monotonic() + 60
@@ -149,13 +157,13 @@ def test_sigkill_of_the_server_leaves_no_process_and_no_cgroup(server):
         # leaving it (seen for > 5 s on a loaded machine) is retried on a thread of its own.
         # Polled while this server runs; the deadline only guards a hang.
         deadline = time.monotonic() + 150
-        while job_cgroups(seen["server"]) and time.monotonic() < deadline:
+        while job_cgroups(seen["instance"]) and time.monotonic() < deadline:
             await anyio.sleep(0.1)
-        assert job_cgroups(seen["server"]) == [], "the dead server's job cgroups were swept"
+        assert job_cgroups(seen["instance"]) == [], "the dead server's job cgroups were swept"
 
     # Only a server of the same state dir sweeps a dead server's cgroups and temp paths
     # (its ownership record is there): the next server here.
-    left_before = job_cgroups(seen["server"])
+    left_before = job_cgroups(seen["instance"])
     server.env["RUST_LOG"] = "info"
     server.run(second, timeout=240)
     log = server.stderr_log()
@@ -165,7 +173,7 @@ def test_sigkill_of_the_server_leaves_no_process_and_no_cgroup(server):
     assert f"scripts/script-{seen['server']}x" in log, log[-2000:]
     for tmp in ("shell-tmp", "env-tmp"):
         assert not list((server.state_dir / tmp).glob(f"{seen['server']}x*")), tmp
-    assert f"msr-{seen['server']}x" in log or not left_before, (left_before, log[-2000:])
+    assert f"msr-{seen['instance']}-" in log or not left_before, (left_before, log[-2000:])
     assert not list((server.state_dir / "owners").glob(f"{seen['server']}x*")), "its record is gone"
 
 
@@ -196,7 +204,7 @@ def test_two_servers_in_different_pid_namespaces_never_disturb_each_other(server
 
     async def scenario(a):
         await jobs_work(a, "first")
-        assert job_cgroups(a.server_pid), "the first server has job cgroups (made ahead or in use)"
+        assert job_cgroups(instance_of(server.state_dir, a.server_pid)), "the first server has job cgroups (made ahead or in use)"
         errlog = open(tmp_path / "other-stderr.log", "a")
         async with stdio_client(params_in_pidns(), errlog=errlog) as (r, w):
             async with ClientSession(r, w) as s:

@@ -89,11 +89,15 @@ def test_two_jobs_never_share_a_cgroup_network_namespace_or_temp_dir(server):
         assert len(links) <= 4 and links["0"] == links["1"] == "/dev/null", links
         for job in (a, b, third):
             assert (await c.ok("job_cancel", job_id=job["job_id"]))["status"] == "cancelled"
-        return c.server_pid
+        # The server's instance id (`<pid>x<random>`, its ownership record): its job
+        # cgroups are named after it (the pid alone could name an unrelated server's).
+        [instance] = [p.name for p in (server.state_dir / "owners").glob(f"{c.server_pid}x*")]
+        assert any(f"msr-{instance}-" in j["cgroup"] for j in (a, b, third)), (instance, a)
+        return instance
 
-    server_pid = server.run(scenario)
+    instance = server.run(scenario)
     # Cgroups made ahead of need and never used are removed at exit too.
-    left = [d for root, dirs, _ in os.walk("/sys/fs/cgroup") for d in dirs if d.startswith(f"msr-{server_pid}x")]
+    left = [d for root, dirs, _ in os.walk("/sys/fs/cgroup") for d in dirs if d.startswith(f"msr-{instance}-")]
     assert left == [], left
 
 
