@@ -142,10 +142,7 @@ impl JobCgroup {
                     controller: "pids",
                     what: "process",
                 })?;
-                let dir = pids_own.join(PARENT_DIR);
-                mkdir_ok_exists(&dir)?;
-                let dir = dir.join(name);
-                make_fresh(&dir)?;
+                let dir = v1_job_dir(&pids_own, name)?;
                 cg.pids = Some(dir.clone());
                 if let Some(max) = max_pids {
                     write(&dir.join("pids.max"), &max.to_string())?;
@@ -155,10 +152,7 @@ impl JobCgroup {
                         controller: "memory",
                         what: "memory",
                     })?;
-                    let dir = mem_own.join(PARENT_DIR);
-                    mkdir_ok_exists(&dir)?;
-                    let dir = dir.join(name);
-                    make_fresh(&dir)?;
+                    let dir = v1_job_dir(&mem_own, name)?;
                     cg.memory = Some(dir.clone());
                     write(&dir.join("memory.limit_in_bytes"), &bytes.to_string())?;
                     // memsw = memory + swap; equal to the cap means no swap (absent without swap accounting).
@@ -464,20 +458,21 @@ fn kill_members(dir: &Path) {
     }
 }
 
+/// A job's fresh cgroup `name` in the v1 hierarchy whose server cgroup is `own`.
+fn v1_job_dir(own: &Path, name: &str) -> Result<PathBuf, CgroupError> {
+    let parent = own.join(PARENT_DIR);
+    mkdir_ok_exists(&parent)?;
+    let dir = parent.join(name);
+    make_fresh(&dir)?;
+    Ok(dir)
+}
+
 /// Create `dir`; if it already exists (left by a crashed run), empty and recreate it.
 fn make_fresh(dir: &Path) -> Result<(), CgroupError> {
     match std::fs::create_dir(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-            if let Ok(list) = std::fs::read_to_string(dir.join("cgroup.procs")) {
-                for pid in list
-                    .split_whitespace()
-                    .filter_map(|p| p.parse::<i32>().ok())
-                {
-                    // SAFETY: kill(2) of members of a stale job cgroup we own.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
-            }
+            kill_members(dir);
             remove_dir_retry(dir, Duration::from_millis(500));
             std::fs::create_dir(dir).map_err(io("create", dir))
         }
