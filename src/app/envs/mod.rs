@@ -20,8 +20,9 @@ use tokio::sync::mpsc;
 use super::{App, AppError, Call, JobView};
 use crate::envs::install;
 use crate::envs::{
-    Canceller, EnvConfig, EnvError, EnvManager, EnvSink, InstallRequest, OutStream as EnvStream,
-    PackageSources, Progress, ScriptRequest, ScriptSource, Uv, Venv, VenvLocation,
+    Canceller, EnvConfig, EnvError, EnvManager, EnvSink, InstallRequest, Lease,
+    OutStream as EnvStream, PackageSources, Progress, ScriptRequest, ScriptSource, Uv, Venv,
+    VenvLocation,
 };
 use crate::jobs::store::WaitFor;
 use crate::jobs::{JobControl, JobHandle, JobKind, JobOutcome, JobStatus, Stream};
@@ -124,6 +125,48 @@ impl App {
             sink,
         })
     }
+
+    /// A uv job of `session` (an install or a script) admitted against its stores: the
+    /// manager, the job's policy and `{tmp}`, its claim on the stores and the job itself.
+    async fn uv_job(
+        &self,
+        kind: JobKind,
+        session: &str,
+        label: &str,
+        progress: Option<&Call>,
+    ) -> Result<UvJob, AppError> {
+        let envs = self.envs().await?;
+        envs.uv()?;
+        let (policy, tmp) = self.env_policy(&envs, session, None).await?;
+        let lease = envs.admit(session, &policy).await?;
+        let job = self.env_job(kind, session, label, lease.note.as_deref(), progress)?;
+        Ok(UvJob {
+            envs,
+            policy,
+            tmp,
+            lease,
+            job,
+        })
+    }
+}
+
+/// What [`App::uv_job`] admitted.
+struct UvJob {
+    envs: Arc<EnvManager>,
+    policy: ResolvedPolicy,
+    tmp: Option<super::tmp::TmpDir>,
+    lease: Lease,
+    job: EnvJob,
+}
+
+/// End a uv job: its claim on the stores ends before the answer (the session's next job
+/// may clear its cache), and the stores are measured as it left them after the answer
+/// (the session's next job is admitted on these figures, or measures itself while they
+/// are not in).
+async fn finish_uv_job(lease: Lease, handle: JobHandle, outcome: JobOutcome) {
+    let ended = lease.end();
+    handle.finish(outcome);
+    ended.measure().await;
 }
 
 struct EnvJobSink {
@@ -340,25 +383,24 @@ impl App {
             upgrade: args.upgrade,
         };
         install::validate(&req)?;
-        let envs = self.envs().await?;
-        envs.uv()?;
         let location =
             self.venv_location(args.venv_path.as_deref(), args.use_workspace_venv, true)?;
-        let (policy, tmp) = self.env_policy(&envs, session, None).await?;
-        let lease = envs.admit(session, &policy).await?;
         let label = format!("install {}", req.packages.join(" "));
-        let EnvJob {
-            handle,
-            id,
-            cancel,
-            sink,
-        } = self.env_job(
-            JobKind::Install,
-            session,
-            &label,
-            lease.note.as_deref(),
-            Some(call),
-        )?;
+        let UvJob {
+            envs,
+            policy,
+            tmp,
+            lease,
+            job:
+                EnvJob {
+                    handle,
+                    id,
+                    cancel,
+                    sink,
+                },
+        } = self
+            .uv_job(JobKind::Install, session, &label, Some(call))
+            .await?;
         let sessions = self.sessions.clone();
         let session = session.to_string();
         tokio::spawn(async move {
@@ -389,13 +431,7 @@ impl App {
                     install_outcome(&session, &venv, report, activation)
                 }
             };
-            // The claim ends before the answer (the session's next job may clear its
-            // cache); the stores are measured as the install left them after it: the
-            // session's next job is admitted on these figures, or measures itself while
-            // they are not in.
-            let ended = lease.end();
-            handle.finish(outcome);
-            ended.measure().await;
+            finish_uv_job(lease, handle, outcome).await;
         });
         self.follow(&id, wait, WaitFor::Settled, call, true).await
     }
@@ -442,23 +478,21 @@ impl App {
                 .map(|c| self.workspace()?.dir(&c, "cwd"))
                 .transpose()?,
         };
-        let envs = self.envs().await?;
-        envs.uv()?;
-        let session = args.session;
-        let (policy, tmp) = self.env_policy(&envs, &session, None).await?;
-        let lease = envs.admit(&session, &policy).await?;
-        let EnvJob {
-            handle,
-            id,
-            cancel,
-            sink,
-        } = self.env_job(
-            JobKind::Script,
-            &session,
-            &label,
-            lease.note.as_deref(),
-            None,
-        )?;
+        let UvJob {
+            envs,
+            policy,
+            tmp,
+            lease,
+            job:
+                EnvJob {
+                    handle,
+                    id,
+                    cancel,
+                    sink,
+                },
+        } = self
+            .uv_job(JobKind::Script, &args.session, &label, None)
+            .await?;
         // Kept so the agent can list, read and rerun it (resources `script://...`).
         if let Err(e) = super::scripts::save(&self.state_dir, &id, &label, record) {
             tracing::warn!("cannot save script {id} for a rerun: {e}");
@@ -475,9 +509,7 @@ impl App {
                 },
                 Ok(report) => script_outcome(report, benchmark),
             };
-            let ended = lease.end();
-            handle.finish(outcome);
-            ended.measure().await;
+            finish_uv_job(lease, handle, outcome).await;
         });
         self.follow(&id, wait, WaitFor::Settled, call, true).await
     }
