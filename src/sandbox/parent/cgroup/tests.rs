@@ -396,3 +396,33 @@ impl Drop for LeafTest {
         self.clean();
     }
 }
+
+/// A cgroup a sweep could not remove within its budget is retried later, off the
+/// caller's path, and goes once it can: here it is kept busy by a child cgroup (rmdir
+/// answers EBUSY) that goes away only after the late sweep has started.
+#[test]
+fn a_cgroup_still_busy_is_removed_by_the_late_sweep() {
+    let cg = JobCgroup::create(test_host(), &unique("late"), None, Some(8)).expect("create");
+    let dir = cg.procs_files()[0].parent().unwrap().to_path_buf();
+    std::mem::forget(cg); // its server is gone
+    let child = dir.join("busy");
+    std::fs::create_dir(&child).unwrap();
+    assert!(
+        std::fs::remove_dir(&dir).is_err(),
+        "a cgroup with a child is busy"
+    );
+    remove_late(vec![dir.clone()]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(dir.exists(), "removed while still busy?");
+    std::fs::remove_dir(&child).unwrap();
+    // Polled; the deadline only guards a hang.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while dir.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !dir.exists(),
+        "the late sweep did not remove {}",
+        dir.display()
+    );
+}
