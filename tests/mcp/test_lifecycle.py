@@ -113,3 +113,34 @@ def test_closing_stdin_during_a_long_poll_exits_at_once(server):
     while any(alive(p) for p in kids) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert [p for p in kids if alive(p)] == []
+
+
+def test_closing_stdin_right_after_a_call_does_not_wait_for_the_pools(server):
+    """A client that leaves right after an answer (the SDK closes stdin, then kills the
+    server 2 s later): the resources made ahead stop being made at once. The pools' makers
+    slept out the settle time after a take and missed the exit's wake-up, so every such
+    exit waited the drain's full budget (5 s) and was killed by the SDK first."""
+    import json
+
+    proc = subprocess.Popen(
+        [binary()], env=server.server_env(), cwd=server.workspace,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+
+    def send(msg):
+        proc.stdin.write((json.dumps(msg) + "\n").encode())
+        proc.stdin.flush()
+
+    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+    proc.stdout.readline()
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    for i in range(3):  # a job took from each pool within its settle time before the exit
+        send({"jsonrpc": "2.0", "id": 2 + i, "method": "tools/call", "params": {
+            "name": "shell_run", "arguments": {"command": "true", "wait_seconds": 5}}})
+        assert '"isError":true' not in proc.stdout.readline().decode()
+    proc.stdin.close()
+    proc.wait(timeout=60)
+    err = proc.stderr.read().decode()
+    assert proc.returncode == 0, err[-2000:]
+    assert "did not end within" not in err, err[-2000:]

@@ -41,6 +41,8 @@ type Maker<K, T> = Box<dyn Fn(&K) -> Result<T, String> + Send + Sync>;
 
 struct Shared<K, T> {
     name: &'static str,
+    /// [`SETTLE`], but for tests.
+    settle: Duration,
     make: Maker<K, T>,
     state: Mutex<State<K, T>>,
     wake: Condvar,
@@ -68,9 +70,19 @@ where
         name: &'static str,
         make: impl Fn(&K) -> Result<T, String> + Send + Sync + 'static,
     ) -> Self {
+        Self::with_settle(name, SETTLE, make)
+    }
+
+    /// The same, the maker waiting `settle` after the latest take (tests: a long one).
+    fn with_settle(
+        name: &'static str,
+        settle: Duration,
+        make: impl Fn(&K) -> Result<T, String> + Send + Sync + 'static,
+    ) -> Self {
         Pool {
             shared: Arc::new(Shared {
                 name,
+                settle,
                 make: Box::new(make),
                 state: Mutex::new(State {
                     kinds: Vec::new(),
@@ -155,10 +167,16 @@ impl<K, T> Pool<K, T> {
         drop(ready);
         if let Ok(state) = self.shared.state.lock() {
             // Bounded: a maker stuck in the kernel must not hold a server's exit.
-            let _ = self
+            let waited = self
                 .shared
                 .wake
                 .wait_timeout_while(state, DRAIN_WAIT, |s| s.maker_running);
+            if waited.is_ok_and(|(_, w)| w.timed_out()) {
+                tracing::warn!(
+                    pool = self.shared.name,
+                    "the pool's maker did not end within {DRAIN_WAIT:?} of the drain; going on without it"
+                );
+            }
         }
     }
 }
@@ -187,15 +205,24 @@ where
                     if state.failed {
                         return;
                     }
-                    let quiet = state.last_take.map(|t| t + SETTLE);
-                    if let Some(wait) = quiet.and_then(|q| q.checked_duration_since(Instant::now()))
+                    // Waited out once, on the condition variable rather than asleep: a
+                    // drain meanwhile ends it (a drain's wake-up missed during a sleep
+                    // held a server's exit for DRAIN_WAIT); takes meanwhile do not
+                    // extend it.
+                    let quiet = state.last_take.map(|t| t + self.settle);
+                    while let Some(wait) =
+                        quiet.and_then(|q| q.checked_duration_since(Instant::now()))
                     {
-                        drop(state);
-                        std::thread::sleep(wait);
-                        state = match self.state.lock() {
-                            Ok(s) => s,
+                        if state.failed {
+                            return;
+                        }
+                        state = match self.wake.wait_timeout(state, wait) {
+                            Ok((s, _)) => s,
                             Err(_) => return,
                         };
+                    }
+                    if state.failed {
+                        return;
                     }
                     // The kind asked for most recently first.
                     let short = state
@@ -306,6 +333,24 @@ mod tests {
             SLOW_LIVE.load(Ordering::SeqCst),
             0,
             "an item outlived the drain"
+        );
+    }
+
+    /// A drain while the maker waits out the settle time after a take (a server whose
+    /// client leaves right after a call) ends the maker at once: it was asleep there,
+    /// missed the drain's wake-up and waited for work that never came, so every such exit
+    /// waited the drain's full budget.
+    #[test]
+    fn a_drain_during_the_settle_time_ends_the_maker() {
+        let pool: Pool<u8, u32> =
+            Pool::with_settle("test-pool-settle", Duration::from_secs(3600), |_| Ok(1));
+        assert!(pool.take(&0).is_none());
+        // The maker reaches its settle wait (were it not there yet, it would still end).
+        std::thread::sleep(Duration::from_millis(50));
+        pool.drain();
+        assert!(
+            !pool.shared.state.lock().unwrap().maker_running,
+            "the maker was still running when the drain gave up waiting for it"
         );
     }
 
