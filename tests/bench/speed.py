@@ -2,7 +2,7 @@
 """Issue 28 ("speed back ahead"): every figure beside its same-run baselines, in one run.
 
     python3 tests/bench/speed.py [--bin target/release/mcp-sandbox-repl] [--calls 300]
-        [--first 10] [--launch 60] [--envs 12] [--parallel 3] [--baseline BIN] [--no-write]
+        [--first 10] [--first-peers 30] [--launch 60] [--envs 12] [--parallel 3] [--baseline BIN] [--no-write]
 
 Not part of the test run. Measures, in turns so load bursts land on every column alike:
 - trivial `python_exec 1`: this server with default settings (snapshots on, taken only in
@@ -14,7 +14,8 @@ Not part of the test run. Measures, in turns so load bursts land on every column
 - first `python_exec` from `initialize` (the request sent → the cell answered), a server
   per sample on the same state dir (what an earlier server remembered counts), with the
   default `python3` (on this machine a pyenv shim) and with /usr/bin/python3; the peer's
-  first `repl_run_code` the same way;
+  first `repl_run_code` the same way (in the first --first-peers rounds only: a peer's
+  start takes ~0.7 s);
 - the launcher: `/bin/true` bare, under bubblewrap (`--unshare-all`), through
   `run --policy workspace-write` (the baselines the launcher owner's figures stand on);
 - `env_install` of a small local wheel into the session venv against `uv pip install` of
@@ -206,8 +207,11 @@ def firsts(args, root: Path) -> dict:
     res.update({name: [] for name, _ in bare})
     for name, p, tool, a in variants:  # one start each first: the state dir as a configured server has it
         anyio.run(first_exec, p, tool, a)
-    for _ in range(args.first):
+    peer_names = {name for name, *_ in variants[2:]}
+    for i in range(args.first):
         for name, p, tool, a in variants:
+            if name in peer_names and i >= args.first_peers:
+                continue
             res[name].append(anyio.run(first_exec, p, tool, a))
             time.sleep(0.2)  # the previous server's processes are gone
         for name, argv in bare:
@@ -404,6 +408,8 @@ def main() -> None:
     ap.add_argument("--peers", default="/tmp/speed-peers", help="a venv with mcp-python-repl / mcp-python installed")
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--first", type=int, default=10)
+    ap.add_argument("--first-peers", type=int, default=30,
+                    help="samples of the peers' first call (~0.7 s each here), at most --first")
     ap.add_argument("--launch", type=int, default=60)
     ap.add_argument("--envs", type=int, default=12)
     ap.add_argument("--parallel", type=int, default=3)
