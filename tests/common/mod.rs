@@ -27,6 +27,16 @@ pub(crate) fn runtime() -> mcp_sandbox_repl::sandbox::Runtime {
     static RUNTIME: std::sync::OnceLock<Runtime> = std::sync::OnceLock::new();
     RUNTIME
         .get_or_init(|| {
+            // As a server does at exit: what was made ahead (job cgroups) is released
+            // when the test process ends; a static is never dropped, and each run of the
+            // suite left ~100 cgroup directories behind.
+            extern "C" fn release() {
+                if let Some(rt) = RUNTIME.get() {
+                    rt.release_prepared();
+                }
+            }
+            // SAFETY: registers a plain function to run at exit.
+            unsafe { libc::atexit(release) };
             Runtime::new(RuntimeConfig {
                 launcher_exe: bin(),
                 ..RuntimeConfig::server()
