@@ -151,10 +151,16 @@ pub async fn install(
     let parser = Arc::new(Mutex::new(ProgressParser::default()));
     let hook_parser = parser.clone();
     let hook_sink = sink.clone();
+    let mut in_place = Some(venv.clone());
     let hook: process::LineHook = Box::new(move |line| {
         let step = hook_parser.lock().ok().and_then(|mut p| p.line(line));
         if let Some(step) = step {
             hook_sink.progress(&step);
+            if step.progress >= STEPS
+                && let Some(venv) = in_place.take()
+            {
+                hook_sink.installed(&venv);
+            }
         }
     });
     let watch = DiskWatch::new(lease, stores, &policy);
