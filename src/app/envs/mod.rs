@@ -442,11 +442,11 @@ impl App {
             .await?;
         let sessions = self.sessions.clone();
         let session = session.to_string();
-        // The session is activated as soon as uv says the packages are in place, while
-        // uv, its PID namespace and its sandbox still exit (about a millisecond and a
-        // half); the outcome waits for both. Activating the session's own venv is what
-        // a success does anyway, and harmless if the install then fails (its result is
-        // not reported then).
+        // The session is activated once uv has said the packages are in place and has
+        // exited (its stderr ended), while its PID namespace and sandbox still exit
+        // (about a millisecond); the outcome waits for both. Activating the session's
+        // own venv is what a success does anyway, and harmless if the install then
+        // fails (its result is not reported then).
         let in_place = sink.when_installed();
         let early = tokio::spawn({
             let sessions = sessions.clone();
