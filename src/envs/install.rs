@@ -151,10 +151,16 @@ pub async fn install(
     let parser = Arc::new(Mutex::new(ProgressParser::default()));
     let hook_parser = parser.clone();
     let hook_sink = sink.clone();
+    let mut in_place = InPlace {
+        sink: sink.clone(),
+        venv: venv.clone(),
+        said: false,
+    };
     let hook: process::LineHook = Box::new(move |line| {
         let step = hook_parser.lock().ok().and_then(|mut p| p.line(line));
         if let Some(step) = step {
             hook_sink.progress(&step);
+            in_place.note(&step);
         }
     });
     let watch = DiskWatch::new(lease, stores, &policy);
@@ -188,6 +194,31 @@ pub async fn install(
         limit: outcome.limit().map(str::to_string),
         denied: outcome.denied,
     })
+}
+
+/// Tells the sink the packages are in place ([`EnvSink::installed`]) once uv has said so
+/// ("Installed N packages", "Audited N packages") and its stderr has ended: dropped with
+/// the stderr hook when the pipe reaches its end, i.e. when every process holding it —
+/// uv itself included — has exited or closed it. A build hook that prints those words
+/// early cannot make the sink told while uv still runs.
+struct InPlace {
+    sink: Arc<dyn EnvSink>,
+    venv: Venv,
+    said: bool,
+}
+
+impl InPlace {
+    fn note(&mut self, step: &Progress) {
+        self.said |= step.progress >= STEPS;
+    }
+}
+
+impl Drop for InPlace {
+    fn drop(&mut self) {
+        if self.said {
+            self.sink.installed(&self.venv);
+        }
+    }
 }
 
 pub(crate) fn duration_ms(d: Duration) -> u64 {
@@ -334,6 +365,62 @@ mod tests {
         let text = uv_explanation(&long);
         assert!(text.chars().count() < 2100);
         assert!(text.ends_with("(trimmed)"));
+    }
+
+    /// The sink is told the packages are in place only when the stderr hook is dropped
+    /// (the pipe's end: uv has exited), however early uv's words came, and only if they
+    /// came: a build hook printing "Installed" cannot have the session activated while uv
+    /// still writes the venv.
+    #[test]
+    fn the_sink_is_told_in_place_at_the_end_of_stderr_only_after_uvs_words() {
+        #[derive(Default)]
+        struct Told(Mutex<Vec<std::path::PathBuf>>);
+        impl EnvSink for Told {
+            fn output(&self, _: super::super::OutStream, _: &[u8]) {}
+            fn installed(&self, venv: &Venv) {
+                self.0.lock().unwrap().push(venv.root().to_path_buf());
+            }
+        }
+        let d = crate::test_support::scratch_dir("in-place");
+        std::fs::create_dir_all(d.path().join("bin")).unwrap();
+        std::fs::write(d.path().join("bin/python"), b"").unwrap();
+        std::fs::create_dir_all(d.path().join("lib/python3.11/site-packages")).unwrap();
+        let venv = Venv::open(d.path()).unwrap();
+        let told = Arc::new(Told::default());
+        let mut parser = ProgressParser::default();
+        let mut in_place = InPlace {
+            sink: told.clone(),
+            venv: venv.clone(),
+            said: false,
+        };
+        for line in [
+            "Resolved 1 package in 1ms",
+            "Installed 1 package in 1ms",
+            " + a==1",
+        ] {
+            if let Some(step) = parser.line(line) {
+                in_place.note(&step);
+            }
+        }
+        assert!(told.0.lock().unwrap().is_empty(), "told before the end");
+        drop(in_place);
+        assert_eq!(*told.0.lock().unwrap(), vec![venv.root().to_path_buf()]);
+
+        // No such words (a failed resolution): never told.
+        let silent = Arc::new(Told::default());
+        let mut in_place = InPlace {
+            sink: silent.clone(),
+            venv,
+            said: false,
+        };
+        let mut parser = ProgressParser::default();
+        for line in ["Resolved 1 package in 1ms", "error: no solution"] {
+            if let Some(step) = parser.line(line) {
+                in_place.note(&step);
+            }
+        }
+        drop(in_place);
+        assert!(silent.0.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -212,6 +212,13 @@ pub struct Progress {
 pub trait EnvSink: Send + Sync {
     fn output(&self, stream: OutStream, data: &[u8]);
     fn progress(&self, _progress: &Progress) {}
+    /// An install's uv said its packages are in place in `venv` ("Installed N
+    /// packages", "Audited N packages") and its stderr has ended (uv has exited), while
+    /// its sandbox may still be exiting; at most once per install. Whether the install
+    /// succeeded is known only from its report: what is started here (the session's
+    /// activation of the venv, which any later success does too) must be harmless if
+    /// it then fails. Called from the output pump: must not block.
+    fn installed(&self, _venv: &Venv) {}
 }
 
 /// A sink that drops everything (for callers that only want the final report).

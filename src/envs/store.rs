@@ -525,6 +525,11 @@ impl Stores {
 
     /// Measure the trees of `owner` again (each part on its own) and record them.
     async fn remeasure(&self, owner: &Owner) -> u64 {
+        self.remeasure_at(owner, Urgency::Needed).await
+    }
+
+    /// [`Stores::remeasure`], the walk at `urgency` (see [`Urgency`]).
+    async fn remeasure_at(&self, owner: &Owner, urgency: Urgency) -> u64 {
         let start = {
             let inner = self.lock();
             inner
@@ -535,7 +540,7 @@ impl Stores {
         };
         let trees = self.trees(owner);
         let stop = u64::MAX;
-        let measured = tokio::task::spawn_blocking(move || {
+        let walk = move || {
             trees
                 .into_iter()
                 .map(|t| {
@@ -543,9 +548,11 @@ impl Stores {
                     (t, m.bytes)
                 })
                 .collect::<Vec<_>>()
-        })
-        .await
-        .unwrap_or_default();
+        };
+        let measured = match urgency {
+            Urgency::Needed => tokio::task::spawn_blocking(walk).await.unwrap_or_default(),
+            Urgency::Idle => in_idle_time(walk).await.unwrap_or_default(),
+        };
         let mut inner = self.lock();
         let account = inner.accounts.entry(owner.clone()).or_default();
         for (tree, bytes) in measured {
@@ -931,7 +938,8 @@ impl Lease {
 
     /// End the job's claim, measuring the owner's stores as the job left them.
     pub async fn release(self) {
-        self.end().measure().await;
+        let ended = self.end();
+        ended.stores.remeasure(&ended.owner).await;
     }
 
     /// End the job's claim now (another job of the owner may clear its cache from here
@@ -955,9 +963,57 @@ pub struct Ended {
 }
 
 impl Ended {
-    /// Measure the owner's stores as the job left them.
+    /// Measure the owner's stores as the job left them, in idle time: the walk yields
+    /// the CPU to everything else of the machine (the job's answer, the next call),
+    /// since nothing waits for it (an admission before it is in measures itself).
     pub async fn measure(self) {
-        self.stores.remeasure(&self.owner).await;
+        self.stores.remeasure_at(&self.owner, Urgency::Idle).await;
+    }
+}
+
+/// How a measure of the stores runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Urgency {
+    /// Something waits for it (an admission): on the blocking pool, at the server's
+    /// own priority.
+    Needed,
+    /// Nothing waits for it (the measure after a job's answer): on a thread of its own
+    /// under `SCHED_IDLE`, so on a busy machine it runs only when a CPU would idle and
+    /// never delays the answer or the next call it races with.
+    Idle,
+}
+
+/// Run `f` on a thread of its own under `SCHED_IDLE` (at normal priority where the
+/// kernel refuses that policy); `None` if the thread could not be started or panicked.
+async fn in_idle_time<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let started = std::thread::Builder::new()
+        .name("store-measure".into())
+        .spawn(move || {
+            if let Err(e) = idle_priority() {
+                tracing::debug!("the measure of the stores runs at normal priority: {e}");
+            }
+            let _ = tx.send(f());
+        });
+    if let Err(e) = started {
+        tracing::warn!("cannot start a thread to measure the package stores: {e}");
+        return None;
+    }
+    rx.await.ok()
+}
+
+/// Put the calling thread (not the process: Linux applies `sched_setscheduler(0, ..)`
+/// to the calling thread) under `SCHED_IDLE`. No privilege is needed to lower a
+/// thread's policy; the thread cannot raise it again, so it is used for one walk.
+fn idle_priority() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid, initialised sched_param that outlives the call; pid 0
+    // names the calling thread; no memory is shared with the kernel beyond the call.
+    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &raw const param) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -1210,6 +1266,41 @@ mod tests {
             assert!(stores.used(&bob) >= 4 * MIB, "{}", stores.used(&bob));
             let lease = stores.admit(&bob, vec![]).await.unwrap();
             assert_cache_cleared(&lease, &cache);
+        });
+    }
+
+    /// The measure after a job's answer ([`Ended::measure`]) walks on a thread of its
+    /// own under `SCHED_IDLE` (never ahead of the answer or the next call on a busy
+    /// machine), and its figures serve the next admission as the blocking one's do.
+    #[test]
+    fn the_measure_after_a_job_runs_in_idle_time_and_settles_the_figures() {
+        let caller = std::thread::current().id();
+        let (on, policy) = rt()
+            .block_on(in_idle_time(move || {
+                // SAFETY: no arguments; reads the calling thread's policy.
+                let policy = unsafe { libc::sched_getscheduler(0) };
+                (std::thread::current().id() != caller, policy)
+            }))
+            .unwrap();
+        assert!(on, "the walk ran on the caller's thread");
+        assert_eq!(policy, libc::SCHED_IDLE);
+        // The caller's own policy is unchanged.
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_OTHER);
+
+        let (_d, stores, bob) = bob_bounded_at(4 * MIB, "store-idle");
+        let cache = stores.cache_dir(&bob);
+        std::fs::create_dir_all(&cache).unwrap();
+        rt().block_on(async {
+            let lease = stores.admit(&bob, vec![]).await.unwrap();
+            write_dense(&cache.join("a"), 1 << 20);
+            lease.end().measure().await;
+            let measured = stores.used(&bob);
+            assert!((MIB..2 * MIB).contains(&measured), "{measured}");
+            // Written by no job of this server: the figure measured in idle time stands.
+            write_dense(&cache.join("b"), 1 << 20);
+            let _lease = stores.admit(&bob, vec![]).await.unwrap();
+            assert_eq!(stores.used(&bob), measured);
         });
     }
 

@@ -18,7 +18,7 @@ use crate::common::TempDir;
 use mcp_sandbox_repl::envs::script::ScriptFailure;
 use mcp_sandbox_repl::envs::{
     self, Canceller, EnvConfig, EnvSink, InstallRequest, Lease, OutStream, Owner, PackageSources,
-    Progress, ScriptRequest, ScriptSource, Stores, Uv, VenvLocation,
+    Progress, ScriptRequest, ScriptSource, Stores, Uv, Venv, VenvLocation,
 };
 use mcp_sandbox_repl::sandbox::{Placeholders, Policy, ResolvedPolicy};
 
@@ -129,6 +129,9 @@ struct Collect {
     stdout: Mutex<Vec<u8>>,
     stderr: Mutex<Vec<u8>>,
     progress: Mutex<Vec<Progress>>,
+    /// Each `installed` call: the venv, and whether `tinypkg` was in its site-packages
+    /// at that moment.
+    installed: Mutex<Vec<(PathBuf, bool)>>,
 }
 
 impl Collect {
@@ -150,6 +153,13 @@ impl EnvSink for Collect {
     }
     fn progress(&self, p: &Progress) {
         self.progress.lock().unwrap().push(p.clone());
+    }
+    fn installed(&self, venv: &Venv) {
+        let in_place = venv.site_packages().join("tinypkg/__init__.py").is_file();
+        self.installed
+            .lock()
+            .unwrap()
+            .push((venv.root().to_path_buf(), in_place));
     }
 }
 
@@ -238,6 +248,12 @@ async fn install_into_session_venv_is_importable_without_losing_state() {
     .unwrap();
     assert!(report.ok, "{report:?}\n{}", sink.stderr());
     assert_eq!(report.installed, vec!["tinypkg==0.1"]);
+    // Told once, with the package already in place (the session's activation starts
+    // from this while uv still exits).
+    assert_eq!(
+        *sink.installed.lock().unwrap(),
+        vec![(venv.root().to_path_buf(), true)]
+    );
     assert!(
         sink.stderr().contains("+ tinypkg==0.1"),
         "{}",
@@ -295,12 +311,14 @@ async fn failed_resolution_reports_uvs_explanation() {
         &req,
         &policy,
         &lease,
-        sink,
+        sink.clone(),
         &Canceller::new(),
     )
     .await
     .unwrap();
     assert!(!report.ok);
+    // Nothing was installed: the session is not told to activate anything.
+    assert!(sink.installed.lock().unwrap().is_empty());
     let message = report.message.unwrap();
     assert!(message.starts_with("error:"), "{message}");
     assert!(message.contains("nosuchpkg-xyz"), "{message}");

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::{App, AppError, Call, JobView};
 use crate::envs::install;
@@ -114,10 +114,10 @@ impl App {
         }
         let cancel = Canceller::new();
         handle.set_control(Arc::new(EnvControl(cancel.clone())));
-        let sink = Arc::new(EnvJobSink {
-            handle: handle.clone(),
-            progress: progress.map(forward_progress),
-        });
+        let sink = Arc::new(EnvJobSink::new(
+            handle.clone(),
+            progress.map(forward_progress),
+        ));
         Ok(EnvJob {
             id: handle.id().to_string(),
             handle,
@@ -172,6 +172,35 @@ async fn finish_uv_job(lease: Lease, handle: JobHandle, outcome: JobOutcome) {
 struct EnvJobSink {
     handle: JobHandle,
     progress: Option<mpsc::UnboundedSender<Progress>>,
+    /// Told the venv once uv says an install's packages are in place
+    /// ([`EnvSink::installed`]); set by [`EnvJobSink::when_installed`].
+    in_place: std::sync::Mutex<Option<oneshot::Sender<Venv>>>,
+}
+
+impl EnvJobSink {
+    fn new(handle: JobHandle, progress: Option<mpsc::UnboundedSender<Progress>>) -> Self {
+        EnvJobSink {
+            handle,
+            progress,
+            in_place: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The venv, once uv says the packages are in place; an error once the install
+    /// ended without saying so (see [`EnvJobSink::close`]).
+    fn when_installed(&self) -> oneshot::Receiver<Venv> {
+        let (tx, rx) = oneshot::channel();
+        *self.in_place.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        rx
+    }
+
+    /// The install ended: whoever waits in [`EnvJobSink::when_installed`] stops waiting.
+    fn close(&self) {
+        self.in_place
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
 }
 
 impl EnvSink for EnvJobSink {
@@ -185,6 +214,16 @@ impl EnvSink for EnvJobSink {
     fn progress(&self, p: &Progress) {
         if let Some(tx) = &self.progress {
             let _ = tx.send(p.clone());
+        }
+    }
+    fn installed(&self, venv: &Venv) {
+        let tx = self
+            .in_place
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(tx) = tx {
+            let _ = tx.send(venv.clone());
         }
     }
 }
@@ -403,6 +442,20 @@ impl App {
             .await?;
         let sessions = self.sessions.clone();
         let session = session.to_string();
+        // The session is activated once uv has said the packages are in place and has
+        // exited (its stderr ended), while its PID namespace and sandbox still exit
+        // (about a millisecond); the outcome waits for both. Activating the session's
+        // own venv is what a success does anyway, and harmless if the install then
+        // fails (its result is not reported then).
+        let in_place = sink.when_installed();
+        let early = tokio::spawn({
+            let sessions = sessions.clone();
+            let session = session.clone();
+            async move {
+                let venv = in_place.await.ok()?;
+                Some(activate(&sessions, &session, &venv).await)
+            }
+        });
         tokio::spawn(async move {
             let _tmp = tmp;
             let r = envs
@@ -412,10 +465,12 @@ impl App {
                     &req,
                     &policy,
                     &lease,
-                    sink,
+                    sink.clone(),
                     &cancel,
                 )
                 .await;
+            sink.close();
+            drop(sink);
             let outcome = match r {
                 Err(e) => JobOutcome {
                     status: JobStatus::Failed,
@@ -423,10 +478,12 @@ impl App {
                     ..Default::default()
                 },
                 Ok((venv, report)) => {
-                    let activation = if report.ok {
-                        activate(&sessions, &session, &venv).await
-                    } else {
+                    let activation = if !report.ok {
                         None
+                    } else if let Ok(Some(done)) = early.await {
+                        done
+                    } else {
+                        activate(&sessions, &session, &venv).await
                     };
                     install_outcome(&session, &venv, report, activation)
                 }

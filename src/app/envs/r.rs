@@ -115,10 +115,10 @@ impl CellInstaller {
                 return cancel;
             }
         };
-        let sink = Arc::new(EnvJobSink {
-            handle: self.handle.clone(),
-            progress: Some(forward_progress(&self.call)),
-        });
+        let sink = Arc::new(EnvJobSink::new(
+            self.handle.clone(),
+            Some(forward_progress(&self.call)),
+        ));
         let sandbox = self.sandbox.clone();
         let task_cancel = cancel.clone();
         tokio::spawn(async move {
