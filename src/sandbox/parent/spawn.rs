@@ -746,15 +746,8 @@ fn fork_launcher(spec: &LaunchSpec, pairs: &[(RawFd, RawFd)], init: bool) -> std
             // SAFETY: dup2 of descriptors this process holds; the sources sit above
             // every target, so no placement clobbers another's source.
             if unsafe { libc::dup2(src, target) } < 0 {
-                let e = std::io::Error::last_os_error();
-                // The launcher's error, in words, on the status pipe (its source is
-                // still open whether or not it has been placed yet).
-                if let Some(&(status, _)) = pairs.iter().find(|&&(_, t)| t == spec.status_fd) {
-                    let line = format!("error: cannot place descriptor {target}: {e}\n");
-                    // SAFETY: write of a buffer we own to a pipe end we hold.
-                    unsafe { libc::write(status, line.as_ptr().cast(), line.len()) };
-                }
-                // SAFETY: _exit in a forked child: no atexit handler of the parent runs.
+                // SAFETY: _exit in a forked child (its status pipe may not be in place:
+                // the parent sees it end without a word and reports the exit).
                 unsafe { libc::_exit(crate::sandbox::launcher::error::SETUP_FAILED_EXIT) }
             }
         }
