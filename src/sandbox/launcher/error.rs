@@ -45,11 +45,6 @@ pub enum SetupError {
     PidNamespaceMissing { policy: String, source: io::Error },
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
-    #[error(
-        "the server did not place the job in its cgroup ({0}): it could not make one, or it \
-         ended; the job was not run (the server's own error says why)"
-    )]
-    CgroupNotPlaced(String),
     #[error(transparent)]
     Network(#[from] NetnsError),
     #[error(transparent)]
@@ -138,9 +133,7 @@ impl SetupError {
     pub fn step(&self) -> &'static str {
         match self {
             SetupError::ReservedFd { .. } => "descriptors",
-            SetupError::RootNeedsCgroup { .. }
-            | SetupError::Cgroup(_)
-            | SetupError::CgroupNotPlaced(_) => "cgroup",
+            SetupError::RootNeedsCgroup { .. } | SetupError::Cgroup(_) => "cgroup",
             SetupError::Session(_) => "setsid",
             SetupError::ParentDeath(_) | SetupError::ParentGone { .. } => "pdeathsig",
             SetupError::PidNamespace(_) | SetupError::PidNamespaceMissing { .. } => "pidns",

@@ -9,7 +9,6 @@
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use super::CgroupPlacement;
 use super::cgroup;
 use super::error::SetupError;
 use super::mounts::{self, MountView};
@@ -41,29 +40,6 @@ pub(crate) fn join_cgroup(
         best_effort,
         "cgroup limits",
     )
-}
-
-/// Launcher side: wait for the parent's [`CgroupPlacement`] on the placement pipe
-/// (`read`, closed here) — it is sent once the parent has made the job's cgroup. EOF
-/// without one (the parent could not make a cgroup the policy requires, or ended) or
-/// anything unreadable is fatal: the job never runs unplaced.
-pub(crate) fn await_placement(read: std::os::fd::RawFd) -> Result<CgroupPlacement, SetupError> {
-    use std::io::Read;
-    use std::os::fd::FromRawFd;
-    // SAFETY: the parent handed us this descriptor (the spec names it); we own it here.
-    let mut pipe = unsafe { std::fs::File::from_raw_fd(read) };
-    let mut text = Vec::new();
-    let read = pipe.read_to_end(&mut text);
-    match read.map(|_| serde_json::from_slice::<CgroupPlacement>(&text)) {
-        Ok(Ok(placement)) => Ok(placement),
-        Ok(Err(_)) if text.is_empty() => {
-            Err(SetupError::CgroupNotPlaced("nothing was sent".into()))
-        }
-        Ok(Err(e)) => Err(SetupError::CgroupNotPlaced(format!(
-            "unreadable placement: {e}"
-        ))),
-        Err(e) => Err(SetupError::CgroupNotPlaced(e.to_string())),
-    }
 }
 
 /// Launcher side: a private network namespace (loopback up if asked).

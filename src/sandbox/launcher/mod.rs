@@ -73,15 +73,6 @@ pub(crate) struct LaunchSpec {
     pub cgroup_procs: Vec<PathBuf>,
     /// Whether memory is capped by the cgroup (then RLIMIT_AS is not used).
     pub memory_cgroup: bool,
-    /// Set when the parent makes the job's cgroup only after it started the launcher
-    /// (the fork route, `run`: the cgroup is made while the launcher builds the job's
-    /// namespaces): the read and write ends of the *placement pipe*. The job closes the
-    /// write end at once, and before its mount view waits for the parent's
-    /// [`CgroupPlacement`] there; it never execs the target without one (EOF: the parent
-    /// could not make the cgroup, or ended). `cgroup_procs` and `memory_cgroup` are then
-    /// empty and false: the placement says.
-    #[serde(default)]
-    pub cgroup_placement_fds: Option<(RawFd, RawFd)>,
     /// The network namespace to join (closed right after): the broker's in proxy mode,
     /// or one made ahead of need for `none`/`loopback` (else the launcher makes one) ...
     #[serde(default)]
@@ -107,15 +98,6 @@ pub(crate) struct LaunchSpec {
     /// its policy sets none (`rlimits::rlimit_plan`).
     #[serde(default)]
     pub inherited_open_files: Option<u64>,
-}
-
-/// What the parent sends on the placement pipe (`LaunchSpec::cgroup_placement_fds`) once
-/// it has made the job's cgroup: its membership files and whether it caps memory. No
-/// files: there is no cgroup, and the policy allowed that (best effort: rlimits instead).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct CgroupPlacement {
-    pub procs: Vec<PathBuf>,
-    pub memory: bool,
 }
 
 /// Launcher mode: apply the sandbox, exec the target. Never returns.
@@ -150,11 +132,6 @@ pub(crate) fn run_spec(spec: &LaunchSpec, filter: Option<&CompiledFilter>) -> ! 
     // SAFETY: the status fd was handed to us by the parent; we own it.
     let mut status = unsafe { std::fs::File::from_raw_fd(spec.status_fd) };
     set_cloexec(spec.status_fd);
-    if let Some((_, write)) = spec.cgroup_placement_fds {
-        // Only the parent may hold the write end: EOF must mean it sent nothing.
-        // SAFETY: close of our inherited copy of a descriptor nobody else here uses.
-        unsafe { libc::close(write) };
-    }
     let mut notes = Vec::new();
     let err = apply_and_exec(spec, filter, &mut notes, &mut status);
     let _ = writeln!(status, "error: {}", err.to_string().replace('\n', " "));
@@ -229,26 +206,20 @@ fn apply_sandbox(
     if unsafe { libc::setsid() } < 0 {
         return Err(SetupError::Session(std::io::Error::last_os_error()));
     }
-    let memory_cgroup = isolate(spec, notes)?;
+    isolate(spec, notes)?;
     if let Some(dir) = &spec.cwd {
         std::env::set_current_dir(dir).map_err(|source| SetupError::WorkingDir {
             path: dir.clone(),
             source,
         })?;
     }
-    confine(spec, filter, memory_cgroup, notes)?;
+    confine(spec, filter, notes)?;
     close_inherited_fds(&spec.keep_fds, spec.status_fd)
 }
 
-/// The isolation steps: PID namespace, network namespace, cgroup, mount view; each a
-/// note under `best_effort` where the mechanism is missing, else fatal. Returns whether
-/// the job's memory is capped by its cgroup.
-///
-/// The cgroup is joined after the network namespace is made (the costliest of these
-/// steps), so that a parent that makes the cgroup only now (`cgroup_placement_fds`)
-/// does so meanwhile; either way before the mount view, and long before the target or
-/// anything else of the job's runs.
-fn isolate(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<bool, SetupError> {
+/// The isolation steps: PID namespace, cgroup, network namespace, mount view; each a
+/// note under `best_effort` where the mechanism is missing, else fatal.
+fn isolate(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), SetupError> {
     let policy = &spec.policy;
     let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
     enter_user_namespace(spec)?;
@@ -268,15 +239,11 @@ fn isolate(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<bool, SetupErro
             notes,
         )?;
     }
+    isolation_step(
+        isolation::join_cgroup(&spec.cgroup_procs, best_effort),
+        notes,
+    )?;
     isolate_network(spec, best_effort, notes)?;
-    let placement = match spec.cgroup_placement_fds {
-        Some((read, _)) => isolation::await_placement(read)?,
-        None => CgroupPlacement {
-            procs: spec.cgroup_procs.clone(),
-            memory: spec.memory_cgroup,
-        },
-    };
-    isolation_step(isolation::join_cgroup(&placement.procs, best_effort), notes)?;
     if let Some(view) = isolation::mount_view_of(policy) {
         let step = match spec.view_fd {
             // The view made ahead of need for this job alone.
@@ -294,7 +261,7 @@ fn isolate(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<bool, SetupErro
         };
         isolation_step(step, notes)?;
     }
-    Ok(placement.memory)
+    Ok(())
 }
 
 /// Without CAP_SYS_ADMIN (root or not), a user namespace of the launcher's own first, in
@@ -361,7 +328,6 @@ fn isolate_network(
 fn confine(
     spec: &LaunchSpec,
     filter: Option<&CompiledFilter>,
-    memory_cgroup: bool,
     notes: &mut Vec<String>,
 ) -> Result<(), SetupError> {
     let policy = &spec.policy;
@@ -370,7 +336,7 @@ fn confine(
     let root = unsafe { libc::getuid() } == 0;
     apply_rlimits(&rlimit_plan(
         &policy.limits,
-        memory_cgroup,
+        spec.memory_cgroup,
         root,
         spec.inherited_open_files,
     ))?;

@@ -15,9 +15,8 @@
 //! and names the limits of `<own>` ([`ambient`]) that still hold the server and its jobs
 //! together.
 //!
-//! Parent side: [`JobCgroup::create`] before spawning (or, for `run`, right after its
-//! fork: see `spawn`'s placement pipe); the launcher child calls
-//! `launcher::cgroup::join_current` with [`JobCgroup::procs_files`] before its mount view.
+//! Parent side: [`JobCgroup::create`] before spawning; the launcher child calls
+//! `launcher::cgroup::join_current` with [`JobCgroup::procs_files`] before anything else.
 
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};

@@ -157,7 +157,7 @@ impl SandboxCommand {
     /// where each descriptor goes ([`FdLayout`]), the launch spec ([`Self::plan`]), the
     /// route ([`choose_route`], [`start_launcher`]) and the launcher's report on the
     /// status pipe ([`read_status`]).
-    pub fn spawn(mut self) -> Result<SandboxedChild, LaunchError> {
+    pub fn spawn(self) -> Result<SandboxedChild, LaunchError> {
         let spawn_err = |source: std::io::Error| LaunchError::Spawn {
             program: self.program.clone(),
             source,
@@ -169,27 +169,17 @@ impl SandboxCommand {
         let mut made = self.acquire(route)?;
         let layout = FdLayout::above(self.fds.iter().map(|(_, t)| *t));
         let (status_r, status_w) = pipe_cloexec().map_err(spawn_err)?;
-        let mut spec = self.plan(&made, &layout);
+        let spec = self.plan(&made, &layout);
         let [stdin, stdout, stderr] = [
-            (self.stdin.take(), Direction::ToChild),
-            (self.stdout.take(), Direction::FromChild),
-            (self.stderr.take(), Direction::FromChild),
+            (self.stdin, Direction::ToChild),
+            (self.stdout, Direction::FromChild),
+            (self.stderr, Direction::FromChild),
         ]
         .map(|(io, dir)| child_end(io, dir));
         let (stdin, stdin_ours) = stdin.map_err(spawn_err)?;
         let (stdout, stdout_ours) = stdout.map_err(spawn_err)?;
         let (stderr, stderr_ours) = stderr.map_err(spawn_err)?;
         let fds = layout.placements(&self.fds, &status_w, &made);
-        // The placement pipe's read end where no placement can clobber it (above every
-        // target), kept open until the launcher has started.
-        let placement_read = match &made.cgroup_later {
-            Some((read, write)) => {
-                let read = dup_above(read.as_raw_fd(), layout.high).map_err(spawn_err)?;
-                spec.cgroup_placement_fds = Some((read.as_raw_fd(), write.as_raw_fd()));
-                Some(read)
-            }
-            None => None,
-        };
         let started = Instant::now();
         let pid = start_launcher(
             &self.runtime,
@@ -201,27 +191,9 @@ impl SandboxCommand {
         )
         .map_err(spawn_err)?;
         drop(status_w);
-        drop(placement_read);
         // The launcher holds its own copies now (or has joined them already).
         drop(made.netns.take());
         drop(made.view.take());
-        if let Some((read, write)) = made.cgroup_later.take() {
-            drop(read);
-            // The job's cgroup, made while the launcher builds the job's namespaces; it
-            // waits for this before its mount view, and never runs the target without.
-            match self.job_cgroup(&mut made.unenforced) {
-                Ok(cgroup) => {
-                    send_placement(write, cgroup.as_ref());
-                    made.cgroup = cgroup;
-                }
-                Err(e) => {
-                    // EOF on the placement pipe: the launcher gives up and ends.
-                    drop(write);
-                    super::child::reap_blocking(pid);
-                    return Err(e);
-                }
-            }
-        }
         let mut report = String::new();
         let _ = std::fs::File::from(status_r).read_to_string(&mut report);
         let status = read_status(&report, pid);
@@ -276,29 +248,11 @@ impl SandboxCommand {
     /// What the job needs made before its launcher starts: its cgroup (the server's
     /// jobs take one made ahead of need; `run` makes its own), its broker in proxy mode,
     /// a network namespace and a view made ahead, the exit-word pipe of an init.
-    ///
-    /// On the fork route (`run`), with no cgroup made ahead, the cgroup is made only once
-    /// the launcher has started ([`Self::spawn`]), while it makes the job's namespaces:
-    /// then this makes the placement pipe (`cgroup_later`) instead.
     fn acquire(&self, route: Route) -> Result<Resources, LaunchError> {
         let policy = &self.policy;
         let rt = &self.runtime;
         let mut unenforced = Vec::new();
-        let mut cgroup_later = None;
-        let cgroup = match self.cgroup_kind() {
-            None => None,
-            Some(kind) => match rt.take_cgroup(&kind) {
-                Some(cg) => Some(cg),
-                None if route == Route::Fork => {
-                    cgroup_later = Some(pipe_cloexec().map_err(|source| LaunchError::Spawn {
-                        program: self.program.clone(),
-                        source,
-                    })?);
-                    None
-                }
-                None => self.job_cgroup(&mut unenforced)?,
-            },
-        };
+        let cgroup = self.job_cgroup(&mut unenforced)?;
         // Proxy mode: the broker's namespace and listener, made before anything else
         // that would need undoing.
         let proxy = match &policy.network {
@@ -326,20 +280,12 @@ impl SandboxCommand {
         };
         Ok(Resources {
             cgroup,
-            cgroup_later,
             proxy,
             netns,
             view,
             unenforced,
             exit_word,
         })
-    }
-
-    /// The limits a job cgroup holds (memory, processes), when the policy sets either.
-    fn cgroup_kind(&self) -> Option<(Option<u64>, Option<u64>)> {
-        let limits = &self.policy.limits;
-        (limits.memory_bytes.is_some() || limits.processes.is_some())
-            .then_some((limits.memory_bytes, limits.processes))
     }
 
     /// The job's cgroup when its policy limits memory or processes. Without one,
@@ -351,9 +297,10 @@ impl SandboxCommand {
     ) -> Result<Option<JobCgroupHandle>, LaunchError> {
         let (policy, rt) = (&self.policy, &self.runtime);
         let limits = &policy.limits;
-        let Some(kind) = self.cgroup_kind() else {
+        if limits.memory_bytes.is_none() && limits.processes.is_none() {
             return Ok(None);
-        };
+        }
+        let kind = (limits.memory_bytes, limits.processes);
         match rt
             .take_cgroup(&kind)
             .map_or_else(|| rt.make_cgroup(&kind), Ok)
@@ -403,8 +350,6 @@ impl SandboxCommand {
             view_mounts_proc: made.view.as_ref().is_some_and(|v| v.mounts_proc()),
             parent_pid: std::process::id(),
             exit_word_fd: made.exit_word.as_ref().map(|_| layout.exit_word),
-            // Set by `spawn` once the pipe's read end has its place.
-            cgroup_placement_fds: None,
             inherited_open_files: self.runtime.config().inherited_open_files,
         }
     }
@@ -413,9 +358,6 @@ impl SandboxCommand {
 /// What a spawn made (or took) for its job before the launcher starts.
 struct Resources {
     cgroup: Option<JobCgroupHandle>,
-    /// The placement pipe (read, write) when the cgroup is made after the launcher
-    /// started (see [`SandboxCommand::acquire`]).
-    cgroup_later: Option<(OwnedFd, OwnedFd)>,
     proxy: Option<ProxyNetwork>,
     /// A network namespace made ahead (`none` / `loopback`).
     netns: Option<OwnedFd>,
@@ -510,20 +452,6 @@ fn child_env(
         env.extend(proxy.iter().map(|(k, v)| (k.into(), v.into())));
     }
     env
-}
-
-/// Tell the launcher where its job goes (`cgroup`'s membership files, or nowhere: no
-/// cgroup, which the policy allowed) on the placement pipe's write end, then close it.
-/// A launcher that has already ended leaves nothing to tell (EPIPE; its status says why).
-fn send_placement(write: OwnedFd, cgroup: Option<&JobCgroupHandle>) {
-    use std::io::Write;
-    let placement = crate::sandbox::launcher::CgroupPlacement {
-        procs: cgroup.map(|c| c.procs_files()).unwrap_or_default(),
-        memory: cgroup.is_some_and(|c| c.has_memory_limit()),
-    };
-    if let Ok(text) = serde_json::to_vec(&placement) {
-        let _ = std::fs::File::from(write).write_all(&text);
-    }
 }
 
 /// Start the launcher by `route` with `fds` placed; returns its pid. The zygote's
@@ -679,16 +607,6 @@ fn exec_launcher(
     if let Some(spec_fd) = &spec_fd {
         moves.push((dup_above(spec_fd.as_raw_fd(), high)?, spec_target));
     }
-    if in_fork {
-        for (target, io) in stdio.iter().enumerate() {
-            if let Some(fd) = io {
-                moves.push((dup_above(fd.as_raw_fd(), high)?, target as RawFd));
-            }
-        }
-        let pairs: Vec<(RawFd, RawFd)> = moves.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
-        let init = spec.exit_word_fd.is_some();
-        return fork_launcher(&spec, &pairs, init);
-    }
     let pairs: Vec<(RawFd, RawFd)> = moves.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
     let mut cmd = std::process::Command::new(&rt.config().launcher_exe);
     cmd.arg(LAUNCHER_ARG)
@@ -704,8 +622,12 @@ fn exec_launcher(
     if let Some(fd) = stderr {
         cmd.stderr(Stdio::from(fd));
     }
+    let init = spec.exit_word_fd.is_some();
+    let in_fork_spec = in_fork.then_some(spec);
     // SAFETY: the closure calls dup2, which is async-signal-safe, on descriptors that
-    // stay open until after spawn returns.
+    // stay open until after spawn returns. Only when this process has a single thread
+    // (so no lock can be held by a thread that vanished in the fork) does it go on to
+    // apply the sandbox and exec in the child, which allocates.
     unsafe {
         cmd.pre_exec(move || {
             for &(src, target) in &pairs {
@@ -713,50 +635,36 @@ fn exec_launcher(
                     return Err(std::io::Error::last_os_error());
                 }
             }
+            if let Some(spec) = &in_fork_spec {
+                run_spec(spec, None);
+            }
             Ok(())
         });
     }
-    let child = rt.spawner().spawn(cmd)?;
+    let child = match in_fork {
+        true => spawn_in_pid_namespace(&mut cmd, init),
+        false => rt.spawner().spawn(cmd),
+    }?;
     drop(moves);
     drop(spec_fd);
     Ok(child.id())
 }
 
-/// The fork route: fork this single-threaded process (as pid 1 of a new PID namespace
-/// when `init`, where the kernel allows; else in ours, and the launcher makes the
-/// namespace itself); the child places each source of `pairs` at its target and goes on
-/// as the launcher (`run_spec`, which execs the target or reports why not). Returns the
-/// child's pid as soon as it exists: unlike `std::process::Command::spawn`, which waits
-/// until the child execs (here: until the launcher's whole setup is done), so that the
-/// caller can make the job's cgroup meanwhile. Our own namespace for children is
-/// restored after the fork: a process cannot start threads while it differs from the
-/// one it lives in.
-fn fork_launcher(spec: &LaunchSpec, pairs: &[(RawFd, RawFd)], init: bool) -> std::io::Result<u32> {
+/// `cmd.spawn()` from this single-threaded process, the child made pid 1 of a new PID
+/// namespace when `init` (where the kernel allows; else in ours, and the launcher makes
+/// the namespace itself). Our own namespace for children is restored after the fork:
+/// a process cannot start threads while it differs from the one it lives in.
+fn spawn_in_pid_namespace(
+    cmd: &mut std::process::Command,
+    init: bool,
+) -> std::io::Result<std::process::Child> {
     let ours = match init {
         true => std::fs::File::open("/proc/self/ns/pid").ok(),
         false => None,
     };
     // SAFETY: unshare(2) with a constant flag: only children made from here on.
     let unshared = ours.is_some() && unsafe { libc::unshare(libc::CLONE_NEWPID) } == 0;
-    // SAFETY: fork of a single-threaded process (`choose_route` takes this route only
-    // then): no lock can be held by a thread that vanished, so the child may allocate.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        for &(src, target) in pairs {
-            // SAFETY: dup2 of descriptors this process holds; the sources sit above
-            // every target, so no placement clobbers another's source.
-            if unsafe { libc::dup2(src, target) } < 0 {
-                // SAFETY: _exit in a forked child (its status pipe may not be in place:
-                // the parent sees it end without a word and reports the exit).
-                unsafe { libc::_exit(crate::sandbox::launcher::error::SETUP_FAILED_EXIT) }
-            }
-        }
-        run_spec(spec, None);
-    }
-    let forked = match pid {
-        -1 => Err(std::io::Error::last_os_error()),
-        pid => Ok(pid as u32),
-    };
+    let child = cmd.spawn();
     if let (true, Some(ns)) = (unshared, &ours) {
         // SAFETY: setns(2) back to the namespace we live in, with a descriptor we own.
         if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWPID) } != 0 {
@@ -764,7 +672,7 @@ fn fork_launcher(spec: &LaunchSpec, pairs: &[(RawFd, RawFd)], init: bool) -> std
             tracing::warn!(error = %e, "could not restore the PID namespace for children");
         }
     }
-    forked
+    child
 }
 
 /// Whether this process has exactly one thread (field 20 of /proc/self/stat).
@@ -850,7 +758,6 @@ mod tests {
         let netns = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
         let made = Resources {
             cgroup: None,
-            cgroup_later: None,
             proxy: None,
             netns: Some(netns),
             view: None,
