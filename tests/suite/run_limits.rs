@@ -80,3 +80,40 @@ fn file_size_limit_ends_process() {
     let size = std::fs::metadata(ws.join("big")).unwrap().len();
     assert!(size <= 1 << 20, "file grew to {size}");
 }
+
+/// The target is in its job cgroup, with its caps set, from its first instruction. The
+/// target here is the first program of the job (exec'd by the launcher, no shell before
+/// it): `cat` shows its own cgroups, and `dd` makes one allocation above the memory cap,
+/// which the cap ends (with a job left outside its cgroup, or placed there after it
+/// started, `dd` would finish). Guards any change that moves the cgroup's making or
+/// joining.
+#[test]
+fn the_target_starts_in_its_job_cgroup_with_the_caps_set() {
+    let ws = TempDir::new("placed");
+    let policy = policy_with_limits(&ws, "placed.toml", "memory = \"64MiB\"\nprocesses = 32");
+    let out = run_in(&policy, &ws.path, true, &["cat", "/proc/self/cgroup"]);
+    let r = report(&out);
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let job = |line: &str| line.contains("/mcp-sandbox-repl/msr-");
+    // v1 (a pids and a memory hierarchy) or v2 (one line `0::<path>`).
+    let v1 = ["pids", "memory"].map(|c| {
+        text.lines().any(|l| {
+            l.split(':')
+                .nth(1)
+                .is_some_and(|cs| cs.split(',').any(|x| x == c))
+                && job(l)
+        })
+    });
+    let v2 = text.lines().any(|l| l.starts_with("0::") && job(l));
+    assert!(v1 == [true, true] || v2, "not in its job cgroups:\n{text}");
+    let out = run_in(
+        &policy,
+        &ws.path,
+        true,
+        &["dd", "if=/dev/zero", "of=/dev/null", "bs=256M", "count=1"],
+    );
+    let r = report(&out);
+    assert_eq!(r["limit"], "memory", "{r}");
+    assert_eq!(r["signal"], "SIGKILL", "{r}");
+}

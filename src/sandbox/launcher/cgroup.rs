@@ -69,14 +69,14 @@ pub enum CgroupError {
 /// whole process if it is single-threaded — as the launcher is; otherwise the
 /// `cgroup.procs` beside it is used.
 pub(crate) fn join_current(procs_files: &[PathBuf]) -> Result<(), CgroupError> {
-    let single_threaded = || {
-        std::fs::read_dir("/proc/self/task")
+    // Looked at once: a launcher starts no thread between its joins.
+    let single_threaded = procs_files.iter().any(|p| p.ends_with("tasks"))
+        && std::fs::read_dir("/proc/self/task")
             .map(|d| d.count() == 1)
-            .unwrap_or(false)
-    };
+            .unwrap_or(false);
     for path in procs_files {
         let procs;
-        let path = if path.ends_with("tasks") && !single_threaded() {
+        let path = if path.ends_with("tasks") && !single_threaded {
             procs = path.with_file_name("cgroup.procs");
             &procs
         } else {

@@ -232,11 +232,11 @@ impl JobCgroup {
     /// Whether a fork or clone was refused because of the process-count cap.
     pub(crate) fn pids_limit_hit(&self) -> bool {
         let Some(dir) = &self.pids else { return false };
-        let now = read_key(&dir.join("pids.events"), "max").unwrap_or(0);
         if self.killed.load(Ordering::SeqCst) {
+            // Read before the kill lowered pids.max (the count after it is ours).
             return self.pids_max_before_kill.load(Ordering::SeqCst) > 0;
         }
-        now > 0
+        read_key(&dir.join("pids.events"), "max").is_some_and(|n| n > 0)
     }
 
     /// SIGKILL every process in the job. v2 with `cgroup.kill` does it atomically; otherwise
