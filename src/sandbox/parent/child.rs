@@ -236,27 +236,33 @@ impl SandboxedChild {
     /// Enforces the wall-time limit when asked to.
     pub async fn wait(mut self) -> ExitReport {
         let mut wall_hit = false;
+        let mut ended = false;
         if let Some(fd) = self.pidfd.take() {
             let registered = register_readable(fd);
             // Without a reactor for this fd, the blocking reap below (off the runtime) waits,
             // without the wall-time limit.
             if let Ok(afd) = registered {
                 let readable = afd.readable();
-                match self.remaining_wall() {
+                ended = match self.remaining_wall() {
                     Some(left) => {
                         if tokio::time::timeout(left, readable).await.is_err() {
                             wall_hit = true;
                             self.kill_all();
-                            let _ = afd.readable().await;
+                            afd.readable().await.is_ok()
+                        } else {
+                            true
                         }
                     }
-                    None => {
-                        let _ = readable.await;
-                    }
-                }
+                    None => readable.await.is_ok(),
+                };
             }
         }
         let pid = self.pid;
+        // The pidfd said it has ended: reaped here, without a hop to a blocking thread
+        // (a wake-up of another CPU on the way of every job's answer).
+        if ended && let Some(r) = reap(pid, libc::WNOHANG) {
+            return self.finish(Some(r), wall_hit);
+        }
         match tokio::task::spawn_blocking(move || reap(pid, 0)).await {
             Ok(r) => self.finish(r, wall_hit),
             Err(_) => self.finish(None, wall_hit),
