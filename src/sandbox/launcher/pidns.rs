@@ -115,6 +115,54 @@ pub(crate) fn is_init() -> bool {
     pid == 1
 }
 
+/// What the init writes when the target ends: its wait status (first, 4 bytes: all a
+/// supervisor reads) and its resource use as `wait4` gave it (the target and the
+/// descendants it waited for), so the server can answer before the namespace is torn
+/// down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ExitWord {
+    pub(crate) status: i32,
+    pub(crate) user_us: u64,
+    pub(crate) system_us: u64,
+    pub(crate) max_rss_kib: u64,
+}
+
+impl ExitWord {
+    /// Bytes of a whole word.
+    pub(crate) const LEN: usize = 28;
+
+    fn of(status: i32, ru: &libc::rusage) -> ExitWord {
+        let us = |t: libc::timeval| (t.tv_sec.max(0) as u64) * 1_000_000 + t.tv_usec.max(0) as u64;
+        ExitWord {
+            status,
+            user_us: us(ru.ru_utime),
+            system_us: us(ru.ru_stime),
+            max_rss_kib: ru.ru_maxrss.max(0) as u64,
+        }
+    }
+
+    fn to_bytes(self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[..4].copy_from_slice(&self.status.to_ne_bytes());
+        b[4..12].copy_from_slice(&self.user_us.to_ne_bytes());
+        b[12..20].copy_from_slice(&self.system_us.to_ne_bytes());
+        b[20..].copy_from_slice(&self.max_rss_kib.to_ne_bytes());
+        b
+    }
+
+    /// A whole word, or `None` for anything shorter.
+    pub(crate) fn from_bytes(b: &[u8]) -> Option<ExitWord> {
+        let b: &[u8; Self::LEN] = b.get(..Self::LEN)?.try_into().ok()?;
+        let u = |r: std::ops::Range<usize>| u64::from_ne_bytes(b[r].try_into().unwrap_or([0; 8]));
+        Some(ExitWord {
+            status: i32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+            user_us: u(4..12),
+            system_us: u(12..20),
+            max_rss_kib: u(20..28),
+        })
+    }
+}
+
 /// Launcher started as pid 1 of a new PID namespace (see the module docs): stay as its
 /// init and fork the target, which alone returns (`Ok(None)`). The init writes the
 /// target's wait status to `exit_word` (the server holds the read end) when it ends.
@@ -239,15 +287,20 @@ fn init(to_supervisor: OwnedFd, original: &libc::sigset_t) -> Result<Option<Stri
             // Reap every child: the target and any orphan the namespace handed to us.
             loop {
                 let mut status = 0;
-                // SAFETY: waitpid with a valid out-pointer.
-                let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+                // SAFETY: rusage is plain data; zeroed is a valid value.
+                let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+                // SAFETY: wait4 with valid out-pointers.
+                let pid = unsafe { libc::wait4(-1, &mut status, libc::WNOHANG, &mut ru) };
                 if pid <= 0 {
                     break;
                 }
                 if pid == target {
-                    let bytes = status.to_ne_bytes();
-                    // SAFETY: write of a 4-byte buffer we own to our pipe end.
-                    unsafe { libc::write(to_supervisor.as_raw_fd(), bytes.as_ptr().cast(), 4) };
+                    let word = ExitWord::of(status, &ru).to_bytes();
+                    // SAFETY: write of a buffer we own to our pipe end (one write of less
+                    // than PIPE_BUF: read whole or not at all).
+                    unsafe {
+                        libc::write(to_supervisor.as_raw_fd(), word.as_ptr().cast(), word.len())
+                    };
                     // SAFETY: _exit; the kernel then kills whatever is left in the namespace.
                     unsafe { libc::_exit(0) }
                 }
@@ -421,6 +474,34 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The word comes back whole; the status leads (a supervisor reads only it);
+    /// anything shorter is no word.
+    #[test]
+    fn an_exit_word_round_trips_and_leads_with_the_status() {
+        // SAFETY: rusage is plain data; zeroed is a valid value.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        ru.ru_utime.tv_sec = 2;
+        ru.ru_utime.tv_usec = 5;
+        ru.ru_stime.tv_usec = 700;
+        ru.ru_maxrss = 65536;
+        let word = ExitWord::of(9 << 8, &ru);
+        let bytes = word.to_bytes();
+        assert_eq!(
+            i32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+            9 << 8
+        );
+        assert_eq!(
+            ExitWord::from_bytes(&bytes),
+            Some(ExitWord {
+                status: 9 << 8,
+                user_us: 2_000_005,
+                system_us: 700,
+                max_rss_kib: 65536
+            })
+        );
+        assert_eq!(ExitWord::from_bytes(&bytes[..4]), None);
+    }
 
     #[test]
     fn without_a_namespace_the_host_pid_is_the_same_number() {

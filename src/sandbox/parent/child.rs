@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 
 use super::isolation::JobCgroupHandle;
+use crate::sandbox::launcher::pidns::ExitWord;
 use crate::sandbox::policy::resolve::Limits;
 
 /// How a sandboxed process ended.
@@ -236,6 +237,21 @@ impl SandboxedChild {
     /// Enforces the wall-time limit when asked to.
     pub async fn wait(mut self) -> ExitReport {
         let mut wall_hit = false;
+        if self.init && self.pidfd.is_some() {
+            match self.answer_on_the_word().await {
+                Ok(report) => {
+                    // `finish` killed the rest; the init ends with its namespace. Reaped,
+                    // and its cgroup removed (when `self` drops), on a thread of its own.
+                    let pid = self.pid;
+                    drop(tokio::task::spawn_blocking(move || {
+                        let _ = reap(pid, 0);
+                        drop(self);
+                    }));
+                    return report;
+                }
+                Err(hit) => wall_hit = hit,
+            }
+        }
         let mut ended = false;
         if let Some(fd) = self.pidfd.take() {
             let registered = register_readable(fd);
@@ -309,17 +325,62 @@ impl SandboxedChild {
         let Some(fd) = self.exit_word.take() else {
             return status;
         };
-        let mut bytes = [0u8; 4];
-        // SAFETY: fcntl and read into a 4-byte buffer we own, on a pipe end we own; not
-        // blocking even if some process we do not know of held the write end.
-        let n = unsafe {
-            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK);
-            libc::read(fd.as_raw_fd(), bytes.as_mut_ptr().cast(), 4)
-        };
-        match n {
-            4 => i32::from_ne_bytes(bytes),
+        match read_word(&fd) {
+            Ok(Some(word)) => word.status,
             _ => status,
         }
+    }
+
+    /// Wait for the exit word of a PID namespace's init (the target ended), within the
+    /// wall-time limit. With it, the answer is made at once: the target's status and
+    /// resource use come in the word, the rest of the job is killed, and the init's
+    /// reaping (its namespace's teardown: two RCU grace periods, ~1 ms) and the
+    /// cgroup's removal go on off the answer's way. `Err(wall_hit)` without a word (the
+    /// init was killed, or the wall-time limit hit, which kills it): the caller waits
+    /// for the init as before and reports the init's own end.
+    async fn answer_on_the_word(&mut self) -> Result<ExitReport, bool> {
+        let Some(fd) = self.exit_word.take() else {
+            return Err(false);
+        };
+        // SAFETY: fcntl on a pipe end we own.
+        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+        let Ok(afd) = register_readable(fd) else {
+            return Err(false);
+        };
+        let read = async {
+            loop {
+                let Ok(mut ready) = afd.readable().await else {
+                    return None;
+                };
+                match ready.try_io(|fd| read_word(fd.get_ref())) {
+                    Ok(word) => return word.ok().flatten(),
+                    Err(_would_block) => continue,
+                }
+            }
+        };
+        let word = match self.remaining_wall() {
+            Some(left) => match tokio::time::timeout(left, read).await {
+                Ok(word) => word,
+                Err(_) => {
+                    self.kill_all();
+                    return Err(true);
+                }
+            },
+            None => read.await,
+        };
+        let Some(word) = word else {
+            return Err(false);
+        };
+        let micros = |us: u64| libc::timeval {
+            tv_sec: (us / 1_000_000) as libc::time_t,
+            tv_usec: (us % 1_000_000) as libc::suseconds_t,
+        };
+        // SAFETY: rusage is plain data; zeroed is a valid value.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        ru.ru_utime = micros(word.user_us);
+        ru.ru_stime = micros(word.system_us);
+        ru.ru_maxrss = word.max_rss_kib as libc::c_long;
+        Ok(self.finish(Some((word.status, ru)), false))
     }
 
     fn remaining_wall(&self) -> Option<Duration> {
@@ -517,6 +578,22 @@ fn register_readable(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, which owns it until dropped.
     unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
         .map_err(|e| e.into())
+}
+
+/// The exit word in `fd` (`Ok(None)`: the pipe's end, or less than a word), or
+/// `WouldBlock` when nothing is there yet. `fd` is made non-blocking: this never
+/// blocks, even if some process we do not know of held the write end.
+fn read_word(fd: &OwnedFd) -> std::io::Result<Option<ExitWord>> {
+    let mut bytes = [0u8; ExitWord::LEN];
+    // SAFETY: fcntl and read into a buffer we own, on a pipe end we own.
+    let n = unsafe {
+        libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK);
+        libc::read(fd.as_raw_fd(), bytes.as_mut_ptr().cast(), bytes.len())
+    };
+    match usize::try_from(n) {
+        Ok(n) => Ok(ExitWord::from_bytes(&bytes[..n])),
+        Err(_) => Err(std::io::Error::last_os_error()),
+    }
 }
 
 /// Reap our child `pid` (one whose launcher failed), blocking until it has ended.
