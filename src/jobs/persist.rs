@@ -5,8 +5,8 @@
 //!
 //! A job costs one appended line when it starts (so a job running when the server dies
 //! comes back as `lost`) and one when it finishes; its directory appears only with its
-//! first output or a structured result (a quick cell that prints nothing touches no other
-//! file). Opening a store reads nothing; the table is read from the one index file (never
+//! first output or a structured result over [`INLINE_RESULT_MAX`] bytes (a quick cell that
+//! prints nothing touches no other file: its small result is in its index line). Opening a store reads nothing; the table is read from the one index file (never
 //! the job directories) on first use or on a thread of its own (see `JobStore::open`); exit
 //! appends only the records that changed since they were last written. The index is rewritten with
 //! the live records when dead lines outnumber them (amortised: never per job), and
@@ -28,7 +28,8 @@
 //!   next_id                    the next job number (so pruned ids are not reused)
 //!   index.log                  one JobRecord (JSON) per line, appended on every change
 //!   j12-k3f9q/stdout, .../stderr   spools (a job's directory is its id)
-//!   j12-k3f9q/result.json      the job's structured result, if any
+//!   j12-k3f9q/result.json      the job's structured result, if any and over 512 bytes
+//!                              (a smaller one is in the job's index line)
 //! ```
 //! Stores written by older servers (`started.log` and a `job.json` per job) are read once
 //! and turned into an index.
@@ -70,7 +71,7 @@ pub(crate) struct JobRecord {
     pub elapsed_ms: u64,
     /// Delivered cursors of stdout and stderr.
     pub delivered: [u64; 2],
-    /// Whether `result.json` exists.
+    /// Whether the job has a structured result (in `result.json`, or in `result` below).
     pub has_result: bool,
     /// Set by [`load`] when the record came from `started.log` only (its `job.json` is
     /// missing): it must be written before the log is next rewritten.
@@ -83,6 +84,10 @@ pub(crate) struct JobRecord {
     /// A line saying the job was removed (pruned, evicted, past retention).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub removed: bool,
+    /// The job's structured result when it is small ([`INLINE_RESULT_MAX`]): stored in
+    /// the line itself, not in `result.json` (`has_result` is true either way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
 }
 
 /// An open store directory, locked for this process.
@@ -662,11 +667,18 @@ pub(crate) fn draw_tag() -> String {
         .collect()
 }
 
-/// Write a job's structured result next to its spools.
-pub(crate) fn save_result(job_dir: &Path, value: &serde_json::Value) -> io::Result<()> {
-    let bytes = serde_json::to_vec(value).map_err(io::Error::other)?;
+/// The longest structured result (bytes of JSON) stored in the job's index line instead
+/// of a `result.json` of its own: a trivial cell's result (~250 bytes) then costs no
+/// directory and no file — a job that prints nothing touches only the index (measured:
+/// the directory and the file were ~15 % of the server's CPU time per trivial
+/// `python_exec`). The record stays far below [`RECORD_ROOM`], and the text is kept in
+/// memory while the job is (see `ResultSlot`): at most this much per kept job.
+pub(crate) const INLINE_RESULT_MAX: usize = 512;
+
+/// Write a job's structured result (its JSON text) next to its spools.
+pub(crate) fn save_result(job_dir: &Path, text: &str) -> io::Result<()> {
     std::fs::create_dir_all(job_dir)?;
-    std::fs::write(job_dir.join("result.json"), bytes)
+    std::fs::write(job_dir.join("result.json"), text)
 }
 
 /// Read a job's structured result, if it has one.
@@ -716,6 +728,7 @@ mod tests {
             from_journal: false,
             bytes: None,
             removed: false,
+            result: None,
         }
     }
 

@@ -197,6 +197,7 @@ impl JobStore {
                 )
             };
             let job_dir = persist::job_dir(&self.dir.path, &rec.id);
+            let inline = rec.result.as_ref().map(|v| v.to_string().into_boxed_str());
             let spools = match rec.bytes {
                 Some([out, err]) if !was_running => [
                     Spool::finished(job_dir.join("stdout"), out),
@@ -232,6 +233,11 @@ impl JobStore {
                 dir: job_dir,
             };
             let job = Arc::new(Job::new(meta, state, spools));
+            if inline.is_some() {
+                let mut slot = lock(&job.result);
+                slot.inline = inline;
+                slot.on_disk = true;
+            }
             if was_running || rec.from_journal {
                 lost.push(job.clone());
             } else {
@@ -525,7 +531,7 @@ impl JobStore {
         };
         let result = match fresh {
             Some(r) => Some(r),
-            None if st.has_result => persist::load_result(&job.dir),
+            None if st.has_result => job.stored_result(),
             None => None,
         };
         Ok(JobSnapshot {
@@ -839,8 +845,17 @@ impl JobStore {
     pub(crate) fn persist_finished(&self, job: &Job) {
         {
             let mut slot = lock(&job.result);
-            if let Some(value) = &slot.value {
-                match persist::save_result(&job.dir, value) {
+            if let Some(text) = slot.value.as_ref().map(serde_json::to_string) {
+                let saved = text.map_err(std::io::Error::other).and_then(|text| {
+                    if text.len() <= persist::INLINE_RESULT_MAX {
+                        // Written with the record below.
+                        slot.inline = Some(text.into());
+                        Ok(())
+                    } else {
+                        persist::save_result(&job.dir, &text)
+                    }
+                });
+                match saved {
                     Ok(()) => {
                         slot.on_disk = true;
                         if slot.delivered {
@@ -925,7 +940,7 @@ impl JobStore {
     /// are written without the index's lock (10,000 of them take milliseconds): jobs
     /// start and end meanwhile, and their lines go to the old file and the new one's end.
     /// One rewrite at a time; a call while one runs does nothing.
-    fn compact_journal(&self) {
+    pub(super) fn compact_journal(&self) {
         let (log, live, failures) = {
             let mut journal = lock(&self.journal);
             let Some(log) = journal.begin_rewrite() else {
