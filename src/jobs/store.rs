@@ -79,6 +79,9 @@ pub struct JobStore {
     me: std::sync::Weak<JobStore>,
     /// Records that could not be appended to the index (see [`compact_journal`](Self::compact_journal)).
     failed_saves: AtomicU64,
+    /// Whether the record reserve (`.reserve`) may be missing: not taken at open, or
+    /// released for a record since; set aside again after the next record written.
+    reserve_missing: AtomicBool,
     /// The random part of the ids of jobs made while this store is open
     /// ([`persist::draw_tag`]): `j12-k3f9q`.
     tag: String,
@@ -123,6 +126,7 @@ impl JobStore {
             disk_used: AtomicU64::new(0),
             unfinished: AtomicU64::new(0),
             failed_saves: AtomicU64::new(0),
+            reserve_missing: AtomicBool::new(true),
             tag: persist::draw_tag(),
             handles: Default::default(),
         });
@@ -885,11 +889,13 @@ impl JobStore {
             return;
         }
         let rec = job.record();
-        let appended = persist::with_reserve(&self.dir.path, || lock(&self.journal).append(&rec));
+        let appended = persist::with_reserve(&self.dir.path, &self.reserve_missing, || {
+            lock(&self.journal).append(&rec)
+        });
         match appended {
             Ok(()) => {
                 job.record_saved.store(true, Ordering::SeqCst);
-                // One stat while held; after a full disk used it, set it aside again.
+                // After a full disk used the reserve, set it aside again.
                 self.retake_reserve();
             }
             Err(e) => {
@@ -900,9 +906,13 @@ impl JobStore {
         }
     }
 
-    /// Set the space for job records aside again (after a full disk used it up).
+    /// Set the space for job records aside again (at open, and after a full disk used
+    /// it up; a stat only then, not after every record).
     fn retake_reserve(&self) {
-        persist::take_reserve(&self.dir.path);
+        if self.reserve_missing.load(Ordering::SeqCst) {
+            let taken = persist::take_reserve(&self.dir.path);
+            self.reserve_missing.store(!taken, Ordering::SeqCst);
+        }
     }
 
     /// Write the next job number (the index may have lost the highest ones to removals).
