@@ -186,10 +186,7 @@ impl Job {
     pub(crate) fn record(&self) -> JobRecord {
         let st = lock(&self.state);
         let bytes = Some(self.lens());
-        let result = lock(&self.result)
-            .inline
-            .as_deref()
-            .and_then(|text| serde_json::from_str(text).ok());
+        let result_json = lock(&self.result).inline.as_deref().map(str::to_string);
         JobRecord {
             version: persist::RECORD_VERSION,
             id: self.id.clone(),
@@ -208,7 +205,7 @@ impl Job {
             from_journal: false,
             bytes,
             removed: false,
-            result,
+            result_json,
         }
     }
 

@@ -84,10 +84,13 @@ pub(crate) struct JobRecord {
     /// A line saying the job was removed (pruned, evicted, past retention).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub removed: bool,
-    /// The job's structured result when it is small ([`INLINE_RESULT_MAX`]): stored in
-    /// the line itself, not in `result.json` (`has_result` is true either way).
+    /// The job's structured result when it is small ([`INLINE_RESULT_MAX`]), as JSON
+    /// text: stored in the line itself, not in `result.json` (`has_result` is true either
+    /// way). Text, not a JSON value: reading an index of 10,000 such jobs then builds no
+    /// values (the result is parsed only when a call reads it), and a record is written
+    /// from the text kept in memory without serialising it again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<serde_json::Value>,
+    pub result_json: Option<String>,
 }
 
 /// An open store directory, locked for this process.
@@ -766,7 +769,7 @@ mod tests {
             from_journal: false,
             bytes: None,
             removed: false,
-            result: None,
+            result_json: None,
         }
     }
 

@@ -184,7 +184,7 @@ impl JobStore {
         let mut map = BTreeMap::new();
         let mut lost = Vec::new();
         let mut disk_used = 0;
-        for rec in loaded.records {
+        for mut rec in loaded.records {
             let Some(seq) = parse_id(&rec.id) else {
                 continue;
             };
@@ -201,7 +201,7 @@ impl JobStore {
                 )
             };
             let job_dir = persist::job_dir(&self.dir.path, &rec.id);
-            let inline = rec.result.as_ref().map(|v| v.to_string().into_boxed_str());
+            let inline = rec.result_json.take().map(String::into_boxed_str);
             let spools = match rec.bytes {
                 Some([out, err]) if !was_running => [
                     Spool::finished(job_dir.join("stdout"), out),
