@@ -1067,7 +1067,15 @@ async fn index_rewrites_run_beside_new_jobs_and_keep_every_retained_one() {
     );
     assert_eq!(kept, ["j3000", "j2999", "j2998", "j2997", "j2996"]);
     store.shutdown().await;
+    // The last rewrite's thread holds the store (and the directory's lock) until it has
+    // closed the old index: a store opened before that gets a directory of its own
+    // (`jobs.2`), empty.
+    let gone = Arc::downgrade(&store);
     drop(store);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while gone.upgrade().is_some() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let again = JobStore::open(cfg).unwrap();
     let listed = listed(&again);
     assert_eq!(
