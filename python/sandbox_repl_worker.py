@@ -187,26 +187,46 @@ def _block_sigint():
 class _Channel:
     """The protocol descriptors, kept out of the user namespace."""
 
+    current = None  # the channel in use (the flusher sends what is deferred on it)
+
     def __init__(self, rfd, wfd):
         self._rfd = rfd
         self._wfd = wfd
         self._lock = _thread.allocate_lock()
         self._parts = []  # a partial request line, in pieces
+        self._deferred = []  # encoded lines that go out with the next one
+        _Channel.current = self
+
+    def defer(self, msg):
+        """Send `msg` with the next line, or at the latest at the flusher's next tick
+        while a cell runs: a note that needs no answer then costs the server no wake-up
+        of its own (the note about a skipped snapshot, written as the next cell starts)."""
+        data = (_dumps(msg) + "\n").encode("utf-8", "replace")
+        with self._lock:
+            self._deferred.append(data)
+
+    def send_deferred(self):
+        if self._deferred:
+            self.send(None)
 
     def send(self, msg):
+        """Write `msg` (None: only what is deferred) as one line, after the deferred ones."""
         if os.getpid() != _WORKER_PID:
             # A process forked by user code came back into the worker's code: it must not
             # speak for the worker. It ends here, quietly.
             _flush_std()
             os._exit(0)
         # 'replace': a lone surrogate in user text must not make the line invalid UTF-8.
-        data = (_dumps(msg) + "\n").encode("utf-8", "replace")
+        data = b"" if msg is None else (_dumps(msg) + "\n").encode("utf-8", "replace")
         # SIGINT is held back while a line is written: a KeyboardInterrupt (from a handler
         # user code installed) must never cut a protocol line in half. A held-back signal
         # is delivered right after.
         masked = _block_sigint()
         try:
             with self._lock:
+                if self._deferred:
+                    data = b"".join(self._deferred) + data
+                    self._deferred = []
                 view = memoryview(data)
                 while view:
                     n = os.write(self._wfd, view)
@@ -218,8 +238,11 @@ class _Channel:
     def read_available(self):
         """The requests complete after one read of the request pipe (None at end of file).
         A partial line is kept for the next read, as pieces: a 16 MiB line costs one pass,
-        not a rescan of everything read so far at every read."""
-        chunk = os.read(self._rfd, 1 << 20)
+        not a rescan of everything read so far at every read. 64 KiB at a time: a larger
+        buffer is allocated with mmap (glibc's threshold is 128 KiB) and unmapped after every
+        request, page faults and TLB shootdowns included (measured: the worker's round trip
+        for a trivial cell 95-113 µs with 1 MiB reads, 45 µs with 64 KiB)."""
+        chunk = os.read(self._rfd, 1 << 16)
         if not chunk:
             return None
         out = []
@@ -789,6 +812,9 @@ class _Flusher:
                     cls.nap.release()
                     return  # woken: halt
                 _resend_lost_interrupt()
+                chan = _Channel.current
+                if chan is not None:
+                    chan.send_deferred()
                 with cls.busy:
                     try:
                         sys.stdout.flush()
@@ -1397,7 +1423,7 @@ class _Snapshots:
                 "(snapshots are taken only in idle time, so they never delay a call); "
                 "branching from it replays"
             )
-            worker.chan.send({"ev": "snapshot", "cell": cell, "held": False, "note": note})
+            worker.chan.defer({"ev": "snapshot", "cell": cell, "held": False, "note": note})
 
     @classmethod
     def pending_note(cls, worker, cell):

@@ -72,13 +72,19 @@ pub(crate) fn now_unix_ms() -> u64 {
 }
 
 /// A finished job's result in memory: answers come from here without touching the
-/// disk. It is dropped once it is both in `result.json` and delivered by a `wait`
-/// (later reads load the file), so memory holds only results nobody has seen yet.
+/// disk. It is dropped once it is both stored and delivered by a `wait` (later reads
+/// load it), so memory holds only results nobody has seen yet — and the small ones
+/// stored in the job's index line ([`persist::INLINE_RESULT_MAX`] bytes of JSON at
+/// most), whose text stays here for as long as the job is kept: the index is rewritten
+/// from memory.
 #[derive(Debug, Default)]
 pub(crate) struct ResultSlot {
     pub value: Option<serde_json::Value>,
     pub on_disk: bool,
     pub delivered: bool,
+    /// The result's JSON text when it is stored in the job's index line, not in
+    /// `result.json`.
+    pub inline: Option<Box<str>>,
 }
 
 /// Mutable state of a job.
@@ -179,6 +185,8 @@ impl Job {
 
     pub(crate) fn record(&self) -> JobRecord {
         let st = lock(&self.state);
+        let bytes = Some(self.lens());
+        let result_json = lock(&self.result).inline.as_deref().map(str::to_string);
         JobRecord {
             version: persist::RECORD_VERSION,
             id: self.id.clone(),
@@ -195,8 +203,19 @@ impl Job {
             delivered: st.delivered,
             has_result: st.has_result,
             from_journal: false,
-            bytes: Some(self.lens()),
+            bytes,
             removed: false,
+            result_json,
+        }
+    }
+
+    /// The stored result of a finished job: from its index line (kept in memory) or
+    /// from `result.json`. Takes `result`: call it without holding that lock.
+    pub(crate) fn stored_result(&self) -> Option<serde_json::Value> {
+        let inline = lock(&self.result).inline.clone();
+        match inline {
+            Some(text) => serde_json::from_str(&text).ok(),
+            None => persist::load_result(&self.dir),
         }
     }
 

@@ -79,6 +79,9 @@ pub struct JobStore {
     me: std::sync::Weak<JobStore>,
     /// Records that could not be appended to the index (see [`compact_journal`](Self::compact_journal)).
     failed_saves: AtomicU64,
+    /// Whether the record reserve (`.reserve`) may be missing: not taken at open, or
+    /// released for a record since; set aside again after the next record written.
+    reserve_missing: AtomicBool,
     /// The random part of the ids of jobs made while this store is open
     /// ([`persist::draw_tag`]): `j12-k3f9q`.
     tag: String,
@@ -123,6 +126,7 @@ impl JobStore {
             disk_used: AtomicU64::new(0),
             unfinished: AtomicU64::new(0),
             failed_saves: AtomicU64::new(0),
+            reserve_missing: AtomicBool::new(true),
             tag: persist::draw_tag(),
             handles: Default::default(),
         });
@@ -180,7 +184,7 @@ impl JobStore {
         let mut map = BTreeMap::new();
         let mut lost = Vec::new();
         let mut disk_used = 0;
-        for rec in loaded.records {
+        for mut rec in loaded.records {
             let Some(seq) = parse_id(&rec.id) else {
                 continue;
             };
@@ -197,6 +201,7 @@ impl JobStore {
                 )
             };
             let job_dir = persist::job_dir(&self.dir.path, &rec.id);
+            let inline = rec.result_json.take().map(String::into_boxed_str);
             let spools = match rec.bytes {
                 Some([out, err]) if !was_running => [
                     Spool::finished(job_dir.join("stdout"), out),
@@ -232,6 +237,11 @@ impl JobStore {
                 dir: job_dir,
             };
             let job = Arc::new(Job::new(meta, state, spools));
+            if inline.is_some() {
+                let mut slot = lock(&job.result);
+                slot.inline = inline;
+                slot.on_disk = true;
+            }
             if was_running || rec.from_journal {
                 lost.push(job.clone());
             } else {
@@ -525,7 +535,7 @@ impl JobStore {
         };
         let result = match fresh {
             Some(r) => Some(r),
-            None if st.has_result => persist::load_result(&job.dir),
+            None if st.has_result => job.stored_result(),
             None => None,
         };
         Ok(JobSnapshot {
@@ -839,8 +849,17 @@ impl JobStore {
     pub(crate) fn persist_finished(&self, job: &Job) {
         {
             let mut slot = lock(&job.result);
-            if let Some(value) = &slot.value {
-                match persist::save_result(&job.dir, value) {
+            if let Some(text) = slot.value.as_ref().map(serde_json::to_string) {
+                let saved = text.map_err(std::io::Error::other).and_then(|text| {
+                    if text.len() <= persist::INLINE_RESULT_MAX {
+                        // Written with the record below.
+                        slot.inline = Some(text.into());
+                        Ok(())
+                    } else {
+                        persist::save_result(&job.dir, &text)
+                    }
+                });
+                match saved {
                     Ok(()) => {
                         slot.on_disk = true;
                         if slot.delivered {
@@ -870,11 +889,13 @@ impl JobStore {
             return;
         }
         let rec = job.record();
-        let appended = persist::with_reserve(&self.dir.path, || lock(&self.journal).append(&rec));
+        let appended = persist::with_reserve(&self.dir.path, &self.reserve_missing, || {
+            lock(&self.journal).append(&rec)
+        });
         match appended {
             Ok(()) => {
                 job.record_saved.store(true, Ordering::SeqCst);
-                // One stat while held; after a full disk used it, set it aside again.
+                // After a full disk used the reserve, set it aside again.
                 self.retake_reserve();
             }
             Err(e) => {
@@ -885,9 +906,13 @@ impl JobStore {
         }
     }
 
-    /// Set the space for job records aside again (after a full disk used it up).
+    /// Set the space for job records aside again (at open, and after a full disk used
+    /// it up; a stat only then, not after every record).
     fn retake_reserve(&self) {
-        persist::take_reserve(&self.dir.path);
+        if self.reserve_missing.load(Ordering::SeqCst) {
+            let taken = persist::take_reserve(&self.dir.path);
+            self.reserve_missing.store(!taken, Ordering::SeqCst);
+        }
     }
 
     /// Write the next job number (the index may have lost the highest ones to removals).
@@ -925,7 +950,7 @@ impl JobStore {
     /// are written without the index's lock (10,000 of them take milliseconds): jobs
     /// start and end meanwhile, and their lines go to the old file and the new one's end.
     /// One rewrite at a time; a call while one runs does nothing.
-    fn compact_journal(&self) {
+    pub(super) fn compact_journal(&self) {
         let (log, live, failures) = {
             let mut journal = lock(&self.journal);
             let Some(log) = journal.begin_rewrite() else {

@@ -526,8 +526,11 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
             result: Some(serde_json::json!({"value": "2"})),
             ..done()
         });
-        // Its record is a line of the index; its result the one file it has.
-        assert!(job_dir.join("result.json").exists() && !job_dir.join("stdout").exists());
+        // Its record is a line of the index, and so is its small result: no files at all.
+        assert!(
+            !job_dir.exists(),
+            "a small result is kept in the index line"
+        );
         // The fresh result is handed out once from memory, then read from disk.
         for _ in 0..2 {
             let snap = store
@@ -555,6 +558,16 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
             ..Default::default()
         };
         assert_eq!(shorts(store.prune(&filter).unwrap()), vec!["j2"]);
+        // A result over the index line's share is the one file its job has.
+        let big = store
+            .create(JobKind::Python, Some("s"), "'x' * 600")
+            .unwrap();
+        big.finish(JobOutcome {
+            result: Some(big_result()),
+            ..done()
+        });
+        let big_dir = store.dir().join(big.id());
+        assert!(big_dir.join("result.json").exists() && !big_dir.join("stdout").exists());
         // No shutdown: the server "died" with j3 running.
     }
     let store = JobStore::open(cfg).unwrap();
@@ -562,12 +575,35 @@ async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost()
     assert_eq!(
         ids,
         vec![
+            ("j4".to_string(), JobStatus::Completed),
             ("j3".to_string(), JobStatus::Lost),
             ("j1".to_string(), JobStatus::Completed)
         ]
     );
     let j3 = full(&store, "j3");
     assert_eq!(store.read(&j3, Stream::Stdout, 0, 10).unwrap().text, "");
+    // Both results come back after the restart: from the index line and from the file.
+    for (short, result) in [
+        ("j1", serde_json::json!({"value": "2"})),
+        ("j4", big_result()),
+    ] {
+        let id = full(&store, short);
+        let snap = store.wait(&id, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(snap.result, Some(result), "{short}");
+    }
+    // ... and after the index is rewritten from memory (compaction).
+    store.compact_journal();
+    let store = {
+        drop(store);
+        JobStore::open(config(dir)).unwrap()
+    };
+    let id = full(&store, "j1");
+    let snap = store.wait(&id, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(snap.result, Some(serde_json::json!({"value": "2"})));
+}
+
+fn big_result() -> serde_json::Value {
+    serde_json::json!({"value": "x".repeat(600)})
 }
 
 /// Retention keeps at most `max_jobs` jobs, counting silent ones, removes the oldest
@@ -1031,7 +1067,15 @@ async fn index_rewrites_run_beside_new_jobs_and_keep_every_retained_one() {
     );
     assert_eq!(kept, ["j3000", "j2999", "j2998", "j2997", "j2996"]);
     store.shutdown().await;
+    // The last rewrite's thread holds the store (and the directory's lock) until it has
+    // closed the old index: a store opened before that gets a directory of its own
+    // (`jobs.2`), empty.
+    let gone = Arc::downgrade(&store);
     drop(store);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while gone.upgrade().is_some() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let again = JobStore::open(cfg).unwrap();
     let listed = listed(&again);
     assert_eq!(

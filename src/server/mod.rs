@@ -79,6 +79,10 @@ pub fn serve(config: ServerConfig) -> anyhow::Result<ExitCode> {
     if let Err(e) = crate::sandbox::harden_current_process() {
         tracing::warn!("cannot make the server non-dumpable: {e}");
     }
+    // Declared before the runtime, so dropped after it: stdin and stdout get their
+    // blocking mode back once nothing of the runtime reads or writes them.
+    let _stdio_flags =
+        matches!(config.transport, Transport::Stdio).then(transport::stdio::StdioFlags::save);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -43,8 +43,8 @@ pub(crate) async fn serve_stdio(
     // Stdin closing means the client is gone: cancel `closing` at once so tool calls still
     // waiting on jobs return now (rmcp would otherwise wait for them before it exits).
     let closing = shutdown.child_token();
-    let transport =
-        stdio::StdioTransport::start(tokio::io::stdin(), tokio::io::stdout(), closing.clone());
+    let (input, output) = stdio::std_streams();
+    let transport = stdio::StdioTransport::start(input, output, closing.clone());
     let server = SandboxServer::new(app, closing);
     let running = server
         .serve_with_ct(transport, shutdown.child_token())

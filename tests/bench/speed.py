@@ -6,7 +6,8 @@
 
 Not part of the test run. Measures, in turns so load bursts land on every column alike:
 - trivial `python_exec 1`: this server with default settings (snapshots on, taken only in
-  idle time), the same with snapshots off, beside the no-op rmcp echo server
+  idle time), the same with snapshots off, another build with default settings
+  (`--baseline`, e.g. main's, to show what a change gained), beside the no-op rmcp echo server
   (`examples/noop_server.rs`) and peer REPL servers from PyPI (`mcp-python-repl`,
   `mcp-python`; installed into a venv given by --peers, skipped if absent). All open at
   once; blocks of 25 calls each in turn; official `mcp` SDK client with its client-side
@@ -122,6 +123,9 @@ class Peer:
         return took
 
 
+BASELINE_HOT = "baseline build (`--baseline`), default settings"
+
+
 def peers(args, root: Path) -> list[Peer]:
     out = [
         Peer("ours (default: snapshots on)", params_of(args.bin, server_env(root / "hot")), "python_exec", lambda _: {"code": "1"}),
@@ -129,6 +133,9 @@ def peers(args, root: Path) -> list[Peer]:
              "python_exec", lambda _: {"code": "1"}),
         Peer("no-op rmcp echo", params_of(args.noop, server_env(root / "noop")), "noop", lambda _: {}),
     ]
+    if args.baseline:
+        out.insert(1, Peer(BASELINE_HOT, params_of(args.baseline, server_env(root / "hot-base")),
+                           "python_exec", lambda _: {"code": "1"}))
     bin_dir = Path(args.peers) / "bin"
     if (bin_dir / "mcp-python-repl").exists():
         out.append(Peer("mcp-python-repl", params_of(str(bin_dir / "mcp-python-repl"), server_env(root / "p1")),
@@ -363,6 +370,13 @@ def report(args, L0: str, L1: str, H: dict, F: dict, La: dict, E: dict, P: dict,
     for n, xs in H.items():
         lines.append(f"| {n} | {fmt(xs)} | {med(ours) / med(xs):.2f}× |")
     lines += [""]
+    if H.get(BASELINE_HOT) and ours and echo:
+        base = H[BASELINE_HOT]
+        lines += [
+            f"Ours / baseline build: **{med(ours) / med(base):.2f}×**; baseline − echo: "
+            f"{(med(base) - med(echo)) * 1000:.2f} ms.",
+            "",
+        ]
     if best_peer and ours and echo:
         lines += [
             f"Ours / best peer ({best_peer}): **{med(ours) / med(H[best_peer]):.2f}×** (target ≤ 0.5×); "
@@ -404,7 +418,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=str(REPO / "target" / "release" / "mcp-sandbox-repl"))
     ap.add_argument("--noop", default=None)
-    ap.add_argument("--baseline", default=None, help="another build's binary: its `run` measured in turns with ours (launcher only)")
+    ap.add_argument("--baseline", default=None, help="another build's binary, measured in turns with ours: its trivial `python_exec` "
+                    "(hot) and its `run` (launcher)")
     ap.add_argument("--peers", default="/tmp/speed-peers", help="a venv with mcp-python-repl / mcp-python installed")
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--first", type=int, default=10)

@@ -228,6 +228,24 @@ def test_both_workers_speak_the_described_protocol(lang, tmp_path):
     assert w.proc.returncode == 0, w.proc.stderr.read()
 
 
+def test_the_python_worker_reads_long_and_glued_request_lines(tmp_path):
+    """The request pipe is read 64 KiB at a time: a line of several MiB comes in many
+    pieces, and two requests in one write are both answered, in order."""
+    w = Worker("python", tmp_path)
+    try:
+        assert w.event()["ev"] == "ready"
+        big = "s = '" + "x" * (3 << 20) + "'\nlen(s)"
+        assert w.cell(big)["value"]["repr"] == str(3 << 20)
+        os.write(w.req_w, b"".join(
+            (json.dumps({"op": "execute", "id": i, "cell": i, "code": f"{i} * 2", "repr_limit": 100}) + "\n").encode()
+            for i in (101, 102)
+        ))
+        assert [(e["id"], e["value"]["repr"]) for e in (w.event(), w.event())] == [(101, "202"), (102, "204")]
+    finally:
+        w.close()
+    assert w.proc.returncode == 0, w.proc.stderr.read()
+
+
 @pytest.mark.skipif(not r_ready(), reason="R with jsonlite is not installed")
 def test_the_r_worker_asks_the_server_to_install_packages(tmp_path):
     """R only: install.packages() in a cell sends install_request (the cell's id, the

@@ -376,6 +376,134 @@ impl<'de> Visitor<'de> for StrictVisitor {
     }
 }
 
+/// stdin and stdout as the transport reads and writes them.
+pub(crate) type Input = Box<dyn AsyncRead + Unpin + Send>;
+pub(crate) type Output = Box<dyn AsyncWrite + Unpin + Send>;
+
+/// stdin and stdout for the transport. When they are pipes or Unix stream sockets (how
+/// MCP clients start a server: pipes from Python's SDK, socket pairs from Node's), the
+/// runtime reads and writes them itself, when its event loop says they are ready;
+/// tokio's `stdin()`/`stdout()` hand every read and every write to a blocking-pool
+/// thread instead, a wake-up of that thread and one back for each message in either
+/// direction (measured: 6 context switches of the server per trivial call instead of
+/// 14, and ~60 µs less CPU). Anything else (a terminal, a file, a TCP socket) keeps
+/// tokio's blocking-thread I/O. See [`StdioFlags`] for the non-blocking mode this sets.
+pub(crate) fn std_streams() -> (Input, Output) {
+    use std::os::fd::AsFd;
+
+    let input = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .and_then(|fd| event_reader(fd).ok());
+    let output = std::io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .and_then(|fd| event_writer(fd).ok());
+    (
+        input.unwrap_or_else(|| Box::new(tokio::io::stdin())),
+        output.unwrap_or_else(|| Box::new(tokio::io::stdout())),
+    )
+}
+
+/// What kind of stream a descriptor is, for [`std_streams`].
+#[derive(Debug, PartialEq)]
+enum StreamKind {
+    Fifo,
+    UnixStream,
+    Other,
+}
+
+fn stream_kind(fd: &std::os::fd::OwnedFd) -> StreamKind {
+    use nix::sys::socket::{AddressFamily, SockaddrLike, SockaddrStorage, sockopt};
+    use nix::sys::stat::{SFlag, fstat};
+
+    let Ok(st) = fstat(fd) else {
+        return StreamKind::Other;
+    };
+    match SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT {
+        SFlag::S_IFIFO => StreamKind::Fifo,
+        SFlag::S_IFSOCK => {
+            let stream = nix::sys::socket::getsockopt(fd, sockopt::SockType)
+                .is_ok_and(|t| t == nix::sys::socket::SockType::Stream);
+            let unix = nix::sys::socket::getsockname::<SockaddrStorage>(
+                std::os::fd::AsRawFd::as_raw_fd(fd),
+            )
+            .is_ok_and(|a| a.family() == Some(AddressFamily::Unix));
+            if stream && unix {
+                StreamKind::UnixStream
+            } else {
+                StreamKind::Other
+            }
+        }
+        _ => StreamKind::Other,
+    }
+}
+
+fn event_reader(fd: std::os::fd::OwnedFd) -> io::Result<Input> {
+    match stream_kind(&fd) {
+        StreamKind::Fifo => Ok(Box::new(tokio::net::unix::pipe::Receiver::from_owned_fd(
+            fd,
+        )?)),
+        StreamKind::UnixStream => Ok(Box::new(unix_stream(fd)?)),
+        StreamKind::Other => Err(io::Error::other("not a pipe or a Unix stream socket")),
+    }
+}
+
+fn event_writer(fd: std::os::fd::OwnedFd) -> io::Result<Output> {
+    match stream_kind(&fd) {
+        StreamKind::Fifo => Ok(Box::new(tokio::net::unix::pipe::Sender::from_owned_fd(fd)?)),
+        StreamKind::UnixStream => Ok(Box::new(unix_stream(fd)?)),
+        StreamKind::Other => Err(io::Error::other("not a pipe or a Unix stream socket")),
+    }
+}
+
+fn unix_stream(fd: std::os::fd::OwnedFd) -> io::Result<tokio::net::UnixStream> {
+    let std = std::os::unix::net::UnixStream::from(fd);
+    std.set_nonblocking(true)?;
+    tokio::net::UnixStream::from_std(std)
+}
+
+/// The file status flags of stdin and stdout as the server found them, put back when
+/// dropped. [`std_streams`] makes a pipe or socket non-blocking, and that mode belongs to
+/// the open file, which the process that started the server may share (a shell running
+/// `server; cat`): it must find its stdin as it was. Drop it after the runtime is shut
+/// down (a read still registered with the runtime must never find the descriptor
+/// blocking again).
+pub(crate) struct StdioFlags([Option<libc::c_int>; 2]);
+
+impl StdioFlags {
+    pub(crate) fn save() -> StdioFlags {
+        // SAFETY: F_GETFL on descriptors 0 and 1 reads flags; an unused one fails (-1).
+        let get = |fd| match unsafe { libc::fcntl(fd, libc::F_GETFL) } {
+            -1 => None,
+            flags => Some(flags),
+        };
+        StdioFlags([get(0), get(1)])
+    }
+}
+
+impl Drop for StdioFlags {
+    fn drop(&mut self) {
+        for (fd, saved) in (0..).zip(self.0) {
+            let Some(saved) = saved else { continue };
+            // SAFETY: F_GETFL/F_SETFL on descriptor 0 or 1, which this process never
+            // closes; only O_NONBLOCK is changed back.
+            unsafe {
+                let now = libc::fcntl(fd, libc::F_GETFL);
+                if now != -1 && (now ^ saved) & libc::O_NONBLOCK != 0 {
+                    libc::fcntl(
+                        fd,
+                        libc::F_SETFL,
+                        (now & !libc::O_NONBLOCK) | (saved & libc::O_NONBLOCK),
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// One line for the writer task, with an optional acknowledgement of its write.
 type Outgoing = (Vec<u8>, Option<oneshot::Sender<io::Result<()>>>);
 

@@ -1,0 +1,110 @@
+"""stdio over pipes (Python's SDK) and over one Unix socket for both directions (Node's
+child_process): the server reads and writes them on its event loop, in non-blocking mode,
+and gives stdin and stdout their blocking mode back when it exits — the open file may be
+shared with the process that started it (a shell running `server; cat`). Driven over raw
+stdio: the descriptors under test are ours as well as the server's."""
+
+import fcntl
+import json
+import os
+import select
+import socket
+import subprocess
+import time
+
+from conftest import binary
+
+
+def nonblocking(fd: int) -> bool:
+    return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK)
+
+
+def env_for(tmp_path):
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "state").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_SANDBOX_")}
+    env.update(
+        MCP_SANDBOX_WORKSPACE=str(tmp_path / "ws"),
+        MCP_SANDBOX_STATE_DIR=str(tmp_path / "state"),
+        RUST_LOG="error",
+    )
+    return env
+
+
+class Raw:
+    """JSON-RPC lines over a write descriptor and a read descriptor."""
+
+    def __init__(self, wfd: int, rfd: int):
+        self.wfd, self.rfd, self.buf = wfd, rfd, b""
+
+    def send(self, msg: dict):
+        data = (json.dumps(msg) + "\n").encode()
+        while data:
+            data = data[os.write(self.wfd, data):]
+
+    def answer(self, id_: int, timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout  # hang guard only
+        while True:
+            while b"\n" in self.buf:
+                line, self.buf = self.buf.split(b"\n", 1)
+                msg = json.loads(line)
+                if msg.get("id") == id_:
+                    return msg
+            left = deadline - time.monotonic()
+            assert left > 0, "no answer from the server"
+            ready, _, _ = select.select([self.rfd], [], [], left)
+            if ready:
+                chunk = os.read(self.rfd, 1 << 16)
+                assert chunk, "the server closed stdout"
+                self.buf += chunk
+
+
+def converse(raw: Raw) -> None:
+    raw.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+    assert "result" in raw.answer(1)
+    raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    # A long answer (every tool's schema): written in pieces when the pipe is full.
+    raw.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+    tools = raw.answer(2)
+    assert len(tools["result"]["tools"]) > 5, tools
+    raw.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+              "params": {"name": "python_exec", "arguments": {"code": "6 * 7"}}})
+    res = raw.answer(3)["result"]
+    assert not res.get("isError") and "42" in json.dumps(res), res
+
+
+def test_pipes_are_served_nonblocking_and_left_blocking(tmp_path):
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    proc = subprocess.Popen([binary()], stdin=in_r, stdout=out_w, stderr=subprocess.DEVNULL, env=env_for(tmp_path))
+    # We keep the server's ends open too: the same open files, so we see their mode.
+    try:
+        raw = Raw(in_w, out_r)
+        converse(raw)
+        assert nonblocking(in_r) and nonblocking(out_w), "stdio is served on the event loop"
+        os.close(in_w)  # end of input: the server exits
+        assert proc.wait(timeout=60) == 0
+        assert not nonblocking(in_r), "stdin left non-blocking"
+        assert not nonblocking(out_w), "stdout left non-blocking"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for fd in (in_r, out_r, out_w):
+            os.close(fd)
+
+
+def test_one_unix_socket_for_stdin_and_stdout(tmp_path):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    proc = subprocess.Popen([binary()], stdin=theirs, stdout=theirs, stderr=subprocess.DEVNULL, env=env_for(tmp_path))
+    try:
+        converse(Raw(ours.fileno(), ours.fileno()))
+        assert nonblocking(theirs.fileno()), "stdio is served on the event loop"
+        ours.shutdown(socket.SHUT_WR)
+        assert proc.wait(timeout=60) == 0
+        assert not nonblocking(theirs.fileno()), "the socket left non-blocking"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ours.close()
+        theirs.close()
