@@ -267,7 +267,11 @@ pub(super) async fn pump(
         tokio::select! {
             r = next_line, if ev_open => match r {
                 Ok(_) if line.ends_with(b"\n") => {
-                    handle_line(&shared, &line, &out, &err, &mut obuf);
+                    if !handle_line(&shared, &line, &out, &err, &mut obuf) {
+                        // Corrupted: nothing after it is believed (a line that follows the
+                        // garbage, a cell's end included, must not answer the call).
+                        ev_open = false;
+                    }
                     line.clear();
                 }
                 Ok(n) if n > 0 && line.len() >= MAX_LINE => {
@@ -324,7 +328,9 @@ fn drain_after_exit(
         line.extend_from_slice(events.buffer());
         line.extend_from_slice(&rest);
         for l in line.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            handle_line(shared, l, out, err, obuf);
+            if !handle_line(shared, l, out, err, obuf) {
+                break;
+            }
         }
     }
     drain_now(out, OutStream::Stdout, shared, obuf);
@@ -387,13 +393,15 @@ fn drain_all(rx: &pipe::Receiver, into: &mut Vec<u8>) -> std::io::Result<()> {
     }
 }
 
+/// Act on one event line; `false` when it is not a protocol event (the worker is being
+/// killed for it, and nothing after it on the stream may be believed).
 fn handle_line(
     shared: &Shared,
     line: &[u8],
     out: &pipe::Receiver,
     err: &pipe::Receiver,
     buf: &mut [u8],
-) {
+) -> bool {
     let ev = match protocol::decode(line) {
         Ok(ev) => ev,
         Err(e) => {
@@ -402,7 +410,7 @@ fn handle_line(
             // and a call whose answer was glued to the garbage would wait forever.
             tracing::warn!(error = %e, "the Python worker's event stream is corrupted");
             kill_group(shared, &protocol_fault(line));
-            return;
+            return false;
         }
     };
     if matches!(
@@ -415,6 +423,7 @@ fn handle_line(
         drain_now(err, OutStream::Stderr, shared, buf);
     }
     shared.event(ev);
+    true
 }
 
 /// The kill reason for a line on the event pipe that is not a protocol event.
