@@ -51,6 +51,20 @@ INIT = {
 }
 
 
+def raw_server_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for a server started by hand (raw JSON-RPC over its stdio): a fresh
+    workspace and state dir under `tmp_path`, none of the caller's MCP_SANDBOX_ settings."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "state").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_SANDBOX_")}
+    env.update(
+        MCP_SANDBOX_WORKSPACE=str(tmp_path / "ws"),
+        MCP_SANDBOX_STATE_DIR=str(tmp_path / "state"),
+        RUST_LOG="error",
+    )
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,6 +1,5 @@
 """Server lifecycle: closing stdin or SIGTERM leaves no process of ours behind."""
 
-import os
 import signal
 import subprocess
 import time
@@ -31,6 +30,27 @@ def start_work(c_pids, server):
     return scenario
 
 
+def start_raw(server, stderr=subprocess.DEVNULL):
+    """The server started by hand on the harness's settings, initialized over raw JSON-RPC;
+    returns it and a `send(msg)` that writes one line to its stdin."""
+    import json
+
+    proc = subprocess.Popen(
+        [binary()], env=server.server_env(), cwd=server.workspace,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+    )
+
+    def send(msg):
+        proc.stdin.write((json.dumps(msg) + "\n").encode())
+        proc.stdin.flush()
+
+    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+    proc.stdout.readline()
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return proc, send
+
+
 def test_closing_stdin_leaves_no_process_behind(server):
     pids = {}
     server.run(start_work(pids, server))
@@ -45,20 +65,7 @@ def test_closing_stdin_leaves_no_process_behind(server):
 
 
 def test_sigterm_kills_every_job_without_waiting_for_them(server):
-    proc = subprocess.Popen(
-        [binary()], env=server.server_env(), cwd=server.workspace,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-    )
-    import json
-
-    def send(msg):
-        proc.stdin.write((json.dumps(msg) + "\n").encode())
-        proc.stdin.flush()
-
-    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
-    proc.stdout.readline()
-    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    proc, send = start_raw(server)
     send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
         "name": "shell_run", "arguments": {"command": "sleep 300 & sleep 300; wait", "wait_seconds": 0.3}}})
     proc.stdout.readline()
@@ -83,19 +90,7 @@ def test_closing_stdin_during_a_long_poll_exits_at_once(server):
     wait for the poll; it exits and kills the job at once."""
     import json
 
-    proc = subprocess.Popen(
-        [binary()], env=server.server_env(), cwd=server.workspace,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-    )
-
-    def send(msg):
-        proc.stdin.write((json.dumps(msg) + "\n").encode())
-        proc.stdin.flush()
-
-    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
-    proc.stdout.readline()
-    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    proc, send = start_raw(server)
     send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
         "name": "shell_run", "arguments": {"command": "sleep 300", "wait_seconds": 0}}})
     job = json.loads(proc.stdout.readline())["result"]["structuredContent"]["job_id"]
@@ -120,21 +115,7 @@ def test_closing_stdin_right_after_a_call_does_not_wait_for_the_pools(server):
     server 2 s later): the resources made ahead stop being made at once. The pools' makers
     slept out the settle time after a take and missed the exit's wake-up, so every such
     exit waited the drain's full budget (5 s) and was killed by the SDK first."""
-    import json
-
-    proc = subprocess.Popen(
-        [binary()], env=server.server_env(), cwd=server.workspace,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
-
-    def send(msg):
-        proc.stdin.write((json.dumps(msg) + "\n").encode())
-        proc.stdin.flush()
-
-    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
-    proc.stdout.readline()
-    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    proc, send = start_raw(server, stderr=subprocess.PIPE)
     for i in range(3):  # a job took from each pool within its settle time before the exit
         send({"jsonrpc": "2.0", "id": 2 + i, "method": "tools/call", "params": {
             "name": "shell_run", "arguments": {"command": "true", "wait_seconds": 5}}})

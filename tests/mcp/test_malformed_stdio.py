@@ -9,7 +9,7 @@ import select
 import subprocess
 import time
 
-from conftest import binary
+from conftest import binary, raw_server_env
 
 MAX_LINE = 16 << 20
 
@@ -40,14 +40,7 @@ CASES = [
 
 class RawServer:
     def __init__(self, tmp_path):
-        (tmp_path / "ws").mkdir()
-        (tmp_path / "state").mkdir()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_SANDBOX_")}
-        env.update(
-            MCP_SANDBOX_WORKSPACE=str(tmp_path / "ws"),
-            MCP_SANDBOX_STATE_DIR=str(tmp_path / "state"),
-            RUST_LOG="error",
-        )
+        env = raw_server_env(tmp_path)
         self.proc = subprocess.Popen(
             [binary()], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
         )

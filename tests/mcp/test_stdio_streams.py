@@ -12,23 +12,13 @@ import socket
 import subprocess
 import time
 
-from conftest import binary
+from conftest import binary, raw_server_env
 
 
 def nonblocking(fd: int) -> bool:
     return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK)
 
 
-def env_for(tmp_path):
-    (tmp_path / "ws").mkdir()
-    (tmp_path / "state").mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_SANDBOX_")}
-    env.update(
-        MCP_SANDBOX_WORKSPACE=str(tmp_path / "ws"),
-        MCP_SANDBOX_STATE_DIR=str(tmp_path / "state"),
-        RUST_LOG="error",
-    )
-    return env
 
 
 class Raw:
@@ -77,7 +67,7 @@ def converse(raw: Raw) -> None:
 def test_pipes_are_served_nonblocking_and_left_blocking(tmp_path):
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
-    proc = subprocess.Popen([binary()], stdin=in_r, stdout=out_w, stderr=subprocess.DEVNULL, env=env_for(tmp_path))
+    proc = subprocess.Popen([binary()], stdin=in_r, stdout=out_w, stderr=subprocess.DEVNULL, env=raw_server_env(tmp_path))
     # We keep the server's ends open too: the same open files, so we see their mode.
     try:
         raw = Raw(in_w, out_r)
@@ -96,7 +86,7 @@ def test_pipes_are_served_nonblocking_and_left_blocking(tmp_path):
 
 def test_one_unix_socket_for_stdin_and_stdout(tmp_path):
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    proc = subprocess.Popen([binary()], stdin=theirs, stdout=theirs, stderr=subprocess.DEVNULL, env=env_for(tmp_path))
+    proc = subprocess.Popen([binary()], stdin=theirs, stdout=theirs, stderr=subprocess.DEVNULL, env=raw_server_env(tmp_path))
     try:
         converse(Raw(ours.fileno(), ours.fileno()))
         assert nonblocking(theirs.fileno()), "stdio is served on the event loop"
