@@ -317,9 +317,13 @@ impl Job {
             message = Some(join_sentences(message, &note));
         }
         if let Some(result) = outcome.result {
-            // Written to disk by `JobHandle::finish` after waiters were woken.
+            // Written to disk by `JobHandle::finish` after waiters were woken. A small one
+            // gets its index-line text here, under the same locks as `has_result`: any
+            // record that says it has a result carries it (or it is in `result.json`).
             st.has_result = true;
-            lock(&self.result).value = Some(result);
+            let mut slot = lock(&self.result);
+            slot.inline = persist::inline_text(&result);
+            slot.value = Some(result);
         }
         st.elapsed_ms = Some(self.started.elapsed().as_millis() as u64);
         self.record_saved.store(false, Ordering::SeqCst);

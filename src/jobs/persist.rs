@@ -716,6 +716,27 @@ pub(crate) fn draw_tag() -> String {
 /// memory while the job is (see `ResultSlot`): at most this much per kept job.
 pub(crate) const INLINE_RESULT_MAX: usize = 512;
 
+/// `value`'s JSON text if it is at most [`INLINE_RESULT_MAX`] bytes (serialising a larger
+/// one stops at the limit).
+pub(crate) fn inline_text(value: &serde_json::Value) -> Option<Box<str>> {
+    struct Capped(Vec<u8>);
+    impl Write for Capped {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            if self.0.len() + b.len() > INLINE_RESULT_MAX {
+                return Err(io::Error::other("over the inline limit"));
+            }
+            self.0.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut out = Capped(Vec::with_capacity(64));
+    serde_json::to_writer(&mut out, value).ok()?;
+    String::from_utf8(out.0).ok().map(String::into_boxed_str)
+}
+
 /// Write a job's structured result (its JSON text) next to its spools.
 pub(crate) fn save_result(job_dir: &Path, text: &str) -> io::Result<()> {
     std::fs::create_dir_all(job_dir)?;

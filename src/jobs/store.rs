@@ -849,11 +849,16 @@ impl JobStore {
     pub(crate) fn persist_finished(&self, job: &Job) {
         {
             let mut slot = lock(&job.result);
-            if let Some(text) = slot.value.as_ref().map(serde_json::to_string) {
+            // A small result's text was made when the job finished (`inline`): it is
+            // written with the record below.
+            let text = match (&slot.inline, &slot.value) {
+                (None, Some(value)) => Some(serde_json::to_string(value)),
+                (Some(_), _) => Some(Ok(String::new())),
+                (None, None) => None,
+            };
+            if let Some(text) = text {
                 let saved = text.map_err(std::io::Error::other).and_then(|text| {
-                    if text.len() <= persist::INLINE_RESULT_MAX {
-                        // Written with the record below.
-                        slot.inline = Some(text.into());
+                    if slot.inline.is_some() {
                         Ok(())
                     } else {
                         persist::save_result(&job.dir, &text)

@@ -124,7 +124,8 @@ pub(crate) struct Graph {
     dropped: u64,
     /// Cells up to this one were loaded from an earlier server's file: their note says so.
     reloaded_upto: u64,
-    /// Lines in the graph file (it is compacted past twice `max_cells`).
+    /// Lines in the graph file (it is compacted past twice `max_cells`; never more than
+    /// [`Graph::max_lines`]).
     lines: usize,
     /// The graph file, open for appending (kept between cells: opening it for every cell
     /// cost two path lookups on the answer's path). Dropped when the file is replaced
@@ -227,6 +228,11 @@ impl Graph {
         if matches!(&node.code, CellCode::Execute { code } if *code == node.label) {
             node.label = String::new(); // the code is the label: keep it once
         }
+        if self.compacting.is_some() && self.lines >= self.max_lines() {
+            // The compaction on its thread has not landed after half the cap of cells
+            // more: wait for it, so the file stays bounded however slow the disk is.
+            self.finish_compaction(true);
+        }
         if let Some(file) = &self.file {
             let appended = serde_json::to_vec(&node)
                 .map_err(std::io::Error::other)
@@ -325,6 +331,14 @@ impl Graph {
                 self.dropped += 1;
             }
         }
+    }
+
+    /// Lines the graph file never exceeds: compacted past twice `max_cells`, and while
+    /// that compaction runs, half `max_cells` more at most.
+    fn max_lines(&self) -> usize {
+        self.max_cells
+            .saturating_mul(2)
+            .saturating_add(self.max_cells / 2)
     }
 
     /// Whether the graph file is due for compaction (more than twice `max_cells` lines).
@@ -1174,6 +1188,41 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["graph.jsonl"], "no temporary file left");
+    }
+
+    /// A compaction that has not landed after half the cap of cells more is waited for:
+    /// the file never holds more than `max_lines` lines, however slow the disk.
+    #[test]
+    fn a_compaction_that_lags_is_waited_for_at_two_and_a_half_times_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("graph.jsonl");
+        let lines = || std::fs::read_to_string(&file).unwrap().lines().count();
+        let mut g = Graph::open(8, 10, Some(file.clone()));
+        for c in 1..=21 {
+            g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
+        }
+        assert!(g.compacting.is_some());
+        // The thread's file is held back: the compaction "runs" until we let it land.
+        let written = g.compacting.as_ref().unwrap().done.recv().unwrap();
+        let (tx, done) = std::sync::mpsc::channel();
+        g.compacting.as_mut().unwrap().done = done;
+        for c in 22..=25 {
+            g.add(node(c, Some(c - 1), CellStatus::Ok));
+            assert!(g.compacting.is_some());
+        }
+        assert_eq!(lines(), g.max_lines());
+        let lands = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            tx.send(written).unwrap();
+        });
+        // At the bound: this cell waits for the compaction, then goes to the new file.
+        g.add(node(26, Some(25), CellStatus::Ok));
+        lands.join().unwrap();
+        assert!(
+            g.compacting.is_none(),
+            "cell 26 did not wait for the compaction"
+        );
+        assert_eq!(lines(), 1 + 10 + 4 + 1);
     }
 
     #[test]

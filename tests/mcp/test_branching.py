@@ -508,7 +508,9 @@ def test_the_cell_cap_drops_the_oldest_cells_and_says_so(server: Harness):
         await c.ok("python_exec", code="log = [1]")
         for n in range(2, 13):
             await c.ok("python_exec", code=f"log.append({n})")
-            assert len(graph.read_text().splitlines()) <= 2 * 5 + 1
+            # Compacted past twice the cap on a thread of its own; while that runs, at most
+            # half the cap more lines before a cell waits for it.
+            assert len(graph.read_text().splitlines()) <= 2 * 5 + 5 // 2
         res = await c.call("python_history")
         h = res.structured_content
         assert [e["cell"] for e in h["cells"]] == ["c8", "c9", "c10", "c11", "c12"], h

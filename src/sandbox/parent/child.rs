@@ -344,7 +344,11 @@ impl SandboxedChild {
         };
         // SAFETY: fcntl on a pipe end we own.
         unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+        // Kept for `target_status` whenever no word is taken here: a word written after
+        // we gave up (or one we could not wait for) still names the target's end.
+        let raw = fd.try_clone();
         let Ok(afd) = register_readable(fd) else {
+            self.exit_word = raw.ok();
             return Err(false);
         };
         let read = async {
@@ -363,12 +367,14 @@ impl SandboxedChild {
                 Ok(word) => word,
                 Err(_) => {
                     self.kill_all();
+                    self.exit_word = Some(afd.into_inner());
                     return Err(true);
                 }
             },
             None => read.await,
         };
         let Some(word) = word else {
+            self.exit_word = Some(afd.into_inner());
             return Err(false);
         };
         let micros = |us: u64| libc::timeval {
