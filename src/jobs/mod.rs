@@ -39,7 +39,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use shell::{ShellRequest, start_shell_job};
-pub use store::{JobHandle, JobStore, WaitFor};
+pub use store::{Admission, JobHandle, JobStore, WaitFor};
 
 /// Short, human-friendly job id such as `"j12"`.
 pub type JobId = String;

@@ -110,6 +110,10 @@ pub fn start_shell_job(
     }
     let env = environment(&req, cwd.as_deref(), &policy)?;
     let req_tmp = req.private_tmp.clone();
+    // Admitted before the process exists: a command refused (full state disk, quota of
+    // running jobs) must not run. Refused after the spawn, it was killed only after its
+    // exec, and a quick command (`echo x > f`) had often done its work by then.
+    let admission = store.admit()?;
 
     let mut cmd = sandbox.command(policy, &program);
     cmd.args(&args);
@@ -134,13 +138,14 @@ pub fn start_shell_job(
     };
     let killer = child.killer();
 
-    let handle = match store.create(JobKind::Shell, req.session.as_deref(), &label) {
-        Ok(h) => h,
-        Err(e) => {
-            child.kill_all();
-            return Err(e);
-        }
-    };
+    let handle =
+        match store.create_admitted(admission, JobKind::Shell, req.session.as_deref(), &label) {
+            Ok(h) => h,
+            Err(e) => {
+                child.kill_all();
+                return Err(e);
+            }
+        };
     let _enter = rt.enter();
     let stdin = child
         .stdin

@@ -97,6 +97,33 @@ impl std::fmt::Debug for JobStore {
     }
 }
 
+/// A new job's place, taken by [`JobStore::admit`] before anything of the job runs and
+/// used by [`JobStore::create_admitted`]; dropped unused, it gives the place back.
+#[must_use = "an admission unused is given back at once"]
+pub struct Admission {
+    store: Arc<JobStore>,
+    used: bool,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("used", &self.used)
+            .finish()
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if !self.used {
+            let _ = self
+                .store
+                .unfinished
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        }
+    }
+}
+
 impl JobStore {
     /// Open (or create) the store under `cfg.state_dir`: lock its directory and open
     /// the index for appending, without reading it. The table of jobs is read from the
@@ -300,9 +327,66 @@ impl JobStore {
         &self.cfg
     }
 
-    /// Start a new job (status `running`) and return the producer's handle.
+    /// Start a new job (status `running`) and return the producer's handle:
+    /// [`admit`](Self::admit), then [`create_admitted`](Self::create_admitted).
     pub fn create(
         self: &Arc<Self>,
+        kind: JobKind,
+        session: Option<&str>,
+        label: &str,
+    ) -> Result<JobHandle, JobError> {
+        let admission = self.admit()?;
+        self.create_admitted(admission, kind, session, label)
+    }
+
+    /// Decide whether a new job may start, before anything of it runs: refused while
+    /// this client's quota of running jobs is used up ([`JobError::TooManyRunning`]) or
+    /// the state disk is full ([`JobError::StateDirFull`]: a job started then could keep
+    /// neither its output nor, at its end, its record). Once admitted the job counts as
+    /// unfinished and room for its records is kept at the journal's end, so a disk that
+    /// fills between this and [`create_admitted`](Self::create_admitted) (while a shell
+    /// job's process is set up) still leaves room for its start line. Dropping the
+    /// admission unused gives the place back.
+    pub fn admit(self: &Arc<Self>) -> Result<Admission, JobError> {
+        let mut journal = lock(&self.journal);
+        if let Some(limit) = self.cfg.max_running
+            && self.unfinished.load(Ordering::SeqCst) >= limit
+        {
+            return Err(JobError::TooManyRunning { limit });
+        }
+        let free = persist::free_bytes(&self.cfg.state_dir);
+        if free.is_some_and(|f| f < persist::MIN_FREE_BYTES) {
+            tracing::debug!(dir = %self.cfg.state_dir.display(), free = ?free, "refused a new job: the state directory is full");
+            return Err(JobError::StateDirFull {
+                path: self.cfg.state_dir.clone(),
+            });
+        }
+        // Room for the records of every unfinished job, this one included, kept
+        // allocated past the journal's end: a job that ends while the disk is full
+        // still writes its end record (else a restart would call it lost).
+        let unfinished = self.unfinished.load(Ordering::SeqCst) + 1;
+        if let Err(e) = journal.keep_room(unfinished * persist::RECORD_ROOM) {
+            if super::spool::is_disk_full(&e) {
+                tracing::debug!(dir = %self.cfg.state_dir.display(), free = ?free, error = %e, "refused a new job: no room for its records");
+                return Err(JobError::StateDirFull {
+                    path: self.cfg.state_dir.clone(),
+                });
+            }
+            tracing::debug!(error = %e, "could not keep room for job records in the journal");
+        }
+        self.unfinished.fetch_add(1, Ordering::SeqCst);
+        Ok(Admission {
+            store: self.clone(),
+            used: false,
+        })
+    }
+
+    /// Start the job `admission` let in (status `running`) and return the producer's
+    /// handle. Refused only if its start line cannot be written (the job could vanish
+    /// at a restart): the caller must then end whatever it started.
+    pub fn create_admitted(
+        self: &Arc<Self>,
+        mut admission: Admission,
         kind: JobKind,
         session: Option<&str>,
         label: &str,
@@ -347,29 +431,10 @@ impl JobStore {
             // One appended line, so a crash brings the job back as lost. Held across
             // the insert so a compaction cannot miss the new job.
             let mut journal = lock(&self.journal);
-            if let Some(limit) = self.cfg.max_running
-                && self.unfinished.load(Ordering::SeqCst) >= limit
-            {
-                return Err(JobError::TooManyRunning { limit });
-            }
-            // Refused before it runs while the disk is full: a job started then could
-            // keep neither its output nor, at its end, its record.
-            if persist::free_bytes(&self.cfg.state_dir).is_some_and(|f| f < persist::MIN_FREE_BYTES)
-            {
-                return Err(JobError::StateDirFull {
-                    path: self.cfg.state_dir.clone(),
-                });
-            }
-            // Room for the records of every unfinished job, this one included, kept
-            // allocated past the journal's end: a job that ends while the disk is full
-            // still writes its end record (else a restart would call it lost).
-            let unfinished = self.unfinished.load(Ordering::SeqCst) + 1;
+            // Room for this record was kept at admission; keep it topped up for the
+            // jobs admitted since (a no-op while the room kept suffices).
+            let unfinished = self.unfinished.load(Ordering::SeqCst);
             if let Err(e) = journal.keep_room(unfinished * persist::RECORD_ROOM) {
-                if super::spool::is_disk_full(&e) {
-                    return Err(JobError::StateDirFull {
-                        path: self.cfg.state_dir.clone(),
-                    });
-                }
                 tracing::debug!(error = %e, "could not keep room for job records in the journal");
             }
             if let Err(e) = journal.append(&job.record()) {
@@ -384,7 +449,8 @@ impl JobStore {
             }
             let mut jobs = self.jobs();
             jobs.map.insert(seq, job.clone());
-            self.unfinished.fetch_add(1, Ordering::SeqCst);
+            // Counted as unfinished since its admission; `persist_finished` ends that.
+            admission.used = true;
             journal.needs_compaction(jobs.map.len())
         };
         if compact {

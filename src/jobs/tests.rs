@@ -1090,3 +1090,33 @@ async fn index_rewrites_run_beside_new_jobs_and_keep_every_retained_one() {
         .collect();
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
 }
+
+/// An admission holds a place among the running jobs until it is used or dropped: the
+/// quota counts jobs admitted and not yet created (a shell job's process being set up).
+#[test]
+fn an_admission_holds_a_place_until_used_or_dropped() {
+    let (scratch, dir) = scratch_path("jobs-store-admission", "state");
+    let store = JobStore::open(StoreConfig {
+        max_running: Some(1),
+        ..config(dir)
+    })
+    .unwrap();
+    let first = store.admit().unwrap();
+    assert!(matches!(
+        store.admit(),
+        Err(JobError::TooManyRunning { limit: 1 })
+    ));
+    drop(first);
+    let again = store.admit().unwrap();
+    let h = store
+        .create_admitted(again, JobKind::Shell, None, "x")
+        .unwrap();
+    assert!(matches!(
+        store.admit(),
+        Err(JobError::TooManyRunning { limit: 1 })
+    ));
+    h.finish(done());
+    drop(h);
+    drop(store);
+    drop(scratch);
+}

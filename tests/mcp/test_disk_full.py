@@ -112,14 +112,27 @@ def fill(path: str) -> None:
 def test_new_jobs_are_refused_in_words_before_they_run_while_the_state_disk_is_full(small_state):
     """Filled from outside (no job of ours ever hit ENOSPC): a Python cell and a shell job
     are refused in words and do not run (their side effect in the workspace never appears);
-    once there is room again, both run."""
+    once there is room again, both run.
+
+    A shell job killed at once after it started may or may not have done its work, so the
+    marker alone shows a refusal after the start only sometimes. The exec of a program
+    reads its file, which moves the file's access time (relatime: the time is set older
+    than the file's change time): a program whose access time stays put was never started."""
     server = small_state
     state = str(server.state_dir)
+    prog = server.workspace / "prog.sh"
+    prog.write_text("#!/bin/sh\necho x > prog-ran\n")
+    prog.chmod(0o755)
 
     async def scenario(c):
         warm = await c.py("1")
         assert warm["status"] == "completed", warm
+        os.utime(prog, (0, prog.stat().st_mtime))
         fill(os.path.join(state, "filler"))
+        res = await c.call("shell_run", argv=[str(prog)])
+        text = " ".join(getattr(x, "text", "") for x in res.content)
+        assert res.is_error and f"state directory is full ({state})" in text, text
+        assert prog.stat().st_atime == 0, f"shell_run started its program on a full disk: {text}"
         for tool, args, marker in (
             ("python_exec", {"code": "open('py-ran', 'w').write('x')"}, "py-ran"),
             ("shell_run", {"command": "echo x > sh-ran"}, "sh-ran"),
@@ -127,12 +140,14 @@ def test_new_jobs_are_refused_in_words_before_they_run_while_the_state_disk_is_f
             res = await c.call(tool, **args)
             text = " ".join(getattr(x, "text", "") for x in res.content)
             assert res.is_error and f"state directory is full ({state})" in text, (tool, text)
-            assert not (server.workspace / marker).exists(), f"{tool} ran its code on a full disk"
+            assert not (server.workspace / marker).exists(), f"{tool} ran its code on a full disk: {text}"
         os.unlink(os.path.join(state, "filler"))
         ok = await c.py("open('py-ran', 'w').write('x')")
         assert ok["status"] == "completed", ok
         sh = await c.ok("shell_run", command="echo x > sh-ran", wait_seconds=30)
         assert sh["status"] == "completed", sh
+        ran = await c.ok("shell_run", argv=[str(prog)], wait_seconds=30)
+        assert ran["status"] == "completed" and prog.stat().st_atime != 0, ran
         assert (server.workspace / "py-ran").exists() and (server.workspace / "sh-ran").exists()
 
     server.run(scenario)

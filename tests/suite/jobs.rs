@@ -489,3 +489,41 @@ async fn the_policy_confines_shell_jobs() {
     let stderr: String = snaps.iter().map(|s| s.stderr.head.as_str()).collect();
     assert!(stderr.contains(&outside), "{stderr}");
 }
+
+/// A shell job refused for the quota of running jobs is refused before its program
+/// starts, not killed after: the exec of a program reads its file and so moves its access
+/// time (set older than its change time, which relatime updates), and here it stays put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_over_the_quota_is_refused_before_its_program_starts() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut f = fixture("quota");
+    f.store = JobStore::open(StoreConfig {
+        state_dir: f.dir.join("state-quota"),
+        disk_cap: 1 << 32,
+        response_bytes: 20_000,
+        retention: Default::default(),
+        max_running: Some(0),
+    })
+    .unwrap();
+    let prog = f.dir.join("ws").join("prog.sh");
+    std::fs::write(&prog, "#!/bin/sh\necho x > prog-ran\n").unwrap();
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let epoch = std::time::SystemTime::UNIX_EPOCH;
+    std::fs::File::options()
+        .write(true)
+        .open(&prog)
+        .unwrap()
+        .set_times(std::fs::FileTimes::new().set_accessed(epoch))
+        .unwrap();
+    let refused = f.start(ShellRequest {
+        argv: Some(vec![prog.to_string_lossy().into_owned()]),
+        ..ShellRequest::default()
+    });
+    assert!(
+        matches!(refused, Err(JobError::TooManyRunning { limit: 0 })),
+        "{refused:?}"
+    );
+    let accessed = std::fs::metadata(&prog).unwrap().accessed().unwrap();
+    assert_eq!(accessed, epoch, "the refused job's program was started");
+    assert!(!f.dir.join("ws").join("prog-ran").exists());
+}
