@@ -1,8 +1,9 @@
 """stdio over pipes (Python's SDK) and over one Unix socket for both directions (Node's
-child_process): the server reads and writes them on its event loop, in non-blocking mode,
-and gives stdin and stdout their blocking mode back when it exits — the open file may be
-shared with the process that started it (a shell running `server; cat`). Driven over raw
-stdio: the descriptors under test are ours as well as the server's."""
+child_process): the server reads and writes them on its event loop, in non-blocking mode —
+pipes in open files of its own (so the ones it was given, which may be shared with the
+process that started it, a shell running `server; cat`, never change), a socket's mode
+given back when it exits. Driven over raw stdio: the descriptors under test are ours as
+well as the server's."""
 
 import fcntl
 import json
@@ -11,6 +12,8 @@ import select
 import socket
 import subprocess
 import time
+
+import pytest
 
 from conftest import binary, raw_server_env
 
@@ -64,7 +67,27 @@ def converse(raw: Raw) -> None:
     assert not res.get("isError") and "42" in json.dumps(res), res
 
 
-def test_pipes_are_served_nonblocking_and_left_blocking(tmp_path):
+def served_nonblocking(pid: int, fd: int) -> bool:
+    """Whether process `pid` holds the pipe of our `fd` in a non-blocking open file of its
+    own (its /proc fdinfo flags), beside the one it was given."""
+    ino = os.fstat(fd).st_ino
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.stat(f"/proc/{pid}/fd/{name}").st_ino != ino:
+                continue
+            flags = open(f"/proc/{pid}/fdinfo/{name}").read().split("flags:")[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if int(flags, 8) & os.O_NONBLOCK:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("ending", ["end of input", "SIGKILL"])
+def test_pipes_are_served_nonblocking_on_files_of_the_servers_own(tmp_path, ending):
+    """The server reads and writes its stdio pipes on its event loop, in non-blocking
+    files it opened anew: the open files it was given — shared with whoever started it —
+    stay blocking all along, even when the server is SIGKILLed and can put nothing back."""
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     proc = subprocess.Popen([binary()], stdin=in_r, stdout=out_w, stderr=subprocess.DEVNULL, env=raw_server_env(tmp_path))
@@ -72,9 +95,15 @@ def test_pipes_are_served_nonblocking_and_left_blocking(tmp_path):
     try:
         raw = Raw(in_w, out_r)
         converse(raw)
-        assert nonblocking(in_r) and nonblocking(out_w), "stdio is served on the event loop"
-        os.close(in_w)  # end of input: the server exits
-        assert proc.wait(timeout=60) == 0
+        assert served_nonblocking(proc.pid, in_r) and served_nonblocking(proc.pid, out_w), \
+            "stdio is served on the event loop"
+        assert not nonblocking(in_r) and not nonblocking(out_w), "the shared open files were made non-blocking"
+        if ending == "SIGKILL":
+            proc.kill()
+            proc.wait(timeout=60)
+        else:
+            os.close(in_w)  # end of input: the server exits
+            assert proc.wait(timeout=60) == 0
         assert not nonblocking(in_r), "stdin left non-blocking"
         assert not nonblocking(out_w), "stdout left non-blocking"
     finally:

@@ -444,7 +444,7 @@ fn stream_kind(fd: &std::os::fd::OwnedFd) -> StreamKind {
 fn event_reader(fd: std::os::fd::OwnedFd) -> io::Result<Input> {
     match stream_kind(&fd) {
         StreamKind::Fifo => Ok(Box::new(tokio::net::unix::pipe::Receiver::from_owned_fd(
-            fd,
+            reopened(fd, libc::O_RDONLY),
         )?)),
         StreamKind::UnixStream => Ok(Box::new(unix_stream(fd)?)),
         StreamKind::Other => Err(io::Error::other("not a pipe or a Unix stream socket")),
@@ -453,10 +453,34 @@ fn event_reader(fd: std::os::fd::OwnedFd) -> io::Result<Input> {
 
 fn event_writer(fd: std::os::fd::OwnedFd) -> io::Result<Output> {
     match stream_kind(&fd) {
-        StreamKind::Fifo => Ok(Box::new(tokio::net::unix::pipe::Sender::from_owned_fd(fd)?)),
+        StreamKind::Fifo => Ok(Box::new(tokio::net::unix::pipe::Sender::from_owned_fd(
+            reopened(fd, libc::O_WRONLY),
+        )?)),
         StreamKind::UnixStream => Ok(Box::new(unix_stream(fd)?)),
         StreamKind::Other => Err(io::Error::other("not a pipe or a Unix stream socket")),
     }
+}
+
+/// A pipe opened anew through `/proc/self/fd` (`access`: its direction): an open file
+/// of the server's own, so the non-blocking mode it is served in is nobody else's — not
+/// even after a SIGKILL, when nothing could put a shared file's mode back. `fd` itself
+/// if that cannot be done (its mode is then put back at exit, [`StdioFlags`]).
+fn reopened(fd: std::os::fd::OwnedFd, access: libc::c_int) -> std::os::fd::OwnedFd {
+    use std::os::fd::{AsRawFd, FromRawFd};
+
+    let path = format!("/proc/self/fd/{}\0", fd.as_raw_fd());
+    // SAFETY: open(2) of a NUL-terminated path we own; a new descriptor or -1.
+    let new = unsafe {
+        libc::open(
+            path.as_ptr().cast(),
+            access | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if new < 0 {
+        return fd;
+    }
+    // SAFETY: `new` was just opened by us and is owned by nothing else.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(new) }
 }
 
 fn unix_stream(fd: std::os::fd::OwnedFd) -> io::Result<tokio::net::UnixStream> {
@@ -466,9 +490,9 @@ fn unix_stream(fd: std::os::fd::OwnedFd) -> io::Result<tokio::net::UnixStream> {
 }
 
 /// The file status flags of stdin and stdout as the server found them, put back when
-/// dropped. [`std_streams`] makes a pipe or socket non-blocking, and that mode belongs to
-/// the open file, which the process that started the server may share (a shell running
-/// `server; cat`): it must find its stdin as it was. Drop it after the runtime is shut
+/// dropped. [`std_streams`] makes a socket (or a pipe it could not open anew) non-blocking,
+/// and that mode belongs to the open file, which the process that started the server may
+/// share (a shell running `server; cat`): it must find its stdin as it was. Drop it after the runtime is shut
 /// down (a read still registered with the runtime must never find the descriptor
 /// blocking again).
 pub(crate) struct StdioFlags([Option<libc::c_int>; 2]);
