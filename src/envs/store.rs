@@ -401,9 +401,29 @@ struct Account {
     /// When `parts` were last measured whole with no job running and nothing changed
     /// since (`epoch` then): admission may use them instead of measuring again.
     settled: Option<(u64, Instant)>,
+    /// Measures started, and the newest of them whose figures are in `parts`: one that
+    /// ends after a newer one (an idle-time walk starved under load) brings older
+    /// figures and is dropped.
+    measures_started: u64,
+    measure_applied: u64,
 }
 
 impl Account {
+    /// Take the figures of measure `seq` (started at `epoch` with no job running, if
+    /// `start`), unless a newer measure's are in already.
+    fn apply_measure(&mut self, seq: u64, start: Option<u64>, measured: Vec<(PathBuf, u64)>) {
+        if seq < self.measure_applied {
+            return;
+        }
+        self.measure_applied = seq;
+        for (tree, bytes) in measured {
+            self.parts.insert(Part::Tree(tree), bytes);
+        }
+        if start.is_some_and(|e| e == self.epoch) && self.jobs.is_empty() {
+            self.settled = Some((self.epoch, Instant::now()));
+        }
+    }
+
     fn used(&self) -> u64 {
         self.parts.values().fold(0u64, |a, b| a.saturating_add(*b))
     }
@@ -530,13 +550,12 @@ impl Stores {
 
     /// [`Stores::remeasure`], the walk at `urgency` (see [`Urgency`]).
     async fn remeasure_at(&self, owner: &Owner, urgency: Urgency) -> u64 {
-        let start = {
-            let inner = self.lock();
-            inner
-                .accounts
-                .get(owner)
-                .filter(|a| a.jobs.is_empty())
-                .map(|a| a.epoch)
+        let (start, seq) = {
+            let mut inner = self.lock();
+            let account = inner.accounts.entry(owner.clone()).or_default();
+            account.measures_started += 1;
+            let start = account.jobs.is_empty().then_some(account.epoch);
+            (start, account.measures_started)
         };
         let trees = self.trees(owner);
         let stop = u64::MAX;
@@ -555,12 +574,7 @@ impl Stores {
         };
         let mut inner = self.lock();
         let account = inner.accounts.entry(owner.clone()).or_default();
-        for (tree, bytes) in measured {
-            account.parts.insert(Part::Tree(tree), bytes);
-        }
-        if start.is_some_and(|e| e == account.epoch) && account.jobs.is_empty() {
-            account.settled = Some((account.epoch, Instant::now()));
-        }
+        account.apply_measure(seq, start, measured);
         account.used()
     }
 
@@ -1053,6 +1067,24 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::os::unix::fs::symlink;
+
+    /// Two measures of one owner ending out of order (an idle-time walk starved under
+    /// load ends after a later one): the older figures never replace the newer, nor
+    /// settle them.
+    #[test]
+    fn a_measure_that_ends_after_a_newer_one_is_dropped() {
+        let tree = PathBuf::from("/cache");
+        let mut account = Account::default();
+        let (old, new) = (1, 2);
+        account.apply_measure(new, Some(account.epoch), vec![(tree.clone(), 900)]);
+        let settled = account.settled;
+        assert!(settled.is_some());
+        account.apply_measure(old, Some(account.epoch), vec![(tree.clone(), 100)]);
+        assert_eq!(account.used(), 900);
+        assert_eq!(account.settled, settled);
+        account.apply_measure(3, None, vec![(tree, 500)]);
+        assert_eq!(account.used(), 500);
+    }
 
     fn write_dense(path: &Path, bytes: usize) {
         let mut f = std::fs::File::create(path).unwrap();
