@@ -1153,24 +1153,35 @@ mod tests {
         assert_eq!(kept(&again), [1, 2]);
     }
 
-    #[test]
-    fn cells_added_while_a_compaction_runs_are_in_the_compacted_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("graph.jsonl");
-        let lines = || std::fs::read_to_string(&file).unwrap().lines().count();
-        let mut g = Graph::open(8, 10, Some(file.clone()));
+    type Written = std::io::Result<tempfile::NamedTempFile>;
+    use std::sync::mpsc::Sender;
+
+    /// A graph of 21 cells (cap 10) in `file`, whose compaction (due at cell 21) has
+    /// written its file on its thread; that file is handed over by the sender returned,
+    /// when the test chooses — until then the compaction is still "running".
+    fn graph_with_a_compaction_held(file: &std::path::Path) -> (Graph, Sender<Written>, Written) {
+        let mut g = Graph::open(8, 10, Some(file.to_path_buf()));
         for c in 1..=21 {
             g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
         }
         // Cell 21 made the file due: its compaction runs on a thread, and the answer
         // did not wait for it.
         assert!(g.compacting.is_some());
-        assert_eq!(lines(), 21);
-        // Wait for the thread's file, without putting it in place yet.
+        assert_eq!(std::fs::read_to_string(file).unwrap().lines().count(), 21);
         let written = g.compacting.as_ref().unwrap().done.recv().unwrap();
         let (tx, done) = std::sync::mpsc::channel();
-        tx.send(written).unwrap();
         g.compacting.as_mut().unwrap().done = done;
+        (g, tx, written)
+    }
+
+    #[test]
+    fn cells_added_while_a_compaction_runs_are_in_the_compacted_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("graph.jsonl");
+        let lines = || std::fs::read_to_string(&file).unwrap().lines().count();
+        // The thread's file is there, not yet put in place.
+        let (mut g, tx, written) = graph_with_a_compaction_held(&file);
+        tx.send(written).unwrap();
         // Cells 22 and 23 go to the old file (and are kept for the new one) …
         g.add(node(22, Some(21), CellStatus::Ok));
         assert!(
@@ -1197,15 +1208,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("graph.jsonl");
         let lines = || std::fs::read_to_string(&file).unwrap().lines().count();
-        let mut g = Graph::open(8, 10, Some(file.clone()));
-        for c in 1..=21 {
-            g.add(node(c, (c > 1).then(|| c - 1), CellStatus::Ok));
-        }
-        assert!(g.compacting.is_some());
         // The thread's file is held back: the compaction "runs" until we let it land.
-        let written = g.compacting.as_ref().unwrap().done.recv().unwrap();
-        let (tx, done) = std::sync::mpsc::channel();
-        g.compacting.as_mut().unwrap().done = done;
+        let (mut g, tx, written) = graph_with_a_compaction_held(&file);
         for c in 22..=25 {
             g.add(node(c, Some(c - 1), CellStatus::Ok));
             assert!(g.compacting.is_some());
