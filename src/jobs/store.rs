@@ -431,12 +431,7 @@ impl JobStore {
             // One appended line, so a crash brings the job back as lost. Held across
             // the insert so a compaction cannot miss the new job.
             let mut journal = lock(&self.journal);
-            // Room for this record was kept at admission; keep it topped up for the
-            // jobs admitted since (a no-op while the room kept suffices).
-            let unfinished = self.unfinished.load(Ordering::SeqCst);
-            if let Err(e) = journal.keep_room(unfinished * persist::RECORD_ROOM) {
-                tracing::debug!(error = %e, "could not keep room for job records in the journal");
-            }
+            // Room for this record was kept at its admission.
             if let Err(e) = journal.append(&job.record()) {
                 if super::spool::is_disk_full(&e) {
                     // Without its line in the log the job could vanish at a restart:
@@ -916,31 +911,27 @@ impl JobStore {
         {
             let mut slot = lock(&job.result);
             // A small result's text was made when the job finished (`inline`): it is
-            // written with the record below.
-            let text = match (&slot.inline, &slot.value) {
-                (None, Some(value)) => Some(serde_json::to_string(value)),
-                (Some(_), _) => Some(Ok(String::new())),
+            // written with the record below. A larger one goes to `result.json`.
+            let saved = match (&slot.inline, &slot.value) {
+                (Some(_), _) => Some(Ok(())),
+                (None, Some(value)) => Some(
+                    serde_json::to_string(value)
+                        .map_err(std::io::Error::other)
+                        .and_then(|text| persist::save_result(&job.dir, &text)),
+                ),
                 (None, None) => None,
             };
-            if let Some(text) = text {
-                let saved = text.map_err(std::io::Error::other).and_then(|text| {
-                    if slot.inline.is_some() {
-                        Ok(())
-                    } else {
-                        persist::save_result(&job.dir, &text)
-                    }
-                });
-                match saved {
-                    Ok(()) => {
-                        slot.on_disk = true;
-                        if slot.delivered {
-                            slot.value = None;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(job = %job.id, error = %e, "could not store the job's result")
+            match saved {
+                Some(Ok(())) => {
+                    slot.on_disk = true;
+                    if slot.delivered {
+                        slot.value = None;
                     }
                 }
+                Some(Err(e)) => {
+                    tracing::warn!(job = %job.id, error = %e, "could not store the job's result")
+                }
+                None => {}
             }
         }
         self.save_job(job);
