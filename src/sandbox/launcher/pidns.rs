@@ -115,10 +115,10 @@ pub(crate) fn is_init() -> bool {
     pid == 1
 }
 
-/// What the init writes when the target ends: its wait status (first, 4 bytes: all a
-/// supervisor reads) and its resource use as `wait4` gave it (the target and the
-/// descendants it waited for), so the server can answer before the namespace is torn
-/// down.
+/// How a process ended: its wait status and resource use as `wait4` gave them. What
+/// the init writes when the target ends (the status first, 4 bytes: all a supervisor
+/// reads; the use covers the target and the descendants it waited for), so the server
+/// can answer before the namespace is torn down; the server's own reaps read the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ExitWord {
     pub(crate) status: i32,
@@ -131,7 +131,8 @@ impl ExitWord {
     /// Bytes of a whole word.
     pub(crate) const LEN: usize = 28;
 
-    fn of(status: i32, ru: &libc::rusage) -> ExitWord {
+    /// A wait status and the resource use `wait4` gave with it.
+    pub(crate) fn of(status: i32, ru: &libc::rusage) -> ExitWord {
         let us = |t: libc::timeval| (t.tv_sec.max(0) as u64) * 1_000_000 + t.tv_usec.max(0) as u64;
         ExitWord {
             status,

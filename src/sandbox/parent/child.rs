@@ -342,14 +342,15 @@ impl SandboxedChild {
         let Some(fd) = self.exit_word.take() else {
             return Err(false);
         };
-        // SAFETY: fcntl on a pipe end we own.
-        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
-        // Kept for `target_status` whenever no word is taken here: a word written after
-        // we gave up (or one we could not wait for) still names the target's end.
-        let raw = fd.try_clone();
-        let Ok(afd) = register_readable(fd) else {
-            self.exit_word = raw.ok();
-            return Err(false);
+        // The pipe goes back to `self.exit_word` whenever no word is taken here, for
+        // `target_status`: a word written after we gave up (or one we could not wait
+        // for) still names the target's end.
+        let afd = match register_or_give_back(fd) {
+            Ok(afd) => afd,
+            Err((fd, _)) => {
+                self.exit_word = Some(fd);
+                return Err(false);
+            }
         };
         let read = async {
             loop {
@@ -377,16 +378,7 @@ impl SandboxedChild {
             self.exit_word = Some(afd.into_inner());
             return Err(false);
         };
-        let micros = |us: u64| libc::timeval {
-            tv_sec: (us / 1_000_000) as libc::time_t,
-            tv_usec: (us % 1_000_000) as libc::suseconds_t,
-        };
-        // SAFETY: rusage is plain data; zeroed is a valid value.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        ru.ru_utime = micros(word.user_us);
-        ru.ru_stime = micros(word.system_us);
-        ru.ru_maxrss = word.max_rss_kib as libc::c_long;
-        Ok(self.finish(Some((word.status, ru)), false))
+        Ok(self.finish(Some(word), false))
     }
 
     fn remaining_wall(&self) -> Option<Duration> {
@@ -394,23 +386,25 @@ impl SandboxedChild {
             .map(|l| l.saturating_sub(self.started.elapsed()))
     }
 
-    fn finish(&mut self, reaped: Option<(i32, libc::rusage)>, wall_hit: bool) -> ExitReport {
+    /// The report of an end (`reaped`: the init's or the process's own from `wait4`, or
+    /// the target's from the init's exit word; `None`: it could not be reaped).
+    fn finish(&mut self, reaped: Option<ExitWord>, wall_hit: bool) -> ExitReport {
         self.reaped = reaped.is_some();
         let wall = self.started.elapsed();
         // The main process is gone: nothing it left behind may outlive it.
         self.kill_all();
         self.killer.done.store(true, Ordering::SeqCst);
-        let Some((status, ru)) = reaped else {
+        let Some(ended) = reaped else {
             return ExitReport {
                 wall,
                 ..Default::default()
             };
         };
-        let status = self.target_status(status);
-        let tv = |t: libc::timeval| {
-            Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-        };
-        let (user_cpu, system_cpu) = (tv(ru.ru_utime), tv(ru.ru_stime));
+        let status = self.target_status(ended.status);
+        let (user_cpu, system_cpu) = (
+            Duration::from_micros(ended.user_us),
+            Duration::from_micros(ended.system_us),
+        );
         let termination = if libc::WIFEXITED(status) {
             Termination::Exited(libc::WEXITSTATUS(status))
         } else if libc::WIFSIGNALED(status) {
@@ -454,7 +448,7 @@ impl SandboxedChild {
             wall,
             user_cpu,
             system_cpu,
-            peak_rss_bytes: (ru.ru_maxrss.max(0) as u64) * 1024,
+            peak_rss_bytes: ended.max_rss_kib * 1024,
             limit,
         }
     }
@@ -579,11 +573,17 @@ fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Register a pidfd with the tokio reactor for readability (the process ended).
+/// Register a pidfd (the process ended) or a pipe with the tokio reactor for
+/// readability.
 fn register_readable(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
+    register_or_give_back(fd).map_err(|(_, e)| e)
+}
+
+/// [`register_readable`], giving `fd` back when it cannot be registered.
+fn register_or_give_back(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, (OwnedFd, std::io::Error)> {
     // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, which owns it until dropped.
     unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
-        .map_err(|e| e.into())
+        .map_err(|e| e.into_parts())
 }
 
 /// The exit word in `fd` (`Ok(None)`: the pipe's end, or less than a word), or
@@ -607,8 +607,9 @@ pub(super) fn reap_blocking(pid: u32) {
     let _ = reap(pid, 0);
 }
 
-/// wait4 for `pid`, retrying on EINTR. `None` if it cannot be reaped.
-fn reap(pid: u32, flags: i32) -> Option<(i32, libc::rusage)> {
+/// wait4 for `pid`, retrying on EINTR: its status and resource use. `None` if it
+/// cannot be reaped.
+fn reap(pid: u32, flags: i32) -> Option<ExitWord> {
     let mut status = 0;
     // SAFETY: rusage is plain data; zeroed is a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -616,7 +617,7 @@ fn reap(pid: u32, flags: i32) -> Option<(i32, libc::rusage)> {
         // SAFETY: valid out-pointers for our own child.
         let rc = unsafe { libc::wait4(pid as libc::pid_t, &mut status, flags, &mut ru) };
         if rc == pid as libc::pid_t {
-            return Some((status, ru));
+            return Some(ExitWord::of(status, &ru));
         }
         if rc < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
             continue;
