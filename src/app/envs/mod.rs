@@ -190,16 +190,17 @@ impl EnvJobSink {
     /// ended without saying so (see [`EnvJobSink::close`]).
     fn when_installed(&self) -> oneshot::Receiver<Venv> {
         let (tx, rx) = oneshot::channel();
-        *self.in_place.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        *self.waiter() = Some(tx);
         rx
     }
 
     /// The install ended: whoever waits in [`EnvJobSink::when_installed`] stops waiting.
     fn close(&self) {
-        self.in_place
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        self.waiter().take();
+    }
+
+    fn waiter(&self) -> std::sync::MutexGuard<'_, Option<oneshot::Sender<Venv>>> {
+        self.in_place.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -217,11 +218,7 @@ impl EnvSink for EnvJobSink {
         }
     }
     fn installed(&self, venv: &Venv) {
-        let tx = self
-            .in_place
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let tx = self.waiter().take();
         if let Some(tx) = tx {
             let _ = tx.send(venv.clone());
         }
