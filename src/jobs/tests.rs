@@ -513,6 +513,30 @@ async fn shutdown_records_jobs_that_do_not_end_as_cancelled() {
     assert_eq!(store.summary(&id).unwrap().status, JobStatus::Cancelled);
 }
 
+/// A record taken between a job's end and its persisting (the exit-time save of the
+/// records not yet written, an index rewrite) says it has a result only with the result:
+/// a small one's text is made at the end itself, under the same locks.
+#[tokio::test]
+async fn a_record_taken_before_the_persist_carries_the_small_result() {
+    let (_scratch, dir) = scratch_path("jobs-store-inline-early", "state");
+    let store = JobStore::open(config(dir)).unwrap();
+    let quick = store.create(JobKind::Python, Some("s"), "1+1").unwrap();
+    assert!(quick.finish_unpersisted(JobOutcome {
+        result: Some(serde_json::json!({"value": "2"})),
+        ..done()
+    }));
+    let rec = store
+        .jobs()
+        .map
+        .values()
+        .find(|j| j.id == quick.id())
+        .unwrap()
+        .record();
+    assert!(rec.has_result);
+    assert_eq!(rec.result_json.as_deref(), Some(r#"{"value":"2"}"#));
+    quick.persist();
+}
+
 #[tokio::test]
 async fn silent_jobs_touch_no_files_until_they_finish_and_still_come_back_lost() {
     let (_scratch, dir) = scratch_path("jobs-store-silent", "state");
