@@ -11,7 +11,8 @@
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
-bin="$repo/target/release/mcp-sandbox-repl"
+# Artifacts live under target/<host triple>/ (see .cargo/config.toml).
+bin="$repo/target/$(rustc -vV | sed -n 's/^host: //p')/release/mcp-sandbox-repl"
 
 if [ ! -x "$bin" ]; then
     echo "build-image.sh: building $bin (cargo build --release --locked)" >&2

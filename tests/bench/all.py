@@ -45,6 +45,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from server import time_interrupt  # tests/bench/server.py: the same measure
+from common import build_dir  # noqa: E402
 
 # The SDK checks each tool result against the tool's output schema on the client: the
 # first check lists the tools and imports and compiles `jsonschema` (~100 ms here), later
@@ -58,8 +59,8 @@ async def _no_client_validation(self, name, result):
 ClientSession.validate_tool_result = _no_client_validation
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "target" / "release" / "mcp-sandbox-repl"
-NOOP = ROOT / "target" / "release" / "examples" / "noop_server"
+BIN = build_dir("release") / "mcp-sandbox-repl"
+NOOP = build_dir("release") / "examples" / "noop_server"
 DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Launcher and cold start"
 

@@ -12,7 +12,7 @@ Measures, for a session holding a 1 GiB bytearray (every page touched):
 - back-to-back trivial cells with snapshots on and off (a snapshot is a fork after each cell).
 Prints a markdown section with n, median, spread (min–max) and the load average.
 
-    python3 tests/bench/branching.py [--bin target/debug/mcp-sandbox-repl] [--n 10]
+    python3 tests/bench/branching.py [--bin target/<triple>/debug/mcp-sandbox-repl] [--n 10]
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ async def main(binary: str, n: int) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default=str(REPO / "target/debug/mcp-sandbox-repl"))
+    ap.add_argument("--bin", default=str(REPO / "target/<triple>/debug/mcp-sandbox-repl"))
     ap.add_argument("--n", type=int, default=10)
     args = ap.parse_args()
     anyio.run(main, args.bin, args.n)

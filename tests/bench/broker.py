@@ -9,7 +9,7 @@
   cell, timed inside the cell: through the broker (`network.mode = "proxy"`) vs directly
   (`network.mode = "full"`, no proxy variables).
 
-    python3 tests/bench/broker.py [--bin target/debug/mcp-sandbox-repl] [--installs 7] [--gets 200]
+    python3 tests/bench/broker.py [--bin target/<triple>/debug/mcp-sandbox-repl] [--installs 7] [--gets 200]
 
 Prints a markdown section for docs/benchmarks.md. Run as root (proxy mode needs network
 namespaces).
@@ -36,6 +36,7 @@ from mcp.client.stdio import stdio_client
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "bench"))
 from envs import make_wheel  # noqa: E402
+from common import build_dir  # noqa: E402
 
 BASE = (REPO / "policies" / "workspace-write.toml").read_text()
 
@@ -150,7 +151,7 @@ async def main(args) -> None:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
-    p.add_argument("--bin", default=str(REPO / "target" / "debug" / "mcp-sandbox-repl"))
+    p.add_argument("--bin", default=str(build_dir("debug") / "mcp-sandbox-repl"))
     p.add_argument("--installs", type=int, default=7)
     p.add_argument("--gets", type=int, default=200)
     anyio.run(main, p.parse_args())

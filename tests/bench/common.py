@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,13 +13,21 @@ REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "benchmarks.md"
 
 
+def build_dir(profile: str) -> Path:
+    """Where cargo puts a profile's artifacts: target/<host triple>/<profile>
+    (.cargo/config.toml builds for the host's target by name)."""
+    out = subprocess.run(["rustc", "-vV"], capture_output=True, text=True).stdout
+    triple = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("host:")), "")
+    return REPO / "target" / triple / profile
+
+
 def binary() -> str:
-    """$MCP_SANDBOX_BIN, else target/release, else target/debug."""
+    """$MCP_SANDBOX_BIN, else the release build, else the debug build."""
     env = os.environ.get("MCP_SANDBOX_BIN")
     if env:
         return env
     for profile in ("release", "debug"):
-        p = REPO / "target" / profile / "mcp-sandbox-repl"
+        p = build_dir(profile) / "mcp-sandbox-repl"
         if p.exists():
             return str(p)
     sys.exit("no server binary: run `cargo build` or set MCP_SANDBOX_BIN")

@@ -11,7 +11,7 @@ and by hand with `uv run --with` in the same run, cold and warm.
 - ours and by-hand use separate caches prepared the same way, and alternate, so machine
   noise hits both. Ours is timed at the client: the whole tool call round trip.
 
-    python3 tests/bench/envs.py [--bin target/debug/mcp-sandbox-repl] [--cold 5] [--warm 15]
+    python3 tests/bench/envs.py [--bin target/<triple>/debug/mcp-sandbox-repl] [--cold 5] [--warm 15]
 
 Prints a markdown section for docs/benchmarks.md.
 """
@@ -34,6 +34,7 @@ from pathlib import Path
 import anyio
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from common import build_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -180,7 +181,7 @@ async def main_async(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default=str(REPO / "target" / "debug" / "mcp-sandbox-repl"))
+    ap.add_argument("--bin", default=str(build_dir("debug") / "mcp-sandbox-repl"))
     ap.add_argument("--cold", type=int, default=5)
     ap.add_argument("--warm", type=int, default=15)
     args = ap.parse_args()

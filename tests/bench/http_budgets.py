@@ -13,7 +13,7 @@ connections cost the server, and that they are given back.
    its stderr size. Optionally under `prlimit --nofile=1024` with a connection cap above it
    (`--emfile`), so accepts fail with EMFILE.
 
-    python3 tests/bench/http_budgets.py [--bin target/release/mcp-sandbox-repl]
+    python3 tests/bench/http_budgets.py [--bin target/<triple>/release/mcp-sandbox-repl]
         [--sessions 10000] [--handshake 5] [--idle 1100] [--emfile]
 
 Prints a markdown section. The suite's own tests (tests/mcp/test_http_budgets.py) check the
@@ -38,6 +38,7 @@ from pathlib import Path
 import logging
 
 import anyio
+from common import build_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "bench-token"
@@ -206,7 +207,7 @@ def idle_run(binary: str, m: int, emfile: bool) -> list[str]:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default=str(REPO / "target" / "debug" / "mcp-sandbox-repl"))
+    ap.add_argument("--bin", default=str(build_dir("debug") / "mcp-sandbox-repl"))
     ap.add_argument("--sessions", type=int, default=10_000)
     ap.add_argument("--handshake", type=int, default=5)
     ap.add_argument("--idle", type=int, default=1100)

@@ -20,9 +20,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from common import build_dir  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.path.join(ROOT, "target", "release", "mcp-sandbox-repl")
+BIN = str(build_dir("release") / "mcp-sandbox-repl")
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
 
 

@@ -8,7 +8,7 @@ p95 of N trivial executes, interrupt of a busy loop → reported, restart → us
 and, for scale, bare `Rscript -e 1` and `python3 -c pass` started directly in the same run.
 Prints a markdown section for docs/benchmarks.md.
 
-    python3 tests/bench/r.py [--bin target/debug/mcp-sandbox-repl] [--n 100]
+    python3 tests/bench/r.py [--bin target/<triple>/debug/mcp-sandbox-repl] [--n 100]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 import anyio
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from common import build_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,7 +88,7 @@ def bare(argv: list[str], n: int = 10) -> float:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default=str(REPO / "target" / "debug" / "mcp-sandbox-repl"))
+    ap.add_argument("--bin", default=str(build_dir("debug") / "mcp-sandbox-repl"))
     ap.add_argument("--n", type=int, default=100)
     args = ap.parse_args()
     if not shutil.which("Rscript"):

@@ -5,7 +5,7 @@ Measures: spawn → initialized, the first python_exec (starts the worker), medi
 of 200 trivial executes, interrupt → reported KeyboardInterrupt, restart → usable session,
 and `python3 -c pass` in the same run for scale. Prints a markdown section.
 
-    python3 tests/bench/server.py [--bin target/release/mcp-sandbox-repl] [--baseline OTHER_BIN] [--n 200]
+    python3 tests/bench/server.py [--bin target/<triple>/release/mcp-sandbox-repl] [--baseline OTHER_BIN] [--n 200]
 
 Builds the release binary first when --bin is the default.
 """
@@ -24,6 +24,7 @@ from pathlib import Path
 import anyio
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from common import build_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -130,7 +131,7 @@ def rows(results: dict) -> list[str]:
 
 def main():
     ap = argparse.ArgumentParser()
-    default = REPO / "target" / "release" / "mcp-sandbox-repl"
+    default = build_dir("release") / "mcp-sandbox-repl"
     ap.add_argument("--bin", default=str(default))
     ap.add_argument("--baseline", help="another build to measure in the same run (e.g. main's), shown as a column")
     ap.add_argument("--no-build", action="store_true", help="do not run `cargo build --release` first")

@@ -32,6 +32,7 @@ from pathlib import Path
 import anyio
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from common import build_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,7 +44,7 @@ def binary() -> str:
     env = os.environ.get("MCP_SANDBOX_BIN")
     if env:
         return env
-    p = REPO / "target" / "release" / "mcp-sandbox-repl"
+    p = build_dir("release") / "mcp-sandbox-repl"
     if p.exists():
         return str(p)
     sys.exit("no server binary: run `cargo build --release` or set MCP_SANDBOX_BIN")

@@ -5,7 +5,7 @@ show that history stays bounded: latency p50/p99 per phase, server RSS at start 
 (and its peak, sampled), state-dir size, and start-up time (spawn -> initialized) with the
 big history against an empty state dir.
 
-    python3 tests/bench/soak.py [--bin target/release/mcp-sandbox-repl]
+    python3 tests/bench/soak.py [--bin target/<triple>/release/mcp-sandbox-repl]
         [--executes 100000] [--shell 20000] [--keep-jobs 10000] [--startups 7]
         [--client sdk|raw]
 
@@ -30,6 +30,7 @@ from pathlib import Path
 import anyio
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from common import build_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -235,7 +236,7 @@ async def startup(binary: str, ws: Path, state: Path, keep: int) -> tuple[float,
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default=str(REPO / "target" / "release" / "mcp-sandbox-repl"))
+    ap.add_argument("--bin", default=str(build_dir("release") / "mcp-sandbox-repl"))
     ap.add_argument("--executes", type=int, default=100_000)
     ap.add_argument("--shell", type=int, default=20_000)
     ap.add_argument("--keep-jobs", type=int, default=10_000)
@@ -257,7 +258,7 @@ def main():
         args.echo = str(Path(args.bin).parent / "examples" / "noop_server")
     if args.echo is not None and args.client != "raw":
         raise SystemExit("--echo needs --client raw")
-    if args.bin == str(REPO / "target" / "release" / "mcp-sandbox-repl"):
+    if args.bin == str(build_dir("release") / "mcp-sandbox-repl"):
         subprocess.run(["cargo", "build", "--release", "--quiet"] + (["--example", "noop_server"] if args.echo else []),
                        cwd=REPO, check=True)
     with tempfile.TemporaryDirectory(prefix="msr-soak-") as tmp:

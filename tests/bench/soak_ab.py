@@ -6,7 +6,7 @@ same moments of the machine's load,
 so their latency percentiles compare, and the echo's are the machine's own tail.
 
     python3 tests/bench/soak_ab.py --n 100000 main=/path/to/main/mcp-sandbox-repl \
-        branch=target/release/mcp-sandbox-repl [--echo target/release/examples/noop_server]
+        branch=target/<triple>/release/mcp-sandbox-repl [--echo target/<triple>/release/examples/noop_server]
         [--dump /tmp/lat.json]
 
 Each server gets its own workspace and state dir (retention at its default). Prints p50,
@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from soak import RawClient  # noqa: E402
+from common import build_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,7 +39,7 @@ def pct(values, p):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=100_000)
-    ap.add_argument("--echo", default=str(REPO / "target" / "release" / "examples" / "noop_server"))
+    ap.add_argument("--echo", default=str(build_dir("release") / "examples" / "noop_server"))
     ap.add_argument("--dump", default=None, help="write every call's latency (ms) per server as JSON")
     ap.add_argument("server", nargs="+", help="name=binary (a build of ours)")
     args = ap.parse_args()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue 28 ("speed back ahead"): every figure beside its same-run baselines, in one run.
 
-    python3 tests/bench/speed.py [--bin target/release/mcp-sandbox-repl] [--calls 300]
+    python3 tests/bench/speed.py [--bin target/<triple>/release/mcp-sandbox-repl] [--calls 300]
         [--first 10] [--first-peers 30] [--launch 60] [--envs 12] [--parallel 3] [--baseline BIN] [--no-write]
 
 Not part of the test run. Measures, in turns so load bursts land on every column alike:
@@ -46,8 +46,8 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_model, write_section  # noqa: E402
 from envs import make_wheel, precache, real_python, real_uv, uv_env  # noqa: E402
+from common import build_dir, cpu_model, write_section  # noqa: E402
 
 
 async def _no_client_validation(self, name, result):
@@ -416,7 +416,7 @@ def report(args, L0: str, L1: str, H: dict, F: dict, La: dict, E: dict, P: dict,
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default=str(REPO / "target" / "release" / "mcp-sandbox-repl"))
+    ap.add_argument("--bin", default=str(build_dir("release") / "mcp-sandbox-repl"))
     ap.add_argument("--noop", default=None)
     ap.add_argument("--baseline", default=None, help="another build's binary, measured in turns with ours: its trivial `python_exec` "
                     "(hot) and its `run` (launcher)")

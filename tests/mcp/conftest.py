@@ -34,9 +34,17 @@ from mcp.client.stdio import stdio_client
 REPO = Path(__file__).resolve().parents[2]
 
 
+def build_dir(profile: str) -> Path:
+    """Where cargo puts a profile's artifacts: target/<host triple>/<profile>
+    (.cargo/config.toml builds for the host's target by name)."""
+    out = subprocess.run(["rustc", "-vV"], capture_output=True, text=True).stdout
+    triple = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("host:")), "")
+    return REPO / "target" / triple / profile
+
+
 def binary() -> str:
-    """The server binary: $MCP_SANDBOX_BIN, else target/debug (tests/run builds it)."""
-    path = os.environ.get("MCP_SANDBOX_BIN") or str(REPO / "target" / "debug" / "mcp-sandbox-repl")
+    """The server binary: $MCP_SANDBOX_BIN, else the debug build (tests/run builds it)."""
+    path = os.environ.get("MCP_SANDBOX_BIN") or str(build_dir("debug") / "mcp-sandbox-repl")
     if not os.access(path, os.X_OK):
         pytest.fail(f"server binary not found at {path}: run `cargo build` (or tests/run) first")
     return path

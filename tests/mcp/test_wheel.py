@@ -2,7 +2,7 @@
 installed `mcp-sandbox-repl` answers `--version` and an MCP `python_exec` call from a
 directory outside the repository. No Rust toolchain is on PATH after the wheel is built.
 
-The wheel is built with the dev profile so it reuses `target/debug` (which `tests/run`
+The wheel is built with the dev profile so it reuses the debug build (which `tests/run`
 has just built): packaging costs seconds, not a second full release build. With
 MCP_SANDBOX_WHEEL set, that wheel is checked instead: `tests/wheels` checks its
 manylinux2014 and static musl wheels this way.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, build_dir
 
 
 def maturin_command() -> list[str]:
@@ -38,11 +38,11 @@ def wheel(tmp_path_factory) -> Path:
     if given:
         return Path(given)
     out = tmp_path_factory.mktemp("wheels")
-    # maturin's own cargo build may put its build of the binary in target/debug (its
-    # flags differ) and then stages it out of there: keep the one every other test runs
-    # (a hard link) and put it back, so that tests after this one, in any order or run,
-    # find the binary they were built for.
-    served = REPO / "target" / "debug" / "mcp-sandbox-repl"
+    # maturin's own cargo build may put its build of the binary in the debug build's
+    # directory (its flags differ) and then stages it out of there: keep the one every
+    # other test runs (a hard link) and put it back, so that tests after this one, in any
+    # order or run, find the binary they were built for.
+    served = build_dir("debug") / "mcp-sandbox-repl"
     kept = out / "served-binary"
     if served.exists():
         os.link(served, kept)
