@@ -233,6 +233,26 @@ async fn connect_opens_a_tunnel_to_an_allowed_address_and_passes_early_bytes() {
     assert!(denials.lock().unwrap().is_empty());
 }
 
+/// The broker resolves host names itself (`connect_checked`): through the C library linked
+/// into the binary, statically (.cargo/config.toml) — its built-in `files` source answers
+/// `localhost` from /etc/hosts. Fails if the static build cannot resolve names.
+#[tokio::test]
+async fn connect_resolves_a_host_name_through_the_linked_c_library() {
+    let (web, head) = origin("pong", true).await;
+    let (port, denials) = broker(&[&format!("localhost:{web}")], Upstream::default()).await;
+    let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let req = format!("CONNECT localhost:{web} HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n");
+    c.write_all(req.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 39 + 4];
+    c.read_exact(&mut answer).await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&answer),
+        "HTTP/1.1 200 Connection established\r\n\r\npong"
+    );
+    assert_eq!(head.await.unwrap(), "GET / HTTP/1.1\r\n\r\n");
+    assert!(denials.lock().unwrap().is_empty());
+}
+
 /// A server that records every request head it gets and answers each `200 ok`.
 async fn recorder() -> (u16, Arc<Mutex<Vec<String>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
