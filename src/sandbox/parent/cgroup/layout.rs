@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::fs::read_kernel_file;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum CgroupVersion {
@@ -42,16 +44,20 @@ pub(crate) struct Layout {
     pub v2_own: Option<PathBuf>,
     /// Controllers available to `v2_own` (its `cgroup.controllers`).
     pub v2_controllers: Vec<String>,
+    /// This process sits at the root of its cgroup namespace (`0::/` in /proc/self/cgroup):
+    /// read with the rest of the layout, not again when the v2 parent is prepared.
+    #[serde(skip)]
+    pub v2_at_namespace_root: bool,
 }
 
 impl Layout {
     /// Read this process's layout from /proc.
     pub(crate) fn detect() -> Layout {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let mountinfo = read_kernel_file(Path::new("/proc/self/mountinfo")).unwrap_or_default();
+        let cgroup = read_kernel_file(Path::new("/proc/self/cgroup")).unwrap_or_default();
         let mut layout = Layout::parse(&mountinfo, &cgroup);
         if let Some(own) = &layout.v2_own {
-            layout.v2_controllers = std::fs::read_to_string(own.join("cgroup.controllers"))
+            layout.v2_controllers = read_kernel_file(&own.join("cgroup.controllers"))
                 .unwrap_or_default()
                 .split_whitespace()
                 .map(str::to_string)
@@ -72,6 +78,7 @@ impl Layout {
             v2_mount: None,
             v2_own: None,
             v2_controllers: Vec::new(),
+            v2_at_namespace_root: false,
         };
         // /proc/self/cgroup: "id:controllers:path"; v2 is "0::path".
         let mut own_v1: Vec<(Vec<&str>, &str)> = Vec::new();
@@ -84,6 +91,7 @@ impl Layout {
             };
             if id == "0" && ctrls.is_empty() {
                 own_v2 = Some(path);
+                layout.v2_at_namespace_root = path == "/";
             } else {
                 own_v1.push((ctrls.split(',').collect(), path));
             }
@@ -214,6 +222,7 @@ mod tests {
             Some(PathBuf::from("/sys/fs/cgroup/memory/process_api/abc"))
         );
         assert_eq!(l.v2_own, Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert!(l.v2_at_namespace_root, "0::/");
         assert_eq!(
             l.v1.len(),
             3,
@@ -228,6 +237,7 @@ mod tests {
         assert_eq!(l.version, CgroupVersion::V2);
         assert!(!l.hybrid);
         assert_eq!(l.v2_own, Some(PathBuf::from("/sys/fs/cgroup/sub")));
+        assert!(!l.v2_at_namespace_root, "0::/docker/abc/sub");
         let l = Layout::parse(
             "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
             "0::/user.slice/x.scope\n",
