@@ -38,6 +38,24 @@ pub(crate) const SHIPPED: &[(&str, &str)] = &[
     ("ci", include_str!("../../../policies/ci.toml")),
 ];
 
+/// The shipped policies as JSON, made from the TOML above by `build.rs` (read faster:
+/// `run` loads one before every command). Same order and names as [`SHIPPED`].
+const SHIPPED_JSON: &[(&str, &str)] = &[
+    (
+        "read-only",
+        include_str!(concat!(env!("OUT_DIR"), "/read-only.json")),
+    ),
+    (
+        "workspace-write",
+        include_str!(concat!(env!("OUT_DIR"), "/workspace-write.json")),
+    ),
+    (
+        "danger-full-access",
+        include_str!(concat!(env!("OUT_DIR"), "/danger-full-access.json")),
+    ),
+    ("ci", include_str!(concat!(env!("OUT_DIR"), "/ci.json"))),
+];
+
 /// The policy used when none is named.
 pub const DEFAULT_POLICY: &str = "workspace-write";
 
@@ -264,8 +282,8 @@ impl Policy {
     /// Load a shipped policy by name, or a policy file by path (anything containing
     /// a `/` or ending in `.toml`).
     pub fn load(name_or_path: &str) -> Result<Policy, PolicyError> {
-        if let Some((name, text)) = SHIPPED.iter().find(|(n, _)| *n == name_or_path) {
-            return Policy::parse(name, text, &format!("<shipped {name}>"));
+        if let Some((name, json)) = SHIPPED_JSON.iter().find(|(n, _)| *n == name_or_path) {
+            return Policy::from_shipped_json(name, json);
         }
         if !name_or_path.contains('/') && !name_or_path.ends_with(".toml") {
             return Err(PolicyError::Unknown {
@@ -283,6 +301,19 @@ impl Policy {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
         Policy::parse(&name, &text, name_or_path)
+    }
+
+    /// A shipped policy from its JSON twin, checked as [`parse`](Self::parse) checks text.
+    fn from_shipped_json(name: &str, json: &str) -> Result<Policy, PolicyError> {
+        let file = format!("<shipped {name}>");
+        let mut policy: Policy = serde_json::from_str(json).map_err(|e| PolicyError::Parse {
+            file: file.clone(),
+            message: e.to_string(),
+        })?;
+        policy.name = name.to_string();
+        policy.validate(&file)?;
+        policy.check_kernel(&file, network_namespaces_available())?;
+        Ok(policy)
     }
 
     /// Parse and validate policy text; `file` names the source in errors.
@@ -628,6 +659,31 @@ mod tests {
         for (name, _) in SHIPPED {
             let p = Policy::load(name).unwrap();
             assert_eq!(p.name, *name);
+        }
+    }
+
+    /// What `load` reads for a shipped policy (the JSON build.rs makes) is the policy its
+    /// TOML file says, every one of them, and nothing else is shipped.
+    #[test]
+    fn shipped_json_is_the_toml() {
+        let names = |list: &[(&'static str, &'static str)]| {
+            list.iter().map(|(n, _)| *n).collect::<Vec<_>>()
+        };
+        assert_eq!(names(SHIPPED), names(SHIPPED_JSON));
+        let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/policies"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "toml")
+            })
+            .count();
+        assert_eq!(files, SHIPPED.len(), "a policies/*.toml not shipped");
+        for (name, text) in SHIPPED {
+            let from_toml = Policy::parse(name, text, "t").unwrap();
+            assert_eq!(Policy::load(name).unwrap(), from_toml, "{name}");
         }
     }
 
