@@ -97,16 +97,22 @@ impl Layout {
             }
         }
         for line in mountinfo.lines() {
+            // "id parent dev root mount opts [optional...] - fstype source superopts"; only
+            // cgroup lines are taken apart (a container has hundreds of others).
             let Some((left, right)) = line.split_once(" - ") else {
                 continue;
             };
-            let left: Vec<&str> = left.split(' ').collect();
-            let right: Vec<&str> = right.split(' ').collect();
-            if left.len() < 5 || right.len() < 3 {
+            let mut right = right.split(' ');
+            let (Some(fstype @ ("cgroup" | "cgroup2")), Some(_), Some(superopts)) =
+                (right.next(), right.next(), right.next())
+            else {
                 continue;
-            }
-            let (root, mount) = (left[3], unescape(left[4]));
-            let (fstype, superopts) = (right[0], right[2]);
+            };
+            let mut left = left.split(' ').skip(3);
+            let (Some(root), Some(mount)) = (left.next(), left.next()) else {
+                continue;
+            };
+            let mount = unescape(mount);
             match fstype {
                 "cgroup2" if layout.v2_mount.is_none() => {
                     layout.v2_mount = Some(PathBuf::from(&mount));
@@ -246,6 +252,25 @@ mod tests {
             l.v2_own,
             Some(PathBuf::from("/sys/fs/cgroup/user.slice/x.scope"))
         );
+    }
+
+    /// Optional fields before the separator, escaped mount points and lines of other
+    /// file systems (or cut short) are read as before.
+    #[test]
+    fn optional_fields_escapes_and_other_lines() {
+        let mi = "\
+27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+28 27 0:5 / /dev rw shared:2 master:3 - devtmpfs udev rw
+39 31 0:36 / /sys/fs/cgroup/p\\040ids rw,nosuid shared:12 master:4 - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/memory - cgroup cgroup
+41 31 0:38 / - cgroup2 cgroup2 rw
+garbage
+";
+        let l = Layout::parse(mi, "8:pids:/a\n4:memory:/b\n");
+        assert_eq!(l.v1_pids, Some(PathBuf::from("/sys/fs/cgroup/p ids/a")));
+        assert_eq!(l.v1_memory, None, "a line cut short is skipped");
+        assert_eq!(l.v2_mount, None, "so is one without its mount point");
+        assert_eq!(l.version, CgroupVersion::V1);
     }
 
     #[test]
