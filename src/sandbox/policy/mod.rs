@@ -312,7 +312,7 @@ impl Policy {
         })?;
         policy.name = name.to_string();
         policy.validate(&file)?;
-        policy.check_kernel(&file, network_namespaces_available())?;
+        policy.check_kernel(&file, network_namespaces_available)?;
         Ok(policy)
     }
 
@@ -324,7 +324,7 @@ impl Policy {
         })?;
         policy.name = name.to_string();
         policy.validate(file)?;
-        policy.check_kernel(file, network_namespaces_available())?;
+        policy.check_kernel(file, network_namespaces_available)?;
         Ok(policy)
     }
 
@@ -334,13 +334,12 @@ impl Policy {
     }
 
     /// Fail closed where the kernel cannot give what the policy asks for at all.
-    fn check_kernel(&self, file: &str, netns: bool) -> Result<(), PolicyError> {
-        if netns {
-            return Ok(());
-        }
+    /// `netns` tells whether this kernel has network namespaces (asked only for a policy
+    /// that needs them).
+    fn check_kernel(&self, file: &str, netns: impl FnOnce() -> bool) -> Result<(), PolicyError> {
         // The installer's default is proxy mode too; there the broker's own error says
         // why at the first install, and everything else keeps working.
-        if self.network.mode != NetworkMode::Proxy {
+        if self.network.mode != NetworkMode::Proxy || netns() {
             return Ok(());
         }
         Err(PolicyError::Invalid {
@@ -784,14 +783,20 @@ mod tests {
     #[test]
     fn proxy_mode_without_network_namespaces_fails_closed() {
         let p = Policy::parse("t", "network = { mode = \"proxy\" }\n", "t").unwrap();
-        let e = p.check_kernel("/p/t.toml", false).unwrap_err().to_string();
+        let e = p
+            .check_kernel("/p/t.toml", || false)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("/p/t.toml") && e.contains("network.mode") && e.contains("namespaces"),
             "{e}"
         );
-        assert!(p.check_kernel("/p/t.toml", true).is_ok());
+        assert!(p.check_kernel("/p/t.toml", || true).is_ok());
         let q = Policy::parse("t", "[installer.network]\nmode = \"none\"\n", "t").unwrap();
-        assert!(q.check_kernel("f", false).is_ok());
+        assert!(
+            q.check_kernel("f", || panic!("asked without a proxy"))
+                .is_ok()
+        );
     }
 
     #[test]
