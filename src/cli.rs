@@ -322,17 +322,45 @@ pub struct InstallArgs {
     pub no_env: bool,
 }
 
+/// `run`'s arguments alone: what `mcp-sandbox-repl run ...` parses to, without building
+/// the whole interface first (the server's ~35 flags twice, each with its environment
+/// variable and default: most of clap's time in a `run`, which is on CI's path).
+#[derive(Debug, Parser)]
+#[command(name = "mcp-sandbox-repl run")]
+struct RunAlone {
+    #[command(flatten)]
+    args: RunArgs,
+}
+
+/// `argv` parsed as `run` by [`RunAlone`] when it starts with `run` and parses; `None`
+/// otherwise: then the whole interface parses it, and its help and errors are the ones
+/// printed (as they were before this shortcut).
+fn run_args_alone(argv: &[OsString]) -> Option<RunArgs> {
+    if argv.get(1).is_none_or(|a| a != "run") {
+        return None;
+    }
+    RunAlone::try_parse_from(&argv[1..]).ok().map(|r| r.args)
+}
+
 /// Parse arguments, run the chosen mode, turn errors into one clear line and a non-zero exit.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    if let Some(args) = run_args_alone(&argv) {
+        return finish(commands::run::run(args));
+    }
+    let cli = Cli::parse_from(argv);
+    finish(match cli.command {
         None => commands::serve::serve(cli.serve),
         Some(Command::Serve(args)) => commands::serve::serve(*args),
         Some(Command::Run(args)) => commands::run::run(args),
         Some(Command::Doctor(args)) => commands::doctor::doctor(args),
         Some(Command::Policy(cmd)) => commands::policy::policy(cmd),
         Some(Command::Install(args)) => commands::install::install(args),
-    };
+    })
+}
+
+/// A mode's result as the process's exit: an error as one clear line and status 2.
+fn finish(result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
@@ -349,4 +377,64 @@ fn parse_byte_size(text: &str) -> Result<u64, String> {
         Err(_) => crate::sandbox::policy::ByteSize::Text(text.to_string()),
     };
     crate::sandbox::policy::parse_size(&size).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(args: &[&str]) -> Vec<OsString> {
+        std::iter::once("mcp-sandbox-repl")
+            .chain(args.iter().copied())
+            .map(OsString::from)
+            .collect()
+    }
+
+    /// `run` parsed alone gives what the whole interface gives, flag for flag.
+    #[test]
+    fn run_alone_parses_as_the_whole_interface() {
+        for args in [
+            &["run", "--", "/bin/true"][..],
+            &[
+                "run",
+                "--policy",
+                "ci",
+                "--workspace",
+                "/w",
+                "--json",
+                "--",
+                "sh",
+                "-c",
+                "x y",
+            ],
+            &["run", "--spawn-route", "reexec", "--", "a", "--policy", "b"],
+            &["run", "--policy=read-only", "--", "--"],
+        ] {
+            let alone = run_args_alone(&argv(args)).expect("parsed alone");
+            let Some(Command::Run(whole)) = Cli::try_parse_from(argv(args)).unwrap().command else {
+                panic!("not run: {args:?}");
+            };
+            assert_eq!(format!("{alone:?}"), format!("{whole:?}"), "{args:?}");
+        }
+    }
+
+    /// Anything else goes to the whole interface: other modes, `run` asking for help or
+    /// wrongly given (its error message is the whole interface's, as before).
+    #[test]
+    fn the_rest_parses_whole() {
+        for args in [
+            &[][..],
+            &["serve"],
+            &["--policy", "ci"],
+            &["doctor", "--json"],
+            &["run"],
+            &["run", "--help"],
+            &["run", "--version"],
+            &["run", "/bin/true"],
+            &["run", "--nope", "--", "x"],
+            &["run", "--spawn-route", "nope", "--", "x"],
+        ] {
+            assert!(run_args_alone(&argv(args)).is_none(), "{args:?}");
+        }
+    }
 }

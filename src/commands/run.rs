@@ -163,13 +163,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         bail!("no command given; usage: mcp-sandbox-repl run [--policy NAME] -- CMD [ARGS]");
     };
     let mut tmp = PrivateTmp::name();
-    let placeholders = Placeholders {
-        workspace: workspace.clone(),
-        tmp: tmp.path.clone(),
-        python: python_prefixes(),
-        venv: None,
-        uv_cache: None,
-    };
+    let placeholders = placeholders(&policy, &workspace, &tmp.path, python_prefixes);
     let resolved = Arc::new(policy.resolve(&placeholders)?);
     if !tmp_in_view_only(&resolved) {
         tmp.create()?;
@@ -305,6 +299,26 @@ fn tmp_in_view_only(policy: &crate::sandbox::ResolvedPolicy) -> bool {
         && policy.kernel_support == crate::sandbox::KernelSupportMode::Required
 }
 
+/// The placeholders of one `run`; `{python}` found (`python`: a PATH search) only for a
+/// policy that names it.
+fn placeholders(
+    policy: &Policy,
+    workspace: &Path,
+    tmp: &Path,
+    python: impl FnOnce() -> Vec<PathBuf>,
+) -> Placeholders {
+    Placeholders {
+        workspace: workspace.to_path_buf(),
+        tmp: tmp.to_path_buf(),
+        python: match policy.uses_placeholder("{python}") {
+            true => python(),
+            false => Vec::new(),
+        },
+        venv: None,
+        uv_cache: None,
+    }
+}
+
 /// `{python}` for `run`: the prefix of the `python3` on PATH, and for a pyenv shim the
 /// pyenv root (the shim script, pyenv itself and its versions live there).
 fn python_prefixes() -> Vec<PathBuf> {
@@ -330,4 +344,30 @@ fn python_prefixes() -> Vec<PathBuf> {
         out.push(prefix);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `{python}` is looked up for a policy that names it, and resolves into its paths;
+    /// a policy that does not name it never searches PATH.
+    #[test]
+    fn python_found_only_when_the_policy_names_it() {
+        let (w, t) = (Path::new("/w"), Path::new("/t"));
+        let named = Policy::load("workspace-write").unwrap();
+        let ph = placeholders(&named, w, t, || vec!["/py/prefix".into()]);
+        assert_eq!(ph.python, vec![PathBuf::from("/py/prefix")]);
+        let resolved = named.resolve(&ph).unwrap();
+        assert!(resolved.read.contains(&"/py/prefix".into()), "{resolved:?}");
+        assert!(
+            resolved.execute.contains(&"/py/prefix".into()),
+            "{resolved:?}"
+        );
+
+        let unnamed = Policy::parse("t", "[filesystem]\nread = [\"/usr\"]\n", "t").unwrap();
+        let ph = placeholders(&unnamed, w, t, || panic!("PATH searched for python3"));
+        assert!(ph.python.is_empty());
+        assert_eq!(ph.workspace, w);
+    }
 }

@@ -29,7 +29,7 @@ mod fs;
 pub(crate) mod layout;
 mod v2;
 
-pub(crate) use fs::PARENT_DIR;
+pub(crate) use fs::{PARENT_DIR, read_kernel_file};
 use fs::{io, mkdir_ok_exists};
 
 #[cfg(test)]
@@ -156,10 +156,7 @@ impl JobCgroup {
                     cg.memory = Some(dir.clone());
                     write(&dir.join("memory.limit_in_bytes"), &bytes.to_string())?;
                     // memsw = memory + swap; equal to the cap means no swap (absent without swap accounting).
-                    let memsw = dir.join("memory.memsw.limit_in_bytes");
-                    if memsw.exists() {
-                        write(&memsw, &bytes.to_string())?;
-                    }
+                    write_if_present(&dir.join("memory.memsw.limit_in_bytes"), &bytes.to_string())?;
                 }
             }
         }
@@ -461,9 +458,14 @@ fn kill_members(dir: &Path) {
 /// A job's fresh cgroup `name` in the v1 hierarchy whose server cgroup is `own`.
 fn v1_job_dir(own: &Path, name: &str) -> Result<PathBuf, CgroupError> {
     let parent = own.join(PARENT_DIR);
-    mkdir_ok_exists(&parent)?;
     let dir = parent.join(name);
-    make_fresh(&dir)?;
+    // The parent is usually there (made for an earlier job): then one mkdir, not two.
+    if let Err(e) = std::fs::create_dir(&dir) {
+        if e.kind() == ErrorKind::NotFound {
+            mkdir_ok_exists(&parent)?;
+        }
+        make_fresh(&dir)?;
+    }
     Ok(dir)
 }
 
@@ -504,6 +506,24 @@ fn remove_dir_retry(dir: &Path, budget: Duration) {
 
 fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
     std::fs::write(path, value).map_err(io("write", path))
+}
+
+/// Write `value` into `path` if the file is there (opened without `O_CREAT`: a missing
+/// cgroup file is a feature this kernel lacks, and one open tells); whether it was.
+fn write_if_present(path: &Path, value: &str) -> Result<bool, CgroupError> {
+    use std::io::Write;
+    match std::fs::OpenOptions::new().write(true).open(path) {
+        Ok(mut file) => file
+            .write_all(value.as_bytes())
+            .map(|()| true)
+            .map_err(io("write", path)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(CgroupError::Io {
+            action: "write",
+            path: path.to_path_buf(),
+            source: e,
+        }),
+    }
 }
 
 fn read_u64(path: &Path) -> Option<u64> {

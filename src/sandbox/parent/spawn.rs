@@ -10,7 +10,7 @@ use std::ffi::OsString;
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ChildStderr, ChildStdin, ChildStdout, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -677,7 +677,8 @@ fn spawn_in_pid_namespace(
 
 /// Whether this process has exactly one thread (field 20 of /proc/self/stat).
 fn single_threaded() -> bool {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+    let Ok(stat) = crate::sandbox::parent::cgroup::read_kernel_file(Path::new("/proc/self/stat"))
+    else {
         return false;
     };
     // The command name (field 2) may contain spaces; count fields after its `)`.

@@ -38,6 +38,24 @@ pub(crate) const SHIPPED: &[(&str, &str)] = &[
     ("ci", include_str!("../../../policies/ci.toml")),
 ];
 
+/// The shipped policies as JSON, made from the TOML above by `build.rs` (read faster:
+/// `run` loads one before every command). Same order and names as [`SHIPPED`].
+const SHIPPED_JSON: &[(&str, &str)] = &[
+    (
+        "read-only",
+        include_str!(concat!(env!("OUT_DIR"), "/read-only.json")),
+    ),
+    (
+        "workspace-write",
+        include_str!(concat!(env!("OUT_DIR"), "/workspace-write.json")),
+    ),
+    (
+        "danger-full-access",
+        include_str!(concat!(env!("OUT_DIR"), "/danger-full-access.json")),
+    ),
+    ("ci", include_str!(concat!(env!("OUT_DIR"), "/ci.json"))),
+];
+
 /// The policy used when none is named.
 pub const DEFAULT_POLICY: &str = "workspace-write";
 
@@ -264,8 +282,8 @@ impl Policy {
     /// Load a shipped policy by name, or a policy file by path (anything containing
     /// a `/` or ending in `.toml`).
     pub fn load(name_or_path: &str) -> Result<Policy, PolicyError> {
-        if let Some((name, text)) = SHIPPED.iter().find(|(n, _)| *n == name_or_path) {
-            return Policy::parse(name, text, &format!("<shipped {name}>"));
+        if let Some((name, json)) = SHIPPED_JSON.iter().find(|(n, _)| *n == name_or_path) {
+            return Policy::from_shipped_json(name, json);
         }
         if !name_or_path.contains('/') && !name_or_path.ends_with(".toml") {
             return Err(PolicyError::Unknown {
@@ -285,6 +303,19 @@ impl Policy {
         Policy::parse(&name, &text, name_or_path)
     }
 
+    /// A shipped policy from its JSON twin, checked as [`parse`](Self::parse) checks text.
+    fn from_shipped_json(name: &str, json: &str) -> Result<Policy, PolicyError> {
+        let file = format!("<shipped {name}>");
+        let mut policy: Policy = serde_json::from_str(json).map_err(|e| PolicyError::Parse {
+            file: file.clone(),
+            message: e.to_string(),
+        })?;
+        policy.name = name.to_string();
+        policy.validate(&file)?;
+        policy.check_kernel(&file, network_namespaces_available)?;
+        Ok(policy)
+    }
+
     /// Parse and validate policy text; `file` names the source in errors.
     pub fn parse(name: &str, text: &str, file: &str) -> Result<Policy, PolicyError> {
         let mut policy: Policy = toml::from_str(text).map_err(|e| PolicyError::Parse {
@@ -293,7 +324,7 @@ impl Policy {
         })?;
         policy.name = name.to_string();
         policy.validate(file)?;
-        policy.check_kernel(file, network_namespaces_available())?;
+        policy.check_kernel(file, network_namespaces_available)?;
         Ok(policy)
     }
 
@@ -303,13 +334,12 @@ impl Policy {
     }
 
     /// Fail closed where the kernel cannot give what the policy asks for at all.
-    fn check_kernel(&self, file: &str, netns: bool) -> Result<(), PolicyError> {
-        if netns {
-            return Ok(());
-        }
+    /// `netns` tells whether this kernel has network namespaces (asked only for a policy
+    /// that needs them).
+    fn check_kernel(&self, file: &str, netns: impl FnOnce() -> bool) -> Result<(), PolicyError> {
         // The installer's default is proxy mode too; there the broker's own error says
         // why at the first install, and everything else keeps working.
-        if self.network.mode != NetworkMode::Proxy {
+        if self.network.mode != NetworkMode::Proxy || netns() {
             return Ok(());
         }
         Err(PolicyError::Invalid {
@@ -631,6 +661,31 @@ mod tests {
         }
     }
 
+    /// What `load` reads for a shipped policy (the JSON build.rs makes) is the policy its
+    /// TOML file says, every one of them, and nothing else is shipped.
+    #[test]
+    fn shipped_json_is_the_toml() {
+        let names = |list: &[(&'static str, &'static str)]| {
+            list.iter().map(|(n, _)| *n).collect::<Vec<_>>()
+        };
+        assert_eq!(names(SHIPPED), names(SHIPPED_JSON));
+        let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/policies"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "toml")
+            })
+            .count();
+        assert_eq!(files, SHIPPED.len(), "a policies/*.toml not shipped");
+        for (name, text) in SHIPPED {
+            let from_toml = Policy::parse(name, text, "t").unwrap();
+            assert_eq!(Policy::load(name).unwrap(), from_toml, "{name}");
+        }
+    }
+
     #[test]
     fn unknown_name_lists_known() {
         let e = Policy::load("nope").unwrap_err().to_string();
@@ -728,14 +783,20 @@ mod tests {
     #[test]
     fn proxy_mode_without_network_namespaces_fails_closed() {
         let p = Policy::parse("t", "network = { mode = \"proxy\" }\n", "t").unwrap();
-        let e = p.check_kernel("/p/t.toml", false).unwrap_err().to_string();
+        let e = p
+            .check_kernel("/p/t.toml", || false)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("/p/t.toml") && e.contains("network.mode") && e.contains("namespaces"),
             "{e}"
         );
-        assert!(p.check_kernel("/p/t.toml", true).is_ok());
+        assert!(p.check_kernel("/p/t.toml", || true).is_ok());
         let q = Policy::parse("t", "[installer.network]\nmode = \"none\"\n", "t").unwrap();
-        assert!(q.check_kernel("f", false).is_ok());
+        assert!(
+            q.check_kernel("f", || panic!("asked without a proxy"))
+                .is_ok()
+        );
     }
 
     #[test]

@@ -199,6 +199,27 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// Whether resolving this policy needs a value for `placeholder` (`"{python}"`): a
+    /// path starts with it or a variable's value holds it. A caller whose value costs
+    /// something to find (a PATH search for `{python}`) finds it only then.
+    pub fn uses_placeholder(&self, placeholder: &str) -> bool {
+        let fs = &self.filesystem;
+        [&fs.read, &fs.write, &fs.execute, &fs.hide]
+            .into_iter()
+            .flatten()
+            .any(|p| {
+                p.strip_prefix(placeholder)
+                    .is_some_and(|tail| tail.is_empty() || tail.starts_with('/'))
+            })
+            || self
+                .environment
+                .set
+                .values()
+                .any(|v| v.contains(placeholder))
+    }
+}
+
 fn expand_path(p: &str, ph: &Placeholders, home: Option<&Path>) -> Vec<PathBuf> {
     let Some(rest) = p.strip_prefix('{') else {
         return vec![PathBuf::from(p)];
@@ -378,6 +399,26 @@ mod tests {
             r.read,
             vec![PathBuf::from("/py/a/lib"), PathBuf::from("/py/b/lib")]
         );
+    }
+
+    /// Only a policy that names `{python}` (in a path, or a variable's value) needs it.
+    #[test]
+    fn python_placeholder_needed_only_where_named() {
+        assert!(
+            Policy::load("workspace-write")
+                .unwrap()
+                .uses_placeholder("{python}")
+        );
+        let uses = |text: &str| {
+            Policy::parse("t", text, "t")
+                .unwrap()
+                .uses_placeholder("{python}")
+        };
+        assert!(!uses("[filesystem]\nread = [\"/usr\", \"{workspace}\"]\n"));
+        assert!(!uses("[environment]\nset = { A = \"{workspace}/x\" }\n"));
+        assert!(uses("[filesystem]\nhide = [\"{python}/secret\"]\n"));
+        assert!(uses("[filesystem]\nexecute = [\"{python}\"]\n"));
+        assert!(uses("[environment]\nset = { PY = \"{python}/bin\" }\n"));
     }
 
     #[test]

@@ -105,6 +105,7 @@ mod tests {
             v2_mount: Some(mount.to_path_buf()),
             v2_own: Some(own.to_path_buf()),
             v2_controllers: vec!["pids".into(), "memory".into()],
+            v2_at_namespace_root: false,
         }
     }
 

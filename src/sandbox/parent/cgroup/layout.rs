@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::fs::read_kernel_file;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum CgroupVersion {
@@ -42,16 +44,20 @@ pub(crate) struct Layout {
     pub v2_own: Option<PathBuf>,
     /// Controllers available to `v2_own` (its `cgroup.controllers`).
     pub v2_controllers: Vec<String>,
+    /// This process sits at the root of its cgroup namespace (`0::/` in /proc/self/cgroup):
+    /// read with the rest of the layout, not again when the v2 parent is prepared.
+    #[serde(skip)]
+    pub v2_at_namespace_root: bool,
 }
 
 impl Layout {
     /// Read this process's layout from /proc.
     pub(crate) fn detect() -> Layout {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let mountinfo = read_kernel_file(Path::new("/proc/self/mountinfo")).unwrap_or_default();
+        let cgroup = read_kernel_file(Path::new("/proc/self/cgroup")).unwrap_or_default();
         let mut layout = Layout::parse(&mountinfo, &cgroup);
         if let Some(own) = &layout.v2_own {
-            layout.v2_controllers = std::fs::read_to_string(own.join("cgroup.controllers"))
+            layout.v2_controllers = read_kernel_file(&own.join("cgroup.controllers"))
                 .unwrap_or_default()
                 .split_whitespace()
                 .map(str::to_string)
@@ -72,6 +78,7 @@ impl Layout {
             v2_mount: None,
             v2_own: None,
             v2_controllers: Vec::new(),
+            v2_at_namespace_root: false,
         };
         // /proc/self/cgroup: "id:controllers:path"; v2 is "0::path".
         let mut own_v1: Vec<(Vec<&str>, &str)> = Vec::new();
@@ -84,21 +91,28 @@ impl Layout {
             };
             if id == "0" && ctrls.is_empty() {
                 own_v2 = Some(path);
+                layout.v2_at_namespace_root = path == "/";
             } else {
                 own_v1.push((ctrls.split(',').collect(), path));
             }
         }
         for line in mountinfo.lines() {
+            // "id parent dev root mount opts [optional...] - fstype source superopts"; only
+            // cgroup lines are taken apart (a container has hundreds of others).
             let Some((left, right)) = line.split_once(" - ") else {
                 continue;
             };
-            let left: Vec<&str> = left.split(' ').collect();
-            let right: Vec<&str> = right.split(' ').collect();
-            if left.len() < 5 || right.len() < 3 {
+            let mut right = right.split(' ');
+            let (Some(fstype @ ("cgroup" | "cgroup2")), Some(_), Some(superopts)) =
+                (right.next(), right.next(), right.next())
+            else {
                 continue;
-            }
-            let (root, mount) = (left[3], unescape(left[4]));
-            let (fstype, superopts) = (right[0], right[2]);
+            };
+            let mut left = left.split(' ').skip(3);
+            let (Some(root), Some(mount)) = (left.next(), left.next()) else {
+                continue;
+            };
+            let mount = unescape(mount);
             match fstype {
                 "cgroup2" if layout.v2_mount.is_none() => {
                     layout.v2_mount = Some(PathBuf::from(&mount));
@@ -214,6 +228,7 @@ mod tests {
             Some(PathBuf::from("/sys/fs/cgroup/memory/process_api/abc"))
         );
         assert_eq!(l.v2_own, Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert!(l.v2_at_namespace_root, "0::/");
         assert_eq!(
             l.v1.len(),
             3,
@@ -228,6 +243,7 @@ mod tests {
         assert_eq!(l.version, CgroupVersion::V2);
         assert!(!l.hybrid);
         assert_eq!(l.v2_own, Some(PathBuf::from("/sys/fs/cgroup/sub")));
+        assert!(!l.v2_at_namespace_root, "0::/docker/abc/sub");
         let l = Layout::parse(
             "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
             "0::/user.slice/x.scope\n",
@@ -236,6 +252,25 @@ mod tests {
             l.v2_own,
             Some(PathBuf::from("/sys/fs/cgroup/user.slice/x.scope"))
         );
+    }
+
+    /// Optional fields before the separator, escaped mount points and lines of other
+    /// file systems (or cut short) are read as before.
+    #[test]
+    fn optional_fields_escapes_and_other_lines() {
+        let mi = "\
+27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+28 27 0:5 / /dev rw shared:2 master:3 - devtmpfs udev rw
+39 31 0:36 / /sys/fs/cgroup/p\\040ids rw,nosuid shared:12 master:4 - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/memory - cgroup cgroup
+41 31 0:38 / - cgroup2 cgroup2 rw
+garbage
+";
+        let l = Layout::parse(mi, "8:pids:/a\n4:memory:/b\n");
+        assert_eq!(l.v1_pids, Some(PathBuf::from("/sys/fs/cgroup/p ids/a")));
+        assert_eq!(l.v1_memory, None, "a line cut short is skipped");
+        assert_eq!(l.v2_mount, None, "so is one without its mount point");
+        assert_eq!(l.version, CgroupVersion::V1);
     }
 
     #[test]

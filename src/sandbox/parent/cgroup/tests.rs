@@ -159,6 +159,7 @@ fn v2_job_cgroup_join_kill_remove() {
         v2_mount: Some(mount),
         v2_own: Some(own.clone()),
         v2_controllers: Vec::new(),
+        v2_at_namespace_root: false,
     };
     let cg = JobCgroup::create_in(&layout, "job", None, None).expect("v2 job cgroup");
     let procs = cg.procs_files();
@@ -234,6 +235,7 @@ fn current_memory_is_read_on_fake_trees() {
         v2_mount: None,
         v2_own: None,
         v2_controllers: Vec::new(),
+        v2_at_namespace_root: false,
     };
     let capped = JobCgroup::create_in(&v1, "job", Some(64 << 20), Some(8)).expect("v1 fake");
     let dir = mem.join(PARENT_DIR).join("job");
@@ -269,6 +271,7 @@ fn current_memory_is_read_on_fake_trees() {
         v2_mount: Some(root.clone()),
         v2_own: Some(own.clone()),
         v2_controllers: vec!["pids".into(), "memory".into()],
+        v2_at_namespace_root: false,
     };
     let cg2 = JobCgroup::create_in(&v2, "job", Some(64 << 20), None).expect("v2 fake");
     let dir2 = own.join(PARENT_DIR).join("job");
@@ -425,4 +428,59 @@ fn a_cgroup_still_busy_is_removed_by_the_late_sweep() {
         "the late sweep did not remove {}",
         dir.display()
     );
+}
+
+/// v1 on a fake tree: the first job makes `<own>/mcp-sandbox-repl`, later jobs (and a
+/// stale job cgroup of the same name) find it; the memory cap goes into `memsw` only
+/// where that file exists (no swap accounting: none is made).
+#[test]
+fn v1_job_dirs_parent_made_once_memsw_only_if_present() {
+    let scratch = scratch_dir("fakev1");
+    let root = scratch.path().to_path_buf();
+    let (pids, mem) = (root.join("pids"), root.join("memory"));
+    std::fs::create_dir_all(&pids).unwrap();
+    std::fs::create_dir_all(&mem).unwrap();
+    let v1 = Layout {
+        version: CgroupVersion::V1,
+        hybrid: false,
+        v1: Vec::new(),
+        v1_pids: Some(pids.clone()),
+        v1_memory: Some(mem.clone()),
+        v2_mount: None,
+        v2_own: None,
+        v2_controllers: Vec::new(),
+        v2_at_namespace_root: false,
+    };
+    let first = JobCgroup::create_in(&v1, "a", Some(1 << 20), Some(4)).expect("first job");
+    let a = mem.join(PARENT_DIR).join("a");
+    assert_eq!(
+        std::fs::read_to_string(pids.join(PARENT_DIR).join("a/pids.max")).unwrap(),
+        "4"
+    );
+    assert_eq!(
+        std::fs::read_to_string(a.join("memory.limit_in_bytes")).unwrap(),
+        "1048576"
+    );
+    assert!(
+        !a.join("memory.memsw.limit_in_bytes").exists(),
+        "no memsw file made"
+    );
+    // A second job under the parent that is there; memsw written as the kernel offers it.
+    std::fs::create_dir(mem.join(PARENT_DIR).join("b")).unwrap(); // stale, as after a crash
+    let b = mem.join(PARENT_DIR).join("b");
+    let second = JobCgroup::create_in(&v1, "b", Some(2 << 20), None).expect("stale replaced");
+    let made: Vec<_> = std::fs::read_dir(&b)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(made, vec!["memory.limit_in_bytes"], "made anew, no memsw");
+    // Where the kernel offers memsw, the cap is written there too.
+    let memsw = b.join("memory.memsw.limit_in_bytes");
+    std::fs::write(&memsw, "9").unwrap();
+    assert!(write_if_present(&memsw, "2097152").unwrap());
+    assert_eq!(std::fs::read_to_string(&memsw).unwrap(), "2097152");
+    assert!(!write_if_present(&b.join("memory.nothing"), "1").unwrap());
+    assert!(!b.join("memory.nothing").exists());
+    // Fake trees hold plain files, which no rmdir removes: no teardown (the scratch dir goes).
+    std::mem::forget((first, second));
 }

@@ -27,7 +27,13 @@ pub(super) fn v2_parent(
         .filter(|c| layout.v2_controllers.iter().any(|h| h == c))
         .collect();
     let prepare = || {
-        prepare_v2(&own, &controllers, std::process::id(), at_namespace_root()).map_err(Arc::new)
+        prepare_v2(
+            &own,
+            &controllers,
+            std::process::id(),
+            layout.v2_at_namespace_root,
+        )
+        .map_err(Arc::new)
     };
     let result = match prepared {
         Some(once) => once.get_or_init(prepare).clone(),
@@ -38,13 +44,6 @@ pub(super) fn v2_parent(
         controllers: controllers.join(" "),
         reason,
     })
-}
-
-/// Whether this process sits at the root of its cgroup namespace (`0::/`): a container
-/// with a private cgroup namespace, whose every process is the container's. (The real
-/// root cgroup reads the same, but enabling controllers there never needs a move.)
-fn at_namespace_root() -> bool {
-    std::fs::read_to_string("/proc/self/cgroup").is_ok_and(|t| t.lines().any(|l| l == "0::/"))
 }
 
 /// Enable `controllers` for `<own>/mcp-sandbox-repl/*`, moving this process (`pid`) into a
