@@ -33,6 +33,18 @@
 //! namespace, so the server's death kills `T` (through `L`'s when there is one), and
 //! `T`'s kills the job. `G` goes on with the sandbox (cgroup, namespaces, mount view —
 //! whose fresh `/proc` is that of the new namespace — rlimits, Landlock, seccomp).
+//!
+//! **`T` holds the job's other namespaces** ([`Hold`]): before it forks `G` it unshares
+//! the mount and IPC namespaces in which `G` builds the view, and the network namespace
+//! `G` would make (`G` is told, [`Made`], and does not make them again; where `T` could
+//! not, `G` makes them itself and fails or notes as it would have), and it keeps the
+//! descriptors of a view or network namespace made ahead that `G` joins. `T` starts
+//! from `/`, so `G`'s `pivot_root` moves `T`'s root and working directory into the view
+//! too: `T` keeps nothing of the host's tree (it only uses inherited descriptors). Were
+//! `G` their only holder, its exit would unmount the whole view (`exit_task_namespaces`,
+//! RCU grace periods) *before* `T` is woken to write the word; held by `T`, `G`'s exit
+//! drops a reference only, and the teardown comes with `T`'s exit, after the word —
+//! as bubblewrap's pid 1 holds the namespaces it made.
 //! All share the launcher's session; `T` leads the job's process group, which `G` and its
 //! children join (with a supervisor, `L` names it to the server on the status pipe).
 //! Group signals (cancel, `SIGTERM`, `SIGCONT`) reach the target directly and `T`

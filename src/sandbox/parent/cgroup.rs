@@ -286,6 +286,23 @@ impl JobCgroup {
         }
     }
 
+    /// Remove the cgroup directories if no process is left in them, at once (no kill, no
+    /// retry): true when they are all gone. An rmdir succeeds only on a cgroup without a
+    /// member (one still exiting counts until it has left), so true proves that nothing
+    /// of the job is left. False when a process is still there (EBUSY); then
+    /// [`kill_all`](Self::kill_all) and [`remove`](Self::remove) as usual.
+    pub(crate) fn remove_if_empty(&self) -> bool {
+        for dir in self.dirs() {
+            match std::fs::remove_dir(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(_) => return false,
+            }
+        }
+        self.removed.store(true, Ordering::SeqCst);
+        true
+    }
+
     /// Remove the cgroup directories (retrying briefly while killed processes exit).
     pub(crate) fn remove(&self) {
         if self.removed.swap(true, Ordering::SeqCst) {

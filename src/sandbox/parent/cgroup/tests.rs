@@ -426,3 +426,29 @@ fn a_cgroup_still_busy_is_removed_by_the_late_sweep() {
         dir.display()
     );
 }
+
+/// `remove_if_empty` removes a job cgroup only once nothing is left in it: refused
+/// (and the directories kept) while a member runs, done at once after it ended — the
+/// proof `SandboxedChild::wait_blocking` takes that nothing of a job is left.
+#[test]
+fn remove_if_empty_refuses_while_a_member_runs() {
+    let cg = JobCgroup::create(test_host(), &unique("ifempty"), Some(64 << 20), Some(8))
+        .expect("create job cgroup");
+    let files = cg.procs_files();
+    let mut cmd = Command::new("sleep");
+    cmd.arg("600");
+    // SAFETY: join_current only opens and writes files; acceptable in a test child.
+    unsafe { cmd.pre_exec(move || join_current(&files).map_err(std::io::Error::other)) };
+    let mut member = cmd.spawn().expect("spawn sleep");
+    let dirs: Vec<PathBuf> = cg.dirs().cloned().collect();
+    assert!(!cg.remove_if_empty(), "removed with a member running");
+    assert!(dirs.iter().all(|d| d.exists()), "{dirs:?}");
+    member.kill().unwrap();
+    member.wait().unwrap();
+    assert!(cg.remove_if_empty(), "an emptied cgroup must go at once");
+    for d in &dirs {
+        assert!(!d.exists(), "{} should be removed", d.display());
+    }
+    // Dropping it neither kills nor removes again.
+    drop(cg);
+}
