@@ -772,21 +772,27 @@ pub struct GroupKiller {
 impl GroupKiller {
     /// Send `signal` to the process group (for SIGKILL also to every process of the
     /// cgroup). A no-op once the child is gone.
+    ///
+    /// The group first: it holds a PID namespace's init, whose end makes the kernel
+    /// empty the namespace, so a killed job ends with its init — no exit word, its end
+    /// reported once the init has been reaped and nothing of the namespace (nor the
+    /// namespaces the init holds) is left — not with a target the cgroup's kill ended
+    /// first while the init still tears the namespaces down. Then the cgroup: whatever
+    /// left the group.
     pub fn signal(&self, signal: i32) -> std::io::Result<()> {
         if self.done.load(Ordering::SeqCst) {
             return Ok(());
         }
+        // SAFETY: kill(2) on our own child's process group.
+        let failed = match unsafe { libc::kill(-(self.pgid as libc::pid_t), signal) } {
+            0 => None,
+            _ => Some(std::io::Error::last_os_error())
+                .filter(|e| e.raw_os_error() != Some(libc::ESRCH)),
+        };
         if let (libc::SIGKILL, Some(cg)) = (signal, &self.cgroup) {
             cg.kill_all();
         }
-        // SAFETY: kill(2) on our own child's process group.
-        if unsafe { libc::kill(-(self.pgid as libc::pid_t), signal) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ESRCH) {
-                return Err(e);
-            }
-        }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// SIGKILL everything the child started.
