@@ -11,10 +11,12 @@
 //!
 //! - `T` stays a tiny *init*: it reaps every orphan (double-forked daemons included),
 //!   forwards thread-directed signals (`tgkill`, `SI_TKILL`) to the target, and when the
-//!   target ends writes its wait status (4 bytes) to the *exit-word pipe*, whose read end
-//!   only the server holds, and exits. The server reaps `T` (pidfd, `wait4` with the
-//!   rusage of `T` and the target it reaped) and reports the target's status from the
-//!   word, or `T`'s own when there is none (`T` was killed: a group `SIGKILL`).
+//!   target ends writes its wait status and resource use ([`ExitWord`]) to the
+//!   *exit-word pipe*, whose read end only the server holds, and exits. The server
+//!   answers from the word and reaps `T` afterwards, off the answer's way; `run`, once
+//!   the job's cgroup proves nothing of the job is left, does not wait for `T` at all
+//!   (`SandboxedChild::wait_blocking_before_exit`). Without a word (`T` was killed: a
+//!   group `SIGKILL`) `T` is reaped (pidfd, `wait4`) and its own end reported.
 //! - `G`, its only child (pid 2), goes on with the sandbox and execs the target.
 //!
 //! **Without a namespace from the parent** (a launcher in its own user namespace — not
