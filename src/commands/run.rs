@@ -62,8 +62,10 @@ impl StderrTee {
 
     /// Copy until `end` (the command's end: its init's exit word, see
     /// `SandboxedChild::end_fd`) is readable, or `deadline` (its wall-time limit, which
-    /// the wait that follows enforces) has passed.
-    fn copy_until_end(&mut self, end: RawFd, deadline: Option<Instant>) {
+    /// the wait that follows enforces) has passed. `at_eof` runs when the pipe reaches
+    /// its end first (every writer gone).
+    fn copy_until_end(&mut self, end: RawFd, deadline: Option<Instant>, at_eof: impl FnOnce()) {
+        let mut at_eof = Some(at_eof);
         loop {
             let timeout = match deadline {
                 None => -1,
@@ -95,6 +97,11 @@ impl StderrTee {
             }
             if fds[1].revents != 0 {
                 return;
+            }
+            if !self.open
+                && let Some(f) = at_eof.take()
+            {
+                f();
             }
         }
     }
@@ -199,8 +206,12 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .map(|s| Instant::now() + std::time::Duration::from_secs(s));
     child.forward_terminal_signals(&forwarding);
     let mut tee = StderrTee::new(reader);
+    let mut child = child;
     if let Some(end) = child.end_fd() {
-        tee.copy_until_end(end, deadline);
+        // The command's stderr ends with the command (unless something it left holds
+        // it): its cgroup, if empty already, is taken down while its init is on its way
+        // to the exit word.
+        tee.copy_until_end(end, deadline, || child.settle_if_gone());
     }
     let unenforced = child.unenforced().to_vec();
     // `run` exits right after: the command's init is left to end by itself once the
