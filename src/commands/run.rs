@@ -60,9 +60,12 @@ impl StderrTee {
         }
     }
 
-    /// Copy until the process behind `pidfd` has ended, or `deadline` (its wall-time
-    /// limit, which the wait that follows enforces) has passed.
-    fn copy_until_end(&mut self, pidfd: RawFd, deadline: Option<Instant>) {
+    /// Copy until `end` (the command's end: its init's exit word, see
+    /// `SandboxedChild::end_fd`) is readable, or `deadline` (its wall-time limit, which
+    /// the wait that follows enforces) has passed. `at_eof` runs when the pipe reaches
+    /// its end first (every writer gone).
+    fn copy_until_end(&mut self, end: RawFd, deadline: Option<Instant>, at_eof: impl FnOnce()) {
+        let mut at_eof = Some(at_eof);
         loop {
             let timeout = match deadline {
                 None => -1,
@@ -76,7 +79,7 @@ impl StderrTee {
             } else {
                 -1
             };
-            let mut fds = [pipe, pidfd].map(|fd| libc::pollfd {
+            let mut fds = [pipe, end].map(|fd| libc::pollfd {
                 fd,
                 events: libc::POLLIN,
                 revents: 0,
@@ -94,6 +97,11 @@ impl StderrTee {
             }
             if fds[1].revents != 0 {
                 return;
+            }
+            if !self.open
+                && let Some(f) = at_eof.take()
+            {
+                f();
             }
         }
     }
@@ -115,8 +123,9 @@ impl StderrTee {
         self.kept.drain(..excess);
     }
 
-    /// The rest of the pipe once the command ended (for at most a moment, if a background
-    /// process of the command still holds it open), and what was kept.
+    /// The rest of the pipe once the command ended (to its end of file: every writer is
+    /// gone once the command's cgroup is empty, or killed; for at most a moment more if
+    /// a process outside any cgroup still holds it open), and what was kept.
     fn finish(mut self) -> String {
         let deadline = Instant::now() + std::time::Duration::from_secs(2);
         while self.open {
@@ -191,12 +200,17 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .map(|s| Instant::now() + std::time::Duration::from_secs(s));
     child.forward_terminal_signals(&forwarding);
     let mut tee = StderrTee::new(reader);
-    // Our own unreaped child: its pid cannot have been reused.
-    if let Ok(pidfd) = crate::sandbox::parent::child::Pidfd::open(child.pid) {
-        tee.copy_until_end(pidfd.as_raw_fd(), deadline);
+    let mut child = child;
+    if let Some(end) = child.end_fd() {
+        // The command's stderr ends with the command (unless something it left holds
+        // it): its cgroup, if empty already, is taken down while its init is on its way
+        // to the exit word.
+        tee.copy_until_end(end, deadline, || child.settle_if_gone());
     }
     let unenforced = child.unenforced().to_vec();
-    let report = child.wait_blocking();
+    // `run` exits right after: the command's init is left to end by itself once the
+    // command's cgroup proves nothing of it is left.
+    let report = child.wait_blocking_before_exit();
     drop(forwarding);
     let stderr = tee.finish();
     let denied = if exit_status(&report) != 0 {

@@ -276,3 +276,40 @@ pub(crate) fn unique_marker(tag: &str) -> String {
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// The host directories of the job cgroups named in `cgroups` (a job's own
+/// `/proc/self/cgroup`: v1 lines `N:controllers:path`, v2 `0::path`), found under the
+/// mount points of their hierarchies in this process's mountinfo.
+pub(crate) fn job_cgroup_dirs(cgroups: &str) -> Vec<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    // (mount point, root within the hierarchy, controllers; empty for cgroup2)
+    let mounts: Vec<(PathBuf, String, Vec<String>)> = mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let f: Vec<&str> = left.split_whitespace().collect();
+            let r: Vec<&str> = right.split_whitespace().collect();
+            let controllers = match *r.first()? {
+                "cgroup2" => Vec::new(),
+                "cgroup" => r.get(2)?.split(',').map(str::to_string).collect(),
+                _ => return None,
+            };
+            Some((PathBuf::from(f.get(4)?), f.get(3)?.to_string(), controllers))
+        })
+        .collect();
+    cgroups
+        .lines()
+        .filter(|l| l.contains("/mcp-sandbox-repl/msr-"))
+        .filter_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+            let wanted: Vec<&str> = ctrls.split(',').filter(|c| !c.is_empty()).collect();
+            let (point, root, _) = mounts.iter().find(|(_, _, have)| match wanted.is_empty() {
+                true => have.is_empty(),
+                false => !have.is_empty() && wanted.iter().all(|w| have.iter().any(|h| h == w)),
+            })?;
+            let rel = Path::new(path).strip_prefix(root.as_str()).ok()?;
+            Some(point.join(rel))
+        })
+        .collect()
+}

@@ -21,22 +21,77 @@ fn ns_pids(pid: u32) -> Vec<u32> {
 
 /// A `workspace-write` job (a PID namespace) running `script` through the zygote.
 fn job(ws: &TempDir, script: &str) -> mcp_sandbox_repl::sandbox::SandboxedChild {
+    job_with(ws, script, false)
+}
+
+/// [`job`], taking a view made ahead of need if one is ready (`view_made_ahead`).
+fn job_with(
+    ws: &TempDir,
+    script: &str,
+    view_made_ahead: bool,
+) -> mcp_sandbox_repl::sandbox::SandboxedChild {
     let policy = crate::common::resolved_in(ws, "workspace-write");
     let mut cmd = crate::common::runtime().command(policy, "sh");
-    cmd.args(["-c", script]).current_dir(&ws.path);
+    cmd.args(["-c", script])
+        .current_dir(&ws.path)
+        .view_made_ahead(view_made_ahead);
     cmd.spawn().unwrap()
+}
+
+/// Waits (a hang guard, not a measurement) for `file` in `ws` to exist.
+fn wait_for(ws: &TempDir, file: &str) {
+    for _ in 0..3000 {
+        if ws.join(file).exists() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("{file} never appeared");
+}
+
+/// The namespace `kind` (`mnt`, `net`) process `pid` lives in, as `kind:[inode]`.
+fn ns_of(pid: u32, kind: &str) -> String {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).unwrap();
+    link.to_string_lossy().into_owned()
+}
+
+/// How process `holder` holds namespace `ns` (`kind:[inode]`): it lives in it
+/// (`"lives"`), keeps a descriptor of it (`"keeps"`), or not at all (`"no"`).
+fn how_held(holder: u32, kind: &str, ns: &str) -> &'static str {
+    if ns_of(holder, kind) == ns {
+        return "lives";
+    }
+    let fds = std::fs::read_dir(format!("/proc/{holder}/fd")).unwrap();
+    let kept = fds
+        .flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == ns));
+    if kept { "keeps" } else { "no" }
+}
+
+/// The init `init` holds the mount and network namespaces of its target `target`, which
+/// are the job's own (not this process's): the target's end then drops a reference
+/// only, and their teardown comes with the init's exit, after its word. Returns how the
+/// mount namespace is held.
+fn assert_the_init_holds_the_namespaces(init: u32, target: u32) -> &'static str {
+    let me = std::process::id();
+    for kind in ["mnt", "net"] {
+        let ns = ns_of(target, kind);
+        assert_ne!(
+            ns,
+            ns_of(me, kind),
+            "the job has no {kind} namespace of its own"
+        );
+        let held = how_held(init, kind, &ns);
+        assert_ne!(held, "no", "the init {init} does not hold the job's {ns}");
+    }
+    how_held(init, "mnt", &ns_of(target, "mnt"))
 }
 
 #[test]
 fn a_jobs_own_child_is_the_init_of_its_pid_namespace_and_reports_the_targets_signal() {
     let ws = TempDir::new("pidns-init-zygote");
     let child = job(&ws, "echo up > up; exec sleep 600");
-    for _ in 0..3000 {
-        if ws.join("up").exists() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for(&ws, "up");
     // The server's child is pid 1 of the job's namespace (no supervisor outside it) ...
     let init = ns_pids(child.pid);
     assert_eq!((init.len(), init.last()), (2, Some(&1)), "{init:?}");
@@ -82,13 +137,113 @@ fn the_child_of_run_is_the_init_of_the_commands_pid_namespace() {
     let ws = TempDir::new("pidns-init-run");
     let (run, out) = run_until_ready(&ws.path);
     let id = run.id();
-    let children = std::fs::read_to_string(format!("/proc/{id}/task/{id}/children")).unwrap();
-    let kids: Vec<u32> = children
-        .split_whitespace()
-        .map(|c| c.parse().unwrap())
-        .collect();
+    let kids = children(id);
     assert_eq!(kids.len(), 1, "{kids:?}");
     let init = ns_pids(kids[0]);
     assert_eq!((init.len(), init.last()), (2, Some(&1)), "{init:?}");
+    // The init made the command's namespaces and lives in them itself.
+    let target = children(kids[0]);
+    assert_eq!(target.len(), 1, "{target:?}");
+    assert_eq!(
+        assert_the_init_holds_the_namespaces(kids[0], target[0]),
+        "lives"
+    );
     signal_run_and_check(run, out, libc::SIGINT, "SIGINT");
+}
+
+/// The children of `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    children
+        .split_whitespace()
+        .map(|c| c.parse().unwrap())
+        .collect()
+}
+
+/// A server's job: its init holds the job's namespaces — the mount namespace it made
+/// itself (the target built its view in it), and a view made ahead of need by keeping
+/// its descriptor (the server's shell jobs; the network namespace made ahead likewise).
+#[test]
+fn the_init_holds_the_jobs_namespaces_made_by_it_or_ahead() {
+    let ws = TempDir::new("pidns-init-holds");
+    let child = job(&ws, "echo up > up; exec sleep 600");
+    wait_for(&ws, "up");
+    let held = assert_the_init_holds_the_namespaces(child.pid, child.main_pid());
+    assert_eq!(held, "lives");
+    child.kill_all();
+    child.wait_blocking();
+    // A view made ahead: the first spawns ask the pool for one, a later one takes it
+    // (a bound on tries, not a measurement).
+    for attempt in 0..200 {
+        let _ = std::fs::remove_file(ws.join("up"));
+        let child = job_with(&ws, "echo up > up; exec sleep 600", true);
+        wait_for(&ws, "up");
+        let held = assert_the_init_holds_the_namespaces(child.pid, child.main_pid());
+        child.kill_all();
+        child.wait_blocking();
+        if held == "keeps" {
+            return;
+        }
+        assert!(attempt < 199, "no job ever took a view made ahead");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `wait_blocking_before_exit` (what `run` calls) answers on the init's exit word: the
+/// target's status, the job's cgroup removed at once (nothing of the job is left), and
+/// the init not reaped — it ends by itself, still ours to reap here.
+#[test]
+fn a_wait_before_exit_answers_on_the_word_and_leaves_the_init() {
+    let ws = TempDir::new("pidns-init-leave");
+    let child = job(&ws, "cat /proc/self/cgroup > cgroup; exit 3");
+    let init = child.pid as libc::pid_t;
+    let report = child.wait_blocking_before_exit();
+    assert_eq!(report.termination, Termination::Exited(3));
+    let dirs = crate::common::job_cgroup_dirs(&std::fs::read_to_string(ws.join("cgroup")).unwrap());
+    assert!(!dirs.is_empty(), "the job had no cgroup");
+    for dir in &dirs {
+        assert!(!dir.exists(), "{} is left", dir.display());
+    }
+    let mut status = 0;
+    // SAFETY: waitpid of our own child (the init, cloned with CLONE_PARENT by the zygote).
+    let reaped = unsafe { libc::waitpid(init, &mut status, 0) };
+    assert_eq!(
+        reaped,
+        init,
+        "the init was reaped by the wait: {}",
+        std::io::Error::last_os_error()
+    );
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{status:#x}"
+    );
+}
+
+/// With a process of the job left behind (a background `sleep`), the cgroup cannot be
+/// removed at once: everything is killed and the init reaped before the wait returns
+/// (unless the init's own exit, right after its word, emptied the namespace first: then
+/// the cgroup goes at once); either way nothing of the job is left and the report is
+/// still the target's.
+#[test]
+fn a_wait_before_exit_kills_what_is_left_and_reaps_the_init() {
+    let ws = TempDir::new("pidns-init-left");
+    let mark = crate::common::unique_marker("left");
+    let child = job(
+        &ws,
+        &format!("export {mark}; cat /proc/self/cgroup > cgroup; sleep 600 & exit 3"),
+    );
+    let init = child.pid as libc::pid_t;
+    let report = child.wait_blocking_before_exit();
+    assert_eq!(report.termination, Termination::Exited(3));
+    assert!(
+        crate::common::pids_with_env(&mark).is_empty(),
+        "the background sleep survived"
+    );
+    // SAFETY: waitpid of a pid that was our child (reaped already, or left to us).
+    unsafe { libc::waitpid(init, std::ptr::null_mut(), 0) };
+    let dirs = crate::common::job_cgroup_dirs(&std::fs::read_to_string(ws.join("cgroup")).unwrap());
+    assert!(!dirs.is_empty(), "the job had no cgroup");
+    for dir in &dirs {
+        assert!(!dir.exists(), "{} is left", dir.display());
+    }
 }

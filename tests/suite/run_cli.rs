@@ -230,6 +230,64 @@ fn exit_status_passthrough() {
     assert_eq!(r["exit_code"], serde_json::Value::Null);
 }
 
+/// When `run` returns nothing of the command is left: no job cgroup (removed at once,
+/// its emptiness being the proof that the command is gone), and with a background
+/// process left behind, neither that process nor its cgroup — while the exit status is
+/// still the command's own.
+#[test]
+fn nothing_of_the_command_outlives_run() {
+    let ws = TempDir::new("run-leaves-nothing");
+    let out = sh(
+        "workspace-write",
+        &ws.path,
+        "cat /proc/self/cgroup > cgroup",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let cgroups = std::fs::read_to_string(ws.join("cgroup")).unwrap();
+    let dirs = crate::common::job_cgroup_dirs(&cgroups);
+    assert!(!dirs.is_empty(), "no job cgroup in\n{cgroups}");
+    for dir in &dirs {
+        assert!(!dir.exists(), "{} is left", dir.display());
+    }
+    let mark = crate::common::unique_marker("run-bg");
+    let script = format!("export {mark}; cat /proc/self/cgroup > cgroup; sleep 100 & exit 3");
+    let out = sh("workspace-write", &ws.path, &script);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let left = crate::common::pids_with_env(&mark);
+    assert!(left.is_empty(), "{left:?} outlived run");
+    let cgroups = std::fs::read_to_string(ws.join("cgroup")).unwrap();
+    let dirs = crate::common::job_cgroup_dirs(&cgroups);
+    assert!(!dirs.is_empty(), "no job cgroup in\n{cgroups}");
+    for dir in &dirs {
+        assert!(!dir.exists(), "{} is left", dir.display());
+    }
+}
+
+/// Everything the command writes to stderr reaches ours (through `run`'s pipe, read to
+/// its end once the command has ended), also far more than a pipe holds, written just
+/// before it exits; and the denial explanation still follows.
+#[test]
+fn all_of_stderr_passes_before_run_returns() {
+    let ws = TempDir::new("run-stderr-all");
+    let out = sh(
+        "workspace-write",
+        &ws.path,
+        "head -c 300000 /dev/zero | tr '\\0' x >&2; echo x > /etc/x",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with(&"x".repeat(300_000)),
+        "{}",
+        &err[..200.min(err.len())]
+    );
+    assert!(
+        err.contains("blocked by policy workspace-write: write to /etc/x"),
+        "{}",
+        &err[300_000.min(err.len())..]
+    );
+}
+
 /// The --json report has every field, after the command's own output.
 #[test]
 fn json_report_fields() {

@@ -42,13 +42,15 @@ pub(crate) fn join_cgroup(
     )
 }
 
-/// Launcher side: a private network namespace (loopback up if asked).
+/// Launcher side: a private network namespace (loopback up if asked), unless the init
+/// made it for this job (`made_by_init`: it is ours already).
 pub(crate) fn isolate_network(
     loopback_up: bool,
+    made_by_init: bool,
     best_effort: bool,
 ) -> Result<Option<String>, SetupError> {
     outcome(
-        netns::isolate_network(loopback_up),
+        netns::isolate_network(loopback_up, made_by_init),
         best_effort,
         "private network namespace",
     )
@@ -81,13 +83,15 @@ pub(crate) fn mount_view_of(policy: &ResolvedPolicy) -> Option<MountView> {
     })
 }
 
-/// Launcher side: a private mount namespace showing only the policy's paths.
+/// Launcher side: a private mount namespace showing only the policy's paths (made by
+/// the init for this job, `made_by_init`, or here).
 pub(crate) fn apply_mount_view(
     view: &MountView,
+    made_by_init: bool,
     best_effort: bool,
 ) -> Result<Option<String>, SetupError> {
     outcome(
-        mounts::apply_mount_view(view),
+        mounts::apply_mount_view(view, made_by_init),
         best_effort,
         "private mount view",
     )

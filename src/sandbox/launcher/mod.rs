@@ -228,23 +228,29 @@ fn isolate(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), SetupError>
     // without one. Only with a mount view, whose fresh /proc then shows that namespace: a
     // job that sees the host's /proc must be able to signal the pids it shows. A launcher
     // its parent started as pid 1 (only for such policies) is an init whatever happens.
+    // The init makes the namespaces this process would make below (and keeps those made
+    // ahead): it holds them, so that their teardown comes after the target's end has been
+    // reported (see `pidns`).
+    let view = isolation::mount_view_of(policy);
+    let hold = pidns::Hold {
+        mount: view.is_some() && spec.view_fd.is_none(),
+        network: private_network(policy).is_some() && spec.netns_fd.is_none(),
+        keep: [spec.netns_fd, spec.view_fd],
+    };
+    let mut made = pidns::Made::default();
     if pidns::is_init() {
-        isolation_step(
-            pidns::serve_as_init(spec.status_fd, spec.exit_word_fd),
-            notes,
-        )?;
+        made = pidns::serve_as_init(spec.status_fd, spec.exit_word_fd, &hold)?;
     } else if !policy.filesystem_unrestricted() {
-        isolation_step(
-            pidns::split(spec.status_fd, &policy.name, best_effort),
-            notes,
-        )?;
+        let (by_init, note) = pidns::split(spec.status_fd, &policy.name, best_effort, &hold)?;
+        made = by_init;
+        notes.extend(note);
     }
     isolation_step(
         isolation::join_cgroup(&spec.cgroup_procs, best_effort),
         notes,
     )?;
-    isolate_network(spec, best_effort, notes)?;
-    if let Some(view) = isolation::mount_view_of(policy) {
+    isolate_network(spec, best_effort, made.network, notes)?;
+    if let Some(view) = view {
         let step = match spec.view_fd {
             // The view made ahead of need for this job alone.
             Some(fd) => {
@@ -257,7 +263,7 @@ fn isolate(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), SetupError>
                     best_effort,
                 )
             }
-            None => isolation::apply_mount_view(&view, best_effort),
+            None => isolation::apply_mount_view(&view, made.mount, best_effort),
         };
         isolation_step(step, notes)?;
     }
@@ -291,12 +297,13 @@ fn enter_user_namespace(spec: &LaunchSpec) -> Result<(), SetupError> {
     Ok(())
 }
 
-/// The job's network namespace: a new one (`none`, `loopback`; or one made ahead,
-/// joined), or the broker's joined (`proxy`: never best effort, without it the job
-/// would have the host's network).
+/// The job's network namespace: a new one (`none`, `loopback`; made by the init,
+/// `made_by_init`, or one made ahead, joined), or the broker's joined (`proxy`: never
+/// best effort, without it the job would have the host's network).
 fn isolate_network(
     spec: &LaunchSpec,
     best_effort: bool,
+    made_by_init: bool,
     notes: &mut Vec<String>,
 ) -> Result<(), SetupError> {
     let policy = &spec.policy;
@@ -308,7 +315,10 @@ fn isolate_network(
                 let netns = unsafe { OwnedFd::from_raw_fd(fd) };
                 join_namespace(&netns)?;
             }
-            None => isolation_step(isolation::isolate_network(loopback, best_effort), notes)?,
+            None => isolation_step(
+                isolation::isolate_network(loopback, made_by_init, best_effort),
+                notes,
+            )?,
         }
     }
     if let NetworkPolicy::Proxy { .. } = policy.network {

@@ -87,14 +87,17 @@ const OLD: &str = "/oldroot";
 const NO_SRC: Option<&str> = None;
 const NEW: &str = "/newroot";
 
-/// Launcher child: switch this process into the view (see the module docs).
-pub(crate) fn apply_mount_view(view: &MountView) -> Result<(), MountError> {
+/// Launcher child: switch this process into the view (see the module docs), in a fresh
+/// mount and IPC namespace: made here, or by the job's init (`made_by_init`, see
+/// `pidns::Hold`), which holds it — the view is then built in the namespace this
+/// process already shares with the init alone, and the init's root moves with it.
+pub(crate) fn apply_mount_view(view: &MountView, made_by_init: bool) -> Result<(), MountError> {
     let layout = layout(view)?;
     // A private IPC namespace with the view: System V shared memory, message queues and
     // semaphores, and POSIX message queues (mq_open needs no /dev/mqueue) are per IPC
     // namespace, and a root-uid job owns the host's root-owned segments by plain DAC.
     // SAFETY: unshare(2) with constant flags, affecting only this process.
-    if unsafe { libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC) } != 0 {
+    if !made_by_init && unsafe { libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC) } != 0 {
         return Err(MountError::Unshare(io::Error::last_os_error()));
     }
     switch_root(&layout, &view.workspace, ProcFs::Mount)

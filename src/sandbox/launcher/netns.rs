@@ -60,10 +60,12 @@ pub(crate) fn join_namespace(netns: &OwnedFd) -> Result<(), NetnsError> {
     Ok(())
 }
 
-/// Launcher child (still privileged): move into a new network namespace; bring `lo` up if asked.
-pub(crate) fn isolate_network(loopback_up: bool) -> Result<(), NetnsError> {
+/// Launcher child (still privileged): move into a new network namespace, unless the
+/// job's init made one for it (`made_by_init`, see `pidns::Hold`: this process is in it
+/// already); bring `lo` up if asked.
+pub(crate) fn isolate_network(loopback_up: bool, made_by_init: bool) -> Result<(), NetnsError> {
     // SAFETY: unshare(2) with a constant flag; affects only this (single-threaded) process.
-    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+    if !made_by_init && unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
         return Err(NetnsError::Unshare(io::Error::last_os_error()));
     }
     if loopback_up {

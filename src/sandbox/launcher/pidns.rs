@@ -11,10 +11,12 @@
 //!
 //! - `T` stays a tiny *init*: it reaps every orphan (double-forked daemons included),
 //!   forwards thread-directed signals (`tgkill`, `SI_TKILL`) to the target, and when the
-//!   target ends writes its wait status (4 bytes) to the *exit-word pipe*, whose read end
-//!   only the server holds, and exits. The server reaps `T` (pidfd, `wait4` with the
-//!   rusage of `T` and the target it reaped) and reports the target's status from the
-//!   word, or `T`'s own when there is none (`T` was killed: a group `SIGKILL`).
+//!   target ends writes its wait status and resource use ([`ExitWord`]) to the
+//!   *exit-word pipe*, whose read end only the server holds, and exits. The server
+//!   answers from the word and reaps `T` afterwards, off the answer's way; `run`, once
+//!   the job's cgroup proves nothing of the job is left, does not wait for `T` at all
+//!   (`SandboxedChild::wait_blocking_before_exit`). Without a word (`T` was killed: a
+//!   group `SIGKILL`) `T` is reaped (pidfd, `wait4`) and its own end reported.
 //! - `G`, its only child (pid 2), goes on with the sandbox and execs the target.
 //!
 //! **Without a namespace from the parent** (a launcher in its own user namespace — not
@@ -33,6 +35,18 @@
 //! namespace, so the server's death kills `T` (through `L`'s when there is one), and
 //! `T`'s kills the job. `G` goes on with the sandbox (cgroup, namespaces, mount view —
 //! whose fresh `/proc` is that of the new namespace — rlimits, Landlock, seccomp).
+//!
+//! **`T` holds the job's other namespaces** ([`Hold`]): before it forks `G` it unshares
+//! the mount and IPC namespaces in which `G` builds the view, and the network namespace
+//! `G` would make (`G` is told, [`Made`], and does not make them again; where `T` could
+//! not, `G` makes them itself and fails or notes as it would have), and it keeps the
+//! descriptors of a view or network namespace made ahead that `G` joins. `T` starts
+//! from `/`, so `G`'s `pivot_root` moves `T`'s root and working directory into the view
+//! too: `T` keeps nothing of the host's tree (it only uses inherited descriptors). Were
+//! `G` their only holder, its exit would unmount the whole view (`exit_task_namespaces`,
+//! RCU grace periods) *before* `T` is woken to write the word; held by `T`, `G`'s exit
+//! drops a reference only, and the teardown comes with `T`'s exit, after the word —
+//! as bubblewrap's pid 1 holds the namespaces it made.
 //! All share the launcher's session; `T` leads the job's process group, which `G` and its
 //! children join (with a supervisor, `L` names it to the server on the status pipe).
 //! Group signals (cancel, `SIGTERM`, `SIGCONT`) reach the target directly and `T`
@@ -164,13 +178,61 @@ impl ExitWord {
     }
 }
 
+/// The job's namespaces its init holds (see the module docs): those it makes before it
+/// forks the target, and those made ahead of need whose descriptors it keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Hold {
+    /// A mount and IPC namespace, in which the target builds its view (it would
+    /// otherwise make them itself: no view was made ahead) ...
+    pub(crate) mount: bool,
+    /// ... a network namespace (a private network, none made ahead) ...
+    pub(crate) network: bool,
+    /// ... and the descriptors of namespaces made ahead that the target joins.
+    pub(crate) keep: [Option<RawFd>; 2],
+}
+
+/// The namespaces the init made (see [`Hold`]) and the target is in from its first
+/// instruction: it must not make them again. Where the init could not make one, the
+/// target makes it itself as without an init, and fails (or notes) as that says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Made {
+    pub(crate) mount: bool,
+    pub(crate) network: bool,
+}
+
+impl Hold {
+    /// Make the namespaces asked for, in this process (the init, before its fork).
+    fn make(&self) -> Made {
+        let mut made = Made::default();
+        if self.mount {
+            // From `/`: the target's pivot_root moves the root and working directory of
+            // every process of the namespace that were the old root's, so the init too
+            // ends up in the view and holds nothing of the host's tree (a working
+            // directory elsewhere would keep the detached copy of it mounted).
+            // SAFETY: chdir to a constant path, then unshare(2) with constant flags,
+            // affecting only this single-threaded process (and its children to come).
+            made.mount = unsafe {
+                libc::chdir(c"/".as_ptr()) == 0
+                    && libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC) == 0
+            };
+        }
+        if self.network {
+            // SAFETY: as above.
+            made.network = unsafe { libc::unshare(libc::CLONE_NEWNET) } == 0;
+        }
+        made
+    }
+}
+
 /// Launcher started as pid 1 of a new PID namespace (see the module docs): stay as its
-/// init and fork the target, which alone returns (`Ok(None)`). The init writes the
-/// target's wait status to `exit_word` (the server holds the read end) when it ends.
+/// init, holding the job's namespaces (`hold`), and fork the target, which alone
+/// returns, told which namespaces it is already in. The init writes the target's wait
+/// status to `exit_word` (the server holds the read end) when it ends.
 pub(crate) fn serve_as_init(
     status_fd: RawFd,
     exit_word: Option<RawFd>,
-) -> Result<Option<String>, SetupError> {
+    hold: &Hold,
+) -> Result<Made, SetupError> {
     // SAFETY: write of a constant buffer to the status pipe we hold.
     unsafe { libc::write(status_fd, INIT_LINE.as_ptr().cast(), INIT_LINE.len()) };
     // The exit-word pipe is ours from here (the target closes its copy with every
@@ -188,20 +250,22 @@ pub(crate) fn serve_as_init(
     // Blocked before the fork, as in `split`: the target's SIGCHLD is queued however
     // soon it ends.
     let original = block_all_signals();
-    init(word, &original)
+    init(word, &original, hold)
 }
 
 /// Launcher, after `setsid`: make a PID namespace and split into supervisor, init and
-/// target (see the module docs). Returns only in the target process, `Ok(None)`. When no
-/// PID namespace can be made the policy decides: `policy` (its name) requires one and
-/// this fails closed ([`SetupError::PidNamespaceMissing`]), or under best effort
-/// (`best_effort`) this same process goes on with `Ok(Some(note))` (then the target is
+/// target (see the module docs), the init holding the job's namespaces (`hold`). Returns
+/// only in the target process, with the namespaces the init made. When no PID namespace
+/// can be made the policy decides: `policy` (its name) requires one and this fails
+/// closed ([`SetupError::PidNamespaceMissing`]), or under best effort (`best_effort`)
+/// this same process goes on with a note and no namespace made (then the target is
 /// bound to the server by `PR_SET_PDEATHSIG` alone, not its descendants).
 pub(crate) fn split(
     status_fd: RawFd,
     policy: &str,
     best_effort: bool,
-) -> Result<Option<String>, SetupError> {
+    hold: &Hold,
+) -> Result<(Made, Option<String>), SetupError> {
     // SAFETY: unshare(2) with a constant flag; it only affects children made from here on.
     if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
         let source = io::Error::last_os_error();
@@ -211,10 +275,14 @@ pub(crate) fn split(
                 source,
             });
         }
-        return Ok(Some(format!(
-            "PID namespace (unshare CLONE_NEWPID: {source}; needs CAP_SYS_ADMIN): processes \
-             that leave the job's process group and cgroup may outlive the server"
-        )));
+        return Ok((
+            Made::default(),
+            Some(format!(
+                "PID namespace (unshare CLONE_NEWPID: {source}; needs CAP_SYS_ADMIN): \
+                 processes that leave the job's process group and cgroup may outlive the \
+                 server"
+            )),
+        ));
     }
     let (from_init, to_supervisor) = pipe().map_err(SetupError::PidNamespace)?;
     // Every signal is blocked *before* the fork, in both halves: a blocked SIGCHLD is
@@ -234,7 +302,7 @@ pub(crate) fn split(
             drop(from_init);
             // SAFETY: setpgid on ourselves (the supervisor does it too: no race either way).
             unsafe { libc::setpgid(0, 0) };
-            init(to_supervisor, &original)
+            init(to_supervisor, &original, hold).map(|made| (made, None))
         }
         init_pid => {
             drop(to_supervisor);
@@ -251,10 +319,14 @@ pub(crate) fn split(
     }
 }
 
-/// pid 1 of the new namespace. Returns (`Ok(None)`) only in its child, the target.
-/// `to_supervisor`: where the target's wait status goes (the supervisor's pipe, or the
-/// server's exit-word pipe).
-fn init(to_supervisor: OwnedFd, original: &libc::sigset_t) -> Result<Option<String>, SetupError> {
+/// pid 1 of the new namespace. Returns only in its child, the target, with the
+/// namespaces made for it (`hold`). `to_supervisor`: where the target's wait status goes
+/// (the supervisor's pipe, or the server's exit-word pipe).
+fn init(
+    to_supervisor: OwnedFd,
+    original: &libc::sigset_t,
+    hold: &Hold,
+) -> Result<Made, SetupError> {
     // SAFETY: prctl with integer arguments, affecting only this process.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } != 0 {
         return Err(SetupError::ParentDeath(io::Error::last_os_error()));
@@ -270,17 +342,22 @@ fn init(to_supervisor: OwnedFd, original: &libc::sigset_t) -> Result<Option<Stri
     // queued even for an init, which would otherwise drop those it has no handler for,
     // and the target's SIGCHLD cannot be lost however soon it ends.
     let all = full_sigset();
+    // The job's namespaces are made here, before the fork, so that this process holds
+    // them: the target's end then drops a reference only, and their teardown (the
+    // view's unmounting) comes with this process's exit, after the word.
+    let made = hold.make();
     // SAFETY: as for the launcher's fork above.
     let target = unsafe { libc::fork() };
     if target == 0 {
         drop(to_supervisor);
         set_signal_mask(original);
-        return Ok(None);
+        return Ok(made);
     }
     if target < 0 {
         return Err(SetupError::PidNamespace(io::Error::last_os_error()));
     }
-    close_all_but(to_supervisor.as_raw_fd());
+    let [a, b] = hold.keep;
+    close_all_but([Some(to_supervisor.as_raw_fd()), a, b]);
     loop {
         let (sig, code) = wait_signal(&all);
         // A timeout (sig 0) reaps too: the watchdog against any wakeup that never comes.
@@ -318,7 +395,7 @@ fn init(to_supervisor: OwnedFd, original: &libc::sigset_t) -> Result<Option<Stri
 /// queued however soon it ended; the first look is a `waitpid` anyway, and every wait is
 /// bounded (`WATCHDOG`), so even a lost wakeup only delays the end, never hangs it.
 fn supervise(init: libc::pid_t, from_init: OwnedFd) -> ! {
-    close_all_but(from_init.as_raw_fd());
+    close_all_but([Some(from_init.as_raw_fd())]);
     let all = full_sigset();
     loop {
         let mut status = 0;
@@ -449,17 +526,22 @@ fn reader_gone(fd: RawFd) -> bool {
     rc > 0 && pfd.revents & libc::POLLERR != 0
 }
 
-/// Close every descriptor but `keep`: stdio and the status pipe must reach EOF when the
-/// target closes them, not when the supervisor or init end.
-fn close_all_but(keep: RawFd) {
-    let keep = keep as u32;
-    // SAFETY: closing descriptors of this single-threaded process that it no longer uses.
-    unsafe {
-        if keep > 0 {
-            super::fds::close_range(0, keep - 1, 0);
+/// Close every descriptor but those in `keep`: stdio and the status pipe must reach EOF
+/// when the target closes them, not when the supervisor or init end. No allocation.
+fn close_all_but<const N: usize>(keep: [Option<RawFd>; N]) {
+    let mut keep = keep.map(|fd| fd.and_then(|fd| u32::try_from(fd).ok()).unwrap_or(u32::MAX));
+    keep.sort_unstable();
+    let mut next: u32 = 0;
+    for fd in keep.into_iter().take_while(|&fd| fd != u32::MAX) {
+        if fd > next {
+            // SAFETY: closing descriptors of this single-threaded process that it no
+            // longer uses.
+            unsafe { super::fds::close_range(next, fd - 1, 0) };
         }
-        super::fds::close_range(keep + 1, u32::MAX, 0);
+        next = next.max(fd + 1);
     }
+    // SAFETY: as above.
+    unsafe { super::fds::close_range(next, u32::MAX, 0) };
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {

@@ -283,6 +283,37 @@ impl JobCgroup {
         }
     }
 
+    /// Remove the cgroup directories if no process is left in them, at once (no kill, no
+    /// retry): true when they are all gone. An rmdir succeeds only on a cgroup without a
+    /// member (one still exiting counts until it has left), so true proves that nothing
+    /// of the job is left. False when a process is still there (EBUSY); then
+    /// [`kill_all`](Self::kill_all) and [`remove`](Self::remove) as usual.
+    pub(crate) fn remove_if_empty(&self) -> bool {
+        for dir in self.dirs() {
+            match std::fs::remove_dir(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(_) => return false,
+            }
+        }
+        self.removed.store(true, Ordering::SeqCst);
+        true
+    }
+
+    /// The job's limit counters, and the cgroup removed, at once — if no process is in
+    /// it: checked first, since with no member left none can join, so the counters read
+    /// next are final. `Some((memory_limit_hit, pids_limit_hit))` once the directories
+    /// are gone; `None`, changing nothing, while a process is still there.
+    pub(crate) fn settle_if_empty(&self) -> Option<(bool, bool)> {
+        let dir = self.pids.as_ref()?;
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+        if !procs.trim().is_empty() {
+            return None;
+        }
+        let counters = (self.memory_limit_hit(), self.pids_limit_hit());
+        self.remove_if_empty().then_some(counters)
+    }
+
     /// Remove the cgroup directories (retrying briefly while killed processes exit).
     pub(crate) fn remove(&self) {
         if self.removed.swap(true, Ordering::SeqCst) {

@@ -70,6 +70,9 @@ pub struct SandboxedChild {
     init: bool,
     /// ... and this the read end of its exit-word pipe (the target's wait status).
     exit_word: Option<OwnedFd>,
+    /// The job's limit counters (memory, processes) as taken when its cgroup was
+    /// removed ahead of the word ([`settle_if_gone`](Self::settle_if_gone)).
+    settled: Option<(bool, bool)>,
 }
 
 impl SandboxedChild {
@@ -114,6 +117,7 @@ impl SandboxedChild {
             proxy: None,
             init: exit_word.is_some(),
             exit_word,
+            settled: None,
         })
     }
 
@@ -285,37 +289,100 @@ impl SandboxedChild {
         }
     }
 
-    /// Blocking variant of [`wait`](Self::wait), for `run`.
-    pub fn wait_blocking(mut self) -> ExitReport {
+    /// A descriptor that becomes readable once the job's end can be taken: the init's
+    /// exit word (or the init's own end, when it was killed) for a PID namespace's init,
+    /// else the process's end (its pidfd). For a caller that polls it beside its own
+    /// descriptors (`run`'s stderr) before [`wait_blocking`](Self::wait_blocking).
+    pub fn end_fd(&self) -> Option<RawFd> {
+        self.exit_word
+            .as_ref()
+            .filter(|_| self.init)
+            .or(self.pidfd.as_ref())
+            .map(AsRawFd::as_raw_fd)
+    }
+
+    /// For a caller whose copy of the job's stderr (or another pipe only the job writes)
+    /// reached its end before the exit word — its writers, the target and whatever
+    /// inherited it, have gone (`run`): if the job's cgroup is empty already, take its
+    /// limit counters and remove it now, while the init is still on its way to its word,
+    /// so that the wait then only reads the word. Nothing changes while a process of
+    /// the job is left.
+    pub fn settle_if_gone(&mut self) {
+        if self.settled.is_none() {
+            self.settled =
+                (self.killer.cgroup.as_deref()).and_then(JobCgroupHandle::settle_if_empty);
+        }
+    }
+
+    /// Blocking variant of [`wait`](Self::wait). For a PID namespace's init the report
+    /// comes from its exit word (see [`wait_blocking_before_exit`]); the init is reaped
+    /// before this returns.
+    ///
+    /// [`wait_blocking_before_exit`]: Self::wait_blocking_before_exit
+    pub fn wait_blocking(self) -> ExitReport {
+        self.wait_blocking_then(InitEnd::Reap)
+    }
+
+    /// [`wait_blocking`](Self::wait_blocking) for a process that exits right after it
+    /// (`run`). The report is made when the init's exit word arrives (the target's
+    /// status and resource use; the limit counters read then), and the job's cgroup is
+    /// removed at once: only the target and its descendants join it (the init does not),
+    /// and an rmdir succeeds only on a cgroup without a member, so its success proves
+    /// that nothing of the job is left. Then the init is not waited for: it ends by
+    /// itself right after its word (the teardown of the job's namespaces, which it holds,
+    /// comes with its exit), and this process's exit hands it to the system's reaper
+    /// (its `PR_SET_PDEATHSIG` covers the rest). When something is left (a background
+    /// process: EBUSY), or without a cgroup, everything is killed and the init reaped
+    /// first, as `wait_blocking` does.
+    pub fn wait_blocking_before_exit(self) -> ExitReport {
+        self.wait_blocking_then(InitEnd::Leave)
+    }
+
+    fn wait_blocking_then(mut self, init_end: InitEnd) -> ExitReport {
+        let deadline = self.remaining_wall().map(|left| Instant::now() + left);
+        // The init's word (or its end), else the process's end when there is a wall-time
+        // limit to enforce (without one the reap below simply blocks).
+        let watched = match (self.init, deadline) {
+            (false, None) => None,
+            _ => self.end_fd(),
+        };
         let mut wall_hit = false;
-        if let (Some(fd), Some(left)) = (&self.pidfd, self.remaining_wall()) {
-            let mut pfd = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let deadline = Instant::now() + left;
-            loop {
-                let ms = deadline
-                    .saturating_duration_since(Instant::now())
-                    .as_millis();
-                // SAFETY: one valid pollfd.
-                let rc = unsafe { libc::poll(&mut pfd, 1, ms.min(i32::MAX as u128) as i32) };
-                if rc > 0 {
-                    break;
-                }
-                if rc == 0 {
-                    wall_hit = true;
-                    self.kill_all();
-                    break;
-                }
-                if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                    break;
-                }
-            }
+        if let Some(fd) = watched
+            && !wait_readable(fd, deadline)
+        {
+            wall_hit = true;
+            self.kill_all();
+        }
+        let word = match (&self.exit_word, wall_hit) {
+            (Some(fd), false) if self.init => read_word(fd).ok().flatten(),
+            _ => None,
+        };
+        if let Some(word) = word {
+            return self.end_on_the_word(word, init_end);
         }
         let r = reap(self.pid, 0);
         self.finish(r, wall_hit)
+    }
+
+    /// The job's end from the init's exit `word`: the report at once, then what is left
+    /// of the job proven gone by its cgroup's removal, or killed (see
+    /// [`wait_blocking_before_exit`](Self::wait_blocking_before_exit)).
+    fn end_on_the_word(&mut self, word: ExitWord, init_end: InitEnd) -> ExitReport {
+        let report = self.report(word, self.started.elapsed(), false);
+        let gone = self.settled.is_some()
+            || (self.killer.cgroup.as_deref()).is_some_and(JobCgroupHandle::remove_if_empty);
+        if !gone {
+            self.kill_all();
+        }
+        self.killer.done.store(true, Ordering::SeqCst);
+        if gone && init_end == InitEnd::Leave {
+            // Nothing for `Drop` to kill or reap: the job is gone, and the init is left to
+            // end by itself, reaped by whoever inherits it.
+            self.reaped = true;
+            return report;
+        }
+        self.reaped = reap(self.pid, 0).is_some();
+        report
     }
 
     /// The target's wait status: `status` itself, or for a PID namespace's init the word
@@ -401,6 +468,13 @@ impl SandboxedChild {
             };
         };
         let status = self.target_status(ended.status);
+        self.report(ExitWord { status, ..ended }, wall, wall_hit)
+    }
+
+    /// The report of the target's end `ended` (its wait status and resource use) after
+    /// `wall`, with the limit that ended it read from the status and the job's cgroup.
+    fn report(&self, ended: ExitWord, wall: Duration, wall_hit: bool) -> ExitReport {
+        let status = ended.status;
         let (user_cpu, system_cpu) = (
             Duration::from_micros(ended.user_us),
             Duration::from_micros(ended.system_us),
@@ -424,9 +498,18 @@ impl SandboxedChild {
         };
         let cpu_spent = user_cpu + system_cpu;
         let cg = self.killer.cgroup.as_deref();
+        // Read now, or as taken when the cgroup was removed ahead of the word.
+        let memory_hit = || match self.settled {
+            Some((memory, _)) => memory,
+            None => cg.is_some_and(|c| c.memory_limit_hit()),
+        };
+        let pids_hit = || match self.settled {
+            Some((_, pids)) => pids,
+            None => cg.is_some_and(|c| c.pids_limit_hit()),
+        };
         let limit = if wall_hit {
             Some(LimitHit::WallTime)
-        } else if cg.is_some_and(|c| c.memory_limit_hit()) {
+        } else if memory_hit() {
             Some(LimitHit::Memory)
         } else if signal == Some(libc::SIGXCPU)
             || (signal == Some(libc::SIGKILL)
@@ -438,7 +521,7 @@ impl SandboxedChild {
             Some(LimitHit::Cpu)
         } else if signal == Some(libc::SIGXFSZ) {
             Some(LimitHit::FileSize)
-        } else if cg.is_some_and(|c| c.pids_limit_hit()) {
+        } else if pids_hit() {
             Some(LimitHit::Processes)
         } else {
             None
@@ -464,6 +547,44 @@ impl Drop for SandboxedChild {
                 .name("sandbox-reap".into())
                 .spawn(move || reap(pid, 0));
             self.killer.done.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// What a blocking wait does with the init once the job is proven gone: reap it, or
+/// leave it (the caller exits right after; see `wait_blocking_before_exit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InitEnd {
+    Reap,
+    Leave,
+}
+
+/// Wait until `fd` is readable (true) or `deadline` has passed (false); an error other
+/// than EINTR counts as readable (the reap that follows then blocks instead).
+fn wait_readable(fd: RawFd, deadline: Option<Instant>) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        let ms = match deadline {
+            None => -1,
+            Some(d) => d
+                .saturating_duration_since(Instant::now())
+                .as_millis()
+                .min(i32::MAX as u128) as i32,
+        };
+        // SAFETY: one valid pollfd.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if rc > 0 {
+            return true;
+        }
+        if rc == 0 {
+            return false;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return true;
         }
     }
 }
@@ -674,21 +795,27 @@ pub struct GroupKiller {
 impl GroupKiller {
     /// Send `signal` to the process group (for SIGKILL also to every process of the
     /// cgroup). A no-op once the child is gone.
+    ///
+    /// The group first: it holds a PID namespace's init, whose end makes the kernel
+    /// empty the namespace, so a killed job ends with its init — no exit word, its end
+    /// reported once the init has been reaped and nothing of the namespace (nor the
+    /// namespaces the init holds) is left — not with a target the cgroup's kill ended
+    /// first while the init still tears the namespaces down. Then the cgroup: whatever
+    /// left the group.
     pub fn signal(&self, signal: i32) -> std::io::Result<()> {
         if self.done.load(Ordering::SeqCst) {
             return Ok(());
         }
+        // SAFETY: kill(2) on our own child's process group.
+        let failed = match unsafe { libc::kill(-(self.pgid as libc::pid_t), signal) } {
+            0 => None,
+            _ => Some(std::io::Error::last_os_error())
+                .filter(|e| e.raw_os_error() != Some(libc::ESRCH)),
+        };
         if let (libc::SIGKILL, Some(cg)) = (signal, &self.cgroup) {
             cg.kill_all();
         }
-        // SAFETY: kill(2) on our own child's process group.
-        if unsafe { libc::kill(-(self.pgid as libc::pid_t), signal) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ESRCH) {
-                return Err(e);
-            }
-        }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// SIGKILL everything the child started.

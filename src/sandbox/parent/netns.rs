@@ -90,7 +90,7 @@ mod tests {
         let mut cmd = Command::new("python3");
         cmd.arg("-c").arg(script);
         // SAFETY: isolate_network makes raw syscalls only; fine between fork and exec in a test.
-        unsafe { cmd.pre_exec(move || isolate_network(loopback).map_err(io::Error::other)) };
+        unsafe { cmd.pre_exec(move || isolate_network(loopback, false).map_err(io::Error::other)) };
         cmd.output().expect("spawn python3")
     }
 

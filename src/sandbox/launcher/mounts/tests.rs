@@ -33,7 +33,7 @@ fn dirs(tag: &str) -> Dirs {
 }
 
 fn run_in_view(view: MountView, script: &str) -> (String, String) {
-    run_entering(move || apply_mount_view(&view), script)
+    run_entering(move || apply_mount_view(&view, false), script)
 }
 
 /// The same through a view made ahead in this process (as the server does) and joined
@@ -222,9 +222,9 @@ fn measure_isolation_costs() {
     use crate::sandbox::parent::cgroup;
     let host = cgroup::CgroupHost::new();
     let n = 41;
-    let none = child_median_us(n, 0, &|| netns::isolate_network(false).is_ok());
+    let none = child_median_us(n, 0, &|| netns::isolate_network(false, false).is_ok());
     println!("netns none: {none} us");
-    let lo = child_median_us(n, 0, &|| netns::isolate_network(true).is_ok());
+    let lo = child_median_us(n, 0, &|| netns::isolate_network(true, false).is_ok());
     println!("netns loopback: {lo} us");
     let cg = cgroup::JobCgroup::create(&host, "measure", Some(256 << 20), Some(64)).unwrap();
     let tasks = cg.procs_files();
@@ -253,7 +253,7 @@ fn measure_isolation_costs() {
     let d = dirs("measure2");
     let mut v = view(&d);
     v.read.push(PathBuf::from("/root/.pyenv"));
-    let m = child_median_us(n, 0, &|| apply_mount_view(&v).is_ok());
+    let m = child_median_us(n, 0, &|| apply_mount_view(&v, false).is_ok());
     println!("mount view (workspace-write-like): {m} us");
 }
 
