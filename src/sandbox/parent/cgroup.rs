@@ -194,7 +194,7 @@ impl JobCgroup {
         } else {
             "memory.max_usage_in_bytes"
         };
-        std::fs::read_to_string(dir.join(file))
+        read_kernel_file(&dir.join(file))
             .ok()?
             .trim()
             .parse()
@@ -250,14 +250,14 @@ impl JobCgroup {
         }
         let procs = dir.join("cgroup.procs");
         // Usual case at the end of a job: nothing left, nothing to freeze or kill.
-        if std::fs::read_to_string(&procs).is_ok_and(|l| l.trim().is_empty()) {
+        if read_kernel_file(&procs).is_ok_and(|l| l.trim().is_empty()) {
             return;
         }
         let _ = std::fs::write(dir.join("pids.max"), "0");
         let deadline = Instant::now() + Duration::from_millis(500);
         let mut killed: Vec<i32> = Vec::new();
         loop {
-            let Ok(list) = std::fs::read_to_string(&procs) else {
+            let Ok(list) = read_kernel_file(&procs) else {
                 return;
             };
             let pids: Vec<i32> = list
@@ -306,7 +306,7 @@ impl JobCgroup {
     /// are gone; `None`, changing nothing, while a process is still there.
     pub(crate) fn settle_if_empty(&self) -> Option<(bool, bool)> {
         let dir = self.pids.as_ref()?;
-        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+        let procs = read_kernel_file(&dir.join("cgroup.procs")).ok()?;
         if !procs.trim().is_empty() {
             return None;
         }
@@ -468,7 +468,7 @@ fn remove_late(dirs: Vec<PathBuf>) {
 fn kill_members(dir: &Path) {
     let deadline = Instant::now() + Duration::from_millis(500);
     while Instant::now() < deadline {
-        let Ok(list) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
+        let Ok(list) = read_kernel_file(&dir.join("cgroup.procs")) else {
             return;
         };
         let pids: Vec<i32> = list
@@ -558,7 +558,7 @@ fn write_if_present(path: &Path, value: &str) -> Result<bool, CgroupError> {
 }
 
 fn read_u64(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+    read_kernel_file(path).ok()?.trim().parse().ok()
 }
 
 /// The current memory use recorded in memory cgroup directory `dir` of a `version` hierarchy.
@@ -572,7 +572,7 @@ fn memory_usage_in(dir: &Path, version: CgroupVersion) -> Option<u64> {
 
 /// Value of `key` in a flat-keyed cgroup file ("key value" per line).
 fn read_key(path: &Path, key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = read_kernel_file(path).ok()?;
     text.lines().find_map(|line| {
         let mut it = line.split_whitespace();
         (it.next() == Some(key))
