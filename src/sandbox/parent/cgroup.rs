@@ -194,11 +194,7 @@ impl JobCgroup {
         } else {
             "memory.max_usage_in_bytes"
         };
-        read_kernel_file(&dir.join(file))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        read_kernel_file(&dir.join(file)).ok()?.trim().parse().ok()
     }
 
     /// The job's memory use now, as the kernel charges it to the job's memory cgroup

@@ -217,18 +217,17 @@ fn only_the_named_owners_cgroups_are_swept() {
     drop((others, legacy));
 }
 
-/// Current memory use is read from `memory.usage_in_bytes` (v1) or `memory.current` (v2)
-/// of the job's memory cgroup; nothing without a memory cgroup, or from a broken file.
-#[test]
-fn current_memory_is_read_on_fake_trees() {
-    let scratch = scratch_dir("fakemem");
+/// A fake v1 tree in a scratch directory: its `pids` and `memory` hierarchies and the
+/// layout naming them (the scratch directory goes when the first value is dropped).
+fn fake_v1(tag: &str, hybrid: bool) -> (tempfile::TempDir, PathBuf, PathBuf, Layout) {
+    let scratch = scratch_dir(tag);
     let root = scratch.path().to_path_buf();
     let (pids, mem) = (root.join("pids"), root.join("memory"));
     std::fs::create_dir_all(&pids).unwrap();
     std::fs::create_dir_all(&mem).unwrap();
     let v1 = Layout {
         version: CgroupVersion::V1,
-        hybrid: true,
+        hybrid,
         v1: Vec::new(),
         v1_pids: Some(pids.clone()),
         v1_memory: Some(mem.clone()),
@@ -237,6 +236,15 @@ fn current_memory_is_read_on_fake_trees() {
         v2_controllers: Vec::new(),
         v2_at_namespace_root: false,
     };
+    (scratch, pids, mem, v1)
+}
+
+/// Current memory use is read from `memory.usage_in_bytes` (v1) or `memory.current` (v2)
+/// of the job's memory cgroup; nothing without a memory cgroup, or from a broken file.
+#[test]
+fn current_memory_is_read_on_fake_trees() {
+    let (scratch, pids, mem, v1) = fake_v1("fakemem", true);
+    let root = scratch.path().to_path_buf();
     let capped = JobCgroup::create_in(&v1, "job", Some(64 << 20), Some(8)).expect("v1 fake");
     let dir = mem.join(PARENT_DIR).join("job");
     assert_eq!(capped.current_memory_bytes(), None, "no usage file yet");
@@ -435,22 +443,7 @@ fn a_cgroup_still_busy_is_removed_by_the_late_sweep() {
 /// where that file exists (no swap accounting: none is made).
 #[test]
 fn v1_job_dirs_parent_made_once_memsw_only_if_present() {
-    let scratch = scratch_dir("fakev1");
-    let root = scratch.path().to_path_buf();
-    let (pids, mem) = (root.join("pids"), root.join("memory"));
-    std::fs::create_dir_all(&pids).unwrap();
-    std::fs::create_dir_all(&mem).unwrap();
-    let v1 = Layout {
-        version: CgroupVersion::V1,
-        hybrid: false,
-        v1: Vec::new(),
-        v1_pids: Some(pids.clone()),
-        v1_memory: Some(mem.clone()),
-        v2_mount: None,
-        v2_own: None,
-        v2_controllers: Vec::new(),
-        v2_at_namespace_root: false,
-    };
+    let (_scratch, pids, mem, v1) = fake_v1("fakev1", false);
     let first = JobCgroup::create_in(&v1, "a", Some(1 << 20), Some(4)).expect("first job");
     let a = mem.join(PARENT_DIR).join("a");
     assert_eq!(
