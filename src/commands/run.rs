@@ -208,9 +208,10 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         tee.copy_until_end(end, deadline, || child.settle_if_gone());
     }
     let unenforced = child.unenforced().to_vec();
-    // `run` exits right after: the command's init is left to end by itself once the
-    // command's cgroup proves nothing of it is left.
-    let report = child.wait_blocking_before_exit();
+    // The answer comes on the init's word once the command's cgroup proves nothing of
+    // it is left; the init, ending by itself meanwhile, is reaped after the answer is
+    // out (`init`, dropped last), never handed to a parent that may not reap it.
+    let (report, init) = child.wait_blocking_before_exit();
     drop(forwarding);
     let stderr = tee.finish();
     let denied = if exit_status(&report) != 0 {
@@ -226,6 +227,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         println!("{line}");
     }
     drop(tmp);
+    drop(init);
     Ok(ExitCode::from(exit_status(&report)))
 }
 

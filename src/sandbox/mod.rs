@@ -25,7 +25,7 @@ pub use launcher::error::SetupError;
 pub use launcher::privileges::harden_current_process;
 pub use launcher::{is_launcher_invocation, launcher_main};
 pub use parent::child::{
-    ExitReport, GroupKiller, LimitHit, Pidfd, SandboxedChild, Termination, signal_name,
+    ExitReport, GroupKiller, LeftInit, LimitHit, Pidfd, SandboxedChild, Termination, signal_name,
 };
 pub use parent::error::LaunchError;
 pub use parent::runtime::{Route, Runtime, RuntimeConfig};

@@ -191,28 +191,19 @@ fn the_init_holds_the_jobs_namespaces_made_by_it_or_ahead() {
 
 /// `wait_blocking_before_exit` (what `run` calls) answers on the init's exit word: the
 /// target's status, the job's cgroup removed at once (nothing of the job is left), and
-/// the init not reaped — it ends by itself, still ours to reap here.
+/// the init not reaped — it ends by itself, handed back to be reaped here.
 #[test]
 fn a_wait_before_exit_answers_on_the_word_and_leaves_the_init() {
     let ws = TempDir::new("pidns-init-leave");
     let child = job(&ws, "cat /proc/self/cgroup > cgroup; exit 3");
-    let init = child.pid as libc::pid_t;
-    let report = child.wait_blocking_before_exit();
+    let (report, init) = child.wait_blocking_before_exit();
     assert_eq!(report.termination, Termination::Exited(3));
     let dirs = crate::common::job_cgroup_dirs(&std::fs::read_to_string(ws.join("cgroup")).unwrap());
     assert!(!dirs.is_empty(), "the job had no cgroup");
     for dir in &dirs {
         assert!(!dir.exists(), "{} is left", dir.display());
     }
-    let mut status = 0;
-    // SAFETY: waitpid of our own child (the init, cloned with CLONE_PARENT by the zygote).
-    let reaped = unsafe { libc::waitpid(init, &mut status, 0) };
-    assert_eq!(
-        reaped,
-        init,
-        "the init was reaped by the wait: {}",
-        std::io::Error::last_os_error()
-    );
+    let status = init.reap().expect("the init was reaped by the wait");
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "{status:#x}"
@@ -232,15 +223,14 @@ fn a_wait_before_exit_kills_what_is_left_and_reaps_the_init() {
         &ws,
         &format!("export {mark}; cat /proc/self/cgroup > cgroup; sleep 600 & exit 3"),
     );
-    let init = child.pid as libc::pid_t;
-    let report = child.wait_blocking_before_exit();
+    let (report, init) = child.wait_blocking_before_exit();
     assert_eq!(report.termination, Termination::Exited(3));
     assert!(
         crate::common::pids_with_env(&mark).is_empty(),
         "the background sleep survived"
     );
-    // SAFETY: waitpid of a pid that was our child (reaped already, or left to us).
-    unsafe { libc::waitpid(init, std::ptr::null_mut(), 0) };
+    // Reaped already, or left to us.
+    let _ = init.reap();
     let dirs = crate::common::job_cgroup_dirs(&std::fs::read_to_string(ws.join("cgroup")).unwrap());
     assert!(!dirs.is_empty(), "the job had no cgroup");
     for dir in &dirs {

@@ -263,6 +263,44 @@ fn nothing_of_the_command_outlives_run() {
     }
 }
 
+/// `run` hands no process to whoever inherits its orphans: when it exits, its command's
+/// init has been reaped, also when `run`'s parent is a subreaper that never reaps (a
+/// container's `tail -f /dev/null` or `sleep infinity` as pid 1), where a left init
+/// would stay a zombie — one per `run`. Here that parent is a Python subreaper that waits
+/// for `run` alone and then lists the children it inherited.
+#[test]
+fn run_leaves_no_orphan_to_its_parent() {
+    let ws = TempDir::new("run-no-orphan");
+    let script = r#"
+import ctypes, os, subprocess, sys
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+for command in (["/bin/true"], ["sh", "-c", "sleep 600 & exit 3"]):
+    subprocess.run([sys.argv[1], "run", "--workspace", sys.argv[2], "--", *command], check=False)
+me, inherited = str(os.getpid()), []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        continue
+    if fields[1] == me:
+        inherited.append(f"{pid} ({fields[0]})")
+print(" ".join(inherited))
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(crate::common::bin())
+        .arg(&ws.path)
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim(),
+        "",
+        "processes `run` left to its parent (pid, state)"
+    );
+}
+
 /// Everything the command writes to stderr reaches ours (through `run`'s pipe, read to
 /// its end once the command has ended), also far more than a pipe holds, written just
 /// before it exits; and the denial explanation still follows.

@@ -14,8 +14,8 @@
 //!   target ends writes its wait status and resource use ([`ExitWord`]) to the
 //!   *exit-word pipe*, whose read end only the server holds, and exits. The server
 //!   answers from the word and reaps `T` afterwards, off the answer's way; `run`, once
-//!   the job's cgroup proves nothing of the job is left, does not wait for `T` at all
-//!   (`SandboxedChild::wait_blocking_before_exit`). Without a word (`T` was killed: a
+//!   the job's cgroup proves nothing of the job is left, reaps `T` only after its
+//!   answer is out (`SandboxedChild::wait_blocking_before_exit`). Without a word (`T` was killed: a
 //!   group `SIGKILL`) `T` is reaped (pidfd, `wait4`) and its own end reported.
 //! - `G`, its only child (pid 2), goes on with the sandbox and execs the target.
 //!

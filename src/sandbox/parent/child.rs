@@ -320,7 +320,7 @@ impl SandboxedChild {
     ///
     /// [`wait_blocking_before_exit`]: Self::wait_blocking_before_exit
     pub fn wait_blocking(self) -> ExitReport {
-        self.wait_blocking_then(InitEnd::Reap)
+        self.wait_blocking_then(InitEnd::Reap).0
     }
 
     /// [`wait_blocking`](Self::wait_blocking) for a process that exits right after it
@@ -328,17 +328,28 @@ impl SandboxedChild {
     /// status and resource use; the limit counters read then), and the job's cgroup is
     /// removed at once: only the target and its descendants join it (the init does not),
     /// and an rmdir succeeds only on a cgroup without a member, so its success proves
-    /// that nothing of the job is left. Then the init is not waited for: it ends by
+    /// that nothing of the job is left. Then the init is not waited for here: it ends by
     /// itself right after its word (the teardown of the job's namespaces, which it holds,
-    /// comes with its exit), and this process's exit hands it to the system's reaper
-    /// (its `PR_SET_PDEATHSIG` covers the rest). When something is left (a background
-    /// process: EBUSY), or without a cgroup, everything is killed and the init reaped
-    /// first, as `wait_blocking` does.
-    pub fn wait_blocking_before_exit(self) -> ExitReport {
-        self.wait_blocking_then(InitEnd::Leave)
+    /// comes with its exit), and is handed back as a [`LeftInit`] for the caller to reap
+    /// once its own answer is out — not left to whoever inherits it, which need not reap
+    /// (a container's `tail -f /dev/null` or `sleep infinity` as pid 1, a subreaper that
+    /// waits for its own children only: one zombie per `run`). When something is left (a
+    /// background process: EBUSY), or without a cgroup, everything is killed and the
+    /// init reaped first, as `wait_blocking` does.
+    pub fn wait_blocking_before_exit(self) -> (ExitReport, LeftInit) {
+        let pid = self.pid;
+        let (report, left) = self.wait_blocking_then(InitEnd::Leave);
+        (
+            report,
+            LeftInit {
+                pid: left.then_some(pid),
+            },
+        )
     }
 
-    fn wait_blocking_then(mut self, init_end: InitEnd) -> ExitReport {
+    /// The report, and whether the init was left unreaped (`InitEnd::Leave`, the job
+    /// proven gone).
+    fn wait_blocking_then(mut self, init_end: InitEnd) -> (ExitReport, bool) {
         let deadline = self.remaining_wall().map(|left| Instant::now() + left);
         // The init's word (or its end), else the process's end when there is a wall-time
         // limit to enforce (without one the reap below simply blocks).
@@ -361,13 +372,13 @@ impl SandboxedChild {
             return self.end_on_the_word(word, init_end);
         }
         let r = reap(self.pid, 0);
-        self.finish(r, wall_hit)
+        (self.finish(r, wall_hit), false)
     }
 
     /// The job's end from the init's exit `word`: the report at once, then what is left
     /// of the job proven gone by its cgroup's removal, or killed (see
     /// [`wait_blocking_before_exit`](Self::wait_blocking_before_exit)).
-    fn end_on_the_word(&mut self, word: ExitWord, init_end: InitEnd) -> ExitReport {
+    fn end_on_the_word(&mut self, word: ExitWord, init_end: InitEnd) -> (ExitReport, bool) {
         let report = self.report(word, self.started.elapsed(), false);
         let gone = self.settled.is_some()
             || (self.killer.cgroup.as_deref()).is_some_and(JobCgroupHandle::remove_if_empty);
@@ -377,12 +388,12 @@ impl SandboxedChild {
         self.killer.done.store(true, Ordering::SeqCst);
         if gone && init_end == InitEnd::Leave {
             // Nothing for `Drop` to kill or reap: the job is gone, and the init is left to
-            // end by itself, reaped by whoever inherits it.
+            // end by itself; the caller reaps it (`LeftInit`).
             self.reaped = true;
-            return report;
+            return (report, true);
         }
         self.reaped = reap(self.pid, 0).is_some();
-        report
+        (report, false)
     }
 
     /// The target's wait status: `status` itself, or for a PID namespace's init the word
@@ -551,8 +562,36 @@ impl Drop for SandboxedChild {
     }
 }
 
+/// The init of a job proven gone, not yet reaped (see
+/// [`SandboxedChild::wait_blocking_before_exit`]): reaped when this is dropped, or by
+/// [`reap`](Self::reap). Its end needs no kill: it exits by itself right after its word.
+/// A caller keeps it until its own answer is out, so that the init's teardown overlaps
+/// that work and no zombie is handed to a parent that may never reap it.
+#[derive(Debug)]
+#[must_use = "dropping it reaps the init at once; keep it until the answer is out"]
+pub struct LeftInit {
+    pid: Option<u32>,
+}
+
+impl LeftInit {
+    /// Wait for the init to end and reap it: its wait status, `None` when there was
+    /// none to reap (the wait reaped it already).
+    pub fn reap(mut self) -> Option<i32> {
+        let pid = self.pid.take()?;
+        reap(pid, 0).map(|ended| ended.status)
+    }
+}
+
+impl Drop for LeftInit {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid.take() {
+            let _ = reap(pid, 0);
+        }
+    }
+}
+
 /// What a blocking wait does with the init once the job is proven gone: reap it, or
-/// leave it (the caller exits right after; see `wait_blocking_before_exit`).
+/// leave it (the caller reaps it later; see `wait_blocking_before_exit`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum InitEnd {
     Reap,
