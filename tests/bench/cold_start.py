@@ -21,7 +21,7 @@ that a request naming another cell is refused, and prints `doctor` from inside e
 (docs/deploy.md records it); then drains the privileged cell with `podman stop` while a job runs.
 
 Needs root, podman, runc, haproxy; the image from deploy/build-image.sh; the release
-binary (target/release; MCP_SANDBOX_BIN overrides). --write replaces the section
+binary (the release build under target/<host triple>/; MCP_SANDBOX_BIN overrides). --write replaces the section
 "Cold start of a cell" of docs/benchmarks.md.
 """
 

@@ -11,7 +11,7 @@ Measures, each against running the same command directly with subprocess:
     `job_wait(until_done)` reports it finished, vs reading the same output from a pipe
     and vs redirecting it to a file (the job spools its output to disk);
   * the server's peak RSS (VmHWM) after the flood.
-Builds and uses target/release (or $MCP_SANDBOX_BIN), prints the results and writes them
+Builds and uses the release build, target/<host triple>/release (or $MCP_SANDBOX_BIN), prints the results and writes them
 into the `## Shell jobs` section of docs/benchmarks.md (unless --no-write).
 """
 

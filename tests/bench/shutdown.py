@@ -8,7 +8,7 @@ Each round starts a fresh server over raw stdio, initializes it, runs `python_ex
 until the process is reaped. The floor, measured in the same run and in turns: `cat`
 blocked on the same kind of stdin pipe, SIGTERMed. With --baseline, another build in
 turns too. Writes the `## Shutdown` section of docs/benchmarks.md (unless --no-write).
-Uses $MCP_SANDBOX_BIN, else target/release, else target/debug.
+Uses $MCP_SANDBOX_BIN, else the release build, else the debug build (target/<host triple>/).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ fails to find it). Every call must be answered with a finished job: an answer th
 then; a call with no answer within 120 s counts as a hang too. Records the counts, the
 latency spread and the load in the `## Stress: fast-ending jobs` section of
 docs/benchmarks.md (unless --no-write). Exit status 1 if anything hung or was wrong.
-Uses $MCP_SANDBOX_BIN, else target/release, else target/debug.
+Uses $MCP_SANDBOX_BIN, else the release build, else the debug build (target/<host triple>/).
 """
 
 from __future__ import annotations

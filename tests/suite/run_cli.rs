@@ -355,6 +355,30 @@ fn json_report_fields() {
     assert!(r["peak_rss_bytes"].as_u64().unwrap() > 100_000, "{r}");
 }
 
+/// The report's CPU time counts the job's background work too: an orphan that burned at
+/// least 0.3 s of CPU and was reaped by the namespace's init before the command ended
+/// (the command waits until it is gone) is in `user_cpu_ms + system_cpu_ms`, although the
+/// command itself only slept. Fails when the init reports the target's own use alone.
+#[test]
+fn json_report_counts_the_cpu_of_orphans_reaped_before_the_end() {
+    let ws = TempDir::new("orphancpu");
+    // The real interpreter (`python3` on PATH may be a pyenv shim or a venv's).
+    let py = std::process::Command::new("python3")
+        .args(["-c", crate::common::BASE_EXECUTABLE])
+        .output()
+        .unwrap();
+    let python = String::from_utf8(py.stdout).unwrap().trim().to_string();
+    let script = format!(
+        "( {python} -c 'import time\nwhile time.process_time() < 0.3: pass' & echo $! > pid ); \
+         p=$(cat pid); while kill -0 $p 2>/dev/null; do sleep 0.05; done"
+    );
+    let out = run_in("workspace-write", &ws.path, true, &["sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let r = report(&out);
+    let cpu = r["user_cpu_ms"].as_u64().unwrap() + r["system_cpu_ms"].as_u64().unwrap();
+    assert!(cpu >= 300, "the orphan's 0.3 s of CPU is missing: {r}");
+}
+
 /// A denied write is explained in words after the command's own error: on stderr in plain
 /// mode, and under `denied` (not `unenforced`) in the JSON report; a command that
 /// succeeds reports no denial.
@@ -507,4 +531,32 @@ fn terminal_signals_are_forwarded_to_the_command() {
     let ws = TempDir::new("forward");
     let (child, out) = run_until_ready(&ws.path);
     signal_run_and_check(child, out, libc::SIGTERM, "SIGTERM");
+}
+
+/// The binary is linked statically (.cargo/config.toml: a static PIE on glibc): it asks
+/// for no program interpreter, so no start pays the dynamic loader (docs/benchmarks.md).
+/// Fails for a dynamically linked build — e.g. one made with `RUSTFLAGS` set in the
+/// environment, which replaces the config's flags.
+#[cfg(target_env = "gnu")]
+#[test]
+fn the_binary_is_linked_statically() {
+    let elf = std::fs::read(crate::common::bin()).unwrap();
+    assert_eq!(&elf[..4], b"\x7fELF");
+    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
+    let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
+    let types: Vec<u32> = (0..phnum)
+        .map(|i| {
+            let o = phoff + i * phentsize;
+            u32::from_le_bytes(elf[o..o + 4].try_into().unwrap())
+        })
+        .collect();
+    const PT_INTERP: u32 = 3;
+    assert!(
+        !types.contains(&PT_INTERP),
+        "the binary is dynamically linked (it names a program interpreter): build it \
+         without RUSTFLAGS in the environment, which replaces .cargo/config.toml's flags"
+    );
+    // Still position-independent: its load address stays random (ELF type ET_DYN).
+    assert_eq!(u16_at(0x10), 3, "not a PIE");
 }

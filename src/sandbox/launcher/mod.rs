@@ -2,7 +2,12 @@
 //! any runtime, reads its [`LaunchSpec`] from an inherited descriptor, applies the
 //! sandbox to itself in a fixed order and execs the target:
 //!
-//! parent-death signal → setsid → (no CAP_SYS_ADMIN: user namespace, own or the broker's, see `userns`) → PID namespace (see `pidns`) → cgroup → network namespace (new, or the broker's joined) → mount view → chdir → rlimits → environment →
+//! parent-death signal → setsid → (no CAP_SYS_ADMIN: user namespace, own or the broker's,
+//! see `userns`) → PID namespace (see `pidns`; its init makes the mount, IPC and network
+//! namespaces before it forks the target, which is then in them, so their kernel memory is
+//! charged to the server's cgroup, not the job's) → cgroup → network namespace (joined when
+//! made ahead or the broker's; made here only where the init could not) → mount view →
+//! chdir → rlimits → environment →
 //! capability drop → no_new_privs → Landlock → seccomp → close inherited fds → default signal
 //! dispositions → execvp.
 //!

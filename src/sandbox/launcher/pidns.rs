@@ -131,7 +131,8 @@ pub(crate) fn is_init() -> bool {
 
 /// How a process ended: its wait status and resource use as `wait4` gave them. What
 /// the init writes when the target ends (the status first, 4 bytes: all a supervisor
-/// reads; the use covers the target and the descendants it waited for), so the server
+/// reads; the use covers every child the init reaped: the target with the descendants
+/// it waited for, and the orphans handed to the init), so the server
 /// can answer before the namespace is torn down; the server's own reaps read the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ExitWord {
@@ -363,25 +364,32 @@ fn init(
         // A timeout (sig 0) reaps too: the watchdog against any wakeup that never comes.
         if sig == libc::SIGCHLD || sig == 0 {
             // Reap every child: the target and any orphan the namespace handed to us.
+            let mut ended = None;
             loop {
                 let mut status = 0;
-                // SAFETY: rusage is plain data; zeroed is a valid value.
-                let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-                // SAFETY: wait4 with valid out-pointers.
-                let pid = unsafe { libc::wait4(-1, &mut status, libc::WNOHANG, &mut ru) };
+                // SAFETY: waitpid with a valid out-pointer.
+                let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
                 if pid <= 0 {
                     break;
                 }
                 if pid == target {
-                    let word = ExitWord::of(status, &ru).to_bytes();
-                    // SAFETY: write of a buffer we own to our pipe end (one write of less
-                    // than PIPE_BUF: read whole or not at all).
-                    unsafe {
-                        libc::write(to_supervisor.as_raw_fd(), word.as_ptr().cast(), word.len())
-                    };
-                    // SAFETY: _exit; the kernel then kills whatever is left in the namespace.
-                    unsafe { libc::_exit(0) }
+                    ended = Some(status);
                 }
+            }
+            if let Some(status) = ended {
+                // The resource use of every child reaped so far — the target with what it
+                // waited for, and the orphans this init reaped (a job's background work
+                // counts too, as when the server read this process's own use).
+                // SAFETY: rusage is plain data; zeroed is a valid value.
+                let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+                // SAFETY: getrusage with a valid out-pointer.
+                unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+                let word = ExitWord::of(status, &ru).to_bytes();
+                // SAFETY: write of a buffer we own to our pipe end (one write of less
+                // than PIPE_BUF: read whole or not at all).
+                unsafe { libc::write(to_supervisor.as_raw_fd(), word.as_ptr().cast(), word.len()) };
+                // SAFETY: _exit; the kernel then kills whatever is left in the namespace.
+                unsafe { libc::_exit(0) }
             }
         } else if code == libc::SI_TKILL {
             // SAFETY: tgkill of our own unreaped child (the target).
