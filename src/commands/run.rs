@@ -193,14 +193,13 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut cmd = sandbox.command(resolved.clone(), program);
     cmd.args(rest).current_dir(dir).stderr(writer);
     let forwarding = SignalForwarding::install();
-    let child = cmd.spawn()?;
+    let mut child = cmd.spawn()?;
     let deadline = resolved
         .limits
         .wall_seconds
         .map(|s| Instant::now() + std::time::Duration::from_secs(s));
     child.forward_terminal_signals(&forwarding);
     let mut tee = StderrTee::new(reader);
-    let mut child = child;
     if let Some(end) = child.end_fd() {
         // The command's stderr ends with the command (unless something it left holds
         // it): its cgroup, if empty already, is taken down while its init is on its way
