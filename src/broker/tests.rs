@@ -217,11 +217,17 @@ async fn connect_tunnels_through_the_upstream_proxy_with_its_credentials() {
 
 #[tokio::test]
 async fn connect_opens_a_tunnel_to_an_allowed_address_and_passes_early_bytes() {
+    tunnel_through_an_entry_for("127.0.0.1").await;
+}
+
+/// A CONNECT to `host`:(an origin's port), allowed by an entry naming the same: the
+/// tunnel opens, and the first bytes of it, sent with the CONNECT (as a TLS client may
+/// send them), reach the origin, whose answer comes back.
+async fn tunnel_through_an_entry_for(host: &str) {
     let (web, head) = origin("pong", true).await;
-    let (port, denials) = broker(&[&format!("127.0.0.1:{web}")], Upstream::default()).await;
+    let (port, denials) = broker(&[&format!("{host}:{web}")], Upstream::default()).await;
     let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    // The first bytes of the tunnel arrive with the CONNECT (as a TLS client may send them).
-    let req = format!("CONNECT 127.0.0.1:{web} HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n");
+    let req = format!("CONNECT {host}:{web} HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n");
     c.write_all(req.as_bytes()).await.unwrap();
     let mut answer = vec![0u8; 39 + 4];
     c.read_exact(&mut answer).await.unwrap();
@@ -238,19 +244,7 @@ async fn connect_opens_a_tunnel_to_an_allowed_address_and_passes_early_bytes() {
 /// `localhost` from /etc/hosts. Fails if the static build cannot resolve names.
 #[tokio::test]
 async fn connect_resolves_a_host_name_through_the_linked_c_library() {
-    let (web, head) = origin("pong", true).await;
-    let (port, denials) = broker(&[&format!("localhost:{web}")], Upstream::default()).await;
-    let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    let req = format!("CONNECT localhost:{web} HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n");
-    c.write_all(req.as_bytes()).await.unwrap();
-    let mut answer = vec![0u8; 39 + 4];
-    c.read_exact(&mut answer).await.unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&answer),
-        "HTTP/1.1 200 Connection established\r\n\r\npong"
-    );
-    assert_eq!(head.await.unwrap(), "GET / HTTP/1.1\r\n\r\n");
-    assert!(denials.lock().unwrap().is_empty());
+    tunnel_through_an_entry_for("localhost").await;
 }
 
 /// A server that records every request head it gets and answers each `200 ok`.

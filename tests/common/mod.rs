@@ -277,6 +277,20 @@ pub(crate) fn unique_marker(tag: &str) -> String {
     )
 }
 
+/// The job whose `/proc/self/cgroup` was saved in `saved` had job cgroups, and none of
+/// them is left.
+pub(crate) fn assert_job_cgroups_gone(saved: &Path) {
+    let dirs = job_cgroup_dirs(&std::fs::read_to_string(saved).unwrap());
+    assert!(
+        !dirs.is_empty(),
+        "the job had no cgroup ({})",
+        saved.display()
+    );
+    for dir in &dirs {
+        assert!(!dir.exists(), "{} is left", dir.display());
+    }
+}
+
 /// The host directories of the job cgroups named in `cgroups` (a job's own
 /// `/proc/self/cgroup`: v1 lines `N:controllers:path`, v2 `0::path`), found under the
 /// mount points of their hierarchies in this process's mountinfo.

@@ -243,24 +243,14 @@ fn nothing_of_the_command_outlives_run() {
         "cat /proc/self/cgroup > cgroup",
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let cgroups = std::fs::read_to_string(ws.join("cgroup")).unwrap();
-    let dirs = crate::common::job_cgroup_dirs(&cgroups);
-    assert!(!dirs.is_empty(), "no job cgroup in\n{cgroups}");
-    for dir in &dirs {
-        assert!(!dir.exists(), "{} is left", dir.display());
-    }
+    crate::common::assert_job_cgroups_gone(&ws.join("cgroup"));
     let mark = crate::common::unique_marker("run-bg");
     let script = format!("export {mark}; cat /proc/self/cgroup > cgroup; sleep 100 & exit 3");
     let out = sh("workspace-write", &ws.path, &script);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let left = crate::common::pids_with_env(&mark);
     assert!(left.is_empty(), "{left:?} outlived run");
-    let cgroups = std::fs::read_to_string(ws.join("cgroup")).unwrap();
-    let dirs = crate::common::job_cgroup_dirs(&cgroups);
-    assert!(!dirs.is_empty(), "no job cgroup in\n{cgroups}");
-    for dir in &dirs {
-        assert!(!dir.exists(), "{} is left", dir.display());
-    }
+    crate::common::assert_job_cgroups_gone(&ws.join("cgroup"));
 }
 
 /// `run` hands no process to whoever inherits its orphans: when it exits, its command's
