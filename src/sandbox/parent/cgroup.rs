@@ -244,11 +244,11 @@ impl JobCgroup {
         {
             return;
         }
-        let procs = dir.join("cgroup.procs");
         // Usual case at the end of a job: nothing left, nothing to freeze or kill.
-        if read_kernel_file(&procs).is_ok_and(|l| l.trim().is_empty()) {
+        if has_no_member(dir) {
             return;
         }
+        let procs = dir.join("cgroup.procs");
         let _ = std::fs::write(dir.join("pids.max"), "0");
         let deadline = Instant::now() + Duration::from_millis(500);
         let mut killed: Vec<i32> = Vec::new();
@@ -301,9 +301,7 @@ impl JobCgroup {
     /// next are final. `Some((memory_limit_hit, pids_limit_hit))` once the directories
     /// are gone; `None`, changing nothing, while a process is still there.
     pub(crate) fn settle_if_empty(&self) -> Option<(bool, bool)> {
-        let dir = self.pids.as_ref()?;
-        let procs = read_kernel_file(&dir.join("cgroup.procs")).ok()?;
-        if !procs.trim().is_empty() {
+        if !has_no_member(self.pids.as_ref()?) {
             return None;
         }
         let counters = (self.memory_limit_hit(), self.pids_limit_hit());
@@ -545,12 +543,13 @@ fn write_if_present(path: &Path, value: &str) -> Result<bool, CgroupError> {
             .map(|()| true)
             .map_err(io("write", path)),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(CgroupError::Io {
-            action: "write",
-            path: path.to_path_buf(),
-            source: e,
-        }),
+        Err(e) => Err(io("write", path)(e)),
     }
+}
+
+/// Whether the cgroup directory `dir` lists no member (false when it cannot be read).
+fn has_no_member(dir: &Path) -> bool {
+    read_kernel_file(&dir.join("cgroup.procs")).is_ok_and(|l| l.trim().is_empty())
 }
 
 fn read_u64(path: &Path) -> Option<u64> {

@@ -306,21 +306,28 @@ impl Policy {
     /// A shipped policy from its JSON twin, checked as [`parse`](Self::parse) checks text.
     fn from_shipped_json(name: &str, json: &str) -> Result<Policy, PolicyError> {
         let file = format!("<shipped {name}>");
-        let mut policy: Policy = serde_json::from_str(json).map_err(|e| PolicyError::Parse {
-            file: file.clone(),
-            message: e.to_string(),
-        })?;
-        policy.name = name.to_string();
-        policy.validate(&file)?;
-        policy.check_kernel(&file, network_namespaces_available)?;
-        Ok(policy)
+        Policy::checked(
+            name,
+            &file,
+            serde_json::from_str(json).map_err(|e| e.to_string()),
+        )
     }
 
     /// Parse and validate policy text; `file` names the source in errors.
     pub fn parse(name: &str, text: &str, file: &str) -> Result<Policy, PolicyError> {
-        let mut policy: Policy = toml::from_str(text).map_err(|e| PolicyError::Parse {
+        Policy::checked(name, file, toml::from_str(text).map_err(|e| one_line(&e)))
+    }
+
+    /// A parsed policy (or why it did not parse), named `name` and validated; `file`
+    /// names the source in errors.
+    fn checked(
+        name: &str,
+        file: &str,
+        parsed: Result<Policy, String>,
+    ) -> Result<Policy, PolicyError> {
+        let mut policy = parsed.map_err(|message| PolicyError::Parse {
             file: file.to_string(),
-            message: one_line(&e),
+            message,
         })?;
         policy.name = name.to_string();
         policy.validate(file)?;
