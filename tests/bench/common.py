@@ -3,6 +3,7 @@ docs/benchmarks.md is replaced by a run's figures."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -13,9 +14,10 @@ REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "benchmarks.md"
 
 
+@functools.cache
 def build_dir(profile: str) -> Path:
     """Where cargo puts a profile's artifacts: target/<host triple>/<profile>
-    (.cargo/config.toml builds for the host's target by name)."""
+    (.cargo/config.toml builds for the host's target by name). Asked of rustc once."""
     out = subprocess.run(["rustc", "-vV"], capture_output=True, text=True).stdout
     triple = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("host:")), "")
     return REPO / "target" / triple / profile
