@@ -9,7 +9,6 @@ restart) are just several `run` calls on the same harness: they share the state 
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import http.server
 import json
@@ -18,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -33,15 +33,9 @@ from mcp import ClientSession, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@functools.cache
-def build_dir(profile: str) -> Path:
-    """Where cargo puts a profile's artifacts: target/<host triple>/<profile>
-    (.cargo/config.toml builds for the host's target by name). Asked of rustc once."""
-    out = subprocess.run(["rustc", "-vV"], capture_output=True, text=True).stdout
-    triple = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("host:")), "")
-    return REPO / "target" / triple / profile
+# Where cargo puts a profile's artifacts: the benchmarks' helper (standard library only).
+sys.path.append(str(REPO / "tests" / "bench"))
+from common import build_dir  # noqa: E402
 
 
 def binary() -> str:
