@@ -480,8 +480,13 @@ impl JobHandle {
     /// already finished (nothing to persist).
     pub fn finish_unpersisted(&self, outcome: JobOutcome) -> bool {
         let cfg = self.store.config();
+        // Retention first, while this job still counts as running (it is never removed):
+        // whoever hears that it finished and lists the jobs at once finds the table
+        // already within its limit, not one job over until this thread gets back.
+        self.store.apply_retention();
         let finished = self.job.finish(outcome, cfg.disk_cap, &cfg.state_dir);
         if finished {
+            // Only older jobs are still running: this one may now be the one past the limit.
             self.store.apply_retention();
         }
         finished
