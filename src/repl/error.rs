@@ -26,6 +26,10 @@ pub enum ReplError {
     },
     #[error("invalid session name {name:?}: use 1-64 letters, digits, '-', '_' or '.'")]
     InvalidSessionName { name: String },
+    #[error(
+        "session {session:?} was restarted before this cell started; none of it ran: run it again"
+    )]
+    Restarted { session: String },
     #[error("session {session:?} was closed; start it again by using its name in a new call")]
     Closed { session: String },
     #[error("no session named {name:?}; open sessions: {open}")]

@@ -509,6 +509,18 @@ impl Session {
                 .await
                 .map(|(w, replayed, shared)| (w, None, replayed, shared)),
         };
+        if self.phases.now().overtaken(guard.op()) {
+            // A restart came after the thread was taken: nothing of the cell ran, and
+            // its number was either taken before the restart reset the count or is the
+            // first after it (given back here).
+            let mut inner = self.inner();
+            if inner.cells == cell {
+                inner.cells -= 1;
+            }
+            return Err(ReplError::Restarted {
+                session: self.name.clone(),
+            });
+        }
         match got {
             Ok((worker, earlier_loss, replayed, shared)) => Ok(Acquired {
                 guard,
@@ -522,7 +534,9 @@ impl Session {
             Err(e) => {
                 // The number is given back (the guard, dropped after, frees the thread).
                 let mut inner = self.inner();
-                inner.cells = inner.cells.saturating_sub(1);
+                if inner.cells == cell {
+                    inner.cells -= 1;
+                }
                 Err(e)
             }
         }
@@ -792,7 +806,10 @@ impl Session {
     }
 
     /// Kill the worker's whole process group and start a fresh one; waits until it is
-    /// ready. A running cell ends with `worker_died` ("stopped: the session was restarted").
+    /// ready. A running cell ends with `worker_died` ("stopped: the session was restarted");
+    /// a cell that had taken the thread but no worker yet, or was promised to a caller
+    /// (its job answered "running") and had not started, never runs: its call ends
+    /// [`ReplError::Restarted`].
     pub async fn restart(&self) -> Result<(), ReplError> {
         let (worker, killed) = {
             let mut inner = self.inner();
@@ -800,6 +817,10 @@ impl Session {
             if now.is_closed() {
                 return Err(self.closed());
             }
+            // Under `inner`, as the worker is replaced: a cell that has not been handed
+            // to a worker checks it there before it takes one (`acquire_cell`,
+            // `switch_head`).
+            let _ = self.phases.apply(phase::Event::Restart);
             if let Some(old) = inner.worker.take() {
                 old.kill("the session was restarted");
             }
@@ -819,7 +840,25 @@ impl Session {
         // Synchronous: the killed worker's op must have ended (the thread released) before
         // the restart answers, or the next call would find the session busy.
         self.wait_op_ended(killed).await?;
+        self.wait_promise_taken().await;
         worker.wait_ready(self.env.start_timeout).await
+    }
+
+    /// Wait (bounded) until a cell promised before the restart has taken the thread, and
+    /// so learnt it is overtaken, or its call gave up: a call made after the restart
+    /// answers is then never mistaken for it.
+    async fn wait_promise_taken(&self) {
+        let mut changes = self.phases.subscribe();
+        let taken = changes.wait_for(|m| !m.promise_overtaken());
+        if tokio::time::timeout(self.env.start_timeout, taken)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                session = %self.name,
+                "a cell promised before the restart did not start; it will not run when it does"
+            );
+        }
     }
 
     /// The running cell and its parent, if a cell runs.

@@ -165,8 +165,15 @@ impl Session {
 
     /// Make `new` (of process tree `tree`) the head, at cell `at`. The old head is
     /// killed alone; a spawned one is kept (unreaped) as the root of its tree.
+    /// A restart that came while the branch was being made wins: `new` is killed and
+    /// the head stays the restart's fresh worker (the cell is told, see `acquire_cell`).
     fn switch_head(&self, new: Arc<Worker>, tree: u32, at: Option<u64>) {
         let mut inner = self.inner();
+        let now = self.phases.now();
+        if now.held_op().is_some_and(|op| now.overtaken(op)) {
+            new.kill("the session was restarted");
+            return;
+        }
         if let Some(old) = inner.worker.replace(new) {
             old.kill_alone("the session branched to another cell");
             if old.is_root() {

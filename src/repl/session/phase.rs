@@ -34,6 +34,10 @@ pub(crate) enum Phase {
         /// An interrupt came before the request was handed over: it is sent right
         /// after.
         interrupt_queued: bool,
+        /// The session was restarted after this cell took the thread (or was promised,
+        /// see [`Expected::Overtaken`]): it must not be handed to any worker — not the
+        /// fresh one, not one a branch made for it; its call ends saying so.
+        overtaken: bool,
     },
     /// The session closed while an op held the thread (its worker was killed): the op
     /// ends soon, nothing starts again.
@@ -50,6 +54,9 @@ pub(crate) enum Expected {
     Yes,
     /// An interrupt came for it: the cell is interrupted as it starts.
     Interrupted,
+    /// The session was restarted after the promise: the cell is overtaken as it starts
+    /// (it never runs on the fresh worker).
+    Overtaken,
 }
 
 /// The whole state, as published: the phase and what runs beside it.
@@ -81,6 +88,9 @@ pub(crate) enum Event {
     ExpectCell,
     /// The call of the promised cell ended, having run it or not.
     ExpectedEnded,
+    /// The session is restarted: the cell holding the thread, and the one promised,
+    /// are overtaken (see [`Phase::Cell`]'s `overtaken`).
+    Restart,
     /// The session closes.
     Close,
     /// A spare worker starts being started.
@@ -150,6 +160,7 @@ impl Machine {
                 expected: Expected::No,
                 ..self
             }),
+            Event::Restart => with(self.restart()),
             Event::Close => with(self.close()),
             Event::SpareStarting => {
                 if self.is_closed() {
@@ -187,6 +198,7 @@ impl Machine {
                     cell,
                     dispatched: false,
                     interrupt_queued: self.expected == Expected::Interrupted,
+                    overtaken: self.expected == Expected::Overtaken,
                 }
             }
             None => Phase::Short { op },
@@ -202,12 +214,14 @@ impl Machine {
                 cell,
                 dispatched: false,
                 interrupt_queued,
+                overtaken,
             } if op == of => {
                 let phase = Phase::Cell {
                     op,
                     cell,
                     dispatched: true,
                     interrupt_queued: false,
+                    overtaken,
                 };
                 let effect = if interrupt_queued {
                     Effect::SendInterrupt
@@ -242,6 +256,7 @@ impl Machine {
                 op,
                 cell,
                 dispatched: false,
+                overtaken,
                 ..
             } => {
                 let phase = Phase::Cell {
@@ -249,18 +264,51 @@ impl Machine {
                     cell,
                     dispatched: false,
                     interrupt_queued: true,
+                    overtaken,
                 };
                 Ok((Machine { phase, ..self }, Effect::Queued))
             }
             _ if self.expected != Expected::No => {
-                let next = Machine {
-                    expected: Expected::Interrupted,
-                    ..self
+                // An overtaken promise stays so: its cell never runs at all.
+                let expected = match self.expected {
+                    Expected::Overtaken => Expected::Overtaken,
+                    _ => Expected::Interrupted,
                 };
+                let next = Machine { expected, ..self };
                 Ok((next, Effect::Queued))
             }
             Phase::Closing { cell: Some(_), .. } => Ok((self, Effect::EndsWithClose)),
             _ => Err(Refusal::NothingToInterrupt),
+        }
+    }
+
+    /// The session is restarted: the cell holding the thread, and a promised one, are
+    /// overtaken; anything else stays as it was.
+    fn restart(self) -> Machine {
+        let phase = match self.phase {
+            Phase::Cell {
+                op,
+                cell,
+                dispatched,
+                interrupt_queued,
+                ..
+            } => Phase::Cell {
+                op,
+                cell,
+                dispatched,
+                interrupt_queued,
+                overtaken: true,
+            },
+            other => other,
+        };
+        let expected = match self.expected {
+            Expected::No => Expected::No,
+            _ => Expected::Overtaken,
+        };
+        Machine {
+            phase,
+            expected,
+            ..self
         }
     }
 
@@ -299,6 +347,16 @@ impl Machine {
             Phase::Short { op } | Phase::Cell { op, .. } | Phase::Closing { op, .. } => Some(op),
             Phase::Idle | Phase::Closed => None,
         }
+    }
+
+    /// Whether op `of` is a cell overtaken by a restart (see [`Phase::Cell`]).
+    pub(crate) fn overtaken(self, of: u64) -> bool {
+        matches!(self.phase, Phase::Cell { op, overtaken: true, .. } if op == of)
+    }
+
+    /// Whether a cell promised before a restart has yet to take the thread.
+    pub(crate) fn promise_overtaken(self) -> bool {
+        self.expected == Expected::Overtaken
     }
 
     /// The cell holding the thread, if a cell does.
@@ -573,6 +631,60 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_restart_overtakes_the_cell_without_a_worker_and_the_promised_one() {
+        // Taken the thread, not handed over: overtaken (a queued interrupt is kept);
+        // only that op is.
+        let (m, effect) = step(cell(4), Event::Restart);
+        assert_eq!(effect, Effect::Nothing);
+        assert!(m.overtaken(1));
+        assert!(!m.overtaken(2));
+        assert_eq!(m.running_cell(), Some(4), "the cell still holds the thread");
+        let m = step(m, Event::Interrupt).0;
+        assert!(m.overtaken(1));
+        // Handed over already: its worker is the one the restart kills; the mark is
+        // harmless and stays.
+        assert!(step(dispatched(1), Event::Restart).0.overtaken(1));
+        // Idle, a short op: nothing is marked.
+        for m in [IDLE, short()] {
+            let (next, _) = step(m, Event::Restart);
+            assert_eq!(next, m);
+            assert!(!next.overtaken(1));
+        }
+        // Promised and not started (interrupted or not): the cell that takes the thread
+        // for it is overtaken as it starts, an interrupt does not undo that, and the
+        // promise is then used up.
+        for promised in [
+            step(IDLE, Event::ExpectCell).0,
+            step(step(IDLE, Event::ExpectCell).0, Event::Interrupt).0,
+            step(short(), Event::ExpectCell).0,
+        ] {
+            let m = step(promised, Event::Restart).0;
+            assert!(m.promise_overtaken());
+            let m = step(m, Event::Interrupt).0;
+            assert!(m.promise_overtaken());
+            let m = match m.phase {
+                Phase::Short { op } => step(m, Event::End { op }).0,
+                _ => m,
+            };
+            let (started, effect) = step(m, Event::BeginCell { cell: 1 });
+            let Effect::Acquired { op } = effect else {
+                panic!("{effect:?}")
+            };
+            assert!(started.overtaken(op));
+            assert!(!started.promise_overtaken());
+            // A call that gave up before starting it uses the promise up too.
+            assert!(!step(m, Event::ExpectedEnded).0.promise_overtaken());
+        }
+        // A cell that starts after the restart without a promise runs as any other.
+        let m = step(IDLE, Event::Restart).0;
+        let (m, _) = step(m, Event::BeginCell { cell: 1 });
+        assert!(!m.overtaken(1));
+        // A new promise after the restart is a promise like any other.
+        let m = step(step(IDLE, Event::ExpectCell).0, Event::Restart).0;
+        assert_eq!(step(m, Event::ExpectCell).0.expected, Expected::Yes);
+    }
+
     /// What an interrupt does in every phase, in words:
     /// - idle or a short op, nothing expected: refused (nothing to interrupt);
     /// - idle, a short op, closing or closed with a cell expected: queued for that cell;
@@ -630,6 +742,7 @@ mod tests {
             Event::Interrupt,
             Event::ExpectCell,
             Event::ExpectedEnded,
+            Event::Restart,
             Event::Close,
             Event::SpareStarting,
             Event::SpareDone,

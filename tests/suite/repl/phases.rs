@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mcp_sandbox_repl::repl::CellStatus;
+use mcp_sandbox_repl::repl::{CellStatus, ReplError};
 
-use super::{Sink, fixture, spawn_cell, wait_for};
+use super::{Sink, fixture, run, spawn_cell, wait_for};
 
 /// A cancel arms a kill for the cell it interrupted, `grace` later. A restart in between
 /// numbers cells from 1 again: the next cell may carry the cancelled cell's number, and
@@ -43,4 +43,50 @@ async fn a_cancel_before_a_restart_never_kills_the_next_cell_of_that_number() {
         (CellStatus::Ok, Some("'survived'")),
         "{o:?}"
     );
+}
+
+/// A cell promised to a caller (its job answered "running") that still waits for the
+/// thread when the session is restarted — here behind a variable read stuck in a
+/// `__repr__` — never runs: not on the worker the restart starts either. Its call says
+/// so, and the session starts again from cell 1 with nothing of it (the CI once saw
+/// such a cell hold the fresh worker: the next call was told "busy").
+#[tokio::test]
+async fn a_cell_promised_before_a_restart_never_runs_on_the_fresh_worker() {
+    let f = fixture("phases-promised", 4);
+    let marker = f.dir.join("ws").join("in-repr");
+    let code = format!(
+        "import time\nclass Slow:\n    def __repr__(self):\n        open({:?}, 'w').close()\n        \
+         time.sleep(3600)\n        return 'slow'\nslow = Slow()",
+        marker.display().to_string()
+    );
+    let (o, _) = run(&f.manager, "default", &code).await;
+    assert_eq!(o.status, CellStatus::Ok, "{o:?}");
+    let s = f.manager.get_or_start("default").await.unwrap();
+    let reading = {
+        let s = s.clone();
+        tokio::spawn(async move { s.get_variable("slow").await })
+    };
+    // The read holds the thread until its worker is killed.
+    wait_for(|| marker.exists()).await;
+    s.expect_cell();
+    let promised = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            let r = s.execute("promised = 1", Arc::new(Sink::default())).await;
+            s.expected_cell_ended();
+            r
+        })
+    };
+    s.restart().await.unwrap();
+    let r = promised.await.unwrap();
+    assert!(
+        matches!(&r, Err(e @ ReplError::Restarted { .. }) if e.to_string().contains("none of it ran")),
+        "{r:?}"
+    );
+    assert!(
+        reading.await.unwrap().is_err(),
+        "the read died with its worker"
+    );
+    let (o, _) = run(&f.manager, "default", "'promised' in globals()").await;
+    assert_eq!((o.cell, o.value.as_deref()), (1, Some("False")), "{o:?}");
 }
