@@ -62,10 +62,8 @@ impl StderrTee {
 
     /// Copy until `end` (the command's end: its init's exit word, see
     /// `SandboxedChild::end_fd`) is readable, or `deadline` (its wall-time limit, which
-    /// the wait that follows enforces) has passed. `at_eof` runs when the pipe reaches
-    /// its end first (every writer gone).
-    fn copy_until_end(&mut self, end: RawFd, deadline: Option<Instant>, at_eof: impl FnOnce()) {
-        let mut at_eof = Some(at_eof);
+    /// the wait that follows enforces) has passed.
+    fn copy_until_end(&mut self, end: RawFd, deadline: Option<Instant>) {
         loop {
             let timeout = match deadline {
                 None => -1,
@@ -97,11 +95,6 @@ impl StderrTee {
             }
             if fds[1].revents != 0 {
                 return;
-            }
-            if !self.open
-                && let Some(f) = at_eof.take()
-            {
-                f();
             }
         }
     }
@@ -193,7 +186,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut cmd = sandbox.command(resolved.clone(), program);
     cmd.args(rest).current_dir(dir).stderr(writer);
     let forwarding = SignalForwarding::install();
-    let mut child = cmd.spawn()?;
+    let child = cmd.spawn()?;
     let deadline = resolved
         .limits
         .wall_seconds
@@ -201,10 +194,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     child.forward_terminal_signals(&forwarding);
     let mut tee = StderrTee::new(reader);
     if let Some(end) = child.end_fd() {
-        // The command's stderr ends with the command (unless something it left holds
-        // it): its cgroup, if empty already, is taken down while its init is on its way
-        // to the exit word.
-        tee.copy_until_end(end, deadline, || child.settle_if_gone());
+        tee.copy_until_end(end, deadline);
     }
     let unenforced = child.unenforced().to_vec();
     // The answer comes on the init's word once the command's cgroup proves nothing of

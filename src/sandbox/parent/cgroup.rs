@@ -296,18 +296,6 @@ impl JobCgroup {
         true
     }
 
-    /// The job's limit counters, and the cgroup removed, at once — if no process is in
-    /// it: checked first, since with no member left none can join, so the counters read
-    /// next are final. `Some((memory_limit_hit, pids_limit_hit))` once the directories
-    /// are gone; `None`, changing nothing, while a process is still there.
-    pub(crate) fn settle_if_empty(&self) -> Option<(bool, bool)> {
-        if !has_no_member(self.pids.as_ref()?) {
-            return None;
-        }
-        let counters = (self.memory_limit_hit(), self.pids_limit_hit());
-        self.remove_if_empty().then_some(counters)
-    }
-
     /// Remove the cgroup directories (retrying briefly while killed processes exit).
     pub(crate) fn remove(&self) {
         if self.removed.swap(true, Ordering::SeqCst) {

@@ -70,9 +70,6 @@ pub struct SandboxedChild {
     init: bool,
     /// ... and this the read end of its exit-word pipe (the target's wait status).
     exit_word: Option<OwnedFd>,
-    /// The job's limit counters (memory, processes) as taken when its cgroup was
-    /// removed ahead of the word ([`settle_if_gone`](Self::settle_if_gone)).
-    settled: Option<(bool, bool)>,
 }
 
 impl SandboxedChild {
@@ -117,7 +114,6 @@ impl SandboxedChild {
             proxy: None,
             init: exit_word.is_some(),
             exit_word,
-            settled: None,
         })
     }
 
@@ -301,19 +297,6 @@ impl SandboxedChild {
             .map(AsRawFd::as_raw_fd)
     }
 
-    /// For a caller whose copy of the job's stderr (or another pipe only the job writes)
-    /// reached its end before the exit word — its writers, the target and whatever
-    /// inherited it, have gone (`run`): if the job's cgroup is empty already, take its
-    /// limit counters and remove it now, while the init is still on its way to its word,
-    /// so that the wait then only reads the word. Nothing changes while a process of
-    /// the job is left.
-    pub fn settle_if_gone(&mut self) {
-        if self.settled.is_none() {
-            self.settled =
-                (self.killer.cgroup.as_deref()).and_then(JobCgroupHandle::settle_if_empty);
-        }
-    }
-
     /// Blocking variant of [`wait`](Self::wait). For a PID namespace's init the report
     /// comes from its exit word (see [`wait_blocking_before_exit`]); the init is reaped
     /// before this returns.
@@ -380,8 +363,7 @@ impl SandboxedChild {
     /// [`wait_blocking_before_exit`](Self::wait_blocking_before_exit)).
     fn end_on_the_word(&mut self, word: ExitWord, init_end: InitEnd) -> (ExitReport, bool) {
         let report = self.report(word, self.started.elapsed(), false);
-        let gone = self.settled.is_some()
-            || (self.killer.cgroup.as_deref()).is_some_and(JobCgroupHandle::remove_if_empty);
+        let gone = (self.killer.cgroup.as_deref()).is_some_and(JobCgroupHandle::remove_if_empty);
         if !gone {
             self.kill_all();
         }
@@ -509,15 +491,8 @@ impl SandboxedChild {
         };
         let cpu_spent = user_cpu + system_cpu;
         let cg = self.killer.cgroup.as_deref();
-        // Read now, or as taken when the cgroup was removed ahead of the word.
-        let memory_hit = || match self.settled {
-            Some((memory, _)) => memory,
-            None => cg.is_some_and(|c| c.memory_limit_hit()),
-        };
-        let pids_hit = || match self.settled {
-            Some((_, pids)) => pids,
-            None => cg.is_some_and(|c| c.pids_limit_hit()),
-        };
+        let memory_hit = || cg.is_some_and(|c| c.memory_limit_hit());
+        let pids_hit = || cg.is_some_and(|c| c.pids_limit_hit());
         let limit = if wall_hit {
             Some(LimitHit::WallTime)
         } else if memory_hit() {

@@ -47,10 +47,6 @@ impl JobCgroupHandle {
     pub(crate) fn remove_if_empty(&self) -> bool {
         self.inner.remove_if_empty()
     }
-    /// Counters and removal at once if nothing is left (see `JobCgroup::settle_if_empty`).
-    pub(crate) fn settle_if_empty(&self) -> Option<(bool, bool)> {
-        self.inner.settle_if_empty()
-    }
 }
 
 /// Server start: kill and remove the job cgroups of `owners`, servers known to have ended
