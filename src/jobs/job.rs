@@ -244,7 +244,8 @@ impl Job {
     }
 
     /// Record how the job ended; returns false if it had already finished. `disk_cap`
-    /// and `state_dir` are for the words on output that was not kept.
+    /// and `state_dir` are for the words on output that was not kept. Wakes nobody: the
+    /// caller does its bookkeeping first, then [`bump`](Self::bump)s.
     pub(crate) fn finish(&self, outcome: JobOutcome, disk_cap: u64, state_dir: &Path) -> bool {
         let mut st = lock(&self.state);
         if st.status.is_finished() {
@@ -336,7 +337,6 @@ impl Job {
         drop(st);
         // Drop the control: it may hold pipes and tasks of a process that is gone.
         lock(&self.control).take();
-        self.bump();
         true
     }
 }
@@ -480,14 +480,14 @@ impl JobHandle {
     /// already finished (nothing to persist).
     pub fn finish_unpersisted(&self, outcome: JobOutcome) -> bool {
         let cfg = self.store.config();
-        // Retention first, while this job still counts as running (it is never removed):
-        // whoever hears that it finished and lists the jobs at once finds the table
-        // already within its limit, not one job over until this thread gets back.
-        self.store.apply_retention();
         let finished = self.job.finish(outcome, cfg.disk_cap, &cfg.state_dir);
         if finished {
-            // Only older jobs are still running: this one may now be the one past the limit.
+            // Before anyone hears of the end: whoever starts the next job at once finds
+            // its place free, and whoever lists the jobs finds the table already within
+            // the retention limits (the CI once listed one job too many).
+            self.store.job_ended();
             self.store.apply_retention();
+            self.job.bump();
         }
         finished
     }

@@ -75,6 +75,10 @@ pub struct JobStore {
     /// Jobs started and not yet persisted as finished: each has room for its records
     /// kept at the end of the journal (`Journal::keep_room`).
     unfinished: AtomicU64,
+    /// Jobs admitted and not yet finished: what the quota of running jobs counts
+    /// (`max_running`). Released as a job ends, before anyone hears of its end
+    /// ([`job_ended`](Self::job_ended)); `unfinished` lasts until its record is written.
+    running: AtomicU64,
     /// This store, for the thread of an index rewrite ([`compact_soon`](Self::compact_soon)).
     me: std::sync::Weak<JobStore>,
     /// Records that could not be appended to the index (see [`compact_journal`](Self::compact_journal)).
@@ -116,10 +120,10 @@ impl std::fmt::Debug for Admission {
 impl Drop for Admission {
     fn drop(&mut self) {
         if !self.used {
-            let _ = self
-                .store
-                .unfinished
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            for count in [&self.store.unfinished, &self.store.running] {
+                let _ =
+                    count.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            }
         }
     }
 }
@@ -152,6 +156,7 @@ impl JobStore {
             journal: Mutex::new(journal),
             disk_used: AtomicU64::new(0),
             unfinished: AtomicU64::new(0),
+            running: AtomicU64::new(0),
             failed_saves: AtomicU64::new(0),
             reserve_missing: AtomicBool::new(true),
             tag: persist::draw_tag(),
@@ -350,7 +355,7 @@ impl JobStore {
     pub fn admit(self: &Arc<Self>) -> Result<Admission, JobError> {
         let mut journal = lock(&self.journal);
         if let Some(limit) = self.cfg.max_running
-            && self.unfinished.load(Ordering::SeqCst) >= limit
+            && self.running.load(Ordering::SeqCst) >= limit
         {
             return Err(JobError::TooManyRunning { limit });
         }
@@ -375,6 +380,7 @@ impl JobStore {
             tracing::debug!(error = %e, "could not keep room for job records in the journal");
         }
         self.unfinished.fetch_add(1, Ordering::SeqCst);
+        self.running.fetch_add(1, Ordering::SeqCst);
         Ok(Admission {
             store: self.clone(),
             used: false,
@@ -738,7 +744,7 @@ impl JobStore {
                     break;
                 }
             }
-            job.finish(
+            let ended = job.finish(
                 JobOutcome {
                     status: JobStatus::Cancelled,
                     ..JobOutcome::default()
@@ -746,6 +752,10 @@ impl JobStore {
                 self.cfg.disk_cap,
                 &self.cfg.state_dir,
             );
+            if ended {
+                self.job_ended();
+                job.bump();
+            }
         }
         // Record what changed since it was last written (delivered cursors, mostly): the
         // cost of exit follows the jobs touched in this run, not the history.
@@ -866,6 +876,13 @@ impl JobStore {
             self.compact_soon();
         }
         persist::remove_job_files(&job.dir);
+    }
+
+    /// A job ended: its place among the running jobs is free (see `running`).
+    pub(crate) fn job_ended(&self) {
+        let _ = self
+            .running
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
     }
 
     /// Remove the oldest finished jobs beyond the retention limits (jobs in the table,
