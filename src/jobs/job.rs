@@ -244,9 +244,17 @@ impl Job {
     }
 
     /// Record how the job ended; returns false if it had already finished. `disk_cap`
-    /// and `state_dir` are for the words on output that was not kept. Wakes nobody: the
-    /// caller does its bookkeeping first, then [`bump`](Self::bump)s.
-    pub(crate) fn finish(&self, outcome: JobOutcome, disk_cap: u64, state_dir: &Path) -> bool {
+    /// and `state_dir` are for the words on output that was not kept; `ended` runs under
+    /// the job's state lock as the end is recorded, so nobody reads the job finished
+    /// before it ran (the store frees the job's place in the running quota there). Wakes
+    /// nobody: the caller does the rest of its bookkeeping, then [`bump`](Self::bump)s.
+    pub(crate) fn finish(
+        &self,
+        outcome: JobOutcome,
+        disk_cap: u64,
+        state_dir: &Path,
+        ended: impl FnOnce(),
+    ) -> bool {
         let mut st = lock(&self.state);
         if st.status.is_finished() {
             return false;
@@ -334,6 +342,7 @@ impl Job {
         st.exit_code = outcome.exit_code;
         st.signal = outcome.signal;
         st.message = message;
+        ended();
         drop(st);
         // Drop the control: it may hold pipes and tasks of a process that is gone.
         lock(&self.control).take();
@@ -480,12 +489,14 @@ impl JobHandle {
     /// already finished (nothing to persist).
     pub fn finish_unpersisted(&self, outcome: JobOutcome) -> bool {
         let cfg = self.store.config();
-        let finished = self.job.finish(outcome, cfg.disk_cap, &cfg.state_dir);
+        // The job's place in the running quota is freed as its end is recorded: whoever
+        // sees it finished may start the next job at once.
+        let finished = (self.job).finish(outcome, cfg.disk_cap, &cfg.state_dir, || {
+            self.store.job_ended()
+        });
         if finished {
-            // Before anyone hears of the end: whoever starts the next job at once finds
-            // its place free, and whoever lists the jobs finds the table already within
-            // the retention limits (the CI once listed one job too many).
-            self.store.job_ended();
+            // Before anyone is woken: whoever lists the jobs at once finds the table already
+            // within the retention limits (the CI once listed one job too many).
             self.store.apply_retention();
             self.job.bump();
         }

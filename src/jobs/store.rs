@@ -751,9 +751,9 @@ impl JobStore {
                 },
                 self.cfg.disk_cap,
                 &self.cfg.state_dir,
+                || self.job_ended(),
             );
             if ended {
-                self.job_ended();
                 job.bump();
             }
         }
