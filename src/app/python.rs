@@ -254,12 +254,12 @@ impl App {
         let sink: Arc<dyn CellSink> = Arc::new(JobSink::new(handle.clone(), installer));
         // The caller hears "running" before the spawned cell reaches the session: a cancel
         // or interrupt in between must be kept for it, not find nothing running.
-        session.expect_cell();
+        let promise = session.expect_cell();
         let expected = session.clone();
         let fut = run(session, sink);
         tokio::spawn(async move {
             let r = fut.await;
-            expected.expected_cell_ended();
+            expected.expected_cell_ended(promise);
             // Wake the waiting call first (it answers from memory), then write the files.
             if handle.finish_unpersisted(job_outcome(r, handle.cancel_requested())) {
                 tokio::task::yield_now().await;

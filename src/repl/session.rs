@@ -495,6 +495,10 @@ impl Session {
     /// head, or for a branch the worker put at `parent`'s state.
     async fn acquire_cell(&self, parent: Option<Parent>) -> Result<Acquired, ReplError> {
         let (guard, cell) = self.acquire(true).await?;
+        // Promised before a restart: refused before it picks or makes any worker.
+        if self.phases.now().overtaken(guard.op()) {
+            return Err(self.overtaken_cell(cell));
+        }
         // A branch moves the head: the answer says from where, and how to go back.
         let moved_from = {
             let head = self.inner().graph.head;
@@ -509,17 +513,9 @@ impl Session {
                 .await
                 .map(|(w, replayed, shared)| (w, None, replayed, shared)),
         };
+        // A restart came while the worker was being picked (or a branch made).
         if self.phases.now().overtaken(guard.op()) {
-            // A restart came after the thread was taken: nothing of the cell ran, and
-            // its number was either taken before the restart reset the count or is the
-            // first after it (given back here).
-            let mut inner = self.inner();
-            if inner.cells == cell {
-                inner.cells -= 1;
-            }
-            return Err(ReplError::Restarted {
-                session: self.name.clone(),
-            });
+            return Err(self.overtaken_cell(cell));
         }
         match got {
             Ok((worker, earlier_loss, replayed, shared)) => Ok(Acquired {
@@ -539,6 +535,19 @@ impl Session {
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// The answer for cell number `cell`, overtaken by a restart before it had a worker:
+    /// nothing of it ran. Its number was either taken before the restart reset the count
+    /// (left alone) or is the first after it (given back).
+    fn overtaken_cell(&self, cell: u64) -> ReplError {
+        let mut inner = self.inner();
+        if inner.cells == cell {
+            inner.cells -= 1;
+        }
+        ReplError::Restarted {
+            session: self.name.clone(),
         }
     }
 
@@ -695,14 +704,19 @@ impl Session {
     /// A cell is about to run for a caller who may cancel it before it starts (its job
     /// is answered "running" at once): until it starts, or [`Self::expected_cell_ended`],
     /// an interrupt is kept for it instead of finding nothing to interrupt.
-    pub fn expect_cell(&self) {
-        let _ = self.phases.apply(phase::Event::ExpectCell);
+    /// Returns the promise's number, for [`Self::expected_cell_ended`].
+    pub fn expect_cell(&self) -> u64 {
+        match self.phases.apply(phase::Event::ExpectCell) {
+            Ok((_, Effect::Promised { id })) => id,
+            _ => 0,
+        }
     }
 
-    /// The call of an expected cell ended, having run it or not (refused before it
-    /// started): an interrupt kept for it is dropped.
-    pub fn expected_cell_ended(&self) {
-        let _ = self.phases.apply(phase::Event::ExpectedEnded);
+    /// The call that made promise `id` ended, having run its cell or not (refused before
+    /// it started): an interrupt kept for it is dropped. A later call's promise is left
+    /// alone.
+    pub fn expected_cell_ended(&self, id: u64) {
+        let _ = self.phases.apply(phase::Event::ExpectedEnded { id });
     }
 
     /// KeyboardInterrupt in the running cell (also while it waits in `input()`), or in
@@ -844,19 +858,21 @@ impl Session {
         worker.wait_ready(self.env.start_timeout).await
     }
 
-    /// Wait (bounded) until a cell promised before the restart has taken the thread, and
-    /// so learnt it is overtaken, or its call gave up: a call made after the restart
-    /// answers is then never mistaken for it.
+    /// Wait (bounded) until a cell promised before the restart has taken the thread and
+    /// let it go again (overtaken, it never runs), or its call gave up: a call made after
+    /// the restart answers is then neither mistaken for it nor told "busy" because of it.
     async fn wait_promise_taken(&self) {
         let mut changes = self.phases.subscribe();
-        let taken = changes.wait_for(|m| !m.promise_overtaken());
-        if tokio::time::timeout(self.env.start_timeout, taken)
+        let gone = changes
+            .wait_for(|m| !m.promise_overtaken() && !m.held_op().is_some_and(|op| m.overtaken(op)));
+        if tokio::time::timeout(self.env.start_timeout, gone)
             .await
             .is_err()
         {
             tracing::warn!(
                 session = %self.name,
-                "a cell promised before the restart did not start; it will not run when it does"
+                "a cell promised before the restart has not started; should it start after a \
+                 later promise, it may run on the new worker"
             );
         }
     }

@@ -69,6 +69,10 @@ pub(crate) struct Machine {
     pub(crate) spare_starting: bool,
     /// The number the next op gets.
     next_op: u64,
+    /// The number of the latest promise ([`Event::ExpectCell`]): only the call that made
+    /// it may end it ([`Event::ExpectedEnded`]), so the late end of an earlier call never
+    /// drops a later call's promise (or the restart's mark on it).
+    promise: u64,
 }
 
 /// What happens to the session.
@@ -84,10 +88,11 @@ pub(crate) enum Event {
     End { op: u64 },
     /// KeyboardInterrupt was asked for (`python_interrupt`, a cancel, a timeout).
     Interrupt,
-    /// A cell was promised to a caller ([`Expected::Yes`]).
+    /// A cell was promised to a caller ([`Expected::Yes`]); the effect numbers the
+    /// promise ([`Effect::Promised`]).
     ExpectCell,
-    /// The call of the promised cell ended, having run it or not.
-    ExpectedEnded,
+    /// The call that made promise `id` ended, having run its cell or not.
+    ExpectedEnded { id: u64 },
     /// The session is restarted: the cell holding the thread, and the one promised,
     /// are overtaken (see [`Phase::Cell`]'s `overtaken`).
     Restart,
@@ -103,6 +108,10 @@ pub(crate) enum Event {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Effect {
     Nothing,
+    /// The cell is promised, as promise `id`.
+    Promised {
+        id: u64,
+    },
     /// The thread is the caller's, as op `op`.
     Acquired {
         op: u64,
@@ -140,6 +149,7 @@ impl Machine {
             expected: Expected::No,
             spare_starting: false,
             next_op: 1,
+            promise: 0,
         }
     }
 
@@ -152,14 +162,24 @@ impl Machine {
             Event::Dispatched { op } => self.dispatched(op),
             Event::End { op } => self.end(op),
             Event::Interrupt => self.interrupt(),
-            Event::ExpectCell => with(Machine {
-                expected: Expected::Yes,
-                ..self
-            }),
-            Event::ExpectedEnded => with(Machine {
-                expected: Expected::No,
-                ..self
-            }),
+            Event::ExpectCell => {
+                let id = self.promise + 1;
+                let next = Machine {
+                    expected: Expected::Yes,
+                    promise: id,
+                    ..self
+                };
+                Ok((next, Effect::Promised { id }))
+            }
+            // A cell that started took its promise with it; an earlier call's end is
+            // not this promise's.
+            Event::ExpectedEnded { id } if id == self.promise && self.expected != Expected::No => {
+                with(Machine {
+                    expected: Expected::No,
+                    ..self
+                })
+            }
+            Event::ExpectedEnded { .. } => Err(Refusal::Stale),
             Event::Restart => with(self.restart()),
             Event::Close => with(self.close()),
             Event::SpareStarting => {
@@ -609,7 +629,12 @@ mod tests {
             }
         ));
         // The call ended without running it: the kept interrupt goes with it.
-        let (m, _) = step(interrupted, Event::ExpectedEnded);
+        let (m, _) = step(
+            interrupted,
+            Event::ExpectedEnded {
+                id: interrupted.promise,
+            },
+        );
         assert_eq!(m.expected, Expected::No);
         assert_eq!(
             step(m, Event::BeginCell { cell: 3 }).1,
@@ -674,7 +699,11 @@ mod tests {
             assert!(started.overtaken(op));
             assert!(!started.promise_overtaken());
             // A call that gave up before starting it uses the promise up too.
-            assert!(!step(m, Event::ExpectedEnded).0.promise_overtaken());
+            assert!(
+                !step(m, Event::ExpectedEnded { id: m.promise })
+                    .0
+                    .promise_overtaken()
+            );
         }
         // A cell that starts after the restart without a promise runs as any other.
         let m = step(IDLE, Event::Restart).0;
@@ -683,6 +712,36 @@ mod tests {
         // A new promise after the restart is a promise like any other.
         let m = step(step(IDLE, Event::ExpectCell).0, Event::Restart).0;
         assert_eq!(step(m, Event::ExpectCell).0.expected, Expected::Yes);
+    }
+
+    #[test]
+    fn only_the_call_that_made_a_promise_ends_it() {
+        // Call A's promise, taken by its cell; call B promises next.
+        let (a, effect) = step(IDLE, Event::ExpectCell);
+        assert_eq!(effect, Effect::Promised { id: 1 });
+        let (m, _) = step(a, Event::BeginCell { cell: 1 });
+        let (m, _) = step(m, Event::End { op: 1 });
+        let (b, effect) = step(m, Event::ExpectCell);
+        assert_eq!(effect, Effect::Promised { id: 2 });
+        // A's call ends late: B's promise stays, and so does a restart's mark on it.
+        assert_eq!(refused(b, Event::ExpectedEnded { id: 1 }), Refusal::Stale);
+        let marked = step(b, Event::Restart).0;
+        assert_eq!(
+            refused(marked, Event::ExpectedEnded { id: 1 }),
+            Refusal::Stale
+        );
+        assert!(marked.promise_overtaken());
+        // B's own end drops it.
+        assert_eq!(
+            step(marked, Event::ExpectedEnded { id: 2 }).0.expected,
+            Expected::No
+        );
+        // Once a cell took the promise, its own call's end changes nothing.
+        let (taken, _) = step(b, Event::BeginCell { cell: 2 });
+        assert_eq!(
+            refused(taken, Event::ExpectedEnded { id: 2 }),
+            Refusal::Stale
+        );
     }
 
     /// What an interrupt does in every phase, in words:
@@ -741,7 +800,7 @@ mod tests {
             Event::End { op: 1 },
             Event::Interrupt,
             Event::ExpectCell,
-            Event::ExpectedEnded,
+            Event::ExpectedEnded { id: 1 },
             Event::Restart,
             Event::Close,
             Event::SpareStarting,

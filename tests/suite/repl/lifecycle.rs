@@ -83,7 +83,7 @@ async fn an_interrupt_before_an_expected_cell_starts_is_kept_for_it() {
     let f = fixture("expected", 4);
     run(&f.manager, "default", "keep = 1").await;
     let s = f.manager.get("default").unwrap();
-    s.expect_cell();
+    let promise = s.expect_cell();
     assert!(s.interrupt(), "an expected cell is there to interrupt");
     // Lost, the interrupt would let the cell sleep its 30 s and complete.
     let o = s
@@ -94,16 +94,16 @@ time.sleep(30)",
         )
         .await
         .unwrap();
-    s.expected_cell_ended();
+    s.expected_cell_ended(promise);
     assert_eq!(o.status, CellStatus::Interrupted, "{o:?}");
     assert_eq!(
         run(&f.manager, "default", "keep").await.0.value.as_deref(),
         Some("1")
     );
     // Expected, interrupted, then its call ended without running it (refused).
-    s.expect_cell();
+    let promise = s.expect_cell();
     assert!(s.interrupt());
-    s.expected_cell_ended();
+    s.expected_cell_ended(promise);
     assert!(!s.interrupt(), "nothing runs or is expected");
     let (o, _) = run(&f.manager, "default", "'next'").await;
     assert_eq!(
@@ -157,14 +157,14 @@ async fn a_cancel_racing_the_start_of_a_cell_is_never_lost() {
         let name = format!("race{}", i / 2);
         run(&f.manager, &name, &format!("kept = {i}")).await;
         let s = f.manager.get(&name).unwrap();
-        s.expect_cell();
+        let promise = s.expect_cell();
         let task = {
             let s = s.clone();
             tokio::spawn(async move {
                 let o = s
                     .execute("import time\ntime.sleep(60)", Arc::new(Sink::default()))
                     .await;
-                s.expected_cell_ended();
+                s.expected_cell_ended(promise);
                 o
             })
         };

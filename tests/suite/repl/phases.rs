@@ -68,12 +68,12 @@ async fn a_cell_promised_before_a_restart_never_runs_on_the_fresh_worker() {
     };
     // The read holds the thread until its worker is killed.
     wait_for(|| marker.exists()).await;
-    s.expect_cell();
+    let promise = s.expect_cell();
     let promised = {
         let s = s.clone();
         tokio::spawn(async move {
             let r = s.execute("promised = 1", Arc::new(Sink::default())).await;
-            s.expected_cell_ended();
+            s.expected_cell_ended(promise);
             r
         })
     };
