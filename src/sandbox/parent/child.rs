@@ -491,11 +491,9 @@ impl SandboxedChild {
         };
         let cpu_spent = user_cpu + system_cpu;
         let cg = self.killer.cgroup.as_deref();
-        let memory_hit = || cg.is_some_and(|c| c.memory_limit_hit());
-        let pids_hit = || cg.is_some_and(|c| c.pids_limit_hit());
         let limit = if wall_hit {
             Some(LimitHit::WallTime)
-        } else if memory_hit() {
+        } else if cg.is_some_and(|c| c.memory_limit_hit()) {
             Some(LimitHit::Memory)
         } else if signal == Some(libc::SIGXCPU)
             || (signal == Some(libc::SIGKILL)
@@ -507,7 +505,7 @@ impl SandboxedChild {
             Some(LimitHit::Cpu)
         } else if signal == Some(libc::SIGXFSZ) {
             Some(LimitHit::FileSize)
-        } else if pids_hit() {
+        } else if cg.is_some_and(|c| c.pids_limit_hit()) {
             Some(LimitHit::Processes)
         } else {
             None
