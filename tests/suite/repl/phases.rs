@@ -48,8 +48,8 @@ async fn a_cancel_before_a_restart_never_kills_the_next_cell_of_that_number() {
 /// A cell promised to a caller (its job answered "running") that still waits for the
 /// thread when the session is restarted — here behind a variable read stuck in a
 /// `__repr__` — never runs: not on the worker the restart starts either. Its call says
-/// so, and the session starts again from cell 1 with nothing of it (the CI once saw
-/// such a cell hold the fresh worker: the next call was told "busy").
+/// so, and a call made as soon as the restart answers runs cell 1 with nothing of it
+/// (the CI once saw such a cell hold the fresh worker: the next call was told "busy").
 #[tokio::test]
 async fn a_cell_promised_before_a_restart_never_runs_on_the_fresh_worker() {
     let f = fixture("phases-promised", 4);
@@ -78,6 +78,10 @@ async fn a_cell_promised_before_a_restart_never_runs_on_the_fresh_worker() {
         })
     };
     s.restart().await.unwrap();
+    // The restart answers once the overtaken cell has let the thread go: a call made at
+    // once runs (not "busy"), on the fresh worker, with nothing of the promised cell.
+    let (o, _) = run(&f.manager, "default", "'promised' in globals()").await;
+    assert_eq!((o.cell, o.value.as_deref()), (1, Some("False")), "{o:?}");
     let r = promised.await.unwrap();
     assert!(
         matches!(&r, Err(e @ ReplError::Restarted { .. }) if e.to_string().contains("none of it ran")),
@@ -87,6 +91,4 @@ async fn a_cell_promised_before_a_restart_never_runs_on_the_fresh_worker() {
         reading.await.unwrap().is_err(),
         "the read died with its worker"
     );
-    let (o, _) = run(&f.manager, "default", "'promised' in globals()").await;
-    assert_eq!((o.cell, o.value.as_deref()), (1, Some("False")), "{o:?}");
 }
