@@ -315,10 +315,9 @@ fn placeholders(
     Placeholders {
         workspace: workspace.to_path_buf(),
         tmp: tmp.to_path_buf(),
-        python: match policy.uses_placeholder("{python}") {
-            true => python(),
-            false => Vec::new(),
-        },
+        python: (policy.uses_placeholder("{python}"))
+            .then(python)
+            .unwrap_or_default(),
         venv: None,
         uv_cache: None,
     }
