@@ -4,7 +4,7 @@
 //!
 //! parent-death signal → setsid → (no CAP_SYS_ADMIN: user namespace, own or the broker's,
 //! see `userns`) → PID namespace (see `pidns`; its init makes the mount, IPC and network
-//! namespaces before it forks the target, which is then in them, so their kernel memory is
+//! namespaces before it starts the target, which is then in them, so their kernel memory is
 //! charged to the server's cgroup, not the job's) → cgroup → network namespace (joined when
 //! made ahead or the broker's; made here only where the init could not) → mount view →
 //! chdir → rlimits → environment →
@@ -138,7 +138,12 @@ pub(crate) fn run_spec(spec: &LaunchSpec, filter: Option<&CompiledFilter>) -> ! 
     let mut status = unsafe { std::fs::File::from_raw_fd(spec.status_fd) };
     set_cloexec(spec.status_fd);
     let mut notes = Vec::new();
-    let err = apply_and_exec(spec, filter, &mut notes, &mut status);
+    let err = launch(spec, filter, &mut notes, &mut status);
+    fail(&mut status, err)
+}
+
+/// Report `err` on the status pipe and exit: the target was not exec'd.
+fn fail(status: &mut std::fs::File, err: SetupError) -> ! {
     let _ = writeln!(status, "error: {}", err.to_string().replace('\n', " "));
     // SAFETY: _exit skips atexit handlers and stdio flushing, which belong to the parent
     // when this is a forked child.
@@ -165,22 +170,78 @@ fn isolation_step(
     }
 }
 
-/// Apply the sandbox and exec; returns only with the reason it could not.
-fn apply_and_exec(
+/// The launcher's half: bind to the parent, lead a session, enter a user namespace where
+/// one is needed, then split at the PID namespace (see `pidns`). The target's half
+/// ([`target_half`]) runs in the process that becomes the target: the init's child, or
+/// this process when the policy gets no PID namespace (or, best effort, cannot have
+/// one). Returns only with the reason the launch failed in this process.
+fn launch(
     spec: &LaunchSpec,
     filter: Option<&CompiledFilter>,
     notes: &mut Vec<String>,
     status: &mut std::fs::File,
 ) -> SetupError {
-    match apply_sandbox(spec, filter, notes) {
-        Ok(()) => {}
-        Err(e) => return e,
+    if let Err(e) = pidns::bind_to_parent(spec.parent_pid, Some(spec.status_fd)) {
+        return e;
     }
-    for note in notes.iter() {
-        let _ = writeln!(status, "unenforced: {note}");
+    // SAFETY: plain syscall; we are not a group leader (fresh child of the parent).
+    if unsafe { libc::setsid() } < 0 {
+        return SetupError::Session(std::io::Error::last_os_error());
     }
-    default_signal_dispositions();
-    exec(spec)
+    if let Err(e) = enter_user_namespace(spec) {
+        return e;
+    }
+    let policy = &spec.policy;
+    let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
+    // Only with a mount view, whose fresh /proc then shows that namespace, is there a
+    // PID namespace: a job that sees the host's /proc must be able to signal the pids it
+    // shows. A launcher its parent started as pid 1 (only for such policies) is an init
+    // whatever happens. The init makes the namespaces the target would make (and keeps
+    // those made ahead): it holds them, so that their teardown comes after the target's
+    // end has been reported (see `pidns`).
+    let hold = pidns::Hold {
+        mount: isolation::mount_view_of(policy).is_some() && spec.view_fd.is_none(),
+        network: private_network(policy).is_some() && spec.netns_fd.is_none(),
+        keep: [spec.netns_fd, spec.view_fd],
+    };
+    if pidns::is_init() {
+        return pidns::serve_as_init(spec.status_fd, spec.exit_word_fd, &hold, &mut |made| {
+            target_half(spec, filter, notes, status, made)
+        });
+    }
+    if !policy.filesystem_unrestricted() {
+        let target = &mut |made| target_half(spec, filter, notes, status, made);
+        match pidns::split(spec.status_fd, &policy.name, best_effort, &hold, target) {
+            Ok(note) => notes.extend(note),
+            Err(e) => return e,
+        }
+    }
+    target_half(spec, filter, notes, status, pidns::Made::default())
+}
+
+/// The target's half, told which namespaces it is already in (`made`): isolate (cgroup,
+/// network namespace, mount view), enter the working directory, confine (rlimits,
+/// capabilities, no_new_privs, Landlock, seccomp), close what the target must not
+/// inherit, report what went unenforced, reset signal dispositions and exec. Never
+/// returns: a step that fails is reported on the status pipe.
+fn target_half(
+    spec: &LaunchSpec,
+    filter: Option<&CompiledFilter>,
+    notes: &mut Vec<String>,
+    status: &mut std::fs::File,
+    made: pidns::Made,
+) -> ! {
+    let err = match apply_sandbox(spec, filter, notes, made) {
+        Ok(()) => {
+            for note in notes.iter() {
+                let _ = writeln!(status, "unenforced: {note}");
+            }
+            default_signal_dispositions();
+            exec(spec)
+        }
+        Err(e) => e,
+    };
+    fail(status, err)
 }
 
 /// Give the target every signal's default disposition: an ignored signal stays ignored
@@ -198,20 +259,16 @@ fn default_signal_dispositions() {
     }
 }
 
-/// The steps, in order: bind to the parent and lead a session, isolate (PID namespace,
-/// cgroup, network, mount view), then confine (rlimits, capabilities, no_new_privs,
-/// Landlock, seccomp) and close what the target must not inherit.
+/// The target's steps before its exec, in order: isolate (cgroup, network namespace,
+/// mount view; the namespaces in `made` already entered), working directory, confine,
+/// close inherited descriptors.
 fn apply_sandbox(
     spec: &LaunchSpec,
     filter: Option<&CompiledFilter>,
     notes: &mut Vec<String>,
+    made: pidns::Made,
 ) -> Result<(), SetupError> {
-    pidns::bind_to_parent(spec.parent_pid, Some(spec.status_fd))?;
-    // SAFETY: plain syscall; we are not a group leader (fresh child of the parent).
-    if unsafe { libc::setsid() } < 0 {
-        return Err(SetupError::Session(std::io::Error::last_os_error()));
-    }
-    isolate(spec, notes)?;
+    isolate(spec, notes, made)?;
     if let Some(dir) = &spec.cwd {
         std::env::set_current_dir(dir).map_err(|source| SetupError::WorkingDir {
             path: dir.clone(),
@@ -222,40 +279,21 @@ fn apply_sandbox(
     close_inherited_fds(&spec.keep_fds, spec.status_fd)
 }
 
-/// The isolation steps: PID namespace, cgroup, network namespace, mount view; each a
-/// note under `best_effort` where the mechanism is missing, else fatal.
-fn isolate(spec: &LaunchSpec, notes: &mut Vec<String>) -> Result<(), SetupError> {
+/// The isolation steps after the PID namespace: cgroup, network namespace, mount view;
+/// each a note under `best_effort` where the mechanism is missing, else fatal.
+fn isolate(
+    spec: &LaunchSpec,
+    notes: &mut Vec<String>,
+    made: pidns::Made,
+) -> Result<(), SetupError> {
     let policy = &spec.policy;
     let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
-    enter_user_namespace(spec)?;
-    // From here on this is the target process, pid 2 of a PID namespace of its own (the
-    // launcher stays as its init, or outside as its supervisor), or the launcher itself
-    // without one. Only with a mount view, whose fresh /proc then shows that namespace: a
-    // job that sees the host's /proc must be able to signal the pids it shows. A launcher
-    // its parent started as pid 1 (only for such policies) is an init whatever happens.
-    // The init makes the namespaces this process would make below (and keeps those made
-    // ahead): it holds them, so that their teardown comes after the target's end has been
-    // reported (see `pidns`).
-    let view = isolation::mount_view_of(policy);
-    let hold = pidns::Hold {
-        mount: view.is_some() && spec.view_fd.is_none(),
-        network: private_network(policy).is_some() && spec.netns_fd.is_none(),
-        keep: [spec.netns_fd, spec.view_fd],
-    };
-    let mut made = pidns::Made::default();
-    if pidns::is_init() {
-        made = pidns::serve_as_init(spec.status_fd, spec.exit_word_fd, &hold)?;
-    } else if !policy.filesystem_unrestricted() {
-        let (by_init, note) = pidns::split(spec.status_fd, &policy.name, best_effort, &hold)?;
-        made = by_init;
-        notes.extend(note);
-    }
     isolation_step(
         isolation::join_cgroup(&spec.cgroup_procs, best_effort),
         notes,
     )?;
     isolate_network(spec, best_effort, made.network, notes)?;
-    if let Some(view) = view {
+    if let Some(view) = isolation::mount_view_of(policy) {
         let step = match spec.view_fd {
             // The view made ahead of need for this job alone.
             Some(fd) => {

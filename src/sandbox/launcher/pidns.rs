@@ -17,7 +17,10 @@
 //!   the job's cgroup proves nothing of the job is left, reaps `T` only after its
 //!   answer is out (`SandboxedChild::wait_blocking_before_exit`). Without a word (`T` was killed: a
 //!   group `SIGKILL`) `T` is reaped (pidfd, `wait4`) and its own end reported.
-//! - `G`, its only child (pid 2), goes on with the sandbox and execs the target.
+//! - `G`, its only child (pid 2), goes on with the sandbox and execs the target. `G`
+//!   starts in `T`'s memory, on a stack of its own, while `T` sleeps until `G` has
+//!   exec'd ([`start_target`]: `clone(CLONE_VM | CLONE_VFORK)`, as `posix_spawn` does):
+//!   no page table is copied and no page taken by a copy-on-write fault.
 //!
 //! **Without a namespace from the parent** (a launcher in its own user namespace — not
 //! root, without `CAP_SYS_ADMIN` — the re-exec route, or a parent that could not clone
@@ -36,7 +39,7 @@
 //! `T`'s kills the job. `G` goes on with the sandbox (cgroup, namespaces, mount view —
 //! whose fresh `/proc` is that of the new namespace — rlimits, Landlock, seccomp).
 //!
-//! **`T` holds the job's other namespaces** ([`Hold`]): before it forks `G` it unshares
+//! **`T` holds the job's other namespaces** ([`Hold`]): before it starts `G` it unshares
 //! the mount and IPC namespaces in which `G` builds the view, and the network namespace
 //! `G` would make (`G` is told, [`Made`], and does not make them again; where `T` could
 //! not, `G` makes them itself and fails or notes as it would have), and it keeps the
@@ -180,7 +183,7 @@ impl ExitWord {
 }
 
 /// The job's namespaces its init holds (see the module docs): those it makes before it
-/// forks the target, and those made ahead of need whose descriptors it keeps.
+/// starts the target, and those made ahead of need whose descriptors it keeps.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Hold {
     /// A mount and IPC namespace, in which the target builds its view (it would
@@ -202,7 +205,7 @@ pub(crate) struct Made {
 }
 
 impl Hold {
-    /// Make the namespaces asked for, in this process (the init, before its fork).
+    /// Make the namespaces asked for, in this process (the init, before the target starts).
     fn make(&self) -> Made {
         let mut made = Made::default();
         if self.mount {
@@ -226,14 +229,16 @@ impl Hold {
 }
 
 /// Launcher started as pid 1 of a new PID namespace (see the module docs): stay as its
-/// init, holding the job's namespaces (`hold`), and fork the target, which alone
-/// returns, told which namespaces it is already in. The init writes the target's wait
-/// status to `exit_word` (the server holds the read end) when it ends.
+/// init, holding the job's namespaces (`hold`), and start the target, which runs
+/// `target` told which namespaces it is already in. The init writes the target's wait
+/// status to `exit_word` (the server holds the read end) when it ends. Returns only with
+/// the reason the init could not start the target.
 pub(crate) fn serve_as_init(
     status_fd: RawFd,
     exit_word: Option<RawFd>,
     hold: &Hold,
-) -> Result<Made, SetupError> {
+    target: &mut dyn FnMut(Made),
+) -> SetupError {
     // SAFETY: write of a constant buffer to the status pipe we hold.
     unsafe { libc::write(status_fd, INIT_LINE.as_ptr().cast(), INIT_LINE.len()) };
     // The exit-word pipe is ours from here (the target closes its copy with every
@@ -242,31 +247,36 @@ pub(crate) fn serve_as_init(
     let word = match exit_word {
         // SAFETY: the parent placed the pipe's write end at this number for us alone.
         Some(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
-        None => {
-            let (read, write) = pipe().map_err(SetupError::PidNamespace)?;
-            std::mem::forget(read);
-            write
-        }
+        None => match pipe() {
+            Ok((read, write)) => {
+                std::mem::forget(read);
+                write
+            }
+            Err(e) => return SetupError::PidNamespace(e),
+        },
     };
-    // Blocked before the fork, as in `split`: the target's SIGCHLD is queued however
+    // Blocked before the target starts, as in `split`: its SIGCHLD is queued however
     // soon it ends.
     let original = block_all_signals();
-    init(word, &original, hold)
+    init(word, &original, hold, target)
 }
 
 /// Launcher, after `setsid`: make a PID namespace and split into supervisor, init and
-/// target (see the module docs), the init holding the job's namespaces (`hold`). Returns
-/// only in the target process, with the namespaces the init made. When no PID namespace
-/// can be made the policy decides: `policy` (its name) requires one and this fails
-/// closed ([`SetupError::PidNamespaceMissing`]), or under best effort (`best_effort`)
-/// this same process goes on with a note and no namespace made (then the target is
-/// bound to the server by `PR_SET_PDEATHSIG` alone, not its descendants).
+/// target (see the module docs), the init holding the job's namespaces (`hold`); the
+/// target runs `target`, told which namespaces the init made. Returns only with the
+/// reason this launch failed (in the launcher, or in the init before it started the
+/// target), or when no PID namespace can be made and the policy allows that: `policy`
+/// (its name) requires one and this fails closed ([`SetupError::PidNamespaceMissing`]),
+/// or under best effort (`best_effort`) this returns a note and the caller goes on as
+/// the target, no namespace made (then the target is bound to the server by
+/// `PR_SET_PDEATHSIG` alone, not its descendants).
 pub(crate) fn split(
     status_fd: RawFd,
     policy: &str,
     best_effort: bool,
     hold: &Hold,
-) -> Result<(Made, Option<String>), SetupError> {
+    target: &mut dyn FnMut(Made),
+) -> Result<Option<String>, SetupError> {
     // SAFETY: unshare(2) with a constant flag; it only affects children made from here on.
     if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
         let source = io::Error::last_os_error();
@@ -276,14 +286,11 @@ pub(crate) fn split(
                 source,
             });
         }
-        return Ok((
-            Made::default(),
-            Some(format!(
-                "PID namespace (unshare CLONE_NEWPID: {source}; needs CAP_SYS_ADMIN): \
-                 processes that leave the job's process group and cgroup may outlive the \
-                 server"
-            )),
-        ));
+        return Ok(Some(format!(
+            "PID namespace (unshare CLONE_NEWPID: {source}; needs CAP_SYS_ADMIN): \
+             processes that leave the job's process group and cgroup may outlive the \
+             server"
+        )));
     }
     let (from_init, to_supervisor) = pipe().map_err(SetupError::PidNamespace)?;
     // Every signal is blocked *before* the fork, in both halves: a blocked SIGCHLD is
@@ -292,7 +299,7 @@ pub(crate) fn split(
     // once or fails to start), and the supervisor then waited forever beside a zombie.
     let original = block_all_signals();
     // SAFETY: fork in a single-threaded process (the launcher); the child only makes
-    // syscalls and, as the target, goes on single-threaded as the launcher would.
+    // syscalls and starts the target, which goes on single-threaded as the launcher would.
     match unsafe { libc::fork() } {
         -1 => {
             let e = io::Error::last_os_error();
@@ -303,7 +310,7 @@ pub(crate) fn split(
             drop(from_init);
             // SAFETY: setpgid on ourselves (the supervisor does it too: no race either way).
             unsafe { libc::setpgid(0, 0) };
-            init(to_supervisor, &original, hold).map(|made| (made, None))
+            Err(init(to_supervisor, &original, hold, target))
         }
         init_pid => {
             drop(to_supervisor);
@@ -320,17 +327,19 @@ pub(crate) fn split(
     }
 }
 
-/// pid 1 of the new namespace. Returns only in its child, the target, with the
-/// namespaces made for it (`hold`). `to_supervisor`: where the target's wait status goes
-/// (the supervisor's pipe, or the server's exit-word pipe).
+/// pid 1 of the new namespace: make the namespaces `hold` asks for, start the target
+/// (which runs `target`) and serve as its init. Returns only with the reason it could not
+/// start it. `to_supervisor`: where the target's wait status goes (the supervisor's pipe,
+/// or the server's exit-word pipe).
 fn init(
     to_supervisor: OwnedFd,
     original: &libc::sigset_t,
     hold: &Hold,
-) -> Result<Made, SetupError> {
+    target: &mut dyn FnMut(Made),
+) -> SetupError {
     // SAFETY: prctl with integer arguments, affecting only this process.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } != 0 {
-        return Err(SetupError::ParentDeath(io::Error::last_os_error()));
+        return SetupError::ParentDeath(io::Error::last_os_error());
     }
     // The supervisor (or the server) holds the only read end: an error on ours means it
     // has already died (before the death signal was armed), so nothing would ever kill
@@ -343,20 +352,19 @@ fn init(
     // queued even for an init, which would otherwise drop those it has no handler for,
     // and the target's SIGCHLD cannot be lost however soon it ends.
     let all = full_sigset();
-    // The job's namespaces are made here, before the fork, so that this process holds
-    // them: the target's end then drops a reference only, and their teardown (the
+    // The job's namespaces are made here, before the target starts, so that this process
+    // holds them: the target's end then drops a reference only, and their teardown (the
     // view's unmounting) comes with this process's exit, after the word.
-    let made = hold.make();
-    // SAFETY: as for the launcher's fork above.
-    let target = unsafe { libc::fork() };
-    if target == 0 {
-        drop(to_supervisor);
-        set_signal_mask(original);
-        return Ok(made);
-    }
-    if target < 0 {
-        return Err(SetupError::PidNamespace(io::Error::last_os_error()));
-    }
+    let mut start = TargetStart {
+        run: target,
+        made: hold.make(),
+        mask: *original,
+        word: to_supervisor.as_raw_fd(),
+    };
+    let target = match start_target(&mut start) {
+        Ok(pid) => pid,
+        Err(e) => return SetupError::PidNamespace(e),
+    };
     let [a, b] = hold.keep;
     close_all_but([Some(to_supervisor.as_raw_fd()), a, b]);
     loop {
@@ -395,6 +403,89 @@ fn init(
             // SAFETY: tgkill of our own unreaped child (the target).
             unsafe { libc::syscall(libc::SYS_tgkill, target, target, sig) };
         }
+    }
+}
+
+/// What the target's process starts with (see [`start_target`]).
+struct TargetStart<'a> {
+    /// The target's half of the launch; it never returns (it execs or exits).
+    run: &'a mut dyn FnMut(Made),
+    made: Made,
+    /// The signal mask from before the launcher blocked every signal.
+    mask: libc::sigset_t,
+    /// The init's end of the exit-word pipe, which the target must not keep.
+    word: RawFd,
+}
+
+/// The stack the target's half runs on until its exec: plain, shallow setup code
+/// (mounts, Landlock, seccomp, the exec); reserved, not committed, beyond what it touches.
+const TARGET_STACK: usize = 1 << 20;
+
+/// Start the target: a child that shares this process's memory until it execs or exits
+/// (`clone(CLONE_VM | CLONE_VFORK)`, as `posix_spawn` starts one), running `start.run` on
+/// a stack of its own while this process sleeps. Nothing of the init's memory is copied:
+/// a fork copied its page tables, and every page either side then wrote took a
+/// copy-on-write fault (~60 in the target before its exec). Sound because this process
+/// is single-threaded and sleeps until the child is gone from its memory, as after a
+/// `vfork`; the child's allocations stay behind as garbage, and the init allocates
+/// nothing afterwards (a child killed inside `malloc` leaves its lock taken). Returns
+/// the child's pid.
+fn start_target(start: &mut TargetStart<'_>) -> io::Result<libc::pid_t> {
+    // SAFETY: a fresh anonymous private mapping; its result is checked.
+    let stack = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            TARGET_STACK,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_STACK,
+            -1,
+            0,
+        )
+    };
+    if stack == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // A guard page at the bottom: an overflow faults instead of writing below the stack.
+    // SAFETY: the mapping's first page, ours.
+    unsafe { libc::mprotect(stack, page_size(), libc::PROT_NONE) };
+    // SAFETY: the child runs `target_entry` on the top of the fresh stack (mmap's page
+    // alignment keeps the 16-byte alignment the ABI wants) with a pointer to `start`,
+    // which outlives its use: CLONE_VFORK returns only once the child has exec'd or ended.
+    let pid = unsafe {
+        libc::clone(
+            target_entry,
+            stack.cast::<u8>().add(TARGET_STACK).cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (start as *mut TargetStart<'_>).cast(),
+        )
+    };
+    let result = match pid {
+        -1 => Err(io::Error::last_os_error()),
+        pid => Ok(pid),
+    };
+    // SAFETY: nothing runs on the stack any more (the child exec'd, ended, or never was).
+    unsafe { libc::munmap(stack, TARGET_STACK) };
+    result
+}
+
+/// The target's first function, on its own stack (see [`start_target`]).
+extern "C" fn target_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `start_target` passed its `TargetStart`, alive and untouched by the parent,
+    // which sleeps until this child has exec'd or ended.
+    let start = unsafe { &mut *arg.cast::<TargetStart<'_>>() };
+    // SAFETY: closing our copy of the init's descriptor (the fd table is our own).
+    unsafe { libc::close(start.word) };
+    set_signal_mask(&start.mask);
+    (start.run)(start.made);
+    // SAFETY: `run` execs or exits; were it to return, end without unwinding.
+    unsafe { libc::_exit(super::error::SETUP_FAILED_EXIT) }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf with a constant name.
+    match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
     }
 }
 
@@ -600,6 +691,51 @@ mod tests {
         assert_eq!(host_pid(me, me), Some(me));
         // A pid that no process in our namespace has.
         assert_eq!(host_pid(me, u32::MAX - 1), None);
+    }
+
+    /// The target is another process that runs in the init's memory (what it writes is
+    /// the init's to read: nothing was copied), with the mask it is given and without the
+    /// init's exit-word descriptor, and the init goes on only once it has ended.
+    #[test]
+    fn the_target_runs_in_the_inits_memory_while_the_init_waits() {
+        let (read, write) = pipe().unwrap();
+        let mut seen = None;
+        let mut run = |_made: Made| {
+            // SAFETY: plain syscalls and a write of plain data: nothing that allocates.
+            unsafe {
+                let mut mask = empty_sigset();
+                libc::sigprocmask(libc::SIG_SETMASK, std::ptr::null(), &mut mask);
+                let word_open = libc::fcntl(write.as_raw_fd(), libc::F_GETFD) != -1;
+                seen = Some((
+                    libc::getpid(),
+                    libc::getppid(),
+                    libc::sigismember(&mask, libc::SIGUSR1) == 1,
+                    word_open,
+                ));
+                libc::_exit(7)
+            }
+        };
+        let mut mask = empty_sigset();
+        // SAFETY: sigaddset on a set we own.
+        unsafe { libc::sigaddset(&mut mask, libc::SIGUSR1) };
+        let mut start = TargetStart {
+            run: &mut run,
+            made: Made::default(),
+            mask,
+            word: write.as_raw_fd(),
+        };
+        let pid = start_target(&mut start).unwrap();
+        // The child has ended (CLONE_VFORK): what it wrote is here already.
+        let parent = std::process::id() as libc::pid_t;
+        assert_eq!(seen, Some((pid, parent, true, false)));
+        let mut status = 0;
+        // SAFETY: waitpid of our own child with a valid out-pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 7);
+        // Only the child's copy of the descriptor was closed.
+        // SAFETY: fcntl on a descriptor we own.
+        assert_ne!(unsafe { libc::fcntl(write.as_raw_fd(), libc::F_GETFD) }, -1);
+        drop(read);
     }
 
     /// Runs a supervisor in a forked child whose "init" has already ended (a zombie,
