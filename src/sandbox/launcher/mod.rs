@@ -78,6 +78,11 @@ pub(crate) struct LaunchSpec {
     pub cgroup_procs: Vec<PathBuf>,
     /// Whether memory is capped by the cgroup (then RLIMIT_AS is not used).
     pub memory_cgroup: bool,
+    /// The cgroup gate's read end (`cgroup::CgroupGate`): the parent makes the job's
+    /// cgroup once the launcher runs and tells it there; `cgroup_procs` and
+    /// `memory_cgroup` are not used then.
+    #[serde(default)]
+    pub cgroup_gate_fd: Option<RawFd>,
     /// The network namespace to join (closed right after): the broker's in proxy mode,
     /// or one made ahead of need for `none`/`loopback` (else the launcher makes one) ...
     #[serde(default)]
@@ -268,30 +273,34 @@ fn apply_sandbox(
     notes: &mut Vec<String>,
     made: pidns::Made,
 ) -> Result<(), SetupError> {
-    isolate(spec, notes, made)?;
+    let memory_cgroup = isolate(spec, notes, made)?;
     if let Some(dir) = &spec.cwd {
         std::env::set_current_dir(dir).map_err(|source| SetupError::WorkingDir {
             path: dir.clone(),
             source,
         })?;
     }
-    confine(spec, filter, notes)?;
+    confine(spec, filter, notes, memory_cgroup)?;
     close_inherited_fds(&spec.keep_fds, spec.status_fd)
 }
 
 /// The isolation steps after the PID namespace: cgroup, network namespace, mount view;
-/// each a note under `best_effort` where the mechanism is missing, else fatal.
+/// each a note under `best_effort` where the mechanism is missing, else fatal. Returns
+/// whether memory is capped by the cgroup joined.
 fn isolate(
     spec: &LaunchSpec,
     notes: &mut Vec<String>,
     made: pidns::Made,
-) -> Result<(), SetupError> {
+) -> Result<bool, SetupError> {
     let policy = &spec.policy;
     let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
-    isolation_step(
-        isolation::join_cgroup(&spec.cgroup_procs, best_effort),
-        notes,
-    )?;
+    // A parent that makes the cgroup only once the launcher runs (`run`, on the gate)
+    // has done so meanwhile: the init made the namespaces first.
+    let (procs_files, memory_cgroup) = match spec.cgroup_gate_fd {
+        Some(fd) => cgroup::CgroupGate::wait(fd)?,
+        None => (spec.cgroup_procs.clone(), spec.memory_cgroup),
+    };
+    isolation_step(isolation::join_cgroup(&procs_files, best_effort), notes)?;
     isolate_network(spec, best_effort, made.network, notes)?;
     if let Some(view) = isolation::mount_view_of(policy) {
         let step = match spec.view_fd {
@@ -310,7 +319,7 @@ fn isolate(
         };
         isolation_step(step, notes)?;
     }
-    Ok(())
+    Ok(memory_cgroup)
 }
 
 /// Without CAP_SYS_ADMIN (root or not), a user namespace of the launcher's own first, in
@@ -377,11 +386,13 @@ fn isolate_network(
     Ok(())
 }
 
-/// The confinement steps: rlimits, capability drop, no_new_privs, Landlock, seccomp.
+/// The confinement steps: rlimits (`memory_cgroup`: memory is capped by the cgroup),
+/// capability drop, no_new_privs, Landlock, seccomp.
 fn confine(
     spec: &LaunchSpec,
     filter: Option<&CompiledFilter>,
     notes: &mut Vec<String>,
+    memory_cgroup: bool,
 ) -> Result<(), SetupError> {
     let policy = &spec.policy;
     let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
@@ -389,7 +400,7 @@ fn confine(
     let root = unsafe { libc::getuid() } == 0;
     apply_rlimits(&rlimit_plan(
         &policy.limits,
-        spec.memory_cgroup,
+        memory_cgroup,
         root,
         spec.inherited_open_files,
     ))?;

@@ -7,7 +7,7 @@
 //! descriptors the child keeps. Everything else happens in the single-threaded launcher.
 
 use std::ffi::OsString;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -21,6 +21,7 @@ use super::isolation::JobCgroupHandle;
 use super::memfd::bytes_memfd;
 use super::proxy::{ProxyError, ProxyGuard, ProxyNetwork, ProxyRequest};
 use super::runtime::{Route, Runtime};
+use crate::sandbox::launcher::cgroup::CgroupGate;
 use crate::sandbox::launcher::error::SetupError;
 use crate::sandbox::launcher::mounts::PreparedView;
 use crate::sandbox::launcher::{LAUNCHER_ARG, LaunchSpec, os_bytes, run_spec};
@@ -194,13 +195,8 @@ impl SandboxCommand {
         // The launcher holds its own copies now (or has joined them already).
         drop(made.netns.take());
         drop(made.view.take());
-        let mut report = String::new();
-        let _ = std::fs::File::from(status_r).read_to_string(&mut report);
-        let status = read_status(&report, pid);
-        if let Some(msg) = status.error {
-            super::child::reap_blocking(pid);
-            return Err(LaunchError::Launcher(msg));
-        }
+        let unmade = open_gate(&self.policy, &self.runtime, &mut made).err();
+        let status = launcher_status(status_r, pid, unmade)?;
         made.unenforced.extend(status.unenforced);
         let limits = &self.policy.limits;
         let wall_limit = match self.enforce_wall_time {
@@ -252,7 +248,21 @@ impl SandboxCommand {
         let policy = &self.policy;
         let rt = &self.runtime;
         let mut unenforced = Vec::new();
-        let cgroup = self.job_cgroup(&mut unenforced)?;
+        // `run` (the fork route, nothing made ahead) makes the job's cgroup only once
+        // the launcher runs: beside the init's and the target's own start, not before
+        // it (`open_gate`). The target joins it last, after the gate says it is there.
+        let limits = &policy.limits;
+        let wants_cgroup = limits.memory_bytes.is_some() || limits.processes.is_some();
+        let (cgroup, cgroup_gate) = match route == Route::Fork && wants_cgroup {
+            true => (
+                None,
+                Some(pipe_cloexec().map_err(|source| LaunchError::Spawn {
+                    program: self.program.clone(),
+                    source,
+                })?),
+            ),
+            false => (job_cgroup(policy, rt, &mut unenforced)?, None),
+        };
         // Proxy mode: the broker's namespace and listener, made before anything else
         // that would need undoing.
         let proxy = match &policy.network {
@@ -280,47 +290,13 @@ impl SandboxCommand {
         };
         Ok(Resources {
             cgroup,
+            cgroup_gate,
             proxy,
             netns,
             view,
             unenforced,
             exit_word,
         })
-    }
-
-    /// The job's cgroup when its policy limits memory or processes. Without one,
-    /// RLIMIT_AS caps memory and RLIMIT_NPROC processes — but RLIMIT_NPROC never binds
-    /// root, so root fails closed unless the policy is best effort.
-    fn job_cgroup(
-        &self,
-        unenforced: &mut Vec<String>,
-    ) -> Result<Option<JobCgroupHandle>, LaunchError> {
-        let (policy, rt) = (&self.policy, &self.runtime);
-        let limits = &policy.limits;
-        if limits.memory_bytes.is_none() && limits.processes.is_none() {
-            return Ok(None);
-        }
-        let kind = (limits.memory_bytes, limits.processes);
-        match rt
-            .take_cgroup(&kind)
-            .map_or_else(|| rt.make_cgroup(&kind), Ok)
-        {
-            Ok(cg) => Ok(Some(cg)),
-            Err(e) => {
-                // SAFETY: getuid cannot fail.
-                let root = unsafe { libc::getuid() } == 0;
-                let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
-                if root && limits.processes.is_some() && !best_effort {
-                    return Err(SetupError::RootNeedsCgroup {
-                        policy: policy.name.clone(),
-                        source: e,
-                    }
-                    .into());
-                }
-                unenforced.push(format!("cgroup limits, using rlimits instead ({e})"));
-                Ok(None)
-            }
-        }
     }
 
     /// The launch spec: what the launcher applies and execs, with the descriptors at
@@ -344,6 +320,7 @@ impl SandboxCommand {
             status_fd: layout.status,
             cgroup_procs: cgroup.map(|c| c.procs_files()).unwrap_or_default(),
             memory_cgroup: cgroup.is_some_and(|c| c.has_memory_limit()),
+            cgroup_gate_fd: made.cgroup_gate.as_ref().map(|_| layout.cgroup_gate),
             netns_fd: (made.proxy.is_some() || made.netns.is_some()).then_some(layout.netns),
             proxy_port: made.proxy.as_ref().map(|p| p.port),
             view_fd: made.view.as_ref().map(|_| layout.view),
@@ -355,9 +332,75 @@ impl SandboxCommand {
     }
 }
 
+/// The job's cgroup when its policy limits memory or processes. Without one,
+/// RLIMIT_AS caps memory and RLIMIT_NPROC processes — but RLIMIT_NPROC never binds
+/// root, so root fails closed unless the policy is best effort.
+fn job_cgroup(
+    policy: &ResolvedPolicy,
+    rt: &Runtime,
+    unenforced: &mut Vec<String>,
+) -> Result<Option<JobCgroupHandle>, LaunchError> {
+    let limits = &policy.limits;
+    if limits.memory_bytes.is_none() && limits.processes.is_none() {
+        return Ok(None);
+    }
+    let kind = (limits.memory_bytes, limits.processes);
+    match rt
+        .take_cgroup(&kind)
+        .map_or_else(|| rt.make_cgroup(&kind), Ok)
+    {
+        Ok(cg) => Ok(Some(cg)),
+        Err(e) => {
+            // SAFETY: getuid cannot fail.
+            let root = unsafe { libc::getuid() } == 0;
+            let best_effort = policy.kernel_support == KernelSupportMode::BestEffort;
+            if root && limits.processes.is_some() && !best_effort {
+                return Err(SetupError::RootNeedsCgroup {
+                    policy: policy.name.clone(),
+                    source: e,
+                }
+                .into());
+            }
+            unenforced.push(format!("cgroup limits, using rlimits instead ({e})"));
+            Ok(None)
+        }
+    }
+}
+
+/// `run`'s job cgroup, made now that the launcher runs (its namespaces and the view
+/// are being made meanwhile), and told to the target on the gate. Without one to
+/// make, nothing. On failure the target is told to stop before it joins anything, and
+/// the error is the caller's to report.
+fn open_gate(
+    policy: &ResolvedPolicy,
+    rt: &Runtime,
+    made: &mut Resources,
+) -> Result<(), LaunchError> {
+    let Some((read, write)) = made.cgroup_gate.take() else {
+        return Ok(());
+    };
+    drop(read);
+    let cgroup = job_cgroup(policy, rt, &mut made.unenforced);
+    let gate = match &cgroup {
+        Ok(Some(cg)) => CgroupGate::Join {
+            procs_files: cg.procs_files(),
+            memory: cg.has_memory_limit(),
+        },
+        Ok(None) => CgroupGate::Without,
+        Err(_) => CgroupGate::Refused,
+    };
+    // A launcher that has already ended (it failed first) reads nothing: its report
+    // says why.
+    let _ = std::fs::File::from(write).write_all(&gate.encode());
+    made.cgroup = cgroup?;
+    Ok(())
+}
+
 /// What a spawn made (or took) for its job before the launcher starts.
 struct Resources {
     cgroup: Option<JobCgroupHandle>,
+    /// The cgroup gate (read, write) when the cgroup is made after the launcher starts.
+    cgroup_gate: Option<(OwnedFd, OwnedFd)>,
     proxy: Option<ProxyNetwork>,
     /// A network namespace made ahead (`none` / `loopback`).
     netns: Option<OwnedFd>,
@@ -381,6 +424,8 @@ struct FdLayout {
     view: RawFd,
     /// The exit-word pipe's write end (a launcher started as an init).
     exit_word: RawFd,
+    /// The cgroup gate's read end (a cgroup made after the launcher starts).
+    cgroup_gate: RawFd,
     /// Above every target: where sources are moved before they are placed.
     high: RawFd,
 }
@@ -395,7 +440,8 @@ impl FdLayout {
             netns: max + 3,
             view: max + 4,
             exit_word: max + 5,
-            high: max + 6,
+            cgroup_gate: max + 6,
+            high: max + 7,
         }
     }
 
@@ -423,6 +469,9 @@ impl FdLayout {
         }
         if let Some((_, write)) = &made.exit_word {
             fds.push((write.as_raw_fd(), self.exit_word));
+        }
+        if let Some((read, _)) = &made.cgroup_gate {
+            fds.push((read.as_raw_fd(), self.cgroup_gate));
         }
         fds
     }
@@ -483,6 +532,25 @@ fn start_launcher(
     }
     let in_fork = route == Route::Fork;
     exec_launcher(rt, spec, in_fork, fds, (layout.spec, layout.high), stdio)
+}
+
+/// What the launcher `pid` reported on the status pipe (`status_r`) once its target
+/// exec'd, or why the job did not start: the cgroup that could not be made (`unmade`),
+/// or the launcher's own error (it is reaped then).
+fn launcher_status(
+    status_r: OwnedFd,
+    pid: u32,
+    unmade: Option<LaunchError>,
+) -> Result<Status, LaunchError> {
+    let mut report = String::new();
+    let _ = std::fs::File::from(status_r).read_to_string(&mut report);
+    let mut status = read_status(&report, pid);
+    let failed = unmade.or_else(|| status.error.take().map(LaunchError::Launcher));
+    if let Some(e) = failed {
+        super::child::reap_blocking(pid);
+        return Err(e);
+    }
+    Ok(status)
 }
 
 /// What the launcher said on the status pipe before it exec'd (EOF) or gave up.
@@ -607,12 +675,36 @@ fn exec_launcher(
     if let Some(spec_fd) = &spec_fd {
         moves.push((dup_above(spec_fd.as_raw_fd(), high)?, spec_target));
     }
+    let [stdin, stdout, stderr] = stdio;
+    if in_fork {
+        // The standard streams are placed like every other descriptor.
+        for (io, target) in [(stdin, 0), (stdout, 1), (stderr, 2)] {
+            if let Some(fd) = io {
+                moves.push((dup_above(fd.as_raw_fd(), high)?, target));
+            }
+        }
+        let pairs: Vec<(RawFd, RawFd)> = moves.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
+        let init = spec.exit_word_fd.is_some();
+        let pid = fork_in_pid_namespace(init, || {
+            for &(src, target) in &pairs {
+                // SAFETY: dup2 of descriptors that stay open in the parent until after
+                // the fork; a failure ends this child before it runs anything.
+                if unsafe { libc::dup2(src, target) } < 0 {
+                    // SAFETY: _exit in a forked child.
+                    unsafe { libc::_exit(crate::sandbox::launcher::error::SETUP_FAILED_EXIT) }
+                }
+            }
+            standard_signal_state();
+            run_spec(&spec, None)
+        })?;
+        drop(moves);
+        return Ok(pid);
+    }
     let pairs: Vec<(RawFd, RawFd)> = moves.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
     let mut cmd = std::process::Command::new(&rt.config().launcher_exe);
     cmd.arg(LAUNCHER_ARG)
         .arg(spec_target.to_string())
         .env_clear();
-    let [stdin, stdout, stderr] = stdio;
     if let Some(fd) = stdin {
         cmd.stdin(Stdio::from(fd));
     }
@@ -622,12 +714,8 @@ fn exec_launcher(
     if let Some(fd) = stderr {
         cmd.stderr(Stdio::from(fd));
     }
-    let init = spec.exit_word_fd.is_some();
-    let in_fork_spec = in_fork.then_some(spec);
     // SAFETY: the closure calls dup2, which is async-signal-safe, on descriptors that
-    // stay open until after spawn returns. Only when this process has a single thread
-    // (so no lock can be held by a thread that vanished in the fork) does it go on to
-    // apply the sandbox and exec in the child, which allocates.
+    // stay open until after spawn returns.
     unsafe {
         cmd.pre_exec(move || {
             for &(src, target) in &pairs {
@@ -635,36 +723,42 @@ fn exec_launcher(
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            if let Some(spec) = &in_fork_spec {
-                run_spec(spec, None);
-            }
             Ok(())
         });
     }
-    let child = match in_fork {
-        true => spawn_in_pid_namespace(&mut cmd, init),
-        false => rt.spawner().spawn(cmd),
-    }?;
+    let child = rt.spawner().spawn(cmd)?;
     drop(moves);
     drop(spec_fd);
     Ok(child.id())
 }
 
-/// `cmd.spawn()` from this single-threaded process, the child made pid 1 of a new PID
-/// namespace when `init` (where the kernel allows; else in ours, and the launcher makes
-/// the namespace itself). Our own namespace for children is restored after the fork:
-/// a process cannot start threads while it differs from the one it lives in.
-fn spawn_in_pid_namespace(
-    cmd: &mut std::process::Command,
-    init: bool,
-) -> std::io::Result<std::process::Child> {
+/// Fork this single-threaded process and run `child` in the child, made pid 1 of a new
+/// PID namespace when `init` (where the kernel allows; else in ours, and the launcher
+/// makes the namespace itself); returns the child's pid. Our own namespace for children
+/// is restored after the fork: a process cannot start threads while it differs from the
+/// one it lives in. A plain fork, not `std::process::Command`: its spawn returns only
+/// once the child has exec'd or ended, and the launcher does neither before its target
+/// execs — which `run` must be free to help on its way meanwhile (the cgroup gate).
+fn fork_in_pid_namespace(init: bool, child: impl FnOnce()) -> std::io::Result<u32> {
     let ours = match init {
         true => std::fs::File::open("/proc/self/ns/pid").ok(),
         false => None,
     };
     // SAFETY: unshare(2) with a constant flag: only children made from here on.
     let unshared = ours.is_some() && unsafe { libc::unshare(libc::CLONE_NEWPID) } == 0;
-    let child = cmd.spawn();
+    // SAFETY: fork in a single-threaded process (`choose_route` takes this route only
+    // then): no lock can be held by a thread that vanished in the fork, so the child
+    // may allocate; `child` execs or exits (were it to return, the child ends here).
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        child();
+        // SAFETY: _exit in a forked child.
+        unsafe { libc::_exit(crate::sandbox::launcher::error::SETUP_FAILED_EXIT) }
+    }
+    let forked = match pid {
+        -1 => Err(std::io::Error::last_os_error()),
+        pid => Ok(pid as u32),
+    };
     if let (true, Some(ns)) = (unshared, &ours) {
         // SAFETY: setns(2) back to the namespace we live in, with a descriptor we own.
         if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWPID) } != 0 {
@@ -672,7 +766,21 @@ fn spawn_in_pid_namespace(
             tracing::warn!(error = %e, "could not restore the PID namespace for children");
         }
     }
-    child
+    forked
+}
+
+/// In a forked child, the signal state a spawned process starts with (as
+/// `std::process::Command` gives it): nothing blocked, `SIGPIPE` at its default (Rust's
+/// runtime ignores it).
+fn standard_signal_state() {
+    // SAFETY: sigset_t is plain data, initialised by sigemptyset; sigprocmask and signal
+    // on this single-threaded child with valid arguments.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 /// Whether this process has exactly one thread (field 20 of /proc/self/stat).
@@ -731,9 +839,10 @@ mod tests {
                 none.netns,
                 none.view,
                 none.exit_word,
+                none.cgroup_gate,
                 none.high
             ),
-            (3, 4, 5, 6, 7, 8)
+            (3, 4, 5, 6, 7, 8, 9)
         );
         let some = FdLayout::above([3, 9, 5].into_iter());
         assert_eq!(some.spec, 10);
@@ -743,10 +852,11 @@ mod tests {
             some.netns,
             some.view,
             some.exit_word,
+            some.cgroup_gate,
         ];
         assert!(all.iter().all(|&fd| fd > 9 && fd < some.high));
         let distinct: std::collections::BTreeSet<_> = all.iter().collect();
-        assert_eq!(distinct.len(), 5);
+        assert_eq!(distinct.len(), 6);
     }
 
     /// The status pipe, a namespace and a view made ahead get their places; the caller's
@@ -759,6 +869,7 @@ mod tests {
         let netns = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
         let made = Resources {
             cgroup: None,
+            cgroup_gate: Some(pipe_cloexec().unwrap()),
             proxy: None,
             netns: Some(netns),
             view: None,
@@ -767,7 +878,16 @@ mod tests {
         };
         let fds = layout.placements(&passed, &status, &made);
         let targets: Vec<RawFd> = fds.iter().map(|&(_, t)| t).collect();
-        assert_eq!(targets, [7, layout.status, layout.netns, layout.exit_word]);
+        assert_eq!(
+            targets,
+            [
+                7,
+                layout.status,
+                layout.netns,
+                layout.exit_word,
+                layout.cgroup_gate
+            ]
+        );
         assert_eq!(fds[1].0, status.as_raw_fd());
     }
 
