@@ -437,8 +437,14 @@ impl App {
         };
         let s = match self.sessions.get(session) {
             Ok(s) => s,
-            // Kept by an earlier server: starting the session loads its history.
-            Err(_) if self.sessions.has_kept_history(session) => self.session(session).await?,
+            // Kept by an earlier server: starting the session loads its history. Not one
+            // the idle TTL has just closed: its graph is removed only after its name is
+            // (the window in which this started an empty session and answered for it).
+            Err(crate::repl::ReplError::NoSuchSession { .. })
+                if self.sessions.has_kept_history(session) =>
+            {
+                self.session(session).await?
+            }
             Err(e) => return Err(e.into()),
         };
         s.settle_snapshots().await;

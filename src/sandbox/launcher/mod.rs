@@ -5,7 +5,8 @@
 //! parent-death signal → setsid → (no CAP_SYS_ADMIN: user namespace, own or the broker's,
 //! see `userns`) → PID namespace (see `pidns`; its init makes the mount, IPC and network
 //! namespaces before it starts the target, which is then in them, so their kernel memory is
-//! charged to the server's cgroup, not the job's) → cgroup → network namespace (joined when
+//! charged to the server's cgroup, not the job's) → cgroup (under `run`, made by the parent
+//! meanwhile and told on the cgroup gate, `cgroup::CgroupGate`) → network namespace (joined when
 //! made ahead or the broker's; made here only where the init could not) → mount view →
 //! chdir → rlimits → environment →
 //! capability drop → no_new_privs → Landlock → seccomp → close inherited fds → default signal
