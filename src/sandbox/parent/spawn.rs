@@ -249,11 +249,9 @@ impl SandboxCommand {
         let rt = &self.runtime;
         let mut unenforced = Vec::new();
         // `run` (the fork route, nothing made ahead) makes the job's cgroup only once
-        // the launcher runs: beside the init's and the target's own start, not before
-        // it (`open_gate`). The target joins it last, after the gate says it is there.
-        let limits = &policy.limits;
-        let wants_cgroup = limits.memory_bytes.is_some() || limits.processes.is_some();
-        let (cgroup, cgroup_gate) = match route == Route::Fork && wants_cgroup {
+        // the launcher runs, while the init makes the namespaces, not before it
+        // (`open_gate`); the target joins it once the gate says it is there.
+        let (cgroup, cgroup_gate) = match route == Route::Fork && limited(policy) {
             true => (
                 None,
                 Some(pipe_cloexec().map_err(|source| LaunchError::Spawn {
@@ -340,10 +338,10 @@ fn job_cgroup(
     rt: &Runtime,
     unenforced: &mut Vec<String>,
 ) -> Result<Option<JobCgroupHandle>, LaunchError> {
-    let limits = &policy.limits;
-    if limits.memory_bytes.is_none() && limits.processes.is_none() {
+    if !limited(policy) {
         return Ok(None);
     }
+    let limits = &policy.limits;
     let kind = (limits.memory_bytes, limits.processes);
     match rt
         .take_cgroup(&kind)
@@ -367,8 +365,13 @@ fn job_cgroup(
     }
 }
 
-/// `run`'s job cgroup, made now that the launcher runs (its namespaces and the view
-/// are being made meanwhile), and told to the target on the gate. Without one to
+/// Whether `policy` limits memory or processes: what a job cgroup is for.
+fn limited(policy: &ResolvedPolicy) -> bool {
+    policy.limits.memory_bytes.is_some() || policy.limits.processes.is_some()
+}
+
+/// `run`'s job cgroup, made now that the launcher runs (the init makes the job's
+/// namespaces meanwhile), and told to the target on the gate. Without one to
 /// make, nothing. On failure the target is told to stop before it joins anything, and
 /// the error is the caller's to report.
 fn open_gate(
