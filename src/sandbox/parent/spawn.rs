@@ -533,8 +533,10 @@ fn start_launcher(
             ),
         }
     }
-    let in_fork = route == Route::Fork;
-    exec_launcher(rt, spec, in_fork, fds, (layout.spec, layout.high), stdio)
+    match route {
+        Route::Fork => fork_launcher(spec, fds, layout.high, stdio),
+        _ => exec_launcher(rt, spec, fds, (layout.spec, layout.high), stdio),
+    }
 }
 
 /// What the launcher `pid` reported on the status pipe (`status_r`) once its target
@@ -654,60 +656,64 @@ fn child_end(
     })
 }
 
-/// Start the launcher by `fork` (in-process, `in_fork`) or by re-executing this binary
-/// with the spec on a memfd at `spec_target`; `fds` are placed at their targets first.
-/// Returns the pid.
+/// Copies of `fds`' sources above every target (`high`), each with its target, so that
+/// the `dup2`s in the child cannot clobber one another; close-on-exec, dropped once the
+/// child has them.
+fn moved_above(fds: &[(RawFd, RawFd)], high: RawFd) -> std::io::Result<Vec<(OwnedFd, RawFd)>> {
+    fds.iter()
+        .map(|&(fd, target)| Ok((dup_above(fd, high)?, target)))
+        .collect()
+}
+
+/// Start the launcher in a fork of this single-threaded process (`run`), with `fds` and
+/// the standard streams (`stdio`, `None`: ours) placed first. Returns the pid.
+fn fork_launcher(
+    spec: LaunchSpec,
+    fds: &[(RawFd, RawFd)],
+    high: RawFd,
+    stdio: [Option<OwnedFd>; 3],
+) -> std::io::Result<u32> {
+    let mut all = fds.to_vec();
+    for (target, io) in stdio.iter().enumerate() {
+        if let Some(fd) = io {
+            all.push((fd.as_raw_fd(), target as RawFd));
+        }
+    }
+    let moves = moved_above(&all, high)?;
+    let pairs: Vec<(RawFd, RawFd)> = moves.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
+    let init = spec.exit_word_fd.is_some();
+    fork_in_pid_namespace(init, || {
+        for &(src, target) in &pairs {
+            // SAFETY: dup2 of descriptors that stay open in the parent until after the
+            // fork; a failure ends this child before it runs anything.
+            if unsafe { libc::dup2(src, target) } < 0 {
+                // SAFETY: _exit in a forked child.
+                unsafe { libc::_exit(crate::sandbox::launcher::error::SETUP_FAILED_EXIT) }
+            }
+        }
+        standard_signal_state();
+        run_spec(&spec, None)
+    })
+}
+
+/// Start the launcher by re-executing this binary with the spec on a memfd at
+/// `spec_target`; `fds` are placed at their targets first. Returns the pid.
 fn exec_launcher(
     rt: &Runtime,
     spec: LaunchSpec,
-    in_fork: bool,
     fds: &[(RawFd, RawFd)],
     (spec_target, high): (RawFd, RawFd),
     stdio: [Option<OwnedFd>; 3],
 ) -> std::io::Result<u32> {
-    let spec_fd = match in_fork {
-        true => None,
-        false => Some(spec_memfd(&spec)?),
-    };
-    // Move every source above all targets, so the dup2s in the child cannot clobber
-    // one another; these copies are close-on-exec and dropped after spawn.
-    let mut moves: Vec<(OwnedFd, RawFd)> = Vec::new();
-    for &(fd, target) in fds {
-        moves.push((dup_above(fd, high)?, target));
-    }
-    if let Some(spec_fd) = &spec_fd {
-        moves.push((dup_above(spec_fd.as_raw_fd(), high)?, spec_target));
-    }
-    let [stdin, stdout, stderr] = stdio;
-    if in_fork {
-        // The standard streams are placed like every other descriptor.
-        for (io, target) in [(stdin, 0), (stdout, 1), (stderr, 2)] {
-            if let Some(fd) = io {
-                moves.push((dup_above(fd.as_raw_fd(), high)?, target));
-            }
-        }
-        let pairs: Vec<(RawFd, RawFd)> = moves.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
-        let init = spec.exit_word_fd.is_some();
-        let pid = fork_in_pid_namespace(init, || {
-            for &(src, target) in &pairs {
-                // SAFETY: dup2 of descriptors that stay open in the parent until after
-                // the fork; a failure ends this child before it runs anything.
-                if unsafe { libc::dup2(src, target) } < 0 {
-                    // SAFETY: _exit in a forked child.
-                    unsafe { libc::_exit(crate::sandbox::launcher::error::SETUP_FAILED_EXIT) }
-                }
-            }
-            standard_signal_state();
-            run_spec(&spec, None)
-        })?;
-        drop(moves);
-        return Ok(pid);
-    }
+    let spec_fd = spec_memfd(&spec)?;
+    let mut moves = moved_above(fds, high)?;
+    moves.push((dup_above(spec_fd.as_raw_fd(), high)?, spec_target));
     let pairs: Vec<(RawFd, RawFd)> = moves.iter().map(|(fd, t)| (fd.as_raw_fd(), *t)).collect();
     let mut cmd = std::process::Command::new(&rt.config().launcher_exe);
     cmd.arg(LAUNCHER_ARG)
         .arg(spec_target.to_string())
         .env_clear();
+    let [stdin, stdout, stderr] = stdio;
     if let Some(fd) = stdin {
         cmd.stdin(Stdio::from(fd));
     }
